@@ -1,0 +1,38 @@
+//! Pure definitions and decisions of tok: automations and their step trees,
+//! the webhook params contract, the run context, templates, conditions, the
+//! flow through a tree, the built-in steps, retry policy and validation.
+//!
+//! Nothing here does IO, awaits or reads the clock (except [`ids::new_id`],
+//! which stamps ids with the current time): the engine passes in the tree, the
+//! context and the time, and gets back what happens next as data.
+
+pub mod builtin;
+pub mod condition;
+pub mod context;
+pub mod contract;
+pub mod definition;
+pub mod duration;
+pub mod error;
+pub mod flow;
+pub mod ids;
+pub mod limits;
+pub mod path;
+pub mod retry;
+pub mod template;
+pub mod validate;
+
+pub use builtin::{INTERNAL_TYPES, Outcome};
+pub use condition::{Condition, Evaluation};
+pub use context::{Context, Lookup};
+pub use contract::{ContractError, Param, ParamType};
+pub use definition::{
+    Automation, DefinitionError, Filter, Match, Operator, Rule, Settings, Step, Trigger,
+};
+pub use duration::{DurationError, parse_duration};
+pub use error::StepError;
+pub use flow::{FlowError, Next};
+pub use ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
+pub use path::{Branch, FlowPath, PathError};
+pub use retry::{Decision, RetryPolicy, decide};
+pub use template::TemplateError;
+pub use validate::{ValidationError, validate};

@@ -1,0 +1,288 @@
+//! tok's engine: the dispatcher, the worker pool and the step handler
+//! registry, over any [`Store`].
+//!
+//! Data flows webhook → inbox row → [`dispatcher`] (runs and first jobs, one
+//! transaction) → job queue → [`worker`] (one step per claim, one record
+//! transaction per step). Nothing here keeps progress in memory: every
+//! decision is written before it matters, so a process may die at any line.
+//! In-process wake-ups only shorten the wait; a slow poll is the fallback,
+//! so several processes sharing one PostgreSQL need no other channel.
+
+pub mod definitions;
+pub mod dispatcher;
+pub mod registry;
+mod steps;
+mod worker;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tok_core::context::Context;
+use tok_core::flow::{self, Next};
+use tok_core::ids::{AutomationId, RunId, TenantId};
+use tok_store::{AutomationStatus, NewEvent, NewRun, Store, StoreError};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+pub use definitions::DefinitionCache;
+pub use registry::{Registry, StepCall, StepHandler};
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Definition(String),
+    #[error("automation {0} not found")]
+    AutomationNotFound(AutomationId),
+    #[error("automation {0} is paused; resume it before starting runs")]
+    AutomationPaused(AutomationId),
+}
+
+/// How a process runs its engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Stable per node (configuration or host name): leases are held under it,
+    /// and a restarted node releases its own old claims at start.
+    pub node_id: String,
+    /// Worker slots: steps that may run at once in this process.
+    pub concurrency: usize,
+    /// How long a claim is valid without a heartbeat.
+    pub lease: Duration,
+    /// How often running steps extend their leases (well under `lease`).
+    pub heartbeat: Duration,
+    /// Longest sleep between looks at the queue when nothing wakes the worker
+    /// (another process's work on a shared PostgreSQL).
+    pub poll_interval: Duration,
+    /// Events the dispatcher takes per transaction.
+    pub dispatch_batch: u32,
+    /// How long a stopping worker waits for the steps in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            node_id: "local".into(),
+            concurrency: 4 * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            lease: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
+            poll_interval: Duration::from_millis(250),
+            dispatch_batch: 64,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) registry: Registry,
+    pub(crate) config: EngineConfig,
+    pub(crate) defs: DefinitionCache,
+    /// Wakes the dispatcher: an event was accepted.
+    pub(crate) inbox: Notify,
+    /// Wakes the worker pool: a job may be ready or a slot came free.
+    pub(crate) work: Notify,
+    tenants: RwLock<Arc<Vec<TenantId>>>,
+}
+
+impl Inner {
+    pub(crate) fn tenants(&self) -> Arc<Vec<TenantId>> {
+        self.tenants.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn lease_ms(&self) -> i64 {
+        self.config.lease.as_millis() as i64
+    }
+}
+
+/// A handle on the engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// The running background tasks; stop them with [`Running::shutdown`].
+pub struct Running {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops claiming and dispatching, lets the steps in flight finish (up to
+    /// the grace period), and returns when every task has ended.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Engine {
+    pub fn new(store: Arc<dyn Store>, registry: Registry, config: EngineConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                registry,
+                config,
+                defs: DefinitionCache::default(),
+                inbox: Notify::new(),
+                work: Notify::new(),
+                tenants: RwLock::default(),
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Tells the dispatcher an event is waiting.
+    pub fn event_accepted(&self) {
+        self.inner.inbox.notify_one();
+    }
+
+    /// Re-reads the list of tenants the queue serves (after one is created).
+    pub async fn refresh_tenants(&self) -> Result<()> {
+        let ids = self.inner.store.tenant_ids().await?;
+        *self.inner.tenants.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(ids);
+        Ok(())
+    }
+
+    /// Starts the dispatcher and the worker pool (`workers`), or only the
+    /// dispatcher. Releases this node's earlier claims first.
+    pub async fn start(&self, workers: bool) -> Result<Running> {
+        self.refresh_tenants().await?;
+        let released = self.inner.store.release_claims(&self.inner.config.node_id).await?;
+        if released > 0 {
+            tracing::info!(released, node = %self.inner.config.node_id, "released claims of an earlier start");
+        }
+        let (stop, shutdown) = watch::channel(false);
+        let mut tasks = vec![
+            tokio::spawn(dispatch_loop(self.inner.clone(), shutdown.clone())),
+            tokio::spawn(tenant_refresh(self.clone(), shutdown.clone())),
+        ];
+        if workers {
+            tasks.push(tokio::spawn(worker::run_pool(self.inner.clone(), shutdown)));
+        }
+        Ok(Running { stop, tasks })
+    }
+
+    /// Starts a run of an automation by hand, with `input` as its params and
+    /// body. A repeated `idempotency_key` returns the run the first call
+    /// started.
+    pub async fn start_run(
+        &self,
+        tenant: &TenantId,
+        automation_id: &AutomationId,
+        input: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<RunId> {
+        let store = &self.inner.store;
+        let row = store
+            .automation(tenant, automation_id)
+            .await?
+            .ok_or_else(|| EngineError::AutomationNotFound(automation_id.clone()))?;
+        if row.status == AutomationStatus::Paused {
+            return Err(EngineError::AutomationPaused(automation_id.clone()));
+        }
+        let automation = self.inner.defs.parse(&row.id, row.version, &row.definition)?;
+        let params = match &input {
+            Value::Object(map) => map.clone(),
+            _ => Map::new(),
+        };
+        let event_key = idempotency_key.clone().unwrap_or_else(tok_store::random_token);
+        let run_id = RunId::generate();
+        let context = Context::new(
+            params.clone(),
+            input.clone(),
+            json!({ "type": "manual", "depth": 0, "runId": run_id }),
+        );
+        let event = NewEvent {
+            source_id: None,
+            source_kind: "manual".into(),
+            idempotency_key: event_key,
+            payload: input,
+            params: Value::Object(params),
+            depth: 0,
+            cause_run_id: None,
+            origin_automation_id: None,
+            target_automation_id: Some(automation_id.clone()),
+        };
+        let run = NewRun {
+            id: run_id,
+            automation_id: automation_id.clone(),
+            version: row.version,
+            trigger_type: "manual".into(),
+            context: context.into_value(),
+            depth: 0,
+            queue_key: None,
+            priority: 0,
+            first_path: match flow::first(&automation.steps) {
+                Next::Step(path) => Some(path.to_string()),
+                Next::Complete => None,
+            },
+            idempotency_key,
+        };
+        let id = store.start_run(tenant, event, run).await?;
+        self.inner.work.notify_one();
+        Ok(id)
+    }
+}
+
+async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
+        dispatcher::plan(event, candidates, &inner.defs)
+    };
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let tenants = inner.tenants();
+        let batch = inner.config.dispatch_batch;
+        match inner.store.dispatch(&tenants, batch, &planner).await {
+            Ok(taken) => {
+                if taken > 0 {
+                    inner.work.notify_one();
+                }
+                if taken == batch as usize {
+                    continue;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "dispatch failed; retrying shortly");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        tokio::select! {
+            _ = inner.inbox.notified() => {}
+            _ = tokio::time::sleep(inner.config.poll_interval) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Keeps the tenant list fresh for tenants created by other processes.
+async fn tenant_refresh(engine: Engine, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = shutdown.changed() => return,
+        }
+        if let Err(e) = engine.refresh_tenants().await {
+            tracing::warn!(error = %e, "could not refresh the tenant list");
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Built-in step types that run outside the record transaction.
+
+pub(crate) mod pause;

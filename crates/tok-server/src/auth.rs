@@ -1,0 +1,87 @@
+//! Who is calling: `Authorization: Bearer <key>`, looked up by its SHA-256.
+//! A tenant key acts for its tenant only. The platform admin key manages
+//! tenants and may act for one with `X-Tok-Tenant: <id>`.
+
+use axum::extract::FromRequestParts;
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use tok_core::ids::TenantId;
+use tok_store::{KeyOwner, hash_secret};
+
+use crate::AppState;
+use crate::error::ApiError;
+
+/// A caller with a valid key.
+pub(crate) struct Caller(pub(crate) KeyOwner);
+
+/// The tenant a request acts for.
+pub(crate) struct Tenant(pub(crate) TenantId);
+
+/// A caller holding the platform admin key.
+pub(crate) struct Admin;
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "send your API key as `Authorization: Bearer <key>`",
+                )
+            })?;
+        let key = header.strip_prefix("Bearer ").map(str::trim).unwrap_or_default();
+        let owner = state.engine.store().key_owner(&hash_secret(key)).await?;
+        owner.map(Caller).ok_or_else(|| {
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid")
+        })
+    }
+}
+
+impl FromRequestParts<AppState> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Caller(owner) = Caller::from_request_parts(parts, state).await?;
+        match &owner {
+            KeyOwner::Tenant(id) => Ok(Tenant(id.clone())),
+            KeyOwner::Platform => {
+                let id = parts
+                    .headers
+                    .get("x-tok-tenant")
+                    .and_then(|v| v.to_str().ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "tenant_required",
+                            "the admin key acts for a tenant only with the header `X-Tok-Tenant: <tenant id>`",
+                        )
+                    })?;
+                let id = TenantId::from(id.trim());
+                if state.engine.store().tenant(&id).await?.is_none() {
+                    return Err(ApiError::not_found("tenant"));
+                }
+                Ok(Tenant(id))
+            }
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        match Caller::from_request_parts(parts, state).await? {
+            Caller(KeyOwner::Platform) => Ok(Admin),
+            Caller(KeyOwner::Tenant(_)) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "admin_only",
+                "this needs the platform admin key",
+            )),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The API's one error type: a status, a stable code, a message that says
+//! what to do, and optional fields (the param and path of a contract error).
+//! Database internals never reach a client: a store error is logged here and
+//! answered as 503 (database unavailable) or 500.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+use tok_engine::EngineError;
+use tok_store::StoreError;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub extra: Map<String, Value>,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), extra: Map::new() }
+    }
+
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.extra.insert(key.to_owned(), value.into());
+        self
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// Another tenant's ids answer exactly like ids that do not exist.
+    pub fn not_found(what: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut error = Map::new();
+        error.insert("code".into(), json!(self.code));
+        error.insert("message".into(), json!(self.message));
+        error.extend(self.extra);
+        (self.status, Json(json!({ "error": error }))).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(what) => Self::not_found(what),
+            StoreError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            StoreError::Database(sqlx_error) => {
+                tracing::error!(error = %sqlx_error, "database error");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database_unavailable",
+                    "the database did not answer; try again shortly",
+                )
+            }
+            other => {
+                tracing::error!(error = %other, "store error");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+            }
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Store(e) => e.into(),
+            EngineError::AutomationNotFound(_) => Self::not_found("automation"),
+            EngineError::AutomationPaused(_) => {
+                Self::new(StatusCode::CONFLICT, "automation_paused", e.to_string())
+            }
+            EngineError::Definition(message) => {
+                tracing::error!(%message, "stored definition unusable");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! tok's HTTP surface: webhooks, the REST API and health checks.
+//!
+//! Handlers are thin: they parse, call the store or the engine, and map the
+//! result. `app(state)` builds the whole router, so tests drive it with
+//! `oneshot` and `tok serve` binds it to a port.
+
+mod auth;
+mod error;
+mod routes;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use tok_engine::Engine;
+
+pub use error::{ApiError, ApiResult};
+
+/// Largest webhook body accepted; larger bodies get 413.
+pub const MAX_WEBHOOK_BYTES: usize = 256 * 1024;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    /// Scheme and host shown in webhook URLs (`TOK_PUBLIC_URL`).
+    pub public_url: Arc<str>,
+    ready: Arc<AtomicBool>,
+}
+
+impl AppState {
+    pub fn new(engine: Engine, public_url: &str) -> Self {
+        Self {
+            engine,
+            public_url: public_url.trim_end_matches('/').into(),
+            ready: Arc::default(),
+        }
+    }
+
+    /// Marks the server ready (`/readyz` answers 200 while the database does).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn webhook_url(&self, token: &str) -> String {
+        format!("{}/webhook/{token}", self.public_url)
+    }
+}
+
+/// The whole HTTP application.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .merge(routes::health::router())
+        .merge(routes::webhook::router())
+        .merge(routes::tenants::router())
+        .merge(routes::sources::router())
+        .merge(routes::automations::router())
+        .merge(routes::runs::router())
+        .with_state(state)
+}

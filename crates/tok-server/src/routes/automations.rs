@@ -1,0 +1,160 @@
+//! Automations: create (version 1), save a new version, pause, resume, list,
+//! show, and start a run by hand. Definitions are validated at save; every
+//! problem comes back at once, each with the place it concerns.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tok_core::definition::{Automation, Trigger};
+use tok_core::ids::{AutomationId, SourceId, TenantId};
+use tok_core::validate::ValidationError;
+use tok_engine::definitions::prepare;
+use tok_store::{AutomationRow, AutomationStatus, NewVersion};
+
+use crate::AppState;
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::JsonBody;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/automations", get(list).post(create))
+        .route("/api/automations/{id}", get(show).put(update))
+        .route("/api/automations/{id}/pause", post(pause))
+        .route("/api/automations/{id}/resume", post(resume))
+        .route("/api/automations/{id}/runs", post(start_run))
+}
+
+fn invalid(errors: Vec<ValidationError>) -> ApiError {
+    let summary = errors
+        .iter()
+        .map(|e| if e.path.is_empty() { e.message.clone() } else { format!("{}: {}", e.path, e.message) })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let details: Vec<Value> =
+        errors.iter().map(|e| json!({ "path": e.path, "message": e.message })).collect();
+    ApiError::bad_request("invalid_definition", format!("the automation is not valid: {summary}"))
+        .with("errors", details)
+}
+
+/// Parses, validates, and checks what needs the tenant's data (the source of
+/// a webhook trigger must be one of the tenant's).
+async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<NewVersion> {
+    let (automation, version): (Automation, NewVersion) =
+        prepare(raw, state.engine.registry()).map_err(invalid)?;
+    if let Trigger::Webhook { source, .. } = &automation.trigger {
+        if state.engine.store().source(tenant, &SourceId::from(source.as_str())).await?.is_none() {
+            return Err(invalid(vec![ValidationError {
+                path: "trigger.source".into(),
+                message: format!("`{source}` is not a source of this tenant; create it with POST /api/sources"),
+            }]));
+        }
+    }
+    Ok(version)
+}
+
+fn view(row: &AutomationRow) -> Value {
+    json!({
+        "id": row.id,
+        "name": row.name,
+        "status": row.status,
+        "version": row.version,
+        "hash": row.hash,
+        "definition": row.definition,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    })
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let version = checked(&state, &tenant, &body).await?;
+    let row = state.engine.store().create_automation(&tenant, version).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": row.id, "version": row.version }))))
+}
+
+async fn update(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let version = checked(&state, &tenant, &body).await?;
+    let row = state.engine.store().save_version(&tenant, &AutomationId::from(id), version).await?;
+    Ok(Json(json!({ "id": row.id, "version": row.version })))
+}
+
+async fn list(State(state): State<AppState>, Tenant(tenant): Tenant) -> ApiResult<Json<Value>> {
+    let rows = state.engine.store().automations(&tenant).await?;
+    let items: Vec<Value> = rows.iter().map(view).collect();
+    Ok(Json(json!({ "items": items, "next_cursor": null })))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let row = state
+        .engine
+        .store()
+        .automation(&tenant, &AutomationId::from(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("automation"))?;
+    Ok(Json(view(&row)))
+}
+
+async fn set_status(state: &AppState, tenant: &TenantId, id: String, status: AutomationStatus) -> ApiResult<Json<Value>> {
+    let id = AutomationId::from(id);
+    if !state.engine.store().set_automation_status(tenant, &id, status).await? {
+        return Err(ApiError::not_found("automation"));
+    }
+    Ok(Json(json!({ "id": id, "status": status })))
+}
+
+async fn pause(State(state): State<AppState>, Tenant(tenant): Tenant, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    set_status(&state, &tenant, id, AutomationStatus::Paused).await
+}
+
+async fn resume(State(state): State<AppState>, Tenant(tenant): Tenant, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    set_status(&state, &tenant, id, AutomationStatus::Active).await
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    #[serde(default)]
+    input: Value,
+    idempotency_key: Option<String>,
+}
+
+async fn start_run(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let body: StartBody = if body.is_empty() {
+        StartBody::default()
+    } else {
+        let JsonBody(b) = JsonBody::<StartBody>::parse(&body)?;
+        b
+    };
+    if !(body.input.is_object() || body.input.is_null()) {
+        return Err(ApiError::bad_request("invalid_body", "`input` must be a JSON object"));
+    }
+    let key = body.idempotency_key.or_else(|| {
+        headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(|s| s.trim().to_owned())
+    });
+    let input = if body.input.is_null() { json!({}) } else { body.input };
+    let run_id = state.engine.start_run(&tenant, &AutomationId::from(id), input, key).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "run_id": run_id }))))
+}

@@ -1,0 +1,31 @@
+//! `/healthz` answers as soon as the server listens; `/readyz` once the
+//! migrations ran and while the database answers.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::AppState;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz))
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    if !state.is_ready() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "starting" })));
+    }
+    match state.engine.store().ping().await {
+        Ok(()) => (StatusCode::OK, Json(json!({ "status": "ready" }))),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "database unavailable" })))
+        }
+    }
+}

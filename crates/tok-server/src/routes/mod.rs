@@ -1,0 +1,60 @@
+//! One router per resource.
+
+pub(crate) mod automations;
+pub(crate) mod health;
+pub(crate) mod runs;
+pub(crate) mod sources;
+pub(crate) mod tenants;
+pub(crate) mod webhook;
+
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// `limit` and `cursor` of every listing.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PageQuery {
+    pub(crate) limit: Option<u32>,
+    pub(crate) cursor: Option<String>,
+}
+
+impl PageQuery {
+    /// The page size: 50 by default, at most 500.
+    pub(crate) fn limit(&self) -> Result<u32, ApiError> {
+        match self.limit {
+            None => Ok(50),
+            Some(n @ 1..=500) => Ok(n),
+            Some(n) => Err(ApiError::bad_request(
+                "bad_limit",
+                format!("limit is {n}; it must be between 1 and 500"),
+            )),
+        }
+    }
+}
+
+/// A JSON body whose rejection is an [`ApiError`] saying what was wrong.
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<T, S> axum::extract::FromRequest<S> for JsonBody<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::bad_request("invalid_body", rejection.body_text())),
+        }
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> JsonBody<T> {
+    /// Parses bytes already read, with the same errors as the extractor.
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(bytes)
+            .map(Self)
+            .map_err(|e| ApiError::bad_request("invalid_body", format!("the body is not valid: {e}")))
+    }
+}

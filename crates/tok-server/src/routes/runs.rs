@@ -1,0 +1,78 @@
+//! Runs: the dashboard listing (filters, cursor pages) and one run with its
+//! steps and their log lines.
+
+use axum::extract::{Path, Query, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tok_core::ids::RunId;
+use tok_store::{RunFilter, RunStatus};
+
+use crate::AppState;
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/dashboard/runs", get(list))
+        .route("/api/runs/{id}", get(show))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+    automation: Option<String>,
+    trigger: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+const TRIGGERS: &[&str] = &["webhook", "event", "poll", "schedule", "manual"];
+
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
+    if let Some(status) = &query.status {
+        if RunStatus::parse(status).is_none() {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("status `{status}` is not one of queued, running, waiting, paused, completed, failed, cancelled"),
+            ));
+        }
+    }
+    if let Some(trigger) = &query.trigger {
+        if !TRIGGERS.contains(&trigger.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("trigger `{trigger}` is not one of {}", TRIGGERS.join(", ")),
+            ));
+        }
+    }
+    let page = super::PageQuery { limit: query.limit, cursor: query.cursor };
+    let filter = RunFilter {
+        status: query.status,
+        automation_id: query.automation,
+        trigger_type: query.trigger,
+    };
+    let runs = state.engine.store().runs(&tenant, &filter, page.limit()?, page.cursor.as_deref()).await?;
+    Ok(Json(json!(runs)))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let run = state
+        .engine
+        .store()
+        .run(&tenant, &RunId::from(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("run"))?;
+    Ok(Json(json!(run)))
+}

@@ -1,0 +1,103 @@
+//! Webhook sources: a name, a contract (params with the dot paths where the
+//! sender puts them) and a token that makes the URL.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tok_core::contract::{self, Param};
+use tok_core::ids::SourceId;
+use tok_store::{NewSource, Source, random_token};
+
+use crate::AppState;
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::JsonBody;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/sources", get(list).post(create))
+        .route("/api/sources/{id}", get(show))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSourceBody {
+    name: String,
+    #[serde(default)]
+    params: Vec<Param>,
+    #[serde(default)]
+    critical: bool,
+    rate_limit: Option<i32>,
+    secret: Option<String>,
+}
+
+fn view(state: &AppState, source: &Source) -> Value {
+    json!({
+        "id": source.id,
+        "name": source.name,
+        "token": source.token,
+        "url": state.webhook_url(&source.token),
+        "params": source.params,
+        "critical": source.critical,
+        "rate_limit": source.rate_limit,
+        "signed": source.secret.is_some(),
+        "created_at": source.created_at,
+    })
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    JsonBody(body): JsonBody<NewSourceBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    if body.name.trim().is_empty() {
+        return Err(ApiError::bad_request("invalid_body", "`name` must not be empty"));
+    }
+    contract::validate_params(&body.params)
+        .map_err(|message| ApiError::bad_request("invalid_params", message))?;
+    if body.rate_limit.is_some_and(|r| r <= 0) {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "`rate_limit` is requests per second and must be positive",
+        ));
+    }
+    let source = state
+        .engine
+        .store()
+        .create_source(
+            &tenant,
+            NewSource {
+                name: body.name.trim().to_owned(),
+                token: random_token(),
+                params: serde_json::to_value(&body.params).unwrap_or(Value::Array(Vec::new())),
+                critical: body.critical,
+                rate_limit: body.rate_limit,
+                secret: body.secret,
+            },
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(view(&state, &source))))
+}
+
+async fn list(State(state): State<AppState>, Tenant(tenant): Tenant) -> ApiResult<Json<Value>> {
+    let sources = state.engine.store().sources(&tenant).await?;
+    let items: Vec<Value> = sources.iter().map(|s| view(&state, s)).collect();
+    Ok(Json(json!({ "items": items, "next_cursor": null })))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let source = state
+        .engine
+        .store()
+        .source(&tenant, &SourceId::from(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("source"))?;
+    Ok(Json(view(&state, &source)))
+}

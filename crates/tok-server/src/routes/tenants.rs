@@ -1,0 +1,42 @@
+//! `POST /api/tenants` (admin): creates a tenant and its first API key,
+//! which is shown once and stored only as a hash.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tok_store::{hash_secret, random_token};
+
+use crate::AppState;
+use crate::auth::Admin;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::JsonBody;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/api/tenants", post(create))
+}
+
+#[derive(Deserialize)]
+struct NewTenant {
+    name: String,
+}
+
+async fn create(
+    State(state): State<AppState>,
+    _admin: Admin,
+    JsonBody(body): JsonBody<NewTenant>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let name = body.name.trim();
+    if name.is_empty() {
+        return Err(ApiError::bad_request("invalid_body", "`name` must not be empty"));
+    }
+    let api_key = format!("tok_{}", random_token());
+    let tenant = state.engine.store().create_tenant(name, &hash_secret(&api_key)).await?;
+    state.engine.refresh_tenants().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": tenant.id, "name": tenant.name, "api_key": api_key })),
+    ))
+}

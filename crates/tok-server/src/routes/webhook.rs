@@ -1,0 +1,121 @@
+//! `POST /webhook/{token}`: fast and dumb. Check the token, the size and the
+//! source's contract, write one inbox row, answer 202 — nothing is evaluated
+//! and nothing external is awaited. `GET` on the same URL explains what the
+//! webhook expects.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tok_core::contract::{self, ContractError, Param};
+use tok_store::{NewEvent, Source};
+
+use crate::error::{ApiError, ApiResult};
+use crate::{AppState, MAX_WEBHOOK_BYTES};
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/webhook/{token}", get(help).post(accept))
+}
+
+/// Longest `Idempotency-Key` header kept as is; a longer one is hashed.
+const MAX_KEY_LEN: usize = 200;
+
+async fn source(state: &AppState, token: &str) -> ApiResult<Source> {
+    state.engine.store().source_by_token(token).await?.ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, "unknown_webhook", "no webhook has this URL")
+    })
+}
+
+fn params(source: &Source) -> Vec<Param> {
+    serde_json::from_value(source.params.clone()).unwrap_or_default()
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("the body is larger than {MAX_WEBHOOK_BYTES} bytes"),
+    )
+    .with("limit", MAX_WEBHOOK_BYTES)
+}
+
+async fn accept(
+    State(state): State<AppState>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_WEBHOOK_BYTES) {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(body, MAX_WEBHOOK_BYTES).await.map_err(|_| too_large())?;
+    let source = source(&state, &token).await?;
+    let payload: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+            .with("line", e.line())
+            .with("column", e.column())
+    })?;
+    let params = contract::extract(&params(&source), &payload).map_err(contract_error)?;
+    let idempotency_key = match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => format!("key:{}", key.trim()),
+        Some(key) if !key.trim().is_empty() => format!("key-sha256:{}", hex::encode(Sha256::digest(key.trim()))),
+        _ => format!("body-sha256:{}", hex::encode(Sha256::digest(&bytes))),
+    };
+    let event = NewEvent {
+        source_id: Some(source.id.clone()),
+        source_kind: "webhook".into(),
+        idempotency_key,
+        payload,
+        params: Value::Object(params),
+        depth: 0,
+        cause_run_id: None,
+        origin_automation_id: None,
+        target_automation_id: None,
+    };
+    let (event_id, accepted) = state.engine.store().accept_event(&source.tenant_id, event).await?;
+    if !accepted.duplicate {
+        state.engine.event_accepted();
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "event_id": event_id, "duplicate": accepted.duplicate })),
+    ))
+}
+
+fn contract_error(e: ContractError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        ContractError::Missing { param, path } => ApiError::bad_request("missing_param", message)
+            .with("param", param)
+            .with("path", path),
+        ContractError::WrongType { param, path, expected, found } => {
+            ApiError::bad_request("wrong_type", message)
+                .with("param", param)
+                .with("path", path)
+                .with("expected", json!(expected))
+                .with("found", found)
+        }
+    }
+}
+
+async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiResult<Json<Value>> {
+    let source = source(&state, &token).await?;
+    let mut help = contract::help(&params(&source));
+    if let Value::Object(map) = &mut help {
+        map.insert("url".into(), json!(state.webhook_url(&token)));
+        map.insert("source".into(), json!(source.name));
+        map.insert("max_body_bytes".into(), json!(MAX_WEBHOOK_BYTES));
+        map.insert(
+            "idempotency".into(),
+            json!("send an Idempotency-Key header; without one, the body's hash is the key. A repeat within 24 h answers 202 with the first event_id and \"duplicate\": true"),
+        );
+    }
+    Ok(Json(help))
+}

@@ -1,0 +1,1013 @@
+//! The queries both backends share, written once.
+//!
+//! The SQL of PostgreSQL and SQLite differs in a handful of fragments (the
+//! database clock, how a list of ids is bound, row locking, the claim's
+//! candidate query); everything else is the same text. `impl_common!` expands
+//! the shared trait implementations for one backend with that backend's
+//! fragments spliced in at compile time, so a query exists once and both
+//! backends run it. Backend-specific code (connecting, migrations,
+//! partitions) stays in `postgres.rs` and `sqlite.rs`.
+
+/// Unix milliseconds of the process clock, for `created_at`-style columns.
+/// Leases and due times use the database clock instead (`NOW` fragments).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// Events older than this no longer deduplicate a repeated idempotency key.
+pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
+
+macro_rules! impl_common {
+    (
+        store = $store:ty,
+        db = $db:ty,
+        now = $now:literal,
+        tenants_in_1 = $in1:literal,
+        ids_in_2 = $in2:literal,
+        ids_in_4 = $in4:literal,
+        lock = $lock:literal,
+        claim_prelude = $claim_prelude:literal,
+        claim_candidates = $claim_candidates:literal,
+        release_where = $release_where:literal,
+        list = $list:path,
+    ) => {
+        use serde_json::Value;
+        use sqlx::Row as _;
+        use sqlx::types::Json;
+        use tok_core::ids::{new_id, AutomationId, EventId, JobId, RunId, SourceId, TenantId};
+        use $crate::common::{now_ms, IDEMPOTENCY_WINDOW_MS};
+        use $crate::*;
+
+        fn tenant_from_row(row: &<$db as sqlx::Database>::Row) -> Tenant {
+            Tenant {
+                id: TenantId::from(row.get::<String, _>("id")),
+                name: row.get("name"),
+                created_at: row.get("created_at"),
+            }
+        }
+
+        fn source_from_row(row: &<$db as sqlx::Database>::Row) -> Source {
+            Source {
+                id: SourceId::from(row.get::<String, _>("id")),
+                tenant_id: TenantId::from(row.get::<String, _>("tenant_id")),
+                name: row.get("name"),
+                token: row.get("token"),
+                params: row.get::<Json<Value>, _>("params").0,
+                critical: row.get("critical"),
+                rate_limit: row.get("rate_limit"),
+                secret: row.get("secret"),
+                created_at: row.get("created_at"),
+            }
+        }
+
+        fn automation_from_row(row: &<$db as sqlx::Database>::Row) -> AutomationRow {
+            AutomationRow {
+                id: AutomationId::from(row.get::<String, _>("id")),
+                tenant_id: TenantId::from(row.get::<String, _>("tenant_id")),
+                name: row.get("name"),
+                status: AutomationStatus::parse(row.get::<&str, _>("status")),
+                version: row.get("current_version"),
+                definition: row.get::<Json<Value>, _>("definition").0,
+                hash: row.get("hash"),
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+            }
+        }
+
+        fn run_from_row(row: &<$db as sqlx::Database>::Row) -> RunSummary {
+            RunSummary {
+                id: RunId::from(row.get::<String, _>("id")),
+                automation_id: AutomationId::from(row.get::<String, _>("automation_id")),
+                version: row.get("version"),
+                event_id: EventId::from(row.get::<String, _>("event_id")),
+                status: row.get("status"),
+                trigger_type: row.get("trigger_type"),
+                depth: row.get("depth"),
+                actions: row.get("actions"),
+                created_at: row.get("created_at"),
+                started_at: row.get("started_at"),
+                finished_at: row.get("finished_at"),
+                error: row.get("error"),
+            }
+        }
+
+        fn event_from_row(row: &<$db as sqlx::Database>::Row) -> PendingEvent {
+            PendingEvent {
+                id: EventId::from(row.get::<String, _>("id")),
+                tenant_id: TenantId::from(row.get::<String, _>("tenant_id")),
+                source_id: row.get::<Option<String>, _>("source_id").map(SourceId::from),
+                source_kind: row.get("source_kind"),
+                payload: row.get::<Json<Value>, _>("payload").0,
+                params: row.get::<Json<Value>, _>("params").0,
+                depth: row.get("depth"),
+                cause_run_id: row.get::<Option<String>, _>("cause_run_id").map(RunId::from),
+                origin_automation_id: row
+                    .get::<Option<String>, _>("origin_automation_id")
+                    .map(AutomationId::from),
+                target_automation_id: row
+                    .get::<Option<String>, _>("target_automation_id")
+                    .map(AutomationId::from),
+                received_at: row.get("received_at"),
+            }
+        }
+
+        const AUTOMATION_SELECT: &str = "SELECT a.id, a.tenant_id, a.name, a.status, a.current_version,
+                a.created_at, a.updated_at, v.definition, v.hash
+            FROM automations a
+            JOIN automation_versions v ON v.automation_id = a.id AND v.version = a.current_version";
+
+        const RUN_COLUMNS: &str = "id, automation_id, version, event_id, status, trigger_type, depth,
+            actions, created_at, started_at, finished_at, error";
+
+        async fn insert_event(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            event: &NewEvent,
+            status: &str,
+        ) -> Result<Option<EventId>> {
+            let id = new_id("evt");
+            let now = now_ms();
+            let inserted = sqlx::query(
+                "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                    payload, params, received_at, status, dispatched_at, cause_run_id, depth,
+                    origin_automation_id, target_automation_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
+                 RETURNING id",
+            )
+            .bind(&id)
+            .bind(tenant.as_str())
+            .bind(event.source_id.as_ref().map(|s| s.as_str()))
+            .bind(&event.source_kind)
+            .bind(&event.idempotency_key)
+            .bind(Json(&event.payload))
+            .bind(Json(&event.params))
+            .bind(now)
+            .bind(status)
+            .bind((status == "dispatched").then_some(now))
+            .bind(event.cause_run_id.as_ref().map(|r| r.as_str()))
+            .bind(event.depth)
+            .bind(event.origin_automation_id.as_ref().map(|a| a.as_str()))
+            .bind(event.target_automation_id.as_ref().map(|a| a.as_str()))
+            .fetch_optional(&mut **tx)
+            .await?;
+            Ok(inserted.map(|_| EventId::from(id)))
+        }
+
+        async fn run_by_key(
+            pool: &sqlx::Pool<$db>,
+            tenant: &TenantId,
+            automation: &AutomationId,
+            key: &str,
+        ) -> Result<Option<RunId>> {
+            let row = sqlx::query(
+                "SELECT id FROM runs
+                 WHERE tenant_id = $1 AND automation_id = $2 AND idempotency_key = $3",
+            )
+            .bind(tenant.as_str())
+            .bind(automation.as_str())
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.map(|r| RunId::from(r.get::<String, _>("id"))))
+        }
+
+        /// Creates a run and its first job; returns false when the run for
+        /// this (event, automation) already existed.
+        async fn insert_run(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            event_id: &EventId,
+            run: &NewRun,
+        ) -> Result<bool> {
+            let now = now_ms();
+            let (status, finished_at) = match run.first_path {
+                Some(_) => (RunStatus::Queued, None),
+                None => (RunStatus::Completed, Some(now)),
+            };
+            let inserted = sqlx::query(
+                "INSERT INTO runs (id, tenant_id, automation_id, version, event_id, trigger_type,
+                    status, depth, queue_key, context, actions, created_at, finished_at,
+                    idempotency_key)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13)
+                 ON CONFLICT (event_id, automation_id) DO NOTHING
+                 RETURNING id",
+            )
+            .bind(run.id.as_str())
+            .bind(tenant.as_str())
+            .bind(run.automation_id.as_str())
+            .bind(run.version)
+            .bind(event_id.as_str())
+            .bind(&run.trigger_type)
+            .bind(status.as_str())
+            .bind(run.depth)
+            .bind(run.queue_key.as_deref())
+            .bind(Json(&run.context))
+            .bind(now)
+            .bind(finished_at)
+            .bind(run.idempotency_key.as_deref())
+            .fetch_optional(&mut **tx)
+            .await?;
+            if inserted.is_none() {
+                return Ok(false);
+            }
+            if let Some(path) = &run.first_path {
+                sqlx::query(concat!(
+                    "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
+                        priority, created_at)
+                     VALUES ($1, $2, $3, ", $now, ", 0, $4, $5, $6)"
+                ))
+                .bind(run.id.as_str())
+                .bind(tenant.as_str())
+                .bind(path)
+                .bind(run.queue_key.as_deref())
+                .bind(run.priority)
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Ok(true)
+        }
+
+        #[async_trait::async_trait]
+        impl AdminStore for $store {
+            async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant> {
+                let tenant = Tenant {
+                    id: TenantId::from(new_id("ten")),
+                    name: name.to_owned(),
+                    created_at: now_ms(),
+                };
+                let mut tx = self.writer().begin().await?;
+                sqlx::query(
+                    "INSERT INTO tenants (id, name, settings, created_at) VALUES ($1, $2, $3, $4)",
+                )
+                .bind(tenant.id.as_str())
+                .bind(name)
+                .bind(Json(serde_json::json!({})))
+                .bind(tenant.created_at)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at) VALUES ($1, $2, $3, $4)",
+                )
+                .bind(new_id("key"))
+                .bind(tenant.id.as_str())
+                .bind(key_hash)
+                .bind(tenant.created_at)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(tenant)
+            }
+
+            async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
+                let row = sqlx::query("SELECT id, name, created_at FROM tenants WHERE id = $1")
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(tenant_from_row))
+            }
+
+            async fn tenant_ids(&self) -> Result<Vec<TenantId>> {
+                let rows = sqlx::query("SELECT id FROM tenants ORDER BY id")
+                    .fetch_all(self.reader())
+                    .await?;
+                Ok(rows.iter().map(|r| TenantId::from(r.get::<String, _>("id"))).collect())
+            }
+
+            async fn has_admin_key(&self) -> Result<bool> {
+                let row = sqlx::query("SELECT 1 AS one FROM api_keys WHERE tenant_id IS NULL LIMIT 1")
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.is_some())
+            }
+
+            async fn add_admin_key(&self, key_hash: &str) -> Result<()> {
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at) VALUES ($1, NULL, $2, $3)
+                     ON CONFLICT (hash) DO NOTHING",
+                )
+                .bind(new_id("key"))
+                .bind(key_hash)
+                .bind(now_ms())
+                .execute(self.writer())
+                .await?;
+                Ok(())
+            }
+
+            async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>> {
+                let row = sqlx::query("SELECT tenant_id FROM api_keys WHERE hash = $1")
+                    .bind(key_hash)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.map(|r| match r.get::<Option<String>, _>("tenant_id") {
+                    Some(t) => KeyOwner::Tenant(TenantId::from(t)),
+                    None => KeyOwner::Platform,
+                }))
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl DefinitionStore for $store {
+            async fn create_source(&self, tenant: &TenantId, source: NewSource) -> Result<Source> {
+                let source = Source {
+                    id: SourceId::from(new_id("src")),
+                    tenant_id: tenant.clone(),
+                    name: source.name,
+                    token: source.token,
+                    params: source.params,
+                    critical: source.critical,
+                    rate_limit: source.rate_limit,
+                    secret: source.secret,
+                    created_at: now_ms(),
+                };
+                sqlx::query(
+                    "INSERT INTO sources (id, tenant_id, name, token, params, critical, rate_limit,
+                        secret, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(source.id.as_str())
+                .bind(tenant.as_str())
+                .bind(&source.name)
+                .bind(&source.token)
+                .bind(Json(&source.params))
+                .bind(source.critical)
+                .bind(source.rate_limit)
+                .bind(source.secret.as_deref())
+                .bind(source.created_at)
+                .execute(self.writer())
+                .await?;
+                Ok(source)
+            }
+
+            async fn source(&self, tenant: &TenantId, id: &SourceId) -> Result<Option<Source>> {
+                let row = sqlx::query("SELECT * FROM sources WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(source_from_row))
+            }
+
+            async fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>> {
+                let rows = sqlx::query("SELECT * FROM sources WHERE tenant_id = $1 ORDER BY id")
+                    .bind(tenant.as_str())
+                    .fetch_all(self.reader())
+                    .await?;
+                Ok(rows.iter().map(source_from_row).collect())
+            }
+
+            async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
+                let row = sqlx::query("SELECT * FROM sources WHERE token = $1")
+                    .bind(token)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(source_from_row))
+            }
+
+            async fn create_automation(
+                &self,
+                tenant: &TenantId,
+                def: NewVersion,
+            ) -> Result<AutomationRow> {
+                let id = new_id("aut");
+                let now = now_ms();
+                let mut tx = self.writer().begin().await?;
+                sqlx::query(
+                    "INSERT INTO automations (id, tenant_id, name, status, current_version,
+                        trigger_kind, trigger_key, created_at, updated_at)
+                     VALUES ($1, $2, $3, 'active', 1, $4, $5, $6, $6)",
+                )
+                .bind(&id)
+                .bind(tenant.as_str())
+                .bind(&def.name)
+                .bind(&def.trigger_kind)
+                .bind(def.trigger_key.as_deref())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO automation_versions (automation_id, tenant_id, version, definition,
+                        hash, created_at)
+                     VALUES ($1, $2, 1, $3, $4, $5)",
+                )
+                .bind(&id)
+                .bind(tenant.as_str())
+                .bind(Json(&def.definition))
+                .bind(&def.hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(AutomationRow {
+                    id: AutomationId::from(id),
+                    tenant_id: tenant.clone(),
+                    name: def.name,
+                    status: AutomationStatus::Active,
+                    version: 1,
+                    definition: def.definition,
+                    hash: def.hash,
+                    created_at: now,
+                    updated_at: now,
+                })
+            }
+
+            async fn save_version(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+                def: NewVersion,
+            ) -> Result<AutomationRow> {
+                let now = now_ms();
+                let mut tx = self.writer().begin().await?;
+                let row = sqlx::query(
+                    "UPDATE automations SET current_version = current_version + 1, name = $3,
+                        trigger_kind = $4, trigger_key = $5, updated_at = $6
+                     WHERE tenant_id = $1 AND id = $2
+                     RETURNING current_version, status, created_at",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(&def.name)
+                .bind(&def.trigger_kind)
+                .bind(def.trigger_key.as_deref())
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::NotFound("automation"))?;
+                let version: i32 = row.get("current_version");
+                sqlx::query(
+                    "INSERT INTO automation_versions (automation_id, tenant_id, version, definition,
+                        hash, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(id.as_str())
+                .bind(tenant.as_str())
+                .bind(version)
+                .bind(Json(&def.definition))
+                .bind(&def.hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(AutomationRow {
+                    id: id.clone(),
+                    tenant_id: tenant.clone(),
+                    name: def.name,
+                    status: AutomationStatus::parse(row.get::<&str, _>("status")),
+                    version,
+                    definition: def.definition,
+                    hash: def.hash,
+                    created_at: row.get("created_at"),
+                    updated_at: now,
+                })
+            }
+
+            async fn set_automation_status(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+                status: AutomationStatus,
+            ) -> Result<bool> {
+                let done = sqlx::query(
+                    "UPDATE automations SET status = $3, updated_at = $4
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(status.as_str())
+                .bind(now_ms())
+                .execute(self.writer())
+                .await?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            async fn automation(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+            ) -> Result<Option<AutomationRow>> {
+                let sql = format!("{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2");
+                let row = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(automation_from_row))
+            }
+
+            async fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>> {
+                let sql = format!("{AUTOMATION_SELECT} WHERE a.tenant_id = $1 ORDER BY a.id");
+                let rows = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .fetch_all(self.reader())
+                    .await?;
+                Ok(rows.iter().map(automation_from_row).collect())
+            }
+
+            async fn automation_version(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+                version: i32,
+            ) -> Result<Option<Value>> {
+                let row = sqlx::query(
+                    "SELECT definition FROM automation_versions
+                     WHERE tenant_id = $1 AND automation_id = $2 AND version = $3",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(version)
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.map(|r| r.get::<Json<Value>, _>("definition").0))
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl InboxStore for $store {
+            async fn accept_event(
+                &self,
+                tenant: &TenantId,
+                event: NewEvent,
+            ) -> Result<(EventId, Accepted)> {
+                let mut tx = self.writer().begin().await?;
+                if let Some(id) = insert_event(&mut tx, tenant, &event, "pending").await? {
+                    tx.commit().await?;
+                    return Ok((id, Accepted { duplicate: false }));
+                }
+                let existing = sqlx::query(
+                    "SELECT id, received_at FROM event_inbox
+                     WHERE tenant_id = $1 AND source_kind = $2 AND source_id = $3
+                       AND idempotency_key = $4",
+                )
+                .bind(tenant.as_str())
+                .bind(&event.source_kind)
+                .bind(event.source_id.as_ref().map(|s| s.as_str()))
+                .bind(&event.idempotency_key)
+                .fetch_one(&mut *tx)
+                .await?;
+                let existing_id: String = existing.get("id");
+                if existing.get::<i64, _>("received_at") >= now_ms() - IDEMPOTENCY_WINDOW_MS {
+                    tx.commit().await?;
+                    return Ok((EventId::from(existing_id), Accepted { duplicate: true }));
+                }
+                // The earlier event is outside the window: retire its key so
+                // this one is a new event.
+                sqlx::query(
+                    "UPDATE event_inbox SET idempotency_key = idempotency_key || ':' || id
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(&existing_id)
+                .execute(&mut *tx)
+                .await?;
+                let id = insert_event(&mut tx, tenant, &event, "pending")
+                    .await?
+                    .ok_or_else(|| StoreError::Conflict("idempotency key taken twice".into()))?;
+                tx.commit().await?;
+                Ok((id, Accepted { duplicate: false }))
+            }
+
+            async fn dispatch(
+                &self,
+                tenants: &[TenantId],
+                limit: u32,
+                planner: Planner<'_>,
+            ) -> Result<usize> {
+                if tenants.is_empty() {
+                    return Ok(0);
+                }
+                let mut tx = self.writer().begin().await?;
+                let rows = sqlx::query(concat!(
+                    "SELECT id, tenant_id, source_id, source_kind, payload, params, depth,
+                        cause_run_id, origin_automation_id, target_automation_id, received_at
+                     FROM event_inbox
+                     WHERE status = 'pending' AND tenant_id ", $in1, "
+                     ORDER BY received_at, id
+                     LIMIT $2 ", $lock
+                ))
+                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+                let now = now_ms();
+                for row in &rows {
+                    let event = event_from_row(row);
+                    let candidates = match &event.target_automation_id {
+                        Some(target) => {
+                            let sql = format!(
+                                "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2
+                                   AND a.status = 'active'"
+                            );
+                            sqlx::query(&sql)
+                                .bind(event.tenant_id.as_str())
+                                .bind(target.as_str())
+                                .fetch_all(&mut *tx)
+                                .await?
+                        }
+                        None => {
+                            let sql = format!(
+                                "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.trigger_kind = $2
+                                   AND a.trigger_key = $3 AND a.status = 'active'
+                                 ORDER BY a.id"
+                            );
+                            sqlx::query(&sql)
+                                .bind(event.tenant_id.as_str())
+                                .bind(&event.source_kind)
+                                .bind(event.source_id.as_ref().map(|s| s.as_str()))
+                                .fetch_all(&mut *tx)
+                                .await?
+                        }
+                    };
+                    let candidates: Vec<Candidate> = candidates
+                        .iter()
+                        .map(|r| Candidate {
+                            automation_id: AutomationId::from(r.get::<String, _>("id")),
+                            version: r.get("current_version"),
+                            definition: r.get::<Json<Value>, _>("definition").0,
+                        })
+                        .collect();
+                    let plan = planner(&event, &candidates);
+                    for run in &plan.runs {
+                        insert_run(&mut tx, &event.tenant_id, &event.id, run).await?;
+                    }
+                    sqlx::query(
+                        "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
+                         WHERE tenant_id = $1 AND id = $2",
+                    )
+                    .bind(event.tenant_id.as_str())
+                    .bind(event.id.as_str())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(rows.len())
+            }
+
+            async fn start_run(
+                &self,
+                tenant: &TenantId,
+                event: NewEvent,
+                run: NewRun,
+            ) -> Result<RunId> {
+                if let Some(key) = &run.idempotency_key {
+                    if let Some(existing) = run_by_key(self.reader(), tenant, &run.automation_id, key).await? {
+                        return Ok(existing);
+                    }
+                }
+                let mut tx = self.writer().begin().await?;
+                let event_id = insert_event(&mut tx, tenant, &event, "dispatched")
+                    .await?
+                    .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
+                match insert_run(&mut tx, tenant, &event_id, &run).await {
+                    Ok(_) => {
+                        tx.commit().await?;
+                        Ok(run.id.clone())
+                    }
+                    Err(StoreError::Database(sqlx::Error::Database(e)))
+                        if e.is_unique_violation() && run.idempotency_key.is_some() =>
+                    {
+                        drop(tx);
+                        let key = run.idempotency_key.clone().unwrap_or_default();
+                        run_by_key(self.reader(), tenant, &run.automation_id, &key)
+                            .await?
+                            .ok_or(StoreError::NotFound("run"))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl RunStore for $store {
+            async fn runs(
+                &self,
+                tenant: &TenantId,
+                filter: &RunFilter,
+                limit: u32,
+                cursor: Option<&str>,
+            ) -> Result<Page<RunSummary>> {
+                let sql = format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE tenant_id = $1
+                       AND (CAST($2 AS TEXT) IS NULL OR status = $2)
+                       AND (CAST($3 AS TEXT) IS NULL OR automation_id = $3)
+                       AND (CAST($4 AS TEXT) IS NULL OR trigger_type = $4)
+                       AND (CAST($5 AS TEXT) IS NULL OR id < $5)
+                     ORDER BY id DESC
+                     LIMIT $6"
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(filter.status.as_deref())
+                    .bind(filter.automation_id.as_deref())
+                    .bind(filter.trigger_type.as_deref())
+                    .bind(cursor)
+                    .bind(i64::from(limit) + 1)
+                    .fetch_all(self.reader())
+                    .await?;
+                let mut items: Vec<RunSummary> = rows.iter().map(run_from_row).collect();
+                let next_cursor = if items.len() > limit as usize {
+                    items.truncate(limit as usize);
+                    items.last().map(|r| r.id.to_string())
+                } else {
+                    None
+                };
+                Ok(Page { items, next_cursor })
+            }
+
+            async fn run(&self, tenant: &TenantId, id: &RunId) -> Result<Option<RunDetail>> {
+                let sql = format!(
+                    "SELECT {RUN_COLUMNS}, context FROM runs WHERE tenant_id = $1 AND id = $2"
+                );
+                let Some(row) = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let steps = sqlx::query(
+                    "SELECT path, step_id, type, attempt, status, input, output, error, log,
+                        started_at, finished_at
+                     FROM run_steps WHERE tenant_id = $1 AND run_id = $2 ORDER BY id",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_all(self.reader())
+                .await?
+                .iter()
+                .map(|r| StepRow {
+                    path: r.get("path"),
+                    step_id: r.get("step_id"),
+                    kind: r.get("type"),
+                    attempt: r.get("attempt"),
+                    status: r.get("status"),
+                    input: r.get::<Option<Json<Value>>, _>("input").map(|j| j.0),
+                    output: r.get::<Option<Json<Value>>, _>("output").map(|j| j.0),
+                    error: r.get("error"),
+                    log: r.get::<Json<Value>, _>("log").0,
+                    started_at: r.get("started_at"),
+                    finished_at: r.get("finished_at"),
+                })
+                .collect();
+                Ok(Some(RunDetail {
+                    run: run_from_row(&row),
+                    context: row.get::<Json<Value>, _>("context").0,
+                    steps,
+                }))
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl QueueStore for $store {
+            async fn claim(
+                &self,
+                tenants: &[TenantId],
+                node: &str,
+                limit: u32,
+                lease_ms: i64,
+            ) -> Result<Vec<ClaimedJob>> {
+                if tenants.is_empty() || limit == 0 {
+                    return Ok(Vec::new());
+                }
+                let mut tx = self.writer().begin().await?;
+                sqlx::query($claim_prelude).execute(&mut *tx).await?;
+                // Candidates come fairly ordered (each tenant's first job,
+                // then each tenant's second, …), over-fetched so that jobs
+                // sharing a queue key can be dropped here.
+                let candidates = sqlx::query($claim_candidates)
+                    .bind($list(tenants.iter().map(|t| t.as_str())))
+                    .bind(i64::from(limit))
+                    .bind(i64::from(limit) * 2)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let mut keys = std::collections::HashSet::new();
+                let mut ids = Vec::with_capacity(limit as usize);
+                for row in &candidates {
+                    if ids.len() == limit as usize {
+                        break;
+                    }
+                    let key: Option<String> = row.get("queue_key");
+                    let tenant: String = row.get("tenant_id");
+                    if let Some(key) = key {
+                        if !keys.insert((tenant, key)) {
+                            continue;
+                        }
+                    }
+                    ids.push(row.get::<i64, _>("id"));
+                }
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok(Vec::new());
+                }
+                let token = random_token();
+                let jobs = sqlx::query(concat!(
+                    "UPDATE jobs SET locked_by = $1, locked_until = ", $now, " + $2,
+                        claim_token = $3, attempts = attempts + 1
+                     WHERE id ", $in4, "
+                       AND (locked_until IS NULL OR locked_until < ", $now, ")
+                     RETURNING id, tenant_id, run_id, path, attempts"
+                ))
+                .bind(node)
+                .bind(lease_ms)
+                .bind(&token)
+                .bind($list(ids.iter().copied()))
+                .fetch_all(&mut *tx)
+                .await?;
+                let run_ids: Vec<String> = jobs.iter().map(|j| j.get::<String, _>("run_id")).collect();
+                sqlx::query(concat!(
+                    "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, $2)
+                     WHERE tenant_id ", $in1, " AND id ", $in4, " AND status IN ('queued', 'waiting')"
+                ))
+                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .bind(now_ms())
+                .bind(0_i64)
+                .bind($list(run_ids.iter().map(|r| r.as_str())))
+                .execute(&mut *tx)
+                .await?;
+                let runs = sqlx::query(concat!(
+                    "SELECT id, automation_id, version, context, actions, depth FROM runs
+                     WHERE tenant_id ", $in1, " AND id ", $in2
+                ))
+                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .bind($list(run_ids.iter().map(|r| r.as_str())))
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                let mut runs: std::collections::HashMap<String, _> = runs
+                    .into_iter()
+                    .map(|r| (r.get::<String, _>("id"), r))
+                    .collect();
+                Ok(jobs
+                    .iter()
+                    .filter_map(|job| {
+                        let run_id: String = job.get("run_id");
+                        let run = runs.remove(&run_id)?;
+                        Some(ClaimedJob {
+                            id: JobId(job.get("id")),
+                            tenant_id: TenantId::from(job.get::<String, _>("tenant_id")),
+                            run_id: RunId::from(run_id),
+                            path: job.get("path"),
+                            attempt: job.get("attempts"),
+                            claim_token: token.clone(),
+                            automation_id: AutomationId::from(run.get::<String, _>("automation_id")),
+                            version: run.get("version"),
+                            context: run.get::<Json<Value>, _>("context").0,
+                            actions: run.get("actions"),
+                            depth: run.get("depth"),
+                        })
+                    })
+                    .collect())
+            }
+
+            async fn heartbeat(&self, node: &str, jobs: &[JobId], lease_ms: i64) -> Result<u64> {
+                if jobs.is_empty() {
+                    return Ok(0);
+                }
+                let done = sqlx::query(concat!(
+                    "UPDATE jobs SET locked_until = ", $now, " + $3
+                     WHERE id ", $in2, " AND locked_by = $1"
+                ))
+                .bind(node)
+                .bind($list(jobs.iter().map(|j| j.0)))
+                .bind(lease_ms)
+                .execute(self.writer())
+                .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {
+                let mut tx = self.writer().begin().await?;
+                let fenced = match &record.next {
+                    NextJob::Step { path, delay_ms } => sqlx::query(concat!(
+                        "UPDATE jobs SET path = $4, run_after = ", $now, " + $5, attempts = 0,
+                            locked_by = NULL, locked_until = NULL, claim_token = NULL
+                         WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
+                    ))
+                    .bind(job.id.0)
+                    .bind(job.tenant_id.as_str())
+                    .bind(&job.claim_token)
+                    .bind(path)
+                    .bind(*delay_ms)
+                    .execute(&mut *tx)
+                    .await?,
+                    NextJob::Retry { delay_ms } => sqlx::query(concat!(
+                        "UPDATE jobs SET run_after = ", $now, " + $4,
+                            locked_by = NULL, locked_until = NULL, claim_token = NULL
+                         WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
+                    ))
+                    .bind(job.id.0)
+                    .bind(job.tenant_id.as_str())
+                    .bind(&job.claim_token)
+                    .bind(*delay_ms)
+                    .execute(&mut *tx)
+                    .await?,
+                    NextJob::Done => sqlx::query(
+                        "DELETE FROM jobs WHERE id = $1 AND tenant_id = $2 AND claim_token = $3",
+                    )
+                    .bind(job.id.0)
+                    .bind(job.tenant_id.as_str())
+                    .bind(&job.claim_token)
+                    .execute(&mut *tx)
+                    .await?,
+                };
+                if fenced.rows_affected() == 0 {
+                    return Err(StoreError::LeaseLost(job.id));
+                }
+                let now = now_ms();
+                for step in &record.steps {
+                    sqlx::query(
+                        "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
+                            status, input, output, error, log, started_at, finished_at, created_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    )
+                    .bind(job.run_id.as_str())
+                    .bind(job.tenant_id.as_str())
+                    .bind(&step.path)
+                    .bind(&step.step_id)
+                    .bind(&step.kind)
+                    .bind(step.attempt)
+                    .bind(&step.status)
+                    .bind(step.input.as_ref().map(Json))
+                    .bind(step.output.as_ref().map(Json))
+                    .bind(step.error.as_deref())
+                    .bind(Json(&step.log))
+                    .bind(step.started_at)
+                    .bind(step.finished_at)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                let finished_at = record.status.is_final().then_some(now);
+                sqlx::query(
+                    "UPDATE runs SET context = $3, actions = $4, status = $5, error = $6,
+                        finished_at = COALESCE($7, finished_at)
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(job.tenant_id.as_str())
+                .bind(job.run_id.as_str())
+                .bind(Json(&record.context))
+                .bind(record.actions)
+                .bind(record.status.as_str())
+                .bind(record.error.as_deref())
+                .bind(finished_at)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn release_claims(&self, node: &str) -> Result<u64> {
+                let done = sqlx::query(concat!(
+                    "UPDATE jobs SET locked_by = NULL, locked_until = NULL, claim_token = NULL
+                     WHERE ", $release_where
+                ))
+                .bind(node)
+                .execute(self.writer())
+                .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats> {
+                if tenants.is_empty() {
+                    return Ok(QueueStats::default());
+                }
+                let row = sqlx::query(concat!(
+                    "SELECT
+                        COALESCE(SUM(CASE WHEN run_after <= n AND (locked_until IS NULL OR locked_until < n) THEN 1 ELSE 0 END), 0) AS ready,
+                        COALESCE(SUM(CASE WHEN run_after > n AND (locked_until IS NULL OR locked_until < n) THEN 1 ELSE 0 END), 0) AS scheduled,
+                        COALESCE(SUM(CASE WHEN locked_until >= n THEN 1 ELSE 0 END), 0) AS running,
+                        MIN(CASE WHEN run_after <= n AND (locked_until IS NULL OR locked_until < n) THEN n - run_after END) AS oldest
+                     FROM jobs, (SELECT ", $now, " AS n) clock
+                     WHERE tenant_id ", $in1
+                ))
+                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .fetch_one(self.reader())
+                .await?;
+                let pending = sqlx::query(concat!(
+                    "SELECT COUNT(*) AS pending FROM event_inbox
+                     WHERE status = 'pending' AND tenant_id ", $in1
+                ))
+                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .fetch_one(self.reader())
+                .await?;
+                Ok(QueueStats {
+                    ready: row.get::<i64, _>("ready"),
+                    scheduled: row.get::<i64, _>("scheduled"),
+                    running: row.get::<i64, _>("running"),
+                    oldest_ready_ms: row.get::<Option<i64>, _>("oldest"),
+                    pending_events: pending.get::<i64, _>("pending"),
+                })
+            }
+        }
+    };
+}
+
+pub(crate) use impl_common;

@@ -1,0 +1,199 @@
+//! tok's storage: the schema, migrations and queries for PostgreSQL and SQLite
+//! behind one set of narrow traits.
+//!
+//! Every function that touches tenant data takes the tenant (or, for the
+//! queue, the set of tenants the caller serves): no function can see rows of
+//! all tenants by accident. The few platform-level reads (an API key, a
+//! webhook token, the list of tenants) are how a caller learns the tenant.
+//!
+//! Both backends implement the same traits and pass the same conformance
+//! suite (`tests/conformance.rs`). `connect` picks one from the URL.
+
+pub mod model;
+mod common;
+mod migrate;
+mod postgres;
+mod sqlite;
+pub mod testing;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
+
+pub use model::*;
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration {name} failed: {source}")]
+    Migration {
+        name: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("unsupported database URL `{0}`: expected sqlite://… or postgres://…")]
+    UnsupportedUrl(String),
+    /// The claim token no longer matches: another worker took the job over
+    /// after this one's lease expired. The result must be discarded.
+    #[error("lease on job {0} was lost; the result is discarded")]
+    LeaseLost(JobId),
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// The dispatcher's pure decision for one event: given the event and the
+/// automations whose trigger matches, which runs to create.
+pub type Planner<'a> = &'a (dyn Fn(&PendingEvent, &[Candidate]) -> Plan + Send + Sync);
+
+/// Tenants, API keys: the platform-level part.
+#[async_trait]
+pub trait AdminStore: Send + Sync {
+    /// Creates a tenant together with its first API key (stored as a hash).
+    async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant>;
+    async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
+    async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
+    async fn has_admin_key(&self) -> Result<bool>;
+    async fn add_admin_key(&self, key_hash: &str) -> Result<()>;
+    async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>>;
+}
+
+/// Sources and versioned automations.
+#[async_trait]
+pub trait DefinitionStore: Send + Sync {
+    async fn create_source(&self, tenant: &TenantId, source: NewSource) -> Result<Source>;
+    async fn source(&self, tenant: &TenantId, id: &SourceId) -> Result<Option<Source>>;
+    async fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>>;
+    /// The source a webhook token belongs to; the token is what names the tenant.
+    async fn source_by_token(&self, token: &str) -> Result<Option<Source>>;
+
+    async fn create_automation(&self, tenant: &TenantId, def: NewVersion) -> Result<AutomationRow>;
+    /// Saves a new version; runs already started keep theirs.
+    async fn save_version(
+        &self,
+        tenant: &TenantId,
+        id: &AutomationId,
+        def: NewVersion,
+    ) -> Result<AutomationRow>;
+    async fn set_automation_status(
+        &self,
+        tenant: &TenantId,
+        id: &AutomationId,
+        status: AutomationStatus,
+    ) -> Result<bool>;
+    async fn automation(&self, tenant: &TenantId, id: &AutomationId)
+    -> Result<Option<AutomationRow>>;
+    async fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
+    async fn automation_version(
+        &self,
+        tenant: &TenantId,
+        id: &AutomationId,
+        version: i32,
+    ) -> Result<Option<Value>>;
+}
+
+/// The event inbox and the dispatcher's transaction.
+#[async_trait]
+pub trait InboxStore: Send + Sync {
+    /// Writes one inbox row, or finds the row this idempotency key already
+    /// wrote within the last 24 hours. Returns once the row is committed.
+    async fn accept_event(&self, tenant: &TenantId, event: NewEvent) -> Result<(EventId, Accepted)>;
+
+    /// Takes up to `limit` pending events of `tenants`, asks `planner` which
+    /// runs each one starts, and in one transaction per batch creates those
+    /// runs with their first jobs and marks the events dispatched. A run that
+    /// already exists for (event, automation) is left alone, so dispatching
+    /// the same event twice is harmless. Returns the number of events taken.
+    async fn dispatch(&self, tenants: &[TenantId], limit: u32, planner: Planner<'_>)
+    -> Result<usize>;
+
+    /// Starts one run directly (a manual start): writes its event, the run
+    /// and its first job in one transaction. A repeated idempotency key
+    /// returns the run the first call created.
+    async fn start_run(&self, tenant: &TenantId, event: NewEvent, run: NewRun) -> Result<RunId>;
+}
+
+/// Reading runs.
+#[async_trait]
+pub trait RunStore: Send + Sync {
+    async fn runs(
+        &self,
+        tenant: &TenantId,
+        filter: &RunFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunSummary>>;
+    async fn run(&self, tenant: &TenantId, id: &RunId) -> Result<Option<RunDetail>>;
+}
+
+/// The job queue: claim, heartbeat, record.
+#[async_trait]
+pub trait QueueStore: Send + Sync {
+    /// Leases up to `limit` ready jobs of `tenants` to `node` for `lease_ms`
+    /// (database clock): fair between tenants (round robin by each tenant's
+    /// own order of priority, then due time), at most one leased job per
+    /// queue key. Marks their runs `running`.
+    async fn claim(
+        &self,
+        tenants: &[TenantId],
+        node: &str,
+        limit: u32,
+        lease_ms: i64,
+    ) -> Result<Vec<ClaimedJob>>;
+
+    /// Extends the leases `node` still holds on `jobs`; returns how many it extended.
+    async fn heartbeat(&self, node: &str, jobs: &[JobId], lease_ms: i64) -> Result<u64>;
+
+    /// Writes a claim's outcome: the step records, the run's new state and the
+    /// next job, all or nothing. Fails with [`StoreError::LeaseLost`] (and
+    /// writes nothing) when the claim token no longer matches.
+    async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()>;
+
+    /// Releases every lease held under `node` (at start, after a restart).
+    async fn release_claims(&self, node: &str) -> Result<u64>;
+
+    async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats>;
+}
+
+/// Everything a tok process needs from its database.
+#[async_trait]
+pub trait Store: AdminStore + DefinitionStore + InboxStore + RunStore + QueueStore {
+    fn backend(&self) -> Backend;
+    /// Applies pending migrations (serialized between processes on PostgreSQL).
+    async fn migrate(&self) -> Result<()>;
+    /// Creates what must exist ahead of time (monthly partitions).
+    async fn maintain(&self) -> Result<()>;
+    /// Answers when the database does.
+    async fn ping(&self) -> Result<()>;
+}
+
+/// Opens the store a URL names: `sqlite://path` (created if missing) or
+/// `postgres://…`. `max_connections` bounds the PostgreSQL pool.
+pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(PgStore::connect(url, max_connections).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}
+
+/// SHA-256 of a secret, hex-encoded: how API keys are stored and looked up.
+pub fn hash_secret(secret: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// A new random token (webhook tokens, API keys, claim tokens): 32 hex chars.
+pub fn random_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}

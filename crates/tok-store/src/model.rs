@@ -1,0 +1,334 @@
+//! Rows the store reads and the inputs it writes, shared by both backends.
+//!
+//! Times are unix milliseconds (`i64`) on both backends. JSON columns travel as
+//! `serde_json::Value`; the engine parses them into `tok-core` types where it
+//! needs to.
+
+use serde::Serialize;
+use serde_json::Value;
+use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
+
+/// Which database a store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub name: String,
+    pub created_at: i64,
+}
+
+/// Who an API key belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyOwner {
+    Platform,
+    Tenant(TenantId),
+}
+
+#[derive(Debug, Clone)]
+pub struct NewSource {
+    pub name: String,
+    pub token: String,
+    pub params: Value,
+    pub critical: bool,
+    pub rate_limit: Option<i32>,
+    pub secret: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Source {
+    pub id: SourceId,
+    pub tenant_id: TenantId,
+    pub name: String,
+    #[serde(skip)]
+    pub token: String,
+    pub params: Value,
+    pub critical: bool,
+    pub rate_limit: Option<i32>,
+    #[serde(skip)]
+    pub secret: Option<String>,
+    pub created_at: i64,
+}
+
+/// A definition to save as a new automation or a new version of one.
+#[derive(Debug, Clone)]
+pub struct NewVersion {
+    pub name: String,
+    pub definition: Value,
+    pub hash: String,
+    /// `webhook`, `event`, `poll`, `schedule` or `manual`.
+    pub trigger_kind: String,
+    /// The source id of a webhook trigger, the event name of an event trigger.
+    pub trigger_key: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutomationStatus {
+    Active,
+    Paused,
+}
+
+impl AutomationStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Paused => "paused",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Self {
+        if s == "paused" { Self::Paused } else { Self::Active }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AutomationRow {
+    pub id: AutomationId,
+    pub tenant_id: TenantId,
+    pub name: String,
+    pub status: AutomationStatus,
+    pub version: i32,
+    pub definition: Value,
+    pub hash: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// An event to put in the inbox.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub source_id: Option<SourceId>,
+    /// `webhook`, `manual`, `event`, …
+    pub source_kind: String,
+    pub idempotency_key: String,
+    pub payload: Value,
+    /// Parameters extracted by the source's contract.
+    pub params: Value,
+    pub depth: i32,
+    pub cause_run_id: Option<RunId>,
+    pub origin_automation_id: Option<AutomationId>,
+    /// Set for a manual start: the one automation the event is for.
+    pub target_automation_id: Option<AutomationId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    pub duplicate: bool,
+}
+
+/// An inbox row waiting for the dispatcher.
+#[derive(Debug, Clone)]
+pub struct PendingEvent {
+    pub id: EventId,
+    pub tenant_id: TenantId,
+    pub source_id: Option<SourceId>,
+    pub source_kind: String,
+    pub payload: Value,
+    pub params: Value,
+    pub depth: i32,
+    pub cause_run_id: Option<RunId>,
+    pub origin_automation_id: Option<AutomationId>,
+    pub target_automation_id: Option<AutomationId>,
+    pub received_at: i64,
+}
+
+/// An active automation whose trigger matches an event, with the definition of
+/// its current version.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub automation_id: AutomationId,
+    pub version: i32,
+    pub definition: Value,
+}
+
+/// A run the dispatcher (or a manual start) decided to create.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub id: RunId,
+    pub automation_id: AutomationId,
+    pub version: i32,
+    pub trigger_type: String,
+    pub context: Value,
+    pub depth: i32,
+    pub queue_key: Option<String>,
+    pub priority: i32,
+    /// Path of the first step; `None` completes the run at once (empty tree).
+    pub first_path: Option<String>,
+    pub idempotency_key: Option<String>,
+}
+
+/// What the dispatcher's planner decided for one event.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub runs: Vec<NewRun>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Waiting,
+    Paused,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Waiting => "waiting",
+            Self::Paused => "paused",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "waiting" => Self::Waiting,
+            "paused" => Self::Paused,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// A job the worker holds a lease on, with what it needs of its run.
+#[derive(Debug, Clone)]
+pub struct ClaimedJob {
+    pub id: JobId,
+    pub tenant_id: TenantId,
+    pub run_id: RunId,
+    pub path: String,
+    /// Executions of this job so far, this one included (1 on the first).
+    pub attempt: i32,
+    pub claim_token: String,
+    pub automation_id: AutomationId,
+    pub version: i32,
+    pub context: Value,
+    pub actions: i32,
+    pub depth: i32,
+}
+
+/// One executed step attempt to write in the record transaction.
+#[derive(Debug, Clone)]
+pub struct StepRecord {
+    pub path: String,
+    pub step_id: String,
+    pub kind: String,
+    pub attempt: i32,
+    /// `completed`, `failed`, `retrying` or `waiting`.
+    pub status: String,
+    pub input: Option<Value>,
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    pub log: Vec<String>,
+    pub started_at: i64,
+    pub finished_at: i64,
+}
+
+/// What happens to the claimed job when its result is recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NextJob {
+    /// The run goes on at `path`, due `delay_ms` after now (database clock).
+    Step { path: String, delay_ms: i64 },
+    /// The same step again after `delay_ms`, keeping its attempt count.
+    Retry { delay_ms: i64 },
+    /// The run is over (completed or failed): the job is deleted.
+    Done,
+}
+
+/// The whole outcome of one claim, written in one transaction or not at all.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub steps: Vec<StepRecord>,
+    pub context: Value,
+    pub actions: i32,
+    pub status: RunStatus,
+    pub error: Option<String>,
+    pub next: NextJob,
+}
+
+/// Filters of the runs listing; `None` means any.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub status: Option<String>,
+    pub automation_id: Option<String>,
+    pub trigger_type: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub id: RunId,
+    pub automation_id: AutomationId,
+    pub version: i32,
+    pub event_id: EventId,
+    pub status: String,
+    pub trigger_type: String,
+    pub depth: i32,
+    pub actions: i32,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StepRow {
+    pub path: String,
+    pub step_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub attempt: i32,
+    pub status: String,
+    pub input: Option<Value>,
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    pub log: Value,
+    pub started_at: i64,
+    pub finished_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: RunSummary,
+    pub context: Value,
+    pub steps: Vec<StepRow>,
+}
+
+/// One page of a listing: `next_cursor` is `None` on the last page.
+#[derive(Debug, Clone, Serialize)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+/// How many jobs wait and how old the oldest ready one is.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct QueueStats {
+    pub ready: i64,
+    pub scheduled: i64,
+    pub running: i64,
+    pub oldest_ready_ms: Option<i64>,
+    pub pending_events: i64,
+}

@@ -1,0 +1,160 @@
+//! The PostgreSQL store: many worker processes on many machines share one
+//! database. Claims lock candidate rows with `FOR UPDATE SKIP LOCKED` and are
+//! serialized by a transaction-level advisory lock, so that fairness between
+//! tenants and one-running-job-per-queue-key hold across processes without a
+//! coordinator. Leases and due times use the database clock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use crate::common::impl_common;
+use crate::migrate;
+
+/// Advisory lock key held while migrations run (any process, any machine).
+const MIGRATION_LOCK: i64 = 0x746f_6b01;
+
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Connects a pool of at most `max_connections`. Steps never hold a
+    /// connection while they call out, so a handful serves many slots.
+    pub async fn connect(url: &str, max_connections: u32) -> crate::Result<Self> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(2))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    /// The pool, for tests and tools that need to look underneath.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn writer(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn reader(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
+    items.into_iter().collect()
+}
+
+impl_common! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    now = "(EXTRACT(EPOCH FROM now()) * 1000)::BIGINT",
+    tenants_in_1 = "= ANY($1)",
+    ids_in_2 = "= ANY($2)",
+    ids_in_4 = "= ANY($4)",
+    lock = "FOR UPDATE SKIP LOCKED",
+    claim_prelude = "SELECT pg_advisory_xact_lock(1953459970)",
+    claim_candidates = "SELECT id, tenant_id, queue_key FROM (
+            SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
+                row_number() OVER (PARTITION BY j.tenant_id
+                                   ORDER BY j.priority DESC, j.run_after, j.id) AS rk
+            FROM unnest($1::text[]) AS t(id)
+            CROSS JOIN LATERAL (
+                SELECT k.id, k.tenant_id, k.queue_key, k.priority, k.run_after
+                FROM jobs k
+                WHERE k.tenant_id = t.id
+                  AND k.run_after <= (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT
+                  AND (k.locked_until IS NULL
+                       OR k.locked_until < (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT)
+                  AND (k.queue_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM jobs q
+                        WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
+                          AND q.locked_until >= (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT))
+                ORDER BY k.priority DESC, k.run_after, k.id
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            ) j
+        ) c
+        ORDER BY rk, priority DESC, run_after, id
+        LIMIT $3",
+    release_where = "locked_by = $1",
+    list = list,
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *conn)
+            .await?;
+        let applied = apply_migrations(&mut conn).await;
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *conn)
+            .await?;
+        applied?;
+        drop(conn);
+        self.maintain().await
+    }
+
+    async fn maintain(&self) -> Result<()> {
+        // This month and the next two get their own partitions of run_steps.
+        sqlx::raw_sql(
+            "DO $$
+             DECLARE m timestamp;
+             BEGIN
+               FOR i IN 0..2 LOOP
+                 m := date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => i);
+                 EXECUTE format(
+                   'CREATE TABLE IF NOT EXISTS %I PARTITION OF run_steps FOR VALUES FROM (%s) TO (%s)',
+                   'run_steps_' || to_char(m, 'YYYY_MM'),
+                   (EXTRACT(EPOCH FROM m) * 1000)::bigint,
+                   (EXTRACT(EPOCH FROM m + interval '1 month') * 1000)::bigint);
+               END LOOP;
+             END $$",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+async fn apply_migrations(conn: &mut sqlx::PgConnection) -> Result<()> {
+    sqlx::Executor::execute(&mut *conn, migrate::CREATE_TABLE).await?;
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
+        .fetch_all(&mut *conn)
+        .await?;
+    let pending: Vec<&migrate::Migration> =
+        migrate::POSTGRES.iter().filter(|m| !applied.contains(&m.version)).collect();
+    for m in pending {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::Executor::execute(&mut *tx, m.sql)
+            .await
+            .map_err(|source| StoreError::Migration { name: m.name, source })?;
+        sqlx::query("INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
+            .bind(m.version)
+            .bind(m.name)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(migration = m.name, "applied");
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! The SQLite store: one node, one file. SQLite has one writer, so every
+//! write goes through a single writer connection (WAL mode,
+//! `synchronous=FULL`: a committed row survives a power cut) and reads go
+//! through a small pool of readers. With one writer there is never a
+//! `database is locked` storm, and the claim needs no lock beyond it.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::common::impl_common;
+use crate::migrate;
+
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing, with its folder) the database a
+    /// `sqlite://path` URL names.
+    pub async fn open(url: &str) -> crate::Result<Self> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        if let Some(dir) = options.get_filename().parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| sqlx::Error::Io(e))?;
+            }
+        }
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self { writer, reader })
+    }
+
+    fn writer(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    fn reader(&self) -> &SqlitePool {
+        &self.reader
+    }
+}
+
+/// SQLite has no arrays: a list is bound as a JSON array and read with `json_each`.
+fn list<T: serde::Serialize, I: IntoIterator<Item = T>>(items: I) -> String {
+    serde_json::to_string(&items.into_iter().collect::<Vec<T>>()).unwrap_or_else(|_| "[]".into())
+}
+
+impl_common! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    tenants_in_1 = "IN (SELECT value FROM json_each($1))",
+    ids_in_2 = "IN (SELECT value FROM json_each($2))",
+    ids_in_4 = "IN (SELECT value FROM json_each($4))",
+    lock = "",
+    claim_prelude = "SELECT 1",
+    claim_candidates = "SELECT id, tenant_id, queue_key FROM (
+            SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
+                row_number() OVER (PARTITION BY j.tenant_id
+                                   ORDER BY j.priority DESC, j.run_after, j.id) AS rk
+            FROM json_each($1) AS t
+            JOIN jobs j ON j.id IN (
+                SELECT k.id FROM jobs k
+                WHERE k.tenant_id = t.value
+                  AND k.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+                  AND (k.locked_until IS NULL
+                       OR k.locked_until < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+                  AND (k.queue_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM jobs q
+                        WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
+                          AND q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))
+                ORDER BY k.priority DESC, k.run_after, k.id
+                LIMIT $2)
+        )
+        ORDER BY rk, priority DESC, run_after, id
+        LIMIT $3",
+    release_where = "locked_by IS NOT NULL OR $1 IS NULL",
+    list = list,
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut conn = self.writer.acquire().await?;
+        sqlx::Executor::execute(&mut *conn, migrate::CREATE_TABLE).await?;
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
+            .fetch_all(&mut *conn)
+            .await?;
+        let pending: Vec<&migrate::Migration> =
+            migrate::SQLITE.iter().filter(|m| !applied.contains(&m.version)).collect();
+        for m in pending {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            sqlx::Executor::execute(&mut *tx, m.sql)
+                .await
+                .map_err(|source| StoreError::Migration { name: m.name, source })?;
+            sqlx::query("INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
+                .bind(m.version)
+                .bind(m.name)
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            tracing::info!(migration = m.name, "applied");
+        }
+        Ok(())
+    }
+
+    async fn maintain(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! tok's configuration: defaults, then `TOK_*` environment variables, then
+//! `validate()`. Each option says what it does and why its default is what
+//! it is.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+/// Which parts of tok this process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// HTTP only: webhooks and the API. Events wait in the inbox for a worker.
+    Api,
+    /// Dispatcher and worker pool, no HTTP.
+    Worker,
+    /// Everything in one process: the default, and what a laptop wants.
+    Both,
+}
+
+impl Role {
+    pub fn serves_http(self) -> bool {
+        self != Role::Worker
+    }
+
+    pub fn runs_engine(self) -> bool {
+        self != Role::Api
+    }
+}
+
+/// A secret that never prints.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `TOK_DATABASE_URL`: `sqlite://tok-data/tok.db` by default, so a first
+    /// run needs nothing installed; `postgres://…` for production.
+    pub database_url: String,
+    /// `TOK_LISTEN`: `127.0.0.1:8080`; loopback by default so a laptop run is
+    /// not exposed to the network.
+    pub listen: SocketAddr,
+    /// `TOK_PUBLIC_URL`: scheme and host shown in webhook URLs; defaults to
+    /// `http://<TOK_LISTEN>`.
+    pub public_url: String,
+    /// `TOK_ADMIN_KEY`: the platform admin key. Without it one is generated
+    /// on the first start and printed once.
+    pub admin_key: Option<Secret>,
+    /// `TOK_ROLE` (alias `APP_ROLE`): `api`, `worker` or `both` (default).
+    pub role: Role,
+    /// `TOK_CONCURRENCY`: worker slots; 4 × cores by default because most
+    /// steps wait on IO, not on the CPU.
+    pub concurrency: usize,
+    /// `TOK_NODE_ID`: stable per node (leases are held under it); defaults to
+    /// the host name, so a restarted node finds and releases its own claims.
+    pub node_id: String,
+    /// `TOK_DB_MAX_CONNECTIONS`: PostgreSQL pool size. Small on purpose: no
+    /// step holds a connection while it calls out.
+    pub db_max_connections: u32,
+    /// `TOK_LEASE_SECS`: how long a claim lives without a heartbeat (30 s);
+    /// the heartbeat runs every third of it.
+    pub lease: Duration,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| var("HOSTNAME"))
+        .unwrap_or_else(|| "local".into())
+}
+
+impl Config {
+    /// Reads the environment over the defaults and validates the result.
+    pub fn from_env() -> anyhow::Result<Self> {
+        let listen: SocketAddr = var("TOK_LISTEN")
+            .unwrap_or_else(|| "127.0.0.1:8080".into())
+            .parse()
+            .context("TOK_LISTEN must be an address like 127.0.0.1:8080")?;
+        let role = match var("TOK_ROLE").or_else(|| var("APP_ROLE")).as_deref() {
+            None | Some("both") => Role::Both,
+            Some("api") => Role::Api,
+            Some("worker") => Role::Worker,
+            Some(other) => bail!("TOK_ROLE is `{other}`; expected api, worker or both"),
+        };
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let concurrency = match var("TOK_CONCURRENCY") {
+            Some(v) => v.parse().context("TOK_CONCURRENCY must be a positive whole number")?,
+            None => 4 * cores,
+        };
+        let db_max_connections = match var("TOK_DB_MAX_CONNECTIONS") {
+            Some(v) => v.parse().context("TOK_DB_MAX_CONNECTIONS must be a positive whole number")?,
+            None => 10,
+        };
+        let lease_secs: u64 = match var("TOK_LEASE_SECS") {
+            Some(v) => v.parse().context("TOK_LEASE_SECS must be a whole number of seconds")?,
+            None => 30,
+        };
+        let config = Self {
+            database_url: var("TOK_DATABASE_URL").unwrap_or_else(|| "sqlite://tok-data/tok.db".into()),
+            public_url: var("TOK_PUBLIC_URL").unwrap_or_else(|| format!("http://{listen}")),
+            listen,
+            admin_key: var("TOK_ADMIN_KEY").map(Secret),
+            role,
+            concurrency,
+            node_id: var("TOK_NODE_ID").unwrap_or_else(host_name),
+            db_max_connections,
+            lease: Duration::from_secs(lease_secs),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.concurrency == 0 {
+            bail!("TOK_CONCURRENCY must be at least 1");
+        }
+        if self.db_max_connections < 2 {
+            bail!("TOK_DB_MAX_CONNECTIONS must be at least 2");
+        }
+        if self.lease < Duration::from_secs(3) {
+            bail!("TOK_LEASE_SECS must be at least 3");
+        }
+        if !(self.public_url.starts_with("http://") || self.public_url.starts_with("https://")) {
+            bail!("TOK_PUBLIC_URL must start with http:// or https://");
+        }
+        if !(self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres")) {
+            bail!("TOK_DATABASE_URL must be sqlite://… or postgres://…");
+        }
+        Ok(())
+    }
+}

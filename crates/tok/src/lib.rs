@@ -1,0 +1,105 @@
+//! The `tok` binary's library half: configuration and the `serve` and
+//! `migrate` commands, callable from tests.
+
+pub mod config;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tok_engine::{Engine, EngineConfig, Registry};
+use tok_server::AppState;
+use tok_store::{Store, hash_secret, random_token};
+
+use crate::config::Config;
+
+/// Connects to the database and applies pending migrations.
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let store = tok_store::connect(&config.database_url, config.db_max_connections)
+        .await
+        .with_context(|| format!("could not open the database at {}", redact(&config.database_url)))?;
+    store.migrate().await.context("migrations failed")?;
+    Ok(store)
+}
+
+/// Hides a password in a database URL before it is printed.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// Makes sure a platform admin key exists; prints a generated one once.
+async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<()> {
+    if let Some(key) = &config.admin_key {
+        store.add_admin_key(&hash_secret(&key.0)).await?;
+    } else if !store.has_admin_key().await? {
+        let key = format!("tok_admin_{}", random_token());
+        store.add_admin_key(&hash_secret(&key)).await?;
+        println!("Generated the platform admin key (shown once, store it now): {key}");
+    }
+    Ok(())
+}
+
+/// Runs tok until SIGINT or SIGTERM: HTTP and/or the engine, by role.
+pub async fn serve(config: Config, registry: Registry) -> anyhow::Result<()> {
+    let store = open_store(&config).await?;
+    ensure_admin_key(&*store, &config).await?;
+    let engine = Engine::new(
+        store,
+        registry,
+        EngineConfig {
+            node_id: config.node_id.clone(),
+            concurrency: config.concurrency,
+            lease: config.lease,
+            heartbeat: config.lease / 3,
+            ..EngineConfig::default()
+        },
+    );
+    let running = if config.role.runs_engine() {
+        Some(engine.start(true).await?)
+    } else {
+        engine.refresh_tenants().await?;
+        None
+    };
+    tracing::info!(role = ?config.role, node = %config.node_id, concurrency = config.concurrency, "tok started");
+    if config.role.serves_http() {
+        let state = AppState::new(engine.clone(), &config.public_url);
+        state.set_ready();
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("could not listen on {}", config.listen))?;
+        println!("tok listening on http://{} ({})", listener.local_addr()?, config.public_url);
+        axum::serve(listener, tok_server::app(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+    } else {
+        shutdown_signal().await;
+    }
+    if let Some(running) = running {
+        running.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}
