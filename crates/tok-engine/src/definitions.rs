@@ -18,12 +18,22 @@ use crate::{EngineError, Result};
 
 /// Parses and validates a definition as sent by a client, ready to store.
 /// Every problem is reported, each with the place in the JSON it concerns.
-pub fn prepare(raw: &[u8], registry: &Registry) -> Result<(Automation, NewVersion), Vec<ValidationError>> {
+pub fn prepare(
+    raw: &[u8],
+    registry: &Registry,
+) -> Result<(Automation, NewVersion), Vec<ValidationError>> {
     let text = std::str::from_utf8(raw).map_err(|e| {
-        vec![ValidationError { path: String::new(), message: format!("the body is not UTF-8: {e}") }]
+        vec![ValidationError {
+            path: String::new(),
+            message: format!("the body is not UTF-8: {e}"),
+        }]
     })?;
-    let automation = Automation::from_json(text)
-        .map_err(|e| vec![ValidationError { path: String::new(), message: e.to_string() }])?;
+    let automation = Automation::from_json(text).map_err(|e| {
+        vec![ValidationError {
+            path: String::new(),
+            message: e.to_string(),
+        }]
+    })?;
     let mut errors = match validate(&automation, raw.len(), &|kind| registry.is_known(kind)) {
         Ok(()) => Vec::new(),
         Err(errors) => errors,
@@ -55,7 +65,10 @@ fn check_handler_configs(
         let here = format!("{at}.{i}");
         if let Some(handler) = registry.handler(&step.kind) {
             if let Err(message) = handler.validate(&step.config) {
-                errors.push(ValidationError { path: format!("{here}.config"), message });
+                errors.push(ValidationError {
+                    path: format!("{here}.config"),
+                    message,
+                });
             }
         }
         check_handler_configs(&step.then, &format!("{here}.then"), registry, errors);
@@ -89,7 +102,9 @@ impl DefinitionCache {
             return Ok(found);
         }
         let automation: Automation = serde_json::from_value(json.clone()).map_err(|e| {
-            EngineError::Definition(format!("automation {id} version {version} does not parse: {e}"))
+            EngineError::Definition(format!(
+                "automation {id} version {version} does not parse: {e}"
+            ))
         })?;
         Ok(self.insert(id, version, automation))
     }
@@ -105,9 +120,12 @@ impl DefinitionCache {
         if let Some(found) = self.cached(id, version) {
             return Ok(found);
         }
-        let json = store.automation_version(tenant, id, version).await?.ok_or_else(|| {
-            EngineError::Definition(format!("automation {id} has no version {version}"))
-        })?;
+        let json = store
+            .automation_version(tenant, id, version)
+            .await?
+            .ok_or_else(|| {
+                EngineError::Definition(format!("automation {id} has no version {version}"))
+            })?;
         self.parse(id, version, &json)
     }
 

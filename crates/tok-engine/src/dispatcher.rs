@@ -50,7 +50,11 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
     let context = initial_context(event).into_value();
     let mut plan = Plan::default();
     for candidate in candidates {
-        let automation = match defs.parse(&candidate.automation_id, candidate.version, &candidate.definition) {
+        let automation = match defs.parse(
+            &candidate.automation_id,
+            candidate.version,
+            &candidate.definition,
+        ) {
             Ok(a) => a,
             Err(e) => {
                 tracing::error!(event = %event.id, error = %e, "skipping an automation that does not parse");

@@ -67,7 +67,9 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             node_id: "local".into(),
-            concurrency: 4 * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            concurrency: 4 * std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
             lease: Duration::from_secs(30),
             heartbeat: Duration::from_secs(10),
             poll_interval: Duration::from_millis(250),
@@ -91,7 +93,10 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn tenants(&self) -> Arc<Vec<TenantId>> {
-        self.tenants.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.tenants
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(crate) fn lease_ms(&self) -> i64 {
@@ -157,7 +162,11 @@ impl Engine {
     /// Re-reads the list of tenants the queue serves (after one is created).
     pub async fn refresh_tenants(&self) -> Result<()> {
         let ids = self.inner.store.tenant_ids().await?;
-        *self.inner.tenants.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(ids);
+        *self
+            .inner
+            .tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(ids);
         Ok(())
     }
 
@@ -165,7 +174,11 @@ impl Engine {
     /// dispatcher. Releases this node's earlier claims first.
     pub async fn start(&self, workers: bool) -> Result<Running> {
         self.refresh_tenants().await?;
-        let released = self.inner.store.release_claims(&self.inner.config.node_id).await?;
+        let released = self
+            .inner
+            .store
+            .release_claims(&self.inner.config.node_id)
+            .await?;
         if released > 0 {
             tracing::info!(released, node = %self.inner.config.node_id, "released claims of an earlier start");
         }
@@ -198,12 +211,17 @@ impl Engine {
         if row.status == AutomationStatus::Paused {
             return Err(EngineError::AutomationPaused(automation_id.clone()));
         }
-        let automation = self.inner.defs.parse(&row.id, row.version, &row.definition)?;
+        let automation = self
+            .inner
+            .defs
+            .parse(&row.id, row.version, &row.definition)?;
         let params = match &input {
             Value::Object(map) => map.clone(),
             _ => Map::new(),
         };
-        let event_key = idempotency_key.clone().unwrap_or_else(tok_store::random_token);
+        let event_key = idempotency_key
+            .clone()
+            .unwrap_or_else(tok_store::random_token);
         let run_id = RunId::generate();
         let context = Context::new(
             params.clone(),
@@ -242,12 +260,18 @@ impl Engine {
     }
 }
 
+/// Whether a background loop should end: shutdown was asked for, or the
+/// [`Running`] handle was dropped.
+pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
+    *shutdown.borrow() || shutdown.has_changed().is_err()
+}
+
 async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
         dispatcher::plan(event, candidates, &inner.defs)
     };
     loop {
-        if *shutdown.borrow() {
+        if stopping(&shutdown) {
             return;
         }
         let tenants = inner.tenants();
@@ -279,7 +303,10 @@ async fn tenant_refresh(engine: Engine, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => {}
+        }
+        if stopping(&shutdown) {
+            return;
         }
         if let Err(e) = engine.refresh_tenants().await {
             tracing::warn!(error = %e, "could not refresh the tenant list");

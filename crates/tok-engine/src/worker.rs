@@ -21,12 +21,12 @@ use tok_core::builtin::{self, INTERNAL_TYPES, Outcome};
 use tok_core::context::Context;
 use tok_core::definition::Automation;
 use tok_core::error::StepError;
-use tok_core::retry::{Decision, decide};
 use tok_core::flow::{self, Next};
 use tok_core::ids::JobId;
 use tok_core::limits::{MAX_ACTIONS, MAX_OUTPUT_BYTES};
 use tok_core::path::FlowPath;
 use tok_core::retry::RetryPolicy;
+use tok_core::retry::{Decision, decide};
 use tok_core::template;
 use tok_store::{ClaimedJob, NextJob, Record, RunStatus, StepRecord, StoreError};
 use tokio::sync::watch;
@@ -42,10 +42,10 @@ const CHAIN_LIMIT: usize = 64;
 pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     let in_flight: Arc<Mutex<HashSet<JobId>>> = Arc::default();
     let busy = Arc::new(AtomicUsize::new(0));
-    let heartbeat = tokio::spawn(heartbeat(inner.clone(), in_flight.clone(), shutdown.clone()));
+    let heartbeat = tokio::spawn(heartbeat(inner.clone(), in_flight.clone()));
     let concurrency = inner.config.concurrency.max(1);
     loop {
-        if *shutdown.borrow() {
+        if crate::stopping(&shutdown) {
             break;
         }
         let free = concurrency.saturating_sub(busy.load(Ordering::SeqCst));
@@ -54,19 +54,31 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
             let tenants = inner.tenants();
             match inner
                 .store
-                .claim(&tenants, &inner.config.node_id, free as u32, inner.lease_ms())
+                .claim(
+                    &tenants,
+                    &inner.config.node_id,
+                    free as u32,
+                    inner.lease_ms(),
+                )
                 .await
             {
                 Ok(jobs) => {
                     claimed = jobs.len();
                     for job in jobs {
                         busy.fetch_add(1, Ordering::SeqCst);
-                        in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(job.id);
-                        let (inner, busy, in_flight) = (inner.clone(), busy.clone(), in_flight.clone());
+                        in_flight
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(job.id);
+                        let (inner, busy, in_flight) =
+                            (inner.clone(), busy.clone(), in_flight.clone());
                         tokio::spawn(async move {
                             let id = job.id;
                             execute(&inner, job).await;
-                            in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                            in_flight
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .remove(&id);
                             busy.fetch_sub(1, Ordering::SeqCst);
                             inner.work.notify_one();
                         });
@@ -101,18 +113,22 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
     heartbeat.abort();
 }
 
-async fn heartbeat(
-    inner: Arc<Inner>,
-    in_flight: Arc<Mutex<HashSet<JobId>>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// Extends the leases of the jobs in flight until the pool aborts it (after
+/// the last step in flight has finished or the grace period ran out).
+async fn heartbeat(inner: Arc<Inner>, in_flight: Arc<Mutex<HashSet<JobId>>>) {
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(inner.config.heartbeat) => {}
-            _ = shutdown.changed() => {}
-        }
-        let ids: Vec<JobId> = in_flight.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
-        if let Err(e) = inner.store.heartbeat(&inner.config.node_id, &ids, inner.lease_ms()).await {
+        tokio::time::sleep(inner.config.heartbeat).await;
+        let ids: Vec<JobId> = in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        if let Err(e) = inner
+            .store
+            .heartbeat(&inner.config.node_id, &ids, inner.lease_ms())
+            .await
+        {
             tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed");
         }
     }
@@ -120,7 +136,16 @@ async fn heartbeat(
 
 /// Runs one claimed job and records its outcome.
 async fn execute(inner: &Inner, job: ClaimedJob) {
-    let record = match inner.defs.get(&*inner.store, &job.tenant_id, &job.automation_id, job.version).await {
+    let record = match inner
+        .defs
+        .get(
+            &*inner.store,
+            &job.tenant_id,
+            &job.automation_id,
+            job.version,
+        )
+        .await
+    {
         Ok(automation) => run_job(inner, &job, &automation).await,
         Err(crate::EngineError::Store(e)) => {
             // The database is away: leave the job to be retried after its lease.
@@ -173,7 +198,9 @@ async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Re
     };
     let mut path: FlowPath = match job.path.parse() {
         Ok(p) => p,
-        Err(e) => return fail_without_step(job, format!("job path `{}` is not valid: {e}", job.path)),
+        Err(e) => {
+            return fail_without_step(job, format!("job path `{}` is not valid: {e}", job.path));
+        }
     };
     let mut actions = job.actions;
     let mut attempt = job.attempt.max(1) as u32;
@@ -191,11 +218,21 @@ async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Re
     loop {
         let Some(step) = flow::step_at(&automation.steps, &path) else {
             let error = format!("the run's version has no step at `{path}`");
-            return finish(context, steps, actions, RunStatus::Failed, Some(error), NextJob::Done);
+            return finish(
+                context,
+                steps,
+                actions,
+                RunStatus::Failed,
+                Some(error),
+                NextJob::Done,
+            );
         };
         let internal = INTERNAL_TYPES.contains(&step.kind.as_str());
         if !steps.is_empty() && (!internal || steps.len() >= CHAIN_LIMIT) {
-            let next = NextJob::Step { path: path.to_string(), delay_ms: 0 };
+            let next = NextJob::Step {
+                path: path.to_string(),
+                delay_ms: 0,
+            };
             return finish(context, steps, actions, RunStatus::Running, None, next);
         }
         if actions >= MAX_ACTIONS as i32 {
@@ -204,7 +241,14 @@ async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Re
                  the most one run may execute (loop iterations count)",
                 step.id
             );
-            return finish(context, steps, actions, RunStatus::Failed, Some(error), NextJob::Done);
+            return finish(
+                context,
+                steps,
+                actions,
+                RunStatus::Failed,
+                Some(error),
+                NextJob::Done,
+            );
         }
         actions += 1;
         let started_at = now_ms();
@@ -236,7 +280,8 @@ async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Re
                 (outputs, log, Some(until))
             }
             Err(error) => {
-                let policy = RetryPolicy::resolve(step.retry.as_ref(), automation.settings.retry.as_ref());
+                let policy =
+                    RetryPolicy::resolve(step.retry.as_ref(), automation.settings.retry.as_ref());
                 record.error = Some(error.message().to_owned());
                 return match decide(&error, attempt, &policy, &mut rand::rng()) {
                     Decision::RetryIn(delay) => {
@@ -248,7 +293,9 @@ async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Re
                             humanize(delay)
                         ));
                         steps.push(record);
-                        let next = NextJob::Retry { delay_ms: delay.as_millis() as i64 };
+                        let next = NextJob::Retry {
+                            delay_ms: delay.as_millis() as i64,
+                        };
                         finish(context, steps, actions, RunStatus::Running, None, next)
                     }
                     Decision::Fail => {
@@ -258,10 +305,19 @@ async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Re
                         } else {
                             "not retryable".to_owned()
                         };
-                        record.log.push(format!("failed ({why}): {}", error.message()));
+                        record
+                            .log
+                            .push(format!("failed ({why}): {}", error.message()));
                         let run_error = format!("step `{}` failed: {}", step.id, error.message());
                         steps.push(record);
-                        finish(context, steps, actions, RunStatus::Failed, Some(run_error), NextJob::Done)
+                        finish(
+                            context,
+                            steps,
+                            actions,
+                            RunStatus::Failed,
+                            Some(run_error),
+                            NextJob::Done,
+                        )
                     }
                 };
             }
@@ -275,16 +331,33 @@ async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Re
             Ok(next) => next,
             Err(e) => {
                 let error = format!("could not decide the step after `{}`: {e}", step.id);
-                return finish(context, steps, actions, RunStatus::Failed, Some(error), NextJob::Done);
+                return finish(
+                    context,
+                    steps,
+                    actions,
+                    RunStatus::Failed,
+                    Some(error),
+                    NextJob::Done,
+                );
             }
         };
         match (next, wait_until) {
             (Next::Complete, _) => {
-                return finish(context, steps, actions, RunStatus::Completed, None, NextJob::Done);
+                return finish(
+                    context,
+                    steps,
+                    actions,
+                    RunStatus::Completed,
+                    None,
+                    NextJob::Done,
+                );
             }
             (Next::Step(next), Some(until)) => {
                 let delay_ms = (until.as_millisecond() - now_ms()).max(0);
-                let next = NextJob::Step { path: next.to_string(), delay_ms };
+                let next = NextJob::Step {
+                    path: next.to_string(),
+                    delay_ms,
+                };
                 return finish(context, steps, actions, RunStatus::Waiting, None, next);
             }
             (Next::Step(next), None) => path = next,
@@ -303,12 +376,23 @@ async fn call_handler(
     view: Value,
 ) -> (Result<Outcome, StepError>, Option<Value>) {
     let Some(handler) = inner.registry.handler(&step.kind) else {
-        let error = StepError::terminal(format!("no handler is registered for step type `{}`", step.kind));
+        let error = StepError::terminal(format!(
+            "no handler is registered for step type `{}`",
+            step.kind
+        ));
         return (Err(error), None);
     };
     let config = match template::render_value(&step.config, &view) {
         Ok(config) => config,
-        Err(e) => return (Err(StepError::terminal(format!("step `{}` config: {e}", step.id))), None),
+        Err(e) => {
+            return (
+                Err(StepError::terminal(format!(
+                    "step `{}` config: {e}",
+                    step.id
+                ))),
+                None,
+            );
+        }
     };
     let call = StepCall {
         tenant_id: job.tenant_id.clone(),
@@ -321,9 +405,15 @@ async fn call_handler(
         context: view,
     };
     let outcome = match tokio::spawn(async move { handler.run(call).await }).await {
-        Ok(Ok(outputs)) => Ok(Outcome::Done { outputs, log: Vec::new() }),
+        Ok(Ok(outputs)) => Ok(Outcome::Done {
+            outputs,
+            log: Vec::new(),
+        }),
         Ok(Err(e)) => Err(e),
-        Err(join) => Err(StepError::terminal(format!("step `{}` panicked: {join}", step.id))),
+        Err(join) => Err(StepError::terminal(format!(
+            "step `{}` panicked: {join}",
+            step.id
+        ))),
     };
     (outcome, Some(config))
 }

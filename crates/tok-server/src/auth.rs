@@ -35,10 +35,17 @@ impl FromRequestParts<AppState> for Caller {
                     "send your API key as `Authorization: Bearer <key>`",
                 )
             })?;
-        let key = header.strip_prefix("Bearer ").map(str::trim).unwrap_or_default();
+        let key = header
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .unwrap_or_default();
         let owner = state.engine.store().key_owner(&hash_secret(key)).await?;
         owner.map(Caller).ok_or_else(|| {
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the API key is not valid")
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the API key is not valid",
+            )
         })
     }
 }

@@ -22,7 +22,12 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), extra: Map::new() }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            extra: Map::new(),
+        }
     }
 
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
@@ -36,7 +41,11 @@ impl ApiError {
 
     /// Another tenant's ids answer exactly like ids that do not exist.
     pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
     }
 }
 
@@ -65,7 +74,11 @@ impl From<StoreError> for ApiError {
             }
             other => {
                 tracing::error!(error = %other, "store error");
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error",
+                )
             }
         }
     }

@@ -9,9 +9,9 @@
 //! Both backends implement the same traits and pass the same conformance
 //! suite (`tests/conformance.rs`). `connect` picks one from the URL.
 
-pub mod model;
 mod common;
 mod migrate;
+pub mod model;
 mod postgres;
 mod sqlite;
 pub mod testing;
@@ -89,8 +89,11 @@ pub trait DefinitionStore: Send + Sync {
         id: &AutomationId,
         status: AutomationStatus,
     ) -> Result<bool>;
-    async fn automation(&self, tenant: &TenantId, id: &AutomationId)
-    -> Result<Option<AutomationRow>>;
+    async fn automation(
+        &self,
+        tenant: &TenantId,
+        id: &AutomationId,
+    ) -> Result<Option<AutomationRow>>;
     async fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
     async fn automation_version(
         &self,
@@ -105,15 +108,20 @@ pub trait DefinitionStore: Send + Sync {
 pub trait InboxStore: Send + Sync {
     /// Writes one inbox row, or finds the row this idempotency key already
     /// wrote within the last 24 hours. Returns once the row is committed.
-    async fn accept_event(&self, tenant: &TenantId, event: NewEvent) -> Result<(EventId, Accepted)>;
+    async fn accept_event(&self, tenant: &TenantId, event: NewEvent)
+    -> Result<(EventId, Accepted)>;
 
     /// Takes up to `limit` pending events of `tenants`, asks `planner` which
     /// runs each one starts, and in one transaction per batch creates those
     /// runs with their first jobs and marks the events dispatched. A run that
     /// already exists for (event, automation) is left alone, so dispatching
     /// the same event twice is harmless. Returns the number of events taken.
-    async fn dispatch(&self, tenants: &[TenantId], limit: u32, planner: Planner<'_>)
-    -> Result<usize>;
+    async fn dispatch(
+        &self,
+        tenants: &[TenantId],
+        limit: u32,
+        planner: Planner<'_>,
+    ) -> Result<usize>;
 
     /// Starts one run directly (a manual start): writes its event, the run
     /// and its first job in one transaction. A repeated idempotency key

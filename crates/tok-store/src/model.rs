@@ -83,7 +83,11 @@ impl AutomationStatus {
     }
 
     pub(crate) fn parse(s: &str) -> Self {
-        if s == "paused" { Self::Paused } else { Self::Active }
+        if s == "paused" {
+            Self::Paused
+        } else {
+            Self::Active
+        }
     }
 }
 

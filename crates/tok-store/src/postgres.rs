@@ -140,13 +140,18 @@ async fn apply_migrations(conn: &mut sqlx::PgConnection) -> Result<()> {
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
         .fetch_all(&mut *conn)
         .await?;
-    let pending: Vec<&migrate::Migration> =
-        migrate::POSTGRES.iter().filter(|m| !applied.contains(&m.version)).collect();
+    let pending: Vec<&migrate::Migration> = migrate::POSTGRES
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .collect();
     for m in pending {
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         sqlx::Executor::execute(&mut *tx, m.sql)
             .await
-            .map_err(|source| StoreError::Migration { name: m.name, source })?;
+            .map_err(|source| StoreError::Migration {
+                name: m.name,
+                source,
+            })?;
         sqlx::query("INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
             .bind(m.version)
             .bind(m.name)

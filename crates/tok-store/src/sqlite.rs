@@ -108,19 +108,26 @@ impl Store for SqliteStore {
         let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
             .fetch_all(&mut *conn)
             .await?;
-        let pending: Vec<&migrate::Migration> =
-            migrate::SQLITE.iter().filter(|m| !applied.contains(&m.version)).collect();
+        let pending: Vec<&migrate::Migration> = migrate::SQLITE
+            .iter()
+            .filter(|m| !applied.contains(&m.version))
+            .collect();
         for m in pending {
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             sqlx::Executor::execute(&mut *tx, m.sql)
                 .await
-                .map_err(|source| StoreError::Migration { name: m.name, source })?;
-            sqlx::query("INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
-                .bind(m.version)
-                .bind(m.name)
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await?;
+                .map_err(|source| StoreError::Migration {
+                    name: m.name,
+                    source,
+                })?;
+            sqlx::query(
+                "INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await?;
             tracing::info!(migration = m.name, "applied");
         }

@@ -40,30 +40,47 @@ impl TestDb {
                 let dir = std::env::temp_dir().join(format!("tok-test-{unique}"));
                 std::fs::create_dir_all(&dir).expect("temp dir");
                 let url = format!("sqlite://{}", dir.join("tok.db").display());
-                TestDb { backend, url, dir: Some(dir), pg_name: None }
+                TestDb {
+                    backend,
+                    url,
+                    dir: Some(dir),
+                    pg_name: None,
+                }
             }
             Backend::Postgres => {
                 let admin = postgres_admin_url();
-                let name = format!("tok_test_{}", &unique.replace('-', "_")[..unique.len().min(40)]);
-                let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap_or_else(|e| {
-                    panic!(
-                        "PostgreSQL tests need a server at {admin} ({e}); start it, point \
+                let name = format!(
+                    "tok_test_{}",
+                    &unique.replace('-', "_")[..unique.len().min(40)]
+                );
+                let mut conn = sqlx::PgConnection::connect(&admin)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "PostgreSQL tests need a server at {admin} ({e}); start it, point \
                          TOK_TEST_POSTGRES_URL elsewhere, or set TOK_TEST_SKIP_POSTGRES=1"
-                    )
-                });
+                        )
+                    });
                 sqlx::Executor::execute(&mut conn, format!("CREATE DATABASE {name}").as_str())
                     .await
                     .expect("create test database");
                 let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
                 let url = format!("{base}/{name}");
-                TestDb { backend, url, dir: None, pg_name: Some(name) }
+                TestDb {
+                    backend,
+                    url,
+                    dir: None,
+                    pg_name: Some(name),
+                }
             }
         }
     }
 
     /// Opens the store on this database and migrates it.
     pub async fn store(&self) -> Arc<dyn Store> {
-        let store = crate::connect(&self.url, 10).await.expect("connect to test database");
+        let store = crate::connect(&self.url, 10)
+            .await
+            .expect("connect to test database");
         store.migrate().await.expect("migrate test database");
         store
     }

@@ -95,21 +95,30 @@ impl Config {
             Some("worker") => Role::Worker,
             Some(other) => bail!("TOK_ROLE is `{other}`; expected api, worker or both"),
         };
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
         let concurrency = match var("TOK_CONCURRENCY") {
-            Some(v) => v.parse().context("TOK_CONCURRENCY must be a positive whole number")?,
+            Some(v) => v
+                .parse()
+                .context("TOK_CONCURRENCY must be a positive whole number")?,
             None => 4 * cores,
         };
         let db_max_connections = match var("TOK_DB_MAX_CONNECTIONS") {
-            Some(v) => v.parse().context("TOK_DB_MAX_CONNECTIONS must be a positive whole number")?,
+            Some(v) => v
+                .parse()
+                .context("TOK_DB_MAX_CONNECTIONS must be a positive whole number")?,
             None => 10,
         };
         let lease_secs: u64 = match var("TOK_LEASE_SECS") {
-            Some(v) => v.parse().context("TOK_LEASE_SECS must be a whole number of seconds")?,
+            Some(v) => v
+                .parse()
+                .context("TOK_LEASE_SECS must be a whole number of seconds")?,
             None => 30,
         };
         let config = Self {
-            database_url: var("TOK_DATABASE_URL").unwrap_or_else(|| "sqlite://tok-data/tok.db".into()),
+            database_url: var("TOK_DATABASE_URL")
+                .unwrap_or_else(|| "sqlite://tok-data/tok.db".into()),
             public_url: var("TOK_PUBLIC_URL").unwrap_or_else(|| format!("http://{listen}")),
             listen,
             admin_key: var("TOK_ADMIN_KEY").map(Secret),
@@ -136,7 +145,8 @@ impl Config {
         if !(self.public_url.starts_with("http://") || self.public_url.starts_with("https://")) {
             bail!("TOK_PUBLIC_URL must start with http:// or https://");
         }
-        if !(self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres")) {
+        if !(self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"))
+        {
             bail!("TOK_DATABASE_URL must be sqlite://… or postgres://…");
         }
         Ok(())

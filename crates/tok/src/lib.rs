@@ -16,7 +16,12 @@ use crate::config::Config;
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     let store = tok_store::connect(&config.database_url, config.db_max_connections)
         .await
-        .with_context(|| format!("could not open the database at {}", redact(&config.database_url)))?;
+        .with_context(|| {
+            format!(
+                "could not open the database at {}",
+                redact(&config.database_url)
+            )
+        })?;
     store.migrate().await.context("migrations failed")?;
     Ok(store)
 }
@@ -24,7 +29,9 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 /// Hides a password in a database URL before it is printed.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
         _ => url.to_owned(),
     }
 }
@@ -69,7 +76,11 @@ pub async fn serve(config: Config, registry: Registry) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("could not listen on {}", config.listen))?;
-        println!("tok listening on http://{} ({})", listener.local_addr()?, config.public_url);
+        println!(
+            "tok listening on http://{} ({})",
+            listener.local_addr()?,
+            config.public_url
+        );
         axum::serve(listener, tok_server::app(state))
             .with_graceful_shutdown(shutdown_signal())
             .await?;

@@ -5,7 +5,11 @@ use tok::config::Config;
 use tok_engine::Registry;
 
 #[derive(Parser)]
-#[command(name = "tok", version, about = "A durable, multi-tenant automation runtime")]
+#[command(
+    name = "tok",
+    version,
+    about = "A durable, multi-tenant automation runtime"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

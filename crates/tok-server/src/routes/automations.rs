@@ -32,13 +32,24 @@ pub(crate) fn router() -> Router<AppState> {
 fn invalid(errors: Vec<ValidationError>) -> ApiError {
     let summary = errors
         .iter()
-        .map(|e| if e.path.is_empty() { e.message.clone() } else { format!("{}: {}", e.path, e.message) })
+        .map(|e| {
+            if e.path.is_empty() {
+                e.message.clone()
+            } else {
+                format!("{}: {}", e.path, e.message)
+            }
+        })
         .collect::<Vec<_>>()
         .join("; ");
-    let details: Vec<Value> =
-        errors.iter().map(|e| json!({ "path": e.path, "message": e.message })).collect();
-    ApiError::bad_request("invalid_definition", format!("the automation is not valid: {summary}"))
-        .with("errors", details)
+    let details: Vec<Value> = errors
+        .iter()
+        .map(|e| json!({ "path": e.path, "message": e.message }))
+        .collect();
+    ApiError::bad_request(
+        "invalid_definition",
+        format!("the automation is not valid: {summary}"),
+    )
+    .with("errors", details)
 }
 
 /// Parses, validates, and checks what needs the tenant's data (the source of
@@ -47,10 +58,18 @@ async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<N
     let (automation, version): (Automation, NewVersion) =
         prepare(raw, state.engine.registry()).map_err(invalid)?;
     if let Trigger::Webhook { source, .. } = &automation.trigger {
-        if state.engine.store().source(tenant, &SourceId::from(source.as_str())).await?.is_none() {
+        if state
+            .engine
+            .store()
+            .source(tenant, &SourceId::from(source.as_str()))
+            .await?
+            .is_none()
+        {
             return Err(invalid(vec![ValidationError {
                 path: "trigger.source".into(),
-                message: format!("`{source}` is not a source of this tenant; create it with POST /api/sources"),
+                message: format!(
+                    "`{source}` is not a source of this tenant; create it with POST /api/sources"
+                ),
             }]));
         }
     }
@@ -76,8 +95,15 @@ async fn create(
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let version = checked(&state, &tenant, &body).await?;
-    let row = state.engine.store().create_automation(&tenant, version).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": row.id, "version": row.version }))))
+    let row = state
+        .engine
+        .store()
+        .create_automation(&tenant, version)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": row.id, "version": row.version })),
+    ))
 }
 
 async fn update(
@@ -87,7 +113,11 @@ async fn update(
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
     let version = checked(&state, &tenant, &body).await?;
-    let row = state.engine.store().save_version(&tenant, &AutomationId::from(id), version).await?;
+    let row = state
+        .engine
+        .store()
+        .save_version(&tenant, &AutomationId::from(id), version)
+        .await?;
     Ok(Json(json!({ "id": row.id, "version": row.version })))
 }
 
@@ -111,19 +141,37 @@ async fn show(
     Ok(Json(view(&row)))
 }
 
-async fn set_status(state: &AppState, tenant: &TenantId, id: String, status: AutomationStatus) -> ApiResult<Json<Value>> {
+async fn set_status(
+    state: &AppState,
+    tenant: &TenantId,
+    id: String,
+    status: AutomationStatus,
+) -> ApiResult<Json<Value>> {
     let id = AutomationId::from(id);
-    if !state.engine.store().set_automation_status(tenant, &id, status).await? {
+    if !state
+        .engine
+        .store()
+        .set_automation_status(tenant, &id, status)
+        .await?
+    {
         return Err(ApiError::not_found("automation"));
     }
     Ok(Json(json!({ "id": id, "status": status })))
 }
 
-async fn pause(State(state): State<AppState>, Tenant(tenant): Tenant, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+async fn pause(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
     set_status(&state, &tenant, id, AutomationStatus::Paused).await
 }
 
-async fn resume(State(state): State<AppState>, Tenant(tenant): Tenant, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+async fn resume(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
     set_status(&state, &tenant, id, AutomationStatus::Active).await
 }
 
@@ -149,12 +197,25 @@ async fn start_run(
         b
     };
     if !(body.input.is_object() || body.input.is_null()) {
-        return Err(ApiError::bad_request("invalid_body", "`input` must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "`input` must be a JSON object",
+        ));
     }
     let key = body.idempotency_key.or_else(|| {
-        headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(|s| s.trim().to_owned())
+        headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(|s| s.trim().to_owned())
     });
-    let input = if body.input.is_null() { json!({}) } else { body.input };
-    let run_id = state.engine.start_run(&tenant, &AutomationId::from(id), input, key).await?;
+    let input = if body.input.is_null() {
+        json!({})
+    } else {
+        body.input
+    };
+    let run_id = state
+        .engine
+        .start_run(&tenant, &AutomationId::from(id), input, key)
+        .await?;
     Ok((StatusCode::CREATED, Json(json!({ "run_id": run_id }))))
 }

@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 use crate::AppState;
 
 pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz))
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
 }
 
 async fn healthz() -> Json<Value> {
@@ -19,13 +21,19 @@ async fn healthz() -> Json<Value> {
 
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     if !state.is_ready() {
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "starting" })));
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "starting" })),
+        );
     }
     match state.engine.store().ping().await {
         Ok(()) => (StatusCode::OK, Json(json!({ "status": "ready" }))),
         Err(e) => {
             tracing::warn!(error = %e, "readiness check failed");
-            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "database unavailable" })))
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "status": "database unavailable" })),
+            )
         }
     }
 }

@@ -53,8 +53,8 @@ where
 impl<T: serde::de::DeserializeOwned> JsonBody<T> {
     /// Parses bytes already read, with the same errors as the extractor.
     pub(crate) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        serde_json::from_slice(bytes)
-            .map(Self)
-            .map_err(|e| ApiError::bad_request("invalid_body", format!("the body is not valid: {e}")))
+        serde_json::from_slice(bytes).map(Self).map_err(|e| {
+            ApiError::bad_request("invalid_body", format!("the body is not valid: {e}"))
+        })
     }
 }

@@ -41,7 +41,9 @@ async fn list(
         if RunStatus::parse(status).is_none() {
             return Err(ApiError::bad_request(
                 "bad_query",
-                format!("status `{status}` is not one of queued, running, waiting, paused, completed, failed, cancelled"),
+                format!(
+                    "status `{status}` is not one of queued, running, waiting, paused, completed, failed, cancelled"
+                ),
             ));
         }
     }
@@ -53,13 +55,20 @@ async fn list(
             ));
         }
     }
-    let page = super::PageQuery { limit: query.limit, cursor: query.cursor };
+    let page = super::PageQuery {
+        limit: query.limit,
+        cursor: query.cursor,
+    };
     let filter = RunFilter {
         status: query.status,
         automation_id: query.automation,
         trigger_type: query.trigger,
     };
-    let runs = state.engine.store().runs(&tenant, &filter, page.limit()?, page.cursor.as_deref()).await?;
+    let runs = state
+        .engine
+        .store()
+        .runs(&tenant, &filter, page.limit()?, page.cursor.as_deref())
+        .await?;
     Ok(Json(json!(runs)))
 }
 

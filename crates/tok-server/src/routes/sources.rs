@@ -54,7 +54,10 @@ async fn create(
     JsonBody(body): JsonBody<NewSourceBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     if body.name.trim().is_empty() {
-        return Err(ApiError::bad_request("invalid_body", "`name` must not be empty"));
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "`name` must not be empty",
+        ));
     }
     contract::validate_params(&body.params)
         .map_err(|message| ApiError::bad_request("invalid_params", message))?;

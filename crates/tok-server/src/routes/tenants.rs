@@ -30,10 +30,17 @@ async fn create(
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let name = body.name.trim();
     if name.is_empty() {
-        return Err(ApiError::bad_request("invalid_body", "`name` must not be empty"));
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "`name` must not be empty",
+        ));
     }
     let api_key = format!("tok_{}", random_token());
-    let tenant = state.engine.store().create_tenant(name, &hash_secret(&api_key)).await?;
+    let tenant = state
+        .engine
+        .store()
+        .create_tenant(name, &hash_secret(&api_key))
+        .await?;
     state.engine.refresh_tenants().await?;
     Ok((
         StatusCode::CREATED,

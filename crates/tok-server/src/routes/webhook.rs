@@ -24,9 +24,18 @@ pub(crate) fn router() -> Router<AppState> {
 const MAX_KEY_LEN: usize = 200;
 
 async fn source(state: &AppState, token: &str) -> ApiResult<Source> {
-    state.engine.store().source_by_token(token).await?.ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "unknown_webhook", "no webhook has this URL")
-    })
+    state
+        .engine
+        .store()
+        .source_by_token(token)
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_webhook",
+                "no webhook has this URL",
+            )
+        })
 }
 
 fn params(source: &Source) -> Vec<Param> {
@@ -55,7 +64,9 @@ async fn accept(
     if declared.is_some_and(|n| n > MAX_WEBHOOK_BYTES) {
         return Err(too_large());
     }
-    let bytes = axum::body::to_bytes(body, MAX_WEBHOOK_BYTES).await.map_err(|_| too_large())?;
+    let bytes = axum::body::to_bytes(body, MAX_WEBHOOK_BYTES)
+        .await
+        .map_err(|_| too_large())?;
     let source = source(&state, &token).await?;
     let payload: Value = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
@@ -64,8 +75,12 @@ async fn accept(
     })?;
     let params = contract::extract(&params(&source), &payload).map_err(contract_error)?;
     let idempotency_key = match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
-        Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => format!("key:{}", key.trim()),
-        Some(key) if !key.trim().is_empty() => format!("key-sha256:{}", hex::encode(Sha256::digest(key.trim()))),
+        Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => {
+            format!("key:{}", key.trim())
+        }
+        Some(key) if !key.trim().is_empty() => {
+            format!("key-sha256:{}", hex::encode(Sha256::digest(key.trim())))
+        }
         _ => format!("body-sha256:{}", hex::encode(Sha256::digest(&bytes))),
     };
     let event = NewEvent {
@@ -79,7 +94,11 @@ async fn accept(
         origin_automation_id: None,
         target_automation_id: None,
     };
-    let (event_id, accepted) = state.engine.store().accept_event(&source.tenant_id, event).await?;
+    let (event_id, accepted) = state
+        .engine
+        .store()
+        .accept_event(&source.tenant_id, event)
+        .await?;
     if !accepted.duplicate {
         state.engine.event_accepted();
     }
@@ -95,13 +114,16 @@ fn contract_error(e: ContractError) -> ApiError {
         ContractError::Missing { param, path } => ApiError::bad_request("missing_param", message)
             .with("param", param)
             .with("path", path),
-        ContractError::WrongType { param, path, expected, found } => {
-            ApiError::bad_request("wrong_type", message)
-                .with("param", param)
-                .with("path", path)
-                .with("expected", json!(expected))
-                .with("found", found)
-        }
+        ContractError::WrongType {
+            param,
+            path,
+            expected,
+            found,
+        } => ApiError::bad_request("wrong_type", message)
+            .with("param", param)
+            .with("path", path)
+            .with("expected", json!(expected))
+            .with("found", found),
     }
 }
 

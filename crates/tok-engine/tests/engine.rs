@@ -1,0 +1,544 @@
+//! The engine end to end on both backends: custom step types, retries by the
+//! error's own classification, the per-run step cap, independent slots, and
+//! heartbeats that keep a long step from running twice.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+use tok_core::error::StepError;
+use tok_core::ids::{RunId, TenantId};
+use tok_engine::definitions::prepare;
+use tok_engine::{Engine, EngineConfig, Registry, StepCall, StepHandler};
+use tok_store::testing::{TestDb, backends};
+use tok_store::{Backend, RunDetail, Store};
+
+/// What a test step saw on each call.
+#[derive(Default)]
+struct Calls {
+    seen: Mutex<Vec<(u32, String)>>,
+}
+
+impl Calls {
+    fn record(&self, call: &StepCall) -> usize {
+        let mut seen = self.seen.lock().unwrap();
+        seen.push((call.attempt, call.idempotency_key.clone()));
+        seen.len()
+    }
+
+    fn all(&self) -> Vec<(u32, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Fails with a retryable error `failures` times, then succeeds.
+struct Flaky {
+    calls: Arc<Calls>,
+    failures: usize,
+}
+
+#[async_trait]
+impl StepHandler for Flaky {
+    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        let n = self.calls.record(&call);
+        if n <= self.failures {
+            return Err(StepError::retryable(format!(
+                "service answered 503 (call {n})"
+            )));
+        }
+        let mut out = Map::new();
+        out.insert(
+            "echo".into(),
+            call.config.get("say").cloned().unwrap_or(Value::Null),
+        );
+        Ok(out)
+    }
+}
+
+/// Always fails with a terminal error.
+struct Rejecting {
+    calls: Arc<Calls>,
+}
+
+#[async_trait]
+impl StepHandler for Rejecting {
+    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        self.calls.record(&call);
+        Err(StepError::terminal(
+            "service answered 400: orderId is not a number",
+        ))
+    }
+}
+
+/// Panics: a bug in a step must fail the run, not the worker.
+struct Panicking;
+
+#[async_trait]
+impl StepHandler for Panicking {
+    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
+        panic!("index out of bounds in a custom step")
+    }
+}
+
+/// Blocks until released; counts how many times it started.
+struct Gate {
+    started: Arc<AtomicU32>,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait]
+impl StepHandler for Gate {
+    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let _permit = self
+            .open
+            .acquire()
+            .await
+            .map_err(|_| StepError::terminal("closed"))?;
+        Ok(Map::new())
+    }
+}
+
+/// Sleeps for a while: longer than the lease, shorter than the test.
+struct Slow {
+    started: Arc<AtomicU32>,
+    for_ms: u64,
+}
+
+#[async_trait]
+impl StepHandler for Slow {
+    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(self.for_ms)).await;
+        Ok(Map::new())
+    }
+}
+
+struct Harness {
+    db: TestDb,
+    store: Arc<dyn Store>,
+    registry: Registry,
+    tenant: TenantId,
+}
+
+impl Harness {
+    async fn new(backend: Backend, registry: Registry) -> Self {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let tenant = store.create_tenant("Acme", "hash-of-key").await.unwrap().id;
+        Self {
+            db,
+            store,
+            registry,
+            tenant,
+        }
+    }
+
+    fn engine(&self, node: &str, config: EngineConfig) -> Engine {
+        Engine::new(
+            self.store.clone(),
+            self.registry.clone(),
+            EngineConfig {
+                node_id: node.into(),
+                ..config
+            },
+        )
+    }
+
+    async fn automation(&self, definition: Value) -> tok_core::ids::AutomationId {
+        let raw = serde_json::to_vec(&definition).unwrap();
+        let (_, version) = prepare(&raw, &self.registry)
+            .unwrap_or_else(|errors| panic!("definition rejected: {errors:?}"));
+        self.store
+            .create_automation(&self.tenant, version)
+            .await
+            .unwrap()
+            .id
+    }
+
+    /// Polls until the run is final; panics after 60 s.
+    async fn finished(&self, run: &RunId) -> RunDetail {
+        for _ in 0..1200 {
+            let detail = self
+                .store
+                .run(&self.tenant, run)
+                .await
+                .unwrap()
+                .expect("run exists");
+            if matches!(
+                detail.run.status.as_str(),
+                "completed" | "failed" | "cancelled"
+            ) {
+                return detail;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("run {run} did not finish within 60 s");
+    }
+
+    async fn cleanup(self) {
+        drop(self.store);
+        self.db.cleanup().await;
+    }
+}
+
+fn quick() -> EngineConfig {
+    EngineConfig {
+        concurrency: 4,
+        poll_interval: Duration::from_millis(50),
+        ..EngineConfig::default()
+    }
+}
+
+fn manual(steps: Value) -> Value {
+    json!({
+        "name": "test",
+        "trigger": { "kind": "manual" },
+        "steps": steps,
+        "settings": { "retry": { "max_attempts": 3, "backoff": ["50ms"] } }
+    })
+}
+
+#[tokio::test]
+async fn custom_step_is_retried_with_the_same_idempotency_key() {
+    for backend in backends() {
+        let calls = Arc::new(Calls::default());
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/flaky",
+            Flaky {
+                calls: calls.clone(),
+                failures: 2,
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_call", "type": "acme/flaky", "config": { "say": "order {{orderId}}" } },
+                { "id": "st_after", "type": "set", "config": { "values": { "got": "{{st_call.echo}}" } } }
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({ "orderId": "5001" }), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+
+        assert_eq!(
+            detail.run.status, "completed",
+            "{backend:?}: {:?}",
+            detail.run.error
+        );
+        let key = format!("{run}:0");
+        assert_eq!(
+            calls.all(),
+            vec![(1, key.clone()), (2, key.clone()), (3, key)],
+            "{backend:?}"
+        );
+        let statuses: Vec<(i32, &str)> = detail
+            .steps
+            .iter()
+            .map(|s| (s.attempt, s.status.as_str()))
+            .collect();
+        assert_eq!(
+            statuses,
+            vec![
+                (1, "retrying"),
+                (2, "retrying"),
+                (3, "completed"),
+                (1, "completed")
+            ],
+            "{backend:?}"
+        );
+        assert_eq!(
+            detail.context["st_after"]["got"], "order 5001",
+            "{backend:?}"
+        );
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn retryable_failure_gives_up_after_max_attempts() {
+    for backend in backends() {
+        let calls = Arc::new(Calls::default());
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/flaky",
+            Flaky {
+                calls: calls.clone(),
+                failures: usize::MAX,
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([{ "id": "st_call", "type": "acme/flaky" }])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({}), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+
+        assert_eq!(detail.run.status, "failed", "{backend:?}");
+        assert_eq!(calls.all().len(), 3, "{backend:?}: max_attempts is 3");
+        let error = detail.run.error.unwrap();
+        assert!(
+            error.contains("st_call") && error.contains("503"),
+            "{backend:?}: {error}"
+        );
+        let last = detail.steps.last().unwrap();
+        assert_eq!(
+            (last.attempt, last.status.as_str()),
+            (3, "failed"),
+            "{backend:?}"
+        );
+        assert!(
+            last.log.to_string().contains("gave up after 3 attempts"),
+            "{backend:?}: {}",
+            last.log
+        );
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn terminal_failure_is_not_retried() {
+    for backend in backends() {
+        let calls = Arc::new(Calls::default());
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/reject",
+            Rejecting {
+                calls: calls.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_call", "type": "acme/reject" },
+                { "id": "st_never", "type": "flow/log", "config": { "message": "unreachable" } }
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({}), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+
+        assert_eq!(detail.run.status, "failed", "{backend:?}");
+        assert_eq!(
+            calls.all().len(),
+            1,
+            "{backend:?}: a terminal error is not retried"
+        );
+        assert_eq!(
+            detail.steps.len(),
+            1,
+            "{backend:?}: no step after the failure ran"
+        );
+        assert!(
+            detail
+                .run
+                .error
+                .unwrap()
+                .contains("orderId is not a number"),
+            "{backend:?}"
+        );
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_step_fails_its_run_and_the_worker_goes_on() {
+    for backend in backends() {
+        let mut registry = Registry::with_builtins();
+        registry.register("acme/panic", Panicking);
+        let h = Harness::new(backend, registry).await;
+        let broken = h
+            .automation(manual(json!([{ "id": "st_bug", "type": "acme/panic" }])))
+            .await;
+        let fine = h
+            .automation(manual(json!([
+                { "id": "st_ok", "type": "set", "config": { "values": { "ok": true } } }
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let bad_run = engine
+            .start_run(&h.tenant, &broken, json!({}), None)
+            .await
+            .unwrap();
+        let bad = h.finished(&bad_run).await;
+        let good_run = engine
+            .start_run(&h.tenant, &fine, json!({}), None)
+            .await
+            .unwrap();
+        let good = h.finished(&good_run).await;
+        running.shutdown().await;
+
+        assert_eq!(bad.run.status, "failed", "{backend:?}");
+        assert!(bad.run.error.unwrap().contains("panicked"), "{backend:?}");
+        assert_eq!(good.run.status, "completed", "{backend:?}");
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_run_stops_at_max_actions_and_says_so() {
+    for backend in backends() {
+        let h = Harness::new(backend, Registry::with_builtins()).await;
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_each", "type": "loop", "config": { "items": "{{lines}}" },
+                  "do": [{ "id": "st_line", "type": "set", "config": { "values": { "line": "{{item}}" } } }] }
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let lines: Vec<u32> = (0..1000).collect();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({ "lines": lines }), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+
+        assert_eq!(detail.run.status, "failed", "{backend:?}");
+        assert_eq!(detail.run.actions, 1000, "{backend:?}");
+        let error = detail.run.error.unwrap();
+        assert!(
+            error.contains("1000") && error.contains("st_line"),
+            "{backend:?}: {error}"
+        );
+        assert_eq!(
+            detail.steps.len(),
+            1000,
+            "{backend:?}: every executed step is recorded"
+        );
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_blocked_step_does_not_keep_free_slots_idle() {
+    for backend in backends() {
+        let started = Arc::new(AtomicU32::new(0));
+        let open = Arc::new(tokio::sync::Semaphore::new(0));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/gate",
+            Gate {
+                started: started.clone(),
+                open: open.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let blocked = h
+            .automation(manual(json!([{ "id": "st_gate", "type": "acme/gate" }])))
+            .await;
+        let quick_one = h
+            .automation(manual(json!([
+                { "id": "st_pause", "type": "flow/pause", "config": { "seconds": 0.01 } }
+            ])))
+            .await;
+        let engine = h.engine(
+            "node-a",
+            EngineConfig {
+                concurrency: 2,
+                ..quick()
+            },
+        );
+        let running = engine.start(true).await.unwrap();
+        let gate_run = engine
+            .start_run(&h.tenant, &blocked, json!({}), None)
+            .await
+            .unwrap();
+        // The quick runs complete one after another in the one slot left,
+        // while the gate holds the other.
+        let mut quick_runs = Vec::new();
+        for _ in 0..6 {
+            quick_runs.push(
+                engine
+                    .start_run(&h.tenant, &quick_one, json!({}), None)
+                    .await
+                    .unwrap(),
+            );
+        }
+        for run in &quick_runs {
+            assert_eq!(h.finished(run).await.run.status, "completed", "{backend:?}");
+        }
+        let gate = h.store.run(&h.tenant, &gate_run).await.unwrap().unwrap();
+        assert_eq!(
+            gate.run.status, "running",
+            "{backend:?}: the gate still holds its slot"
+        );
+        assert_eq!(started.load(Ordering::SeqCst), 1, "{backend:?}");
+        open.add_permits(1);
+        assert_eq!(
+            h.finished(&gate_run).await.run.status,
+            "completed",
+            "{backend:?}"
+        );
+        running.shutdown().await;
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_long_step_from_running_twice() {
+    for backend in backends() {
+        let started = Arc::new(AtomicU32::new(0));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/slow",
+            Slow {
+                started: started.clone(),
+                for_ms: 2500,
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([{ "id": "st_slow", "type": "acme/slow" }])))
+            .await;
+        // Leases far shorter than the step: only the heartbeat keeps it.
+        let short = EngineConfig {
+            lease: Duration::from_millis(600),
+            heartbeat: Duration::from_millis(150),
+            ..quick()
+        };
+        let a = h.engine("node-a", short.clone());
+        let b = h.engine("node-b", short);
+        // Both nodes poll the queue before the run exists (a SQLite node
+        // releases every claim when it starts, being the only node).
+        let running_a = a.start(true).await.unwrap();
+        let running_b = b.start(true).await.unwrap();
+        let run = a
+            .start_run(&h.tenant, &automation, json!({}), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running_a.shutdown().await;
+        running_b.shutdown().await;
+
+        assert_eq!(detail.run.status, "completed", "{backend:?}");
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "{backend:?}: the step ran once"
+        );
+        assert_eq!(detail.steps.len(), 1, "{backend:?}");
+        h.cleanup().await;
+    }
+}

@@ -1,0 +1,422 @@
+//! Automations: validation at save (400 `invalid_definition` with precise
+//! messages), versions (a run finishes on the version it started with),
+//! pause and resume, and manual runs (idempotent, refused while paused).
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Tenant, TestApp, backend_tests, log_step, manual, on_webhook, plain_source};
+
+backend_tests!(
+    unknown_step_type_is_rejected,
+    bad_template_is_rejected,
+    more_than_50_steps_are_rejected,
+    malformed_definition_is_rejected,
+    webhook_trigger_must_name_an_own_source,
+    running_run_keeps_its_version_when_a_new_one_is_saved,
+    paused_automation_gets_no_runs_until_resumed,
+    manual_run_completes_and_is_idempotent,
+    manual_run_of_a_paused_automation_is_409,
+);
+
+/// Posts a definition that must be refused; returns its `errors`.
+async fn rejected(app: &TestApp, tenant: &Tenant, definition: &Value) -> Vec<Value> {
+    let reply = app.post(&tenant.key, "/api/automations", definition).await;
+    let error = reply.expect_error(StatusCode::BAD_REQUEST, "invalid_definition");
+    let errors = error["errors"].as_array().expect("errors").clone();
+    assert!(!errors.is_empty(), "{error:#}");
+    for e in &errors {
+        let (path, message) = (e["path"].as_str().unwrap(), e["message"].as_str().unwrap());
+        let line = if path.is_empty() {
+            message.to_owned()
+        } else {
+            format!("{path}: {message}")
+        };
+        assert!(
+            error["message"].as_str().unwrap().contains(&line),
+            "the summary names every problem: {error:#}"
+        );
+    }
+    errors
+}
+
+/// Nothing was saved: the tenant still has no automations.
+async fn assert_no_automations(app: &TestApp, tenant: &Tenant) {
+    let list = app
+        .get(&tenant.key, "/api/automations")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(list["items"], json!([]), "{list:#}");
+}
+
+async fn unknown_step_type_is_rejected(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let steps = json!([log_step("st_ok", "fine"), { "id": "st_bad", "type": "ticket/teleport", "config": {} }]);
+    let errors = rejected(app, &tenant, &manual("Typo", &steps)).await;
+    assert_eq!(
+        errors,
+        [json!({ "path": "steps.1.type", "message": "unknown step type `ticket/teleport`" })]
+    );
+    assert_no_automations(app, &tenant).await;
+}
+
+async fn bad_template_is_rejected(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let steps = json!([{
+        "id": "st_check", "type": "condition",
+        "rules": [{ "field": "kind", "operator": "eq", "value": "x" }],
+        "then": [log_step("st_log", "order {{a")]
+    }]);
+    let errors = rejected(app, &tenant, &manual("Unclosed", &steps)).await;
+    assert_eq!(
+        errors,
+        [json!({
+            "path": "steps.0.then.0.config.message",
+            "message": "template `order {{a` opens `{{` at byte 6 but never closes it with `}}`"
+        })]
+    );
+    assert_no_automations(app, &tenant).await;
+}
+
+async fn more_than_50_steps_are_rejected(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let fifty: Vec<Value> = (0..50).map(|i| log_step(&format!("st_{i}"), "x")).collect();
+    app.create_automation(&tenant, &manual("Fifty", &json!(fifty)))
+        .await;
+
+    // 50 at the top plus one nested: the limit counts the whole tree.
+    let mut steps = fifty;
+    steps[0] = json!({
+        "id": "st_0", "type": "condition", "rules": [{ "field": "a", "operator": "isEmpty" }],
+        "then": [log_step("st_nested", "x")]
+    });
+    let errors = rejected(app, &tenant, &manual("Fifty-one", &json!(steps))).await;
+    assert_eq!(
+        errors,
+        [json!({ "path": "steps", "message": "the tree has 51 steps; at most 50 are allowed" })]
+    );
+}
+
+async fn malformed_definition_is_rejected(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let definition = json!({ "name": "Typo", "trigger": { "kind": "manual" }, "steps": [{ "id": "a", "type": "end", "thne": [] }] });
+    let errors = rejected(app, &tenant, &definition).await;
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0]["message"].as_str().unwrap().contains("thne"),
+        "{errors:#?}"
+    );
+    let errors = rejected(app, &tenant, &json!({ "name": "No trigger", "steps": [] })).await;
+    assert!(
+        errors[0]["message"].as_str().unwrap().contains("trigger"),
+        "{errors:#?}"
+    );
+    assert_no_automations(app, &tenant).await;
+}
+
+async fn webhook_trigger_must_name_an_own_source(app: &TestApp) {
+    let acme = app.create_tenant("Acme").await;
+    let other = app.create_tenant("Other").await;
+    let theirs = app.create_source(&other, &plain_source("their shop")).await;
+    let theirs = theirs["id"].as_str().unwrap();
+
+    let definition = on_webhook("Borrowed", theirs, &json!([log_step("st_a", "a")]));
+    let errors = rejected(app, &acme, &definition).await;
+    assert_eq!(
+        errors,
+        [json!({
+            "path": "trigger.source",
+            "message": format!("`{theirs}` is not a source of this tenant; create it with POST /api/sources")
+        })]
+    );
+    assert_no_automations(app, &acme).await;
+    // The owner may use it, and a new version may not move it to another tenant's source.
+    let mine = app.create_source(&acme, &plain_source("my shop")).await;
+    let id = app
+        .create_automation(
+            &acme,
+            &on_webhook("Mine", mine["id"].as_str().unwrap(), &json!([])),
+        )
+        .await;
+    let reply = app
+        .put(&acme.key, &format!("/api/automations/{id}"), &definition)
+        .await;
+    reply.expect_error(StatusCode::BAD_REQUEST, "invalid_definition");
+    app.create_automation(&other, &definition).await;
+}
+
+async fn running_run_keeps_its_version_when_a_new_one_is_saved(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let v1 = manual(
+        "Versioned",
+        &json!([
+            log_step("st_v1_start", "v1 starts"),
+            { "id": "st_wait", "type": "wait", "config": { "duration": "1s" } },
+            log_step("st_v1_end", "v1 ends")
+        ]),
+    );
+    let id = app.create_automation(&tenant, &v1).await;
+    let run_id = app.start_run(&tenant, &id, &json!({ "input": {} })).await;
+    let waiting = app
+        .wait_for_run(&tenant, &run_id, |run| run["status"] == "waiting")
+        .await;
+    assert_eq!(waiting["version"], 1);
+
+    // Hold the engine while version 2 is saved, so the run is certainly
+    // still in its wait: what it runs next must come from version 1.
+    app.stop_engine().await;
+    let v2 = manual("Versioned", &json!([log_step("st_v2", "v2 only")]));
+    let saved = app
+        .put(&tenant.key, &format!("/api/automations/{id}"), &v2)
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(saved, json!({ "id": id, "version": 2 }));
+    let shown = app
+        .get(&tenant.key, &format!("/api/automations/{id}"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(shown["version"], 2, "{shown:#}");
+    assert_eq!(shown["definition"]["steps"][0]["id"], "st_v2", "{shown:#}");
+    let still = app
+        .get(&tenant.key, &format!("/api/runs/{run_id}"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        (&still["status"], &still["version"]),
+        (&json!("waiting"), &json!(1)),
+        "{still:#}"
+    );
+    app.start_engine().await;
+
+    let finished = app.wait_for_final(&tenant, &run_id).await;
+    assert_eq!(finished["status"], "completed", "{finished:#}");
+    assert_eq!(finished["version"], 1, "{finished:#}");
+    let step_ids: Vec<&Value> = finished["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["step_id"])
+        .collect();
+    assert_eq!(
+        step_ids,
+        [
+            &json!("st_v1_start"),
+            &json!("st_wait"),
+            &json!("st_v1_end")
+        ]
+    );
+    assert_eq!(finished["steps"][2]["log"], json!(["info: v1 ends"]));
+
+    let next = app.start_run(&tenant, &id, &json!({ "input": {} })).await;
+    let next = app.wait_for_final(&tenant, &next).await;
+    assert_eq!(next["version"], 2, "{next:#}");
+    assert_eq!(next["steps"][0]["step_id"], "st_v2", "{next:#}");
+    assert_eq!(next["steps"][0]["log"], json!(["info: v2 only"]));
+}
+
+async fn paused_automation_gets_no_runs_until_resumed(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let source = app.create_source(&tenant, &plain_source("eshop")).await;
+    let (source_id, token) = (
+        source["id"].as_str().unwrap(),
+        source["token"].as_str().unwrap(),
+    );
+    let paused = app
+        .create_automation(
+            &tenant,
+            &on_webhook("Paused", source_id, &json!([log_step("st_p", "p")])),
+        )
+        .await;
+    let active = app
+        .create_automation(
+            &tenant,
+            &on_webhook("Active", source_id, &json!([log_step("st_a", "a")])),
+        )
+        .await;
+
+    let reply = app
+        .post(
+            &tenant.key,
+            &format!("/api/automations/{paused}/pause"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        reply.expect(StatusCode::OK),
+        json!({ "id": paused, "status": "paused" })
+    );
+    let shown = app
+        .get(&tenant.key, &format!("/api/automations/{paused}"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(shown["status"], "paused");
+
+    let first = app
+        .webhook(token, &json!({ "n": 1 }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    // The active automation's run is created in the same dispatch as the
+    // paused one's would be: once it exists, the event was dispatched.
+    let runs = app
+        .wait_for_runs(&tenant, &format!("automation={active}"), 1)
+        .await;
+    assert_eq!(runs[0]["event_id"], first["event_id"]);
+    let none = app
+        .get(
+            &tenant.key,
+            &format!("/api/dashboard/runs?automation={paused}"),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        none["items"],
+        json!([]),
+        "a paused automation gets no run: {none:#}"
+    );
+
+    let reply = app
+        .post(
+            &tenant.key,
+            &format!("/api/automations/{paused}/resume"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        reply.expect(StatusCode::OK),
+        json!({ "id": paused, "status": "active" })
+    );
+    let second = app
+        .webhook(token, &json!({ "n": 2 }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    let runs = app
+        .wait_for_runs(&tenant, &format!("automation={paused}"), 1)
+        .await;
+    assert_eq!(
+        runs[0]["event_id"], second["event_id"],
+        "only events after the resume start runs"
+    );
+    assert_eq!(runs[0]["status"], "completed");
+    app.wait_for_runs(&tenant, &format!("automation={active}"), 2)
+        .await;
+
+    let reply = app
+        .post(
+            &tenant.key,
+            "/api/automations/aut_nonexistent/pause",
+            &json!({}),
+        )
+        .await;
+    reply.expect_error(StatusCode::NOT_FOUND, "not_found");
+}
+
+async fn manual_run_completes_and_is_idempotent(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let id = app
+        .create_automation(
+            &tenant,
+            &manual("Greet", &json!([log_step("st_hi", "hello {{name}}")])),
+        )
+        .await;
+
+    let run_id = app
+        .start_run(&tenant, &id, &json!({ "input": { "name": "Eva" } }))
+        .await;
+    assert!(run_id.starts_with("run_"), "{run_id}");
+    let run = app.wait_for_final(&tenant, &run_id).await;
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(run["trigger_type"], "manual", "{run:#}");
+    assert_eq!(run["automation_id"], id);
+    assert_eq!(run["steps"][0]["log"], json!(["info: hello Eva"]));
+
+    let keyed = json!({ "input": { "name": "Jan" }, "idempotency_key": "greet-jan" });
+    let first = app.start_run(&tenant, &id, &keyed).await;
+    let again = app.start_run(&tenant, &id, &keyed).await;
+    assert_eq!(
+        first, again,
+        "a repeated idempotency key returns the first run"
+    );
+    let header = [("idempotency-key", "greet-jan")];
+    let uri = format!("/api/automations/{id}/runs");
+    let by_header = app
+        .post_with(
+            &tenant.key,
+            &uri,
+            &header,
+            &json!({ "input": { "name": "Jan" } }),
+        )
+        .await;
+    assert_eq!(
+        by_header.expect(StatusCode::CREATED)["run_id"],
+        first.as_str()
+    );
+    let fresh = app
+        .start_run(
+            &tenant,
+            &id,
+            &json!({ "input": { "name": "Jan" }, "idempotency_key": "greet-jan-2" }),
+        )
+        .await;
+    assert_ne!(fresh, first);
+
+    // Three distinct runs in all; the keyed one ran once.
+    let runs = app
+        .wait_for_runs(&tenant, &format!("automation={id}&trigger=manual"), 3)
+        .await;
+    assert!(runs.iter().all(|r| r["status"] == "completed"), "{runs:#?}");
+    let run = app
+        .get(&tenant.key, &format!("/api/runs/{first}"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(run["steps"].as_array().unwrap().len(), 1, "{run:#}");
+    assert_eq!(run["steps"][0]["log"], json!(["info: hello Jan"]));
+
+    let bad = app
+        .post(&tenant.key, &uri, &json!({ "input": [1, 2] }))
+        .await;
+    bad.expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+    let missing = app
+        .post(
+            &tenant.key,
+            "/api/automations/aut_nonexistent/runs",
+            &json!({ "input": {} }),
+        )
+        .await;
+    missing.expect_error(StatusCode::NOT_FOUND, "not_found");
+}
+
+async fn manual_run_of_a_paused_automation_is_409(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let id = app
+        .create_automation(&tenant, &manual("Greet", &json!([log_step("st_hi", "hi")])))
+        .await;
+    app.post(
+        &tenant.key,
+        &format!("/api/automations/{id}/pause"),
+        &json!({}),
+    )
+    .await
+    .expect(StatusCode::OK);
+
+    let uri = format!("/api/automations/{id}/runs");
+    let reply = app.post(&tenant.key, &uri, &json!({ "input": {} })).await;
+    reply.expect_error(StatusCode::CONFLICT, "automation_paused");
+    let none = app
+        .get(&tenant.key, "/api/dashboard/runs")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(none["items"], json!([]), "{none:#}");
+
+    app.post(
+        &tenant.key,
+        &format!("/api/automations/{id}/resume"),
+        &json!({}),
+    )
+    .await
+    .expect(StatusCode::OK);
+    let run_id = app.start_run(&tenant, &id, &json!({ "input": {} })).await;
+    assert_eq!(
+        app.wait_for_final(&tenant, &run_id).await["status"],
+        "completed"
+    );
+}

@@ -1,0 +1,456 @@
+//! `spawn_app` and the requests every feature's tests make.
+//!
+//! Each test gets a database of its own (a SQLite file or a fresh PostgreSQL
+//! database), a migrated store, a platform admin key, and an engine whose
+//! dispatcher and workers really run. Requests go through the router with
+//! `oneshot`, exactly as a client's would, without binding a port. Waiting
+//! for the engine is always a bounded poll of the API, never a fixed sleep.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tok_engine::{Engine, EngineConfig, Registry, Running};
+use tok_server::AppState;
+use tok_store::testing::{TestDb, backends};
+use tok_store::{Backend, hash_secret};
+use tower::ServiceExt;
+
+/// Scheme and host the app is told it is reachable at (`TOK_PUBLIC_URL`).
+pub(crate) const PUBLIC_URL: &str = "https://tok.example.test";
+
+/// How long a poll waits for the engine before the test fails. Generous: a
+/// loaded CI machine may be slow, and a passing test never waits this long.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Pause between two looks at the API while polling.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
+/// Generates one test per backend for each named `async fn name(app: &TestApp)`
+/// of the calling module: `name::sqlite` and `name::postgres`.
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                $crate::helpers::run(tok_store::Backend::Sqlite, super::$name).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                $crate::helpers::run(tok_store::Backend::Postgres, super::$name).await;
+            }
+        }
+    )*};
+}
+pub(crate) use backend_tests;
+
+/// Runs one test on a fresh app and always cleans up afterwards (the
+/// PostgreSQL database is dropped even when an assertion fails). A
+/// PostgreSQL test is skipped, saying so, when `TOK_TEST_SKIP_POSTGRES=1`.
+pub(crate) async fn run(backend: Backend, test: impl AsyncFnOnce(&TestApp)) {
+    if !backends().contains(&backend) {
+        return;
+    }
+    let app = spawn_app(backend).await;
+    let outcome = CatchUnwind(Box::pin(test(&app))).await;
+    app.cleanup().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Turns a panic while polling the inner future into an `Err`, so that the
+/// caller can clean up before letting the panic continue.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// A running tok: the router, its state, and the engine behind it.
+pub(crate) struct TestApp {
+    pub(crate) backend: Backend,
+    pub(crate) router: Router,
+    pub(crate) state: AppState,
+    pub(crate) admin_key: String,
+    running: tokio::sync::Mutex<Option<Running>>,
+    db: TestDb,
+}
+
+/// A fresh database, migrated, with an admin key, and an engine running its
+/// dispatcher and workers. `/readyz` stays 503 until `state.set_ready()`.
+pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
+    let db = TestDb::create(backend).await;
+    let store = db.store().await;
+    let admin_key = format!("tok_admin_{}", tok_store::random_token());
+    store
+        .add_admin_key(&hash_secret(&admin_key))
+        .await
+        .expect("add the admin key");
+    let engine = Engine::new(
+        store,
+        Registry::with_builtins(),
+        EngineConfig {
+            node_id: "api-tests".into(),
+            concurrency: 4,
+            poll_interval: Duration::from_millis(20),
+            shutdown_grace: Duration::from_secs(5),
+            ..EngineConfig::default()
+        },
+    );
+    let running = engine.start(true).await.expect("start the engine");
+    let state = AppState::new(engine, PUBLIC_URL);
+    TestApp {
+        backend,
+        router: tok_server::app(state.clone()),
+        state,
+        admin_key,
+        running: tokio::sync::Mutex::new(Some(running)),
+        db,
+    }
+}
+
+/// What a client got back: the status and the body (JSON; `null` when the
+/// body was empty, a string when it was not JSON).
+#[derive(Debug, Clone)]
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Value,
+}
+
+impl Reply {
+    /// Asserts the status, showing the body when it differs; returns the body.
+    #[track_caller]
+    pub(crate) fn expect(self, status: StatusCode) -> Value {
+        assert_eq!(
+            self.status, status,
+            "unexpected status; body: {:#}",
+            self.body
+        );
+        self.body
+    }
+
+    /// Asserts an error answer (`{"error": {"code", "message", …}}`) with this
+    /// status and code; returns the `error` object.
+    #[track_caller]
+    pub(crate) fn expect_error(self, status: StatusCode, code: &str) -> Value {
+        let body = self.expect(status);
+        let error = body["error"].clone();
+        assert_eq!(error["code"], code, "unexpected error code; body: {body:#}");
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "an error must say what went wrong; body: {body:#}"
+        );
+        error
+    }
+}
+
+/// A tenant and its API key, as `POST /api/tenants` answered them.
+#[derive(Debug, Clone)]
+pub(crate) struct Tenant {
+    pub(crate) id: String,
+    pub(crate) key: String,
+}
+
+impl TestApp {
+    /// Sends one request through the router.
+    pub(crate) async fn send(&self, request: Request<Body>) -> Reply {
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the router is infallible");
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("read the response body")
+            .to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Reply { status, body }
+    }
+
+    /// A request with an optional bearer key, extra headers and a raw body.
+    pub(crate) async fn request(
+        &self,
+        method: Method,
+        uri: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Body,
+    ) -> Reply {
+        let mut builder = Request::builder().method(method).uri(uri);
+        if let Some(key) = key {
+            builder = builder.header("authorization", format!("Bearer {key}"));
+        }
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        self.send(builder.body(body).expect("a valid request"))
+            .await
+    }
+
+    pub(crate) async fn get(&self, key: &str, uri: &str) -> Reply {
+        self.request(Method::GET, uri, Some(key), &[], Body::empty())
+            .await
+    }
+
+    pub(crate) async fn post(&self, key: &str, uri: &str, body: &Value) -> Reply {
+        self.post_with(key, uri, &[], body).await
+    }
+
+    pub(crate) async fn post_with(
+        &self,
+        key: &str,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> Reply {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.request(
+            Method::POST,
+            uri,
+            Some(key),
+            &all,
+            Body::from(body.to_string()),
+        )
+        .await
+    }
+
+    pub(crate) async fn put(&self, key: &str, uri: &str, body: &Value) -> Reply {
+        let headers = [("content-type", "application/json")];
+        self.request(
+            Method::PUT,
+            uri,
+            Some(key),
+            &headers,
+            Body::from(body.to_string()),
+        )
+        .await
+    }
+
+    /// Creates a tenant with the admin key.
+    pub(crate) async fn create_tenant(&self, name: &str) -> Tenant {
+        let body = self
+            .post(&self.admin_key, "/api/tenants", &json!({ "name": name }))
+            .await
+            .expect(StatusCode::CREATED);
+        assert_eq!(body["name"], name, "{body:#}");
+        Tenant {
+            id: body["id"].as_str().expect("tenant id").to_owned(),
+            key: body["api_key"].as_str().expect("api_key").to_owned(),
+        }
+    }
+
+    /// Creates a source (`{name, params}`); returns `{id, token, url, …}`.
+    pub(crate) async fn create_source(&self, tenant: &Tenant, body: &Value) -> Value {
+        let source = self
+            .post(&tenant.key, "/api/sources", body)
+            .await
+            .expect(StatusCode::CREATED);
+        assert!(
+            source["id"].is_string() && source["token"].is_string(),
+            "{source:#}"
+        );
+        source
+    }
+
+    /// Creates an automation (version 1); returns its id.
+    pub(crate) async fn create_automation(&self, tenant: &Tenant, definition: &Value) -> String {
+        let created = self
+            .post(&tenant.key, "/api/automations", definition)
+            .await
+            .expect(StatusCode::CREATED);
+        assert_eq!(created["version"], 1, "{created:#}");
+        created["id"].as_str().expect("automation id").to_owned()
+    }
+
+    /// Sends a webhook body (no authentication: the token is the secret).
+    pub(crate) async fn webhook(&self, token: &str, body: &Value) -> Reply {
+        self.webhook_with(token, &[], body).await
+    }
+
+    pub(crate) async fn webhook_with(
+        &self,
+        token: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> Reply {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        let uri = format!("/webhook/{token}");
+        self.request(Method::POST, &uri, None, &all, Body::from(body.to_string()))
+            .await
+    }
+
+    /// Starts a manual run; returns its id.
+    pub(crate) async fn start_run(
+        &self,
+        tenant: &Tenant,
+        automation: &str,
+        body: &Value,
+    ) -> String {
+        let uri = format!("/api/automations/{automation}/runs");
+        let started = self
+            .post(&tenant.key, &uri, body)
+            .await
+            .expect(StatusCode::CREATED);
+        started["run_id"].as_str().expect("run_id").to_owned()
+    }
+
+    /// Polls `GET /api/runs/{id}` until `done` holds for the run.
+    pub(crate) async fn wait_for_run(
+        &self,
+        tenant: &Tenant,
+        run_id: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let uri = format!("/api/runs/{run_id}");
+        self.poll(&format!("run {run_id}"), async || {
+            let run = self.get(&tenant.key, &uri).await.expect(StatusCode::OK);
+            done(&run).then_some(run).ok_or(())
+        })
+        .await
+    }
+
+    /// Polls until the run has finished (completed, failed or cancelled).
+    pub(crate) async fn wait_for_final(&self, tenant: &Tenant, run_id: &str) -> Value {
+        self.wait_for_run(tenant, run_id, |run| is_final(run)).await
+    }
+
+    /// Polls a runs listing (`query` without `?`) until it holds `count`
+    /// runs, every one of them finished; returns the items, newest first.
+    pub(crate) async fn wait_for_runs(
+        &self,
+        tenant: &Tenant,
+        query: &str,
+        count: usize,
+    ) -> Vec<Value> {
+        let uri = format!("/api/dashboard/runs?limit=500&{query}");
+        self.poll(&format!("{count} finished runs at {uri}"), async || {
+            let page = self.get(&tenant.key, &uri).await.expect(StatusCode::OK);
+            let items = page["items"].as_array().cloned().unwrap_or_default();
+            assert!(
+                items.len() <= count,
+                "more runs than expected at {uri}: {page:#}"
+            );
+            (items.len() == count && items.iter().all(is_final))
+                .then_some(items)
+                .ok_or(())
+        })
+        .await
+    }
+
+    /// Retries `probe` until it answers `Ok`, for at most [`PATIENCE`].
+    pub(crate) async fn poll<T>(
+        &self,
+        what: &str,
+        mut probe: impl AsyncFnMut() -> Result<T, ()>,
+    ) -> T {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Ok(value) = probe().await {
+                return value;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "gave up waiting for {what} after {PATIENCE:?} ({:?})",
+                self.backend
+            );
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+
+    /// Stops the dispatcher and the workers: nothing moves until
+    /// [`TestApp::start_engine`]. Requests are still served.
+    pub(crate) async fn stop_engine(&self) {
+        if let Some(running) = self.running.lock().await.take() {
+            running.shutdown().await;
+        }
+    }
+
+    /// Starts the dispatcher and the workers again after [`TestApp::stop_engine`].
+    pub(crate) async fn start_engine(&self) {
+        let mut running = self.running.lock().await;
+        assert!(running.is_none(), "the engine is already running");
+        *running = Some(
+            self.state
+                .engine
+                .start(true)
+                .await
+                .expect("restart the engine"),
+        );
+    }
+
+    /// Stops the engine, closes every handle on the database and drops it.
+    async fn cleanup(self) {
+        self.stop_engine().await;
+        let TestApp {
+            router, state, db, ..
+        } = self;
+        drop(router);
+        drop(state);
+        db.cleanup().await;
+    }
+}
+
+/// Whether a run (summary or detail) has reached a final status.
+pub(crate) fn is_final(run: &Value) -> bool {
+    matches!(
+        run["status"].as_str(),
+        Some("completed" | "failed" | "cancelled")
+    )
+}
+
+/// The ids of a listing's items, in order.
+pub(crate) fn ids(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .map(|r| r["id"].as_str().expect("an id").to_owned())
+        .collect()
+}
+
+/// A contract-free source named `name`.
+pub(crate) fn plain_source(name: &str) -> Value {
+    json!({ "name": name, "params": [] })
+}
+
+/// A definition triggered by a webhook on `source`.
+pub(crate) fn on_webhook(name: &str, source: &str, steps: &Value) -> Value {
+    json!({ "name": name, "trigger": { "kind": "webhook", "source": source }, "steps": steps })
+}
+
+/// A definition started only by hand.
+pub(crate) fn manual(name: &str, steps: &Value) -> Value {
+    json!({ "name": name, "trigger": { "kind": "manual" }, "steps": steps })
+}
+
+/// A `flow/log` step.
+pub(crate) fn log_step(id: &str, message: &str) -> Value {
+    json!({ "id": id, "type": "flow/log", "config": { "message": message } })
+}

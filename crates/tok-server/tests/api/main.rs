@@ -1,0 +1,12 @@
+//! Black-box tests of tok's HTTP API: one module per feature, every test on
+//! SQLite and on PostgreSQL (`<test>::sqlite`, `<test>::postgres`). Tests
+//! assert on what a client sees — status codes and JSON bodies (DESIGN §9) —
+//! and reach the engine only through the API.
+
+mod helpers;
+
+mod automations;
+mod health;
+mod isolation;
+mod runs;
+mod webhook;

@@ -1,0 +1,1733 @@
+//! The store conformance suite: the behaviour every backend must show, run
+//! against SQLite and PostgreSQL alike (`testing::backends()`), each test on
+//! a fresh database of its own.
+//!
+//! Tests drive the store only through its public traits and assert on what a
+//! caller gets back (claimed jobs, runs, pages, inbox answers). Raw SQL is
+//! used in setup alone, to simulate what the API cannot do on purpose: a
+//! crash between dispatch and commit (an event marked pending again) and the
+//! passing of the inbox's 24-hour idempotency window.
+//!
+//! Timing: waits for a lease or delay to expire sleep well past it, and
+//! nothing asserts on how long an operation took.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sqlx::Connection;
+use tok_core::ids::{AutomationId, EventId, RunId, SourceId, TenantId};
+use tok_store::testing::{TestDb, backends};
+use tok_store::{
+    Backend, Candidate, ClaimedJob, NewEvent, NewRun, NewSource, NewVersion, NextJob, PendingEvent,
+    PgStore, Plan, QueueStore, Record, RunFilter, RunStatus, RunSummary, StepRecord, Store,
+    StoreError,
+};
+
+// ---------------------------------------------------------------------------
+// Setup helpers
+// ---------------------------------------------------------------------------
+
+/// A lease long enough that it never expires during a test.
+const LONG_LEASE_MS: i64 = 60_000;
+/// A lease a test waits out on purpose, and how long it waits.
+const SHORT_LEASE_MS: i64 = 300;
+const PAST_SHORT_LEASE: Duration = Duration::from_millis(1_500);
+
+async fn tenant(store: &dyn Store, name: &str) -> TenantId {
+    let key = tok_store::hash_secret(&tok_store::random_token());
+    store
+        .create_tenant(name, &key)
+        .await
+        .expect("create tenant")
+        .id
+}
+
+async fn source(store: &dyn Store, tenant: &TenantId, name: &str) -> SourceId {
+    let new = NewSource {
+        name: name.into(),
+        token: tok_store::random_token(),
+        params: json!([]),
+        critical: false,
+        rate_limit: None,
+        secret: None,
+    };
+    store
+        .create_source(tenant, new)
+        .await
+        .expect("create source")
+        .id
+}
+
+fn version(name: &str, trigger_kind: &str, trigger_key: Option<&str>) -> NewVersion {
+    let definition = json!({
+        "name": name,
+        "trigger": { "kind": trigger_kind, "source": trigger_key },
+        "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": "hi" } }],
+    });
+    NewVersion {
+        name: name.into(),
+        hash: tok_store::hash_secret(&definition.to_string()),
+        definition,
+        trigger_kind: trigger_kind.into(),
+        trigger_key: trigger_key.map(str::to_owned),
+    }
+}
+
+/// An automation started by hand.
+async fn manual_automation(store: &dyn Store, tenant: &TenantId, name: &str) -> AutomationId {
+    let def = version(name, "manual", None);
+    store
+        .create_automation(tenant, def)
+        .await
+        .expect("create automation")
+        .id
+}
+
+/// An automation triggered by webhooks of `source`.
+async fn webhook_automation(
+    store: &dyn Store,
+    tenant: &TenantId,
+    name: &str,
+    source: &SourceId,
+) -> AutomationId {
+    let def = version(name, "webhook", Some(source.as_str()));
+    store
+        .create_automation(tenant, def)
+        .await
+        .expect("create automation")
+        .id
+}
+
+fn webhook_event(source: &SourceId, key: &str) -> NewEvent {
+    NewEvent {
+        source_id: Some(source.clone()),
+        source_kind: "webhook".into(),
+        idempotency_key: key.into(),
+        payload: json!({ "kind": "order.created", "key": key }),
+        params: json!({}),
+        depth: 0,
+        cause_run_id: None,
+        origin_automation_id: None,
+        target_automation_id: None,
+    }
+}
+
+fn manual_event(automation: &AutomationId) -> NewEvent {
+    NewEvent {
+        source_id: None,
+        source_kind: "manual".into(),
+        idempotency_key: tok_store::random_token(),
+        payload: json!({}),
+        params: json!({}),
+        depth: 0,
+        cause_run_id: None,
+        origin_automation_id: None,
+        target_automation_id: Some(automation.clone()),
+    }
+}
+
+fn new_run(automation: &AutomationId, trigger: &str, queue_key: Option<&str>) -> NewRun {
+    NewRun {
+        id: RunId::generate(),
+        automation_id: automation.clone(),
+        version: 1,
+        trigger_type: trigger.into(),
+        context: json!({ "n": 0 }),
+        depth: 0,
+        queue_key: queue_key.map(str::to_owned),
+        priority: 0,
+        first_path: Some("0".into()),
+        idempotency_key: None,
+    }
+}
+
+/// Starts one run by hand; its first job (path `0`) is ready at once.
+async fn start(
+    store: &dyn Store,
+    tenant: &TenantId,
+    automation: &AutomationId,
+    trigger: &str,
+    queue_key: Option<&str>,
+) -> RunId {
+    let run = new_run(automation, trigger, queue_key);
+    store
+        .start_run(tenant, manual_event(automation), run)
+        .await
+        .expect("start run")
+}
+
+/// What the engine's dispatcher does, minus filters: one run per candidate.
+fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan {
+    Plan {
+        runs: candidates
+            .iter()
+            .map(|c| NewRun {
+                id: RunId::generate(),
+                automation_id: c.automation_id.clone(),
+                version: c.version,
+                trigger_type: event.source_kind.clone(),
+                context: json!({ "event": event.id }),
+                depth: event.depth,
+                queue_key: None,
+                priority: 0,
+                first_path: Some("0".into()),
+                idempotency_key: None,
+            })
+            .collect(),
+    }
+}
+
+fn step(path: &str, status: &str, output: Value) -> StepRecord {
+    StepRecord {
+        path: path.into(),
+        step_id: format!("st_{}", path.replace('.', "_")),
+        kind: "flow/log".into(),
+        attempt: 1,
+        status: status.into(),
+        input: Some(json!({ "in": path })),
+        output: Some(output),
+        error: None,
+        log: vec![format!("step {path}")],
+        started_at: 1,
+        finished_at: 2,
+    }
+}
+
+/// Ends the run: the job is deleted and the run takes `status`.
+fn finish(job: &ClaimedJob, status: RunStatus) -> Record {
+    Record {
+        steps: vec![step(&job.path, "completed", json!({}))],
+        context: job.context.clone(),
+        actions: job.actions + 1,
+        status,
+        error: None,
+        next: NextJob::Done,
+    }
+}
+
+/// Runs `sql` on a connection of its own (test setup only).
+async fn raw_sql(db: &TestDb, sql: &str) -> u64 {
+    match db.backend {
+        Backend::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(&db.url)
+                .await
+                .expect("raw connection");
+            let done = sqlx::query(sql).execute(&mut conn).await.expect("raw sql");
+            conn.close().await.expect("close raw connection");
+            done.rows_affected()
+        }
+        Backend::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(&db.url)
+                .await
+                .expect("raw connection");
+            let done = sqlx::query(sql).execute(&mut conn).await.expect("raw sql");
+            conn.close().await.expect("close raw connection");
+            done.rows_affected()
+        }
+    }
+}
+
+async fn all_runs(store: &dyn Store, tenant: &TenantId) -> Vec<RunSummary> {
+    let page = store
+        .runs(tenant, &RunFilter::default(), 500, None)
+        .await
+        .expect("list runs");
+    assert!(page.next_cursor.is_none(), "more than 500 runs in a test");
+    page.items
+}
+
+fn run_ids(jobs: &[ClaimedJob]) -> HashSet<RunId> {
+    jobs.iter().map(|j| j.run_id.clone()).collect()
+}
+
+// ---------------------------------------------------------------------------
+// 1. Fairness between tenants
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_tenant_is_not_starved_by_a_large_backlog() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        fairness(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn fairness(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let big = tenant(store, "big").await;
+    let small = tenant(store, "small").await;
+
+    // 10,000 runs for `big`, fast: 100 webhook automations on one source and
+    // 100 events, each event starting one run per automation.
+    let src = source(store, &big, "flood").await;
+    for i in 0..100 {
+        webhook_automation(store, &big, &format!("flood {i}"), &src).await;
+    }
+    for i in 0..100 {
+        store
+            .accept_event(&big, webhook_event(&src, &format!("e{i}")))
+            .await
+            .expect("accept");
+    }
+    let mut taken = 0;
+    loop {
+        let n = store
+            .dispatch(std::slice::from_ref(&big), 25, &one_run_per_candidate)
+            .await;
+        match n.expect("dispatch") {
+            0 => break,
+            n => taken += n,
+        }
+    }
+    assert_eq!(taken, 100, "{backend:?}");
+
+    // Then 10 runs for `small`, queued after all of big's.
+    let small_aut = manual_automation(store, &small, "small").await;
+    let mut small_runs = HashSet::new();
+    for _ in 0..10 {
+        small_runs.insert(start(store, &small, &small_aut, "manual", None).await);
+    }
+
+    let both = [big.clone(), small.clone()];
+    let stats = store.queue_stats(&both).await.expect("stats");
+    assert_eq!(
+        stats.ready, 10_010,
+        "{backend:?}: jobs ready before claiming"
+    );
+
+    let mut small_done = 0;
+    let mut batches = 0;
+    while small_done < 10 {
+        batches += 1;
+        assert!(
+            batches <= 3,
+            "{backend:?}: small tenant still waiting after {batches} batches"
+        );
+        let jobs = store
+            .claim(&both, "node-1", 8, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(jobs.len(), 8, "{backend:?}: a full batch is available");
+        let small_in_batch = jobs.iter().filter(|j| j.tenant_id == small).count();
+        let big_in_batch = jobs.iter().filter(|j| j.tenant_id == big).count();
+        if batches == 1 {
+            // Round robin: each tenant gets an equal share of the first batch.
+            assert_eq!(
+                small_in_batch, 4,
+                "{backend:?}: small's share of the first batch"
+            );
+            assert_eq!(
+                big_in_batch, 4,
+                "{backend:?}: big's share of the first batch"
+            );
+        }
+        for job in &jobs {
+            if job.tenant_id == small {
+                assert!(
+                    small_runs.contains(&job.run_id),
+                    "{backend:?}: a job of an unknown run"
+                );
+                small_done += 1;
+            }
+            store
+                .record(job, finish(job, RunStatus::Completed))
+                .await
+                .expect("record");
+        }
+    }
+    assert_eq!(
+        batches, 3,
+        "{backend:?}: 10 jobs at 4 per batch take 3 batches"
+    );
+
+    let small_stats = store
+        .queue_stats(std::slice::from_ref(&small))
+        .await
+        .expect("stats");
+    assert_eq!(
+        (small_stats.ready, small_stats.running),
+        (0, 0),
+        "{backend:?}"
+    );
+    let big_stats = store
+        .queue_stats(std::slice::from_ref(&big))
+        .await
+        .expect("stats");
+    assert_eq!(
+        big_stats.ready,
+        10_000 - 14,
+        "{backend:?}: big's backlog is mostly left"
+    );
+    for run in all_runs(store, &small).await {
+        assert_eq!(
+            run.status, "completed",
+            "{backend:?}: small's run {}",
+            run.id
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. One leased job per queue key
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn jobs_sharing_a_queue_key_are_never_leased_together() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        queue_keys(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn queue_keys(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "tickets").await;
+    let first = start(store, &t, &aut, "manual", Some("ticket:1")).await;
+    let second = start(store, &t, &aut, "manual", Some("ticket:1")).await;
+    let third = start(store, &t, &aut, "manual", Some("ticket:1")).await;
+    let other_key = start(store, &t, &aut, "manual", Some("ticket:2")).await;
+    let no_key_a = start(store, &t, &aut, "manual", None).await;
+    let no_key_b = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    // One batch with room for all: only one of ticket:1's jobs is in it.
+    let batch = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    let claimed = run_ids(&batch);
+    assert_eq!(batch.len(), 4, "{backend:?}: {claimed:?}");
+    let keyed: Vec<_> = [&first, &second, &third]
+        .into_iter()
+        .filter(|r| claimed.contains(*r))
+        .collect();
+    assert_eq!(
+        keyed,
+        vec![&first],
+        "{backend:?}: the oldest job of ticket:1, alone"
+    );
+    for run in [&other_key, &no_key_a, &no_key_b] {
+        assert!(
+            claimed.contains(run),
+            "{backend:?}: {run} (other key or no key) is claimed too"
+        );
+    }
+
+    // While ticket:1's job is leased, its other jobs stay put, for any node.
+    let again = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        again.is_empty(),
+        "{backend:?}: claimed {:?}",
+        run_ids(&again)
+    );
+
+    // Recording the holder's outcome frees the key for the next job.
+    let holder = batch.iter().find(|j| j.run_id == first).unwrap();
+    store
+        .record(holder, finish(holder, RunStatus::Completed))
+        .await
+        .expect("record");
+    let next = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(next.len(), 1, "{backend:?}: {:?}", run_ids(&next));
+    assert!(
+        next[0].run_id == second || next[0].run_id == third,
+        "{backend:?}"
+    );
+    let blocked = store
+        .claim(&tenants, "node-3", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        blocked.is_empty(),
+        "{backend:?}: the third ticket:1 job waits its turn"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 3. Leases: expiry, takeover, heartbeat
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_live_lease_keeps_other_nodes_away() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let t = tenant(&*store, "acme").await;
+        let aut = manual_automation(&*store, &t, "a").await;
+        start(&*store, &t, &aut, "manual", None).await;
+        let tenants = [t.clone()];
+
+        let held = store
+            .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(held.len(), 1, "{backend:?}");
+        let other = store
+            .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert!(
+            other.is_empty(),
+            "{backend:?}: a leased job was claimed again"
+        );
+        let stats = store.queue_stats(&tenants).await.expect("stats");
+        assert_eq!((stats.ready, stats.running), (0, 1), "{backend:?}");
+        drop(store);
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over_by_another_node() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let t = tenant(&*store, "acme").await;
+        let aut = manual_automation(&*store, &t, "a").await;
+        let run = start(&*store, &t, &aut, "manual", None).await;
+        let tenants = [t.clone()];
+
+        let first = store
+            .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(first.len(), 1, "{backend:?}");
+        assert_eq!(
+            (first[0].run_id.clone(), first[0].attempt),
+            (run.clone(), 1),
+            "{backend:?}"
+        );
+
+        tokio::time::sleep(PAST_SHORT_LEASE).await;
+        let second = store
+            .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(second.len(), 1, "{backend:?}: the expired job is claimable");
+        assert_eq!(second[0].id, first[0].id, "{backend:?}: the same job");
+        assert_eq!(second[0].run_id, run, "{backend:?}");
+        assert_eq!(
+            second[0].attempt, 2,
+            "{backend:?}: the takeover is the second attempt"
+        );
+        assert_ne!(
+            second[0].claim_token, first[0].claim_token,
+            "{backend:?}: a new token"
+        );
+
+        // The original node no longer holds anything to extend, and the new
+        // holder's lease keeps a third node away.
+        let extended = store
+            .heartbeat("node-1", &[first[0].id], LONG_LEASE_MS)
+            .await
+            .expect("hb");
+        assert_eq!(extended, 0, "{backend:?}: node-1 extended node-2's lease");
+        let third = store
+            .claim(&tenants, "node-3", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert!(third.is_empty(), "{backend:?}");
+        drop(store);
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_heartbeat_keeps_a_lease_alive_past_its_first_expiry() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let t = tenant(&*store, "acme").await;
+        let aut = manual_automation(&*store, &t, "a").await;
+        start(&*store, &t, &aut, "manual", None).await;
+        let tenants = [t.clone()];
+
+        let held = store
+            .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(held.len(), 1, "{backend:?}");
+        // Another node cannot extend a lease it does not hold.
+        let foreign = store
+            .heartbeat("node-2", &[held[0].id], LONG_LEASE_MS)
+            .await
+            .expect("hb");
+        assert_eq!(foreign, 0, "{backend:?}");
+        let extended = store
+            .heartbeat("node-1", &[held[0].id], LONG_LEASE_MS)
+            .await
+            .expect("hb");
+        assert_eq!(extended, 1, "{backend:?}");
+
+        tokio::time::sleep(PAST_SHORT_LEASE).await;
+        let other = store
+            .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert!(
+            other.is_empty(),
+            "{backend:?}: a heartbeated job was taken over"
+        );
+        store
+            .record(&held[0], finish(&held[0], RunStatus::Completed))
+            .await
+            .expect("record");
+        drop(store);
+        db.cleanup().await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 4. The claim token fences a stale worker
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_stale_worker_cannot_record_after_a_takeover() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        stale_worker(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn stale_worker(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let run = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let stale = store
+        .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(stale.len(), 1, "{backend:?}");
+    let stale = &stale[0];
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let fresh = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(fresh.len(), 1, "{backend:?}");
+    let fresh = &fresh[0];
+    let before = store.run(&t, &run).await.expect("run").expect("run exists");
+
+    // The paused worker wakes up and tries to finish the step: rejected.
+    let stale_record = Record {
+        steps: vec![step("0", "completed", json!({ "by": "node-1" }))],
+        context: json!({ "n": 1, "by": "node-1" }),
+        actions: 1,
+        status: RunStatus::Running,
+        error: None,
+        next: NextJob::Step {
+            path: "1".into(),
+            delay_ms: 0,
+        },
+    };
+    let err = store
+        .record(stale, stale_record.clone())
+        .await
+        .expect_err("stale record");
+    assert!(
+        matches!(err, StoreError::LeaseLost(id) if id == stale.id),
+        "{backend:?}: {err}"
+    );
+
+    // Nothing of it was written, and the new holder still holds the job.
+    let after = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert!(after.steps.is_empty(), "{backend:?}: {:?}", after.steps);
+    assert_eq!(after.context, before.context, "{backend:?}");
+    assert_eq!(
+        (after.run.status.as_str(), after.run.actions),
+        ("running", 0),
+        "{backend:?}"
+    );
+    let nobody = store
+        .claim(&tenants, "node-3", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        nobody.is_empty(),
+        "{backend:?}: the rejected record released the job"
+    );
+
+    // The new holder's record succeeds.
+    let fresh_record = Record {
+        steps: vec![step("0", "completed", json!({ "by": "node-2" }))],
+        context: json!({ "n": 1, "by": "node-2" }),
+        actions: 1,
+        status: RunStatus::Completed,
+        error: None,
+        next: NextJob::Done,
+    };
+    store
+        .record(fresh, fresh_record)
+        .await
+        .expect("the holder's record");
+    let done = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(done.run.status, "completed", "{backend:?}");
+    assert_eq!(
+        done.context,
+        json!({ "n": 1, "by": "node-2" }),
+        "{backend:?}"
+    );
+    assert_eq!(done.steps.len(), 1, "{backend:?}");
+    assert_eq!(
+        done.steps[0].output,
+        Some(json!({ "by": "node-2" })),
+        "{backend:?}"
+    );
+
+    // A stale record arriving after the job is gone is rejected as well.
+    let err = store
+        .record(stale, stale_record)
+        .await
+        .expect_err("stale record");
+    assert!(
+        matches!(err, StoreError::LeaseLost(_)),
+        "{backend:?}: {err}"
+    );
+    let still = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(
+        (still.run.status.as_str(), still.steps.len()),
+        ("completed", 1),
+        "{backend:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 5. The record transaction: all or nothing
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn record_step_writes_the_step_and_moves_the_job_on() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        record_step(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn record_step(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let run = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let job = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(job.len(), 1, "{backend:?}");
+    let job = &job[0];
+    assert_eq!(
+        (job.path.as_str(), job.attempt, job.actions),
+        ("0", 1, 0),
+        "{backend:?}"
+    );
+    assert_eq!(job.context, json!({ "n": 0 }), "{backend:?}");
+    let started = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(
+        started.run.status, "running",
+        "{backend:?}: a claim marks the run running"
+    );
+    assert!(started.run.started_at.is_some(), "{backend:?}");
+
+    // A record under a token that is not the holder's changes nothing, whatever it asks.
+    let forged = ClaimedJob {
+        claim_token: tok_store::random_token(),
+        ..job.clone()
+    };
+    for next in [
+        NextJob::Step {
+            path: "1".into(),
+            delay_ms: 0,
+        },
+        NextJob::Retry { delay_ms: 0 },
+        NextJob::Done,
+    ] {
+        let record = Record {
+            steps: vec![step("0", "completed", json!({ "forged": true }))],
+            context: json!({ "forged": true }),
+            actions: 9,
+            status: RunStatus::Completed,
+            error: Some("forged".into()),
+            next: next.clone(),
+        };
+        let err = store
+            .record(&forged, record)
+            .await
+            .expect_err("forged record");
+        assert!(
+            matches!(err, StoreError::LeaseLost(_)),
+            "{backend:?} {next:?}: {err}"
+        );
+    }
+    let unchanged = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert!(unchanged.steps.is_empty(), "{backend:?}");
+    assert_eq!(unchanged.context, json!({ "n": 0 }), "{backend:?}");
+    assert_eq!(unchanged.run.status, "running", "{backend:?}");
+    assert_eq!(
+        (unchanged.run.actions, unchanged.run.error.clone()),
+        (0, None),
+        "{backend:?}"
+    );
+    assert_eq!(unchanged.run.finished_at, None, "{backend:?}");
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(
+        (stats.ready, stats.running),
+        (0, 1),
+        "{backend:?}: still leased"
+    );
+
+    // The holder records step 0 and moves the run to step 1, due now.
+    let record = Record {
+        steps: vec![step("0", "completed", json!({ "a": 1 }))],
+        context: json!({ "n": 1, "st_0": { "a": 1 } }),
+        actions: 1,
+        status: RunStatus::Running,
+        error: None,
+        next: NextJob::Step {
+            path: "1".into(),
+            delay_ms: 0,
+        },
+    };
+    store.record(job, record).await.expect("record");
+    let detail = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(detail.run.status, "running", "{backend:?}");
+    assert_eq!(detail.run.actions, 1, "{backend:?}");
+    assert_eq!(
+        detail.context,
+        json!({ "n": 1, "st_0": { "a": 1 } }),
+        "{backend:?}"
+    );
+    assert_eq!(detail.steps.len(), 1, "{backend:?}");
+    let row = &detail.steps[0];
+    assert_eq!(
+        (row.path.as_str(), row.step_id.as_str()),
+        ("0", "st_0"),
+        "{backend:?}"
+    );
+    assert_eq!(
+        (row.status.as_str(), row.attempt),
+        ("completed", 1),
+        "{backend:?}"
+    );
+    assert_eq!(row.input, Some(json!({ "in": "0" })), "{backend:?}");
+    assert_eq!(row.output, Some(json!({ "a": 1 })), "{backend:?}");
+    assert_eq!(row.log, json!(["step 0"]), "{backend:?}");
+
+    let next = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(
+        next.len(),
+        1,
+        "{backend:?}: the job at its new path is claimable"
+    );
+    let next = &next[0];
+    assert_eq!(
+        (next.run_id.clone(), next.path.as_str()),
+        (run.clone(), "1"),
+        "{backend:?}"
+    );
+    assert_eq!(
+        next.attempt, 1,
+        "{backend:?}: a new step starts at attempt 1"
+    );
+    assert_eq!(
+        (next.actions, next.context.clone()),
+        (1, detail.context.clone()),
+        "{backend:?}"
+    );
+
+    // A step due later (a `wait`) is not claimable before it is due.
+    let record = Record {
+        steps: vec![step("1", "completed", json!({}))],
+        context: detail.context.clone(),
+        actions: 2,
+        status: RunStatus::Waiting,
+        error: None,
+        next: NextJob::Step {
+            path: "2".into(),
+            delay_ms: LONG_LEASE_MS,
+        },
+    };
+    store.record(next, record).await.expect("record");
+    let none = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        none.is_empty(),
+        "{backend:?}: a job due in a minute was claimed"
+    );
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(
+        (stats.ready, stats.scheduled, stats.running),
+        (0, 1, 0),
+        "{backend:?}"
+    );
+    let waiting = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(
+        (waiting.run.status.as_str(), waiting.steps.len()),
+        ("waiting", 2),
+        "{backend:?}"
+    );
+}
+
+#[tokio::test]
+async fn record_retry_delays_the_same_step_and_counts_attempts() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        record_retry(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn record_retry(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let later = start(store, &t, &aut, "manual", None).await;
+    let soon = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let jobs = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(
+        run_ids(&jobs),
+        HashSet::from([later.clone(), soon.clone()]),
+        "{backend:?}"
+    );
+    for job in &jobs {
+        let delay_ms = if job.run_id == later {
+            LONG_LEASE_MS
+        } else {
+            SHORT_LEASE_MS
+        };
+        let mut failed = step(&job.path, "retrying", json!({}));
+        failed.error = Some("service answered 503".into());
+        let record = Record {
+            steps: vec![failed],
+            context: job.context.clone(),
+            actions: 1,
+            status: RunStatus::Running,
+            error: None,
+            next: NextJob::Retry { delay_ms },
+        };
+        store.record(job, record).await.expect("record");
+    }
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(
+        (stats.running, stats.ready + stats.scheduled),
+        (0, 2),
+        "{backend:?}"
+    );
+
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let retried = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(
+        retried.len(),
+        1,
+        "{backend:?}: only the retry that is due: {retried:?}"
+    );
+    let retried = &retried[0];
+    assert_eq!(retried.run_id, soon, "{backend:?}");
+    assert_eq!(
+        (retried.path.as_str(), retried.attempt),
+        ("0", 2),
+        "{backend:?}"
+    );
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(
+        (stats.scheduled, stats.running),
+        (1, 1),
+        "{backend:?}: `later` still waits"
+    );
+
+    let detail = store
+        .run(&t, &later)
+        .await
+        .expect("run")
+        .expect("run exists");
+    assert_eq!(detail.steps.len(), 1, "{backend:?}");
+    assert_eq!(detail.steps[0].status, "retrying", "{backend:?}");
+    assert_eq!(
+        detail.steps[0].error.as_deref(),
+        Some("service answered 503"),
+        "{backend:?}"
+    );
+}
+
+#[tokio::test]
+async fn record_done_finishes_the_run_and_removes_its_job() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let t = tenant(store, "acme").await;
+        let aut = manual_automation(store, &t, "a").await;
+        let ok = start(store, &t, &aut, "manual", None).await;
+        let bad = start(store, &t, &aut, "manual", None).await;
+        let tenants = [t.clone()];
+
+        let jobs = store
+            .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(jobs.len(), 2, "{backend:?}");
+        for job in &jobs {
+            let mut record = finish(job, RunStatus::Completed);
+            if job.run_id == bad {
+                record.status = RunStatus::Failed;
+                record.error = Some("service answered 400".into());
+                record.steps[0].status = "failed".into();
+            }
+            store.record(job, record).await.expect("record");
+        }
+
+        let left = store
+            .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert!(left.is_empty(), "{backend:?}: {left:?}");
+        let stats = store.queue_stats(&tenants).await.expect("stats");
+        assert_eq!(
+            (stats.ready, stats.scheduled, stats.running),
+            (0, 0, 0),
+            "{backend:?}"
+        );
+
+        let ok = store.run(&t, &ok).await.expect("run").expect("run exists");
+        assert_eq!(
+            (ok.run.status.as_str(), ok.run.error.clone()),
+            ("completed", None),
+            "{backend:?}"
+        );
+        assert!(ok.run.finished_at.is_some(), "{backend:?}");
+        let bad = store.run(&t, &bad).await.expect("run").expect("run exists");
+        assert_eq!(bad.run.status, "failed", "{backend:?}");
+        assert_eq!(
+            bad.run.error.as_deref(),
+            Some("service answered 400"),
+            "{backend:?}"
+        );
+        assert!(bad.run.finished_at.is_some(), "{backend:?}");
+        assert_eq!(bad.steps[0].status, "failed", "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 6. Dispatch: one run per (event, automation), only the given tenants
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn dispatching_an_event_again_creates_no_second_run() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        redispatch(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn redispatch(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let src = source(store, &t, "eshop").await;
+    let orders = webhook_automation(store, &t, "orders", &src).await;
+    let audit = webhook_automation(store, &t, "audit", &src).await;
+    let tenants = [t.clone()];
+
+    let (event, _) = store
+        .accept_event(&t, webhook_event(&src, "order-1"))
+        .await
+        .expect("accept");
+    let taken = store
+        .dispatch(&tenants, 10, &one_run_per_candidate)
+        .await
+        .expect("dispatch");
+    assert_eq!(taken, 1, "{backend:?}");
+    let first = all_runs(store, &t).await;
+    let automations: HashSet<_> = first.iter().map(|r| r.automation_id.clone()).collect();
+    assert_eq!(automations, HashSet::from([orders, audit]), "{backend:?}");
+    assert!(first.iter().all(|r| r.event_id == event), "{backend:?}");
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!((stats.ready, stats.pending_events), (2, 0), "{backend:?}");
+
+    // A crash after the runs were written but before the event's mark was
+    // seen: the event is pending again and the dispatcher takes it again.
+    let marked = raw_sql(
+        db,
+        &format!(
+            "UPDATE event_inbox SET status = 'pending', dispatched_at = NULL WHERE id = '{event}'"
+        ),
+    )
+    .await;
+    assert_eq!(marked, 1, "{backend:?}");
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(stats.pending_events, 1, "{backend:?}");
+    let taken = store
+        .dispatch(&tenants, 10, &one_run_per_candidate)
+        .await
+        .expect("dispatch");
+    assert_eq!(taken, 1, "{backend:?}");
+
+    let second = all_runs(store, &t).await;
+    let ids = |runs: &[RunSummary]| runs.iter().map(|r| r.id.clone()).collect::<HashSet<_>>();
+    assert_eq!(
+        ids(&second),
+        ids(&first),
+        "{backend:?}: the same two runs, no new ones"
+    );
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(
+        (stats.ready, stats.pending_events),
+        (2, 0),
+        "{backend:?}: no extra jobs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_dispatchers_create_one_run_per_event_and_automation() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        concurrent_dispatch(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn concurrent_dispatch(db: &TestDb) {
+    let backend = db.backend;
+    let store: Arc<dyn Store> = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let src = source(&*store, &t, "eshop").await;
+    webhook_automation(&*store, &t, "orders", &src).await;
+    webhook_automation(&*store, &t, "audit", &src).await;
+    let mut events = HashSet::new();
+    for i in 0..40 {
+        let (id, _) = store
+            .accept_event(&t, webhook_event(&src, &format!("o{i}")))
+            .await
+            .unwrap();
+        events.insert(id);
+    }
+
+    let dispatchers: Vec<_> = (0..4)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            let tenants = vec![t.clone()];
+            tokio::spawn(async move {
+                let mut taken = 0;
+                loop {
+                    match store.dispatch(&tenants, 3, &one_run_per_candidate).await {
+                        Ok(0) => return Ok(taken),
+                        Ok(n) => taken += n,
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut taken = 0;
+    for d in dispatchers {
+        taken += d.await.expect("dispatcher task").expect("dispatch");
+    }
+    assert!(taken >= 40, "{backend:?}: only {taken} of 40 events taken");
+
+    let runs = all_runs(&*store, &t).await;
+    let pairs: HashSet<(EventId, AutomationId)> = runs
+        .iter()
+        .map(|r| (r.event_id.clone(), r.automation_id.clone()))
+        .collect();
+    assert_eq!(runs.len(), 80, "{backend:?}: two automations x 40 events");
+    assert_eq!(
+        pairs.len(),
+        80,
+        "{backend:?}: a duplicate (event, automation) run"
+    );
+    let seen: HashSet<EventId> = pairs.iter().map(|(e, _)| e.clone()).collect();
+    assert_eq!(seen, events, "{backend:?}");
+    let stats = store
+        .queue_stats(std::slice::from_ref(&t))
+        .await
+        .expect("stats");
+    assert_eq!((stats.ready, stats.pending_events), (80, 0), "{backend:?}");
+}
+
+#[tokio::test]
+async fn dispatch_takes_only_the_given_tenants_events() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let a = tenant(store, "a").await;
+        let b = tenant(store, "b").await;
+        let src_a = source(store, &a, "eshop").await;
+        let src_b = source(store, &b, "eshop").await;
+        webhook_automation(store, &a, "orders", &src_a).await;
+        webhook_automation(store, &b, "orders", &src_b).await;
+        store
+            .accept_event(&a, webhook_event(&src_a, "same-key"))
+            .await
+            .expect("accept");
+        store
+            .accept_event(&b, webhook_event(&src_b, "same-key"))
+            .await
+            .expect("accept");
+
+        let seen = std::sync::Mutex::new(Vec::new());
+        let planner = |event: &PendingEvent, candidates: &[Candidate]| {
+            seen.lock().unwrap().push(event.tenant_id.clone());
+            one_run_per_candidate(event, candidates)
+        };
+        let taken = store
+            .dispatch(std::slice::from_ref(&a), 10, &planner)
+            .await
+            .expect("dispatch");
+        assert_eq!(taken, 1, "{backend:?}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![a.clone()],
+            "{backend:?}: planner saw other tenants"
+        );
+        assert_eq!(all_runs(store, &a).await.len(), 1, "{backend:?}");
+        assert!(
+            all_runs(store, &b).await.is_empty(),
+            "{backend:?}: b's event was dispatched"
+        );
+        let b_stats = store
+            .queue_stats(std::slice::from_ref(&b))
+            .await
+            .expect("stats");
+        assert_eq!(
+            (b_stats.pending_events, b_stats.ready),
+            (1, 0),
+            "{backend:?}"
+        );
+
+        let taken = store
+            .dispatch(std::slice::from_ref(&b), 10, &planner)
+            .await
+            .expect("dispatch");
+        assert_eq!(taken, 1, "{backend:?}");
+        assert_eq!(all_runs(store, &b).await.len(), 1, "{backend:?}");
+        assert_eq!(all_runs(store, &a).await.len(), 1, "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7. Inbox idempotency
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_repeated_idempotency_key_finds_the_first_event_within_a_day() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        inbox_idempotency(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn inbox_idempotency(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let eshop = source(store, &t, "eshop").await;
+    let converter = source(store, &t, "converter").await;
+
+    let (first, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert!(!accepted.duplicate, "{backend:?}");
+    let (again, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.clone(), accepted.duplicate),
+        (first.clone(), true),
+        "{backend:?}"
+    );
+
+    let (other_key, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k2"))
+        .await
+        .unwrap();
+    assert!(
+        !accepted.duplicate && other_key != first,
+        "{backend:?}: a new key is a new event"
+    );
+    let (other_source, accepted) = store
+        .accept_event(&t, webhook_event(&converter, "k1"))
+        .await
+        .unwrap();
+    assert!(
+        !accepted.duplicate,
+        "{backend:?}: the key belongs to its source"
+    );
+    assert!(
+        other_source != first && other_source != other_key,
+        "{backend:?}"
+    );
+    let stats = store
+        .queue_stats(std::slice::from_ref(&t))
+        .await
+        .expect("stats");
+    assert_eq!(
+        stats.pending_events, 3,
+        "{backend:?}: the duplicate wrote no row"
+    );
+
+    // A day and an hour later, the same key is a new event (and is itself
+    // deduplicated from then on).
+    let day_and_hour = 25 * 60 * 60 * 1000;
+    let sql = format!(
+        "UPDATE event_inbox SET received_at = received_at - {day_and_hour} WHERE id = '{first}'"
+    );
+    assert_eq!(raw_sql(db, &sql).await, 1, "{backend:?}");
+    let (late, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert!(!accepted.duplicate, "{backend:?}: outside the window");
+    assert_ne!(late, first, "{backend:?}");
+    let (late_again, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (late_again, accepted.duplicate),
+        (late, true),
+        "{backend:?}"
+    );
+    let stats = store
+        .queue_stats(std::slice::from_ref(&t))
+        .await
+        .expect("stats");
+    assert_eq!(
+        stats.pending_events, 4,
+        "{backend:?}: the old event is kept"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 8. Tenant scoping
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_tenant_never_sees_another_tenants_rows() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        tenant_scoping(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn tenant_scoping(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let a = tenant(store, "a").await;
+    let b = tenant(store, "b").await;
+    let src_a = source(store, &a, "eshop").await;
+    let src_b = source(store, &b, "eshop").await;
+    let aut_a = manual_automation(store, &a, "orders").await;
+    let aut_b = manual_automation(store, &b, "orders").await;
+    let mut runs_a = HashSet::new();
+    let mut runs_b = HashSet::new();
+    for _ in 0..3 {
+        runs_a.insert(start(store, &a, &aut_a, "manual", None).await);
+        runs_b.insert(start(store, &b, &aut_b, "manual", None).await);
+    }
+    let run_b = runs_b.iter().next().unwrap().clone();
+
+    // Reads by id.
+    assert!(
+        store.run(&a, &run_b).await.unwrap().is_none(),
+        "{backend:?}: run"
+    );
+    assert!(
+        store.run(&b, &run_b).await.unwrap().is_some(),
+        "{backend:?}: run"
+    );
+    assert!(
+        store.automation(&a, &aut_b).await.unwrap().is_none(),
+        "{backend:?}: automation"
+    );
+    assert!(
+        store
+            .automation_version(&a, &aut_b, 1)
+            .await
+            .unwrap()
+            .is_none(),
+        "{backend:?}"
+    );
+    assert!(
+        store.source(&a, &src_b).await.unwrap().is_none(),
+        "{backend:?}: source"
+    );
+    assert!(
+        store.source(&a, &src_a).await.unwrap().is_some(),
+        "{backend:?}: source"
+    );
+
+    // Listings.
+    let listed: HashSet<RunId> = all_runs(store, &a)
+        .await
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(listed, runs_a, "{backend:?}: runs");
+    let filter = RunFilter {
+        automation_id: Some(aut_b.to_string()),
+        ..RunFilter::default()
+    };
+    let page = store.runs(&a, &filter, 50, None).await.unwrap();
+    assert!(
+        page.items.is_empty(),
+        "{backend:?}: runs filtered by b's automation"
+    );
+    let automations: Vec<_> = store
+        .automations(&a)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(automations, vec![aut_a.clone()], "{backend:?}: automations");
+    let sources: Vec<_> = store
+        .sources(&a)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(sources, vec![src_a.clone()], "{backend:?}: sources");
+
+    // Writes aimed at the other tenant's rows do nothing.
+    let paused = store
+        .set_automation_status(&a, &aut_b, tok_store::AutomationStatus::Paused)
+        .await
+        .unwrap();
+    assert!(!paused, "{backend:?}: a paused b's automation");
+    let saved = store
+        .save_version(&a, &aut_b, version("stolen", "manual", None))
+        .await;
+    assert!(
+        matches!(saved, Err(StoreError::NotFound(_))),
+        "{backend:?}: {saved:?}"
+    );
+    let b_aut = store
+        .automation(&b, &aut_b)
+        .await
+        .unwrap()
+        .expect("b's automation");
+    assert_eq!(
+        (b_aut.version, b_aut.name.as_str()),
+        (1, "orders"),
+        "{backend:?}"
+    );
+    assert_eq!(
+        b_aut.status,
+        tok_store::AutomationStatus::Active,
+        "{backend:?}"
+    );
+
+    // The queue: a claim for a serves a's jobs only, however large the batch.
+    let jobs = store
+        .claim(std::slice::from_ref(&a), "node-1", 100, LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(run_ids(&jobs), runs_a, "{backend:?}: claim");
+    assert!(jobs.iter().all(|j| j.tenant_id == a), "{backend:?}");
+    let more = store
+        .claim(std::slice::from_ref(&a), "node-1", 100, LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert!(more.is_empty(), "{backend:?}: {more:?}");
+    let b_stats = store.queue_stats(std::slice::from_ref(&b)).await.unwrap();
+    assert_eq!(
+        (b_stats.ready, b_stats.running),
+        (3, 0),
+        "{backend:?}: b's jobs untouched"
+    );
+    for run in all_runs(store, &b).await {
+        assert_eq!(
+            run.status, "queued",
+            "{backend:?}: a claim for a touched b's run"
+        );
+    }
+    let jobs_b = store
+        .claim(std::slice::from_ref(&b), "node-1", 100, LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(run_ids(&jobs_b), runs_b, "{backend:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 9. The runs listing
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn runs_are_listed_newest_first_with_filters_and_cursor_pages() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        runs_listing(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn runs_listing(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let x = manual_automation(store, &t, "x").await;
+    let y = manual_automation(store, &t, "y").await;
+    // r1..r5, oldest first: (automation, trigger). Run ids order by creation
+    // time to the millisecond, so the runs are created a few ms apart.
+    let plan = [
+        (&x, "manual"),
+        (&x, "webhook"),
+        (&x, "manual"),
+        (&y, "webhook"),
+        (&y, "manual"),
+    ];
+    let mut r = Vec::new();
+    for (aut, trigger) in plan {
+        r.push(start(store, &t, aut, trigger, None).await);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    // r2 and r4 complete, r5 fails, r1 and r3 stay running.
+    let jobs = store
+        .claim(std::slice::from_ref(&t), "node-1", 10, LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 5, "{backend:?}");
+    for job in &jobs {
+        let status = if job.run_id == r[1] || job.run_id == r[3] {
+            RunStatus::Completed
+        } else if job.run_id == r[4] {
+            RunStatus::Failed
+        } else {
+            continue;
+        };
+        store.record(job, finish(job, status)).await.unwrap();
+    }
+
+    let tenant = &t;
+    let list = |filter: RunFilter| async move {
+        let page = store.runs(tenant, &filter, 50, None).await.unwrap();
+        assert!(
+            page.next_cursor.is_none(),
+            "{backend:?}: one page holds them all"
+        );
+        page.items.into_iter().map(|s| s.id).collect::<Vec<_>>()
+    };
+    let status = |s: &str| RunFilter {
+        status: Some(s.into()),
+        ..RunFilter::default()
+    };
+    let newest_first = |idx: &[usize]| idx.iter().map(|&i| r[i].clone()).collect::<Vec<_>>();
+    assert_eq!(
+        list(RunFilter::default()).await,
+        newest_first(&[4, 3, 2, 1, 0]),
+        "{backend:?}"
+    );
+    assert_eq!(
+        list(status("completed")).await,
+        newest_first(&[3, 1]),
+        "{backend:?}"
+    );
+    assert_eq!(
+        list(status("failed")).await,
+        newest_first(&[4]),
+        "{backend:?}"
+    );
+    assert_eq!(
+        list(status("running")).await,
+        newest_first(&[2, 0]),
+        "{backend:?}"
+    );
+    assert_eq!(
+        list(status("queued")).await,
+        newest_first(&[]),
+        "{backend:?}"
+    );
+    let by_aut = RunFilter {
+        automation_id: Some(y.to_string()),
+        ..RunFilter::default()
+    };
+    assert_eq!(list(by_aut).await, newest_first(&[4, 3]), "{backend:?}");
+    let by_trigger = RunFilter {
+        trigger_type: Some("webhook".into()),
+        ..RunFilter::default()
+    };
+    assert_eq!(list(by_trigger).await, newest_first(&[3, 1]), "{backend:?}");
+    let combined = RunFilter {
+        status: Some("running".into()),
+        automation_id: Some(x.to_string()),
+        trigger_type: Some("manual".into()),
+    };
+    assert_eq!(list(combined).await, newest_first(&[2, 0]), "{backend:?}");
+
+    // Pages of 2 over 5 runs: 2, 2, 1, the last without a cursor.
+    let pages = pages_of(store, &t, &RunFilter::default(), 2).await;
+    let sizes: Vec<usize> = pages.iter().map(|(items, _)| items.len()).collect();
+    assert_eq!(sizes, vec![2, 2, 1], "{backend:?}");
+    let cursors: Vec<bool> = pages.iter().map(|(_, more)| *more).collect();
+    assert_eq!(cursors, vec![true, true, false], "{backend:?}");
+    let walked: Vec<RunId> = pages.into_iter().flat_map(|(items, _)| items).collect();
+    assert_eq!(
+        walked,
+        newest_first(&[4, 3, 2, 1, 0]),
+        "{backend:?}: no duplicates, no gaps"
+    );
+
+    // A limit equal to the count: one page, no cursor. And pages under a filter.
+    let pages = pages_of(store, &t, &RunFilter::default(), 5).await;
+    assert_eq!(pages.len(), 1, "{backend:?}");
+    assert!(!pages[0].1, "{backend:?}");
+    let by_x = RunFilter {
+        automation_id: Some(x.to_string()),
+        ..RunFilter::default()
+    };
+    let pages = pages_of(store, &t, &by_x, 2).await;
+    let walked: Vec<RunId> = pages.into_iter().flat_map(|(items, _)| items).collect();
+    assert_eq!(walked, newest_first(&[2, 1, 0]), "{backend:?}");
+}
+
+/// Every page of a listing, following `next_cursor`: (ids, had a cursor).
+async fn pages_of(
+    store: &dyn Store,
+    tenant: &TenantId,
+    filter: &RunFilter,
+    limit: u32,
+) -> Vec<(Vec<RunId>, bool)> {
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store
+            .runs(tenant, filter, limit, cursor.as_deref())
+            .await
+            .unwrap();
+        let ids = page.items.into_iter().map(|s| s.id).collect();
+        pages.push((ids, page.next_cursor.is_some()));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return pages,
+        }
+        assert!(pages.len() <= 10, "the cursor never ends");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 10. Migrations
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn migrating_again_is_harmless_and_keeps_the_data() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let t = tenant(&*store, "acme").await;
+        let aut = manual_automation(&*store, &t, "a").await;
+        let run = start(&*store, &t, &aut, "manual", None).await;
+
+        store
+            .migrate()
+            .await
+            .expect("second migrate on the same store");
+        let other = tok_store::connect(&db.url, 2).await.expect("connect");
+        other.migrate().await.expect("migrate from a second store");
+
+        assert_eq!(
+            other.tenant(&t).await.unwrap().map(|x| x.name),
+            Some("acme".into())
+        );
+        assert!(other.run(&t, &run).await.unwrap().is_some(), "{backend:?}");
+        let jobs = other
+            .claim(std::slice::from_ref(&t), "n", 10, LONG_LEASE_MS)
+            .await
+            .unwrap();
+        assert_eq!(run_ids(&jobs), HashSet::from([run]), "{backend:?}");
+        drop((store, other));
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_migrations_on_a_fresh_postgres_database_all_succeed() {
+    // PostgreSQL only: it is the backend many processes share, and the one
+    // whose migrations are serialized between processes.
+    if !backends().contains(&Backend::Postgres) {
+        return;
+    }
+    for round in 0..3 {
+        let db = TestDb::create(Backend::Postgres).await;
+        let mut stores = Vec::new();
+        for _ in 0..4 {
+            stores.push(Arc::new(
+                PgStore::connect(&db.url, 2).await.expect("connect"),
+            ));
+        }
+        let tasks: Vec<_> = stores
+            .iter()
+            .map(|s| {
+                let s = Arc::clone(s);
+                tokio::spawn(async move { s.migrate().await })
+            })
+            .collect();
+        for task in tasks {
+            task.await
+                .expect("migrate task")
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        let store = &*stores[0];
+        let t = tenant(store, "acme").await;
+        let aut = manual_automation(store, &t, "a").await;
+        start(store, &t, &aut, "manual", None).await;
+        let jobs = stores[3]
+            .claim(&[t], "n", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(jobs.len(), 1, "round {round}");
+        drop(stores);
+        db.cleanup().await;
+    }
+}

@@ -1,0 +1,277 @@
+//! The product's central promise, tested on a real process: a `tok serve`
+//! killed with SIGKILL in the middle of a load of webhooks, then restarted,
+//! ends with exactly one completed run for every event it answered 202.
+//!
+//! The sender behaves like a real one: each event carries an
+//! `Idempotency-Key`, and a request that got no answer (the server was
+//! dead) is sent again until it does. Events answered before the kill must
+//! not be lost; events sent again must not run twice.
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tok_store::Backend;
+use tok_store::testing::{TestDb, backends};
+use tokio::sync::Mutex;
+
+const ADMIN_KEY: &str = "crash-test-admin-key";
+const EVENTS: usize = 400;
+const SENDERS: usize = 16;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start(url: &str, port: u16) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_tok"))
+        .arg("serve")
+        .env("TOK_DATABASE_URL", url)
+        .env("TOK_LISTEN", format!("127.0.0.1:{port}"))
+        .env("TOK_ADMIN_KEY", ADMIN_KEY)
+        .env("TOK_NODE_ID", "crash-test-node")
+        .env("TOK_CONCURRENCY", "8")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start tok serve")
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    async fn wait_healthy(&self) {
+        for _ in 0..600 {
+            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("tok serve did not become ready within 30 s");
+    }
+
+    async fn post(&self, path: &str, key: &str, body: Value) -> Value {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "POST {path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+
+    async fn get(&self, path: &str, key: &str) -> Value {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+
+    /// Every run of the tenant, all pages.
+    async fn all_runs(&self, key: &str) -> Vec<Value> {
+        let mut runs = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let path = match &cursor {
+                Some(c) => format!("/api/dashboard/runs?limit=500&cursor={c}"),
+                None => "/api/dashboard/runs?limit=500".to_owned(),
+            };
+            let page = self.get(&path, key).await;
+            runs.extend(page["items"].as_array().unwrap().iter().cloned());
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => return runs,
+            }
+        }
+    }
+}
+
+/// Sends event `n` until the server answers 202; returns its event id.
+async fn send_until_accepted(http: &reqwest::Client, url: &str, n: usize) -> String {
+    loop {
+        let sent = http
+            .post(url)
+            .header("Idempotency-Key", format!("order-{n}"))
+            .json(&json!({ "kind": "order.created", "data": { "order": { "id": n.to_string() } } }))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Ok(response) = sent {
+            if response.status() == reqwest::StatusCode::ACCEPTED {
+                let body: Value = response.json().await.unwrap();
+                return body["event_id"].as_str().unwrap().to_owned();
+            }
+            assert!(
+                response.status().is_server_error(),
+                "event {n}: unexpected answer {}",
+                response.status()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn crash_and_recover(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let port = free_port();
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let mut server = start(&db.url, port);
+    api.wait_healthy().await;
+
+    let tenant = api
+        .post("/api/tenants", ADMIN_KEY, json!({ "name": "Crash" }))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_owned();
+    let source = api
+        .post(
+            "/api/sources",
+            &key,
+            json!({ "name": "eshop", "params": [
+                { "name": "orderId", "path": "data.order.id", "type": "string", "required": true }
+            ]}),
+        )
+        .await;
+    let webhook = source["url"].as_str().unwrap().to_owned();
+    api.post(
+        "/api/automations",
+        &key,
+        json!({
+            "name": "New order",
+            "trigger": { "kind": "webhook", "source": source["id"] },
+            "steps": [
+                { "id": "st_mark", "type": "set", "config": { "values": { "order": "{{orderId}}" } } },
+                { "id": "st_pause", "type": "flow/pause", "config": { "seconds": 0.02 } },
+                { "id": "st_each", "type": "loop", "config": { "items": ["a", "b", "c"] },
+                  "do": [{ "id": "st_line", "type": "flow/log", "config": { "message": "{{order}} {{item}}" } }] },
+                { "id": "st_done", "type": "flow/log", "config": { "message": "order {{order}} done" } }
+            ]
+        }),
+    )
+    .await;
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let accepted: Arc<Mutex<HashMap<usize, String>>> = Arc::default();
+    let mut senders = Vec::new();
+    for _ in 0..SENDERS {
+        let (next, accepted, url, http) = (
+            next.clone(),
+            accepted.clone(),
+            webhook.clone(),
+            api.http.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                if n >= EVENTS {
+                    return;
+                }
+                let id = send_until_accepted(&http, &url, n).await;
+                accepted.lock().await.insert(n, id);
+            }
+        }));
+    }
+
+    // Kill in the middle of the load: some events answered, most not yet.
+    while accepted.lock().await.len() < EVENTS / 4 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.kill().expect("SIGKILL tok serve");
+    server.wait().unwrap();
+    let answered_before_kill: HashMap<usize, String> = accepted.lock().await.clone();
+    assert!(
+        answered_before_kill.len() < EVENTS,
+        "the kill came after the load ended"
+    );
+
+    let mut server = start(&db.url, port);
+    api.wait_healthy().await;
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    let accepted = accepted.lock().await.clone();
+    assert_eq!(accepted.len(), EVENTS);
+    for (n, id) in &answered_before_kill {
+        assert_eq!(
+            &accepted[n], id,
+            "event {n} was answered 202 before the kill with another id"
+        );
+    }
+
+    // Every accepted event ends as exactly one completed run.
+    let mut runs = Vec::new();
+    for _ in 0..1200 {
+        runs = api.all_runs(&key).await;
+        let done = runs.iter().filter(|r| r["status"] == "completed").count();
+        if runs.len() >= EVENTS && done == runs.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let expected: HashSet<&str> = accepted.values().map(String::as_str).collect();
+    assert_eq!(
+        expected.len(),
+        EVENTS,
+        "{backend:?}: one event id per order"
+    );
+    let mut per_event: HashMap<&str, usize> = HashMap::new();
+    for run in &runs {
+        assert_eq!(run["status"], "completed", "{backend:?}: run {run}");
+        *per_event
+            .entry(run["event_id"].as_str().unwrap())
+            .or_default() += 1;
+    }
+    let missing: Vec<&&str> = expected
+        .iter()
+        .filter(|e| !per_event.contains_key(**e))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{backend:?}: accepted events without a run: {missing:?}"
+    );
+    let doubled: Vec<_> = per_event.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "{backend:?}: events with more than one run: {doubled:?}"
+    );
+    assert_eq!(runs.len(), EVENTS, "{backend:?}");
+
+    // Each run did all its steps once: 1 set + 1 pause + 1 loop + 3 lines + 1 log.
+    let sample = runs[0]["id"].as_str().unwrap();
+    let detail = api.get(&format!("/api/runs/{sample}"), &key).await;
+    assert_eq!(detail["actions"], 7, "{backend:?}: {detail}");
+
+    server.kill().unwrap();
+    server.wait().unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_load_loses_no_accepted_event_and_runs_none_twice() {
+    for backend in backends() {
+        crash_and_recover(backend).await;
+    }
+}
