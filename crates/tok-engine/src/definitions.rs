@@ -63,13 +63,13 @@ fn check_handler_configs(
 ) {
     for (i, step) in steps.iter().enumerate() {
         let here = format!("{at}.{i}");
-        if let Some(handler) = registry.handler(&step.kind) {
-            if let Err(message) = handler.validate(&step.config) {
-                errors.push(ValidationError {
-                    path: format!("{here}.config"),
-                    message,
-                });
-            }
+        if let Some(handler) = registry.handler(&step.kind)
+            && let Err(message) = handler.validate(&step.config)
+        {
+            errors.push(ValidationError {
+                path: format!("{here}.config"),
+                message,
+            });
         }
         check_handler_configs(&step.then, &format!("{here}.then"), registry, errors);
         check_handler_configs(&step.else_, &format!("{here}.else"), registry, errors);

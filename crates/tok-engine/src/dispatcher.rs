@@ -61,18 +61,18 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
                 continue;
             }
         };
-        if event.target_automation_id.is_none() {
-            if let Some(filter) = automation.trigger.filter() {
-                let evaluation = Condition::from_filter(filter).evaluate(&context);
-                if !evaluation.result {
-                    tracing::debug!(
-                        event = %event.id,
-                        automation = %candidate.automation_id,
-                        why = ?evaluation.lines,
-                        "trigger filter did not match"
-                    );
-                    continue;
-                }
+        if event.target_automation_id.is_none()
+            && let Some(filter) = automation.trigger.filter()
+        {
+            let evaluation = Condition::from_filter(filter).evaluate(&context);
+            if !evaluation.result {
+                tracing::debug!(
+                    event = %event.id,
+                    automation = %candidate.automation_id,
+                    why = ?evaluation.lines,
+                    "trigger filter did not match"
+                );
+                continue;
             }
         }
         let first_path = match flow::first(&automation.steps) {

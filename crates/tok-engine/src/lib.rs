@@ -185,7 +185,7 @@ impl Engine {
         let (stop, shutdown) = watch::channel(false);
         let mut tasks = vec![
             tokio::spawn(dispatch_loop(self.inner.clone(), shutdown.clone())),
-            tokio::spawn(tenant_refresh(self.clone(), shutdown.clone())),
+            tokio::spawn(upkeep(self.clone(), shutdown.clone())),
         ];
         if workers {
             tasks.push(tokio::spawn(worker::run_pool(self.inner.clone(), shutdown)));
@@ -298,8 +298,13 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-/// Keeps the tenant list fresh for tenants created by other processes.
-async fn tenant_refresh(engine: Engine, mut shutdown: watch::Receiver<bool>) {
+/// How often the store's upkeep runs (partitions created ahead).
+const MAINTENANCE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Keeps the tenant list fresh for tenants created by other processes, and
+/// runs the store's upkeep now and then.
+async fn upkeep(engine: Engine, mut shutdown: watch::Receiver<bool>) {
+    let mut last_maintenance = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
@@ -310,6 +315,12 @@ async fn tenant_refresh(engine: Engine, mut shutdown: watch::Receiver<bool>) {
         }
         if let Err(e) = engine.refresh_tenants().await {
             tracing::warn!(error = %e, "could not refresh the tenant list");
+        }
+        if last_maintenance.elapsed() >= MAINTENANCE_EVERY {
+            last_maintenance = tokio::time::Instant::now();
+            if let Err(e) = engine.inner.store.maintain().await {
+                tracing::warn!(error = %e, "store upkeep failed; retrying in an hour");
+            }
         }
     }
 }

@@ -53,7 +53,7 @@ fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
 impl_common! {
     store = PgStore,
     db = sqlx::Postgres,
-    now = "(EXTRACT(EPOCH FROM now()) * 1000)::BIGINT",
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
     tenants_in_1 = "= ANY($1)",
     ids_in_2 = "= ANY($2)",
     ids_in_4 = "= ANY($4)",
@@ -68,13 +68,13 @@ impl_common! {
                 SELECT k.id, k.tenant_id, k.queue_key, k.priority, k.run_after
                 FROM jobs k
                 WHERE k.tenant_id = t.id
-                  AND k.run_after <= (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT
+                  AND k.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT
                   AND (k.locked_until IS NULL
-                       OR k.locked_until < (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT)
+                       OR k.locked_until < (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT)
                   AND (k.queue_key IS NULL OR NOT EXISTS (
                         SELECT 1 FROM jobs q
                         WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
-                          AND q.locked_until >= (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT))
+                          AND q.locked_until >= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT))
                 ORDER BY k.priority DESC, k.run_after, k.id
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
@@ -109,8 +109,17 @@ impl Store for PgStore {
     }
 
     async fn maintain(&self) -> Result<()> {
+        // `CREATE TABLE IF NOT EXISTS` is not safe against itself: two
+        // processes starting at once both pass the check and one fails on
+        // the catalog's unique index. The migration lock serializes them.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
         // This month and the next two get their own partitions of run_steps.
-        sqlx::raw_sql(
+        sqlx::Executor::execute(
+            &mut *tx,
             "DO $$
              DECLARE m timestamp;
              BEGIN
@@ -124,8 +133,8 @@ impl Store for PgStore {
                END LOOP;
              END $$",
         )
-        .execute(&self.pool)
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -30,10 +30,10 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
-        if let Some(dir) = options.get_filename().parent() {
-            if !dir.as_os_str().is_empty() {
-                std::fs::create_dir_all(dir).map_err(|e| sqlx::Error::Io(e))?;
-            }
+        if let Some(dir) = options.get_filename().parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
         }
         let writer = SqlitePoolOptions::new()
             .max_connections(1)

@@ -87,11 +87,11 @@ impl TestDb {
 
     /// Drops a PostgreSQL database (after every pool on it has closed).
     pub async fn cleanup(mut self) {
-        if let Some(name) = self.pg_name.take() {
-            if let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await {
-                let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                let _ = sqlx::Executor::execute(&mut conn, sql.as_str()).await;
-            }
+        if let Some(name) = self.pg_name.take()
+            && let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await
+        {
+            let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            let _ = sqlx::Executor::execute(&mut conn, sql.as_str()).await;
         }
     }
 }

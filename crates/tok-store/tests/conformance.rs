@@ -4,9 +4,9 @@
 //!
 //! Tests drive the store only through its public traits and assert on what a
 //! caller gets back (claimed jobs, runs, pages, inbox answers). Raw SQL is
-//! used in setup alone, to simulate what the API cannot do on purpose: a
-//! crash between dispatch and commit (an event marked pending again) and the
-//! passing of the inbox's 24-hour idempotency window.
+//! used in setup alone, to simulate what the API cannot do on purpose: an
+//! event found pending again after its runs were written (a dispatcher that
+//! crashed) and the passing of the inbox's 24-hour idempotency window.
 //!
 //! Timing: waits for a lease or delay to expire sleep well past it, and
 //! nothing asserts on how long an operation took.
@@ -456,6 +456,134 @@ async fn queue_keys(db: &TestDb) {
         blocked.is_empty(),
         "{backend:?}: the third ticket:1 job waits its turn"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_never_share_a_job_or_a_queue_key() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        concurrent_claims(&db).await;
+        db.cleanup().await;
+    }
+}
+
+async fn concurrent_claims(db: &TestDb) {
+    let backend = db.backend;
+    let store: Arc<dyn Store> = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    // 30 jobs without a key and 4 keys with 5 jobs each; a key's jobs lie
+    // close together, so one batch's candidates hold several of them.
+    let mut key_of = std::collections::HashMap::new();
+    for i in 0..50 {
+        let key = (i % 2 == 0 && i < 40).then(|| format!("ticket:{}", i / 10));
+        let run = start(&*store, &t, &aut, "manual", key.as_deref()).await;
+        key_of.insert(run, key);
+    }
+    let keyed = key_of.values().filter(|k| k.is_some()).count();
+    let keys: HashSet<_> = key_of.values().flatten().cloned().collect();
+    assert_eq!((keyed, keys.len()), (20, 4));
+    let claimable = key_of.len() - keyed + keys.len();
+
+    let claimers: Vec<_> = (0..6)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            let tenants = vec![t.clone()];
+            tokio::spawn(async move {
+                store
+                    .claim(&tenants, &format!("node-{i}"), 8, LONG_LEASE_MS)
+                    .await
+            })
+        })
+        .collect();
+    let mut claimed: Vec<ClaimedJob> = Vec::new();
+    for c in claimers {
+        claimed.extend(c.await.expect("claimer task").expect("claim"));
+    }
+    // Then one node claims what is left, batch after batch, while every
+    // lease is still held.
+    loop {
+        let more = store
+            .claim(std::slice::from_ref(&t), "node-x", 8, LONG_LEASE_MS)
+            .await;
+        let more = more.expect("claim");
+        if more.is_empty() {
+            break;
+        }
+        claimed.extend(more);
+    }
+
+    let ids: HashSet<_> = claimed.iter().map(|j| j.id).collect();
+    assert_eq!(
+        ids.len(),
+        claimed.len(),
+        "{backend:?}: a job was leased twice"
+    );
+    let mut held_keys = HashSet::new();
+    for job in &claimed {
+        if let Some(key) = &key_of[&job.run_id] {
+            assert!(
+                held_keys.insert(key.clone()),
+                "{backend:?}: two leased jobs on {key}"
+            );
+        }
+    }
+    assert_eq!(held_keys, keys, "{backend:?}: every key got one job");
+    assert_eq!(
+        claimed.len(),
+        claimable,
+        "{backend:?}: every claimable job was claimed"
+    );
+}
+
+#[tokio::test]
+async fn released_claims_are_claimable_at_once_and_fence_their_old_holder() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let t = tenant(store, "acme").await;
+        let aut = manual_automation(store, &t, "a").await;
+        let run = start(store, &t, &aut, "manual", None).await;
+        let tenants = [t.clone()];
+
+        let old = store
+            .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(old.len(), 1, "{backend:?}");
+        // node-1 restarts: it gives back what it held, without waiting a lease out.
+        let released = store.release_claims("node-1").await.expect("release");
+        assert_eq!(released, 1, "{backend:?}");
+        let new = store
+            .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(
+            new.len(),
+            1,
+            "{backend:?}: the released job is claimable at once"
+        );
+        assert_eq!(
+            (new[0].run_id.clone(), new[0].attempt),
+            (run, 2),
+            "{backend:?}"
+        );
+        // The claim from before the restart can no longer record.
+        let err = store
+            .record(&old[0], finish(&old[0], RunStatus::Completed))
+            .await
+            .expect_err("record under a released claim");
+        assert!(
+            matches!(err, StoreError::LeaseLost(_)),
+            "{backend:?}: {err}"
+        );
+        store
+            .record(&new[0], finish(&new[0], RunStatus::Completed))
+            .await
+            .expect("record");
+        db.cleanup().await;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1244,6 +1372,56 @@ async fn dispatch_takes_only_the_given_tenants_events() {
         assert_eq!(taken, 1, "{backend:?}");
         assert_eq!(all_runs(store, &b).await.len(), 1, "{backend:?}");
         assert_eq!(all_runs(store, &a).await.len(), 1, "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_manual_start_with_a_repeated_key_returns_the_first_run() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let t = tenant(store, "acme").await;
+        let aut = manual_automation(store, &t, "a").await;
+        let other = manual_automation(store, &t, "b").await;
+        let keyed = |aut: &AutomationId| NewRun {
+            idempotency_key: Some("order-5001".into()),
+            ..new_run(aut, "manual", None)
+        };
+
+        let first = store
+            .start_run(&t, manual_event(&aut), keyed(&aut))
+            .await
+            .unwrap();
+        let again = store
+            .start_run(&t, manual_event(&aut), keyed(&aut))
+            .await
+            .unwrap();
+        assert_eq!(again, first, "{backend:?}");
+        let elsewhere = store
+            .start_run(&t, manual_event(&other), keyed(&other))
+            .await
+            .unwrap();
+        assert_ne!(elsewhere, first, "{backend:?}: the key is per automation");
+        assert_eq!(all_runs(store, &t).await.len(), 2, "{backend:?}");
+        let stats = store.queue_stats(std::slice::from_ref(&t)).await.unwrap();
+        assert_eq!(stats.ready, 2, "{backend:?}: one job per run");
+
+        // A run of an empty tree completes at once and leaves no job.
+        let empty = NewRun {
+            first_path: None,
+            ..new_run(&aut, "manual", None)
+        };
+        let empty = store
+            .start_run(&t, manual_event(&aut), empty)
+            .await
+            .unwrap();
+        let detail = store.run(&t, &empty).await.unwrap().expect("run exists");
+        assert_eq!(detail.run.status, "completed", "{backend:?}");
+        assert!(detail.run.finished_at.is_some(), "{backend:?}");
+        let stats = store.queue_stats(std::slice::from_ref(&t)).await.unwrap();
+        assert_eq!(stats.ready, 2, "{backend:?}");
         db.cleanup().await;
     }
 }
