@@ -24,10 +24,15 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
+        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer` is `Bearer`.
+        let key = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim())
+            .filter(|key| !key.is_empty())
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::UNAUTHORIZED,
@@ -35,10 +40,6 @@ impl FromRequestParts<AppState> for Caller {
                     "send your API key as `Authorization: Bearer <key>`",
                 )
             })?;
-        let key = header
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .unwrap_or_default();
         let owner = state.engine.store().key_owner(&hash_secret(key)).await?;
         owner.map(Caller).ok_or_else(|| {
             ApiError::new(

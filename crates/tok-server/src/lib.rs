@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
+use axum::http::{Method, StatusCode, Uri};
 use tok_engine::Engine;
 
 pub use error::{ApiError, ApiResult};
@@ -59,5 +60,28 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::sources::router())
         .merge(routes::automations::router())
         .merge(routes::runs::router())
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .with_state(state)
+}
+
+/// Errors are JSON everywhere, also for a path that does not exist…
+async fn no_route(uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("nothing is served at `{}`; check the URL", uri.path()),
+    )
+}
+
+/// …and for a method the path does not take (axum adds the `Allow` header).
+async fn no_method(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "`{}` does not take {method}; the `Allow` header lists the methods it takes",
+            uri.path()
+        ),
+    )
 }

@@ -29,7 +29,7 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/automations/{id}/runs", post(start_run))
 }
 
-fn invalid(errors: Vec<ValidationError>) -> ApiError {
+fn invalid(errors: &[ValidationError]) -> ApiError {
     let summary = errors
         .iter()
         .map(|e| {
@@ -56,22 +56,21 @@ fn invalid(errors: Vec<ValidationError>) -> ApiError {
 /// a webhook trigger must be one of the tenant's).
 async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<NewVersion> {
     let (automation, version): (Automation, NewVersion) =
-        prepare(raw, state.engine.registry()).map_err(invalid)?;
-    if let Trigger::Webhook { source, .. } = &automation.trigger {
-        if state
+        prepare(raw, state.engine.registry()).map_err(|e| invalid(&e))?;
+    if let Trigger::Webhook { source, .. } = &automation.trigger
+        && state
             .engine
             .store()
             .source(tenant, &SourceId::from(source.as_str()))
             .await?
             .is_none()
-        {
-            return Err(invalid(vec![ValidationError {
-                path: "trigger.source".into(),
-                message: format!(
-                    "`{source}` is not a source of this tenant; create it with POST /api/sources"
-                ),
-            }]));
-        }
+    {
+        return Err(invalid(&[ValidationError {
+            path: "trigger.source".into(),
+            message: format!(
+                "`{source}` is not a source of this tenant; create it with POST /api/sources"
+            ),
+        }]));
     }
     Ok(version)
 }
@@ -202,12 +201,14 @@ async fn start_run(
             "`input` must be a JSON object",
         ));
     }
-    let key = body.idempotency_key.or_else(|| {
-        headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .map(|s| s.trim().to_owned())
-    });
+    // A blank key is no key: it must not tie unrelated starts to one run.
+    let header = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let key = [body.idempotency_key.as_deref(), header]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|k| !k.is_empty())
+        .map(str::to_owned);
     let input = if body.input.is_null() {
         json!({})
     } else {

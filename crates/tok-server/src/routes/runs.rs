@@ -37,23 +37,23 @@ async fn list(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
     let Query(query) = query.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
-    if let Some(status) = &query.status {
-        if RunStatus::parse(status).is_none() {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!(
-                    "status `{status}` is not one of queued, running, waiting, paused, completed, failed, cancelled"
-                ),
-            ));
-        }
+    if let Some(status) = &query.status
+        && RunStatus::parse(status).is_none()
+    {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!(
+                "status `{status}` is not one of queued, running, waiting, paused, completed, failed, cancelled"
+            ),
+        ));
     }
-    if let Some(trigger) = &query.trigger {
-        if !TRIGGERS.contains(&trigger.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("trigger `{trigger}` is not one of {}", TRIGGERS.join(", ")),
-            ));
-        }
+    if let Some(trigger) = &query.trigger
+        && !TRIGGERS.contains(&trigger.as_str())
+    {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("trigger `{trigger}` is not one of {}", TRIGGERS.join(", ")),
+        ));
     }
     let page = super::PageQuery {
         limit: query.limit,

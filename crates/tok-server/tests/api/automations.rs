@@ -2,10 +2,13 @@
 //! messages), versions (a run finishes on the version it started with),
 //! pause and resume, and manual runs (idempotent, refused while paused).
 
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Tenant, TestApp, backend_tests, log_step, manual, on_webhook, plain_source};
+use crate::helpers::{
+    Tenant, TestApp, backend_tests, is_final, json_request, log_step, manual, on_webhook,
+    plain_source,
+};
 
 backend_tests!(
     unknown_step_type_is_rejected,
@@ -16,6 +19,8 @@ backend_tests!(
     running_run_keeps_its_version_when_a_new_one_is_saved,
     paused_automation_gets_no_runs_until_resumed,
     manual_run_completes_and_is_idempotent,
+    concurrent_manual_starts_with_one_key_share_one_run,
+    blank_idempotency_key_is_no_key,
     manual_run_of_a_paused_automation_is_409,
 );
 
@@ -158,8 +163,14 @@ async fn running_run_keeps_its_version_when_a_new_one_is_saved(app: &TestApp) {
     let id = app.create_automation(&tenant, &v1).await;
     let run_id = app.start_run(&tenant, &id, &json!({ "input": {} })).await;
     let waiting = app
-        .wait_for_run(&tenant, &run_id, |run| run["status"] == "waiting")
+        .wait_for_run(&tenant, &run_id, |run| {
+            run["status"] == "waiting" || is_final(run)
+        })
         .await;
+    assert_eq!(
+        waiting["status"], "waiting",
+        "the run got past its 1 s wait before the test saw it wait (a badly stalled machine?): {waiting:#}"
+    );
     assert_eq!(waiting["version"], 1);
 
     // Hold the engine while version 2 is saved, so the run is certainly
@@ -383,6 +394,69 @@ async fn manual_run_completes_and_is_idempotent(app: &TestApp) {
         )
         .await;
     missing.expect_error(StatusCode::NOT_FOUND, "not_found");
+}
+
+async fn concurrent_manual_starts_with_one_key_share_one_run(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let id = app
+        .create_automation(
+            &tenant,
+            &manual("Greet", &json!([log_step("st_hi", "hi {{name}}")])),
+        )
+        .await;
+    let uri = format!("/api/automations/{id}/runs");
+    let auth = format!("Bearer {}", tenant.key);
+    let body = json!({ "input": { "name": "Eva" }, "idempotency_key": "greet-eva" });
+    let requests = (0..8)
+        .map(|_| {
+            json_request(
+                Method::POST,
+                &uri,
+                &[("authorization", auth.as_str())],
+                &body,
+            )
+        })
+        .collect();
+    let replies = app.send_together(requests).await;
+    let run_ids: Vec<Value> = replies
+        .into_iter()
+        .map(|r| r.expect(StatusCode::CREATED)["run_id"].clone())
+        .collect();
+    assert!(
+        run_ids.iter().all(|r| r == &run_ids[0]),
+        "one run for one key: {run_ids:#?}"
+    );
+
+    let runs = app.wait_for_runs(&tenant, "", 1).await;
+    assert_eq!(runs[0]["id"], run_ids[0]);
+    assert_eq!(runs[0]["status"], "completed", "{:#}", runs[0]);
+}
+
+async fn blank_idempotency_key_is_no_key(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let id = app
+        .create_automation(&tenant, &manual("Greet", &json!([log_step("st_hi", "hi")])))
+        .await;
+    let uri = format!("/api/automations/{id}/runs");
+    let mut started = Vec::new();
+    for _ in 0..2 {
+        let by_header = app
+            .post_with(&tenant.key, &uri, &[("idempotency-key", "")], &json!({}))
+            .await;
+        started.push(by_header.expect(StatusCode::CREATED)["run_id"].clone());
+        let by_body = app
+            .post(&tenant.key, &uri, &json!({ "idempotency_key": "  " }))
+            .await;
+        started.push(by_body.expect(StatusCode::CREATED)["run_id"].clone());
+    }
+    let distinct: std::collections::HashSet<String> =
+        started.iter().map(|r| r.to_string()).collect();
+    assert_eq!(
+        distinct.len(),
+        4,
+        "a blank key must not tie unrelated starts together: {started:#?}"
+    );
+    app.wait_for_runs(&tenant, "", 4).await;
 }
 
 async fn manual_run_of_a_paused_automation_is_409(app: &TestApp) {

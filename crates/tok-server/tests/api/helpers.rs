@@ -172,26 +172,21 @@ pub(crate) struct Tenant {
 impl TestApp {
     /// Sends one request through the router.
     pub(crate) async fn send(&self, request: Request<Body>) -> Reply {
-        let response = self
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .expect("the router is infallible");
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .expect("read the response body")
-            .to_bytes();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        Reply { status, body }
+        send(self.router.clone(), request).await
+    }
+
+    /// Sends requests all at once, each from its own task, as impatient
+    /// clients retrying in parallel would; the replies come back in order.
+    pub(crate) async fn send_together(&self, requests: Vec<Request<Body>>) -> Vec<Reply> {
+        let tasks: Vec<_> = requests
+            .into_iter()
+            .map(|r| tokio::spawn(send(self.router.clone(), r)))
+            .collect();
+        let mut replies = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            replies.push(task.await.expect("a request task panicked"));
+        }
+        replies
     }
 
     /// A request with an optional bearer key, extra headers and a raw body.
@@ -340,7 +335,7 @@ impl TestApp {
 
     /// Polls until the run has finished (completed, failed or cancelled).
     pub(crate) async fn wait_for_final(&self, tenant: &Tenant, run_id: &str) -> Value {
-        self.wait_for_run(tenant, run_id, |run| is_final(run)).await
+        self.wait_for_run(tenant, run_id, is_final).await
     }
 
     /// Polls a runs listing (`query` without `?`) until it holds `count`
@@ -417,6 +412,46 @@ impl TestApp {
         drop(state);
         db.cleanup().await;
     }
+}
+
+async fn send(router: Router, request: Request<Body>) -> Reply {
+    let response = router
+        .oneshot(request)
+        .await
+        .expect("the router is infallible");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("read the response body")
+        .to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+    };
+    Reply { status, body }
+}
+
+/// A JSON request, for [`TestApp::send_together`].
+pub(crate) fn json_request(
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> Request<Body> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder
+        .body(Body::from(body.to_string()))
+        .expect("a valid request")
 }
 
 /// Whether a run (summary or detail) has reached a final status.

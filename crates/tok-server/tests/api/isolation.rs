@@ -113,7 +113,7 @@ async fn another_tenants_records_answer_404(app: &TestApp) {
         .expect(StatusCode::OK);
     assert_eq!(
         ids(runs["items"].as_array().unwrap()),
-        [a.run.clone()],
+        [a.run.as_str()],
         "{runs:#}"
     );
 }
@@ -130,7 +130,7 @@ async fn listings_show_only_the_callers_records(app: &TestApp) {
             .expect(StatusCode::OK);
         assert_eq!(
             ids(runs["items"].as_array().unwrap()),
-            [mine.run.clone()],
+            [mine.run.as_str()],
             "{runs:#}"
         );
         let filtered = app
@@ -147,12 +147,12 @@ async fn listings_show_only_the_callers_records(app: &TestApp) {
             .expect(StatusCode::OK);
         assert_eq!(
             ids(automations["items"].as_array().unwrap()),
-            [mine.automation.clone()]
+            [mine.automation.as_str()]
         );
         let sources = app.get(key, "/api/sources").await.expect(StatusCode::OK);
         assert_eq!(
             ids(sources["items"].as_array().unwrap()),
-            [mine.source.clone()]
+            [mine.source.as_str()]
         );
     }
 
@@ -250,7 +250,10 @@ async fn admin_acts_for_a_tenant_with_x_tok_tenant(app: &TestApp) {
         .get(&a.tenant.key, "/api/sources")
         .await
         .expect(StatusCode::OK);
-    assert_eq!(ids(theirs["items"].as_array().unwrap()), [a.source.clone()]);
+    assert_eq!(
+        ids(theirs["items"].as_array().unwrap()),
+        [a.source.as_str()]
+    );
 
     let no_header = app.get(admin, "/api/dashboard/runs").await;
     let error = no_header.expect_error(StatusCode::BAD_REQUEST, "tenant_required");

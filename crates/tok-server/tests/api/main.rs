@@ -6,6 +6,7 @@
 mod helpers;
 
 mod automations;
+mod errors;
 mod health;
 mod isolation;
 mod runs;

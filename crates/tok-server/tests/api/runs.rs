@@ -13,6 +13,7 @@ use crate::helpers::{
 backend_tests!(
     webhook_run_completes_with_steps_and_log_lines,
     failed_run_shows_the_failed_step_and_why,
+    trigger_filter_decides_which_events_start_runs,
     listing_filters_by_status_automation_and_trigger,
     listing_pages_with_a_cursor,
     listing_rejects_bad_limits_and_filters,
@@ -79,24 +80,45 @@ async fn webhook_run_completes_with_steps_and_log_lines(app: &TestApp) {
         .expect(StatusCode::OK);
     assert_eq!(run["id"], run_id);
     assert_eq!(run["status"], "completed");
+    // What a client reads of each step, in the order the steps ran.
     let steps: Vec<Value> = run["steps"]
         .as_array()
         .expect("steps")
         .iter()
-        .map(|s| json!({ "path": s["path"], "step_id": s["step_id"], "type": s["type"], "attempt": s["attempt"], "status": s["status"], "log": s["log"] }))
+        .map(|s| {
+            let fields = ["path", "step_id", "type", "attempt", "status", "log"];
+            Value::Object(
+                fields
+                    .iter()
+                    .map(|&f| (f.to_owned(), s[f].clone()))
+                    .collect(),
+            )
+        })
         .collect();
+    let step = |path: &str, id: &str, kind: &str, log: Value| json!({ "path": path, "step_id": id, "type": kind, "attempt": 1, "status": "completed", "log": log });
+    let condition_line = "Condition: kind eq order.created | kind = \"order.created\", compared with \"order.created\"";
     assert_eq!(
         steps,
         [
-            json!({ "path": "0", "step_id": "st_log", "type": "flow/log", "attempt": 1, "status": "completed",
-                    "log": ["info: order 5001 received"] }),
-            json!({ "path": "1", "step_id": "st_check", "type": "condition", "attempt": 1, "status": "completed",
-                    "log": ["Condition: kind eq order.created | kind = \"order.created\", compared with \"order.created\"",
-                            "Condition: true → then"] }),
-            json!({ "path": "1.then.0", "step_id": "st_mark", "type": "set", "attempt": 1, "status": "completed",
-                    "log": ["Set stage"] }),
-            json!({ "path": "2", "step_id": "st_done", "type": "flow/log", "attempt": 1, "status": "completed",
-                    "log": ["info: stage is new 5001"] }),
+            step(
+                "0",
+                "st_log",
+                "flow/log",
+                json!(["info: order 5001 received"])
+            ),
+            step(
+                "1",
+                "st_check",
+                "condition",
+                json!([condition_line, "Condition: true → then"])
+            ),
+            step("1.then.0", "st_mark", "set", json!(["Set stage"])),
+            step(
+                "2",
+                "st_done",
+                "flow/log",
+                json!(["info: stage is new 5001"])
+            ),
         ]
     );
     assert!(
@@ -141,6 +163,48 @@ async fn failed_run_shows_the_failed_step_and_why(app: &TestApp) {
         steps[1]["log"],
         json!([format!("failed (not retryable): {expected}")])
     );
+}
+
+async fn trigger_filter_decides_which_events_start_runs(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let source = app.create_source(&tenant, &plain_source("eshop")).await;
+    let (source_id, token) = (
+        source["id"].as_str().unwrap(),
+        source["token"].as_str().unwrap(),
+    );
+    let mut filtered = on_webhook(
+        "Orders only",
+        source_id,
+        &json!([log_step("st_o", "order")]),
+    );
+    filtered["trigger"]["filter"] = json!({
+        "match": "all",
+        "rules": [{ "field": "kind", "operator": "eq", "value": "order.created" }]
+    });
+    let filtered = app.create_automation(&tenant, &filtered).await;
+    let everything = app
+        .create_automation(
+            &tenant,
+            &on_webhook("Everything", source_id, &json!([log_step("st_e", "any")])),
+        )
+        .await;
+
+    let cancelled = app
+        .webhook(token, &json!({ "kind": "order.cancelled" }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    let created = app
+        .webhook(token, &json!({ "kind": "order.created" }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    // Both events were dispatched once the unfiltered automation has both runs.
+    app.wait_for_runs(&tenant, &format!("automation={everything}"), 2)
+        .await;
+    let runs = app
+        .wait_for_runs(&tenant, &format!("automation={filtered}"), 1)
+        .await;
+    assert_eq!(runs[0]["event_id"], created["event_id"], "{:#}", runs[0]);
+    assert_ne!(runs[0]["event_id"], cancelled["event_id"]);
 }
 
 /// Three webhook runs of one automation, one manual run of another, one
@@ -267,6 +331,14 @@ async fn listing_pages_with_a_cursor(app: &TestApp) {
         ids(&everything),
         "pages cover every run once, in order"
     );
+
+    // A page that ends exactly at the last run says there is no next one.
+    let exact = app
+        .get(&tenant.key, "/api/dashboard/runs?limit=5")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(ids(exact["items"].as_array().unwrap()), ids(&everything));
+    assert!(exact["next_cursor"].is_null(), "{exact:#}");
 
     // Filters hold across pages.
     let first = app

@@ -7,11 +7,14 @@ use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tok_server::MAX_WEBHOOK_BYTES;
 
-use crate::helpers::{Tenant, TestApp, backend_tests, log_step, on_webhook, plain_source};
+use crate::helpers::{
+    Tenant, TestApp, backend_tests, json_request, log_step, on_webhook, plain_source,
+};
 
 backend_tests!(
     accepts_an_event_and_deduplicates_a_repeated_body,
     idempotency_key_header_deduplicates_different_bodies,
+    concurrent_identical_bodies_share_one_event_and_one_run,
     missing_or_mistyped_param_names_the_param_and_its_path,
     nested_params_reach_the_run,
     invalid_json_is_400,
@@ -99,6 +102,43 @@ async fn idempotency_key_header_deduplicates_different_bodies(app: &TestApp) {
         .expect(StatusCode::ACCEPTED);
     assert_eq!(third["duplicate"], false, "{third:#}");
     assert_ne!(third["event_id"], first["event_id"]);
+}
+
+async fn concurrent_identical_bodies_share_one_event_and_one_run(app: &TestApp) {
+    let (tenant, source) = tenant_and_source(app, &plain_source("eshop")).await;
+    let steps = json!([log_step("st_a", "order {{orderId}}")]);
+    let definition = on_webhook("Once", source["id"].as_str().unwrap(), &steps);
+    let automation = app.create_automation(&tenant, &definition).await;
+
+    // A sender retrying impatiently: the same body eight times at once.
+    let uri = format!("/webhook/{}", token(&source));
+    let body = json!({ "orderId": "5001" });
+    let requests = (0..8)
+        .map(|_| json_request(Method::POST, &uri, &[], &body))
+        .collect();
+    let replies = app.send_together(requests).await;
+    let bodies: Vec<Value> = replies
+        .into_iter()
+        .map(|r| r.expect(StatusCode::ACCEPTED))
+        .collect();
+    let event_id = &bodies[0]["event_id"];
+    assert!(
+        bodies.iter().all(|b| &b["event_id"] == event_id),
+        "one event for all: {bodies:#?}"
+    );
+    let firsts = bodies.iter().filter(|b| b["duplicate"] == false).count();
+    assert_eq!(firsts, 1, "exactly one is not a duplicate: {bodies:#?}");
+
+    let runs = app
+        .wait_for_runs(&tenant, &format!("automation={automation}"), 1)
+        .await;
+    assert_eq!(&runs[0]["event_id"], event_id);
+    // A later, different event proves the first was dispatched once and only once.
+    app.webhook(token(&source), &json!({ "orderId": "5002" }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    app.wait_for_runs(&tenant, &format!("automation={automation}"), 2)
+        .await;
 }
 
 async fn missing_or_mistyped_param_names_the_param_and_its_path(app: &TestApp) {
