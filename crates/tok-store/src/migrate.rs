@@ -25,6 +25,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     2 "0002_create_sources_and_automations",
     3 "0003_create_event_inbox",
     4 "0004_create_runs_and_jobs",
+    5 "0005_create_service_desk",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -32,6 +33,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     2 "0002_create_sources_and_automations",
     3 "0003_create_event_inbox",
     4 "0004_create_runs_and_jobs",
+    5 "0005_create_service_desk",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -53,10 +53,10 @@ struct Api {
 impl Api {
     async fn wait_healthy(&self) {
         for _ in 0..600 {
-            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
+                && r.status().is_success()
+            {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
