@@ -63,9 +63,11 @@ fn check_handler_configs(
 ) {
     for (i, step) in steps.iter().enumerate() {
         let here = format!("{at}.{i}");
-        if let Some(handler) = registry.handler(&step.kind)
-            && let Err(message) = handler.validate(&step.config)
-        {
+        let checked = match registry.handler(&step.kind) {
+            Some(handler) => handler.validate(&step.config),
+            None => crate::steps::validate(&step.kind, &step.config),
+        };
+        if let Err(message) = checked {
             errors.push(ValidationError {
                 path: format!("{here}.config"),
                 message,

@@ -12,7 +12,7 @@ use tok_core::condition::Condition;
 use tok_core::context::Context;
 use tok_core::flow::{self, Next};
 use tok_core::ids::RunId;
-use tok_store::{Candidate, NewRun, PendingEvent, Plan};
+use tok_store::{Candidate, NewRun, PendingEvent, Plan, PlanNote};
 
 use crate::definitions::DefinitionCache;
 
@@ -37,7 +37,7 @@ pub fn initial_context(event: &PendingEvent) -> Context {
         event.payload.clone(),
         json!({
             "id": event.id,
-            "type": event.source_kind,
+            "type": event.event_type.as_deref().unwrap_or(&event.source_kind),
             "source": event.source_id,
             "depth": event.depth,
             "causeRunId": event.cause_run_id,
@@ -45,11 +45,45 @@ pub fn initial_context(event: &PendingEvent) -> Context {
     )
 }
 
-/// Which runs an event starts: one per candidate whose filter passes.
+/// Most runs of one automation on one ticket per minute: past it, the
+/// dispatcher skips the automation and says so in the ticket's trace.
+pub const MAX_RUNS_PER_TICKET_PER_MINUTE: i64 = 5;
+
+/// Which runs an event starts: one per candidate whose filter passes, less
+/// what loop protection forbids — a change made by an automation does not
+/// start that automation again, and one automation runs at most
+/// [`MAX_RUNS_PER_TICKET_PER_MINUTE`] times per ticket per minute.
 pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCache) -> Plan {
     let context = initial_context(event).into_value();
     let mut plan = Plan::default();
     for candidate in candidates {
+        if event.origin_automation_id.as_ref() == Some(&candidate.automation_id) {
+            tracing::debug!(event = %event.id, automation = %candidate.automation_id, "own change; not triggered");
+            continue;
+        }
+        if let Some(ticket) = &event.subject_ticket_id
+            && candidate.recent_runs_on_ticket >= MAX_RUNS_PER_TICKET_PER_MINUTE
+        {
+            tracing::warn!(
+                event = %event.id,
+                automation = %candidate.automation_id,
+                ticket = %ticket,
+                "run skipped: per-ticket limit reached"
+            );
+            plan.notes.push(PlanNote {
+                ticket_id: ticket.clone(),
+                automation_id: candidate.automation_id.clone(),
+                kind: "loop_protection".into(),
+                message: format!(
+                    "Automation \u{201c}{}\u{201d} was not started for {}: it already ran \
+                     {MAX_RUNS_PER_TICKET_PER_MINUTE} times on this ticket in the last minute \
+                     (loop protection)",
+                    candidate.name,
+                    event.event_type.as_deref().unwrap_or("this event")
+                ),
+            });
+            continue;
+        }
         let automation = match defs.parse(
             &candidate.automation_id,
             candidate.version,
@@ -86,10 +120,14 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
             trigger_type: event.source_kind.clone(),
             context: context.clone(),
             depth: event.depth,
-            queue_key: None,
+            queue_key: event
+                .subject_ticket_id
+                .as_ref()
+                .map(|t| format!("ticket:{t}")),
             priority: 0,
             first_path,
             idempotency_key: None,
+            subject_ticket_id: event.subject_ticket_id.clone(),
         });
     }
     plan

@@ -238,6 +238,7 @@ impl Engine {
             cause_run_id: None,
             origin_automation_id: None,
             target_automation_id: Some(automation_id.clone()),
+            ..NewEvent::default()
         };
         let run = NewRun {
             id: run_id,
@@ -253,6 +254,7 @@ impl Engine {
                 Next::Complete => None,
             },
             idempotency_key,
+            subject_ticket_id: None,
         };
         let id = store.start_run(tenant, event, run).await?;
         self.inner.work.notify_one();

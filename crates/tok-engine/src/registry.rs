@@ -2,8 +2,9 @@
 //! ones, and how to run them.
 //!
 //! Built-in control steps (`condition`, `loop`, `set`, `flow/log`, `wait`,
-//! `end`) are decided by `tok-core` inside the record transaction and never
-//! reach a handler. Everything else — `flow/pause`, connectors, and the step
+//! `end`) are decided by `tok-core`, and the service-desk steps (`ticket/*`,
+//! `incident/create`, `emit`) run inside the record transaction; neither
+//! reaches a handler. Everything else — `flow/pause`, connectors, and the step
 //! types a Rust user registers — is a [`StepHandler`] that the worker runs
 //! with no database connection held.
 
@@ -15,6 +16,8 @@ use serde_json::{Map, Value};
 use tok_core::builtin::INTERNAL_TYPES;
 use tok_core::error::StepError;
 use tok_core::ids::{RunId, TenantId};
+
+use crate::steps::TX_TYPES;
 
 /// What a handler gets for one attempt of one step.
 #[derive(Debug, Clone)]
@@ -68,8 +71,8 @@ impl Registry {
     pub fn register(&mut self, kind: impl Into<String>, handler: impl StepHandler) -> &mut Self {
         let kind = kind.into();
         assert!(
-            !INTERNAL_TYPES.contains(&kind.as_str()),
-            "`{kind}` is a built-in control step and cannot be replaced"
+            !INTERNAL_TYPES.contains(&kind.as_str()) && !TX_TYPES.contains(&kind.as_str()),
+            "`{kind}` is a built-in step type and cannot be replaced"
         );
         self.handlers.insert(kind, Arc::new(handler));
         self
@@ -81,13 +84,16 @@ impl Registry {
 
     /// Whether an automation may use this step type.
     pub fn is_known(&self, kind: &str) -> bool {
-        INTERNAL_TYPES.contains(&kind) || self.handlers.contains_key(kind)
+        INTERNAL_TYPES.contains(&kind)
+            || TX_TYPES.contains(&kind)
+            || self.handlers.contains_key(kind)
     }
 
     /// Every known type name, sorted: for error messages that list them.
     pub fn kinds(&self) -> Vec<String> {
         let mut kinds: Vec<String> = INTERNAL_TYPES
             .iter()
+            .chain(TX_TYPES)
             .map(|k| (*k).to_owned())
             .chain(self.handlers.keys().cloned())
             .collect();

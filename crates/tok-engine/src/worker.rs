@@ -28,11 +28,14 @@ use tok_core::path::FlowPath;
 use tok_core::retry::RetryPolicy;
 use tok_core::retry::{Decision, decide};
 use tok_core::template;
-use tok_store::{ClaimedJob, NextJob, Record, RunStatus, StepRecord, StoreError};
+use tok_store::{
+    Cause, ClaimedJob, NewIncident, NextJob, Record, RecordTx, RunStatus, StepRecord, StoreError,
+};
 use tokio::sync::watch;
 
 use crate::Inner;
 use crate::registry::StepCall;
+use crate::steps::{self, TxContext, TxError};
 
 /// How many built-in steps one record transaction may chain before it hands
 /// the rest of the run to a new job (so a long loop of `set` steps cannot
@@ -136,7 +139,7 @@ async fn heartbeat(inner: Arc<Inner>, in_flight: Arc<Mutex<HashSet<JobId>>>) {
 
 /// Runs one claimed job and records its outcome.
 async fn execute(inner: &Inner, job: ClaimedJob) {
-    let record = match inner
+    let automation = match inner
         .defs
         .get(
             &*inner.store,
@@ -146,23 +149,24 @@ async fn execute(inner: &Inner, job: ClaimedJob) {
         )
         .await
     {
-        Ok(automation) => run_job(inner, &job, &automation).await,
+        Ok(automation) => automation,
         Err(crate::EngineError::Store(e)) => {
             // The database is away: leave the job to be retried after its lease.
             tracing::error!(job = %job.id, error = %e, "could not load the definition");
             return;
         }
-        Err(e) => fail_without_step(&job, e.to_string()),
+        Err(e) => {
+            let record = fail_without_step(&job, e.to_string());
+            if let Err(e) = inner.store.record(&job, record).await {
+                tracing::error!(job = %job.id, error = %e, "could not record a broken definition");
+            }
+            return;
+        }
     };
-    let done = record.status.is_final();
-    let advanced = matches!(record.next, NextJob::Step { delay_ms: 0, .. });
-    match inner.store.record(&job, record).await {
-        Ok(()) => {
+    match drive(inner, &job, &automation).await {
+        Ok(advanced) => {
             if advanced {
                 inner.work.notify_one();
-            }
-            if done {
-                tracing::debug!(run = %job.run_id, "run finished");
             }
         }
         Err(StoreError::LeaseLost(id)) => {
@@ -182,6 +186,7 @@ fn fail_without_step(job: &ClaimedJob, error: String) -> Record {
         status: RunStatus::Failed,
         error: Some(error),
         next: NextJob::Done,
+        subject_ticket_id: job.subject_ticket_id.clone(),
     }
 }
 
@@ -189,180 +194,433 @@ fn now_ms() -> i64 {
     Timestamp::now().as_millisecond()
 }
 
-/// Executes the job's step (and the built-in steps chained after it) and
-/// decides the record.
-async fn run_job(inner: &Inner, job: &ClaimedJob, automation: &Automation) -> Record {
+/// How a step type runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Decided by `tok-core` from the context alone.
+    Pure,
+    /// Runs inside the record transaction (touches only our database).
+    InTransaction,
+    /// A handler, run with no database connection held.
+    External,
+}
+
+fn kind_of(step: &tok_core::definition::Step) -> Kind {
+    if INTERNAL_TYPES.contains(&step.kind.as_str()) {
+        Kind::Pure
+    } else if steps::TX_TYPES.contains(&step.kind.as_str()) {
+        Kind::InTransaction
+    } else {
+        Kind::External
+    }
+}
+
+/// What the chain of steps of one claim came to.
+struct Ending {
+    status: RunStatus,
+    error: Option<String>,
+    next: NextJob,
+    /// The failed step, when the run failed at one.
+    failed: Option<Failure>,
+}
+
+struct Failure {
+    step_id: String,
+    path: String,
+    kind: String,
+    attempt: u32,
+    message: String,
+}
+
+impl Ending {
+    fn new(status: RunStatus, error: Option<String>, next: NextJob) -> Self {
+        Self {
+            status,
+            error,
+            next,
+            failed: None,
+        }
+    }
+}
+
+/// Executes the job's step (and the built-in steps chained after it),
+/// then records everything in one transaction. Returns whether the run
+/// moved on to a step that is due now.
+async fn drive(
+    inner: &Inner,
+    job: &ClaimedJob,
+    automation: &Automation,
+) -> Result<bool, StoreError> {
     let mut context = match &job.context {
         Value::Object(map) => Context(map.clone()),
         _ => Context(Map::new()),
     };
-    let mut path: FlowPath = match job.path.parse() {
-        Ok(p) => p,
-        Err(e) => {
-            return fail_without_step(job, format!("job path `{}` is not valid: {e}", job.path));
+    let mut subject = job.subject_ticket_id.clone();
+    let mut actions = job.actions;
+    let mut steps: Vec<StepRecord> = Vec::new();
+    let mut tx: Option<Box<dyn RecordTx>> = None;
+    let mut too_deep = false;
+    let cause = Cause {
+        run_id: Some(job.run_id.clone()),
+        automation_id: Some(job.automation_id.clone()),
+        depth: job.depth,
+        actor: format!("automation \u{201c}{}\u{201d}", automation.name),
+    };
+    let ending = match job.path.parse::<FlowPath>() {
+        Err(e) => Ending::new(
+            RunStatus::Failed,
+            Some(format!("job path `{}` is not valid: {e}", job.path)),
+            NextJob::Done,
+        ),
+        Ok(path) => {
+            let mut chain = Chain {
+                inner,
+                job,
+                automation,
+                context: &mut context,
+                subject: &mut subject,
+                actions: &mut actions,
+                steps: &mut steps,
+                tx: &mut tx,
+                too_deep: &mut too_deep,
+                cause: &cause,
+            };
+            chain.run(path).await?
         }
     };
-    let mut actions = job.actions;
-    let mut attempt = job.attempt.max(1) as u32;
-    let mut steps: Vec<StepRecord> = Vec::new();
-
-    let finish = |context: Context, steps, actions, status, error, next| Record {
+    let mut tx = match tx {
+        Some(tx) => tx,
+        None => inner.store.begin_record(job).await?,
+    };
+    if too_deep {
+        raise_too_deep(&mut *tx, job, automation, subject.as_deref()).await?;
+    }
+    if let Some(failure) = &ending.failed {
+        raise_failure(
+            &mut *tx,
+            job,
+            automation,
+            subject.as_deref(),
+            &context,
+            failure,
+            &cause,
+        )
+        .await?;
+    }
+    let advanced = matches!(ending.next, NextJob::Step { delay_ms: 0, .. });
+    tx.commit(Record {
         steps,
         context: context.into_value(),
         actions,
-        status,
-        error,
-        next,
-    };
+        status: ending.status,
+        error: ending.error,
+        next: ending.next,
+        subject_ticket_id: subject,
+    })
+    .await?;
+    Ok(advanced)
+}
 
-    loop {
-        let Some(step) = flow::step_at(&automation.steps, &path) else {
-            let error = format!("the run's version has no step at `{path}`");
-            return finish(
-                context,
-                steps,
-                actions,
-                RunStatus::Failed,
-                Some(error),
-                NextJob::Done,
-            );
-        };
-        let internal = INTERNAL_TYPES.contains(&step.kind.as_str());
-        if !steps.is_empty() && (!internal || steps.len() >= CHAIN_LIMIT) {
-            let next = NextJob::Step {
-                path: path.to_string(),
-                delay_ms: 0,
+/// The state of one claim's chain of steps.
+struct Chain<'a> {
+    inner: &'a Inner,
+    job: &'a ClaimedJob,
+    automation: &'a Automation,
+    context: &'a mut Context,
+    subject: &'a mut Option<String>,
+    actions: &'a mut i32,
+    steps: &'a mut Vec<StepRecord>,
+    tx: &'a mut Option<Box<dyn RecordTx>>,
+    too_deep: &'a mut bool,
+    cause: &'a Cause,
+}
+
+impl Chain<'_> {
+    async fn run(&mut self, mut path: FlowPath) -> Result<Ending, StoreError> {
+        let automation = self.automation;
+        let mut attempt = self.job.attempt.max(1) as u32;
+        loop {
+            let Some(step) = flow::step_at(&automation.steps, &path) else {
+                let error = format!("the run's version has no step at `{path}`");
+                return Ok(Ending::new(RunStatus::Failed, Some(error), NextJob::Done));
             };
-            return finish(context, steps, actions, RunStatus::Running, None, next);
-        }
-        if actions >= MAX_ACTIONS as i32 {
-            let error = format!(
-                "the run was stopped before step `{}`: it had executed {MAX_ACTIONS} steps, \
-                 the most one run may execute (loop iterations count)",
-                step.id
-            );
-            return finish(
-                context,
-                steps,
-                actions,
-                RunStatus::Failed,
-                Some(error),
-                NextJob::Done,
-            );
-        }
-        actions += 1;
-        let started_at = now_ms();
-        let view = flow::scope(&automation.steps, &path, &context.to_value());
-        let (outcome, input) = if internal {
-            (builtin::evaluate(step, &view, Timestamp::now()), None)
-        } else {
-            call_handler(inner, job, &path, step, attempt, view).await
-        };
-        let outcome = outcome.and_then(|o| check_output_size(&step.id, o));
-        let mut record = StepRecord {
-            path: path.to_string(),
-            step_id: step.id.clone(),
-            kind: step.kind.clone(),
-            attempt: attempt as i32,
-            status: "completed".into(),
-            input,
-            output: None,
-            error: None,
-            log: Vec::new(),
-            started_at,
-            finished_at: now_ms(),
-        };
-        let (outputs, log, wait_until) = match outcome {
-            Ok(Outcome::Done { outputs, log }) => (outputs, log, None),
-            Ok(Outcome::WaitUntil { until, log }) => {
-                let mut outputs = Map::new();
-                outputs.insert("until".into(), json!(until.to_string()));
-                (outputs, log, Some(until))
-            }
-            Err(error) => {
-                let policy =
-                    RetryPolicy::resolve(step.retry.as_ref(), automation.settings.retry.as_ref());
-                record.error = Some(error.message().to_owned());
-                return match decide(&error, attempt, &policy, &mut rand::rng()) {
-                    Decision::RetryIn(delay) => {
-                        record.status = "retrying".into();
-                        record.log.push(format!(
-                            "attempt {attempt} of {} failed: {}; next attempt in {}",
-                            policy.max_attempts,
-                            error.message(),
-                            humanize(delay)
-                        ));
-                        steps.push(record);
-                        let next = NextJob::Retry {
-                            delay_ms: delay.as_millis() as i64,
-                        };
-                        finish(context, steps, actions, RunStatus::Running, None, next)
-                    }
-                    Decision::Fail => {
-                        record.status = "failed".into();
-                        let why = if error.is_retryable() {
-                            format!("gave up after {attempt} attempts")
-                        } else {
-                            "not retryable".to_owned()
-                        };
-                        record
-                            .log
-                            .push(format!("failed ({why}): {}", error.message()));
-                        let run_error = format!("step `{}` failed: {}", step.id, error.message());
-                        steps.push(record);
-                        finish(
-                            context,
-                            steps,
-                            actions,
-                            RunStatus::Failed,
-                            Some(run_error),
-                            NextJob::Done,
-                        )
-                    }
-                };
-            }
-        };
-        context.publish(&step.id, &outputs);
-        record.output = Some(Value::Object(outputs));
-        record.log = log;
-        steps.push(record);
-        attempt = 1;
-        let next = match flow::next(&automation.steps, &path, &context.to_value()) {
-            Ok(next) => next,
-            Err(e) => {
-                let error = format!("could not decide the step after `{}`: {e}", step.id);
-                return finish(
-                    context,
-                    steps,
-                    actions,
-                    RunStatus::Failed,
-                    Some(error),
-                    NextJob::Done,
-                );
-            }
-        };
-        match (next, wait_until) {
-            (Next::Complete, _) => {
-                return finish(
-                    context,
-                    steps,
-                    actions,
-                    RunStatus::Completed,
-                    None,
-                    NextJob::Done,
-                );
-            }
-            (Next::Step(next), Some(until)) => {
-                let delay_ms = (until.as_millisecond() - now_ms()).max(0);
+            let kind = kind_of(step);
+            if !self.steps.is_empty() && (kind == Kind::External || self.steps.len() >= CHAIN_LIMIT)
+            {
                 let next = NextJob::Step {
-                    path: next.to_string(),
-                    delay_ms,
+                    path: path.to_string(),
+                    delay_ms: 0,
                 };
-                return finish(context, steps, actions, RunStatus::Waiting, None, next);
+                return Ok(Ending::new(RunStatus::Running, None, next));
             }
-            (Next::Step(next), None) => path = next,
+            if *self.actions >= MAX_ACTIONS as i32 {
+                let error = format!(
+                    "the run was stopped before step `{}`: it had executed {MAX_ACTIONS} steps, \
+                     the most one run may execute (loop iterations count)",
+                    step.id
+                );
+                return Ok(Ending::new(RunStatus::Failed, Some(error), NextJob::Done));
+            }
+            *self.actions += 1;
+            let started_at = now_ms();
+            let view = flow::scope(&automation.steps, &path, &self.context.to_value());
+            let (outcome, input) = match kind {
+                Kind::Pure => (builtin::evaluate(step, &view, Timestamp::now()), None),
+                Kind::InTransaction => self.in_transaction(step, &view).await?,
+                Kind::External => {
+                    call_handler(self.inner, self.job, &path, step, attempt, view).await
+                }
+            };
+            let outcome = outcome.and_then(|o| check_output_size(&step.id, o));
+            let mut record = StepRecord {
+                path: path.to_string(),
+                step_id: step.id.clone(),
+                kind: step.kind.clone(),
+                attempt: attempt as i32,
+                status: "completed".into(),
+                input,
+                output: None,
+                error: None,
+                log: Vec::new(),
+                started_at,
+                finished_at: now_ms(),
+            };
+            let (outputs, log, wait_until) = match outcome {
+                Ok(Outcome::Done { outputs, log }) => (outputs, log, None),
+                Ok(Outcome::WaitUntil { until, log }) => {
+                    let mut outputs = Map::new();
+                    outputs.insert("until".into(), json!(until.to_string()));
+                    (outputs, log, Some(until))
+                }
+                Err(error) => return Ok(self.failed(step, &path, attempt, record, &error)),
+            };
+            self.context.publish(&step.id, &outputs);
+            record.output = Some(Value::Object(outputs));
+            record.log = log;
+            self.steps.push(record);
+            attempt = 1;
+            let next = match flow::next(&automation.steps, &path, &self.context.to_value()) {
+                Ok(next) => next,
+                Err(e) => {
+                    let error = format!("could not decide the step after `{}`: {e}", step.id);
+                    return Ok(Ending::new(RunStatus::Failed, Some(error), NextJob::Done));
+                }
+            };
+            match (next, wait_until) {
+                (Next::Complete, _) => {
+                    return Ok(Ending::new(RunStatus::Completed, None, NextJob::Done));
+                }
+                (Next::Step(next), Some(until)) => {
+                    let delay_ms = (until.as_millisecond() - now_ms()).max(0);
+                    let next = NextJob::Step {
+                        path: next.to_string(),
+                        delay_ms,
+                    };
+                    return Ok(Ending::new(RunStatus::Waiting, None, next));
+                }
+                (Next::Step(next), None) => path = next,
+            }
         }
     }
+
+    /// Runs a service-desk step inside the record transaction (opened here
+    /// on first use, after the claim token was checked).
+    async fn in_transaction(
+        &mut self,
+        step: &tok_core::definition::Step,
+        view: &Value,
+    ) -> Result<(Result<Outcome, StepError>, Option<Value>), StoreError> {
+        let config = match template::render_value(&step.config, view) {
+            Ok(config) => config,
+            Err(e) => {
+                let error = StepError::terminal(format!("step `{}` config: {e}", step.id));
+                return Ok((Err(error), None));
+            }
+        };
+        if self.tx.is_none() {
+            *self.tx = Some(self.inner.store.begin_record(self.job).await?);
+        }
+        let Some(tx) = self.tx.as_mut() else {
+            return Err(StoreError::NotFound("record transaction"));
+        };
+        let mut cx = TxContext {
+            tx: &mut **tx,
+            subject: &mut *self.subject,
+            cause: self.cause,
+            step_id: &step.id,
+            too_deep: false,
+        };
+        let result = steps::run(&step.kind, &mut cx, &config).await;
+        *self.too_deep |= cx.too_deep;
+        match result {
+            Ok(outputs) => Ok((
+                Ok(Outcome::Done {
+                    outputs,
+                    log: Vec::new(),
+                }),
+                Some(config),
+            )),
+            Err(TxError::Step(e)) => Ok((Err(e), Some(config))),
+            Err(TxError::Store(e)) => Err(e),
+        }
+    }
+
+    /// A step failed: retry it later if its error and the policy allow,
+    /// otherwise fail the run.
+    fn failed(
+        &mut self,
+        step: &tok_core::definition::Step,
+        path: &FlowPath,
+        attempt: u32,
+        mut record: StepRecord,
+        error: &StepError,
+    ) -> Ending {
+        let policy =
+            RetryPolicy::resolve(step.retry.as_ref(), self.automation.settings.retry.as_ref());
+        record.error = Some(error.message().to_owned());
+        match decide(error, attempt, &policy, &mut rand::rng()) {
+            Decision::RetryIn(delay) => {
+                record.status = "retrying".into();
+                record.log.push(format!(
+                    "attempt {attempt} of {} failed: {}; next attempt in {}",
+                    policy.max_attempts,
+                    error.message(),
+                    humanize(delay)
+                ));
+                self.steps.push(record);
+                let next = NextJob::Retry {
+                    path: path.to_string(),
+                    attempts: attempt as i32,
+                    delay_ms: delay.as_millis() as i64,
+                };
+                Ending::new(RunStatus::Running, None, next)
+            }
+            Decision::Fail => {
+                record.status = "failed".into();
+                let why = if error.is_retryable() {
+                    format!("gave up after {attempt} attempts")
+                } else {
+                    "not retryable".to_owned()
+                };
+                record
+                    .log
+                    .push(format!("failed ({why}): {}", error.message()));
+                self.steps.push(record);
+                Ending {
+                    status: RunStatus::Failed,
+                    error: Some(format!("step `{}` failed: {}", step.id, error.message())),
+                    next: NextJob::Done,
+                    failed: Some(Failure {
+                        step_id: step.id.clone(),
+                        path: path.to_string(),
+                        kind: step.kind.clone(),
+                        attempt,
+                        message: error.message().to_owned(),
+                    }),
+                }
+            }
+        }
+    }
+}
+
+/// A run failed for good: an incident for the tenant (title and impact in
+/// their words, the detail for the platform admin) and a line in its
+/// ticket's trace, in the record transaction.
+async fn raise_failure(
+    tx: &mut dyn RecordTx,
+    job: &ClaimedJob,
+    automation: &Automation,
+    subject: Option<&str>,
+    context: &Context,
+    failure: &Failure,
+    cause: &Cause,
+) -> Result<(), StoreError> {
+    let ticket = match subject {
+        Some(id) => tx.ticket(id).await?,
+        None => None,
+    };
+    let (title, impact) = match &ticket {
+        Some(t) => (
+            format!(
+                "The automation \u{201c}{}\u{201d} did not finish for ticket {}",
+                automation.name, t.external_id
+            ),
+            format!(
+                "The automation for ticket {} did not finish; no data was lost. \
+                 It can be retried from where it stopped.",
+                t.external_id
+            ),
+        ),
+        None => (
+            format!(
+                "The automation \u{201c}{}\u{201d} did not finish",
+                automation.name
+            ),
+            "An event was received but its automation did not finish; no data was lost. \
+             It can be retried from where it stopped."
+                .to_owned(),
+        ),
+    };
+    let mut all_steps = tx.run_steps().await?;
+    all_steps.retain(|s| s.path != failure.path || s.status != "failed");
+    let detail = json!({
+        "automation": { "id": job.automation_id, "name": automation.name, "version": job.version },
+        "run_id": job.run_id,
+        "failed_step": { "id": failure.step_id, "path": failure.path, "type": failure.kind },
+        "attempts": failure.attempt,
+        "message": failure.message,
+        "steps_before": all_steps,
+        "input": context.0.get("_body"),
+        "event": context.0.get("_event"),
+    });
+    tx.open_incident(NewIncident {
+        source: format!("run-failed:{}:{}", job.automation_id, failure.step_id),
+        title,
+        impact,
+        detail,
+        run_id: Some(job.run_id.clone()),
+        ticket_id: ticket.as_ref().map(|t| t.id.clone()),
+    })
+    .await?;
+    if let Some(t) = &ticket {
+        let message = format!(
+            "Automation \u{201c}{}\u{201d} failed at step {}: {}",
+            automation.name, failure.step_id, failure.message
+        );
+        tx.trace(&t.id, "run_failed", &message, cause).await?;
+    }
+    Ok(())
+}
+
+/// A change could not raise its event because the chain of automations
+/// that led to it is too deep: alert the tenant (the trace says it too).
+async fn raise_too_deep(
+    tx: &mut dyn RecordTx,
+    job: &ClaimedJob,
+    automation: &Automation,
+    subject: Option<&str>,
+) -> Result<(), StoreError> {
+    tracing::warn!(run = %job.run_id, automation = %job.automation_id, depth = job.depth, "event chain too deep; event dropped");
+    tx.open_incident(NewIncident {
+        source: format!("loop:{}", job.automation_id),
+        title: format!(
+            "Automations keep triggering each other (last: \u{201c}{}\u{201d})",
+            automation.name
+        ),
+        impact: "A chain of automations that trigger each other was stopped after 5 levels; \
+                 the last change did not start further automations. Check the automations that \
+                 react to each other's changes."
+            .into(),
+        detail: json!({
+            "automation": { "id": job.automation_id, "name": automation.name },
+            "run_id": job.run_id,
+            "depth": job.depth,
+        }),
+        run_id: Some(job.run_id.clone()),
+        ticket_id: subject.map(str::to_owned),
+    })
+    .await?;
+    Ok(())
 }
 
 /// Runs a registered handler with no database connection held. A panic in

@@ -87,6 +87,7 @@ macro_rules! impl_common {
                 trigger_type: row.get("trigger_type"),
                 depth: row.get("depth"),
                 actions: row.get("actions"),
+                subject_ticket_id: row.get("subject_ticket_id"),
                 created_at: row.get("created_at"),
                 started_at: row.get("started_at"),
                 finished_at: row.get("finished_at"),
@@ -110,6 +111,8 @@ macro_rules! impl_common {
                 target_automation_id: row
                     .get::<Option<String>, _>("target_automation_id")
                     .map(AutomationId::from),
+                event_type: row.get("event_type"),
+                subject_ticket_id: row.get("subject_ticket_id"),
                 received_at: row.get("received_at"),
             }
         }
@@ -120,7 +123,7 @@ macro_rules! impl_common {
             JOIN automation_versions v ON v.automation_id = a.id AND v.version = a.current_version";
 
         const RUN_COLUMNS: &str = "id, automation_id, version, event_id, status, trigger_type, depth,
-            actions, created_at, started_at, finished_at, error";
+            actions, subject_ticket_id, created_at, started_at, finished_at, error";
 
         async fn insert_event(
             tx: &mut sqlx::Transaction<'_, $db>,
@@ -133,8 +136,8 @@ macro_rules! impl_common {
             let inserted = sqlx::query(
                 "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
                     payload, params, received_at, status, dispatched_at, cause_run_id, depth,
-                    origin_automation_id, target_automation_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
                  ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
                  RETURNING id",
             )
@@ -152,6 +155,8 @@ macro_rules! impl_common {
             .bind(event.depth)
             .bind(event.origin_automation_id.as_ref().map(|a| a.as_str()))
             .bind(event.target_automation_id.as_ref().map(|a| a.as_str()))
+            .bind(event.event_type.as_deref())
+            .bind(event.subject_ticket_id.as_deref())
             .fetch_optional(&mut **tx)
             .await?;
             Ok(inserted.map(|_| EventId::from(id)))
@@ -175,6 +180,28 @@ macro_rules! impl_common {
             Ok(row.map(|r| RunId::from(r.get::<String, _>("id"))))
         }
 
+        /// Runs of an automation on a ticket started within the last minute.
+        async fn recent_runs(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            automation: &AutomationId,
+            ticket: &str,
+            now: i64,
+        ) -> Result<i64> {
+            let row = sqlx::query(
+                "SELECT COUNT(*) AS n FROM runs
+                 WHERE tenant_id = $1 AND subject_ticket_id = $2 AND automation_id = $3
+                   AND created_at > $4",
+            )
+            .bind(tenant.as_str())
+            .bind(ticket)
+            .bind(automation.as_str())
+            .bind(now - 60_000)
+            .fetch_one(&mut **tx)
+            .await?;
+            Ok(row.get("n"))
+        }
+
         /// Creates a run and its first job; returns false when the run for
         /// this (event, automation) already existed.
         async fn insert_run(
@@ -191,8 +218,8 @@ macro_rules! impl_common {
             let inserted = sqlx::query(
                 "INSERT INTO runs (id, tenant_id, automation_id, version, event_id, trigger_type,
                     status, depth, queue_key, context, actions, created_at, finished_at,
-                    idempotency_key)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13)
+                    idempotency_key, subject_ticket_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14)
                  ON CONFLICT (event_id, automation_id) DO NOTHING
                  RETURNING id",
             )
@@ -209,6 +236,7 @@ macro_rules! impl_common {
             .bind(now)
             .bind(finished_at)
             .bind(run.idempotency_key.as_deref())
+            .bind(run.subject_ticket_id.as_deref())
             .fetch_optional(&mut **tx)
             .await?;
             if inserted.is_none() {
@@ -230,6 +258,164 @@ macro_rules! impl_common {
                 .await?;
             }
             Ok(true)
+        }
+
+        /// Checks the claim token (and, on PostgreSQL, locks the job row for
+        /// the rest of the transaction): a worker whose lease was taken over
+        /// gets `LeaseLost` before it writes anything.
+        async fn fence(tx: &mut sqlx::Transaction<'_, $db>, job: &ClaimedJob) -> Result<()> {
+            let held = sqlx::query(concat!(
+                "SELECT id FROM jobs WHERE id = $1 AND tenant_id = $2 AND claim_token = $3 ",
+                $lock
+            ))
+            .bind(job.id.0)
+            .bind(job.tenant_id.as_str())
+            .bind(&job.claim_token)
+            .fetch_optional(&mut **tx)
+            .await?;
+            match held {
+                Some(_) => Ok(()),
+                None => Err(StoreError::LeaseLost(job.id)),
+            }
+        }
+
+        /// The end of a record transaction: the job moves on (or goes), the
+        /// step rows and the run's new state are written. A run paused
+        /// meanwhile stays paused, its job held back.
+        async fn finish_record(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            job: &ClaimedJob,
+            record: Record,
+        ) -> Result<()> {
+            let current = sqlx::query(concat!(
+                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock
+            ))
+            .bind(job.tenant_id.as_str())
+            .bind(job.run_id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|r| r.get::<String, _>("status"));
+            let paused = current.as_deref() == Some("paused") && !record.status.is_final();
+            let status = if paused { RunStatus::Paused } else { record.status };
+            let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
+            let moved = match &record.next {
+                NextJob::Step { path, delay_ms } => sqlx::query(concat!(
+                    "UPDATE jobs SET path = $4, run_after = ", $now, " + $5, attempts = 0,
+                        locked_by = NULL, locked_until = NULL, claim_token = NULL, held = $6,
+                        queue_key = COALESCE($7, queue_key)
+                     WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
+                ))
+                .bind(job.id.0)
+                .bind(job.tenant_id.as_str())
+                .bind(&job.claim_token)
+                .bind(path)
+                .bind(*delay_ms)
+                .bind(paused)
+                .bind(queue_key.as_deref())
+                .execute(&mut **tx)
+                .await?,
+                NextJob::Retry { path, attempts, delay_ms } => sqlx::query(concat!(
+                    "UPDATE jobs SET path = $4, attempts = $5, run_after = ", $now, " + $6,
+                        locked_by = NULL, locked_until = NULL, claim_token = NULL, held = $7,
+                        queue_key = COALESCE($8, queue_key)
+                     WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
+                ))
+                .bind(job.id.0)
+                .bind(job.tenant_id.as_str())
+                .bind(&job.claim_token)
+                .bind(path)
+                .bind(*attempts)
+                .bind(*delay_ms)
+                .bind(paused)
+                .bind(queue_key.as_deref())
+                .execute(&mut **tx)
+                .await?,
+                NextJob::Done => sqlx::query(
+                    "DELETE FROM jobs WHERE id = $1 AND tenant_id = $2 AND claim_token = $3",
+                )
+                .bind(job.id.0)
+                .bind(job.tenant_id.as_str())
+                .bind(&job.claim_token)
+                .execute(&mut **tx)
+                .await?,
+            };
+            if moved.rows_affected() == 0 {
+                return Err(StoreError::LeaseLost(job.id));
+            }
+            let now = now_ms();
+            for step in &record.steps {
+                sqlx::query(
+                    "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
+                        status, input, output, error, log, started_at, finished_at, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                )
+                .bind(job.run_id.as_str())
+                .bind(job.tenant_id.as_str())
+                .bind(&step.path)
+                .bind(&step.step_id)
+                .bind(&step.kind)
+                .bind(step.attempt)
+                .bind(&step.status)
+                .bind(step.input.as_ref().map(Json))
+                .bind(step.output.as_ref().map(Json))
+                .bind(step.error.as_deref())
+                .bind(Json(&step.log))
+                .bind(step.started_at)
+                .bind(step.finished_at)
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+            }
+            let finished_at = status.is_final().then_some(now);
+            sqlx::query(
+                "UPDATE runs SET context = $3, actions = $4, status = $5, error = $6,
+                    finished_at = COALESCE($7, finished_at),
+                    subject_ticket_id = COALESCE($8, subject_ticket_id)
+                 WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(job.tenant_id.as_str())
+            .bind(job.run_id.as_str())
+            .bind(Json(&record.context))
+            .bind(record.actions)
+            .bind(status.as_str())
+            .bind(record.error.as_deref())
+            .bind(finished_at)
+            .bind(record.subject_ticket_id.as_deref())
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
+        fn step_from_row(r: &<$db as sqlx::Database>::Row) -> StepRow {
+            StepRow {
+                path: r.get("path"),
+                step_id: r.get("step_id"),
+                kind: r.get("type"),
+                attempt: r.get("attempt"),
+                status: r.get("status"),
+                input: r.get::<Option<Json<Value>>, _>("input").map(|j| j.0),
+                output: r.get::<Option<Json<Value>>, _>("output").map(|j| j.0),
+                error: r.get("error"),
+                log: r.get::<Json<Value>, _>("log").0,
+                started_at: r.get("started_at"),
+                finished_at: r.get("finished_at"),
+            }
+        }
+
+        async fn steps_of<'c, E>(ex: E, tenant: &TenantId, run: &RunId) -> Result<Vec<StepRow>>
+        where
+            E: sqlx::Executor<'c, Database = $db>,
+        {
+            let rows = sqlx::query(
+                "SELECT path, step_id, type, attempt, status, input, output, error, log,
+                    started_at, finished_at
+                 FROM run_steps WHERE tenant_id = $1 AND run_id = $2 ORDER BY id",
+            )
+            .bind(tenant.as_str())
+            .bind(run.as_str())
+            .fetch_all(ex)
+            .await?;
+            Ok(rows.iter().map(step_from_row).collect())
         }
 
         #[async_trait::async_trait]
@@ -584,7 +770,8 @@ macro_rules! impl_common {
                 let mut tx = self.writer().begin().await?;
                 let rows = sqlx::query(concat!(
                     "SELECT id, tenant_id, source_id, source_kind, payload, params, depth,
-                        cause_run_id, origin_automation_id, target_automation_id, received_at
+                        cause_run_id, origin_automation_id, target_automation_id, event_type,
+                        subject_ticket_id, received_at
                      FROM event_inbox
                      WHERE status = 'pending' AND tenant_id ", $in1, "
                      ORDER BY received_at, id
@@ -615,25 +802,48 @@ macro_rules! impl_common {
                                    AND a.trigger_key = $3 AND a.status = 'active'
                                  ORDER BY a.id"
                             );
+                            // Webhooks are found by source, internal events by type.
+                            let key = event
+                                .event_type
+                                .clone()
+                                .or_else(|| event.source_id.as_ref().map(|s| s.to_string()));
                             sqlx::query(&sql)
                                 .bind(event.tenant_id.as_str())
                                 .bind(&event.source_kind)
-                                .bind(event.source_id.as_ref().map(|s| s.as_str()))
+                                .bind(key)
                                 .fetch_all(&mut *tx)
                                 .await?
                         }
                     };
-                    let candidates: Vec<Candidate> = candidates
-                        .iter()
-                        .map(|r| Candidate {
-                            automation_id: AutomationId::from(r.get::<String, _>("id")),
+                    let mut found = Vec::with_capacity(candidates.len());
+                    for r in &candidates {
+                        let automation_id = AutomationId::from(r.get::<String, _>("id"));
+                        let recent_runs_on_ticket = match &event.subject_ticket_id {
+                            Some(ticket) => {
+                                recent_runs(&mut tx, &event.tenant_id, &automation_id, ticket, now)
+                                    .await?
+                            }
+                            None => 0,
+                        };
+                        found.push(Candidate {
+                            automation_id,
+                            name: r.get("name"),
                             version: r.get("current_version"),
                             definition: r.get::<Json<Value>, _>("definition").0,
-                        })
-                        .collect();
-                    let plan = planner(&event, &candidates);
+                            recent_runs_on_ticket,
+                        });
+                    }
+                    let plan = planner(&event, &found);
                     for run in &plan.runs {
                         insert_run(&mut tx, &event.tenant_id, &event.id, run).await?;
+                    }
+                    for note in &plan.notes {
+                        let cause = $crate::desk::Cause {
+                            automation_id: Some(note.automation_id.clone()),
+                            ..Default::default()
+                        };
+                        trace_in(&mut tx, &event.tenant_id, &note.ticket_id, &note.kind, &note.message, &cause)
+                            .await?;
                     }
                     sqlx::query(
                         "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
@@ -685,6 +895,142 @@ macro_rules! impl_common {
 
         #[async_trait::async_trait]
         impl RunStore for $store {
+            async fn cancel_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let mut tx = self.writer().begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if status.is_final() {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is already {}; only an unfinished run can be cancelled",
+                        status.as_str()
+                    )));
+                }
+                for sql in [
+                    "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
+                    "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
+                ] {
+                    sqlx::query(sql)
+                        .bind(tenant.as_str())
+                        .bind(id.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                sqlx::query(
+                    "UPDATE runs SET status = 'cancelled', finished_at = $3
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
+            async fn pause_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let mut tx = self.writer().begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if !matches!(status, RunStatus::Queued | RunStatus::Running | RunStatus::Waiting) {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is {}; only a queued, running or waiting run can be paused",
+                        status.as_str()
+                    )));
+                }
+                sqlx::query("UPDATE jobs SET held = TRUE WHERE tenant_id = $1 AND run_id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("UPDATE runs SET status = 'paused' WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
+            async fn resume_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let mut tx = self.writer().begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if status != RunStatus::Paused {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is {}; only a paused run can be resumed",
+                        status.as_str()
+                    )));
+                }
+                sqlx::query("UPDATE jobs SET held = FALSE WHERE tenant_id = $1 AND run_id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(concat!(
+                    "UPDATE runs SET status = CASE WHEN EXISTS (
+                            SELECT 1 FROM jobs WHERE tenant_id = $1 AND run_id = $2
+                              AND run_after > ", $now, ") THEN 'waiting' ELSE 'queued' END
+                     WHERE tenant_id = $1 AND id = $2"
+                ))
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .execute(&mut *tx)
+                .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
+            async fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let mut tx = self.writer().begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if status != RunStatus::Failed {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is {}; only a failed run can be retried",
+                        status.as_str()
+                    )));
+                }
+                let failed = sqlx::query(
+                    "SELECT path FROM run_steps
+                     WHERE tenant_id = $1 AND run_id = $2 AND status = 'failed'
+                     ORDER BY id DESC LIMIT 1",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::Conflict(
+                        "the run failed before any step ran; start a new run instead".into(),
+                    )
+                })?;
+                let path: String = failed.get("path");
+                let run = summary_in(&mut tx, tenant, id).await?;
+                sqlx::query(concat!(
+                    "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
+                        priority, created_at)
+                     VALUES ($1, $2, $3, ", $now, ", 0, $4, 0, $5)"
+                ))
+                .bind(id.as_str())
+                .bind(tenant.as_str())
+                .bind(&path)
+                .bind(run.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}")))
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .execute(&mut *tx)
+                .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
             async fn runs(
                 &self,
                 tenant: &TenantId,
@@ -733,36 +1079,43 @@ macro_rules! impl_common {
                 else {
                     return Ok(None);
                 };
-                let steps = sqlx::query(
-                    "SELECT path, step_id, type, attempt, status, input, output, error, log,
-                        started_at, finished_at
-                     FROM run_steps WHERE tenant_id = $1 AND run_id = $2 ORDER BY id",
-                )
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .fetch_all(self.reader())
-                .await?
-                .iter()
-                .map(|r| StepRow {
-                    path: r.get("path"),
-                    step_id: r.get("step_id"),
-                    kind: r.get("type"),
-                    attempt: r.get("attempt"),
-                    status: r.get("status"),
-                    input: r.get::<Option<Json<Value>>, _>("input").map(|j| j.0),
-                    output: r.get::<Option<Json<Value>>, _>("output").map(|j| j.0),
-                    error: r.get("error"),
-                    log: r.get::<Json<Value>, _>("log").0,
-                    started_at: r.get("started_at"),
-                    finished_at: r.get("finished_at"),
-                })
-                .collect();
+                let steps = steps_of(self.reader(), tenant, id).await?;
                 Ok(Some(RunDetail {
                     run: run_from_row(&row),
                     context: row.get::<Json<Value>, _>("context").0,
                     steps,
                 }))
             }
+        }
+
+        async fn run_status(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<RunStatus> {
+            let row = sqlx::query(concat!(
+                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock
+            ))
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?
+            .ok_or(StoreError::NotFound("run"))?;
+            Ok(RunStatus::parse(row.get::<&str, _>("status")).unwrap_or(RunStatus::Failed))
+        }
+
+        async fn summary_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<RunSummary> {
+            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND id = $2");
+            let row = sqlx::query(&sql)
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_one(&mut **tx)
+                .await?;
+            Ok(run_from_row(&row))
         }
 
         #[async_trait::async_trait]
@@ -833,7 +1186,8 @@ macro_rules! impl_common {
                 .execute(&mut *tx)
                 .await?;
                 let runs = sqlx::query(concat!(
-                    "SELECT id, automation_id, version, context, actions, depth FROM runs
+                    "SELECT id, automation_id, version, context, actions, depth, subject_ticket_id
+                     FROM runs
                      WHERE tenant_id ", $in1, " AND id ", $in2
                 ))
                 .bind($list(tenants.iter().map(|t| t.as_str())))
@@ -862,6 +1216,7 @@ macro_rules! impl_common {
                             context: run.get::<Json<Value>, _>("context").0,
                             actions: run.get("actions"),
                             depth: run.get("depth"),
+                            subject_ticket_id: run.get("subject_ticket_id"),
                         })
                     })
                     .collect())
@@ -885,81 +1240,8 @@ macro_rules! impl_common {
 
             async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {
                 let mut tx = self.writer().begin().await?;
-                let fenced = match &record.next {
-                    NextJob::Step { path, delay_ms } => sqlx::query(concat!(
-                        "UPDATE jobs SET path = $4, run_after = ", $now, " + $5, attempts = 0,
-                            locked_by = NULL, locked_until = NULL, claim_token = NULL
-                         WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
-                    ))
-                    .bind(job.id.0)
-                    .bind(job.tenant_id.as_str())
-                    .bind(&job.claim_token)
-                    .bind(path)
-                    .bind(*delay_ms)
-                    .execute(&mut *tx)
-                    .await?,
-                    NextJob::Retry { delay_ms } => sqlx::query(concat!(
-                        "UPDATE jobs SET run_after = ", $now, " + $4,
-                            locked_by = NULL, locked_until = NULL, claim_token = NULL
-                         WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
-                    ))
-                    .bind(job.id.0)
-                    .bind(job.tenant_id.as_str())
-                    .bind(&job.claim_token)
-                    .bind(*delay_ms)
-                    .execute(&mut *tx)
-                    .await?,
-                    NextJob::Done => sqlx::query(
-                        "DELETE FROM jobs WHERE id = $1 AND tenant_id = $2 AND claim_token = $3",
-                    )
-                    .bind(job.id.0)
-                    .bind(job.tenant_id.as_str())
-                    .bind(&job.claim_token)
-                    .execute(&mut *tx)
-                    .await?,
-                };
-                if fenced.rows_affected() == 0 {
-                    return Err(StoreError::LeaseLost(job.id));
-                }
-                let now = now_ms();
-                for step in &record.steps {
-                    sqlx::query(
-                        "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
-                            status, input, output, error, log, started_at, finished_at, created_at)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-                    )
-                    .bind(job.run_id.as_str())
-                    .bind(job.tenant_id.as_str())
-                    .bind(&step.path)
-                    .bind(&step.step_id)
-                    .bind(&step.kind)
-                    .bind(step.attempt)
-                    .bind(&step.status)
-                    .bind(step.input.as_ref().map(Json))
-                    .bind(step.output.as_ref().map(Json))
-                    .bind(step.error.as_deref())
-                    .bind(Json(&step.log))
-                    .bind(step.started_at)
-                    .bind(step.finished_at)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                let finished_at = record.status.is_final().then_some(now);
-                sqlx::query(
-                    "UPDATE runs SET context = $3, actions = $4, status = $5, error = $6,
-                        finished_at = COALESCE($7, finished_at)
-                     WHERE tenant_id = $1 AND id = $2",
-                )
-                .bind(job.tenant_id.as_str())
-                .bind(job.run_id.as_str())
-                .bind(Json(&record.context))
-                .bind(record.actions)
-                .bind(record.status.as_str())
-                .bind(record.error.as_deref())
-                .bind(finished_at)
-                .execute(&mut *tx)
-                .await?;
+                fence(&mut tx, job).await?;
+                finish_record(&mut tx, job, record).await?;
                 tx.commit().await?;
                 Ok(())
             }

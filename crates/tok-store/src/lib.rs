@@ -10,6 +10,8 @@
 //! suite (`tests/conformance.rs`). `connect` picks one from the URL.
 
 mod common;
+pub mod desk;
+mod desk_sql;
 mod migrate;
 pub mod model;
 mod postgres;
@@ -22,6 +24,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
+pub use desk::*;
 pub use model::*;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -140,6 +143,15 @@ pub trait RunStore: Send + Sync {
         cursor: Option<&str>,
     ) -> Result<Page<RunSummary>>;
     async fn run(&self, tenant: &TenantId, id: &RunId) -> Result<Option<RunDetail>>;
+    /// Stops an unfinished run: its job and waits go, its step in flight
+    /// (if any) has its result discarded.
+    async fn cancel_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
+    /// Holds a run: no new step starts; the one in flight finishes.
+    async fn pause_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
+    async fn resume_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
+    /// Continues a failed run from the step that failed, with its context
+    /// as it was: the steps before it do not run again.
+    async fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
 }
 
 /// The job queue: claim, heartbeat, record.
@@ -148,7 +160,10 @@ pub trait QueueStore: Send + Sync {
     /// Leases up to `limit` ready jobs of `tenants` to `node` for `lease_ms`
     /// (database clock): fair between tenants (round robin by each tenant's
     /// own order of priority, then due time), at most one leased job per
-    /// queue key. Marks their runs `running`.
+    /// queue key, and per queue key first come first served: a job waits
+    /// while an older job of its key is due or running (one that sleeps in a
+    /// `wait` or a retry back-off does not block it). Held jobs (paused
+    /// runs) are skipped. Marks their runs `running`.
     async fn claim(
         &self,
         tenants: &[TenantId],
@@ -173,7 +188,9 @@ pub trait QueueStore: Send + Sync {
 
 /// Everything a tok process needs from its database.
 #[async_trait]
-pub trait Store: AdminStore + DefinitionStore + InboxStore + RunStore + QueueStore {
+pub trait Store:
+    AdminStore + DefinitionStore + InboxStore + RunStore + QueueStore + DeskStore + RecordStore
+{
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).
     async fn migrate(&self) -> Result<()>;

@@ -105,7 +105,7 @@ pub struct AutomationRow {
 }
 
 /// An event to put in the inbox.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NewEvent {
     pub source_id: Option<SourceId>,
     /// `webhook`, `manual`, `event`, …
@@ -119,6 +119,10 @@ pub struct NewEvent {
     pub origin_automation_id: Option<AutomationId>,
     /// Set for a manual start: the one automation the event is for.
     pub target_automation_id: Option<AutomationId>,
+    /// The type of an internal event (`ticket.updated`, an `emit`ted name).
+    pub event_type: Option<String>,
+    /// The ticket an internal ticket event is about.
+    pub subject_ticket_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +143,8 @@ pub struct PendingEvent {
     pub cause_run_id: Option<RunId>,
     pub origin_automation_id: Option<AutomationId>,
     pub target_automation_id: Option<AutomationId>,
+    pub event_type: Option<String>,
+    pub subject_ticket_id: Option<String>,
     pub received_at: i64,
 }
 
@@ -147,8 +153,12 @@ pub struct PendingEvent {
 #[derive(Debug, Clone)]
 pub struct Candidate {
     pub automation_id: AutomationId,
+    pub name: String,
     pub version: i32,
     pub definition: Value,
+    /// Runs of this automation on the event's ticket in the last minute
+    /// (0 for an event without a ticket): the loop protection's count.
+    pub recent_runs_on_ticket: i64,
 }
 
 /// A run the dispatcher (or a manual start) decided to create.
@@ -165,12 +175,25 @@ pub struct NewRun {
     /// Path of the first step; `None` completes the run at once (empty tree).
     pub first_path: Option<String>,
     pub idempotency_key: Option<String>,
+    /// The ticket the run acts on from its start (a ticket event's ticket).
+    pub subject_ticket_id: Option<String>,
 }
 
 /// What the dispatcher's planner decided for one event.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     pub runs: Vec<NewRun>,
+    /// Lines for the event's ticket's trace (a run skipped by loop protection).
+    pub notes: Vec<PlanNote>,
+}
+
+/// A line the dispatcher writes to a ticket's trace, for a person to see.
+#[derive(Debug, Clone)]
+pub struct PlanNote {
+    pub ticket_id: String,
+    pub automation_id: AutomationId,
+    pub kind: String,
+    pub message: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -231,6 +254,8 @@ pub struct ClaimedJob {
     pub context: Value,
     pub actions: i32,
     pub depth: i32,
+    /// The run's subject ticket, if it has one yet.
+    pub subject_ticket_id: Option<String>,
 }
 
 /// One executed step attempt to write in the record transaction.
@@ -255,8 +280,15 @@ pub struct StepRecord {
 pub enum NextJob {
     /// The run goes on at `path`, due `delay_ms` after now (database clock).
     Step { path: String, delay_ms: i64 },
-    /// The same step again after `delay_ms`, keeping its attempt count.
-    Retry { delay_ms: i64 },
+    /// A failed step again after `delay_ms`: `path` is the step that failed
+    /// (a chain of built-in steps may have moved past the claimed one) and
+    /// `attempts` how many attempts it has had, so the next claim is the
+    /// next attempt.
+    Retry {
+        path: String,
+        attempts: i32,
+        delay_ms: i64,
+    },
     /// The run is over (completed or failed): the job is deleted.
     Done,
 }
@@ -270,6 +302,10 @@ pub struct Record {
     pub status: RunStatus,
     pub error: Option<String>,
     pub next: NextJob,
+    /// The run's subject ticket after this record. Once set, the run's job
+    /// carries the queue key `ticket:<id>`, so runs on one ticket never
+    /// interleave.
+    pub subject_ticket_id: Option<String>,
 }
 
 /// Filters of the runs listing; `None` means any.
@@ -290,6 +326,7 @@ pub struct RunSummary {
     pub trigger_type: String,
     pub depth: i32,
     pub actions: i32,
+    pub subject_ticket_id: Option<String>,
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::common::impl_common;
+use crate::desk_sql::impl_desk;
 use crate::migrate;
 
 /// Advisory lock key held while migrations run (any process, any machine).
@@ -71,10 +72,14 @@ impl_common! {
                   AND k.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT
                   AND (k.locked_until IS NULL
                        OR k.locked_until < (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT)
+                  AND NOT k.held
                   AND (k.queue_key IS NULL OR NOT EXISTS (
                         SELECT 1 FROM jobs q
                         WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
-                          AND q.locked_until >= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT))
+                          AND q.id <> k.id
+                          AND (q.locked_until >= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT
+                               OR (q.id < k.id AND NOT q.held
+                                   AND q.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT))))
                 ORDER BY k.priority DESC, k.run_after, k.id
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
@@ -84,6 +89,14 @@ impl_common! {
         LIMIT $3",
     release_where = "locked_by = $1",
     list = list,
+}
+
+impl_desk! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    conn = sqlx::PgConnection,
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
+    lock_row = "FOR UPDATE",
 }
 
 #[async_trait]

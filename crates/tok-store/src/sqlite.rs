@@ -13,6 +13,7 @@ use sqlx::sqlite::{
 };
 
 use crate::common::impl_common;
+use crate::desk_sql::impl_desk;
 use crate::migrate;
 
 pub struct SqliteStore {
@@ -83,10 +84,14 @@ impl_common! {
                   AND k.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
                   AND (k.locked_until IS NULL
                        OR k.locked_until < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+                  AND NOT k.held
                   AND (k.queue_key IS NULL OR NOT EXISTS (
                         SELECT 1 FROM jobs q
                         WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
-                          AND q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))
+                          AND q.id <> k.id
+                          AND (q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+                               OR (q.id < k.id AND NOT q.held
+                                   AND q.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))))
                 ORDER BY k.priority DESC, k.run_after, k.id
                 LIMIT $2)
         )
@@ -94,6 +99,14 @@ impl_common! {
         LIMIT $3",
     release_where = "locked_by IS NOT NULL OR $1 IS NULL",
     list = list,
+}
+
+impl_desk! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    conn = sqlx::SqliteConnection,
+    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    lock_row = "",
 }
 
 #[async_trait]

@@ -102,6 +102,8 @@ async fn webhook_automation(
 
 fn webhook_event(source: &SourceId, key: &str) -> NewEvent {
     NewEvent {
+        event_type: None,
+        subject_ticket_id: None,
         source_id: Some(source.clone()),
         source_kind: "webhook".into(),
         idempotency_key: key.into(),
@@ -116,6 +118,8 @@ fn webhook_event(source: &SourceId, key: &str) -> NewEvent {
 
 fn manual_event(automation: &AutomationId) -> NewEvent {
     NewEvent {
+        event_type: None,
+        subject_ticket_id: None,
         source_id: None,
         source_kind: "manual".into(),
         idempotency_key: tok_store::random_token(),
@@ -130,6 +134,7 @@ fn manual_event(automation: &AutomationId) -> NewEvent {
 
 fn new_run(automation: &AutomationId, trigger: &str, queue_key: Option<&str>) -> NewRun {
     NewRun {
+        subject_ticket_id: None,
         id: RunId::generate(),
         automation_id: automation.clone(),
         version: 1,
@@ -161,9 +166,11 @@ async fn start(
 /// What the engine's dispatcher does, minus filters: one run per candidate.
 fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan {
     Plan {
+        notes: Vec::new(),
         runs: candidates
             .iter()
             .map(|c| NewRun {
+                subject_ticket_id: None,
                 id: RunId::generate(),
                 automation_id: c.automation_id.clone(),
                 version: c.version,
@@ -198,6 +205,7 @@ fn step(path: &str, status: &str, output: Value) -> StepRecord {
 /// Ends the run: the job is deleted and the run takes `status`.
 fn finish(job: &ClaimedJob, status: RunStatus) -> Record {
     Record {
+        subject_ticket_id: None,
         steps: vec![step(&job.path, "completed", json!({}))],
         context: job.context.clone(),
         actions: job.actions + 1,
@@ -759,6 +767,7 @@ async fn stale_worker(db: &TestDb) {
 
     // The paused worker wakes up and tries to finish the step: rejected.
     let stale_record = Record {
+        subject_ticket_id: None,
         steps: vec![step("0", "completed", json!({ "by": "node-1" }))],
         context: json!({ "n": 1, "by": "node-1" }),
         actions: 1,
@@ -798,6 +807,7 @@ async fn stale_worker(db: &TestDb) {
 
     // The new holder's record succeeds.
     let fresh_record = Record {
+        subject_ticket_id: None,
         steps: vec![step("0", "completed", json!({ "by": "node-2" }))],
         context: json!({ "n": 1, "by": "node-2" }),
         actions: 1,
@@ -891,10 +901,15 @@ async fn record_step(db: &TestDb) {
             path: "1".into(),
             delay_ms: 0,
         },
-        NextJob::Retry { delay_ms: 0 },
+        NextJob::Retry {
+            path: "0".into(),
+            attempts: 1,
+            delay_ms: 0,
+        },
         NextJob::Done,
     ] {
         let record = Record {
+            subject_ticket_id: None,
             steps: vec![step("0", "completed", json!({ "forged": true }))],
             context: json!({ "forged": true }),
             actions: 9,
@@ -930,6 +945,7 @@ async fn record_step(db: &TestDb) {
 
     // The holder records step 0 and moves the run to step 1, due now.
     let record = Record {
+        subject_ticket_id: None,
         steps: vec![step("0", "completed", json!({ "a": 1 }))],
         context: json!({ "n": 1, "st_0": { "a": 1 } }),
         actions: 1,
@@ -992,6 +1008,7 @@ async fn record_step(db: &TestDb) {
 
     // A step due later (a `wait`) is not claimable before it is due.
     let record = Record {
+        subject_ticket_id: None,
         steps: vec![step("1", "completed", json!({}))],
         context: detail.context.clone(),
         actions: 2,
@@ -1062,12 +1079,17 @@ async fn record_retry(db: &TestDb) {
         let mut failed = step(&job.path, "retrying", json!({}));
         failed.error = Some("service answered 503".into());
         let record = Record {
+            subject_ticket_id: None,
             steps: vec![failed],
             context: job.context.clone(),
             actions: 1,
             status: RunStatus::Running,
             error: None,
-            next: NextJob::Retry { delay_ms },
+            next: NextJob::Retry {
+                path: job.path.clone(),
+                attempts: job.attempt,
+                delay_ms,
+            },
         };
         store.record(job, record).await.expect("record");
     }
@@ -1386,6 +1408,7 @@ async fn a_manual_start_with_a_repeated_key_returns_the_first_run() {
         let aut = manual_automation(store, &t, "a").await;
         let other = manual_automation(store, &t, "b").await;
         let keyed = |aut: &AutomationId| NewRun {
+            subject_ticket_id: None,
             idempotency_key: Some("order-5001".into()),
             ..new_run(aut, "manual", None)
         };
@@ -1410,6 +1433,7 @@ async fn a_manual_start_with_a_repeated_key_returns_the_first_run() {
 
         // A run of an empty tree completes at once and leaves no job.
         let empty = NewRun {
+            subject_ticket_id: None,
             first_path: None,
             ..new_run(&aut, "manual", None)
         };

@@ -1,3 +1,159 @@
-//! Built-in step types that run outside the record transaction.
+//! Built-in step types beyond the pure control steps of `tok-core`.
+//!
+//! `flow/pause` is an ordinary [`StepHandler`](crate::StepHandler). The
+//! service-desk steps (`ticket/*`, `incident/create`, `emit`) touch only our
+//! own database, so they run inside the record transaction
+//! ([`RecordTx`]): their effect and their step record commit together, and a
+//! crash between them is impossible. Each lives in a file of its own.
 
+mod emit;
+mod incident_create;
 pub(crate) mod pause;
+mod ticket_add_tags;
+mod ticket_assign;
+mod ticket_close;
+mod ticket_set_status;
+mod ticket_set_type;
+mod ticket_upsert;
+
+use serde_json::{Map, Value};
+use tok_core::error::StepError;
+use tok_store::{Cause, RecordTx, StoreError, Ticket, TicketWrite};
+
+/// Step types that run inside the record transaction.
+pub(crate) const TX_TYPES: &[&str] = &[
+    "ticket/upsert",
+    "ticket/assign-least-busy",
+    "ticket/set-type",
+    "ticket/add-tags",
+    "ticket/set-status",
+    "ticket/close",
+    "incident/create",
+    "emit",
+];
+
+/// What a step inside the record transaction works with.
+pub(crate) struct TxContext<'a> {
+    pub(crate) tx: &'a mut dyn RecordTx,
+    /// The run's subject ticket: the event's ticket, or the one the last
+    /// `ticket/upsert` returned. Steps that create a ticket set it.
+    pub(crate) subject: &'a mut Option<String>,
+    pub(crate) cause: &'a Cause,
+    pub(crate) step_id: &'a str,
+    /// Set when a write could not raise its event because the chain of
+    /// automations is too deep; the worker raises an alert for it.
+    pub(crate) too_deep: bool,
+}
+
+/// A step inside the transaction fails as a step (its error decides about
+/// retries) or because the database failed (the whole record is abandoned
+/// and the job comes back after its lease).
+#[derive(Debug)]
+pub(crate) enum TxError {
+    Step(StepError),
+    Store(StoreError),
+}
+
+impl From<StoreError> for TxError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict(message) => TxError::Step(StepError::terminal(message)),
+            other => TxError::Store(other),
+        }
+    }
+}
+
+impl From<StepError> for TxError {
+    fn from(e: StepError) -> Self {
+        TxError::Step(e)
+    }
+}
+
+pub(crate) type TxResult = Result<Map<String, Value>, TxError>;
+
+fn terminal(message: impl Into<String>) -> TxError {
+    TxError::Step(StepError::terminal(message))
+}
+
+/// Runs a transaction step of type `kind` with its rendered `config`.
+pub(crate) async fn run(kind: &str, cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+    match kind {
+        "ticket/upsert" => ticket_upsert::run(cx, config).await,
+        "ticket/assign-least-busy" => ticket_assign::run(cx, config).await,
+        "ticket/set-type" => ticket_set_type::run(cx, config).await,
+        "ticket/add-tags" => ticket_add_tags::run(cx, config).await,
+        "ticket/set-status" => ticket_set_status::run(cx, config).await,
+        "ticket/close" => ticket_close::run(cx, config).await,
+        "incident/create" => incident_create::run(cx, config).await,
+        "emit" => emit::run(cx, config).await,
+        other => Err(terminal(format!("`{other}` is not a built-in step type"))),
+    }
+}
+
+/// Checks a transaction step's config at save. Templates are checked by
+/// `tok-core`; this checks what each type needs.
+pub(crate) fn validate(kind: &str, config: &Value) -> Result<(), String> {
+    let need = |key: &str, what: &str| match config.get(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(()),
+        Some(Value::Array(a)) if what.contains("list") && !a.is_empty() => Ok(()),
+        _ => Err(format!("{kind} needs `{key}`: {what}")),
+    };
+    match kind {
+        "ticket/upsert" => need("externalId", "the id the sender knows the ticket by"),
+        "ticket/assign-least-busy" => need("group", "a group's name or id"),
+        "ticket/set-type" => need("type", "a ticket type's name"),
+        "ticket/add-tags" => need("tags", "a list of tags"),
+        "ticket/set-status" => need("status", "one of the ticket type's statuses"),
+        "incident/create" => need("title", "what happened, for the tenant"),
+        "emit" => {
+            need("event", "the event's name")?;
+            match config.get("event").and_then(Value::as_str) {
+                Some(name) if name.starts_with("ticket.") || name.starts_with("run.") => Err(
+                    format!("emit cannot send `{name}`: `ticket.` and `run.` events are tok's own"),
+                ),
+                _ => Ok(()),
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+fn string(config: &Value, key: &str) -> Option<String> {
+    match config.get(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_owned()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The ticket a step acts on: `ticketId` from the config, else the run's
+/// subject ticket.
+async fn subject_ticket(cx: &mut TxContext<'_>, config: &Value) -> Result<Ticket, TxError> {
+    let id = string(config, "ticketId")
+        .or_else(|| cx.subject.clone())
+        .ok_or_else(|| {
+            terminal(format!(
+                "step `{}` has no ticket to act on: the run has no subject ticket yet \
+             (run ticket/upsert first, or set `ticketId`)",
+                cx.step_id
+            ))
+        })?;
+    cx.tx.ticket(&id).await?.ok_or_else(|| {
+        terminal(format!(
+            "step `{}`: ticket `{id}` does not exist",
+            cx.step_id
+        ))
+    })
+}
+
+/// Writes a changed ticket (its trace and event come with it).
+async fn save(cx: &mut TxContext<'_>, write: TicketWrite) -> Result<(), TxError> {
+    let written = cx.tx.write_ticket(write, cx.cause).await?;
+    cx.too_deep |= written.too_deep;
+    Ok(())
+}
+
+/// `updated_at` for a write now.
+fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}

@@ -93,6 +93,7 @@ async fn accept(
         cause_run_id: None,
         origin_automation_id: None,
         target_automation_id: None,
+        ..NewEvent::default()
     };
     let (event_id, accepted) = state
         .engine

@@ -1,0 +1,42 @@
+//! `incident/create`: opens an incident for the tenant, or counts another
+//! occurrence of the open one with the same `source` (by default the
+//! automation and step).
+
+use serde_json::{Map, Value, json};
+use tok_store::NewIncident;
+
+use super::{TxContext, TxResult, string, terminal};
+
+pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+    let title = string(config, "title")
+        .ok_or_else(|| terminal(format!("step `{}`: `title` is empty", cx.step_id)))?;
+    let source = string(config, "source").unwrap_or_else(|| {
+        let automation = cx
+            .cause
+            .automation_id
+            .as_ref()
+            .map(|a| a.as_str())
+            .unwrap_or("");
+        format!("{automation}:{}", cx.step_id)
+    });
+    let detail = match config.get("detail") {
+        Some(Value::Null) | None => json!({}),
+        Some(Value::Object(map)) => Value::Object(map.clone()),
+        Some(other) => json!({ "message": other }),
+    };
+    let (id, created) = cx
+        .tx
+        .open_incident(NewIncident {
+            source,
+            impact: string(config, "impact").unwrap_or_else(|| title.clone()),
+            title,
+            detail,
+            run_id: cx.cause.run_id.clone(),
+            ticket_id: cx.subject.clone(),
+        })
+        .await?;
+    let mut out = Map::new();
+    out.insert("incidentId".into(), json!(id));
+    out.insert("created".into(), json!(created));
+    Ok(out)
+}

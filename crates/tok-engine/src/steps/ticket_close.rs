@@ -1,0 +1,32 @@
+//! `ticket/close`: closes the subject ticket (queues and statistics count
+//! open tickets). Its status stays what it was.
+
+use serde_json::{Map, Value, json};
+use tok_store::TicketWrite;
+
+use super::{TxContext, TxResult, now_ms, save, string, subject_ticket};
+
+pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+    let mut ticket = subject_ticket(cx, config).await?;
+    if !ticket.closed {
+        ticket.closed = true;
+        ticket.updated_at = now_ms();
+        let why = string(config, "reason")
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        let trace = vec![format!("Closed by {}{why}", cx.cause.actor)];
+        save(
+            cx,
+            TicketWrite {
+                ticket,
+                created: false,
+                changes: vec!["closed".into()],
+                trace,
+            },
+        )
+        .await?;
+    }
+    let mut out = Map::new();
+    out.insert("closed".into(), json!(true));
+    Ok(out)
+}

@@ -1,0 +1,263 @@
+//! The service-desk part of the store: ticket types, groups, tickets with
+//! their trace, incidents; and [`RecordTx`], the record transaction in
+//! which built-in steps that touch these rows run, so that their effect and
+//! the step's record commit together or not at all.
+//!
+//! Every ticket write also writes its trace lines and an internal
+//! `ticket.created` / `ticket.updated` event in the same transaction, carrying
+//! the cause (run, automation, depth): the dispatcher's loop protection reads
+//! them. An event deeper than the depth limit is not written; the write
+//! reports it so the caller can raise an alert.
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
+
+use crate::{ClaimedJob, Page, Record, Result, StepRow};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TicketType {
+    pub id: String,
+    pub name: String,
+    pub statuses: Vec<String>,
+    pub fields: Value,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewTicketType {
+    pub name: String,
+    pub statuses: Vec<String>,
+    pub fields: Value,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Member {
+    pub id: String,
+    pub name: String,
+    pub capacity: i32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Group {
+    pub id: String,
+    pub name: String,
+    pub members: Vec<Member>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewGroup {
+    pub name: String,
+    /// (name, capacity) in the group's stable order.
+    pub members: Vec<(String, i32)>,
+}
+
+/// A member of a group with the number of open tickets assigned to them.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberLoad {
+    pub member: Member,
+    pub open_tickets: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ticket {
+    pub id: String,
+    pub external_id: String,
+    pub type_id: Option<String>,
+    /// The type's name, read with the ticket (not stored on it).
+    #[serde(rename = "type")]
+    pub type_name: Option<String>,
+    pub title: Option<String>,
+    pub status: Option<String>,
+    pub closed: bool,
+    pub tags: Vec<String>,
+    pub fields: Map<String, Value>,
+    pub assignee_id: Option<String>,
+    /// The assignee's name, read with the ticket (not stored on it).
+    pub assignee_name: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Ticket {
+    /// What internal ticket events carry under `ticket`.
+    pub fn event_view(&self) -> Value {
+        serde_json::json!({
+            "id": self.id,
+            "externalId": self.external_id,
+            "type": self.type_name,
+            "status": self.status,
+            "closed": self.closed,
+            "tags": self.tags,
+            "assigneeId": self.assignee_id,
+            "fields": self.fields,
+            "title": self.title,
+        })
+    }
+}
+
+/// One ticket write: the ticket as it should be after it, what changed, and
+/// the lines for its trace.
+#[derive(Debug, Clone)]
+pub struct TicketWrite {
+    pub ticket: Ticket,
+    pub created: bool,
+    /// Names of the changed fields (`status`, `tags`, …), for the event.
+    pub changes: Vec<String>,
+    pub trace: Vec<String>,
+}
+
+/// Who caused a change: a run of an automation, or a person (no run).
+#[derive(Debug, Clone, Default)]
+pub struct Cause {
+    pub run_id: Option<RunId>,
+    pub automation_id: Option<AutomationId>,
+    /// Depth of the causing run; the event it causes is one deeper.
+    pub depth: i32,
+    /// Who, in words, for the trace (`automation "Route orders"`, `api`).
+    pub actor: String,
+}
+
+/// What a write caused.
+#[derive(Debug, Clone, Default)]
+pub struct Written {
+    /// The internal event written, or `None` when the chain was too deep.
+    pub event_id: Option<EventId>,
+    /// The event was not written: the chain of automations is deeper than
+    /// the limit. The caller should raise an alert.
+    pub too_deep: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceLine {
+    pub at: i64,
+    pub kind: String,
+    pub message: String,
+    pub run_id: Option<String>,
+    pub automation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TicketFilter {
+    pub status: Option<String>,
+    pub closed: Option<bool>,
+    pub type_name: Option<String>,
+    pub assignee_id: Option<String>,
+    pub tag: Option<String>,
+    pub external_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Incident {
+    pub id: String,
+    pub source: String,
+    pub title: String,
+    pub impact: String,
+    pub detail: Value,
+    pub status: String,
+    pub run_id: Option<String>,
+    pub ticket_id: Option<String>,
+    pub occurrences: i32,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub resolved_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct NewIncident {
+    /// The cause: while an incident of this source is open, another one of
+    /// the same source only counts as an occurrence of it.
+    pub source: String,
+    pub title: String,
+    pub impact: String,
+    pub detail: Value,
+    pub run_id: Option<RunId>,
+    pub ticket_id: Option<String>,
+}
+
+/// An internal event to write (an `emit` step).
+#[derive(Debug, Clone)]
+pub struct NewInternalEvent {
+    pub event_type: String,
+    pub payload: Value,
+    pub subject_ticket_id: Option<String>,
+}
+
+/// Ticket types, groups, tickets and incidents outside a run.
+#[async_trait]
+pub trait DeskStore: Send + Sync {
+    async fn create_ticket_type(&self, tenant: &TenantId, new: NewTicketType)
+    -> Result<TicketType>;
+    async fn ticket_types(&self, tenant: &TenantId) -> Result<Vec<TicketType>>;
+    async fn create_group(&self, tenant: &TenantId, new: NewGroup) -> Result<Group>;
+    async fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>>;
+
+    async fn tickets(
+        &self,
+        tenant: &TenantId,
+        filter: &TicketFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<Ticket>>;
+    async fn ticket(&self, tenant: &TenantId, id: &str) -> Result<Option<Ticket>>;
+    async fn ticket_trace(&self, tenant: &TenantId, id: &str) -> Result<Vec<TraceLine>>;
+    /// Writes a ticket change made outside a run (by a person, through the
+    /// API), with its trace and event. An update applies only if the ticket
+    /// is still at `expected_updated_at`; otherwise `Conflict`.
+    async fn write_ticket(
+        &self,
+        tenant: &TenantId,
+        write: TicketWrite,
+        expected_updated_at: Option<i64>,
+        cause: &Cause,
+    ) -> Result<Written>;
+
+    async fn incidents(
+        &self,
+        tenant: &TenantId,
+        status: Option<&str>,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<Incident>>;
+    async fn resolve_incident(&self, tenant: &TenantId, id: &str) -> Result<bool>;
+}
+
+/// The record transaction of one claimed job, open. Built-in steps that
+/// touch the database run through it; [`RecordTx::commit`] writes the
+/// step records and the run's new state and commits everything together.
+/// Dropping it rolls back.
+#[async_trait]
+pub trait RecordTx: Send {
+    async fn ticket(&mut self, id: &str) -> Result<Option<Ticket>>;
+    async fn ticket_by_external_id(&mut self, external_id: &str) -> Result<Option<Ticket>>;
+    /// A ticket type by name or id.
+    async fn ticket_type(&mut self, name_or_id: &str) -> Result<Option<TicketType>>;
+    /// A group by name or id, with its members.
+    async fn group(&mut self, name_or_id: &str) -> Result<Option<Group>>;
+    async fn member_loads(&mut self, group_id: &str) -> Result<Vec<MemberLoad>>;
+    async fn write_ticket(&mut self, write: TicketWrite, cause: &Cause) -> Result<Written>;
+    async fn trace(
+        &mut self,
+        ticket_id: &str,
+        kind: &str,
+        message: &str,
+        cause: &Cause,
+    ) -> Result<()>;
+    async fn emit(&mut self, event: NewInternalEvent, cause: &Cause) -> Result<Written>;
+    /// Opens an incident, or counts one more occurrence of the open one
+    /// with the same source. Returns its id and whether it is new.
+    async fn open_incident(&mut self, incident: NewIncident) -> Result<(String, bool)>;
+    /// The steps recorded for this run so far (for an incident's detail).
+    async fn run_steps(&mut self) -> Result<Vec<StepRow>>;
+    async fn commit(self: Box<Self>, record: Record) -> Result<()>;
+}
+
+/// Opening a record transaction belongs to the queue.
+#[async_trait]
+pub trait RecordStore: Send + Sync {
+    /// Opens the record transaction of a claimed job after checking its
+    /// claim token: fails with `LeaseLost` (and holds nothing) when another
+    /// worker took the job over.
+    async fn begin_record(&self, job: &ClaimedJob) -> Result<Box<dyn RecordTx>>;
+}

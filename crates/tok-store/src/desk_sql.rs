@@ -1,0 +1,638 @@
+//! The service-desk queries and the record transaction, written once for
+//! both backends (see `common.rs` for why a macro).
+
+/// Most events one chain of automations may cause: an event deeper than
+/// this is not written (DESIGN §6, loop protection).
+pub(crate) const MAX_EVENT_DEPTH: i32 = 5;
+
+macro_rules! impl_desk {
+    (
+        store = $store:ty,
+        db = $db:ty,
+        conn = $conn:ty,
+        now = $now:literal,
+        lock_row = $lock_row:literal,
+    ) => {
+        use $crate::desk_sql::MAX_EVENT_DEPTH;
+
+        const TICKET_SELECT: &str = "SELECT t.id, t.external_id, t.type_id, y.name AS type_name,
+                t.title, t.status, t.closed, t.tags, t.fields, t.assignee_id,
+                m.name AS assignee_name, t.created_at, t.updated_at
+            FROM tickets t
+            LEFT JOIN ticket_types y ON y.id = t.type_id
+            LEFT JOIN members m ON m.id = t.assignee_id";
+
+        fn ticket_from_row(row: &<$db as sqlx::Database>::Row) -> Ticket {
+            let fields = match row.get::<Json<Value>, _>("fields").0 {
+                Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+            Ticket {
+                id: row.get("id"),
+                external_id: row.get("external_id"),
+                type_id: row.get("type_id"),
+                type_name: row.get("type_name"),
+                title: row.get("title"),
+                status: row.get("status"),
+                closed: row.get("closed"),
+                tags: row.get::<Json<Vec<String>>, _>("tags").0,
+                fields,
+                assignee_id: row.get("assignee_id"),
+                assignee_name: row.get("assignee_name"),
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+            }
+        }
+
+        fn ticket_type_from_row(row: &<$db as sqlx::Database>::Row) -> TicketType {
+            TicketType {
+                id: row.get("id"),
+                name: row.get("name"),
+                statuses: row.get::<Json<Vec<String>>, _>("statuses").0,
+                fields: row.get::<Json<Value>, _>("fields").0,
+                created_at: row.get("created_at"),
+            }
+        }
+
+        fn incident_from_row(row: &<$db as sqlx::Database>::Row) -> Incident {
+            Incident {
+                id: row.get("id"),
+                source: row.get("source"),
+                title: row.get("title"),
+                impact: row.get("impact"),
+                detail: row.get::<Json<Value>, _>("detail").0,
+                status: row.get("status"),
+                run_id: row.get("run_id"),
+                ticket_id: row.get("ticket_id"),
+                occurrences: row.get("occurrences"),
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+                resolved_at: row.get("resolved_at"),
+            }
+        }
+
+        async fn ticket_where(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            column: &str,
+            value: &str,
+        ) -> Result<Option<Ticket>> {
+            let sql = format!("{TICKET_SELECT} WHERE t.tenant_id = $1 AND t.{column} = $2");
+            let row = sqlx::query(&sql)
+                .bind(tenant.as_str())
+                .bind(value)
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(row.as_ref().map(ticket_from_row))
+        }
+
+        async fn group_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            name_or_id: Option<&str>,
+        ) -> Result<Vec<Group>> {
+            let groups = sqlx::query(
+                "SELECT id, name FROM groups
+                 WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR id = $2 OR name = $2)
+                 ORDER BY name",
+            )
+            .bind(tenant.as_str())
+            .bind(name_or_id)
+            .fetch_all(&mut *conn)
+            .await?;
+            let mut out = Vec::with_capacity(groups.len());
+            for g in &groups {
+                let id: String = g.get("id");
+                let members = sqlx::query(
+                    "SELECT id, name, capacity FROM members
+                     WHERE tenant_id = $1 AND group_id = $2 ORDER BY position",
+                )
+                .bind(tenant.as_str())
+                .bind(&id)
+                .fetch_all(&mut *conn)
+                .await?
+                .iter()
+                .map(|m| Member { id: m.get("id"), name: m.get("name"), capacity: m.get("capacity") })
+                .collect();
+                out.push(Group { id, name: g.get("name"), members });
+            }
+            Ok(out)
+        }
+
+        async fn trace_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            ticket_id: &str,
+            kind: &str,
+            message: &str,
+            cause: &Cause,
+        ) -> Result<()> {
+            sqlx::query(
+                "INSERT INTO ticket_trace (tenant_id, ticket_id, at, kind, message, run_id,
+                    automation_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(tenant.as_str())
+            .bind(ticket_id)
+            .bind(now_ms())
+            .bind(kind)
+            .bind(message)
+            .bind(cause.run_id.as_ref().map(|r| r.as_str()))
+            .bind(cause.automation_id.as_ref().map(|a| a.as_str()))
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        /// Writes an internal event caused by `cause`, unless the chain is
+        /// already as deep as allowed.
+        async fn emit_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            event: NewInternalEvent,
+            cause: &Cause,
+        ) -> Result<Written> {
+            let depth = cause.depth + 1;
+            if depth > MAX_EVENT_DEPTH {
+                tracing::warn!(
+                    tenant = %tenant,
+                    event = %event.event_type,
+                    depth,
+                    "event not written: the chain of automations is too deep"
+                );
+                return Ok(Written { event_id: None, too_deep: true });
+            }
+            let id = new_id("evt");
+            sqlx::query(
+                "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                    payload, params, received_at, status, cause_run_id, depth,
+                    origin_automation_id, event_type, subject_ticket_id)
+                 VALUES ($1, $2, NULL, 'event', $1, $3, $4, $5, 'pending', $6, $7, $8, $9, $10)",
+            )
+            .bind(&id)
+            .bind(tenant.as_str())
+            .bind(Json(&event.payload))
+            .bind(Json(serde_json::json!({})))
+            .bind(now_ms())
+            .bind(cause.run_id.as_ref().map(|r| r.as_str()))
+            .bind(depth)
+            .bind(cause.automation_id.as_ref().map(|a| a.as_str()))
+            .bind(&event.event_type)
+            .bind(event.subject_ticket_id.as_deref())
+            .execute(&mut *conn)
+            .await?;
+            Ok(Written { event_id: Some(EventId::from(id)), too_deep: false })
+        }
+
+        async fn write_ticket_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            write: TicketWrite,
+            expected_updated_at: Option<i64>,
+            cause: &Cause,
+        ) -> Result<Written> {
+            let t = &write.ticket;
+            if write.created {
+                let inserted = sqlx::query(
+                    "INSERT INTO tickets (id, tenant_id, external_id, type_id, title, status, closed,
+                        tags, fields, assignee_id, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                     ON CONFLICT (tenant_id, external_id) DO NOTHING
+                     RETURNING id",
+                )
+                .bind(&t.id)
+                .bind(tenant.as_str())
+                .bind(&t.external_id)
+                .bind(t.type_id.as_deref())
+                .bind(t.title.as_deref())
+                .bind(t.status.as_deref())
+                .bind(t.closed)
+                .bind(Json(&t.tags))
+                .bind(Json(&t.fields))
+                .bind(t.assignee_id.as_deref())
+                .bind(t.created_at)
+                .bind(t.updated_at)
+                .fetch_optional(&mut *conn)
+                .await?;
+                if inserted.is_none() {
+                    return Err(StoreError::Conflict(format!(
+                        "a ticket with external id `{}` already exists",
+                        t.external_id
+                    )));
+                }
+            } else {
+                let updated = sqlx::query(
+                    "UPDATE tickets SET type_id = $3, title = $4, status = $5, closed = $6,
+                        tags = $7, fields = $8, assignee_id = $9, updated_at = $10
+                     WHERE tenant_id = $1 AND id = $2
+                       AND (CAST($11 AS BIGINT) IS NULL OR updated_at = $11)",
+                )
+                .bind(tenant.as_str())
+                .bind(&t.id)
+                .bind(t.type_id.as_deref())
+                .bind(t.title.as_deref())
+                .bind(t.status.as_deref())
+                .bind(t.closed)
+                .bind(Json(&t.tags))
+                .bind(Json(&t.fields))
+                .bind(t.assignee_id.as_deref())
+                .bind(t.updated_at)
+                .bind(expected_updated_at)
+                .execute(&mut *conn)
+                .await?;
+                if updated.rows_affected() == 0 {
+                    return Err(StoreError::Conflict(format!(
+                        "ticket {} changed meanwhile; read it again and retry",
+                        t.id
+                    )));
+                }
+            }
+            let kind = if write.created { "created" } else { "updated" };
+            for line in &write.trace {
+                trace_in(conn, tenant, &t.id, kind, line, cause).await?;
+            }
+            let event = NewInternalEvent {
+                event_type: format!("ticket.{kind}"),
+                payload: serde_json::json!({ "ticket": t.event_view(), "changes": write.changes }),
+                subject_ticket_id: Some(t.id.clone()),
+            };
+            let written = emit_in(conn, tenant, event, cause).await?;
+            if written.too_deep {
+                let message = format!(
+                    "No automation was triggered by this change: the chain of automations is \
+                     deeper than {MAX_EVENT_DEPTH} (loop protection)"
+                );
+                trace_in(conn, tenant, &t.id, "loop_protection", &message, cause).await?;
+            }
+            Ok(written)
+        }
+
+        async fn open_incident_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            incident: NewIncident,
+        ) -> Result<(String, bool)> {
+            let now = now_ms();
+            let id = new_id("inc");
+            let inserted = sqlx::query(
+                "INSERT INTO incidents (id, tenant_id, source, title, impact, detail, status, run_id,
+                    ticket_id, occurrences, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, 'open', $7, $8, 1, $9, $9)
+                 ON CONFLICT (tenant_id, source) WHERE status = 'open' DO NOTHING
+                 RETURNING id",
+            )
+            .bind(&id)
+            .bind(tenant.as_str())
+            .bind(&incident.source)
+            .bind(&incident.title)
+            .bind(&incident.impact)
+            .bind(Json(&incident.detail))
+            .bind(incident.run_id.as_ref().map(|r| r.as_str()))
+            .bind(incident.ticket_id.as_deref())
+            .bind(now)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if inserted.is_some() {
+                return Ok((id, true));
+            }
+            let existing = sqlx::query(
+                "UPDATE incidents SET occurrences = occurrences + 1, updated_at = $3
+                 WHERE tenant_id = $1 AND source = $2 AND status = 'open'
+                 RETURNING id",
+            )
+            .bind(tenant.as_str())
+            .bind(&incident.source)
+            .bind(now)
+            .fetch_one(&mut *conn)
+            .await?;
+            Ok((existing.get("id"), false))
+        }
+
+        #[async_trait::async_trait]
+        impl DeskStore for $store {
+            async fn create_ticket_type(
+                &self,
+                tenant: &TenantId,
+                new: NewTicketType,
+            ) -> Result<TicketType> {
+                let t = TicketType {
+                    id: new_id("typ"),
+                    name: new.name,
+                    statuses: new.statuses,
+                    fields: new.fields,
+                    created_at: now_ms(),
+                };
+                let inserted = sqlx::query(
+                    "INSERT INTO ticket_types (id, tenant_id, name, statuses, fields, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
+                )
+                .bind(&t.id)
+                .bind(tenant.as_str())
+                .bind(&t.name)
+                .bind(Json(&t.statuses))
+                .bind(Json(&t.fields))
+                .bind(t.created_at)
+                .fetch_optional(self.writer())
+                .await?;
+                match inserted {
+                    Some(_) => Ok(t),
+                    None => Err(StoreError::Conflict(format!(
+                        "a ticket type named `{}` already exists",
+                        t.name
+                    ))),
+                }
+            }
+
+            async fn ticket_types(&self, tenant: &TenantId) -> Result<Vec<TicketType>> {
+                let rows = sqlx::query(
+                    "SELECT id, name, statuses, fields, created_at FROM ticket_types
+                     WHERE tenant_id = $1 ORDER BY name",
+                )
+                .bind(tenant.as_str())
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows.iter().map(ticket_type_from_row).collect())
+            }
+
+            async fn create_group(&self, tenant: &TenantId, new: NewGroup) -> Result<Group> {
+                let now = now_ms();
+                let group = Group {
+                    id: new_id("grp"),
+                    name: new.name,
+                    members: new
+                        .members
+                        .into_iter()
+                        .map(|(name, capacity)| Member { id: new_id("mem"), name, capacity })
+                        .collect(),
+                };
+                let mut tx = self.writer().begin().await?;
+                let inserted = sqlx::query(
+                    "INSERT INTO groups (id, tenant_id, name, created_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
+                )
+                .bind(&group.id)
+                .bind(tenant.as_str())
+                .bind(&group.name)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if inserted.is_none() {
+                    return Err(StoreError::Conflict(format!(
+                        "a group named `{}` already exists",
+                        group.name
+                    )));
+                }
+                for (position, m) in group.members.iter().enumerate() {
+                    sqlx::query(
+                        "INSERT INTO members (id, tenant_id, group_id, name, capacity, position,
+                            created_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    )
+                    .bind(&m.id)
+                    .bind(tenant.as_str())
+                    .bind(&group.id)
+                    .bind(&m.name)
+                    .bind(m.capacity)
+                    .bind(position as i32)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(group)
+            }
+
+            async fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>> {
+                let mut conn = self.reader().acquire().await?;
+                group_in(&mut conn, tenant, None).await
+            }
+
+            async fn tickets(
+                &self,
+                tenant: &TenantId,
+                filter: &TicketFilter,
+                limit: u32,
+                cursor: Option<&str>,
+            ) -> Result<Page<Ticket>> {
+                let sql = format!(
+                    "{TICKET_SELECT}
+                     WHERE t.tenant_id = $1
+                       AND (CAST($2 AS TEXT) IS NULL OR t.status = $2)
+                       AND (CAST($3 AS INTEGER) IS NULL OR t.closed = (CAST($3 AS INTEGER) = 1))
+                       AND (CAST($4 AS TEXT) IS NULL OR y.name = $4)
+                       AND (CAST($5 AS TEXT) IS NULL OR t.assignee_id = $5)
+                       AND (CAST($6 AS TEXT) IS NULL OR CAST(t.tags AS TEXT) LIKE '%' || $6 || '%')
+                       AND (CAST($7 AS TEXT) IS NULL OR t.external_id = $7)
+                       AND (CAST($8 AS TEXT) IS NULL OR t.id < $8)
+                     ORDER BY t.id DESC
+                     LIMIT $9"
+                );
+                let tag_json = filter.tag.as_ref().map(|t| serde_json::to_string(t).unwrap_or_default());
+                let rows = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(filter.status.as_deref())
+                    .bind(filter.closed.map(i32::from))
+                    .bind(filter.type_name.as_deref())
+                    .bind(filter.assignee_id.as_deref())
+                    .bind(tag_json.as_deref())
+                    .bind(filter.external_id.as_deref())
+                    .bind(cursor)
+                    .bind(i64::from(limit) + 1)
+                    .fetch_all(self.reader())
+                    .await?;
+                let mut items: Vec<Ticket> = rows.iter().map(ticket_from_row).collect();
+                let next_cursor = if items.len() > limit as usize {
+                    items.truncate(limit as usize);
+                    items.last().map(|t| t.id.clone())
+                } else {
+                    None
+                };
+                Ok(Page { items, next_cursor })
+            }
+
+            async fn ticket(&self, tenant: &TenantId, id: &str) -> Result<Option<Ticket>> {
+                let mut conn = self.reader().acquire().await?;
+                ticket_where(&mut conn, tenant, "id", id).await
+            }
+
+            async fn ticket_trace(&self, tenant: &TenantId, id: &str) -> Result<Vec<TraceLine>> {
+                let rows = sqlx::query(
+                    "SELECT at, kind, message, run_id, automation_id FROM ticket_trace
+                     WHERE tenant_id = $1 AND ticket_id = $2 ORDER BY id",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| TraceLine {
+                        at: r.get("at"),
+                        kind: r.get("kind"),
+                        message: r.get("message"),
+                        run_id: r.get("run_id"),
+                        automation_id: r.get("automation_id"),
+                    })
+                    .collect())
+            }
+
+            async fn write_ticket(
+                &self,
+                tenant: &TenantId,
+                write: TicketWrite,
+                expected_updated_at: Option<i64>,
+                cause: &Cause,
+            ) -> Result<Written> {
+                let mut tx = self.writer().begin().await?;
+                let written = write_ticket_in(&mut tx, tenant, write, expected_updated_at, cause).await?;
+                tx.commit().await?;
+                Ok(written)
+            }
+
+            async fn incidents(
+                &self,
+                tenant: &TenantId,
+                status: Option<&str>,
+                limit: u32,
+                cursor: Option<&str>,
+            ) -> Result<Page<Incident>> {
+                let rows = sqlx::query(
+                    "SELECT * FROM incidents
+                     WHERE tenant_id = $1
+                       AND (CAST($2 AS TEXT) IS NULL OR status = $2)
+                       AND (CAST($3 AS TEXT) IS NULL OR id < $3)
+                     ORDER BY id DESC
+                     LIMIT $4",
+                )
+                .bind(tenant.as_str())
+                .bind(status)
+                .bind(cursor)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(self.reader())
+                .await?;
+                let mut items: Vec<Incident> = rows.iter().map(incident_from_row).collect();
+                let next_cursor = if items.len() > limit as usize {
+                    items.truncate(limit as usize);
+                    items.last().map(|i| i.id.clone())
+                } else {
+                    None
+                };
+                Ok(Page { items, next_cursor })
+            }
+
+            async fn resolve_incident(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+                let done = sqlx::query(
+                    "UPDATE incidents SET status = 'resolved', resolved_at = $3, updated_at = $3
+                     WHERE tenant_id = $1 AND id = $2 AND status = 'open'",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(now_ms())
+                .execute(self.writer())
+                .await?;
+                Ok(done.rows_affected() > 0)
+            }
+        }
+
+        /// The open record transaction of one claimed job.
+        pub(crate) struct OpenRecord {
+            tx: sqlx::Transaction<'static, $db>,
+            job: ClaimedJob,
+        }
+
+        #[async_trait::async_trait]
+        impl RecordTx for OpenRecord {
+            async fn ticket(&mut self, id: &str) -> Result<Option<Ticket>> {
+                ticket_where(&mut self.tx, &self.job.tenant_id, "id", id).await
+            }
+
+            async fn ticket_by_external_id(&mut self, external_id: &str) -> Result<Option<Ticket>> {
+                ticket_where(&mut self.tx, &self.job.tenant_id, "external_id", external_id).await
+            }
+
+            async fn ticket_type(&mut self, name_or_id: &str) -> Result<Option<TicketType>> {
+                let row = sqlx::query(
+                    "SELECT id, name, statuses, fields, created_at FROM ticket_types
+                     WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
+                )
+                .bind(self.job.tenant_id.as_str())
+                .bind(name_or_id)
+                .fetch_optional(&mut *self.tx)
+                .await?;
+                Ok(row.as_ref().map(ticket_type_from_row))
+            }
+
+            async fn group(&mut self, name_or_id: &str) -> Result<Option<Group>> {
+                let mut groups = group_in(&mut self.tx, &self.job.tenant_id, Some(name_or_id)).await?;
+                Ok(groups.pop())
+            }
+
+            async fn member_loads(&mut self, group_id: &str) -> Result<Vec<MemberLoad>> {
+                let rows = sqlx::query(
+                    "SELECT m.id, m.name, m.capacity,
+                        (SELECT COUNT(*) FROM tickets t
+                         WHERE t.tenant_id = m.tenant_id AND t.assignee_id = m.id
+                           AND NOT t.closed) AS open_tickets
+                     FROM members m
+                     WHERE m.tenant_id = $1 AND m.group_id = $2
+                     ORDER BY m.position",
+                )
+                .bind(self.job.tenant_id.as_str())
+                .bind(group_id)
+                .fetch_all(&mut *self.tx)
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| MemberLoad {
+                        member: Member { id: r.get("id"), name: r.get("name"), capacity: r.get("capacity") },
+                        open_tickets: r.get("open_tickets"),
+                    })
+                    .collect())
+            }
+
+            async fn write_ticket(&mut self, write: TicketWrite, cause: &Cause) -> Result<Written> {
+                write_ticket_in(&mut self.tx, &self.job.tenant_id, write, None, cause).await
+            }
+
+            async fn trace(
+                &mut self,
+                ticket_id: &str,
+                kind: &str,
+                message: &str,
+                cause: &Cause,
+            ) -> Result<()> {
+                trace_in(&mut self.tx, &self.job.tenant_id, ticket_id, kind, message, cause).await
+            }
+
+            async fn emit(&mut self, event: NewInternalEvent, cause: &Cause) -> Result<Written> {
+                emit_in(&mut self.tx, &self.job.tenant_id, event, cause).await
+            }
+
+            async fn open_incident(&mut self, incident: NewIncident) -> Result<(String, bool)> {
+                open_incident_in(&mut self.tx, &self.job.tenant_id, incident).await
+            }
+
+            async fn run_steps(&mut self) -> Result<Vec<StepRow>> {
+                steps_of(&mut *self.tx, &self.job.tenant_id, &self.job.run_id).await
+            }
+
+            async fn commit(mut self: Box<Self>, record: Record) -> Result<()> {
+                finish_record(&mut self.tx, &self.job, record).await?;
+                self.tx.commit().await?;
+                Ok(())
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl RecordStore for $store {
+            async fn begin_record(&self, job: &ClaimedJob) -> Result<Box<dyn RecordTx>> {
+                let mut tx = self.writer().begin().await?;
+                fence(&mut tx, job).await?;
+                Ok(Box::new(OpenRecord { tx, job: job.clone() }))
+            }
+        }
+    };
+}
+
+pub(crate) use impl_desk;
