@@ -29,7 +29,8 @@ use tok_core::retry::RetryPolicy;
 use tok_core::retry::{Decision, decide};
 use tok_core::template;
 use tok_store::{
-    Cause, ClaimedJob, NewIncident, NextJob, Record, RecordTx, RunStatus, StepRecord, StoreError,
+    Cause, ClaimedJob, NewIncident, NewInternalEvent, NextJob, Record, RecordTx, RunStatus,
+    StepRecord, StoreError,
 };
 use tokio::sync::watch;
 
@@ -589,6 +590,23 @@ async fn raise_failure(
         );
         tx.trace(&t.id, "run_failed", &message, cause).await?;
     }
+    // Automations may react to failures (`run.failed`); the depth limit and
+    // the own-change rule keep a failing reaction from looping.
+    let event = NewInternalEvent {
+        event_type: "run.failed".into(),
+        payload: json!({
+            "run": {
+                "id": job.run_id,
+                "automationId": job.automation_id,
+                "automationName": automation.name,
+                "failedStep": failure.step_id,
+                "error": failure.message,
+            },
+            "ticket": ticket.as_ref().map(|t| t.event_view()),
+        }),
+        subject_ticket_id: ticket.as_ref().map(|t| t.id.clone()),
+    };
+    tx.emit(event, cause).await?;
     Ok(())
 }
 

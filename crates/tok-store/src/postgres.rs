@@ -130,19 +130,23 @@ impl Store for PgStore {
             .bind(MIGRATION_LOCK)
             .execute(&mut *tx)
             .await?;
-        // This month and the next two get their own partitions of run_steps.
+        // This month and the next two get their own partitions of the
+        // tables partitioned by month.
         sqlx::Executor::execute(
             &mut *tx,
             "DO $$
-             DECLARE m timestamp;
+             DECLARE m timestamp; t text;
              BEGIN
-               FOR i IN 0..2 LOOP
-                 m := date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => i);
-                 EXECUTE format(
-                   'CREATE TABLE IF NOT EXISTS %I PARTITION OF run_steps FOR VALUES FROM (%s) TO (%s)',
-                   'run_steps_' || to_char(m, 'YYYY_MM'),
-                   (EXTRACT(EPOCH FROM m) * 1000)::bigint,
-                   (EXTRACT(EPOCH FROM m + interval '1 month') * 1000)::bigint);
+               FOREACH t IN ARRAY ARRAY['run_steps', 'ticket_trace'] LOOP
+                 FOR i IN 0..2 LOOP
+                   m := date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => i);
+                   EXECUTE format(
+                     'CREATE TABLE IF NOT EXISTS %I PARTITION OF %I FOR VALUES FROM (%s) TO (%s)',
+                     t || '_' || to_char(m, 'YYYY_MM'),
+                     t,
+                     (EXTRACT(EPOCH FROM m) * 1000)::bigint,
+                     (EXTRACT(EPOCH FROM m + interval '1 month') * 1000)::bigint);
+                 END LOOP;
                END LOOP;
              END $$",
         )
