@@ -21,6 +21,11 @@ pub enum StepError {
     /// The other side said when to come back (429 with `Retry-After`).
     #[error("{message} (retry after {after:?})")]
     RetryAfter { message: String, after: Duration },
+    /// Not attempted at all: a limit held the step back (rate limit,
+    /// concurrency cap, open circuit breaker). It comes back after `after`
+    /// and spends no attempt.
+    #[error("{message} (deferred {after:?})")]
+    Deferred { message: String, after: Duration },
 }
 
 impl StepError {
@@ -42,6 +47,14 @@ impl StepError {
         }
     }
 
+    /// A step a limit held back before it called anything.
+    pub fn deferred(message: impl Into<String>, after: Duration) -> Self {
+        StepError::Deferred {
+            message: message.into(),
+            after,
+        }
+    }
+
     /// Whether another attempt may be made (attempts permitting).
     pub fn is_retryable(&self) -> bool {
         !matches!(self, StepError::Terminal(_))
@@ -51,7 +64,7 @@ impl StepError {
     pub fn message(&self) -> &str {
         match self {
             StepError::Terminal(m) | StepError::Retryable(m) => m,
-            StepError::RetryAfter { message, .. } => message,
+            StepError::RetryAfter { message, .. } | StepError::Deferred { message, .. } => message,
         }
     }
 }

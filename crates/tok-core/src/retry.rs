@@ -111,6 +111,8 @@ pub fn decide(
         StepError::Terminal(_) => None,
         StepError::Retryable(_) => policy.delay_after(failed_attempt, rng),
         StepError::RetryAfter { after, .. } => policy.base_delay(failed_attempt).map(|_| *after),
+        // Nothing was attempted, so no attempt is spent.
+        StepError::Deferred { after, .. } => Some(*after),
     };
     delay.map_or(Decision::Fail, Decision::RetryIn)
 }

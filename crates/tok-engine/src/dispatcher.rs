@@ -61,29 +61,6 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
             tracing::debug!(event = %event.id, automation = %candidate.automation_id, "own change; not triggered");
             continue;
         }
-        if let Some(ticket) = &event.subject_ticket_id
-            && candidate.recent_runs_on_ticket >= MAX_RUNS_PER_TICKET_PER_MINUTE
-        {
-            tracing::warn!(
-                event = %event.id,
-                automation = %candidate.automation_id,
-                ticket = %ticket,
-                "run skipped: per-ticket limit reached"
-            );
-            plan.notes.push(PlanNote {
-                ticket_id: ticket.clone(),
-                automation_id: candidate.automation_id.clone(),
-                kind: "loop_protection".into(),
-                message: format!(
-                    "Automation \u{201c}{}\u{201d} was not started for {}: it already ran \
-                     {MAX_RUNS_PER_TICKET_PER_MINUTE} times on this ticket in the last minute \
-                     (loop protection)",
-                    candidate.name,
-                    event.event_type.as_deref().unwrap_or("this event")
-                ),
-            });
-            continue;
-        }
         let automation = match defs.parse(
             &candidate.automation_id,
             candidate.version,
@@ -108,6 +85,29 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
                 );
                 continue;
             }
+        }
+        if let Some(ticket) = &event.subject_ticket_id
+            && candidate.recent_runs_on_ticket >= MAX_RUNS_PER_TICKET_PER_MINUTE
+        {
+            tracing::warn!(
+                event = %event.id,
+                automation = %candidate.automation_id,
+                ticket = %ticket,
+                "run skipped: per-ticket limit reached"
+            );
+            plan.notes.push(PlanNote {
+                ticket_id: ticket.clone(),
+                automation_id: candidate.automation_id.clone(),
+                kind: "loop_protection".into(),
+                message: format!(
+                    "Automation \u{201c}{}\u{201d} was not started for {}: it already ran \
+                     {MAX_RUNS_PER_TICKET_PER_MINUTE} times on this ticket in the last minute \
+                     (loop protection)",
+                    candidate.name,
+                    event.event_type.as_deref().unwrap_or("this event")
+                ),
+            });
+            continue;
         }
         let first_path = match flow::first(&automation.steps) {
             Next::Step(path) => Some(path.to_string()),

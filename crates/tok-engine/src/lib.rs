@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 
 pub use definitions::DefinitionCache;
 pub use registry::{Registry, StepCall, StepHandler};
+pub use steps::script::ScriptStep;
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 

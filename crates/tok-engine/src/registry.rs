@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 use tok_core::builtin::INTERNAL_TYPES;
 use tok_core::error::StepError;
-use tok_core::ids::{RunId, TenantId};
+use tok_core::ids::{JobId, RunId, TenantId};
 
 use crate::steps::TX_TYPES;
 
@@ -32,6 +32,10 @@ pub struct StepCall {
     pub idempotency_key: String,
     /// 1 on the first attempt.
     pub attempt: u32,
+    /// The job the step runs under (connection slots are held by it).
+    pub job_id: JobId,
+    /// How long the job's lease lasts between heartbeats.
+    pub lease_ms: i64,
     /// The step's `config` with every template rendered against the context.
     pub config: Value,
     /// The context as this step sees it (loop variables included).
@@ -64,6 +68,26 @@ impl Registry {
         let mut registry = Self::default();
         registry.register("flow/pause", crate::steps::pause::Pause);
         registry
+    }
+
+    /// The built-ins plus the connector steps (`http`, `mcp`), which need the
+    /// store for their connections' limits.
+    pub fn with_connectors(store: Arc<dyn tok_store::Store>) -> Self {
+        let mut registry = Self::with_builtins();
+        registry.add_connectors(store);
+        registry
+    }
+
+    /// Adds the connector steps (`http`, `mcp`) where no handler of that
+    /// name was registered already.
+    pub fn add_connectors(&mut self, store: Arc<dyn tok_store::Store>) -> &mut Self {
+        if !self.handlers.contains_key("http") {
+            self.register("http", crate::steps::http::Http::new(store.clone()));
+        }
+        if !self.handlers.contains_key("mcp") {
+            self.register("mcp", crate::steps::mcp::Mcp::new(store));
+        }
+        self
     }
 
     /// Registers (or replaces) the handler of a step type. The names of the

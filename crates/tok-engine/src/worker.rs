@@ -476,6 +476,18 @@ impl Chain<'_> {
         mut record: StepRecord,
         error: &StepError,
     ) -> Ending {
+        if let StepError::Deferred { message, after } = error {
+            // Held back before it called anything: no attempt is spent and
+            // there is nothing to record but the wait.
+            tracing::debug!(step = %step.id, run = %self.job.run_id, %message, "step deferred");
+            *self.actions -= 1;
+            let next = NextJob::Retry {
+                path: path.to_string(),
+                attempts: attempt as i32 - 1,
+                delay_ms: after.as_millis() as i64,
+            };
+            return Ending::new(RunStatus::Running, None, next);
+        }
         let policy =
             RetryPolicy::resolve(step.retry.as_ref(), self.automation.settings.retry.as_ref());
         record.error = Some(error.message().to_owned());
@@ -677,6 +689,8 @@ async fn call_handler(
         step_id: step.id.clone(),
         idempotency_key: format!("{}:{}", job.run_id, path),
         attempt,
+        job_id: job.id,
+        lease_ms: inner.lease_ms(),
         config: config.clone(),
         context: view,
     };

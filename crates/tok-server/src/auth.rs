@@ -14,8 +14,19 @@ use crate::error::ApiError;
 /// A caller with a valid key.
 pub(crate) struct Caller(pub(crate) KeyOwner);
 
-/// The tenant a request acts for.
-pub(crate) struct Tenant(pub(crate) TenantId);
+/// The tenant a request acts for, and with which kind of key: the platform
+/// admin acting for a tenant (`X-Tok-Tenant`) may see more than the
+/// tenant's own keys do (an incident's detail).
+pub(crate) struct Tenant(pub(crate) TenantId, pub(crate) KeyKind);
+
+/// Which kind of key a request acting for a tenant was made with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyKind {
+    /// One of the tenant's own keys.
+    Tenant,
+    /// The platform admin key, acting for the tenant with `X-Tok-Tenant`.
+    Platform,
+}
 
 /// A caller holding the platform admin key.
 pub(crate) struct Admin;
@@ -57,7 +68,7 @@ impl FromRequestParts<AppState> for Tenant {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let Caller(owner) = Caller::from_request_parts(parts, state).await?;
         match &owner {
-            KeyOwner::Tenant(id) => Ok(Tenant(id.clone())),
+            KeyOwner::Tenant(id) => Ok(Tenant(id.clone(), KeyKind::Tenant)),
             KeyOwner::Platform => {
                 let id = parts
                     .headers
@@ -73,7 +84,7 @@ impl FromRequestParts<AppState> for Tenant {
                 if state.engine.store().tenant(&id).await?.is_none() {
                     return Err(ApiError::not_found("tenant"));
                 }
-                Ok(Tenant(id))
+                Ok(Tenant(id, KeyKind::Platform))
             }
         }
     }

@@ -29,6 +29,7 @@ macro_rules! impl_common {
         ids_in_2 = $in2:literal,
         ids_in_4 = $in4:literal,
         lock = $lock:literal,
+        lock_row = $lock_row:literal,
         claim_prelude = $claim_prelude:literal,
         claim_candidates = $claim_candidates:literal,
         release_where = $release_where:literal,
@@ -266,7 +267,7 @@ macro_rules! impl_common {
         async fn fence(tx: &mut sqlx::Transaction<'_, $db>, job: &ClaimedJob) -> Result<()> {
             let held = sqlx::query(concat!(
                 "SELECT id FROM jobs WHERE id = $1 AND tenant_id = $2 AND claim_token = $3 ",
-                $lock
+                $lock_row
             ))
             .bind(job.id.0)
             .bind(job.tenant_id.as_str())
@@ -288,7 +289,7 @@ macro_rules! impl_common {
             record: Record,
         ) -> Result<()> {
             let current = sqlx::query(concat!(
-                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock
+                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock_row
             ))
             .bind(job.tenant_id.as_str())
             .bind(job.run_id.as_str())
@@ -1094,14 +1095,16 @@ macro_rules! impl_common {
             id: &RunId,
         ) -> Result<RunStatus> {
             let row = sqlx::query(concat!(
-                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock
+                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock_row
             ))
             .bind(tenant.as_str())
             .bind(id.as_str())
             .fetch_optional(&mut **tx)
             .await?
             .ok_or(StoreError::NotFound("run"))?;
-            Ok(RunStatus::parse(row.get::<&str, _>("status")).unwrap_or(RunStatus::Failed))
+            let status: &str = row.get("status");
+            RunStatus::parse(status)
+                .ok_or_else(|| StoreError::Conflict(format!("the run has an unknown status `{status}`")))
         }
 
         async fn summary_in(
@@ -1231,6 +1234,15 @@ macro_rules! impl_common {
                      WHERE id ", $in2, " AND locked_by = $1"
                 ))
                 .bind(node)
+                .bind($list(jobs.iter().map(|j| j.0)))
+                .bind(lease_ms)
+                .execute(self.writer())
+                .await?;
+                // Connection slots held by these jobs live as long as their leases.
+                sqlx::query(concat!(
+                    "UPDATE connection_slots SET expires_at = ", $now, " + $2
+                     WHERE job_id ", $in1
+                ))
                 .bind($list(jobs.iter().map(|j| j.0)))
                 .bind(lease_ms)
                 .execute(self.writer())

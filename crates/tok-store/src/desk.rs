@@ -220,6 +220,7 @@ pub trait DeskStore: Send + Sync {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<Page<Incident>>;
+    async fn incident(&self, tenant: &TenantId, id: &str) -> Result<Option<Incident>>;
     async fn resolve_incident(&self, tenant: &TenantId, id: &str) -> Result<bool>;
 }
 

@@ -11,6 +11,7 @@ macro_rules! impl_desk {
         db = $db:ty,
         conn = $conn:ty,
         now = $now:literal,
+        group_lock = $group_lock:literal,
         lock_row = $lock_row:literal,
     ) => {
         use $crate::desk_sql::MAX_EVENT_DEPTH;
@@ -71,13 +72,22 @@ macro_rules! impl_desk {
             }
         }
 
+        /// A ticket by a unique column. `lock` (inside a record transaction)
+        /// locks its row until the transaction ends, so a person's change
+        /// cannot slip between a step's read and its write.
         async fn ticket_where(
             conn: &mut $conn,
             tenant: &TenantId,
             column: &str,
             value: &str,
+            lock: bool,
         ) -> Result<Option<Ticket>> {
-            let sql = format!("{TICKET_SELECT} WHERE t.tenant_id = $1 AND t.{column} = $2");
+            let sql = if lock && !$lock_row.is_empty() {
+                // Lock only the ticket row, not the joined type and member.
+                format!("{TICKET_SELECT} WHERE t.tenant_id = $1 AND t.{column} = $2 {} OF t", $lock_row)
+            } else {
+                format!("{TICKET_SELECT} WHERE t.tenant_id = $1 AND t.{column} = $2")
+            };
             let row = sqlx::query(&sql)
                 .bind(tenant.as_str())
                 .bind(value)
@@ -422,13 +432,21 @@ macro_rules! impl_desk {
                        AND (CAST($3 AS INTEGER) IS NULL OR t.closed = (CAST($3 AS INTEGER) = 1))
                        AND (CAST($4 AS TEXT) IS NULL OR y.name = $4)
                        AND (CAST($5 AS TEXT) IS NULL OR t.assignee_id = $5)
-                       AND (CAST($6 AS TEXT) IS NULL OR CAST(t.tags AS TEXT) LIKE '%' || $6 || '%')
+                       AND (CAST($6 AS TEXT) IS NULL OR CAST(t.tags AS TEXT) LIKE '%' || $6 || '%' ESCAPE '\\')
                        AND (CAST($7 AS TEXT) IS NULL OR t.external_id = $7)
                        AND (CAST($8 AS TEXT) IS NULL OR t.id < $8)
                      ORDER BY t.id DESC
                      LIMIT $9"
                 );
-                let tag_json = filter.tag.as_ref().map(|t| serde_json::to_string(t).unwrap_or_default());
+                // The tag as it appears in the JSON text, with LIKE's
+                // wildcards escaped.
+                let tag_json = filter.tag.as_ref().map(|t| {
+                    serde_json::to_string(t)
+                        .unwrap_or_default()
+                        .replace('\\', "\\\\")
+                        .replace('%', "\\%")
+                        .replace('_', "\\_")
+                });
                 let rows = sqlx::query(&sql)
                     .bind(tenant.as_str())
                     .bind(filter.status.as_deref())
@@ -453,7 +471,7 @@ macro_rules! impl_desk {
 
             async fn ticket(&self, tenant: &TenantId, id: &str) -> Result<Option<Ticket>> {
                 let mut conn = self.reader().acquire().await?;
-                ticket_where(&mut conn, tenant, "id", id).await
+                ticket_where(&mut conn, tenant, "id", id, false).await
             }
 
             async fn ticket_trace(&self, tenant: &TenantId, id: &str) -> Result<Vec<TraceLine>> {
@@ -521,6 +539,15 @@ macro_rules! impl_desk {
                 Ok(Page { items, next_cursor })
             }
 
+            async fn incident(&self, tenant: &TenantId, id: &str) -> Result<Option<Incident>> {
+                let row = sqlx::query("SELECT * FROM incidents WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(incident_from_row))
+            }
+
             async fn resolve_incident(&self, tenant: &TenantId, id: &str) -> Result<bool> {
                 let done = sqlx::query(
                     "UPDATE incidents SET status = 'resolved', resolved_at = $3, updated_at = $3
@@ -544,11 +571,11 @@ macro_rules! impl_desk {
         #[async_trait::async_trait]
         impl RecordTx for OpenRecord {
             async fn ticket(&mut self, id: &str) -> Result<Option<Ticket>> {
-                ticket_where(&mut self.tx, &self.job.tenant_id, "id", id).await
+                ticket_where(&mut self.tx, &self.job.tenant_id, "id", id, true).await
             }
 
             async fn ticket_by_external_id(&mut self, external_id: &str) -> Result<Option<Ticket>> {
-                ticket_where(&mut self.tx, &self.job.tenant_id, "external_id", external_id).await
+                ticket_where(&mut self.tx, &self.job.tenant_id, "external_id", external_id, true).await
             }
 
             async fn ticket_type(&mut self, name_or_id: &str) -> Result<Option<TicketType>> {
@@ -569,6 +596,13 @@ macro_rules! impl_desk {
             }
 
             async fn member_loads(&mut self, group_id: &str) -> Result<Vec<MemberLoad>> {
+                // Assignments to one group are serialized until this
+                // transaction ends, so two runs assigning at once do not both
+                // see the same member as least busy.
+                sqlx::query($group_lock)
+                    .bind(group_id)
+                    .execute(&mut *self.tx)
+                    .await?;
                 let rows = sqlx::query(
                     "SELECT m.id, m.name, m.capacity,
                         (SELECT COUNT(*) FROM tickets t

@@ -10,6 +10,8 @@
 //! suite (`tests/conformance.rs`). `connect` picks one from the URL.
 
 mod common;
+pub mod connections;
+mod connections_sql;
 pub mod desk;
 mod desk_sql;
 mod migrate;
@@ -24,6 +26,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
+pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
 pub use model::*;
 pub use postgres::PgStore;
@@ -189,7 +192,14 @@ pub trait QueueStore: Send + Sync {
 /// Everything a tok process needs from its database.
 #[async_trait]
 pub trait Store:
-    AdminStore + DefinitionStore + InboxStore + RunStore + QueueStore + DeskStore + RecordStore
+    AdminStore
+    + DefinitionStore
+    + InboxStore
+    + RunStore
+    + QueueStore
+    + DeskStore
+    + RecordStore
+    + ConnectionStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

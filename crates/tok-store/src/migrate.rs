@@ -26,6 +26,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     3 "0003_create_event_inbox",
     4 "0004_create_runs_and_jobs",
     5 "0005_create_service_desk",
+    6 "0006_create_connections",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -34,6 +35,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     3 "0003_create_event_inbox",
     4 "0004_create_runs_and_jobs",
     5 "0005_create_service_desk",
+    6 "0006_create_connections",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::common::impl_common;
+use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
 use crate::migrate;
 
@@ -59,6 +60,7 @@ impl_common! {
     ids_in_2 = "= ANY($2)",
     ids_in_4 = "= ANY($4)",
     lock = "FOR UPDATE SKIP LOCKED",
+    lock_row = "FOR UPDATE",
     claim_prelude = "SELECT pg_advisory_xact_lock(1953459970)",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
@@ -95,6 +97,14 @@ impl_desk! {
     store = PgStore,
     db = sqlx::Postgres,
     conn = sqlx::PgConnection,
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
+    group_lock = "SELECT pg_advisory_xact_lock(7, hashtext($1))",
+    lock_row = "FOR UPDATE",
+}
+
+impl_connections! {
+    store = PgStore,
+    db = sqlx::Postgres,
     now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
     lock_row = "FOR UPDATE",
 }

@@ -13,6 +13,7 @@ use sqlx::sqlite::{
 };
 
 use crate::common::impl_common;
+use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
 use crate::migrate;
 
@@ -72,6 +73,7 @@ impl_common! {
     ids_in_2 = "IN (SELECT value FROM json_each($2))",
     ids_in_4 = "IN (SELECT value FROM json_each($4))",
     lock = "",
+    lock_row = "",
     claim_prelude = "SELECT 1",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
@@ -105,6 +107,14 @@ impl_desk! {
     store = SqliteStore,
     db = sqlx::Sqlite,
     conn = sqlx::SqliteConnection,
+    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    group_lock = "SELECT $1",
+    lock_row = "",
+}
+
+impl_connections! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
     now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     lock_row = "",
 }

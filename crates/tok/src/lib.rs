@@ -2,6 +2,7 @@
 //! `migrate` commands, callable from tests.
 
 pub mod config;
+pub mod demo;
 
 use std::sync::Arc;
 
@@ -48,10 +49,26 @@ async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<
     Ok(())
 }
 
+/// What `tok serve` was asked for beyond the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// `--demo`: seed the demo tenant of DESIGN §11 unless it exists.
+    pub demo: bool,
+}
+
 /// Runs tok until SIGINT or SIGTERM: HTTP and/or the engine, by role.
-pub async fn serve(config: Config, registry: Registry) -> anyhow::Result<()> {
+pub async fn serve(
+    config: Config,
+    registry: Registry,
+    options: ServeOptions,
+) -> anyhow::Result<()> {
     let store = open_store(&config).await?;
+    let mut registry = registry;
+    registry.add_connectors(store.clone());
     ensure_admin_key(&*store, &config).await?;
+    if options.demo {
+        seed_demo(&*store, &registry, &config).await?;
+    }
     let engine = Engine::new(
         store,
         registry,
@@ -89,6 +106,25 @@ pub async fn serve(config: Config, registry: Registry) -> anyhow::Result<()> {
     }
     if let Some(running) = running {
         running.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Seeds the demo tenant before the engine reads the list of tenants, and
+/// prints its key and webhook URLs when this start created it.
+async fn seed_demo(store: &dyn Store, registry: &Registry, config: &Config) -> anyhow::Result<()> {
+    match demo::seed(store, registry, &config.public_url).await? {
+        demo::Seeded::Created(demo) => println!("{demo}"),
+        demo::Seeded::Existing { tenant, added } if added.is_empty() => tracing::info!(
+            %tenant,
+            "demo tenant already seeded; its API key and webhook URLs were printed then \
+             (GET /api/sources with the admin key and `X-Tok-Tenant` shows the URLs again)"
+        ),
+        demo::Seeded::Existing { tenant, added } => tracing::warn!(
+            %tenant,
+            added = %added.join(", "),
+            "demo tenant was seeded only partly before; added what it lacked"
+        ),
     }
     Ok(())
 }

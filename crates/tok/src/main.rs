@@ -1,8 +1,10 @@
 //! `tok`: load the configuration, start what the command asks for.
 
 use clap::{Parser, Subcommand};
+use tok::ServeOptions;
 use tok::config::Config;
-use tok_engine::Registry;
+use tok_engine::{Registry, ScriptStep};
+use tok_script::{PoolConfig, ScriptPool};
 
 #[derive(Parser)]
 #[command(
@@ -18,27 +20,53 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the API and the workers (by TOK_ROLE); SQLite at ./tok-data/tok.db by default.
-    Serve,
+    Serve {
+        /// Seed a demo tenant with the service desk of DESIGN §11 (groups,
+        /// ticket types, two webhook sources, three automations) unless a
+        /// tenant named "Demo" exists; print its API key and webhook URLs.
+        #[arg(long)]
+        demo: bool,
+    },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// A worker's script sandbox: runs the JavaScript requests it reads on
+    /// stdin. Started by the worker's script pool, not by hand.
+    #[command(name = tok_script::SANDBOX_SUBCOMMAND, hide = true)]
+    ScriptSandbox,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Command::ScriptSandbox = cli.command {
+        // Before any runtime, logger or configuration: a sandbox needs none,
+        // and its stdout belongs to the pool.
+        tok_script::sandbox_main();
+    }
+    run(cli)
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
         )
         .init();
-    let cli = Cli::parse();
     let config = Config::from_env()?;
     match cli.command {
-        Command::Serve => tok::serve(config, Registry::with_builtins()).await,
+        Command::Serve { demo } => {
+            let mut registry = Registry::with_builtins();
+            // Children start on the first script, so an API-only node has none.
+            let scripts = ScriptPool::new(PoolConfig::current_exe()?)?;
+            registry.register("script", ScriptStep::new(scripts));
+            tok::serve(config, registry, ServeOptions { demo }).await
+        }
         Command::Migrate => {
             tok::open_store(&config).await?;
             println!("migrations applied");
             Ok(())
         }
+        Command::ScriptSandbox => unreachable!("the sandbox starts before the runtime"),
     }
 }

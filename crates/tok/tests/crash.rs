@@ -133,6 +133,8 @@ async fn send_until_accepted(http: &reqwest::Client, url: &str, n: usize) -> Str
 }
 
 async fn crash_and_recover(backend: Backend) {
+    // reqwest is built with rustls and no default crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let db = TestDb::create(backend).await;
     let port = free_port();
     let api = Api {

@@ -7,8 +7,11 @@
 //! crash between them is impossible. Each lives in a file of its own.
 
 mod emit;
+pub(crate) mod http;
 mod incident_create;
+pub(crate) mod mcp;
 pub(crate) mod pause;
+pub(crate) mod script;
 mod ticket_add_tags;
 mod ticket_assign;
 mod ticket_close;
@@ -156,4 +159,11 @@ async fn save(cx: &mut TxContext<'_>, write: TicketWrite) -> Result<(), TxError>
 /// `updated_at` for a write now.
 fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
+}
+
+/// The `updated_at` of a ticket changed now: later than its last one even
+/// within the same millisecond, so a person's "change only if unchanged since
+/// I read it" never misses a step's write.
+fn stamp(previous: i64) -> i64 {
+    now_ms().max(previous + 1)
 }

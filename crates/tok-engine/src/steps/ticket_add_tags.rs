@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 use tok_store::TicketWrite;
 
-use super::{TxContext, TxResult, now_ms, save, subject_ticket, terminal};
+use super::{TxContext, TxResult, save, stamp, subject_ticket, terminal};
 
 pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let wanted: Vec<String> = match config.get("tags") {
@@ -34,7 +34,7 @@ pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         });
     if !added.is_empty() {
         ticket.tags.extend(added.iter().cloned());
-        ticket.updated_at = now_ms();
+        ticket.updated_at = stamp(ticket.updated_at);
         let trace = vec![format!(
             "Tags added: {} by {}",
             added.join(", "),

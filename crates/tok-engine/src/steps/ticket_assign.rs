@@ -8,7 +8,7 @@ use std::cmp::Ordering;
 use serde_json::{Map, Value, json};
 use tok_store::{MemberLoad, TicketWrite};
 
-use super::{TxContext, TxResult, now_ms, save, string, subject_ticket, terminal};
+use super::{TxContext, TxResult, save, stamp, string, subject_ticket, terminal};
 
 /// The least busy member (see the module doc); `None` for an empty group.
 pub(crate) fn least_busy(loads: &[MemberLoad]) -> Option<&MemberLoad> {
@@ -54,7 +54,7 @@ pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     if ticket.assignee_id.as_deref() != Some(chosen.id.as_str()) {
         ticket.assignee_id = Some(chosen.id.clone());
         ticket.assignee_name = Some(chosen.name.clone());
-        ticket.updated_at = now_ms();
+        ticket.updated_at = stamp(ticket.updated_at);
         let trace = vec![format!(
             "Assigned to {} ({}, least busy) by {}",
             chosen.name, group.name, cx.cause.actor

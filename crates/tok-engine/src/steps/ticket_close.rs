@@ -4,13 +4,13 @@
 use serde_json::{Map, Value, json};
 use tok_store::TicketWrite;
 
-use super::{TxContext, TxResult, now_ms, save, string, subject_ticket};
+use super::{TxContext, TxResult, save, stamp, string, subject_ticket};
 
 pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let mut ticket = subject_ticket(cx, config).await?;
     if !ticket.closed {
         ticket.closed = true;
-        ticket.updated_at = now_ms();
+        ticket.updated_at = stamp(ticket.updated_at);
         let why = string(config, "reason")
             .map(|r| format!(": {r}"))
             .unwrap_or_default();

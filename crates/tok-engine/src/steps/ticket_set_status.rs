@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 use tok_store::TicketWrite;
 
-use super::{TxContext, TxResult, now_ms, save, string, subject_ticket, terminal};
+use super::{TxContext, TxResult, save, stamp, string, subject_ticket, terminal};
 
 pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let status = string(config, "status")
@@ -32,7 +32,7 @@ pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     }
     if ticket.status.as_deref() != Some(status.as_str()) {
         ticket.status = Some(status.clone());
-        ticket.updated_at = now_ms();
+        ticket.updated_at = stamp(ticket.updated_at);
         let trace = vec![format!("Status set to {status} by {}", cx.cause.actor)];
         save(
             cx,

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 use tok_store::TicketWrite;
 
-use super::{TxContext, TxResult, now_ms, save, string, subject_ticket, terminal};
+use super::{TxContext, TxResult, save, stamp, string, subject_ticket, terminal};
 
 pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let name = string(config, "type")
@@ -42,7 +42,7 @@ pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             ));
         }
     }
-    ticket.updated_at = now_ms();
+    ticket.updated_at = stamp(ticket.updated_at);
     save(
         cx,
         TicketWrite {

@@ -90,7 +90,7 @@ fn view(row: &AutomationRow) -> Value {
 
 async fn create(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let version = checked(&state, &tenant, &body).await?;
@@ -107,7 +107,7 @@ async fn create(
 
 async fn update(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
@@ -120,7 +120,7 @@ async fn update(
     Ok(Json(json!({ "id": row.id, "version": row.version })))
 }
 
-async fn list(State(state): State<AppState>, Tenant(tenant): Tenant) -> ApiResult<Json<Value>> {
+async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let rows = state.engine.store().automations(&tenant).await?;
     let items: Vec<Value> = rows.iter().map(view).collect();
     Ok(Json(json!({ "items": items, "next_cursor": null })))
@@ -128,7 +128,7 @@ async fn list(State(state): State<AppState>, Tenant(tenant): Tenant) -> ApiResul
 
 async fn show(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let row = state
@@ -160,7 +160,7 @@ async fn set_status(
 
 async fn pause(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     set_status(&state, &tenant, id, AutomationStatus::Paused).await
@@ -168,7 +168,7 @@ async fn pause(
 
 async fn resume(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     set_status(&state, &tenant, id, AutomationStatus::Active).await
@@ -184,7 +184,7 @@ struct StartBody {
 
 async fn start_run(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,

@@ -1,10 +1,15 @@
 //! One router per resource.
 
 pub(crate) mod automations;
+pub(crate) mod connections;
+pub(crate) mod groups;
 pub(crate) mod health;
+pub(crate) mod incidents;
 pub(crate) mod runs;
 pub(crate) mod sources;
 pub(crate) mod tenants;
+pub(crate) mod ticket_types;
+pub(crate) mod tickets;
 pub(crate) mod webhook;
 
 use serde::Deserialize;

@@ -1,8 +1,11 @@
-//! Runs: the dashboard listing (filters, cursor pages) and one run with its
-//! steps and their log lines.
+//! Runs: the dashboard listing (filters, cursor pages), one run with its
+//! steps and their log lines, and run control (retry from the failed step,
+//! cancel, pause, resume). Whether a run's state allows a control is the
+//! store's decision, taken under the run's row lock; its refusal is a 409
+//! that says which states would.
 
 use axum::extract::{Path, Query, State};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -17,6 +20,10 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/api/dashboard/runs", get(list))
         .route("/api/runs/{id}", get(show))
+        .route("/api/runs/{id}/retry", post(retry))
+        .route("/api/runs/{id}/cancel", post(cancel))
+        .route("/api/runs/{id}/pause", post(pause))
+        .route("/api/runs/{id}/resume", post(resume))
 }
 
 #[derive(Deserialize)]
@@ -33,7 +40,7 @@ const TRIGGERS: &[&str] = &["webhook", "event", "poll", "schedule", "manual"];
 
 async fn list(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
     let Query(query) = query.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
@@ -74,7 +81,7 @@ async fn list(
 
 async fn show(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let run = state
@@ -83,5 +90,59 @@ async fn show(
         .run(&tenant, &RunId::from(id))
         .await?
         .ok_or_else(|| ApiError::not_found("run"))?;
+    Ok(Json(json!(run)))
+}
+
+/// Continues a failed run from its failed step; the worker picks it up
+/// within its poll interval.
+async fn retry(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let run = state
+        .engine
+        .store()
+        .retry_run(&tenant, &RunId::from(id))
+        .await?;
+    Ok(Json(json!(run)))
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let run = state
+        .engine
+        .store()
+        .cancel_run(&tenant, &RunId::from(id))
+        .await?;
+    Ok(Json(json!(run)))
+}
+
+async fn pause(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let run = state
+        .engine
+        .store()
+        .pause_run(&tenant, &RunId::from(id))
+        .await?;
+    Ok(Json(json!(run)))
+}
+
+async fn resume(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let run = state
+        .engine
+        .store()
+        .resume_run(&tenant, &RunId::from(id))
+        .await?;
     Ok(Json(json!(run)))
 }

@@ -50,7 +50,7 @@ fn view(state: &AppState, source: &Source) -> Value {
 
 async fn create(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     JsonBody(body): JsonBody<NewSourceBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     if body.name.trim().is_empty() {
@@ -85,7 +85,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view(&state, &source))))
 }
 
-async fn list(State(state): State<AppState>, Tenant(tenant): Tenant) -> ApiResult<Json<Value>> {
+async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let sources = state.engine.store().sources(&tenant).await?;
     let items: Vec<Value> = sources.iter().map(|s| view(&state, s)).collect();
     Ok(Json(json!({ "items": items, "next_cursor": null })))
@@ -93,7 +93,7 @@ async fn list(State(state): State<AppState>, Tenant(tenant): Tenant) -> ApiResul
 
 async fn show(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let source = state

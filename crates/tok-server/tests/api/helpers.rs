@@ -249,6 +249,31 @@ impl TestApp {
         .await
     }
 
+    pub(crate) async fn patch(&self, key: &str, uri: &str, body: &Value) -> Reply {
+        let headers = [("content-type", "application/json")];
+        self.request(
+            Method::PATCH,
+            uri,
+            Some(key),
+            &headers,
+            Body::from(body.to_string()),
+        )
+        .await
+    }
+
+    /// A GET with the platform admin key acting for `tenant` (`X-Tok-Tenant`).
+    pub(crate) async fn get_as_admin(&self, tenant: &Tenant, uri: &str) -> Reply {
+        let headers = [("x-tok-tenant", tenant.id.as_str())];
+        self.request(
+            Method::GET,
+            uri,
+            Some(&self.admin_key),
+            &headers,
+            Body::empty(),
+        )
+        .await
+    }
+
     /// Creates a tenant with the admin key.
     pub(crate) async fn create_tenant(&self, name: &str) -> Tenant {
         let body = self
@@ -283,6 +308,57 @@ impl TestApp {
             .expect(StatusCode::CREATED);
         assert_eq!(created["version"], 1, "{created:#}");
         created["id"].as_str().expect("automation id").to_owned()
+    }
+
+    /// Creates a ticket type; returns `{id, name, statuses, fields, …}`.
+    pub(crate) async fn create_ticket_type(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        statuses: &[&str],
+    ) -> Value {
+        let body = json!({ "name": name, "statuses": statuses, "fields": [] });
+        let created = self
+            .post(&tenant.key, "/api/ticket-types", &body)
+            .await
+            .expect(StatusCode::CREATED);
+        assert_eq!(created["name"], name, "{created:#}");
+        created
+    }
+
+    /// Creates a group whose members have the default capacity; returns
+    /// `{id, name, members: [{id, name, capacity}]}`.
+    pub(crate) async fn create_group(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        members: &[&str],
+    ) -> Value {
+        let members: Vec<Value> = members.iter().map(|m| json!({ "name": m })).collect();
+        let body = json!({ "name": name, "members": members });
+        let created = self
+            .post(&tenant.key, "/api/groups", &body)
+            .await
+            .expect(StatusCode::CREATED);
+        assert_eq!(created["name"], name, "{created:#}");
+        created
+    }
+
+    /// Creates a ticket as a person (`POST /api/tickets`); returns it.
+    pub(crate) async fn create_ticket(&self, tenant: &Tenant, body: &Value) -> Value {
+        let created = self
+            .post(&tenant.key, "/api/tickets", body)
+            .await
+            .expect(StatusCode::CREATED);
+        assert!(created["id"].is_string(), "{created:#}");
+        created
+    }
+
+    /// `GET /api/tickets/{id}`: the ticket with its trace.
+    pub(crate) async fn ticket(&self, tenant: &Tenant, id: &str) -> Value {
+        self.get(&tenant.key, &format!("/api/tickets/{id}"))
+            .await
+            .expect(StatusCode::OK)
     }
 
     /// Sends a webhook body (no authentication: the token is the secret).
@@ -488,4 +564,19 @@ pub(crate) fn manual(name: &str, steps: &Value) -> Value {
 /// A `flow/log` step.
 pub(crate) fn log_step(id: &str, message: &str) -> Value {
     json!({ "id": id, "type": "flow/log", "config": { "message": message } })
+}
+
+/// A definition started by an internal event (`ticket.created`, …).
+pub(crate) fn on_event(name: &str, event: &str, steps: &Value) -> Value {
+    json!({ "name": name, "trigger": { "kind": "event", "event": event }, "steps": steps })
+}
+
+/// The messages of a ticket's trace, in order.
+pub(crate) fn trace_messages(ticket: &Value) -> Vec<String> {
+    ticket["trace"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a ticket with a trace: {ticket:#}"))
+        .iter()
+        .map(|line| line["message"].as_str().expect("a message").to_owned())
+        .collect()
 }

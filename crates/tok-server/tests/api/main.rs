@@ -6,8 +6,11 @@
 mod helpers;
 
 mod automations;
+mod desk;
 mod errors;
 mod health;
+mod incidents;
 mod isolation;
+mod run_control;
 mod runs;
 mod webhook;

@@ -1,0 +1,456 @@
+//! `http`: calls a URL, through a connection (credentials, rate limit,
+//! concurrency cap, circuit breaker) or directly. Runs with no database
+//! connection held; the connection's limits are checked in one short
+//! transaction before the call and updated in another after it.
+//!
+//! Every attempt sends `Idempotency-Key: <run id>:<path>`, the same on every
+//! retry. What is retried (DESIGN §5): a connection error, 5xx, 408, 425,
+//! 429 (after `Retry-After` when given). 400, 401, 403, 404 and other 4xx are
+//! terminal. A timeout before the request went out is retried; a timeout
+//! after it went out is retried only for idempotent methods (GET, HEAD, PUT,
+//! DELETE, OPTIONS): a POST that may have been acted on is not sent twice by
+//! tok's own decision.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use reqwest::Method;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Map, Value, json};
+use tok_core::error::StepError;
+use tok_core::limits::MAX_OUTPUT_BYTES;
+use tok_store::{Admission, CallOutcome, Connection, Store};
+
+use crate::registry::{StepCall, StepHandler};
+
+/// Default and largest per-call timeouts.
+const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+const MAX_TIMEOUT_MS: u64 = 120_000;
+
+pub(crate) struct Http {
+    store: Arc<dyn Store>,
+    client: reqwest::Client,
+}
+
+impl Http {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        // TLS uses rustls with the ring provider (a lighter build than the
+        // default); installing it twice is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .redirect(reqwest::redirect::Policy::limited(5))
+            .user_agent(concat!("tok/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .unwrap_or_default();
+        Self { store, client }
+    }
+}
+
+/// The parts of a config a call needs, checked.
+struct Request {
+    method: Method,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Option<Value>,
+    timeout: Duration,
+}
+
+fn parse(config: &Value, base_url: Option<&str>) -> Result<Request, String> {
+    let method = match config.get("method").and_then(Value::as_str) {
+        None => Method::GET,
+        Some(m) => Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+            .map_err(|_| format!("http `method` `{m}` is not an HTTP method"))?,
+    };
+    let url = config
+        .get("url")
+        .and_then(Value::as_str)
+        .filter(|u| !u.trim().is_empty())
+        .ok_or("http needs `url`: an absolute URL, or a path under the connection's base URL")?;
+    let url = match base_url {
+        Some(base) if !url.starts_with("http://") && !url.starts_with("https://") => {
+            format!(
+                "{}/{}",
+                base.trim_end_matches('/'),
+                url.trim_start_matches('/')
+            )
+        }
+        _ => url.to_owned(),
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!(
+            "http `url` `{url}` must start with http:// or https://"
+        ));
+    }
+    let headers = match config.get("headers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (k.clone(), value)
+            })
+            .collect(),
+        Some(_) => return Err("http `headers` must be an object of header names to values".into()),
+    };
+    let timeout = match config.get("timeoutMs") {
+        None | Some(Value::Null) => DEFAULT_TIMEOUT_MS,
+        Some(v) => match v.as_u64() {
+            Some(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => ms,
+            _ => {
+                return Err(format!(
+                    "http `timeoutMs` must be between 1 and {MAX_TIMEOUT_MS}"
+                ));
+            }
+        },
+    };
+    Ok(Request {
+        method,
+        url,
+        headers,
+        body: config.get("body").filter(|b| !b.is_null()).cloned(),
+        timeout: Duration::from_millis(timeout),
+    })
+}
+
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS
+    )
+}
+
+/// Headers the connection's credentials add to every call.
+fn credential_headers(connection: &Connection) -> Result<HeaderMap, StepError> {
+    let mut headers = HeaderMap::new();
+    let bad = |what: &str| StepError::terminal(format!("connection `{}`: {what}", connection.name));
+    let c = &connection.credentials;
+    if let Some(token) = c.get("bearer").and_then(Value::as_str) {
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| bad("the bearer token is not a valid header value"))?;
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    if let Some(basic) = c.get("basic") {
+        use std::io::Write as _;
+        let user = basic
+            .get("user")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let password = basic
+            .get("password")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let mut raw = Vec::new();
+        let _ = write!(raw, "{user}:{password}");
+        let value = HeaderValue::from_str(&format!("Basic {}", base64(&raw)))
+            .map_err(|_| bad("basic credentials are not valid"))?;
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    if let Some(Value::Object(extra)) = c.get("headers") {
+        for (name, value) in extra {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| bad(&format!("`{name}` is not a header name")))?;
+            let value =
+                HeaderValue::from_str(value.as_str().unwrap_or_default()).map_err(|_| {
+                    bad(&format!(
+                        "the value of `{name}` is not a valid header value"
+                    ))
+                })?;
+            headers.insert(name, value);
+        }
+    }
+    Ok(headers)
+}
+
+/// Standard base64 (for `Authorization: Basic`), to avoid a dependency for
+/// one header.
+fn base64(input: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `Retry-After` in seconds or as an HTTP date.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = jiff::fmt::rfc2822::parse(value).ok()?.timestamp();
+    let wait = at.as_millisecond() - jiff::Timestamp::now().as_millisecond();
+    Some(Duration::from_millis(wait.max(0) as u64))
+}
+
+impl Http {
+    /// Sends the request and maps the answer to outputs or a classified error.
+    async fn send(
+        &self,
+        call: &StepCall,
+        request: Request,
+        connection: Option<&Connection>,
+    ) -> (Result<Map<String, Value>, StepError>, CallOutcome) {
+        let mut headers = match connection.map(credential_headers).transpose() {
+            Ok(h) => h.unwrap_or_default(),
+            Err(e) => return (Err(e), CallOutcome::Answered),
+        };
+        for (name, value) in &request.headers {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    headers.insert(n, v);
+                }
+                _ => {
+                    let e =
+                        StepError::terminal(format!("header `{name}` is not a valid HTTP header"));
+                    return (Err(e), CallOutcome::Answered);
+                }
+            }
+        }
+        if let Ok(key) = HeaderValue::from_str(&call.idempotency_key) {
+            headers.insert("idempotency-key", key);
+        }
+        let mut builder = self
+            .client
+            .request(request.method.clone(), &request.url)
+            .headers(headers)
+            .timeout(request.timeout);
+        builder = match &request.body {
+            Some(Value::String(text)) => builder.body(text.clone()),
+            Some(json) => builder.json(json),
+            None => builder,
+        };
+        let method = request.method.clone();
+        let response = match builder.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    Err(classify_send_error(&e, &method, request.timeout)),
+                    CallOutcome::Unavailable,
+                );
+            }
+        };
+        let status = response.status();
+        let response_headers = response.headers().clone();
+        let bytes = match response.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                return (
+                    Err(classify_send_error(&e, &method, request.timeout)),
+                    CallOutcome::Unavailable,
+                );
+            }
+        };
+        let snippet = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
+        let code = status.as_u16();
+        let answered = format!("{} {} answered {status}", method, request.url);
+        if code == 429 {
+            let message = format!("{answered}: too many requests");
+            return match retry_after(&response_headers) {
+                Some(after) => (
+                    Err(StepError::retry_after(message, after)),
+                    CallOutcome::Unavailable,
+                ),
+                None => (Err(StepError::retryable(message)), CallOutcome::Unavailable),
+            };
+        }
+        if status.is_server_error() || code == 408 || code == 425 {
+            return (
+                Err(StepError::retryable(format!("{answered}: {snippet}"))),
+                CallOutcome::Unavailable,
+            );
+        }
+        if status.is_client_error() {
+            return (
+                Err(StepError::terminal(format!("{answered}: {snippet}"))),
+                CallOutcome::Answered,
+            );
+        }
+        if bytes.len() > MAX_OUTPUT_BYTES {
+            let e = StepError::terminal(format!(
+                "{answered} with {} bytes; at most {MAX_OUTPUT_BYTES} bytes of a response are kept",
+                bytes.len()
+            ));
+            return (Err(e), CallOutcome::Answered);
+        }
+        let is_json = response_headers
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.contains("json"));
+        let body = if is_json {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        } else {
+            Value::String(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        let mut headers_out = Map::new();
+        for (name, value) in &response_headers {
+            if let Ok(v) = value.to_str() {
+                headers_out.insert(name.as_str().to_owned(), json!(v));
+            }
+        }
+        let mut out = Map::new();
+        out.insert("status".into(), json!(code));
+        out.insert("headers".into(), Value::Object(headers_out));
+        out.insert("body".into(), body);
+        (Ok(out), CallOutcome::Answered)
+    }
+}
+
+fn classify_send_error(e: &reqwest::Error, method: &Method, timeout: Duration) -> StepError {
+    let what = format!(
+        "{method} {}",
+        e.url().map(|u| u.as_str()).unwrap_or("the URL")
+    );
+    if e.is_builder() {
+        return StepError::terminal(format!("{what}: the request could not be built: {e}"));
+    }
+    if e.is_connect() {
+        return StepError::retryable(format!("{what}: could not connect: {e}"));
+    }
+    if e.is_timeout() {
+        let message = format!("{what}: no answer within {} ms", timeout.as_millis());
+        return if idempotent(method) {
+            StepError::retryable(message)
+        } else {
+            StepError::terminal(format!(
+                "{message}; the request was sent, so it is not repeated automatically \
+                 (the service may have acted on it)"
+            ))
+        };
+    }
+    if idempotent(method) {
+        StepError::retryable(format!("{what}: {e}"))
+    } else {
+        StepError::terminal(format!(
+            "{what}: the connection failed after the request was sent: {e}"
+        ))
+    }
+}
+
+#[async_trait]
+impl StepHandler for Http {
+    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        let connection = match call.config.get("connection").and_then(Value::as_str) {
+            Some(name) => Some(
+                self.store
+                    .connection(&call.tenant_id, name)
+                    .await
+                    .map_err(|e| {
+                        StepError::retryable(format!("connection storage unavailable: {e}"))
+                    })?
+                    .ok_or_else(|| {
+                        StepError::terminal(format!("connection `{name}` does not exist"))
+                    })?,
+            ),
+            None => None,
+        };
+        let request = parse(
+            &call.config,
+            connection.as_ref().and_then(|c| c.base_url.as_deref()),
+        )
+        .map_err(StepError::terminal)?;
+        if let Some(c) = &connection {
+            let admission = self
+                .store
+                .admit(&call.tenant_id, &c.id, call.job_id, call.lease_ms)
+                .await
+                .map_err(|e| {
+                    StepError::retryable(format!("connection storage unavailable: {e}"))
+                })?;
+            if let Admission::Wait { delay_ms, reason } = admission {
+                metrics::counter!("tok_connector_deferred_total", "connector" => "http")
+                    .increment(1);
+                return Err(StepError::deferred(
+                    format!("connection `{}`: {reason}", c.name),
+                    Duration::from_millis(delay_ms.max(1) as u64),
+                ));
+            }
+        }
+        let started = Instant::now();
+        let (result, outcome) = self.send(&call, request, connection.as_ref()).await;
+        let outcome_label = match &result {
+            Ok(_) => "ok",
+            Err(e) if e.is_retryable() => "retryable",
+            Err(_) => "terminal",
+        };
+        metrics::counter!("tok_connector_calls_total", "connector" => "http", "outcome" => outcome_label)
+            .increment(1);
+        metrics::histogram!("tok_connector_call_seconds", "connector" => "http")
+            .record(started.elapsed().as_secs_f64());
+        if let Some(c) = &connection
+            && let Err(e) = self
+                .store
+                .release(&call.tenant_id, &c.id, call.job_id, outcome)
+                .await
+        {
+            // The slot expires with the lease; the breaker misses one outcome.
+            tracing::warn!(connection = %c.name, error = %e, "could not release a connection slot");
+        }
+        result
+    }
+
+    fn validate(&self, config: &Value) -> Result<(), String> {
+        let base = config
+            .get("connection")
+            .map(|_| "https://connection.invalid");
+        let url = config
+            .get("url")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if url.contains("{{") {
+            // Templated URLs are checked when rendered.
+            return Ok(());
+        }
+        parse(config, base).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(base64(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(base64(b"a"), "YQ==");
+        assert_eq!(base64(b"ab"), "YWI=");
+    }
+
+    #[test]
+    fn relative_urls_join_the_connection_base() {
+        let r = parse(
+            &json!({ "url": "/invoices" }),
+            Some("https://api.example.com/v1/"),
+        )
+        .unwrap();
+        assert_eq!(r.url, "https://api.example.com/v1/invoices");
+        assert!(parse(&json!({ "url": "/invoices" }), None).is_err());
+        assert!(parse(&json!({ "url": "x", "method": "NOT A METHOD" }), None).is_err());
+        assert!(parse(&json!({ "url": "https://a", "timeoutMs": 0 }), None).is_err());
+    }
+}

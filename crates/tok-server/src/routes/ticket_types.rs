@@ -1,0 +1,110 @@
+//! Ticket types: a name, the statuses a ticket of the type may have (the
+//! first is a new ticket's), and its custom fields. Steps and people refer
+//! to a type by name, so names are unique per tenant.
+
+use std::collections::HashSet;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tok_store::NewTicketType;
+
+use crate::AppState;
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::JsonBody;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/api/ticket-types", get(list).post(create))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewType {
+    name: String,
+    statuses: Vec<String>,
+    #[serde(default)]
+    fields: Vec<Value>,
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_body", message)
+}
+
+/// Statuses: at least one, none blank, no two alike.
+fn checked_statuses(statuses: Vec<String>) -> ApiResult<Vec<String>> {
+    if statuses.is_empty() {
+        return Err(invalid(
+            "`statuses` must list at least one status; the first is a new ticket's",
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(statuses.len());
+    for status in statuses {
+        let status = status.trim().to_owned();
+        if status.is_empty() {
+            return Err(invalid("`statuses` must not contain an empty status"));
+        }
+        if !seen.insert(status.clone()) {
+            return Err(invalid(format!(
+                "status `{status}` is listed twice in `statuses`; each status must be unique"
+            )));
+        }
+        out.push(status);
+    }
+    Ok(out)
+}
+
+/// Custom fields: objects with a unique, non-empty `name` (and whatever
+/// else describes them, such as `type`).
+fn checked_fields(fields: Vec<Value>) -> ApiResult<Value> {
+    let mut seen = HashSet::new();
+    for (i, field) in fields.iter().enumerate() {
+        let name = field
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "`fields[{i}]` must be an object with a non-empty `name`, e.g. {{\"name\":\"due\",\"type\":\"date\"}}"
+                ))
+            })?;
+        if !seen.insert(name.to_owned()) {
+            return Err(invalid(format!(
+                "field `{name}` is listed twice in `fields`; each field must be unique"
+            )));
+        }
+    }
+    Ok(Value::Array(fields))
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    JsonBody(body): JsonBody<NewType>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let name = body.name.trim().to_owned();
+    if name.is_empty() {
+        return Err(invalid("`name` must not be empty"));
+    }
+    let new = NewTicketType {
+        name,
+        statuses: checked_statuses(body.statuses)?,
+        fields: checked_fields(body.fields)?,
+    };
+    let created = state
+        .engine
+        .store()
+        .create_ticket_type(&tenant, new)
+        .await?;
+    Ok((StatusCode::CREATED, Json(json!(created))))
+}
+
+async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
+    let types = state.engine.store().ticket_types(&tenant).await?;
+    Ok(Json(json!({ "items": types, "next_cursor": null })))
+}

@@ -1,0 +1,242 @@
+//! Connections to outside services and the limits that protect them: a
+//! token bucket (rate, burst), a cap on calls in flight, and a circuit
+//! breaker. They live in the database, so they hold across every worker
+//! process sharing it. A step asks [`ConnectionStore::admit`] before it
+//! calls (one short transaction), calls with no connection held, and reports
+//! the outcome with [`ConnectionStore::release`].
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+use tok_core::ids::{JobId, TenantId};
+
+use crate::Result;
+
+#[derive(Debug, Clone)]
+pub struct NewConnection {
+    pub name: String,
+    /// `http` or `mcp`.
+    pub service: String,
+    pub base_url: Option<String>,
+    /// Applied to calls, never shown: `{"bearer": "…"}`, `{"basic": {"user","password"}}`
+    /// or `{"headers": {…}}`.
+    pub credentials: Value,
+    /// Calls per second; `None` for no rate limit.
+    pub rate: Option<f64>,
+    pub burst: i32,
+    pub max_concurrency: Option<i32>,
+    pub breaker_threshold: i32,
+    pub breaker_cooldown_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Connection {
+    pub id: String,
+    pub name: String,
+    pub service: String,
+    pub base_url: Option<String>,
+    #[serde(skip)]
+    pub credentials: Value,
+    pub rate: Option<f64>,
+    pub burst: i32,
+    pub max_concurrency: Option<i32>,
+    pub breaker_threshold: i32,
+    pub breaker_cooldown_ms: i64,
+    pub breaker_state: String,
+    pub failures: i32,
+    pub created_at: i64,
+}
+
+/// Whether a call may go ahead now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Go ahead; a slot is held until [`ConnectionStore::release`].
+    Go,
+    /// Not now: come back in `delay_ms` (nothing was spent).
+    Wait { delay_ms: i64, reason: String },
+}
+
+/// How a call ended, for the circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The service answered (any answer that is not a retryable failure).
+    Answered,
+    /// Connection error, timeout, 5xx, 429: counts toward opening the breaker.
+    Unavailable,
+}
+
+#[async_trait]
+pub trait ConnectionStore: Send + Sync {
+    async fn create_connection(&self, tenant: &TenantId, new: NewConnection) -> Result<Connection>;
+    async fn connections(&self, tenant: &TenantId) -> Result<Vec<Connection>>;
+    /// A connection by name or id, with its credentials (for the worker).
+    async fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
+    /// Checks the breaker, the concurrency cap and the token bucket, in that
+    /// order, and takes a token and a slot when all allow the call.
+    async fn admit(
+        &self,
+        tenant: &TenantId,
+        connection_id: &str,
+        job: JobId,
+        lease_ms: i64,
+    ) -> Result<Admission>;
+    /// Frees the call's slot and feeds its outcome to the breaker.
+    async fn release(
+        &self,
+        tenant: &TenantId,
+        connection_id: &str,
+        job: JobId,
+        outcome: CallOutcome,
+    ) -> Result<()>;
+}
+
+/// The decision of [`ConnectionStore::admit`], pure: given the connection's
+/// state at `now`, whether to call and the state to write back.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Gate {
+    pub(crate) rate: Option<f64>,
+    pub(crate) burst: i32,
+    pub(crate) tokens: f64,
+    pub(crate) refilled_at: i64,
+    pub(crate) max_concurrency: Option<i32>,
+    pub(crate) in_flight: i64,
+    pub(crate) breaker_state: String,
+    pub(crate) opened_at: Option<i64>,
+    pub(crate) cooldown_ms: i64,
+}
+
+impl Gate {
+    /// Returns the admission and, when the call goes ahead, the new
+    /// (tokens, breaker state, opened_at).
+    pub(crate) fn decide(&self, now: i64) -> (Admission, Option<(f64, String, Option<i64>)>) {
+        let mut state = self.breaker_state.clone();
+        let mut opened_at = self.opened_at;
+        if state == "open" || state == "half_open" {
+            let until = self.opened_at.unwrap_or(now) + self.cooldown_ms;
+            if now < until {
+                let reason = if state == "open" {
+                    "the circuit breaker is open after repeated failures"
+                } else {
+                    "the circuit breaker is testing the service with one call"
+                };
+                return (
+                    Admission::Wait {
+                        delay_ms: until - now,
+                        reason: reason.into(),
+                    },
+                    None,
+                );
+            }
+            // Cool-down over (or a probe went missing): let one probe through.
+            state = "half_open".into();
+            opened_at = Some(now);
+        }
+        if let Some(max) = self.max_concurrency
+            && self.in_flight >= i64::from(max)
+        {
+            let reason = format!("{max} calls are already in flight on this connection");
+            return (
+                Admission::Wait {
+                    delay_ms: 100,
+                    reason,
+                },
+                None,
+            );
+        }
+        let mut tokens = self.tokens;
+        if let Some(rate) = self.rate.filter(|r| *r > 0.0) {
+            let elapsed = (now - self.refilled_at).max(0) as f64 / 1000.0;
+            tokens = (self.tokens + elapsed * rate).min(f64::from(self.burst.max(1)));
+            if tokens < 1.0 {
+                let delay_ms = (((1.0 - tokens) / rate) * 1000.0).ceil().max(1.0) as i64;
+                let reason = format!("the rate limit of {rate} calls per second is reached");
+                return (Admission::Wait { delay_ms, reason }, None);
+            }
+            tokens -= 1.0;
+        }
+        (Admission::Go, Some((tokens, state, opened_at)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate() -> Gate {
+        Gate {
+            rate: None,
+            burst: 1,
+            tokens: 0.0,
+            refilled_at: 0,
+            max_concurrency: None,
+            in_flight: 0,
+            breaker_state: "closed".into(),
+            opened_at: None,
+            cooldown_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn a_bucket_refills_at_its_rate_up_to_its_burst() {
+        let g = Gate {
+            rate: Some(10.0),
+            burst: 5,
+            tokens: 0.0,
+            refilled_at: 0,
+            ..gate()
+        };
+        // 50 ms at 10/s is half a token: wait 50 ms more.
+        assert_eq!(
+            g.decide(50).0,
+            Admission::Wait {
+                delay_ms: 50,
+                reason: "the rate limit of 10 calls per second is reached".into()
+            }
+        );
+        // After 10 s the bucket holds its burst of 5, one is taken.
+        let (admission, state) = g.decide(10_000);
+        assert_eq!(admission, Admission::Go);
+        assert_eq!(state.unwrap().0, 4.0);
+    }
+
+    #[test]
+    fn the_concurrency_cap_holds_calls_back() {
+        let g = Gate {
+            max_concurrency: Some(2),
+            in_flight: 2,
+            ..gate()
+        };
+        assert!(matches!(g.decide(0).0, Admission::Wait { .. }));
+        let g = Gate {
+            max_concurrency: Some(2),
+            in_flight: 1,
+            ..gate()
+        };
+        assert_eq!(g.decide(0).0, Admission::Go);
+    }
+
+    #[test]
+    fn an_open_breaker_waits_out_its_cooldown_then_lets_one_probe_through() {
+        let g = Gate {
+            breaker_state: "open".into(),
+            opened_at: Some(1000),
+            ..gate()
+        };
+        assert_eq!(
+            g.decide(1500).0,
+            Admission::Wait {
+                delay_ms: 500,
+                reason: "the circuit breaker is open after repeated failures".into()
+            }
+        );
+        let (admission, state) = g.decide(2000);
+        assert_eq!(admission, Admission::Go);
+        assert_eq!(state.unwrap().1, "half_open");
+        let probing = Gate {
+            breaker_state: "half_open".into(),
+            opened_at: Some(2000),
+            ..gate()
+        };
+        assert!(matches!(probing.decide(2500).0, Admission::Wait { .. }));
+    }
+}

@@ -1,0 +1,212 @@
+//! The connection queries for both backends (see `common.rs` for why a macro).
+
+macro_rules! impl_connections {
+    (store = $store:ty, db = $db:ty, now = $now:literal, lock_row = $lock_row:literal,) => {
+        use $crate::connections::Gate;
+
+        fn connection_from_row(row: &<$db as sqlx::Database>::Row) -> Connection {
+            Connection {
+                id: row.get("id"),
+                name: row.get("name"),
+                service: row.get("service"),
+                base_url: row.get("base_url"),
+                credentials: row.get::<Json<Value>, _>("credentials").0,
+                rate: row.get("rate"),
+                burst: row.get("burst"),
+                max_concurrency: row.get("max_concurrency"),
+                breaker_threshold: row.get("breaker_threshold"),
+                breaker_cooldown_ms: row.get("breaker_cooldown_ms"),
+                breaker_state: row.get("breaker_state"),
+                failures: row.get("failures"),
+                created_at: row.get("created_at"),
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl ConnectionStore for $store {
+            async fn create_connection(
+                &self,
+                tenant: &TenantId,
+                new: NewConnection,
+            ) -> Result<Connection> {
+                let now = now_ms();
+                let id = new_id("con");
+                let inserted = sqlx::query(
+                    "INSERT INTO connections (id, tenant_id, name, service, base_url, credentials,
+                        rate, burst, tokens, refilled_at, max_concurrency, breaker_threshold,
+                        breaker_cooldown_ms, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $10)
+                     ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
+                )
+                .bind(&id)
+                .bind(tenant.as_str())
+                .bind(&new.name)
+                .bind(&new.service)
+                .bind(new.base_url.as_deref())
+                .bind(Json(&new.credentials))
+                .bind(new.rate)
+                .bind(new.burst)
+                .bind(f64::from(new.burst))
+                .bind(now)
+                .bind(new.max_concurrency)
+                .bind(new.breaker_threshold)
+                .bind(new.breaker_cooldown_ms)
+                .fetch_optional(self.writer())
+                .await?;
+                if inserted.is_none() {
+                    return Err(StoreError::Conflict(format!(
+                        "a connection named `{}` already exists",
+                        new.name
+                    )));
+                }
+                self.connection(tenant, &id).await?.ok_or(StoreError::NotFound("connection"))
+            }
+
+            async fn connections(&self, tenant: &TenantId) -> Result<Vec<Connection>> {
+                let rows = sqlx::query("SELECT * FROM connections WHERE tenant_id = $1 ORDER BY name")
+                    .bind(tenant.as_str())
+                    .fetch_all(self.reader())
+                    .await?;
+                Ok(rows.iter().map(connection_from_row).collect())
+            }
+
+            async fn connection(
+                &self,
+                tenant: &TenantId,
+                name_or_id: &str,
+            ) -> Result<Option<Connection>> {
+                let row = sqlx::query(
+                    "SELECT * FROM connections WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
+                )
+                .bind(tenant.as_str())
+                .bind(name_or_id)
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.as_ref().map(connection_from_row))
+            }
+
+            async fn admit(
+                &self,
+                tenant: &TenantId,
+                connection_id: &str,
+                job: JobId,
+                lease_ms: i64,
+            ) -> Result<Admission> {
+                let mut tx = self.writer().begin().await?;
+                // Lock the connection first; count the slots in a second
+                // statement, so that (in READ COMMITTED) the count sees what
+                // the admissions this one waited for have committed.
+                let row = sqlx::query(concat!(
+                    "SELECT rate, burst, tokens, refilled_at, max_concurrency, breaker_state,
+                        opened_at, breaker_cooldown_ms
+                     FROM connections WHERE tenant_id = $1 AND id = $2 ", $lock_row
+                ))
+                .bind(tenant.as_str())
+                .bind(connection_id)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::NotFound("connection"))?;
+                let slots = sqlx::query(concat!(
+                    "SELECT clock.n AS now,
+                        (SELECT COUNT(*) FROM connection_slots s
+                         WHERE s.tenant_id = $1 AND s.connection_id = $2 AND s.job_id <> $3
+                           AND s.expires_at > clock.n) AS in_flight
+                     FROM (SELECT ", $now, " AS n) clock"
+                ))
+                .bind(tenant.as_str())
+                .bind(connection_id)
+                .bind(job.0)
+                .fetch_one(&mut *tx)
+                .await?;
+                let now: i64 = slots.get("now");
+                let gate = Gate {
+                    rate: row.get("rate"),
+                    burst: row.get("burst"),
+                    tokens: row.get("tokens"),
+                    refilled_at: row.get("refilled_at"),
+                    max_concurrency: row.get("max_concurrency"),
+                    in_flight: slots.get("in_flight"),
+                    breaker_state: row.get("breaker_state"),
+                    opened_at: row.get("opened_at"),
+                    cooldown_ms: row.get("breaker_cooldown_ms"),
+                };
+                let (admission, state) = gate.decide(now);
+                if let Some((tokens, breaker_state, opened_at)) = state {
+                    sqlx::query(
+                        "UPDATE connections SET tokens = $3, refilled_at = $4, breaker_state = $5,
+                            opened_at = $6
+                         WHERE tenant_id = $1 AND id = $2",
+                    )
+                    .bind(tenant.as_str())
+                    .bind(connection_id)
+                    .bind(tokens)
+                    .bind(now)
+                    .bind(&breaker_state)
+                    .bind(opened_at)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "INSERT INTO connection_slots (connection_id, tenant_id, job_id, expires_at)
+                         VALUES ($1, $2, $3, $4)
+                         ON CONFLICT (connection_id, job_id) DO UPDATE SET expires_at = $4",
+                    )
+                    .bind(connection_id)
+                    .bind(tenant.as_str())
+                    .bind(job.0)
+                    .bind(now + lease_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(admission)
+            }
+
+            async fn release(
+                &self,
+                tenant: &TenantId,
+                connection_id: &str,
+                job: JobId,
+                outcome: CallOutcome,
+            ) -> Result<()> {
+                let mut tx = self.writer().begin().await?;
+                sqlx::query(
+                    "DELETE FROM connection_slots
+                     WHERE tenant_id = $1 AND connection_id = $2 AND job_id = $3",
+                )
+                .bind(tenant.as_str())
+                .bind(connection_id)
+                .bind(job.0)
+                .execute(&mut *tx)
+                .await?;
+                let sql = match outcome {
+                    CallOutcome::Answered => concat!(
+                        "UPDATE connections SET failures = 0, breaker_state = 'closed',
+                            opened_at = NULL
+                         WHERE tenant_id = $1 AND id = $2 AND ", $now, " IS NOT NULL"
+                    ),
+                    CallOutcome::Unavailable => concat!(
+                        "UPDATE connections SET failures = failures + 1,
+                            breaker_state = CASE
+                                WHEN breaker_state = 'half_open'
+                                  OR failures + 1 >= breaker_threshold THEN 'open'
+                                ELSE breaker_state END,
+                            opened_at = CASE
+                                WHEN breaker_state = 'half_open'
+                                  OR failures + 1 >= breaker_threshold THEN ", $now, "
+                                ELSE opened_at END
+                         WHERE tenant_id = $1 AND id = $2"
+                    ),
+                };
+                sqlx::query(sql)
+                    .bind(tenant.as_str())
+                    .bind(connection_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+pub(crate) use impl_connections;
