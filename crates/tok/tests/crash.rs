@@ -7,8 +7,9 @@
 //! dead) is sent again until it does. Events answered before the kill must
 //! not be lost; events sent again must not run twice.
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,93 +19,14 @@ use tok_store::Backend;
 use tok_store::testing::{TestDb, backends};
 use tokio::sync::Mutex;
 
-const ADMIN_KEY: &str = "crash-test-admin-key";
+use support::{ADMIN_KEY, Api, Server, free_port};
+
 const EVENTS: usize = 400;
 const SENDERS: usize = 16;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(url: &str, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tok"))
-        .arg("serve")
-        .env("TOK_DATABASE_URL", url)
-        .env("TOK_LISTEN", format!("127.0.0.1:{port}"))
-        .env("TOK_ADMIN_KEY", ADMIN_KEY)
-        .env("TOK_NODE_ID", "crash-test-node")
-        .env("TOK_CONCURRENCY", "8")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start tok serve")
-}
-
-struct Api {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Api {
-    async fn wait_healthy(&self) {
-        for _ in 0..600 {
-            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("tok serve did not become ready within 30 s");
-    }
-
-    async fn post(&self, path: &str, key: &str, body: Value) -> Value {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "POST {path}: {}", r.status());
-        r.json().await.unwrap()
-    }
-
-    async fn get(&self, path: &str, key: &str) -> Value {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "GET {path}: {}", r.status());
-        r.json().await.unwrap()
-    }
-
-    /// Every run of the tenant, all pages.
-    async fn all_runs(&self, key: &str) -> Vec<Value> {
-        let mut runs = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let path = match &cursor {
-                Some(c) => format!("/api/dashboard/runs?limit=500&cursor={c}"),
-                None => "/api/dashboard/runs?limit=500".to_owned(),
-            };
-            let page = self.get(&path, key).await;
-            runs.extend(page["items"].as_array().unwrap().iter().cloned());
-            match page["next_cursor"].as_str() {
-                Some(c) => cursor = Some(c.to_owned()),
-                None => return runs,
-            }
-        }
-    }
+/// Every run of the tenant, all pages.
+async fn all_runs(api: &Api, key: &str) -> Vec<Value> {
+    api.all("/api/dashboard/runs", key, None).await
 }
 
 /// Sends event `n` until the server answers 202; returns its event id.
@@ -133,16 +55,12 @@ async fn send_until_accepted(http: &reqwest::Client, url: &str, n: usize) -> Str
 }
 
 async fn crash_and_recover(backend: Backend) {
-    // reqwest is built with rustls and no default crypto provider.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let db = TestDb::create(backend).await;
     let port = free_port();
-    let api = Api {
-        http: reqwest::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let mut server = start(&db.url, port);
-    api.wait_healthy().await;
+    let api = Api::new(port);
+    let crash_env = [("TOK_NODE_ID", "crash-test-node"), ("TOK_CONCURRENCY", "8")];
+    let mut server = Server::start(&db.url, port, &[], &crash_env);
+    api.wait_ready().await;
 
     let tenant = api
         .post("/api/tenants", ADMIN_KEY, json!({ "name": "Crash" }))
@@ -201,16 +119,15 @@ async fn crash_and_recover(backend: Backend) {
     while accepted.lock().await.len() < EVENTS / 4 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    server.kill().expect("SIGKILL tok serve");
-    server.wait().unwrap();
+    server.kill();
     let answered_before_kill: HashMap<usize, String> = accepted.lock().await.clone();
     assert!(
         answered_before_kill.len() < EVENTS,
         "the kill came after the load ended"
     );
 
-    let mut server = start(&db.url, port);
-    api.wait_healthy().await;
+    let mut server = Server::start(&db.url, port, &[], &crash_env);
+    api.wait_ready().await;
     for sender in senders {
         sender.await.unwrap();
     }
@@ -226,7 +143,7 @@ async fn crash_and_recover(backend: Backend) {
     // Every accepted event ends as exactly one completed run.
     let mut runs = Vec::new();
     for _ in 0..1200 {
-        runs = api.all_runs(&key).await;
+        runs = all_runs(&api, &key).await;
         let done = runs.iter().filter(|r| r["status"] == "completed").count();
         if runs.len() >= EVENTS && done == runs.len() {
             break;
@@ -266,8 +183,7 @@ async fn crash_and_recover(backend: Backend) {
     let detail = api.get(&format!("/api/runs/{sample}"), &key).await;
     assert_eq!(detail["actions"], 7, "{backend:?}: {detail}");
 
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server.kill();
     db.cleanup().await;
 }
 

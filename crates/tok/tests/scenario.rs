@@ -10,192 +10,23 @@
 //! platform admin with it. A second tenant sees none of it, and a restart
 //! with `--demo` seeds nothing twice.
 
+mod support;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tok_store::Backend;
 use tok_store::testing::{TestDb, backends};
 
-const ADMIN_KEY: &str = "scenario-test-admin-key";
+use support::{ADMIN_KEY, Api, Server, exports, free_port};
 /// Rounds of a bounded poll, `POLL_PAUSE` apart: a generous bound on a
 /// loaded CI machine, never an assertion about speed.
 const POLL_ROUNDS: usize = 600;
 const POLL_PAUSE: Duration = Duration::from_millis(100);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A running `tok serve --demo`; killed when dropped, so a failing
-/// assertion leaves no process behind.
-struct Server {
-    child: Child,
-    /// Lines the process printed to stdout, read by a thread that keeps
-    /// draining the pipe so the server never blocks on a full one.
-    lines: Receiver<String>,
-}
-
-impl Server {
-    fn start(url: &str, port: u16) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tok"))
-            .args(["serve", "--demo"])
-            .env("TOK_DATABASE_URL", url)
-            .env("TOK_LISTEN", format!("127.0.0.1:{port}"))
-            .env("TOK_PUBLIC_URL", format!("http://localhost:{port}/"))
-            .env("TOK_ADMIN_KEY", ADMIN_KEY)
-            .env("TOK_NODE_ID", "scenario-test-node")
-            .env("TOK_CONCURRENCY", "4")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start tok serve --demo");
-        let stdout = child.stdout.take().unwrap();
-        let (send, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = send.send(line);
-            }
-        });
-        Server { child, lines }
-    }
-
-    /// The stdout lines up to the one that says the server listens.
-    fn lines_until_listening(&self) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with("tok listening on ") => return seen,
-                Ok(line) => seen.push(line),
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("tok serve printed no `tok listening` line; it printed: {seen:#?}")
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    panic!("tok serve ended before it listened; it printed: {seen:#?}")
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// What `--demo` printed: `export NAME=value` lines.
-fn exports(lines: &[String]) -> HashMap<String, String> {
-    lines
-        .iter()
-        .filter_map(|l| l.trim().strip_prefix("export "))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
-struct Api {
-    http: reqwest::Client,
-    base: String,
-}
-
 impl Api {
-    async fn wait_ready(&self) {
-        for _ in 0..600 {
-            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("tok serve did not become ready within 30 s");
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        key: &str,
-        tenant: Option<&str>,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut request = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(key);
-        if let Some(tenant) = tenant {
-            request = request.header("X-Tok-Tenant", tenant);
-        }
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        let body = serde_json::from_str(&text).unwrap_or_else(|e| {
-            panic!("{path} answered {status} with a body that is not JSON ({e}): {text}")
-        });
-        (status, body)
-    }
-
-    /// A GET that must succeed, as the tenant of `key`.
-    async fn get(&self, path: &str, key: &str) -> Value {
-        self.get_as(path, key, None).await
-    }
-
-    /// A GET that must succeed; `tenant` sends `X-Tok-Tenant` (the admin).
-    async fn get_as(&self, path: &str, key: &str, tenant: Option<&str>) -> Value {
-        let (status, body) = self
-            .call(reqwest::Method::GET, path, key, tenant, None)
-            .await;
-        assert_eq!(status, StatusCode::OK, "GET {path}: {body}");
-        body
-    }
-
-    async fn post(&self, path: &str, key: &str, body: Value) -> Value {
-        let (status, answer) = self
-            .call(reqwest::Method::POST, path, key, None, Some(body))
-            .await;
-        assert!(status.is_success(), "POST {path}: {status} {answer}");
-        answer
-    }
-
-    /// Every item of a listing, all pages.
-    async fn all(&self, path: &str, key: &str, tenant: Option<&str>) -> Vec<Value> {
-        let mut items = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let page_path = match &cursor {
-                Some(c) => format!("{path}?limit=500&cursor={c}"),
-                None => format!("{path}?limit=500"),
-            };
-            let page = self.get_as(&page_path, key, tenant).await;
-            items.extend(
-                page["items"]
-                    .as_array()
-                    .expect("a listing has items")
-                    .clone(),
-            );
-            match page["next_cursor"].as_str() {
-                Some(c) => cursor = Some(c.to_owned()),
-                None => return items,
-            }
-        }
-    }
-
     /// Sends a webhook; it must be accepted at once (202) as a new event.
     async fn webhook(&self, url: &str, body: Value) -> String {
         let response = self.http.post(url).json(&body).send().await.unwrap();
@@ -260,15 +91,10 @@ fn assignee_id(ticket: &Value) -> Option<&str> {
 }
 
 async fn scenario(backend: Backend) {
-    // reqwest is built with rustls and no default crypto provider.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let db = TestDb::create(backend).await;
     let port = free_port();
-    let api = Api {
-        http: reqwest::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let server = Server::start(&db.url, port);
+    let api = Api::new(port);
+    let server = Server::start(&db.url, port, &["--demo"], &[]);
     let printed = exports(&server.lines_until_listening());
     api.wait_ready().await;
     let var = |name: &str| {
@@ -536,7 +362,7 @@ async fn scenario(backend: Backend) {
 
     // A restart with --demo seeds nothing again and prints no new key.
     drop(server);
-    let server = Server::start(&db.url, port);
+    let server = Server::start(&db.url, port, &["--demo"], &[]);
     let printed = server.lines_until_listening();
     api.wait_ready().await;
     assert!(
