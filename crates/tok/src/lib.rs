@@ -1,6 +1,7 @@
-//! The `tok` binary's library half: configuration and the `serve` and
-//! `migrate` commands, callable from tests.
+//! The `tok` binary's library half: configuration and the `serve`,
+//! `migrate` and `bench` commands, callable from tests.
 
+pub mod bench;
 pub mod config;
 pub mod demo;
 
@@ -65,6 +66,11 @@ pub async fn serve(
     let store = open_store(&config).await?;
     let mut registry = registry;
     registry.add_connectors(store.clone());
+    // `tok bench` starts its servers with TOK_BENCH_STEPS=1 for its no-op
+    // external step type (the `steps-queued` and `workers` figures).
+    if bench::steps_enabled() {
+        registry.register(bench::NOOP_STEP, bench::Noop);
+    }
     ensure_admin_key(&*store, &config).await?;
     if options.demo {
         seed_demo(&*store, &registry, &config).await?;

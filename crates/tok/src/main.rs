@@ -29,6 +29,9 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Measure ingest, steps, io, fairness, memory and workers on a server
+    /// of its own (or `--url`); prints a table and writes a JSON file.
+    Bench(tok::bench::BenchOptions),
     /// A worker's script sandbox: runs the JavaScript requests it reads on
     /// stdin. Started by the worker's script pool, not by hand.
     #[command(name = tok_script::SANDBOX_SUBCOMMAND, hide = true)]
@@ -67,6 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("migrations applied");
             Ok(())
         }
+        Command::Bench(options) => tok::bench::run(options).await,
         Command::ScriptSandbox => unreachable!("the sandbox starts before the runtime"),
     }
 }

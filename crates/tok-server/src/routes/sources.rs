@@ -61,6 +61,27 @@ async fn create(
     }
     contract::validate_params(&body.params)
         .map_err(|message| ApiError::bad_request("invalid_params", message))?;
+    if let Some(secret) = &body.secret {
+        use base64::Engine as _;
+        let key_len = match secret.strip_prefix("whsec_") {
+            Some(encoded) => base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map_err(|_| {
+                    ApiError::bad_request(
+                        "invalid_body",
+                        "`secret` starts with whsec_ but the rest is not base64",
+                    )
+                })?
+                .len(),
+            None => secret.len(),
+        };
+        if key_len < 16 {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "`secret` must hold at least 16 bytes (Standard Webhooks: whsec_<base64>)",
+            ));
+        }
+    }
     if body.rate_limit.is_some_and(|r| r <= 0) {
         return Err(ApiError::bad_request(
             "invalid_body",

@@ -68,13 +68,21 @@ async fn accept(
         .await
         .map_err(|_| too_large())?;
     let source = source(&state, &token).await?;
+    if let Some(secret) = &source.secret {
+        verify_signature(secret, &headers, &bytes, jiff::Timestamp::now().as_second())?;
+    }
     let payload: Value = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
             .with("line", e.line())
             .with("column", e.column())
     })?;
     let params = contract::extract(&params(&source), &payload).map_err(contract_error)?;
-    let idempotency_key = match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+    // Standard Webhooks senders name each message with `webhook-id`.
+    let key_header = headers
+        .get("idempotency-key")
+        .or_else(|| headers.get("webhook-id"))
+        .and_then(|v| v.to_str().ok());
+    let idempotency_key = match key_header {
         Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => {
             format!("key:{}", key.trim())
         }
@@ -109,6 +117,85 @@ async fn accept(
     ))
 }
 
+/// How far a signed webhook's timestamp may be from our clock.
+const SIGNATURE_TOLERANCE_SECS: i64 = 300;
+
+fn unsigned(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "bad_signature", message)
+}
+
+/// Verifies a Standard Webhooks signature: HMAC-SHA256 over
+/// `<webhook-id>.<webhook-timestamp>.<body>` with the source's secret
+/// (`whsec_<base64>`, or the raw string), sent as `webhook-signature:
+/// v1,<base64>` (several, space-separated, during a key rotation). The
+/// timestamp must be within five minutes of `now`, so a captured request
+/// cannot be replayed later.
+fn verify_signature(secret: &str, headers: &HeaderMap, body: &[u8], now: i64) -> ApiResult<()> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use hmac::{Hmac, Mac};
+
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let (Some(id), Some(timestamp), Some(signatures)) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    ) else {
+        return Err(unsigned(
+            "this webhook is signed: send webhook-id, webhook-timestamp and webhook-signature (Standard Webhooks)",
+        ));
+    };
+    let sent_at: i64 = timestamp
+        .parse()
+        .map_err(|_| unsigned("webhook-timestamp must be unix seconds"))?;
+    if (now - sent_at).abs() > SIGNATURE_TOLERANCE_SECS {
+        return Err(unsigned(format!(
+            "webhook-timestamp is {} s away from the server's clock; at most {SIGNATURE_TOLERANCE_SECS} s are accepted",
+            (now - sent_at).abs()
+        )));
+    }
+    let key = match secret.strip_prefix("whsec_") {
+        Some(encoded) => STANDARD
+            .decode(encoded)
+            .unwrap_or_else(|_| secret.as_bytes().to_vec()),
+        None => secret.as_bytes().to_vec(),
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key)
+        .map_err(|_| unsigned("the source's secret cannot be used as an HMAC key"))?;
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let expected = mac.finalize().into_bytes();
+    let matches = signatures.split_whitespace().any(|candidate| {
+        candidate
+            .strip_prefix("v1,")
+            .and_then(|b64| STANDARD.decode(b64).ok())
+            .is_some_and(|sig| {
+                // Constant-time comparison.
+                sig.len() == expected.len()
+                    && sig
+                        .iter()
+                        .zip(expected.iter())
+                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                        == 0
+            })
+    });
+    if matches {
+        Ok(())
+    } else {
+        Err(unsigned(
+            "webhook-signature does not match the body and the source's secret",
+        ))
+    }
+}
+
 fn contract_error(e: ContractError) -> ApiError {
     let message = e.to_string();
     match e {
@@ -135,6 +222,12 @@ async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiRe
         map.insert("url".into(), json!(state.webhook_url(&token)));
         map.insert("source".into(), json!(source.name));
         map.insert("max_body_bytes".into(), json!(MAX_WEBHOOK_BYTES));
+        if source.secret.is_some() {
+            map.insert(
+                "signature".into(),
+                json!("required: Standard Webhooks headers webhook-id, webhook-timestamp (unix seconds, within 5 minutes) and webhook-signature (v1,<base64 HMAC-SHA256 of id.timestamp.body>)"),
+            );
+        }
         map.insert(
             "idempotency".into(),
             json!("send an Idempotency-Key header; without one, the body's hash is the key. A repeat within 24 h answers 202 with the first event_id and \"duplicate\": true"),

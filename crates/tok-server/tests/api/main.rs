@@ -14,4 +14,5 @@ mod incidents;
 mod isolation;
 mod run_control;
 mod runs;
+mod signatures;
 mod webhook;

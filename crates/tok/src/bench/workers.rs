@@ -1,0 +1,204 @@
+//! `workers` (PostgreSQL only): one `TOK_ROLE=api` process takes the
+//! webhooks, and first one, then two `TOK_ROLE=worker` processes (each with
+//! its own `TOK_NODE_ID`) share the queue; each phase is a `steps-queued`
+//! load. Afterwards every run of both phases is read back: a completed run
+//! must have exactly ten step rows, one per path — a step recorded twice
+//! would mean two workers ran it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::api::{Api, RunRow, Tenant};
+use super::report::{Figure, Target};
+use super::server::{ChildSpec, Database};
+use super::steps::{self, Kind, STEPS_PER_RUN};
+use super::{BackendKind, Bench};
+
+const NAME: &str = "workers";
+
+pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
+    if bench.backend() != BackendKind::Postgres {
+        return Ok(vec![Figure::missing(
+            NAME,
+            "steps/s",
+            "PostgreSQL only: run with --database-url postgres://…",
+        )]);
+    }
+    let Some((backend, _, _)) = bench.own() else {
+        return Ok(vec![Figure::missing(
+            NAME,
+            "steps/s",
+            "needs the bench's own processes (not --url)",
+        )]);
+    };
+    let database = Database::create(backend).await?;
+    let measured = measure(bench, &database).await;
+    database.remove().await;
+    measured
+}
+
+async fn measure(bench: &Bench, database: &Database) -> anyhow::Result<Vec<Figure>> {
+    let mut children = Vec::new();
+    let result = phases(bench, database, &mut children).await;
+    for child in children {
+        bench.keep_report(NAME, child.stop());
+    }
+    result
+}
+
+async fn phases(
+    bench: &Bench,
+    database: &Database,
+    children: &mut Vec<super::server::Child>,
+) -> anyhow::Result<Vec<Figure>> {
+    bench.progress.update(NAME, "starting TOK_ROLE=api");
+    let api_child = bench
+        .start_child(
+            database,
+            ChildSpec {
+                role: "api",
+                node_id: "bench-api".into(),
+                concurrency: None,
+            },
+        )
+        .await?;
+    let api = bench.api_at(api_child.base.as_deref().unwrap_or_default());
+    children.push(api_child);
+    // The tenant exists before any worker starts: a worker reads the list
+    // of tenants at start (and then only every few seconds).
+    let tenant = api.tenant(&format!("bench workers {}", bench.nonce)).await?;
+    let events = bench.scaled(2_000, 20);
+    let mut figures = Vec::new();
+    let mut automations = Vec::new();
+    let mut one_worker = None;
+    for n in 1..=2 {
+        let label = format!("{NAME}-{n}");
+        let source = api.source(&tenant, &label).await?;
+        let automation = steps::automation(&api, &tenant, &source, Kind::Queued).await?;
+        bench
+            .progress
+            .update(NAME, &format!("starting TOK_ROLE=worker #{n}"));
+        let worker = bench
+            .start_child(
+                database,
+                ChildSpec {
+                    role: "worker",
+                    node_id: format!("bench-worker-{n}"),
+                    concurrency: None,
+                },
+            )
+            .await?;
+        children.push(worker);
+        bench.progress.line(
+            NAME,
+            &format!("{n} worker process(es): {events} webhooks, each a run of {STEPS_PER_RUN} `bench/noop` steps"),
+        );
+        let pids: Vec<u32> = children.iter().map(|c| c.pid).collect();
+        let load = steps::load(
+            bench,
+            &api,
+            &tenant,
+            &source,
+            &automation,
+            events,
+            &pids,
+            (&bench.progress, NAME),
+        )
+        .await?;
+        for child in children.iter_mut() {
+            child.check_alive()?;
+        }
+        let rate = load.steps_per_sec();
+        let versus = match one_worker {
+            Some(one) => format!("{:.2}× one worker; ", rate / one),
+            None => String::new(),
+        };
+        one_worker.get_or_insert(rate);
+        figures.push(
+            Figure::new(&label, rate.round(), "steps/s")
+                .notes(format!(
+                    "TOK_ROLE=api + {n} TOK_ROLE=worker; {versus}{}",
+                    load.describe("10 `bench/noop` steps")
+                ))
+                .details(load.details()),
+        );
+        automations.push((automation, load.finished.runs));
+    }
+
+    let runs: Vec<RunRow> = automations
+        .into_iter()
+        .flat_map(|(_, runs)| runs)
+        .filter(|r| r.status == "completed")
+        .collect();
+    bench.progress.line(
+        NAME,
+        &format!(
+            "checking the step rows of {} completed runs",
+            runs.len()
+        ),
+    );
+    let (checked, wrong, example) = check_steps(&api, &tenant, &runs, bench).await?;
+    figures.push(
+        Figure::new("workers-duplicates", wrong as f64, "runs")
+            .target(Target::AtMost(0.0))
+            .notes(format!(
+                "completed runs without exactly {STEPS_PER_RUN} step rows, one per path, of {checked} checked{}",
+                example.map(|e| format!("; e.g. {e}")).unwrap_or_default()
+            ))
+            .details(json!({ "checked": checked, "wrong": wrong })),
+    );
+    Ok(figures)
+}
+
+/// Reads every run's steps, 16 requests at a time; returns (checked,
+/// wrong, an example of a wrong one).
+async fn check_steps(
+    api: &Api,
+    tenant: &Tenant,
+    runs: &[RunRow],
+    bench: &Bench,
+) -> anyhow::Result<(usize, usize, Option<String>)> {
+    let ids: Arc<Vec<String>> = Arc::new(runs.iter().map(|r| r.id.clone()).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut readers = Vec::new();
+    for _ in 0..16 {
+        let (api, tenant, ids, next) = (api.clone(), tenant.clone(), ids.clone(), next.clone());
+        readers.push(tokio::spawn(async move {
+            let mut problems = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(id) = ids.get(i) else {
+                    return Ok::<_, anyhow::Error>(problems);
+                };
+                let detail = api.run(&tenant, id).await?;
+                let steps = detail["steps"].as_array().cloned().unwrap_or_default();
+                let mut paths: Vec<&str> =
+                    steps.iter().filter_map(|s| s["path"].as_str()).collect();
+                paths.sort_unstable();
+                let rows = paths.len();
+                paths.dedup();
+                if rows != STEPS_PER_RUN || paths.len() != STEPS_PER_RUN {
+                    problems.push(format!(
+                        "run {id} has {rows} step rows on {} paths",
+                        paths.len()
+                    ));
+                }
+            }
+        }));
+    }
+    let mut problems = Vec::new();
+    for reader in readers {
+        while !reader.is_finished() {
+            let done = next.load(Ordering::Relaxed).min(ids.len());
+            bench
+                .progress
+                .update(NAME, &format!("checked {done} of {} runs", ids.len()));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        problems.extend(reader.await??);
+    }
+    Ok((ids.len(), problems.len(), problems.into_iter().next()))
+}
