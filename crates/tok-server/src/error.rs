@@ -54,9 +54,25 @@ impl IntoResponse for ApiError {
         let mut error = Map::new();
         error.insert("code".into(), json!(self.code));
         error.insert("message".into(), json!(self.message));
+        let retry_after = error_retry_after(&self.extra);
         error.extend(self.extra);
-        (self.status, Json(json!({ "error": error }))).into_response()
+        let mut response = (self.status, Json(json!({ "error": error }))).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
+}
+
+/// A `retry_after_ms` detail also goes out as a `Retry-After` header (whole
+/// seconds, rounded up).
+fn error_retry_after(extra: &Map<String, Value>) -> Option<u64> {
+    extra
+        .get("retry_after_ms")
+        .and_then(Value::as_u64)
+        .map(|ms| ms.div_ceil(1000).max(1))
 }
 
 impl From<StoreError> for ApiError {

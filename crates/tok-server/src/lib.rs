@@ -6,6 +6,7 @@
 
 mod auth;
 mod error;
+mod intake;
 mod routes;
 
 use std::sync::Arc;
@@ -20,12 +21,18 @@ pub use error::{ApiError, ApiResult};
 /// Largest webhook body accepted; larger bodies get 413.
 pub const MAX_WEBHOOK_BYTES: usize = 256 * 1024;
 
+/// Queue depth (pending events plus due jobs) past which webhooks of
+/// non-critical sources get 429, unless configured otherwise.
+pub const DEFAULT_BACKPRESSURE_DEPTH: i64 = 100_000;
+
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Engine,
     /// Scheme and host shown in webhook URLs (`TOK_PUBLIC_URL`).
     pub public_url: Arc<str>,
     ready: Arc<AtomicBool>,
+    pub(crate) token_limits: Arc<intake::TokenLimits>,
+    pub(crate) backpressure: Arc<intake::Backpressure>,
 }
 
 impl AppState {
@@ -34,7 +41,41 @@ impl AppState {
             engine,
             public_url: public_url.trim_end_matches('/').into(),
             ready: Arc::default(),
+            token_limits: Arc::default(),
+            backpressure: Arc::new(intake::Backpressure::new(DEFAULT_BACKPRESSURE_DEPTH)),
         }
+    }
+
+    /// Sets the queue depth past which non-critical sources get 429.
+    pub fn with_backpressure_depth(mut self, threshold: i64) -> Self {
+        self.backpressure = Arc::new(intake::Backpressure::new(threshold));
+        self
+    }
+
+    /// Records the queue depth the backpressure decision reads (the
+    /// monitor started by [`AppState::watch_queue`] calls it every second).
+    pub fn record_queue_depth(&self, depth: i64) {
+        self.backpressure.record(depth);
+    }
+
+    /// Samples the queue depth every second for the backpressure decision,
+    /// until the returned task is aborted.
+    pub fn watch_queue(&self) -> tokio::task::JoinHandle<()> {
+        let state = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let tenants = state.engine.store().tenant_ids().await;
+                let stats = match tenants {
+                    Ok(tenants) => state.engine.store().queue_stats(&tenants).await,
+                    Err(e) => Err(e),
+                };
+                match stats {
+                    Ok(s) => state.record_queue_depth(s.pending_events + s.ready),
+                    Err(e) => tracing::warn!(error = %e, "could not sample the queue depth"),
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        })
     }
 
     /// Marks the server ready (`/readyz` answers 200 while the database does).

@@ -67,6 +67,10 @@ pub struct Config {
     /// `TOK_LEASE_SECS`: how long a claim lives without a heartbeat (30 s);
     /// the heartbeat runs every third of it.
     pub lease: Duration,
+    /// `TOK_BACKPRESSURE_DEPTH`: events and due steps waiting past which
+    /// webhooks of sources not marked critical get 429 (100,000: far above a
+    /// healthy queue, well before the database suffers).
+    pub backpressure_depth: i64,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -116,6 +120,12 @@ impl Config {
                 .context("TOK_LEASE_SECS must be a whole number of seconds")?,
             None => 30,
         };
+        let backpressure_depth = match var("TOK_BACKPRESSURE_DEPTH") {
+            Some(v) => v
+                .parse()
+                .context("TOK_BACKPRESSURE_DEPTH must be a whole number")?,
+            None => tok_server::DEFAULT_BACKPRESSURE_DEPTH,
+        };
         let config = Self {
             database_url: var("TOK_DATABASE_URL")
                 .unwrap_or_else(|| "sqlite://tok-data/tok.db".into()),
@@ -127,6 +137,7 @@ impl Config {
             node_id: var("TOK_NODE_ID").unwrap_or_else(host_name),
             db_max_connections,
             lease: Duration::from_secs(lease_secs),
+            backpressure_depth,
         };
         config.validate()?;
         Ok(config)

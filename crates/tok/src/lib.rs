@@ -94,7 +94,9 @@ pub async fn serve(
     };
     tracing::info!(role = ?config.role, node = %config.node_id, concurrency = config.concurrency, "tok started");
     if config.role.serves_http() {
-        let state = AppState::new(engine.clone(), &config.public_url);
+        let state = AppState::new(engine.clone(), &config.public_url)
+            .with_backpressure_depth(config.backpressure_depth);
+        let _queue_watch = AbortOnDrop(state.watch_queue());
         state.set_ready();
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -155,4 +157,13 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutting down");
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -68,6 +68,31 @@ async fn accept(
         .await
         .map_err(|_| too_large())?;
     let source = source(&state, &token).await?;
+    if let Some(rate) = source.rate_limit
+        && let Err(wait) = state
+            .token_limits
+            .take(&source.id, rate, std::time::Instant::now())
+    {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("this webhook accepts {rate} requests per second; retry later"),
+        )
+        .with("retry_after_ms", wait.as_millis() as u64));
+    }
+    if !source.critical
+        && let Some(depth) = state.backpressure.overloaded()
+    {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "overloaded",
+            format!(
+                "{depth} events and steps are waiting, more than {}; retry later (sources marked critical are still accepted)",
+                state.backpressure.threshold
+            ),
+        )
+        .with("retry_after_ms", 5000));
+    }
     if let Some(secret) = &source.secret {
         verify_signature(secret, &headers, &bytes, jiff::Timestamp::now().as_second())?;
     }

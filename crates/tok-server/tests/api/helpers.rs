@@ -132,6 +132,7 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
 #[derive(Debug, Clone)]
 pub(crate) struct Reply {
     pub(crate) status: StatusCode,
+    pub(crate) headers: axum::http::HeaderMap,
     pub(crate) body: Value,
 }
 
@@ -496,6 +497,7 @@ async fn send(router: Router, request: Request<Body>) -> Reply {
         .await
         .expect("the router is infallible");
     let status = response.status();
+    let headers = response.headers().clone();
     let bytes = response
         .into_body()
         .collect()
@@ -508,7 +510,11 @@ async fn send(router: Router, request: Request<Body>) -> Reply {
         serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
     };
-    Reply { status, body }
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// A JSON request, for [`TestApp::send_together`].

@@ -11,6 +11,7 @@ mod desk;
 mod errors;
 mod health;
 mod incidents;
+mod intake;
 mod isolation;
 mod run_control;
 mod runs;

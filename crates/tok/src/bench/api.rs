@@ -42,7 +42,6 @@ pub(crate) struct RunRow {
     pub(crate) id: String,
     pub(crate) event_id: String,
     pub(crate) status: String,
-    pub(crate) created_at: i64,
     pub(crate) finished_at: Option<i64>,
 }
 
@@ -99,7 +98,9 @@ impl Api {
             )
             .await?;
         let id = created["id"].as_str().context("a source without id")?;
-        let token = created["token"].as_str().context("a source without token")?;
+        let token = created["token"]
+            .as_str()
+            .context("a source without token")?;
         // The URL the server shows uses TOK_PUBLIC_URL, which may not be
         // where the bench reaches it.
         Ok(Source {
@@ -147,10 +148,7 @@ impl Api {
             url.push_str(&format!("&cursor={cursor}"));
         }
         let page = self
-            .send(
-                self.http.get(url).bearer_auth(&tenant.key),
-                "list runs",
-            )
+            .send(self.http.get(url).bearer_auth(&tenant.key), "list runs")
             .await?;
         let items: Vec<RunRow> = serde_json::from_value(page["items"].clone())
             .context("the runs listing changed shape")?;
@@ -223,7 +221,9 @@ impl Api {
             let moving = self.has_run(tenant, automation, "queued").await?
                 || self.has_run(tenant, automation, "running").await?;
             let timed_out = started.elapsed() >= limit;
-            if moving && !timed_out && last_full.is_some_and(|t| t.elapsed() < Duration::from_secs(2))
+            if moving
+                && !timed_out
+                && last_full.is_some_and(|t| t.elapsed() < Duration::from_secs(2))
             {
                 continue;
             }
@@ -292,7 +292,11 @@ impl Finished {
             problems.push(format!(
                 "only {completed} of {} runs completed{}",
                 self.expected,
-                if self.timed_out { " before the time limit" } else { "" }
+                if self.timed_out {
+                    " before the time limit"
+                } else {
+                    ""
+                }
             ));
         }
         problems.join(", ")
@@ -441,9 +445,14 @@ pub(crate) async fn send_closed_loop(
                 if n >= count {
                     return sent;
                 }
-                let answer =
-                    post_webhook(&http, &url, webhook_body(&nonce, n), Instant::now(), keep_events)
-                        .await;
+                let answer = post_webhook(
+                    &http,
+                    &url,
+                    webhook_body(&nonce, n),
+                    Instant::now(),
+                    keep_events,
+                )
+                .await;
                 sent.merge(answer);
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -527,6 +536,8 @@ pub(crate) async fn send_open_loop(
             all.merge(answer);
         }
     }
-    all.elapsed = all.last_answer.map_or(Duration::ZERO, |t| t.saturating_duration_since(start));
+    all.elapsed = all
+        .last_answer
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(start));
     all
 }

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::api::{self, Api, Tenant};
 use super::report::{Figure, Target, ms, percentile};
-use super::{Bench, Target as Server};
+use super::{Bench, Server};
 
 const NAME: &str = "fairness";
 
@@ -36,7 +36,7 @@ fn short_steps() -> Vec<Value> {
 }
 
 pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
-    let mut server = bench.target(NAME, None).await?;
+    let mut server = bench.server(NAME, None).await?;
     let measured = measure(bench, &mut server).await;
     bench.release(NAME, server).await;
     measured
@@ -111,7 +111,7 @@ async fn small_phase(
 }
 
 async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figure>> {
-    let api = &server.api;
+    let api = &server.api.clone();
     let large = api
         .tenant(&format!("bench fairness large {}", bench.nonce))
         .await?;
@@ -165,9 +165,10 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
             .count()
             .min(sent.accepted);
     if server.is_external() {
-        bench
-            .progress
-            .line(NAME, "waiting for the flood to drain from the external server");
+        bench.progress.line(
+            NAME,
+            "waiting for the flood to drain from the external server",
+        );
         api.wait_runs(
             &large,
             Some(&flood_automation),

@@ -14,12 +14,12 @@ use serde_json::json;
 use super::api::{self, Sent};
 use super::report::{Figure, Target, ms, percentile};
 use super::sys::CpuMeter;
-use super::{Bench, Target as Server};
+use super::{Bench, Server};
 
 const NAME: &str = "ingest";
 
 pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
-    let mut server = bench.target(NAME, None).await?;
+    let mut server = bench.server(NAME, None).await?;
     let measured = measure(bench, &mut server).await;
     bench.release(NAME, server).await;
     measured
@@ -37,7 +37,7 @@ fn latencies(sent: &mut Sent) -> (f64, f64, f64) {
 }
 
 async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figure>> {
-    let api = &server.api;
+    let api = &server.api.clone();
     let tenant = api.tenant(&format!("bench ingest {}", bench.nonce)).await?;
     let source = api.source(&tenant, "ingest").await?;
     let progress = (&bench.progress, NAME);
@@ -45,7 +45,16 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
 
     // Warm up: connections opened, caches filled.
     let warm = format!("{}-warm", bench.nonce);
-    api::send_closed_loop(&bench.http, &source.url, &warm, 500, senders, false, progress).await;
+    api::send_closed_loop(
+        &bench.http,
+        &source.url,
+        &warm,
+        500,
+        senders,
+        false,
+        progress,
+    )
+    .await;
 
     let count = bench.scaled(20_000, 500);
     bench.progress.line(

@@ -18,7 +18,7 @@ use serde_json::json;
 use super::report::{Figure, Target};
 use super::server::ConnectionPoller;
 use super::steps::{self, STEPS_PER_RUN};
-use super::{Bench, Target as Server};
+use super::{Bench, Server};
 
 const NAME: &str = "io";
 
@@ -79,14 +79,14 @@ impl Drop for Stub {
 
 pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
     let stub = Stub::start().await?;
-    let mut server = bench.target(NAME, Some(CONCURRENCY)).await?;
+    let mut server = bench.server(NAME, Some(CONCURRENCY)).await?;
     let measured = measure(bench, &mut server, &stub).await;
     bench.release(NAME, server).await;
     measured
 }
 
 async fn measure(bench: &Bench, server: &mut Server, stub: &Stub) -> anyhow::Result<Vec<Figure>> {
-    let api = &server.api;
+    let api = &server.api.clone();
     let tenant = api.tenant(&format!("bench io {}", bench.nonce)).await?;
     let source = api.source(&tenant, NAME).await?;
     let calls: Vec<_> = (1..=STEPS_PER_RUN)

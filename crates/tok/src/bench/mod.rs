@@ -138,7 +138,7 @@ pub(crate) struct Bench {
 }
 
 /// The server one figure runs against.
-pub(crate) struct Target {
+pub(crate) struct Server {
     pub(crate) api: Api,
     child: Option<Child>,
     database: Option<Database>,
@@ -146,7 +146,7 @@ pub(crate) struct Target {
     postgres_url: Option<String>,
 }
 
-impl Target {
+impl Server {
     /// The server process ids, for CPU accounting (none when external).
     pub(crate) fn pids(&self) -> Vec<u32> {
         self.child.iter().map(|c| c.pid).collect()
@@ -207,13 +207,13 @@ impl Bench {
     }
 
     /// A fresh server for a figure (own mode), or the external one.
-    pub(crate) async fn target(
+    pub(crate) async fn server(
         &self,
         figure: &str,
         concurrency: Option<usize>,
-    ) -> anyhow::Result<Target> {
+    ) -> anyhow::Result<Server> {
         match &self.mode {
-            Mode::External { base } => Ok(Target {
+            Mode::External { base } => Ok(Server {
                 api: self.api(base),
                 child: None,
                 database: None,
@@ -225,7 +225,6 @@ impl Bench {
             }),
             Mode::Own { backend, exe, .. } => {
                 let database = Database::create(backend).await?;
-                self.note_commit_settings(&database.url).await;
                 let spec = ChildSpec {
                     concurrency,
                     ..ChildSpec::both()
@@ -240,8 +239,10 @@ impl Bench {
                             return Err(e);
                         }
                     };
+                // After the start: the server creates and migrates the database.
+                self.note_commit_settings(&database.url).await;
                 let base = child.base.clone().context("a `both` child serves HTTP")?;
-                Ok(Target {
+                Ok(Server {
                     api: self.api(&base),
                     postgres_url: database.is_postgres().then(|| database.url.clone()),
                     child: Some(child),
@@ -252,7 +253,7 @@ impl Bench {
     }
 
     /// Stops the figure's server, keeps what it used, drops its database.
-    pub(crate) async fn release(&self, figure: &str, target: Target) {
+    pub(crate) async fn release(&self, figure: &str, target: Server) {
         if let Some(child) = target.child {
             self.keep_report(figure, child.stop());
         }
@@ -321,8 +322,9 @@ impl Bench {
         let (_, exe, key) = self
             .own()
             .context("only the bench's own servers can be started")?;
+        let child = Child::start(exe, &database.url, key, spec, &self.http).await?;
         self.note_commit_settings(&database.url).await;
-        Child::start(exe, &database.url, key, spec, &self.http).await
+        Ok(child)
     }
 }
 

@@ -172,7 +172,9 @@ pub(crate) fn table(figures: &[Figure]) -> String {
         out.trim_end().to_owned() + "\n"
     };
     let mut out = line(header);
-    out.push_str(&line(widths.map(|w| "-".repeat(w)).each_ref().map(|s| &s[..])));
+    out.push_str(&line(
+        widths.map(|w| "-".repeat(w)).each_ref().map(|s| &s[..]),
+    ));
     for row in &rows {
         out.push_str(&line(row.each_ref().map(|s| &s[..])));
     }

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::api::{self, Api, Finished, Source, Tenant};
 use super::report::{Figure, Progress, Target};
 use super::sys::{CpuMeter, CpuUse};
-use super::{BackendKind, Bench, NOOP_STEP, Target as Server};
+use super::{BackendKind, Bench, NOOP_STEP, Server};
 
 /// Steps per run.
 pub(crate) const STEPS_PER_RUN: usize = 10;
@@ -154,7 +154,13 @@ pub(crate) async fn load(
     )
     .await;
     let finished = api
-        .wait_runs(tenant, Some(automation), sent.accepted, TIME_LIMIT, progress)
+        .wait_runs(
+            tenant,
+            Some(automation),
+            sent.accepted,
+            TIME_LIMIT,
+            progress,
+        )
         .await?;
     let cpu = cpu.finish();
     let end_ms = finished.last_finished_ms().unwrap_or_else(api::epoch_ms);
@@ -170,7 +176,7 @@ pub(crate) async fn load(
 
 pub(crate) async fn run(bench: &Bench, kind: Kind) -> anyhow::Result<Vec<Figure>> {
     let name = kind.name();
-    let mut server = bench.target(name, None).await?;
+    let mut server = bench.server(name, None).await?;
     let measured = measure(bench, &mut server, kind).await;
     bench.release(name, server).await;
     measured
@@ -178,7 +184,7 @@ pub(crate) async fn run(bench: &Bench, kind: Kind) -> anyhow::Result<Vec<Figure>
 
 async fn measure(bench: &Bench, server: &mut Server, kind: Kind) -> anyhow::Result<Vec<Figure>> {
     let name = kind.name();
-    let api = &server.api;
+    let api = &server.api.clone();
     let tenant = api.tenant(&format!("bench {name} {}", bench.nonce)).await?;
     let source = api.source(&tenant, name).await?;
     let automation = automation(api, &tenant, &source, kind).await?;

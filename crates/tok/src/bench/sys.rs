@@ -125,7 +125,8 @@ pub(crate) fn file_system(path: &Path) -> Option<String> {
             let _device = fields.next()?;
             let point = fields.next()?;
             let kind = fields.next()?;
-            path.starts_with(point).then(|| (point.len(), kind.to_owned()))
+            path.starts_with(point)
+                .then(|| (point.len(), kind.to_owned()))
         })
         .max_by_key(|(len, _)| *len)
         .map(|(_, kind)| kind)

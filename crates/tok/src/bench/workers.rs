@@ -69,7 +69,9 @@ async fn phases(
     children.push(api_child);
     // The tenant exists before any worker starts: a worker reads the list
     // of tenants at start (and then only every few seconds).
-    let tenant = api.tenant(&format!("bench workers {}", bench.nonce)).await?;
+    let tenant = api
+        .tenant(&format!("bench workers {}", bench.nonce))
+        .await?;
     let events = bench.scaled(2_000, 20);
     let mut figures = Vec::new();
     let mut automations = Vec::new();
@@ -135,10 +137,7 @@ async fn phases(
         .collect();
     bench.progress.line(
         NAME,
-        &format!(
-            "checking the step rows of {} completed runs",
-            runs.len()
-        ),
+        &format!("checking the step rows of {} completed runs", runs.len()),
     );
     let (checked, wrong, example) = check_steps(&api, &tenant, &runs, bench).await?;
     figures.push(

@@ -1,0 +1,97 @@
+//! What protects the inbox before a webhook is written: a rate limit per
+//! webhook token, and backpressure — when the queue behind the inbox is
+//! deeper than a threshold, sources not marked critical get 429 so the
+//! senders retry later, while critical sources are still accepted.
+//!
+//! Both are kept in the API process's memory: a token's rate limit holds per
+//! API process (with several API processes behind a balancer, the limit is
+//! per process), and the queue depth is sampled every second, not read per
+//! request, so the webhook stays one insert.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use tok_core::ids::SourceId;
+
+/// A token bucket per source: `rate` requests per second, bursts of `rate`.
+#[derive(Default)]
+pub(crate) struct TokenLimits {
+    buckets: Mutex<HashMap<SourceId, (f64, Instant)>>,
+}
+
+impl TokenLimits {
+    /// Takes one request from the source's bucket, or says how long until
+    /// the next one is allowed.
+    pub(crate) fn take(&self, source: &SourceId, rate: i32, now: Instant) -> Result<(), Duration> {
+        let rate = f64::from(rate.max(1));
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let (tokens, at) = buckets.entry(source.clone()).or_insert((rate, now));
+        let refilled =
+            (*tokens + now.saturating_duration_since(*at).as_secs_f64() * rate).min(rate);
+        *at = now;
+        if refilled >= 1.0 {
+            *tokens = refilled - 1.0;
+            Ok(())
+        } else {
+            *tokens = refilled;
+            Err(Duration::from_secs_f64((1.0 - refilled) / rate))
+        }
+    }
+}
+
+/// The queue depth the backpressure decision reads, and its threshold.
+pub(crate) struct Backpressure {
+    pub(crate) threshold: i64,
+    depth: AtomicI64,
+}
+
+impl Backpressure {
+    pub(crate) fn new(threshold: i64) -> Self {
+        Self {
+            threshold,
+            depth: AtomicI64::new(0),
+        }
+    }
+
+    pub(crate) fn record(&self, depth: i64) {
+        self.depth.store(depth, Ordering::Relaxed);
+    }
+
+    /// Whether non-critical sources should be turned away now.
+    pub(crate) fn overloaded(&self) -> Option<i64> {
+        let depth = self.depth.load(Ordering::Relaxed);
+        (depth > self.threshold).then_some(depth)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_allows_its_rate_then_waits() {
+        let limits = TokenLimits::default();
+        let source = SourceId::from("src_1");
+        let t0 = Instant::now();
+        assert!(limits.take(&source, 2, t0).is_ok());
+        assert!(limits.take(&source, 2, t0).is_ok());
+        let wait = limits.take(&source, 2, t0).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(500));
+        assert!(
+            limits
+                .take(&source, 2, t0 + Duration::from_millis(500))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn backpressure_starts_past_its_threshold() {
+        let pressure = Backpressure::new(100);
+        pressure.record(100);
+        assert_eq!(pressure.overloaded(), None);
+        pressure.record(101);
+        assert_eq!(pressure.overloaded(), Some(101));
+    }
+}
