@@ -14,6 +14,36 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use tok_core::ids::SourceId;
+use tok_store::Source;
+
+/// How long a webhook token's source is kept in memory: the webhook path
+/// then reads nothing before its one insert. Sources are never edited in
+/// place, so a short expiry only bounds how long a removed token lingers.
+const SOURCE_TTL: Duration = Duration::from_secs(10);
+
+/// Sources by webhook token, for [`SOURCE_TTL`].
+#[derive(Default)]
+pub(crate) struct SourceCache {
+    by_token: Mutex<HashMap<String, (Source, Instant)>>,
+}
+
+impl SourceCache {
+    pub(crate) fn get(&self, token: &str, now: Instant) -> Option<Source> {
+        let cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .get(token)
+            .filter(|(_, at)| now.saturating_duration_since(*at) < SOURCE_TTL)
+            .map(|(s, _)| s.clone())
+    }
+
+    pub(crate) fn put(&self, source: Source, now: Instant) {
+        let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() > 100_000 {
+            cache.clear();
+        }
+        cache.insert(source.token.clone(), (source, now));
+    }
+}
 
 /// A token bucket per source: `rate` requests per second, bursts of `rate`.
 #[derive(Default)]

@@ -32,6 +32,7 @@ pub struct AppState {
     pub public_url: Arc<str>,
     ready: Arc<AtomicBool>,
     pub(crate) token_limits: Arc<intake::TokenLimits>,
+    pub(crate) sources: Arc<intake::SourceCache>,
     pub(crate) backpressure: Arc<intake::Backpressure>,
 }
 
@@ -42,6 +43,7 @@ impl AppState {
             public_url: public_url.trim_end_matches('/').into(),
             ready: Arc::default(),
             token_limits: Arc::default(),
+            sources: Arc::default(),
             backpressure: Arc::new(intake::Backpressure::new(DEFAULT_BACKPRESSURE_DEPTH)),
         }
     }

@@ -20,7 +20,10 @@ fn bench_prints_the_table_and_writes_json() {
         .expect("run tok bench");
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "tok bench failed:\n{stdout}\n{stderr}");
+    assert!(
+        run.status.success(),
+        "tok bench failed:\n{stdout}\n{stderr}"
+    );
 
     let mut lines = stdout.lines();
     let header = lines.next().unwrap_or_default();
@@ -38,7 +41,10 @@ fn bench_prints_the_table_and_writes_json() {
     assert_eq!(config["backend"], "sqlite");
     assert!(config["cores"].as_u64().unwrap() >= 1);
     assert!(
-        config["commit"].as_str().unwrap().contains("journal_mode=wal"),
+        config["commit"]
+            .as_str()
+            .unwrap()
+            .contains("journal_mode=wal"),
         "{config}"
     );
     let figures = json["figures"].as_array().unwrap();

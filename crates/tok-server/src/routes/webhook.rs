@@ -24,7 +24,11 @@ pub(crate) fn router() -> Router<AppState> {
 const MAX_KEY_LEN: usize = 200;
 
 async fn source(state: &AppState, token: &str) -> ApiResult<Source> {
-    state
+    let now = std::time::Instant::now();
+    if let Some(source) = state.sources.get(token, now) {
+        return Ok(source);
+    }
+    let source = state
         .engine
         .store()
         .source_by_token(token)
@@ -35,7 +39,9 @@ async fn source(state: &AppState, token: &str) -> ApiResult<Source> {
                 "unknown_webhook",
                 "no webhook has this URL",
             )
-        })
+        })?;
+    state.sources.put(source.clone(), now);
+    Ok(source)
 }
 
 fn params(source: &Source) -> Vec<Param> {
