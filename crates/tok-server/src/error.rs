@@ -80,6 +80,14 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound(what) => Self::not_found(what),
             StoreError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            StoreError::Unavailable(message) => {
+                tracing::error!(error = %message, "database unavailable");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database_unavailable",
+                    "the database did not answer; try again shortly",
+                )
+            }
             StoreError::Database(sqlx_error) => {
                 tracing::error!(error = %sqlx_error, "database error");
                 Self::new(

@@ -203,6 +203,62 @@ macro_rules! impl_common {
             Ok(row.get("n"))
         }
 
+        /// Writes one event in the caller's transaction, or finds the event
+        /// its idempotency key already wrote within the window.
+        async fn accept_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            event: &NewEvent,
+        ) -> Result<(EventId, Accepted)> {
+            if let Some(id) = insert_event(tx, tenant, event, "pending").await? {
+                return Ok((id, Accepted { duplicate: false }));
+            }
+            let existing = sqlx::query(
+                "SELECT id, received_at FROM event_inbox
+                 WHERE tenant_id = $1 AND source_kind = $2 AND source_id = $3
+                   AND idempotency_key = $4",
+            )
+            .bind(tenant.as_str())
+            .bind(&event.source_kind)
+            .bind(event.source_id.as_ref().map(|s| s.as_str()))
+            .bind(&event.idempotency_key)
+            .fetch_one(&mut **tx)
+            .await?;
+            let existing_id: String = existing.get("id");
+            if existing.get::<i64, _>("received_at") >= now_ms() - IDEMPOTENCY_WINDOW_MS {
+                return Ok((EventId::from(existing_id), Accepted { duplicate: true }));
+            }
+            // The earlier event is outside the window: retire its key so
+            // this one is a new event.
+            sqlx::query(
+                "UPDATE event_inbox SET idempotency_key = idempotency_key || ':' || id
+                 WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(&existing_id)
+            .execute(&mut **tx)
+            .await?;
+            let id = insert_event(tx, tenant, event, "pending")
+                .await?
+                .ok_or_else(|| StoreError::Conflict("idempotency key taken twice".into()))?;
+            Ok((id, Accepted { duplicate: false }))
+        }
+
+        /// The inbox's group commit: every event of the batch in one
+        /// transaction (see `batch.rs`).
+        pub(crate) async fn accept_batch(
+            pool: &sqlx::Pool<$db>,
+            items: Vec<(TenantId, NewEvent)>,
+        ) -> Result<Vec<(EventId, Accepted)>> {
+            let mut tx = pool.begin().await?;
+            let mut out = Vec::with_capacity(items.len());
+            for (tenant, event) in &items {
+                out.push(accept_in(&mut tx, tenant, event).await?);
+            }
+            tx.commit().await?;
+            Ok(out)
+        }
+
         /// Creates a run and its first job; returns false when the run for
         /// this (event, automation) already existed.
         async fn insert_run(
@@ -721,42 +777,7 @@ macro_rules! impl_common {
                 tenant: &TenantId,
                 event: NewEvent,
             ) -> Result<(EventId, Accepted)> {
-                let mut tx = self.writer().begin().await?;
-                if let Some(id) = insert_event(&mut tx, tenant, &event, "pending").await? {
-                    tx.commit().await?;
-                    return Ok((id, Accepted { duplicate: false }));
-                }
-                let existing = sqlx::query(
-                    "SELECT id, received_at FROM event_inbox
-                     WHERE tenant_id = $1 AND source_kind = $2 AND source_id = $3
-                       AND idempotency_key = $4",
-                )
-                .bind(tenant.as_str())
-                .bind(&event.source_kind)
-                .bind(event.source_id.as_ref().map(|s| s.as_str()))
-                .bind(&event.idempotency_key)
-                .fetch_one(&mut *tx)
-                .await?;
-                let existing_id: String = existing.get("id");
-                if existing.get::<i64, _>("received_at") >= now_ms() - IDEMPOTENCY_WINDOW_MS {
-                    tx.commit().await?;
-                    return Ok((EventId::from(existing_id), Accepted { duplicate: true }));
-                }
-                // The earlier event is outside the window: retire its key so
-                // this one is a new event.
-                sqlx::query(
-                    "UPDATE event_inbox SET idempotency_key = idempotency_key || ':' || id
-                     WHERE tenant_id = $1 AND id = $2",
-                )
-                .bind(tenant.as_str())
-                .bind(&existing_id)
-                .execute(&mut *tx)
-                .await?;
-                let id = insert_event(&mut tx, tenant, &event, "pending")
-                    .await?
-                    .ok_or_else(|| StoreError::Conflict("idempotency key taken twice".into()))?;
-                tx.commit().await?;
-                Ok((id, Accepted { duplicate: false }))
+                self.events.accept(tenant, event).await
             }
 
             async fn dispatch(

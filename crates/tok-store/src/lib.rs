@@ -9,6 +9,7 @@
 //! Both backends implement the same traits and pass the same conformance
 //! suite (`tests/conformance.rs`). `connect` picks one from the URL.
 
+mod batch;
 mod common;
 pub mod connections;
 mod connections_sql;
@@ -54,6 +55,9 @@ pub enum StoreError {
     NotFound(&'static str),
     #[error("{0}")]
     Conflict(String),
+    /// The database could not take the write; nothing was written.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// The dispatcher's pure decision for one event: given the event and the

@@ -4,11 +4,13 @@
 //! tenants and one-running-job-per-queue-key hold across processes without a
 //! coordinator. Leases and due times use the database clock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+use crate::batch::EventBatcher;
 use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
@@ -19,6 +21,7 @@ const MIGRATION_LOCK: i64 = 0x746f_6b01;
 
 pub struct PgStore {
     pool: PgPool,
+    events: EventBatcher,
 }
 
 impl PgStore {
@@ -31,7 +34,12 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        Ok(Self { pool })
+        let writer = pool.clone();
+        let events = EventBatcher::spawn(Arc::new(move |items| {
+            let pool = writer.clone();
+            Box::pin(async move { accept_batch(&pool, items).await })
+        }));
+        Ok(Self { pool, events })
     }
 
     /// The pool, for tests and tools that need to look underneath.

@@ -5,6 +5,7 @@
 //! `database is locked` storm, and the claim needs no lock beyond it.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,6 +13,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use crate::batch::EventBatcher;
 use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
@@ -20,6 +22,7 @@ use crate::migrate;
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    events: EventBatcher,
 }
 
 impl SqliteStore {
@@ -48,7 +51,16 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.read_only(true))
             .await?;
-        Ok(Self { writer, reader })
+        let pool = writer.clone();
+        let events = EventBatcher::spawn(Arc::new(move |items| {
+            let pool = pool.clone();
+            Box::pin(async move { accept_batch(&pool, items).await })
+        }));
+        Ok(Self {
+            writer,
+            reader,
+            events,
+        })
     }
 
     fn writer(&self) -> &SqlitePool {
