@@ -289,10 +289,28 @@ async fn drive(
             chain.run(path).await?
         }
     };
+    let advanced = matches!(ending.next, NextJob::Step { delay_ms: 0, .. });
+    let needs_tx = tx.is_some() || too_deep || ending.failed.is_some();
+    let record = Record {
+        steps,
+        context: context.into_value(),
+        actions,
+        status: ending.status,
+        error: ending.error,
+        next: ending.next,
+        subject_ticket_id: subject,
+    };
+    if !needs_tx {
+        // Nothing else to write with it: the record joins the store's group
+        // commit with other claims' records.
+        inner.store.record(job, record).await?;
+        return Ok(advanced);
+    }
     let mut tx = match tx {
         Some(tx) => tx,
         None => inner.store.begin_record(job).await?,
     };
+    let subject = record.subject_ticket_id.clone();
     if too_deep {
         raise_too_deep(&mut *tx, job, automation, subject.as_deref()).await?;
     }
@@ -302,23 +320,13 @@ async fn drive(
             job,
             automation,
             subject.as_deref(),
-            &context,
+            &record.context,
             failure,
             &cause,
         )
         .await?;
     }
-    let advanced = matches!(ending.next, NextJob::Step { delay_ms: 0, .. });
-    tx.commit(Record {
-        steps,
-        context: context.into_value(),
-        actions,
-        status: ending.status,
-        error: ending.error,
-        next: ending.next,
-        subject_ticket_id: subject,
-    })
-    .await?;
+    tx.commit(record).await?;
     Ok(advanced)
 }
 
@@ -544,7 +552,7 @@ async fn raise_failure(
     job: &ClaimedJob,
     automation: &Automation,
     subject: Option<&str>,
-    context: &Context,
+    context: &Value,
     failure: &Failure,
     cause: &Cause,
 ) -> Result<(), StoreError> {
@@ -583,8 +591,8 @@ async fn raise_failure(
         "attempts": failure.attempt,
         "message": failure.message,
         "steps_before": all_steps,
-        "input": context.0.get("_body"),
-        "event": context.0.get("_event"),
+        "input": context.get("_body"),
+        "event": context.get("_event"),
     });
     tx.open_incident(NewIncident {
         source: format!("run-failed:{}:{}", job.automation_id, failure.step_id),

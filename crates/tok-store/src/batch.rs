@@ -1,44 +1,41 @@
-//! Group commit for the inbox: concurrent webhooks share one transaction.
+//! Group commit: writes that arrive while a commit is in flight share the
+//! next transaction.
 //!
-//! Every accepted webhook must be durable before its 202, which costs a
-//! commit (an fsync with the durable settings). Requests that arrive while a
-//! commit is in flight wait in a channel; the next transaction takes all of
-//! them (up to [`MAX_BATCH`]) and commits once, and each caller is answered
-//! only after that commit. Under load, many webhooks share one fsync; alone,
-//! a webhook waits for nothing but its own commit.
+//! Every accepted webhook must be durable before its 202, and every step's
+//! record before the next step starts, which costs a commit (an fsync with
+//! the durable settings) each. Requests wait in a channel; the next
+//! transaction takes all waiting ones (up to [`MAX_BATCH`]) and commits
+//! once, and each caller is answered only after that commit. Under load many
+//! writes share one fsync; alone, a write waits for nothing but its own
+//! commit. One item's refusal (a lost lease) does not fail the others; a
+//! database error fails the whole batch, and every caller hears it.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tok_core::ids::{EventId, TenantId};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{Accepted, NewEvent, Result, StoreError};
+use crate::{Result, StoreError};
 
-/// Most events one inbox transaction takes.
+/// Most writes one transaction takes.
 pub(crate) const MAX_BATCH: usize = 256;
 
-type Reply = oneshot::Sender<Result<(EventId, Accepted)>>;
-type Request = (TenantId, NewEvent, Reply);
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Writes a batch of events in one transaction, answers in order.
-pub(crate) type AcceptBatch = Arc<
-    dyn Fn(
-            Vec<(TenantId, NewEvent)>,
-        ) -> Pin<Box<dyn Future<Output = Result<Vec<(EventId, Accepted)>>> + Send>>
-        + Send
-        + Sync,
->;
+/// Writes a batch in one transaction; one answer per item, in order.
+pub(crate) type WriteBatch<I, O> =
+    Arc<dyn Fn(Vec<I>) -> BoxFuture<Result<Vec<Result<O>>>> + Send + Sync>;
 
-pub(crate) struct EventBatcher {
-    sender: mpsc::Sender<Request>,
+pub(crate) struct Batcher<I, O> {
+    sender: mpsc::Sender<(I, oneshot::Sender<Result<O>>)>,
 }
 
-impl EventBatcher {
+impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Starts the batching task (it ends when the store is dropped).
-    pub(crate) fn spawn(accept: AcceptBatch) -> Self {
-        let (sender, mut receiver) = mpsc::channel::<Request>(MAX_BATCH * 8);
+    pub(crate) fn spawn(write: WriteBatch<I, O>) -> Self {
+        let (sender, mut receiver) =
+            mpsc::channel::<(I, oneshot::Sender<Result<O>>)>(MAX_BATCH * 8);
         tokio::spawn(async move {
             while let Some(first) = receiver.recv().await {
                 let mut batch = vec![first];
@@ -48,12 +45,11 @@ impl EventBatcher {
                         Err(_) => break,
                     }
                 }
-                let (items, replies): (Vec<_>, Vec<_>) =
-                    batch.into_iter().map(|(t, e, r)| ((t, e), r)).unzip();
-                match accept(items).await {
+                let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
+                match write(items).await {
                     Ok(results) => {
                         for (reply, result) in replies.into_iter().zip(results) {
-                            let _ = reply.send(Ok(result));
+                            let _ = reply.send(result);
                         }
                     }
                     Err(e) => {
@@ -68,19 +64,14 @@ impl EventBatcher {
         Self { sender }
     }
 
-    /// Queues one event and waits until the transaction that wrote it committed.
-    pub(crate) async fn accept(
-        &self,
-        tenant: &TenantId,
-        event: NewEvent,
-    ) -> Result<(EventId, Accepted)> {
+    /// Queues one write and waits until the transaction that made it committed.
+    pub(crate) async fn submit(&self, item: I) -> Result<O> {
         let (reply, answer) = oneshot::channel();
+        let stopped = || StoreError::Unavailable("the store's writer has stopped".into());
         self.sender
-            .send((tenant.clone(), event, reply))
+            .send((item, reply))
             .await
-            .map_err(|_| StoreError::Unavailable("the inbox writer has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("the inbox writer has stopped".into()))?
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }

@@ -249,11 +249,35 @@ macro_rules! impl_common {
         pub(crate) async fn accept_batch(
             pool: &sqlx::Pool<$db>,
             items: Vec<(TenantId, NewEvent)>,
-        ) -> Result<Vec<(EventId, Accepted)>> {
+        ) -> Result<Vec<Result<(EventId, Accepted)>>> {
             let mut tx = pool.begin().await?;
             let mut out = Vec::with_capacity(items.len());
             for (tenant, event) in &items {
-                out.push(accept_in(&mut tx, tenant, event).await?);
+                out.push(Ok(accept_in(&mut tx, tenant, event).await?));
+            }
+            tx.commit().await?;
+            Ok(out)
+        }
+
+        /// The records' group commit: each claim's record in one shared
+        /// transaction. A record whose lease was lost writes nothing and is
+        /// answered `LeaseLost`; the others go on.
+        pub(crate) async fn record_batch(
+            pool: &sqlx::Pool<$db>,
+            items: Vec<(ClaimedJob, Record)>,
+        ) -> Result<Vec<Result<()>>> {
+            let mut tx = pool.begin().await?;
+            let mut out = Vec::with_capacity(items.len());
+            for (job, record) in items {
+                let written = match fence(&mut tx, &job).await {
+                    Ok(()) => finish_record(&mut tx, &job, record).await,
+                    Err(e) => Err(e),
+                };
+                match written {
+                    Ok(()) => out.push(Ok(())),
+                    Err(StoreError::LeaseLost(id)) => out.push(Err(StoreError::LeaseLost(id))),
+                    Err(e) => return Err(e),
+                }
             }
             tx.commit().await?;
             Ok(out)
@@ -777,7 +801,7 @@ macro_rules! impl_common {
                 tenant: &TenantId,
                 event: NewEvent,
             ) -> Result<(EventId, Accepted)> {
-                self.events.accept(tenant, event).await
+                self.events.submit((tenant.clone(), event)).await
             }
 
             async fn dispatch(
@@ -1272,11 +1296,7 @@ macro_rules! impl_common {
             }
 
             async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {
-                let mut tx = self.writer().begin().await?;
-                fence(&mut tx, job).await?;
-                finish_record(&mut tx, job, record).await?;
-                tx.commit().await?;
-                Ok(())
+                self.records.submit((job.clone(), record)).await
             }
 
             async fn release_claims(&self, node: &str) -> Result<u64> {

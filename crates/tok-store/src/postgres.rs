@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use crate::batch::EventBatcher;
+use crate::batch::Batcher;
 use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
@@ -21,7 +21,8 @@ const MIGRATION_LOCK: i64 = 0x746f_6b01;
 
 pub struct PgStore {
     pool: PgPool,
-    events: EventBatcher,
+    events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
+    records: Batcher<(ClaimedJob, Record), ()>,
 }
 
 impl PgStore {
@@ -34,12 +35,20 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        let writer = pool.clone();
-        let events = EventBatcher::spawn(Arc::new(move |items| {
-            let pool = writer.clone();
+        let (events_pool, records_pool) = (pool.clone(), pool.clone());
+        let events = Batcher::spawn(Arc::new(move |items| {
+            let pool = events_pool.clone();
             Box::pin(async move { accept_batch(&pool, items).await })
         }));
-        Ok(Self { pool, events })
+        let records = Batcher::spawn(Arc::new(move |items| {
+            let pool = records_pool.clone();
+            Box::pin(async move { record_batch(&pool, items).await })
+        }));
+        Ok(Self {
+            pool,
+            events,
+            records,
+        })
     }
 
     /// The pool, for tests and tools that need to look underneath.

@@ -13,7 +13,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::batch::EventBatcher;
+use crate::batch::Batcher;
 use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
@@ -22,7 +22,8 @@ use crate::migrate;
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
-    events: EventBatcher,
+    events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
+    records: Batcher<(ClaimedJob, Record), ()>,
 }
 
 impl SqliteStore {
@@ -51,15 +52,20 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.read_only(true))
             .await?;
-        let pool = writer.clone();
-        let events = EventBatcher::spawn(Arc::new(move |items| {
-            let pool = pool.clone();
+        let (events_pool, records_pool) = (writer.clone(), writer.clone());
+        let events = Batcher::spawn(Arc::new(move |items| {
+            let pool = events_pool.clone();
             Box::pin(async move { accept_batch(&pool, items).await })
+        }));
+        let records = Batcher::spawn(Arc::new(move |items| {
+            let pool = records_pool.clone();
+            Box::pin(async move { record_batch(&pool, items).await })
         }));
         Ok(Self {
             writer,
             reader,
             events,
+            records,
         })
     }
 
