@@ -160,6 +160,11 @@ impl Engine {
         self.inner.inbox.notify_one();
     }
 
+    /// Tells the worker pool a job may be ready now (a retried or resumed run).
+    pub fn job_ready(&self) {
+        self.inner.work.notify_one();
+    }
+
     /// Re-reads the list of tenants the queue serves (after one is created).
     pub async fn refresh_tenants(&self) -> Result<()> {
         let ids = self.inner.store.tenant_ids().await?;

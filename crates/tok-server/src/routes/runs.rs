@@ -93,8 +93,7 @@ async fn show(
     Ok(Json(json!(run)))
 }
 
-/// Continues a failed run from its failed step; the worker picks it up
-/// within its poll interval.
+/// Continues a failed run from its failed step.
 async fn retry(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -105,6 +104,7 @@ async fn retry(
         .store()
         .retry_run(&tenant, &RunId::from(id))
         .await?;
+    state.engine.job_ready();
     Ok(Json(json!(run)))
 }
 
@@ -144,5 +144,6 @@ async fn resume(
         .store()
         .resume_run(&tenant, &RunId::from(id))
         .await?;
+    state.engine.job_ready();
     Ok(Json(json!(run)))
 }
