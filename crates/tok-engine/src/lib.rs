@@ -276,6 +276,8 @@ pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
 
 async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
+        let lag = jiff::Timestamp::now().as_millisecond() - event.received_at;
+        metrics::histogram!("tok_inbox_lag_seconds").record(lag.max(0) as f64 / 1000.0);
         dispatcher::plan(event, candidates, &inner.defs)
     };
     loop {

@@ -289,6 +289,18 @@ async fn drive(
             chain.run(path).await?
         }
     };
+    for step in &steps {
+        metrics::counter!(
+            "tok_steps_total",
+            "tenant" => job.tenant_id.to_string(),
+            "status" => step.status.clone()
+        )
+        .increment(1);
+    }
+    if ending.status.is_final() {
+        metrics::counter!("tok_runs_finished_total", "status" => ending.status.as_str())
+            .increment(1);
+    }
     let advanced = matches!(ending.next, NextJob::Step { delay_ms: 0, .. });
     let needs_tx = tx.is_some() || too_deep || ending.failed.is_some();
     let record = Record {

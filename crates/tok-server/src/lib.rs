@@ -34,6 +34,7 @@ pub struct AppState {
     pub(crate) token_limits: Arc<intake::TokenLimits>,
     pub(crate) sources: Arc<intake::SourceCache>,
     pub(crate) backpressure: Arc<intake::Backpressure>,
+    pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl AppState {
@@ -45,7 +46,14 @@ impl AppState {
             token_limits: Arc::default(),
             sources: Arc::default(),
             backpressure: Arc::new(intake::Backpressure::new(DEFAULT_BACKPRESSURE_DEPTH)),
+            metrics: None,
         }
+    }
+
+    /// Serves `GET /metrics` from this Prometheus recorder.
+    pub fn with_metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
     }
 
     /// Sets the queue depth past which non-critical sources get 429.
@@ -72,7 +80,15 @@ impl AppState {
                     Err(e) => Err(e),
                 };
                 match stats {
-                    Ok(s) => state.record_queue_depth(s.pending_events + s.ready),
+                    Ok(s) => {
+                        state.record_queue_depth(s.pending_events + s.ready);
+                        metrics::gauge!("tok_queue_ready_jobs").set(s.ready as f64);
+                        metrics::gauge!("tok_queue_scheduled_jobs").set(s.scheduled as f64);
+                        metrics::gauge!("tok_queue_running_jobs").set(s.running as f64);
+                        metrics::gauge!("tok_inbox_pending_events").set(s.pending_events as f64);
+                        let oldest = s.oldest_ready_ms.unwrap_or(0) as f64 / 1000.0;
+                        metrics::gauge!("tok_queue_oldest_ready_seconds").set(oldest);
+                    }
                     Err(e) => tracing::warn!(error = %e, "could not sample the queue depth"),
                 }
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -108,6 +124,7 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::tickets::router())
         .merge(routes::incidents::router())
         .merge(routes::connections::router())
+        .merge(routes::metrics::router())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(state)

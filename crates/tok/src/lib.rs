@@ -94,8 +94,12 @@ pub async fn serve(
     };
     tracing::info!(role = ?config.role, node = %config.node_id, concurrency = config.concurrency, "tok started");
     if config.role.serves_http() {
-        let state = AppState::new(engine.clone(), &config.public_url)
+        let mut state = AppState::new(engine.clone(), &config.public_url)
             .with_backpressure_depth(config.backpressure_depth);
+        match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+            Ok(handle) => state = state.with_metrics(handle),
+            Err(e) => tracing::warn!(error = %e, "metrics are off: no recorder could be installed"),
+        }
         let _queue_watch = AbortOnDrop(state.watch_queue());
         state.set_ready();
         let listener = tokio::net::TcpListener::bind(config.listen)

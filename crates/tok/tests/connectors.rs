@@ -152,6 +152,28 @@ async fn connectors(backend: Backend) {
         "{backend:?}: a script failure is not retried"
     );
 
+    // The counters a platform team watches are on /metrics.
+    let metrics = api
+        .http
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "tok_steps_total",
+        "tok_runs_finished_total",
+        "tok_connector_calls_total",
+        "tok_queue_ready_jobs",
+    ] {
+        assert!(
+            metrics.contains(name),
+            "{backend:?}: /metrics lacks {name}:\n{metrics}"
+        );
+    }
+
     db.cleanup().await;
 }
 

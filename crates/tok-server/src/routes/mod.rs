@@ -5,6 +5,7 @@ pub(crate) mod connections;
 pub(crate) mod groups;
 pub(crate) mod health;
 pub(crate) mod incidents;
+pub(crate) mod metrics;
 pub(crate) mod runs;
 pub(crate) mod sources;
 pub(crate) mod tenants;

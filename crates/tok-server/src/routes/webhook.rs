@@ -142,6 +142,12 @@ async fn accept(
     if !accepted.duplicate {
         state.engine.event_accepted();
     }
+    let outcome = if accepted.duplicate {
+        "duplicate"
+    } else {
+        "accepted"
+    };
+    metrics::counter!("tok_webhooks_total", "outcome" => outcome).increment(1);
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "event_id": event_id, "duplicate": accepted.duplicate })),

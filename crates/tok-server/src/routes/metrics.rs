@@ -1,0 +1,32 @@
+//! `GET /metrics`: Prometheus text. Queue depth and the age of the oldest
+//! ready job (busy versus stuck), steps per tenant (the noisy neighbour) and
+//! by outcome, runs by outcome, inbox lag, connector calls and latency.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::AppState;
+use crate::error::ApiError;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/metrics", get(render))
+}
+
+async fn render(State(state): State<AppState>) -> Response {
+    match &state.metrics {
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "metrics_disabled",
+            "this server was started without a metrics recorder",
+        )
+        .into_response(),
+    }
+}
