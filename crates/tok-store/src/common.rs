@@ -32,6 +32,7 @@ macro_rules! impl_common {
         lock_row = $lock_row:literal,
         claim_prelude = $claim_prelude:literal,
         claim_candidates = $claim_candidates:literal,
+        dispatch_select = $dispatch_select:literal,
         release_where = $release_where:literal,
         list = $list:path,
     ) => {
@@ -814,19 +815,17 @@ macro_rules! impl_common {
                     return Ok(0);
                 }
                 let mut tx = self.writer().begin().await?;
-                let rows = sqlx::query(concat!(
-                    "SELECT id, tenant_id, source_id, source_kind, payload, params, depth,
-                        cause_run_id, origin_automation_id, target_automation_id, event_type,
-                        subject_ticket_id, received_at
-                     FROM event_inbox
-                     WHERE status = 'pending' AND tenant_id ", $in1, "
-                     ORDER BY received_at, id
-                     LIMIT $2 ", $lock
-                ))
-                .bind($list(tenants.iter().map(|t| t.as_str())))
-                .bind(i64::from(limit))
-                .fetch_all(&mut *tx)
-                .await?;
+                // Fair between tenants like the claim: each tenant's oldest
+                // events first, round robin (any tenant may fill the batch
+                // when the others have nothing), so a tenant with a backlog
+                // of thousands does not hold back another tenant's event.
+                let per_tenant = i64::from(limit);
+                let rows = sqlx::query($dispatch_select)
+                    .bind($list(tenants.iter().map(|t| t.as_str())))
+                    .bind(i64::from(limit))
+                    .bind(per_tenant)
+                    .fetch_all(&mut *tx)
+                    .await?;
                 let now = now_ms();
                 for row in &rows {
                     let event = event_from_row(row);

@@ -106,6 +106,22 @@ impl_common! {
         ) c
         ORDER BY rk, priority DESC, run_after, id
         LIMIT $3",
+    dispatch_select = "SELECT * FROM (
+            SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
+            FROM unnest($1::text[]) AS t(id)
+            CROSS JOIN LATERAL (
+                SELECT id, tenant_id, source_id, source_kind, payload, params, depth, cause_run_id,
+                origin_automation_id, target_automation_id, event_type, subject_ticket_id,
+                received_at
+                FROM event_inbox
+                WHERE status = 'pending' AND tenant_id = t.id
+                ORDER BY received_at, id
+                LIMIT $3
+                FOR UPDATE SKIP LOCKED
+            ) e
+        ) c
+        ORDER BY rk, received_at, id
+        LIMIT $2",
     release_where = "locked_by = $1",
     list = list,
 }

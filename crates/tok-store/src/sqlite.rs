@@ -117,6 +117,20 @@ impl_common! {
         )
         ORDER BY rk, priority DESC, run_after, id
         LIMIT $3",
+    dispatch_select = "SELECT * FROM (
+            SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth, e.cause_run_id,
+                e.origin_automation_id, e.target_automation_id, e.event_type, e.subject_ticket_id,
+                e.received_at,
+                row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
+            FROM json_each($1) AS t
+            JOIN event_inbox e ON e.id IN (
+                SELECT k.id FROM event_inbox k
+                WHERE k.status = 'pending' AND k.tenant_id = t.value
+                ORDER BY k.received_at, k.id
+                LIMIT $3)
+        )
+        ORDER BY rk, received_at, id
+        LIMIT $2",
     release_where = "locked_by IS NOT NULL OR $1 IS NULL",
     list = list,
 }

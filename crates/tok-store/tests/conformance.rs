@@ -1933,3 +1933,48 @@ async fn concurrent_migrations_on_a_fresh_postgres_database_all_succeed() {
         db.cleanup().await;
     }
 }
+
+#[tokio::test]
+async fn dispatch_takes_a_small_tenants_event_before_a_large_backlog() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let big = tenant(store, "big").await;
+        let small = tenant(store, "small").await;
+        let src_big = source(store, &big, "eshop").await;
+        let src_small = source(store, &small, "eshop").await;
+        webhook_automation(store, &big, "orders", &src_big).await;
+        webhook_automation(store, &small, "orders", &src_small).await;
+        for n in 0..300 {
+            store
+                .accept_event(&big, webhook_event(&src_big, &format!("big-{n}")))
+                .await
+                .expect("accept");
+        }
+        // The small tenant's event arrives after the whole backlog.
+        store
+            .accept_event(&small, webhook_event(&src_small, "small-0"))
+            .await
+            .expect("accept");
+
+        let seen = std::sync::Mutex::new(Vec::new());
+        let planner = |event: &PendingEvent, candidates: &[Candidate]| {
+            seen.lock().unwrap().push(event.tenant_id.clone());
+            one_run_per_candidate(event, candidates)
+        };
+        let tenants = [big.clone(), small.clone()];
+        let taken = store
+            .dispatch(&tenants, 8, &planner)
+            .await
+            .expect("dispatch");
+        assert_eq!(taken, 8, "{backend:?}");
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen.contains(&small),
+            "{backend:?}: the first batch took only the large tenant's backlog"
+        );
+        assert_eq!(all_runs(store, &small).await.len(), 1, "{backend:?}");
+        db.cleanup().await;
+    }
+}
