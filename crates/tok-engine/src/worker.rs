@@ -164,19 +164,44 @@ async fn execute(inner: &Inner, job: ClaimedJob) {
             return;
         }
     };
-    match drive(inner, &job, &automation).await {
-        Ok(advanced) => {
-            if advanced {
-                inner.work.notify_one();
+    let mut job = job;
+    // A run whose next step is due at once keeps its slot and lease for up
+    // to this many steps, without a claim in between; then it queues again
+    // like everyone else.
+    let mut budget = CONTINUE_LIMIT;
+    loop {
+        match drive(inner, &job, &automation, budget > 0).await {
+            Ok(Driven::Continue(next)) => {
+                job = next;
+                budget -= 1;
+            }
+            Ok(Driven::Recorded { advanced }) => {
+                if advanced {
+                    inner.work.notify_one();
+                }
+                return;
+            }
+            Err(StoreError::LeaseLost(id)) => {
+                tracing::warn!(job = %id, run = %job.run_id, "lease lost while the step ran; result discarded");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(job = %job.id, run = %job.run_id, error = %e, "record failed; the job returns after its lease");
+                return;
             }
         }
-        Err(StoreError::LeaseLost(id)) => {
-            tracing::warn!(job = %id, run = %job.run_id, "lease lost while the step ran; result discarded");
-        }
-        Err(e) => {
-            tracing::error!(job = %job.id, run = %job.run_id, error = %e, "record failed; the job returns after its lease");
-        }
     }
+}
+
+/// Steps one claim may run back to back before its job queues again.
+const CONTINUE_LIMIT: u32 = 16;
+
+/// How a claim's record ended.
+enum Driven {
+    /// Recorded; `advanced` when the run's next step is due now (for another claim).
+    Recorded { advanced: bool },
+    /// Recorded, and the job stays leased to this worker for its next step.
+    Continue(ClaimedJob),
 }
 
 fn fail_without_step(job: &ClaimedJob, error: String) -> Record {
@@ -245,13 +270,14 @@ impl Ending {
 }
 
 /// Executes the job's step (and the built-in steps chained after it),
-/// then records everything in one transaction. Returns whether the run
-/// moved on to a step that is due now.
+/// then records everything in one transaction. When the run's next step
+/// is due now and `may_continue`, the job stays leased for it.
 async fn drive(
     inner: &Inner,
     job: &ClaimedJob,
     automation: &Automation,
-) -> Result<bool, StoreError> {
+    may_continue: bool,
+) -> Result<Driven, StoreError> {
     let mut context = match &job.context {
         Value::Object(map) => Context(map.clone()),
         _ => Context(Map::new()),
@@ -315,8 +341,29 @@ async fn drive(
     if !needs_tx {
         // Nothing else to write with it: the record joins the store's group
         // commit with other claims' records.
+        if let (true, NextJob::Step { path, delay_ms: 0 }) = (may_continue, &record.next) {
+            let next = ClaimedJob {
+                path: path.clone(),
+                attempt: 1,
+                claim_token: tok_store::random_token(),
+                context: record.context.clone(),
+                actions: record.actions,
+                subject_ticket_id: record.subject_ticket_id.clone(),
+                ..job.clone()
+            };
+            let mut record = record;
+            record.next = NextJob::Continue {
+                path: next.path.clone(),
+                token: next.claim_token.clone(),
+                lease_ms: inner.lease_ms(),
+            };
+            return Ok(match inner.store.record_and_continue(job, record).await? {
+                true => Driven::Continue(next),
+                false => Driven::Recorded { advanced: false },
+            });
+        }
         inner.store.record(job, record).await?;
-        return Ok(advanced);
+        return Ok(Driven::Recorded { advanced });
     }
     let mut tx = match tx {
         Some(tx) => tx,
@@ -339,7 +386,7 @@ async fn drive(
         .await?;
     }
     tx.commit(record).await?;
-    Ok(advanced)
+    Ok(Driven::Recorded { advanced })
 }
 
 /// The state of one claim's chain of steps.

@@ -266,7 +266,7 @@ macro_rules! impl_common {
         pub(crate) async fn record_batch(
             pool: &sqlx::Pool<$db>,
             items: Vec<(ClaimedJob, Record)>,
-        ) -> Result<Vec<Result<()>>> {
+        ) -> Result<Vec<Result<bool>>> {
             let mut tx = pool.begin().await?;
             let mut out = Vec::with_capacity(items.len());
             for (job, record) in items {
@@ -275,7 +275,7 @@ macro_rules! impl_common {
                     Err(e) => Err(e),
                 };
                 match written {
-                    Ok(()) => out.push(Ok(())),
+                    Ok(continued) => out.push(Ok(continued)),
                     Err(StoreError::LeaseLost(id)) => out.push(Err(StoreError::LeaseLost(id))),
                     Err(e) => return Err(e),
                 }
@@ -364,11 +364,12 @@ macro_rules! impl_common {
         /// The end of a record transaction: the job moves on (or goes), the
         /// step rows and the run's new state are written. A run paused
         /// meanwhile stays paused, its job held back.
+        /// Returns whether the job stays leased for a `Continue`.
         async fn finish_record(
             tx: &mut sqlx::Transaction<'_, $db>,
             job: &ClaimedJob,
             record: Record,
-        ) -> Result<()> {
+        ) -> Result<bool> {
             let current = sqlx::query(concat!(
                 "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock_row
             ))
@@ -380,7 +381,28 @@ macro_rules! impl_common {
             let paused = current.as_deref() == Some("paused") && !record.status.is_final();
             let status = if paused { RunStatus::Paused } else { record.status };
             let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
-            let moved = match &record.next {
+            // A paused run's job is released and held back, never kept.
+            let next = match record.next {
+                NextJob::Continue { path, .. } if paused => NextJob::Step { path, delay_ms: 0 },
+                next => next,
+            };
+            let continued = matches!(next, NextJob::Continue { .. });
+            let moved = match &next {
+                NextJob::Continue { path, token, lease_ms } => sqlx::query(concat!(
+                    "UPDATE jobs SET path = $4, run_after = ", $now, ", attempts = 1,
+                        claim_token = $5, locked_until = ", $now, " + $6,
+                        queue_key = COALESCE($7, queue_key)
+                     WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
+                ))
+                .bind(job.id.0)
+                .bind(job.tenant_id.as_str())
+                .bind(&job.claim_token)
+                .bind(path)
+                .bind(token)
+                .bind(*lease_ms)
+                .bind(queue_key.as_deref())
+                .execute(&mut **tx)
+                .await?,
                 NextJob::Step { path, delay_ms } => sqlx::query(concat!(
                     "UPDATE jobs SET path = $4, run_after = ", $now, " + $5, attempts = 0,
                         locked_by = NULL, locked_until = NULL, claim_token = NULL, held = $6,
@@ -465,7 +487,7 @@ macro_rules! impl_common {
             .bind(record.subject_ticket_id.as_deref())
             .execute(&mut **tx)
             .await?;
-            Ok(())
+            Ok(continued)
         }
 
         fn step_from_row(r: &<$db as sqlx::Database>::Row) -> StepRow {
@@ -1295,6 +1317,10 @@ macro_rules! impl_common {
             }
 
             async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {
+                self.records.submit((job.clone(), record)).await.map(|_| ())
+            }
+
+            async fn record_and_continue(&self, job: &ClaimedJob, record: Record) -> Result<bool> {
                 self.records.submit((job.clone(), record)).await
             }
 

@@ -187,6 +187,12 @@ pub trait QueueStore: Send + Sync {
     /// writes nothing) when the claim token no longer matches.
     async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()>;
 
+    /// [`QueueStore::record`] for a record whose next job is
+    /// [`NextJob::Continue`]: returns whether the job stays leased to the
+    /// caller under the new token (false when the run was paused meanwhile:
+    /// then the job was released and held back like any paused run's).
+    async fn record_and_continue(&self, job: &ClaimedJob, record: Record) -> Result<bool>;
+
     /// Releases every lease held under `node` (at start, after a restart).
     async fn release_claims(&self, node: &str) -> Result<u64>;
 

@@ -289,6 +289,15 @@ pub enum NextJob {
         attempts: i32,
         delay_ms: i64,
     },
+    /// The run goes on at `path` now, and the worker that recorded keeps
+    /// the job under the new claim `token` (leased for `lease_ms`) to run
+    /// that step at once, without a claim in between. A run paused
+    /// meanwhile is released instead (see `QueueStore::record_and_continue`).
+    Continue {
+        path: String,
+        token: String,
+        lease_ms: i64,
+    },
     /// The run is over (completed or failed): the job is deleted.
     Done,
 }

@@ -22,7 +22,7 @@ const MIGRATION_LOCK: i64 = 0x746f_6b01;
 pub struct PgStore {
     pool: PgPool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
-    records: Batcher<(ClaimedJob, Record), ()>,
+    records: Batcher<(ClaimedJob, Record), bool>,
 }
 
 impl PgStore {

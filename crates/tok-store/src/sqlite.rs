@@ -23,7 +23,7 @@ pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
-    records: Batcher<(ClaimedJob, Record), ()>,
+    records: Batcher<(ClaimedJob, Record), bool>,
 }
 
 impl SqliteStore {

@@ -1978,3 +1978,102 @@ async fn dispatch_takes_a_small_tenants_event_before_a_large_backlog() {
         db.cleanup().await;
     }
 }
+
+#[tokio::test]
+async fn a_continued_job_stays_leased_unless_its_run_was_paused() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let t = tenant(store, "acme").await;
+        let automation = manual_automation(store, &t, "steps").await;
+        let tenants = [t.clone()];
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            runs.push(start(store, &t, &automation, "manual", None).await);
+        }
+        let jobs = store
+            .claim(&tenants, "node-a", 2, 30_000)
+            .await
+            .expect("claim");
+        assert_eq!(jobs.len(), 2, "{backend:?}");
+        let continued_record = |job: &ClaimedJob, token: &str| Record {
+            next: NextJob::Continue {
+                path: "1".into(),
+                token: token.into(),
+                lease_ms: 30_000,
+            },
+            status: RunStatus::Running,
+            ..finish(job, RunStatus::Running)
+        };
+        // One run goes on under a new token, held by the same worker.
+        let (going, paused) = (&jobs[0], &jobs[1]);
+        let kept = store
+            .record_and_continue(going, continued_record(going, "token-2"))
+            .await
+            .expect("record");
+        assert!(kept, "{backend:?}");
+        assert!(
+            store
+                .claim(&tenants, "node-b", 10, 30_000)
+                .await
+                .expect("claim")
+                .is_empty(),
+            "{backend:?}: a continued job was claimable by another node"
+        );
+        // The other run is paused while its step runs: it is released and held.
+        store.pause_run(&t, &paused.run_id).await.expect("pause");
+        let kept = store
+            .record_and_continue(paused, continued_record(paused, "token-3"))
+            .await
+            .expect("record");
+        assert!(!kept, "{backend:?}: a paused run kept its lease");
+        let run = store.run(&t, &paused.run_id).await.unwrap().unwrap();
+        assert_eq!(run.run.status, "paused", "{backend:?}");
+        assert!(
+            store
+                .claim(&tenants, "node-b", 10, 30_000)
+                .await
+                .expect("claim")
+                .is_empty(),
+            "{backend:?}: a job was claimable while one is leased and one held"
+        );
+        // The continued job records under its new token; the old one is fenced off.
+        let next = ClaimedJob {
+            path: "1".into(),
+            claim_token: "token-2".into(),
+            ..going.clone()
+        };
+        assert!(matches!(
+            store
+                .record(going, finish(going, RunStatus::Completed))
+                .await,
+            Err(StoreError::LeaseLost(_))
+        ));
+        store
+            .record(&next, finish(&next, RunStatus::Completed))
+            .await
+            .expect("record");
+        assert_eq!(
+            store
+                .run(&t, &going.run_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .run
+                .status,
+            "completed"
+        );
+        store.resume_run(&t, &paused.run_id).await.expect("resume");
+        let again = store
+            .claim(&tenants, "node-b", 10, 30_000)
+            .await
+            .expect("claim");
+        assert_eq!(again.len(), 1, "{backend:?}");
+        assert_eq!(
+            (again[0].run_id.clone(), again[0].path.as_str()),
+            (paused.run_id.clone(), "1")
+        );
+        db.cleanup().await;
+    }
+}
