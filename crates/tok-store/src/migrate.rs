@@ -27,6 +27,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     4 "0004_create_runs_and_jobs",
     5 "0005_create_service_desk",
     6 "0006_create_connections",
+    7 "0007_index_pending_events_in_dispatch_order",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -36,6 +37,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     4 "0004_create_runs_and_jobs",
     5 "0005_create_service_desk",
     6 "0006_create_connections",
+    7 "0007_index_pending_events_in_dispatch_order",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -83,7 +83,7 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
             "{} of {count} accepted in {secs:.1} s by {senders} senders; {}; p50 {p50} ms, p99 {p99} ms{}",
             sent.accepted,
             sent.error_text(),
-            cpu_max.map(|c| format!("; {c}")).unwrap_or_default(),
+            cpu_max.as_ref().map(|c| format!("; {c}")).unwrap_or_default(),
         ))
         .details(json!({
             "requests": count, "accepted": sent.accepted, "refused": sent.refused,
@@ -119,7 +119,7 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
             "at {rate:.0}/s offered for {seconds:.0} s, from each request's scheduled time: p50 {p50} ms, max {max} ms; {} of {count} accepted ({achieved:.0}/s); {}{}",
             sent.accepted,
             sent.error_text(),
-            cpu_rate.map(|c| format!("; {c}")).unwrap_or_default(),
+            cpu_rate.as_ref().map(|c| format!("; {c}")).unwrap_or_default(),
         ))
         .details(json!({
             "offered_rate": rate, "seconds": seconds, "requests": count,

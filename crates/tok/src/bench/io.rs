@@ -135,9 +135,16 @@ async fn measure(bench: &Bench, server: &mut Server, stub: &Stub) -> anyhow::Res
     let peak = stub.counters.peak.load(Ordering::SeqCst);
     let served = stub.counters.served.load(Ordering::SeqCst);
     let ideal = CONCURRENCY as f64 / STUB_DELAY.as_secs_f64();
+    let slots = if server.is_external() {
+        "the server's own TOK_CONCURRENCY (start it with 256)".to_owned()
+    } else {
+        format!(
+            "TOK_CONCURRENCY={CONCURRENCY} (at most {ideal:.0} steps/s if slots were the only bound)"
+        )
+    };
     let throughput = Figure::new(NAME, load.steps_per_sec().round(), "steps/s")
         .notes(format!(
-            "TOK_CONCURRENCY={CONCURRENCY} (at most {ideal:.0} steps/s if slots were the only bound); {}; the stub served {served} requests",
+            "{slots}; {}; the stub served {served} requests",
             load.describe("10 http steps")
         ))
         .details(json!({ "load": load.details(), "stub_served": served, "stub_peak": peak }));

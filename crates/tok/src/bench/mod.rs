@@ -213,16 +213,21 @@ impl Bench {
         concurrency: Option<usize>,
     ) -> anyhow::Result<Server> {
         match &self.mode {
-            Mode::External { base } => Ok(Server {
-                api: self.api(base),
-                child: None,
-                database: None,
-                postgres_url: self
-                    .options
-                    .database_url
-                    .clone()
-                    .filter(|u| u.starts_with("postgres")),
-            }),
+            Mode::External { base } => {
+                if let Some(url) = &self.options.database_url {
+                    self.note_commit_settings(url).await;
+                }
+                Ok(Server {
+                    api: self.api(base),
+                    child: None,
+                    database: None,
+                    postgres_url: self
+                        .options
+                        .database_url
+                        .clone()
+                        .filter(|u| u.starts_with("postgres")),
+                })
+            }
             Mode::Own { backend, exe, .. } => {
                 let database = Database::create(backend).await?;
                 let spec = ChildSpec {
@@ -242,6 +247,9 @@ impl Bench {
                 // After the start: the server creates and migrates the database.
                 self.note_commit_settings(&database.url).await;
                 let base = child.base.clone().context("a `both` child serves HTTP")?;
+                // The pid lets a profiler attach (`perf record -g -p <pid>`).
+                self.progress
+                    .line(figure, &format!("tok serve pid {} at {base}", child.pid));
                 Ok(Server {
                     api: self.api(&base),
                     postgres_url: database.is_postgres().then(|| database.url.clone()),
@@ -253,11 +261,11 @@ impl Bench {
     }
 
     /// Stops the figure's server, keeps what it used, drops its database.
-    pub(crate) async fn release(&self, figure: &str, target: Server) {
-        if let Some(child) = target.child {
+    pub(crate) async fn release(&self, figure: &str, server: Server) {
+        if let Some(child) = server.child {
             self.keep_report(figure, child.stop());
         }
-        if let Some(database) = target.database {
+        if let Some(database) = server.database {
             database.remove().await;
         }
     }
@@ -280,7 +288,8 @@ impl Bench {
             .push((figure.to_owned(), report));
     }
 
-    fn api(&self, base: &str) -> Api {
+    /// The API of a server at `base`, as the platform admin.
+    pub(crate) fn api(&self, base: &str) -> Api {
         Api {
             http: self.http.clone(),
             base: base.trim_end_matches('/').to_owned(),
@@ -301,28 +310,25 @@ impl Bench {
         *self.commit.lock().unwrap_or_else(|e| e.into_inner()) = Some(settings);
     }
 
-    /// The bench's own processes, for the figures that need several
-    /// (`workers`): the backend, this binary, the admin key.
-    pub(crate) fn own(&self) -> Option<(&Backend, &PathBuf, &str)> {
+    /// Where the bench makes its databases; `None` with `--url`.
+    pub(crate) fn own_backend(&self) -> Option<&Backend> {
         match &self.mode {
-            Mode::Own { backend, exe, .. } => Some((backend, exe, &self.admin_key)),
+            Mode::Own { backend, .. } => Some(backend),
             Mode::External { .. } => None,
         }
     }
 
-    pub(crate) fn api_at(&self, base: &str) -> Api {
-        self.api(base)
-    }
-
+    /// Starts a child of the given role on `database`, for the figures that
+    /// need several processes (`workers`).
     pub(crate) async fn start_child(
         &self,
         database: &Database,
         spec: ChildSpec,
     ) -> anyhow::Result<Child> {
-        let (_, exe, key) = self
-            .own()
-            .context("only the bench's own servers can be started")?;
-        let child = Child::start(exe, &database.url, key, spec, &self.http).await?;
+        let Mode::Own { exe, .. } = &self.mode else {
+            bail!("only the bench's own servers can be started");
+        };
+        let child = Child::start(exe, &database.url, &self.admin_key, spec, &self.http).await?;
         self.note_commit_settings(&database.url).await;
         Ok(child)
     }
@@ -415,6 +421,17 @@ async fn run_figures(bench: &Bench) -> anyhow::Result<()> {
         }
         let name = kind.name();
         bench.progress.line(name, "starting");
+        if let Some(busy) = sys::background_load(Duration::from_millis(500)).await
+            && busy > 0.25
+        {
+            bench.progress.line(
+                name,
+                &format!(
+                    "warning: the machine is busy before the load ({busy:.2} cores): \
+                     figures will be lower than on a quiet machine (see `other` in the notes)"
+                ),
+            );
+        }
         let started = std::time::Instant::now();
         let measured = match kind {
             FigureKind::Ingest => ingest::run(bench).await,

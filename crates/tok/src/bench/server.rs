@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use sqlx::Connection as _;
+use sqlx::{ConnectOptions as _, Connection as _};
 
 use super::{noop, sys};
 
@@ -41,6 +41,15 @@ pub(crate) struct Database {
     pub(crate) url: String,
     sqlite_dir: Option<PathBuf>,
     postgres: Option<(String, String)>,
+}
+
+/// A PostgreSQL connection of the bench's own, which does not log its slow
+/// statements (a `DROP DATABASE` may take a second; that is no news).
+async fn pg_connect(url: &str) -> Result<sqlx::PgConnection, sqlx::Error> {
+    url.parse::<sqlx::postgres::PgConnectOptions>()?
+        .disable_statement_logging()
+        .connect()
+        .await
 }
 
 /// `postgres://u@h:5432/db?x=y` → (`postgres://u@h:5432`, `?x=y`).
@@ -72,7 +81,7 @@ impl Database {
             }
             Backend::Postgres { admin_url } => {
                 let name = format!("tok_bench_{}", &unique[..16]);
-                let mut conn = sqlx::PgConnection::connect(admin_url)
+                let mut conn = pg_connect(admin_url)
                     .await
                     .context("could not connect to the PostgreSQL server of --database-url")?;
                 sqlx::query(&format!("CREATE DATABASE {name}"))
@@ -104,7 +113,7 @@ impl Database {
         }
         if let Some((admin_url, name)) = &self.postgres {
             let dropped = async {
-                let mut conn = sqlx::PgConnection::connect(admin_url).await?;
+                let mut conn = pg_connect(admin_url).await?;
                 sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                     .execute(&mut conn)
                     .await?;
@@ -138,7 +147,7 @@ impl ChildSpec {
     }
 }
 
-/// What a child's stderr said: the last lines, for an error message, and
+/// What a child's output said: the last lines, for an error message, and
 /// how many were warnings or errors.
 #[derive(Default)]
 struct Log {
@@ -146,6 +155,28 @@ struct Log {
     problems: AtomicUsize,
     first_problem: Mutex<Option<String>>,
     started: AtomicBool,
+}
+
+impl Log {
+    /// Reads a child's output until it closes.
+    fn read(&self, output: impl std::io::Read) {
+        for line in std::io::BufReader::new(output).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("tok started") {
+                self.started.store(true, Ordering::SeqCst);
+            }
+            if line.contains("WARN") || line.contains("ERROR") || line.contains("panicked") {
+                self.problems.fetch_add(1, Ordering::SeqCst);
+                let mut first = self.first_problem.lock().unwrap_or_else(|e| e.into_inner());
+                first.get_or_insert_with(|| line.clone());
+            }
+            let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+            if tail.len() == 20 {
+                tail.pop_front();
+            }
+            tail.push_back(line);
+        }
+    }
 }
 
 /// A running `tok serve` child. Dropping it kills it.
@@ -189,8 +220,9 @@ impl Child {
             .env("TOK_NODE_ID", &spec.node_id)
             .env(noop::BENCH_STEPS_ENV, "1")
             .env("RUST_LOG", "warn,tok=info")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         match spec.concurrency {
             Some(n) => command.env("TOK_CONCURRENCY", n.to_string()),
@@ -201,26 +233,14 @@ impl Child {
             .with_context(|| format!("could not start {} serve", exe.display()))?;
         let pid = process.id();
         let log = Arc::new(Log::default());
+        // The logger writes to stdout; panics and early errors to stderr.
+        if let Some(stdout) = process.stdout.take() {
+            let log = log.clone();
+            std::thread::spawn(move || log.read(stdout));
+        }
         if let Some(stderr) = process.stderr.take() {
             let log = log.clone();
-            std::thread::spawn(move || {
-                for line in std::io::BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if line.contains("tok started") {
-                        log.started.store(true, Ordering::SeqCst);
-                    }
-                    if line.contains("WARN") || line.contains("ERROR") {
-                        log.problems.fetch_add(1, Ordering::SeqCst);
-                        let mut first = log.first_problem.lock().unwrap_or_else(|e| e.into_inner());
-                        first.get_or_insert_with(|| line.clone());
-                    }
-                    let mut tail = log.tail.lock().unwrap_or_else(|e| e.into_inner());
-                    if tail.len() == 20 {
-                        tail.pop_front();
-                    }
-                    tail.push_back(line);
-                }
-            });
+            std::thread::spawn(move || log.read(stderr));
         }
         let peak_rss_kb = Arc::new(AtomicU64::new(0));
         let sampler = {
@@ -338,7 +358,7 @@ pub(crate) struct ChildReport {
 pub(crate) async fn commit_settings(database_url: &str) -> String {
     if database_url.starts_with("postgres") {
         let shown = async {
-            let mut conn = sqlx::PgConnection::connect(database_url).await?;
+            let mut conn = pg_connect(database_url).await?;
             let row: (String,) = sqlx::query_as("SHOW synchronous_commit")
                 .fetch_one(&mut conn)
                 .await?;
@@ -374,7 +394,7 @@ pub(crate) struct ConnectionPoller {
 
 impl ConnectionPoller {
     pub(crate) async fn start(database_url: &str) -> anyhow::Result<Self> {
-        let mut conn = sqlx::PgConnection::connect(database_url).await?;
+        let mut conn = pg_connect(database_url).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let task = tokio::spawn(async move {

@@ -81,6 +81,8 @@ pub(crate) struct Load {
     pub(crate) seconds: f64,
     /// How long sending the webhooks took.
     pub(crate) sending: f64,
+    /// Runs that had finished when the last webhook was answered.
+    pub(crate) done_while_sending: usize,
     pub(crate) sent_errors: String,
     pub(crate) cpu: Option<CpuUse>,
 }
@@ -94,22 +96,37 @@ impl Load {
         self.finished.completed().count() as f64 / self.seconds
     }
 
+    /// Steps per second after the last webhook was answered: the workers
+    /// without ingest competing for the database.
+    pub(crate) fn steps_per_sec_after_sending(&self) -> Option<f64> {
+        let rest = self.finished.completed().count() - self.done_while_sending;
+        let secs = self.seconds - self.sending;
+        (rest > 0 && secs > 0.05).then(|| (rest * STEPS_PER_RUN) as f64 / secs)
+    }
+
     /// The notes every steps-like figure shares.
     pub(crate) fn describe(&self, what: &str) -> String {
         let problems = self.finished.problems();
         format!(
-            "{} events × {what} in {:.1} s: {:.0} events/s; webhooks sent in {:.1} s ({}){}{}",
+            "{} events × {what} in {:.1} s: {:.0} events/s; webhooks sent in {:.1} s ({}), {} runs done by then{}{}{}",
             self.events,
             self.seconds,
             self.events_per_sec(),
             self.sending,
             self.sent_errors,
+            self.done_while_sending,
+            self.steps_per_sec_after_sending()
+                .map(|r| format!(", {r:.0} steps/s after"))
+                .unwrap_or_default(),
             if problems.is_empty() {
                 String::new()
             } else {
                 format!("; {problems}")
             },
-            self.cpu.map(|c| format!("; {c}")).unwrap_or_default(),
+            self.cpu
+                .as_ref()
+                .map(|c| format!("; {c}"))
+                .unwrap_or_default(),
         )
     }
 
@@ -121,6 +138,8 @@ impl Load {
             "steps_per_run": STEPS_PER_RUN,
             "seconds": self.seconds,
             "sending_seconds": self.sending,
+            "runs_done_while_sending": self.done_while_sending,
+            "steps_per_sec_after_sending": self.steps_per_sec_after_sending(),
             "steps_per_sec": self.steps_per_sec(),
             "events_per_sec": self.events_per_sec(),
             "cpu": self.cpu,
@@ -164,7 +183,13 @@ pub(crate) async fn load(
         .await?;
     let cpu = cpu.finish();
     let end_ms = finished.last_finished_ms().unwrap_or_else(api::epoch_ms);
+    let sent_ms = start_ms + sent.elapsed.as_millis() as i64;
+    let done_while_sending = finished
+        .completed()
+        .filter(|r| r.finished_at.is_some_and(|f| f <= sent_ms))
+        .count();
     Ok(Load {
+        done_while_sending,
         events,
         seconds: ((end_ms - start_ms) as f64 / 1000.0).max(1e-3),
         sending: sent.elapsed.as_secs_f64(),

@@ -1,9 +1,10 @@
 //! What the machine says about the processes under load, from `/proc`
 //! (Linux): resident memory of the server children, and CPU time of the
-//! server, of the bench itself and of everything else (PostgreSQL's
-//! backends, mostly) over a measured interval. Elsewhere every reading is
+//! server, of the bench itself, of PostgreSQL and of everything else over a
+//! measured interval. Elsewhere every reading is
 //! `None` and the figures say "not measured".
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,8 +41,45 @@ fn process_ticks(pid: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// Busy ticks of the whole machine (all CPUs): everything but idle and iowait.
-fn machine_busy_ticks() -> Option<u64> {
+/// CPU ticks of each thread of a process, with the thread's name.
+fn thread_ticks(pid: u32) -> HashMap<u32, (String, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return HashMap::new();
+    };
+    tasks
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let tid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+            let ticks = process_ticks(&format!("{pid}/task/{tid}"))?;
+            Some((tid, (name.trim().to_owned(), ticks)))
+        })
+        .collect()
+}
+
+/// CPU ticks of every process named `postgres` (the server and its
+/// backends; a backend that exits within the interval is missed).
+fn postgres_ticks() -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid = e.file_name().into_string().ok()?;
+            pid.bytes().all(|b| b.is_ascii_digit()).then_some(pid)
+        })
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .filter_map(|pid| process_ticks(&pid))
+        .sum()
+}
+
+/// Ticks of the whole machine (all CPUs): (busy, waiting on IO). Busy is
+/// everything but idle and iowait.
+fn machine_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().next()?.strip_prefix("cpu ")?;
     let fields: Vec<u64> = line
@@ -49,25 +87,59 @@ fn machine_busy_ticks() -> Option<u64> {
         .filter_map(|f| f.parse().ok())
         .collect();
     let total: u64 = fields.iter().take(8).sum();
-    Some(total - fields.get(3)? - fields.get(4)?)
+    let (idle, iowait) = (*fields.get(3)?, *fields.get(4)?);
+    Some((total - idle - iowait, iowait))
+}
+
+fn machine_busy_ticks() -> Option<u64> {
+    machine_ticks().map(|(busy, _)| busy)
 }
 
 /// CPU use over an interval, in cores (1.0 = one core busy all the time).
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub(crate) struct CpuUse {
-    pub(crate) server: f64,
+    /// `None` for a server the bench did not start (then it is in `other`).
+    pub(crate) server: Option<f64>,
     pub(crate) bench: f64,
-    /// The rest of the machine: PostgreSQL's processes, mostly.
+    /// PostgreSQL's processes (zero on SQLite).
+    pub(crate) postgres: f64,
+    /// Everything else on the machine: other work disturbs the figure.
     pub(crate) other: f64,
+    /// CPUs idle while some process waited on the disk (fsync, mostly).
+    pub(crate) iowait: f64,
+    /// The server's busiest threads (name, cores): one thread near 1.0 is
+    /// a bound even when the machine has idle cores.
+    pub(crate) top_threads: Vec<(String, f64)>,
 }
 
 impl std::fmt::Display for CpuUse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.server {
+            Some(server) => write!(f, "cpu cores: server {server:.2}, ")?,
+            None => write!(f, "cpu cores: ")?,
+        }
         write!(
             f,
-            "cpu cores: server {:.2}, bench {:.2}, other {:.2}",
-            self.server, self.bench, self.other
-        )
+            "bench {:.2}, postgres {:.2}, other {:.2}{}, iowait {:.2}",
+            self.bench,
+            self.postgres,
+            self.other,
+            if self.server.is_none() {
+                " (the server included)"
+            } else {
+                ""
+            },
+            self.iowait
+        )?;
+        if !self.top_threads.is_empty() {
+            let threads: Vec<String> = self
+                .top_threads
+                .iter()
+                .map(|(name, cores)| format!("{name} {cores:.2}"))
+                .collect();
+            write!(f, " (busiest server threads: {})", threads.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -78,7 +150,9 @@ pub(crate) struct CpuMeter {
     pids: Vec<u32>,
     server: u64,
     bench: u64,
-    machine: u64,
+    postgres: u64,
+    machine: (u64, u64),
+    threads: Vec<HashMap<u32, (String, u64)>>,
 }
 
 impl CpuMeter {
@@ -88,7 +162,9 @@ impl CpuMeter {
             pids: pids.to_vec(),
             server: Self::server_ticks(pids),
             bench: process_ticks("self").unwrap_or(0),
-            machine: machine_busy_ticks().unwrap_or(0),
+            postgres: postgres_ticks(),
+            threads: pids.iter().map(|pid| thread_ticks(*pid)).collect(),
+            machine: machine_ticks().unwrap_or((0, 0)),
         }
     }
 
@@ -101,14 +177,37 @@ impl CpuMeter {
     /// The use since [`CpuMeter::start`]; `None` without `/proc`.
     pub(crate) fn finish(&self) -> Option<CpuUse> {
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-        let machine = machine_busy_ticks()?.saturating_sub(self.machine);
+        let (busy, iowait) = machine_ticks()?;
+        let machine = busy.saturating_sub(self.machine.0);
+        let iowait = iowait.saturating_sub(self.machine.1);
         let server = Self::server_ticks(&self.pids).saturating_sub(self.server);
         let bench = process_ticks("self")?.saturating_sub(self.bench);
+        let postgres = postgres_ticks().saturating_sub(self.postgres);
         let cores = |ticks: u64| ticks as f64 / TICKS_PER_SEC / secs;
+        let mut top_threads: Vec<(String, f64)> = self
+            .pids
+            .iter()
+            .zip(&self.threads)
+            .flat_map(|(pid, before)| {
+                thread_ticks(*pid)
+                    .into_iter()
+                    .map(|(tid, (name, ticks))| {
+                        let start = before.get(&tid).map_or(0, |(_, t)| *t);
+                        (name, cores(ticks.saturating_sub(start)))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .filter(|(_, c)| *c >= 0.05)
+            .collect();
+        top_threads.sort_by(|a, b| b.1.total_cmp(&a.1));
+        top_threads.truncate(3);
         Some(CpuUse {
-            server: cores(server),
+            top_threads,
+            server: (!self.pids.is_empty()).then(|| cores(server)),
             bench: cores(bench),
-            other: cores(machine.saturating_sub(server + bench)),
+            postgres: cores(postgres),
+            other: cores(machine.saturating_sub(server + bench + postgres)),
+            iowait: cores(iowait),
         })
     }
 }
@@ -149,4 +248,13 @@ pub(crate) fn fsync_median(dir: &Path) -> Option<Duration> {
     let _ = std::fs::remove_file(&path);
     times.sort();
     times.get(times.len() / 2).copied()
+}
+
+/// How many cores the machine keeps busy over `window` without the bench
+/// doing anything: other work that would disturb the figures.
+pub(crate) async fn background_load(window: Duration) -> Option<f64> {
+    let before = machine_busy_ticks()?;
+    tokio::time::sleep(window).await;
+    let busy = machine_busy_ticks()?.saturating_sub(before);
+    Some(busy as f64 / TICKS_PER_SEC / window.as_secs_f64())
 }

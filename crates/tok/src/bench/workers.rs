@@ -27,7 +27,7 @@ pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
             "PostgreSQL only: run with --database-url postgres://…",
         )]);
     }
-    let Some((backend, _, _)) = bench.own() else {
+    let Some(backend) = bench.own_backend() else {
         return Ok(vec![Figure::missing(
             NAME,
             "steps/s",
@@ -65,7 +65,7 @@ async fn phases(
             },
         )
         .await?;
-    let api = bench.api_at(api_child.base.as_deref().unwrap_or_default());
+    let api = bench.api(api_child.base.as_deref().unwrap_or_default());
     children.push(api_child);
     // The tenant exists before any worker starts: a worker reads the list
     // of tenants at start (and then only every few seconds).
@@ -93,6 +93,10 @@ async fn phases(
                 },
             )
             .await?;
+        bench.progress.line(
+            NAME,
+            &format!("tok serve (TOK_ROLE=worker) #{n} pid {}", worker.pid),
+        );
         children.push(worker);
         bench.progress.line(
             NAME,
