@@ -1,8 +1,8 @@
 //! The queries both backends share, written once.
 //!
 //! The SQL of PostgreSQL and SQLite differs in a handful of fragments (the
-//! database clock, how a list of ids is bound, row locking, the claim's
-//! candidate query); everything else is the same text. `impl_common!` expands
+//! database clock, how a list of ids is bound, row locking, the fair
+//! selection of events and jobs); everything else is the same text. `impl_common!` expands
 //! the shared trait implementations for one backend with that backend's
 //! fragments spliced in at compile time, so a query exists once and both
 //! backends run it. Backend-specific code (connecting, migrations,
@@ -28,7 +28,6 @@ macro_rules! impl_common {
         tenants_in_1 = $in1:literal,
         ids_in_2 = $in2:literal,
         ids_in_4 = $in4:literal,
-        lock = $lock:literal,
         lock_row = $lock_row:literal,
         claim_prelude = $claim_prelude:literal,
         claim_candidates = $claim_candidates:literal,

@@ -10,7 +10,6 @@ macro_rules! impl_desk {
         store = $store:ty,
         db = $db:ty,
         conn = $conn:ty,
-        now = $now:literal,
         group_lock = $group_lock:literal,
         lock_row = $lock_row:literal,
     ) => {

@@ -76,7 +76,6 @@ impl_common! {
     tenants_in_1 = "= ANY($1)",
     ids_in_2 = "= ANY($2)",
     ids_in_4 = "= ANY($4)",
-    lock = "FOR UPDATE SKIP LOCKED",
     lock_row = "FOR UPDATE",
     claim_prelude = "SELECT pg_advisory_xact_lock(1953459970)",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
@@ -130,7 +129,6 @@ impl_desk! {
     store = PgStore,
     db = sqlx::Postgres,
     conn = sqlx::PgConnection,
-    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
     group_lock = "SELECT pg_advisory_xact_lock(7, hashtext($1))",
     lock_row = "FOR UPDATE",
 }

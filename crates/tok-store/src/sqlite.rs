@@ -90,7 +90,6 @@ impl_common! {
     tenants_in_1 = "IN (SELECT value FROM json_each($1))",
     ids_in_2 = "IN (SELECT value FROM json_each($2))",
     ids_in_4 = "IN (SELECT value FROM json_each($4))",
-    lock = "",
     lock_row = "",
     claim_prelude = "SELECT 1",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
@@ -139,7 +138,6 @@ impl_desk! {
     store = SqliteStore,
     db = sqlx::Sqlite,
     conn = sqlx::SqliteConnection,
-    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     group_lock = "SELECT $1",
     lock_row = "",
 }
