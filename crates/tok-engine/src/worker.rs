@@ -30,7 +30,7 @@ use tok_core::retry::{Decision, decide};
 use tok_core::template;
 use tok_store::{
     Cause, ClaimedJob, NewIncident, NewInternalEvent, NextJob, Record, RecordTx, RunStatus,
-    StepRecord, StoreError,
+    StepRecord, StoreError, now_ms,
 };
 use tokio::sync::watch;
 
@@ -214,10 +214,6 @@ fn fail_without_step(job: &ClaimedJob, error: String) -> Record {
         next: NextJob::Done,
         subject_ticket_id: job.subject_ticket_id.clone(),
     }
-}
-
-fn now_ms() -> i64 {
-    Timestamp::now().as_millisecond()
 }
 
 /// How a step type runs.

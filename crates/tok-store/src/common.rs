@@ -10,7 +10,7 @@
 
 /// Unix milliseconds of the process clock, for `created_at`-style columns.
 /// Leases and due times use the database clock instead (`NOW` fragments).
-pub(crate) fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -974,11 +974,7 @@ macro_rules! impl_common {
                     "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
                     "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
                 ] {
-                    sqlx::query(sql)
-                        .bind(tenant.as_str())
-                        .bind(id.as_str())
-                        .execute(&mut *tx)
-                        .await?;
+                    for_run(&mut tx, sql, tenant, id).await?;
                 }
                 sqlx::query(
                     "UPDATE runs SET status = 'cancelled', finished_at = $3
@@ -1003,16 +999,8 @@ macro_rules! impl_common {
                         status.as_str()
                     )));
                 }
-                sqlx::query("UPDATE jobs SET held = TRUE WHERE tenant_id = $1 AND run_id = $2")
-                    .bind(tenant.as_str())
-                    .bind(id.as_str())
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query("UPDATE runs SET status = 'paused' WHERE tenant_id = $1 AND id = $2")
-                    .bind(tenant.as_str())
-                    .bind(id.as_str())
-                    .execute(&mut *tx)
-                    .await?;
+                for_run(&mut tx, "UPDATE jobs SET held = TRUE WHERE tenant_id = $1 AND run_id = $2", tenant, id).await?;
+                for_run(&mut tx, "UPDATE runs SET status = 'paused' WHERE tenant_id = $1 AND id = $2", tenant, id).await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(run)
@@ -1027,21 +1015,13 @@ macro_rules! impl_common {
                         status.as_str()
                     )));
                 }
-                sqlx::query("UPDATE jobs SET held = FALSE WHERE tenant_id = $1 AND run_id = $2")
-                    .bind(tenant.as_str())
-                    .bind(id.as_str())
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(concat!(
+                for_run(&mut tx, "UPDATE jobs SET held = FALSE WHERE tenant_id = $1 AND run_id = $2", tenant, id).await?;
+                for_run(&mut tx, concat!(
                     "UPDATE runs SET status = CASE WHEN EXISTS (
                             SELECT 1 FROM jobs WHERE tenant_id = $1 AND run_id = $2
                               AND run_after > ", $now, ") THEN 'waiting' ELSE 'queued' END
                      WHERE tenant_id = $1 AND id = $2"
-                ))
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .execute(&mut *tx)
-                .await?;
+                ), tenant, id).await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(run)
@@ -1170,6 +1150,17 @@ macro_rules! impl_common {
             let status: &str = row.get("status");
             RunStatus::parse(status)
                 .ok_or_else(|| StoreError::Conflict(format!("the run has an unknown status `{status}`")))
+        }
+
+        /// Runs a statement whose `$1` is the tenant and `$2` the run.
+        async fn for_run(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            sql: &str,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<()> {
+            sqlx::query(sql).bind(tenant.as_str()).bind(id.as_str()).execute(&mut **tx).await?;
+            Ok(())
         }
 
         async fn summary_in(

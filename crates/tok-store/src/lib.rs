@@ -27,6 +27,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
+pub use common::now_ms;
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
 pub use model::*;

@@ -156,14 +156,9 @@ async fn save(cx: &mut TxContext<'_>, write: TicketWrite) -> Result<(), TxError>
     Ok(())
 }
 
-/// `updated_at` for a write now.
-fn now_ms() -> i64 {
-    jiff::Timestamp::now().as_millisecond()
-}
-
 /// The `updated_at` of a ticket changed now: later than its last one even
 /// within the same millisecond, so a person's "change only if unchanged since
 /// I read it" never misses a step's write.
 fn stamp(previous: i64) -> i64 {
-    now_ms().max(previous + 1)
+    tok_store::now_ms().max(previous + 1)
 }

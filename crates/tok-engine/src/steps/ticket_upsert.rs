@@ -5,7 +5,9 @@ use serde_json::{Map, Value, json};
 use tok_core::ids::new_id;
 use tok_store::{Ticket, TicketWrite};
 
-use super::{TxContext, TxResult, now_ms, save, string, terminal};
+use tok_store::now_ms;
+
+use super::{TxContext, TxResult, save, string, terminal};
 
 pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let external_id = string(config, "externalId")

@@ -9,7 +9,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tok_core::ids::RunId;
+use tok_core::ids::{RunId, TenantId};
 use tok_store::{RunFilter, RunStatus};
 
 use crate::AppState;
@@ -93,19 +93,42 @@ async fn show(
     Ok(Json(json!(run)))
 }
 
-/// Continues a failed run from its failed step.
+/// A change of a run's state asked for through the API.
+#[derive(Clone, Copy)]
+enum Control {
+    /// Continue a failed run from its failed step.
+    Retry,
+    Cancel,
+    Pause,
+    Resume,
+}
+
+async fn control(
+    state: &AppState,
+    tenant: &TenantId,
+    id: String,
+    control: Control,
+) -> ApiResult<Json<Value>> {
+    let store = state.engine.store();
+    let id = RunId::from(id);
+    let run = match control {
+        Control::Retry => store.retry_run(tenant, &id).await?,
+        Control::Cancel => store.cancel_run(tenant, &id).await?,
+        Control::Pause => store.pause_run(tenant, &id).await?,
+        Control::Resume => store.resume_run(tenant, &id).await?,
+    };
+    if matches!(control, Control::Retry | Control::Resume) {
+        state.engine.job_ready();
+    }
+    Ok(Json(json!(run)))
+}
+
 async fn retry(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let run = state
-        .engine
-        .store()
-        .retry_run(&tenant, &RunId::from(id))
-        .await?;
-    state.engine.job_ready();
-    Ok(Json(json!(run)))
+    control(&state, &tenant, id, Control::Retry).await
 }
 
 async fn cancel(
@@ -113,12 +136,7 @@ async fn cancel(
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let run = state
-        .engine
-        .store()
-        .cancel_run(&tenant, &RunId::from(id))
-        .await?;
-    Ok(Json(json!(run)))
+    control(&state, &tenant, id, Control::Cancel).await
 }
 
 async fn pause(
@@ -126,12 +144,7 @@ async fn pause(
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let run = state
-        .engine
-        .store()
-        .pause_run(&tenant, &RunId::from(id))
-        .await?;
-    Ok(Json(json!(run)))
+    control(&state, &tenant, id, Control::Pause).await
 }
 
 async fn resume(
@@ -139,11 +152,5 @@ async fn resume(
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let run = state
-        .engine
-        .store()
-        .resume_run(&tenant, &RunId::from(id))
-        .await?;
-    state.engine.job_ready();
-    Ok(Json(json!(run)))
+    control(&state, &tenant, id, Control::Resume).await
 }

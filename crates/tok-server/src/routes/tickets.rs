@@ -9,7 +9,6 @@
 //! read: a change that crossed another one answers 409 instead of undoing it.
 
 use std::collections::HashSet;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -184,7 +183,7 @@ fn new_ticket(body: NewTicketBody, types: &[TicketType]) -> ApiResult<TicketWrit
         (None, Some(ty)) => ty.statuses.first().cloned(),
         (None, None) => None,
     };
-    let now = now_ms();
+    let now = tok_store::now_ms();
     let ticket = Ticket {
         id: new_id("tkt"),
         external_id,
@@ -434,7 +433,7 @@ fn changed(
     }
     // Strictly later than the version read, so that the next writer's
     // optimistic check sees this write even within the same millisecond.
-    ticket.updated_at = now_ms().max(current.updated_at + 1);
+    ticket.updated_at = tok_store::now_ms().max(current.updated_at + 1);
     Ok(Some(TicketWrite {
         ticket,
         created: false,
@@ -555,11 +554,4 @@ fn shown(value: &Value) -> String {
     } else {
         text
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
 }
