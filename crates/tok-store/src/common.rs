@@ -33,6 +33,7 @@ macro_rules! impl_common {
         claim_candidates = $claim_candidates:literal,
         dispatch_select = $dispatch_select:literal,
         release_where = $release_where:literal,
+        rows_1 = $rows1:literal,
         list = $list:path,
     ) => {
         use serde_json::Value;
@@ -251,9 +252,62 @@ macro_rules! impl_common {
             items: Vec<(TenantId, NewEvent)>,
         ) -> Result<Vec<Result<(EventId, Accepted)>>> {
             let mut tx = pool.begin().await?;
+            // One statement writes every new event; an event whose key is
+            // already taken (a duplicate, or a key outside the window) goes
+            // the one-by-one way.
+            let ids: Vec<String> = items.iter().map(|_| new_id("evt")).collect();
+            let now = now_ms();
+            let rows: Vec<Value> = items
+                .iter()
+                .zip(&ids)
+                .map(|((tenant, event), id)| {
+                    serde_json::json!({
+                        "id": id,
+                        "tenant_id": tenant,
+                        "source_id": event.source_id,
+                        "source_kind": event.source_kind,
+                        "idempotency_key": event.idempotency_key,
+                        "payload": event.payload,
+                        "params": event.params,
+                        "cause_run_id": event.cause_run_id,
+                        "depth": event.depth,
+                        "origin_automation_id": event.origin_automation_id,
+                        "target_automation_id": event.target_automation_id,
+                        "event_type": event.event_type,
+                        "subject_ticket_id": event.subject_ticket_id,
+                    })
+                })
+                .collect();
+            let written: std::collections::HashSet<String> = sqlx::query(concat!(
+                "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                    payload, params, received_at, status, cause_run_id, depth,
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
+                 SELECT x.value ->> 'id', x.value ->> 'tenant_id', x.value ->> 'source_id',
+                    x.value ->> 'source_kind', x.value ->> 'idempotency_key',
+                    x.value -> 'payload', x.value -> 'params', $2, 'pending',
+                    x.value ->> 'cause_run_id', CAST(x.value ->> 'depth' AS INTEGER),
+                    x.value ->> 'origin_automation_id', x.value ->> 'target_automation_id',
+                    x.value ->> 'event_type', x.value ->> 'subject_ticket_id'
+                 FROM ", $rows1, "
+                 WHERE true
+                 ORDER BY x.key
+                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
+                 RETURNING id"
+            ))
+            .bind(Json(&rows))
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.get::<String, _>("id"))
+            .collect();
             let mut out = Vec::with_capacity(items.len());
-            for (tenant, event) in &items {
-                out.push(Ok(accept_in(&mut tx, tenant, event).await?));
+            for ((tenant, event), id) in items.iter().zip(ids) {
+                if written.contains(&id) {
+                    out.push(Ok((EventId::from(id), Accepted { duplicate: false })));
+                } else {
+                    out.push(Ok(accept_in(&mut tx, tenant, event).await?));
+                }
             }
             tx.commit().await?;
             Ok(out)
@@ -269,8 +323,8 @@ macro_rules! impl_common {
             let mut tx = pool.begin().await?;
             let mut out = Vec::with_capacity(items.len());
             for (job, record) in items {
-                let written = match fence(&mut tx, &job).await {
-                    Ok(()) => finish_record(&mut tx, &job, record).await,
+                let written = match fenced_status(&mut tx, &job).await {
+                    Ok(status) => finish_record(&mut tx, &job, record, status.as_deref()).await,
                     Err(e) => Err(e),
                 };
                 match written {
@@ -283,62 +337,94 @@ macro_rules! impl_common {
             Ok(out)
         }
 
-        /// Creates a run and its first job; returns false when the run for
-        /// this (event, automation) already existed.
-        async fn insert_run(
+        /// Creates runs and their first jobs, a statement for all runs and one
+        /// for all jobs; returns the ids of the runs written (a run whose
+        /// (event, automation) already had one is not).
+        async fn insert_runs(
             tx: &mut sqlx::Transaction<'_, $db>,
-            tenant: &TenantId,
-            event_id: &EventId,
-            run: &NewRun,
-        ) -> Result<bool> {
+            runs: &[(TenantId, EventId, NewRun)],
+        ) -> Result<std::collections::HashSet<String>> {
+            if runs.is_empty() {
+                return Ok(Default::default());
+            }
             let now = now_ms();
-            let (status, finished_at) = match run.first_path {
-                Some(_) => (RunStatus::Queued, None),
-                None => (RunStatus::Completed, Some(now)),
-            };
-            let inserted = sqlx::query(
+            let rows: Vec<Value> = runs
+                .iter()
+                .map(|(tenant, event_id, run)| {
+                    let (status, finished_at) = match run.first_path {
+                        Some(_) => (RunStatus::Queued, None),
+                        None => (RunStatus::Completed, Some(now)),
+                    };
+                    serde_json::json!({
+                        "id": run.id,
+                        "tenant_id": tenant,
+                        "automation_id": run.automation_id,
+                        "version": run.version,
+                        "event_id": event_id,
+                        "trigger_type": run.trigger_type,
+                        "status": status.as_str(),
+                        "depth": run.depth,
+                        "queue_key": run.queue_key,
+                        "context": run.context,
+                        "finished_at": finished_at,
+                        "idempotency_key": run.idempotency_key,
+                        "subject_ticket_id": run.subject_ticket_id,
+                    })
+                })
+                .collect();
+            let written: std::collections::HashSet<String> = sqlx::query(concat!(
                 "INSERT INTO runs (id, tenant_id, automation_id, version, event_id, trigger_type,
                     status, depth, queue_key, context, actions, created_at, finished_at,
                     idempotency_key, subject_ticket_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14)
+                 SELECT x.value ->> 'id', x.value ->> 'tenant_id', x.value ->> 'automation_id',
+                    CAST(x.value ->> 'version' AS INTEGER), x.value ->> 'event_id',
+                    x.value ->> 'trigger_type', x.value ->> 'status',
+                    CAST(x.value ->> 'depth' AS INTEGER), x.value ->> 'queue_key',
+                    x.value -> 'context', 0, $2, CAST(x.value ->> 'finished_at' AS BIGINT),
+                    x.value ->> 'idempotency_key', x.value ->> 'subject_ticket_id'
+                 FROM ", $rows1, "
+                 WHERE true
+                 ORDER BY x.key
                  ON CONFLICT (event_id, automation_id) DO NOTHING
-                 RETURNING id",
-            )
-            .bind(run.id.as_str())
-            .bind(tenant.as_str())
-            .bind(run.automation_id.as_str())
-            .bind(run.version)
-            .bind(event_id.as_str())
-            .bind(&run.trigger_type)
-            .bind(status.as_str())
-            .bind(run.depth)
-            .bind(run.queue_key.as_deref())
-            .bind(Json(&run.context))
+                 RETURNING id"
+            ))
+            .bind(Json(&rows))
             .bind(now)
-            .bind(finished_at)
-            .bind(run.idempotency_key.as_deref())
-            .bind(run.subject_ticket_id.as_deref())
-            .fetch_optional(&mut **tx)
-            .await?;
-            if inserted.is_none() {
-                return Ok(false);
-            }
-            if let Some(path) = &run.first_path {
+            .fetch_all(&mut **tx)
+            .await?
+            .iter()
+            .map(|r| r.get::<String, _>("id"))
+            .collect();
+            let jobs: Vec<Value> = runs
+                .iter()
+                .filter(|(_, _, run)| written.contains(run.id.as_str()))
+                .filter_map(|(tenant, _, run)| {
+                    let path = run.first_path.as_ref()?;
+                    Some(serde_json::json!({
+                        "run_id": run.id,
+                        "tenant_id": tenant,
+                        "path": path,
+                        "queue_key": run.queue_key,
+                        "priority": run.priority,
+                    }))
+                })
+                .collect();
+            if !jobs.is_empty() {
                 sqlx::query(concat!(
                     "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
                         priority, created_at)
-                     VALUES ($1, $2, $3, ", $now, ", 0, $4, $5, $6)"
+                     SELECT x.value ->> 'run_id', x.value ->> 'tenant_id', x.value ->> 'path', ",
+                        $now, ", 0, x.value ->> 'queue_key',
+                        CAST(x.value ->> 'priority' AS INTEGER), $2
+                     FROM ", $rows1, "
+                     ORDER BY x.key"
                 ))
-                .bind(run.id.as_str())
-                .bind(tenant.as_str())
-                .bind(path)
-                .bind(run.queue_key.as_deref())
-                .bind(run.priority)
+                .bind(Json(&jobs))
                 .bind(now)
                 .execute(&mut **tx)
                 .await?;
             }
-            Ok(true)
+            Ok(written)
         }
 
         /// Checks the claim token (and, on PostgreSQL, locks the job row for
@@ -360,24 +446,56 @@ macro_rules! impl_common {
             }
         }
 
-        /// The end of a record transaction: the job moves on (or goes), the
-        /// step rows and the run's new state are written. A run paused
-        /// meanwhile stays paused, its job held back.
-        /// Returns whether the job stays leased for a `Continue`.
-        async fn finish_record(
+        /// The fence and the run's status in one statement (both rows locked
+        /// on PostgreSQL): `LeaseLost` when the claim token no longer holds.
+        async fn fenced_status(
             tx: &mut sqlx::Transaction<'_, $db>,
             job: &ClaimedJob,
-            record: Record,
-        ) -> Result<bool> {
-            let current = sqlx::query(concat!(
+        ) -> Result<Option<String>> {
+            let held = sqlx::query(concat!(
+                "SELECT r.status FROM jobs j
+                 JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
+                 WHERE j.id = $1 AND j.tenant_id = $2 AND j.claim_token = $3 ",
+                $lock_row
+            ))
+            .bind(job.id.0)
+            .bind(job.tenant_id.as_str())
+            .bind(&job.claim_token)
+            .fetch_optional(&mut **tx)
+            .await?;
+            match held {
+                Some(row) => Ok(Some(row.get("status"))),
+                None => Err(StoreError::LeaseLost(job.id)),
+            }
+        }
+
+        /// The run's status, locked for the rest of the transaction on PostgreSQL.
+        async fn run_status_locked(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            job: &ClaimedJob,
+        ) -> Result<Option<String>> {
+            Ok(sqlx::query(concat!(
                 "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock_row
             ))
             .bind(job.tenant_id.as_str())
             .bind(job.run_id.as_str())
             .fetch_optional(&mut **tx)
             .await?
-            .map(|r| r.get::<String, _>("status"));
-            let paused = current.as_deref() == Some("paused") && !record.status.is_final();
+            .map(|r| r.get::<String, _>("status")))
+        }
+
+        /// The end of a record transaction: the job moves on (or goes), the
+        /// step rows and the run's new state are written. A run paused
+        /// meanwhile (`current`, its status read under lock) stays paused,
+        /// its job held back.
+        /// Returns whether the job stays leased for a `Continue`.
+        async fn finish_record(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            job: &ClaimedJob,
+            record: Record,
+            current: Option<&str>,
+        ) -> Result<bool> {
+            let paused = current == Some("paused") && !record.status.is_final();
             let status = if paused { RunStatus::Paused } else { record.status };
             let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
             // A paused run's job is released and held back, never kept.
@@ -446,29 +564,7 @@ macro_rules! impl_common {
                 return Err(StoreError::LeaseLost(job.id));
             }
             let now = now_ms();
-            for step in &record.steps {
-                sqlx::query(
-                    "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
-                        status, input, output, error, log, started_at, finished_at, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-                )
-                .bind(job.run_id.as_str())
-                .bind(job.tenant_id.as_str())
-                .bind(&step.path)
-                .bind(&step.step_id)
-                .bind(&step.kind)
-                .bind(step.attempt)
-                .bind(&step.status)
-                .bind(step.input.as_ref().map(Json))
-                .bind(step.output.as_ref().map(Json))
-                .bind(step.error.as_deref())
-                .bind(Json(&step.log))
-                .bind(step.started_at)
-                .bind(step.finished_at)
-                .bind(now)
-                .execute(&mut **tx)
-                .await?;
-            }
+            insert_steps(tx, job, &record.steps, now).await?;
             let finished_at = status.is_final().then_some(now);
             sqlx::query(
                 "UPDATE runs SET context = $3, actions = $4, status = $5, error = $6,
@@ -487,6 +583,56 @@ macro_rules! impl_common {
             .execute(&mut **tx)
             .await?;
             Ok(continued)
+        }
+
+        /// All of a record's step rows in one statement: the rows travel as
+        /// one JSON array, in order.
+        async fn insert_steps(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            job: &ClaimedJob,
+            steps: &[StepRecord],
+            now: i64,
+        ) -> Result<()> {
+            if steps.is_empty() {
+                return Ok(());
+            }
+            let rows: Vec<Value> = steps
+                .iter()
+                .map(|step| {
+                    serde_json::json!({
+                        "path": step.path,
+                        "step_id": step.step_id,
+                        "kind": step.kind,
+                        "attempt": step.attempt,
+                        "status": step.status,
+                        "input": step.input,
+                        "output": step.output,
+                        "error": step.error,
+                        "log": step.log,
+                        "started_at": step.started_at,
+                        "finished_at": step.finished_at,
+                    })
+                })
+                .collect();
+            sqlx::query(concat!(
+                "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
+                    status, input, output, error, log, started_at, finished_at, created_at)
+                 SELECT $2, $3, x.value ->> 'path', x.value ->> 'step_id', x.value ->> 'kind',
+                    CAST(x.value ->> 'attempt' AS INTEGER), x.value ->> 'status',
+                    NULLIF(x.value -> 'input', 'null'), NULLIF(x.value -> 'output', 'null'),
+                    x.value ->> 'error', x.value -> 'log',
+                    CAST(x.value ->> 'started_at' AS BIGINT),
+                    CAST(x.value ->> 'finished_at' AS BIGINT), $4
+                 FROM ", $rows1, "
+                 ORDER BY x.key"
+            ))
+            .bind(Json(&rows))
+            .bind(job.run_id.as_str())
+            .bind(job.tenant_id.as_str())
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
         }
 
         fn step_from_row(r: &<$db as sqlx::Database>::Row) -> StepRow {
@@ -848,61 +994,105 @@ macro_rules! impl_common {
                     .fetch_all(&mut *tx)
                     .await?;
                 let now = now_ms();
+                // Events of one batch mostly share their automations: each
+                // trigger is looked up once per batch.
+                let mut matching: std::collections::HashMap<(String, Option<String>, Option<String>, String), Vec<Candidate>> =
+                    std::collections::HashMap::new();
+                // Runs planned earlier in this batch count for the loop
+                // protection like runs already written.
+                let mut planned_on_ticket: std::collections::HashMap<(String, String, String), i64> =
+                    std::collections::HashMap::new();
+                let mut runs = Vec::new();
+                let mut dispatched = Vec::with_capacity(rows.len());
                 for row in &rows {
                     let event = event_from_row(row);
-                    let candidates = match &event.target_automation_id {
-                        Some(target) => {
-                            let sql = format!(
-                                "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2
-                                   AND a.status = 'active'"
-                            );
-                            sqlx::query(&sql)
-                                .bind(event.tenant_id.as_str())
-                                .bind(target.as_str())
-                                .fetch_all(&mut *tx)
-                                .await?
-                        }
-                        None => {
-                            let sql = format!(
-                                "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.trigger_kind = $2
-                                   AND a.trigger_key = $3 AND a.status = 'active'
-                                 ORDER BY a.id"
-                            );
-                            // Webhooks are found by source, internal events by type.
-                            let key = event
-                                .event_type
-                                .clone()
-                                .or_else(|| event.source_id.as_ref().map(|s| s.to_string()));
-                            sqlx::query(&sql)
-                                .bind(event.tenant_id.as_str())
-                                .bind(&event.source_kind)
-                                .bind(key)
-                                .fetch_all(&mut *tx)
-                                .await?
-                        }
-                    };
-                    let mut found = Vec::with_capacity(candidates.len());
-                    for r in &candidates {
-                        let automation_id = AutomationId::from(r.get::<String, _>("id"));
-                        let recent_runs_on_ticket = match &event.subject_ticket_id {
-                            Some(ticket) => {
-                                recent_runs(&mut tx, &event.tenant_id, &automation_id, ticket, now)
+                    // Webhooks are found by source, internal events by type.
+                    let key = event
+                        .event_type
+                        .clone()
+                        .or_else(|| event.source_id.as_ref().map(|s| s.to_string()));
+                    let lookup = (
+                        event.tenant_id.to_string(),
+                        event.target_automation_id.as_ref().map(|a| a.to_string()),
+                        key,
+                        event.source_kind.clone(),
+                    );
+                    if !matching.contains_key(&lookup) {
+                        let found = match &event.target_automation_id {
+                            Some(target) => {
+                                let sql = format!(
+                                    "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2
+                                       AND a.status = 'active'"
+                                );
+                                sqlx::query(&sql)
+                                    .bind(event.tenant_id.as_str())
+                                    .bind(target.as_str())
+                                    .fetch_all(&mut *tx)
                                     .await?
                             }
-                            None => 0,
+                            None => {
+                                let sql = format!(
+                                    "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.trigger_kind = $2
+                                       AND a.trigger_key = $3 AND a.status = 'active'
+                                     ORDER BY a.id"
+                                );
+                                sqlx::query(&sql)
+                                    .bind(event.tenant_id.as_str())
+                                    .bind(&event.source_kind)
+                                    .bind(lookup.2.as_deref())
+                                    .fetch_all(&mut *tx)
+                                    .await?
+                            }
                         };
-                        found.push(Candidate {
-                            automation_id,
-                            name: r.get("name"),
-                            version: r.get("current_version"),
-                            definition: r.get::<Json<Value>, _>("definition").0,
-                            recent_runs_on_ticket,
-                        });
+                        let found = found
+                            .iter()
+                            .map(|r| Candidate {
+                                automation_id: AutomationId::from(r.get::<String, _>("id")),
+                                name: r.get("name"),
+                                version: r.get("current_version"),
+                                definition: r.get::<Json<Value>, _>("definition").0,
+                                recent_runs_on_ticket: 0,
+                            })
+                            .collect();
+                        matching.insert(lookup.clone(), found);
                     }
-                    let plan = planner(&event, &found);
-                    for run in &plan.runs {
-                        insert_run(&mut tx, &event.tenant_id, &event.id, run).await?;
-                    }
+                    let cached = &matching[&lookup];
+                    let plan = match &event.subject_ticket_id {
+                        None => planner(&event, cached),
+                        Some(ticket) => {
+                            let mut found = cached.clone();
+                            for candidate in &mut found {
+                                let written = recent_runs(
+                                    &mut tx,
+                                    &event.tenant_id,
+                                    &candidate.automation_id,
+                                    ticket,
+                                    now,
+                                )
+                                .await?;
+                                let planned = planned_on_ticket
+                                    .get(&(
+                                        event.tenant_id.to_string(),
+                                        candidate.automation_id.to_string(),
+                                        ticket.clone(),
+                                    ))
+                                    .copied()
+                                    .unwrap_or(0);
+                                candidate.recent_runs_on_ticket = written + planned;
+                            }
+                            let plan = planner(&event, &found);
+                            for run in &plan.runs {
+                                *planned_on_ticket
+                                    .entry((
+                                        event.tenant_id.to_string(),
+                                        run.automation_id.to_string(),
+                                        ticket.clone(),
+                                    ))
+                                    .or_default() += 1;
+                            }
+                            plan
+                        }
+                    };
                     for note in &plan.notes {
                         let cause = $crate::desk::Cause {
                             automation_id: Some(note.automation_id.clone()),
@@ -911,16 +1101,21 @@ macro_rules! impl_common {
                         trace_in(&mut tx, &event.tenant_id, &note.ticket_id, &note.kind, &note.message, &cause)
                             .await?;
                     }
-                    sqlx::query(
-                        "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
-                         WHERE tenant_id = $1 AND id = $2",
-                    )
-                    .bind(event.tenant_id.as_str())
-                    .bind(event.id.as_str())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
+                    for run in plan.runs {
+                        runs.push((event.tenant_id.clone(), event.id.clone(), run));
+                    }
+                    dispatched.push(event.id.to_string());
                 }
+                insert_runs(&mut tx, &runs).await?;
+                sqlx::query(concat!(
+                    "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
+                     WHERE tenant_id ", $in1, " AND id ", $in2
+                ))
+                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .bind($list(dispatched.iter().map(|e| e.as_str())))
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
                 tx.commit().await?;
                 Ok(rows.len())
             }
@@ -940,7 +1135,7 @@ macro_rules! impl_common {
                 let event_id = insert_event(&mut tx, tenant, &event, "dispatched")
                     .await?
                     .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
-                match insert_run(&mut tx, tenant, &event_id, &run).await {
+                match insert_runs(&mut tx, &[(tenant.clone(), event_id, run.clone())]).await {
                     Ok(_) => {
                         tx.commit().await?;
                         Ok(run.id.clone())

@@ -651,7 +651,8 @@ macro_rules! impl_desk {
             }
 
             async fn commit(mut self: Box<Self>, record: Record) -> Result<()> {
-                finish_record(&mut self.tx, &self.job, record).await?;
+                let current = run_status_locked(&mut self.tx, &self.job).await?;
+                finish_record(&mut self.tx, &self.job, record, current.as_deref()).await?;
                 self.tx.commit().await?;
                 Ok(())
             }

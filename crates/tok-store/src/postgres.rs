@@ -122,6 +122,7 @@ impl_common! {
         ORDER BY rk, received_at, id
         LIMIT $2",
     release_where = "locked_by = $1",
+    rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
     list = list,
 }
 

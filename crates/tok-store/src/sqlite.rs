@@ -131,6 +131,7 @@ impl_common! {
         ORDER BY rk, received_at, id
         LIMIT $2",
     release_where = "locked_by IS NOT NULL OR $1 IS NULL",
+    rows_1 = "json_each($1) AS x",
     list = list,
 }
 
