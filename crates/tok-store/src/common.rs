@@ -34,6 +34,7 @@ macro_rules! impl_common {
         dispatch_select = $dispatch_select:literal,
         release_where = $release_where:literal,
         rows_1 = $rows1:literal,
+        lock_jobs_runs = $lock_jobs_runs:literal,
         list = $list:path,
     ) => {
         use serde_json::Value;
@@ -321,20 +322,27 @@ macro_rules! impl_common {
             items: Vec<(ClaimedJob, Record)>,
         ) -> Result<Vec<Result<bool>>> {
             let mut tx = pool.begin().await?;
+            let held = fenced_statuses(&mut tx, items.iter().map(|(job, _)| job)).await?;
             let mut out = Vec::with_capacity(items.len());
+            let mut writes = Vec::with_capacity(items.len());
             for (job, record) in items {
-                let written = match fenced_status(&mut tx, &job).await {
-                    Ok(status) => finish_record(&mut tx, &job, record, status.as_deref()).await,
-                    Err(e) => Err(e),
-                };
-                match written {
-                    Ok(continued) => out.push(Ok(continued)),
-                    Err(StoreError::LeaseLost(id)) => out.push(Err(StoreError::LeaseLost(id))),
-                    Err(e) => return Err(e),
+                match held.get(&job.id.0) {
+                    Some(status) => {
+                        out.push(None);
+                        writes.push((job, record, status.clone()));
+                    }
+                    None => out.push(Some(StoreError::LeaseLost(job.id))),
                 }
             }
+            let mut continued = write_records(&mut tx, writes).await?.into_iter();
             tx.commit().await?;
-            Ok(out)
+            Ok(out
+                .into_iter()
+                .map(|lost| match lost {
+                    Some(e) => Err(e),
+                    None => Ok(continued.next().unwrap_or(false)),
+                })
+                .collect())
         }
 
         /// Creates runs and their first jobs, a statement for all runs and one
@@ -446,27 +454,41 @@ macro_rules! impl_common {
             }
         }
 
-        /// The fence and the run's status in one statement (both rows locked
-        /// on PostgreSQL): `LeaseLost` when the claim token no longer holds.
-        async fn fenced_status(
+        /// The fence of a batch of claims and their runs' statuses in one
+        /// statement (the rows locked on PostgreSQL): the jobs whose claim
+        /// token still holds, with their run's status. A job missing from
+        /// the answer has lost its lease.
+        async fn fenced_statuses<'j>(
             tx: &mut sqlx::Transaction<'_, $db>,
-            job: &ClaimedJob,
-        ) -> Result<Option<String>> {
-            let held = sqlx::query(concat!(
-                "SELECT r.status FROM jobs j
+            jobs: impl Iterator<Item = &'j ClaimedJob>,
+        ) -> Result<std::collections::HashMap<i64, String>> {
+            let rows: Vec<Value> = jobs
+                .map(|job| {
+                    serde_json::json!({
+                        "id": job.id.0,
+                        "tenant_id": job.tenant_id,
+                        "token": job.claim_token,
+                    })
+                })
+                .collect();
+            // `r.actions`, not in the index `runs_tenant_status`, keeps
+            // SQLite's planner from reading the tenant's runs through that
+            // covering index instead of seeking `(tenant_id, id)`.
+            Ok(sqlx::query(concat!(
+                "SELECT j.id, r.status, r.actions FROM ", $rows1, "
+                 JOIN jobs j ON j.id = CAST(x.value ->> 'id' AS BIGINT)
+                    AND j.tenant_id = x.value ->> 'tenant_id'
+                    AND j.claim_token = x.value ->> 'token'
                  JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
-                 WHERE j.id = $1 AND j.tenant_id = $2 AND j.claim_token = $3 ",
-                $lock_row
+                 ORDER BY j.id ",
+                $lock_jobs_runs
             ))
-            .bind(job.id.0)
-            .bind(job.tenant_id.as_str())
-            .bind(&job.claim_token)
-            .fetch_optional(&mut **tx)
-            .await?;
-            match held {
-                Some(row) => Ok(Some(row.get("status"))),
-                None => Err(StoreError::LeaseLost(job.id)),
-            }
+            .bind(Json(&rows))
+            .fetch_all(&mut **tx)
+            .await?
+            .iter()
+            .map(|r| (r.get::<i64, _>("id"), r.get::<String, _>("status")))
+            .collect())
         }
 
         /// The run's status, locked for the rest of the transaction on PostgreSQL.
@@ -484,122 +506,64 @@ macro_rules! impl_common {
             .map(|r| r.get::<String, _>("status")))
         }
 
-        /// The end of a record transaction: the job moves on (or goes), the
-        /// step rows and the run's new state are written. A run paused
-        /// meanwhile (`current`, its status read under lock) stays paused,
-        /// its job held back.
-        /// Returns whether the job stays leased for a `Continue`.
-        async fn finish_record(
+        /// The end of record transactions: each job moves on (or goes), the
+        /// step rows and the runs' new states are written, a statement each
+        /// for the whole batch. The jobs were fenced by the caller, and
+        /// `current` is each run's status read under that fence: a run
+        /// paused meanwhile stays paused, its job held back.
+        /// Returns, per record, whether the job stays leased for a `Continue`.
+        async fn write_records(
             tx: &mut sqlx::Transaction<'_, $db>,
-            job: &ClaimedJob,
-            record: Record,
-            current: Option<&str>,
-        ) -> Result<bool> {
-            let paused = current == Some("paused") && !record.status.is_final();
-            let status = if paused { RunStatus::Paused } else { record.status };
-            let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
-            // A paused run's job is released and held back, never kept.
-            let next = match record.next {
-                NextJob::Continue { path, .. } if paused => NextJob::Step { path, delay_ms: 0 },
-                next => next,
-            };
-            let continued = matches!(next, NextJob::Continue { .. });
-            let moved = match &next {
-                NextJob::Continue { path, token, lease_ms } => sqlx::query(concat!(
-                    "UPDATE jobs SET path = $4, run_after = ", $now, ", attempts = 1,
-                        claim_token = $5, locked_until = ", $now, " + $6,
-                        queue_key = COALESCE($7, queue_key)
-                     WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
-                ))
-                .bind(job.id.0)
-                .bind(job.tenant_id.as_str())
-                .bind(&job.claim_token)
-                .bind(path)
-                .bind(token)
-                .bind(*lease_ms)
-                .bind(queue_key.as_deref())
-                .execute(&mut **tx)
-                .await?,
-                NextJob::Step { path, delay_ms } => sqlx::query(concat!(
-                    "UPDATE jobs SET path = $4, run_after = ", $now, " + $5, attempts = 0,
-                        locked_by = NULL, locked_until = NULL, claim_token = NULL, held = $6,
-                        queue_key = COALESCE($7, queue_key)
-                     WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
-                ))
-                .bind(job.id.0)
-                .bind(job.tenant_id.as_str())
-                .bind(&job.claim_token)
-                .bind(path)
-                .bind(*delay_ms)
-                .bind(paused)
-                .bind(queue_key.as_deref())
-                .execute(&mut **tx)
-                .await?,
-                NextJob::Retry { path, attempts, delay_ms } => sqlx::query(concat!(
-                    "UPDATE jobs SET path = $4, attempts = $5, run_after = ", $now, " + $6,
-                        locked_by = NULL, locked_until = NULL, claim_token = NULL, held = $7,
-                        queue_key = COALESCE($8, queue_key)
-                     WHERE id = $1 AND tenant_id = $2 AND claim_token = $3"
-                ))
-                .bind(job.id.0)
-                .bind(job.tenant_id.as_str())
-                .bind(&job.claim_token)
-                .bind(path)
-                .bind(*attempts)
-                .bind(*delay_ms)
-                .bind(paused)
-                .bind(queue_key.as_deref())
-                .execute(&mut **tx)
-                .await?,
-                NextJob::Done => sqlx::query(
-                    "DELETE FROM jobs WHERE id = $1 AND tenant_id = $2 AND claim_token = $3",
-                )
-                .bind(job.id.0)
-                .bind(job.tenant_id.as_str())
-                .bind(&job.claim_token)
-                .execute(&mut **tx)
-                .await?,
-            };
-            if moved.rows_affected() == 0 {
-                return Err(StoreError::LeaseLost(job.id));
+            items: Vec<(ClaimedJob, Record, String)>,
+        ) -> Result<Vec<bool>> {
+            if items.is_empty() {
+                return Ok(Vec::new());
             }
             let now = now_ms();
-            insert_steps(tx, job, &record.steps, now).await?;
-            let finished_at = status.is_final().then_some(now);
-            sqlx::query(
-                "UPDATE runs SET context = $3, actions = $4, status = $5, error = $6,
-                    finished_at = COALESCE($7, finished_at),
-                    subject_ticket_id = COALESCE($8, subject_ticket_id)
-                 WHERE tenant_id = $1 AND id = $2",
-            )
-            .bind(job.tenant_id.as_str())
-            .bind(job.run_id.as_str())
-            .bind(Json(&record.context))
-            .bind(record.actions)
-            .bind(status.as_str())
-            .bind(record.error.as_deref())
-            .bind(finished_at)
-            .bind(record.subject_ticket_id.as_deref())
-            .execute(&mut **tx)
-            .await?;
-            Ok(continued)
-        }
-
-        /// All of a record's step rows in one statement: the rows travel as
-        /// one JSON array, in order.
-        async fn insert_steps(
-            tx: &mut sqlx::Transaction<'_, $db>,
-            job: &ClaimedJob,
-            steps: &[StepRecord],
-            now: i64,
-        ) -> Result<()> {
-            if steps.is_empty() {
-                return Ok(());
-            }
-            let rows: Vec<Value> = steps
-                .iter()
-                .map(|step| {
-                    serde_json::json!({
+            let mut continued = Vec::with_capacity(items.len());
+            let mut moves = Vec::new();
+            let mut done = Vec::new();
+            let mut steps = Vec::new();
+            let mut runs = Vec::with_capacity(items.len());
+            for (job, record, current) in &items {
+                let paused = current == "paused" && !record.status.is_final();
+                let status = if paused { RunStatus::Paused } else { record.status };
+                let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
+                // A paused run's job is released and held back, never kept.
+                let next = match &record.next {
+                    NextJob::Continue { path, .. } if paused => {
+                        NextJob::Step { path: path.clone(), delay_ms: 0 }
+                    }
+                    next => next.clone(),
+                };
+                continued.push(matches!(next, NextJob::Continue { .. }));
+                // Continue keeps the lease under a new token; Step and Retry
+                // release it.
+                let (path, delay_ms, attempts, token, lease_ms) = match next {
+                    NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
+                    NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
+                    NextJob::Retry { path, attempts, delay_ms } => (path, delay_ms, attempts, None, 0),
+                    NextJob::Done => {
+                        done.push(job.id.0);
+                        (String::new(), 0, 0, None, 0)
+                    }
+                };
+                if !matches!(record.next, NextJob::Done) {
+                    moves.push(serde_json::json!({
+                        "id": job.id.0,
+                        "path": path,
+                        "delay_ms": delay_ms,
+                        "attempts": attempts,
+                        "token": token,
+                        "lease_ms": lease_ms,
+                        "held": paused,
+                        "queue_key": queue_key,
+                    }));
+                }
+                for step in &record.steps {
+                    steps.push(serde_json::json!({
+                        "run_id": job.run_id,
+                        "tenant_id": job.tenant_id,
                         "path": step.path,
                         "step_id": step.step_id,
                         "kind": step.kind,
@@ -611,28 +575,95 @@ macro_rules! impl_common {
                         "log": step.log,
                         "started_at": step.started_at,
                         "finished_at": step.finished_at,
-                    })
-                })
-                .collect();
+                    }));
+                }
+                runs.push(serde_json::json!({
+                    "id": job.run_id,
+                    "tenant_id": job.tenant_id,
+                    "context": record.context,
+                    "actions": record.actions,
+                    "status": status.as_str(),
+                    "error": record.error,
+                    "finished_at": status.is_final().then_some(now),
+                    "subject_ticket_id": record.subject_ticket_id,
+                }));
+            }
+            let tenants = $list(items.iter().map(|(job, _, _)| job.tenant_id.as_str()));
+            let mut moved = 0;
+            if !moves.is_empty() {
+                moved += sqlx::query(concat!(
+                    "UPDATE jobs SET path = x.value ->> 'path',
+                        run_after = ", $now, " + CAST(x.value ->> 'delay_ms' AS BIGINT),
+                        attempts = CAST(x.value ->> 'attempts' AS INTEGER),
+                        claim_token = x.value ->> 'token',
+                        locked_by = CASE WHEN x.value ->> 'token' IS NULL THEN NULL ELSE jobs.locked_by END,
+                        locked_until = CASE WHEN x.value ->> 'token' IS NULL THEN NULL
+                            ELSE ", $now, " + CAST(x.value ->> 'lease_ms' AS BIGINT) END,
+                        held = CAST(x.value ->> 'held' AS BOOLEAN),
+                        queue_key = COALESCE(x.value ->> 'queue_key', jobs.queue_key)
+                     FROM ", $rows1, "
+                     WHERE jobs.tenant_id ", $in2, " AND jobs.id = CAST(x.value ->> 'id' AS BIGINT)"
+                ))
+                .bind(Json(&moves))
+                .bind(&tenants)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+            }
+            if !done.is_empty() {
+                moved += sqlx::query(concat!(
+                    "DELETE FROM jobs WHERE tenant_id ", $in1, " AND id ", $in2
+                ))
+                .bind(&tenants)
+                .bind($list(done.iter().copied()))
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+            }
+            if moved != items.len() as u64 {
+                // The caller's fence said every job was held: a job that
+                // changed under it is a broken invariant, and nothing is kept.
+                return Err(StoreError::Conflict(format!(
+                    "{} of {} fenced jobs could be moved on",
+                    moved,
+                    items.len()
+                )));
+            }
+            if !steps.is_empty() {
+                sqlx::query(concat!(
+                    "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
+                        status, input, output, error, log, started_at, finished_at, created_at)
+                     SELECT x.value ->> 'run_id', x.value ->> 'tenant_id', x.value ->> 'path',
+                        x.value ->> 'step_id', x.value ->> 'kind',
+                        CAST(x.value ->> 'attempt' AS INTEGER), x.value ->> 'status',
+                        NULLIF(x.value -> 'input', 'null'), NULLIF(x.value -> 'output', 'null'),
+                        x.value ->> 'error', x.value -> 'log',
+                        CAST(x.value ->> 'started_at' AS BIGINT),
+                        CAST(x.value ->> 'finished_at' AS BIGINT), $2
+                     FROM ", $rows1, "
+                     ORDER BY x.key"
+                ))
+                .bind(Json(&steps))
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+            }
             sqlx::query(concat!(
-                "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
-                    status, input, output, error, log, started_at, finished_at, created_at)
-                 SELECT $2, $3, x.value ->> 'path', x.value ->> 'step_id', x.value ->> 'kind',
-                    CAST(x.value ->> 'attempt' AS INTEGER), x.value ->> 'status',
-                    NULLIF(x.value -> 'input', 'null'), NULLIF(x.value -> 'output', 'null'),
-                    x.value ->> 'error', x.value -> 'log',
-                    CAST(x.value ->> 'started_at' AS BIGINT),
-                    CAST(x.value ->> 'finished_at' AS BIGINT), $4
+                "UPDATE runs SET context = x.value -> 'context',
+                    actions = CAST(x.value ->> 'actions' AS INTEGER),
+                    status = x.value ->> 'status',
+                    error = x.value ->> 'error',
+                    finished_at = COALESCE(CAST(x.value ->> 'finished_at' AS BIGINT), runs.finished_at),
+                    subject_ticket_id = COALESCE(x.value ->> 'subject_ticket_id', runs.subject_ticket_id)
                  FROM ", $rows1, "
-                 ORDER BY x.key"
+                 WHERE runs.tenant_id ", $in2, " AND runs.tenant_id = x.value ->> 'tenant_id'
+                   AND runs.id = x.value ->> 'id'"
             ))
-            .bind(Json(&rows))
-            .bind(job.run_id.as_str())
-            .bind(job.tenant_id.as_str())
-            .bind(now)
+            .bind(Json(&runs))
+            .bind(&tenants)
             .execute(&mut **tx)
             .await?;
-            Ok(())
+            Ok(continued)
         }
 
         fn step_from_row(r: &<$db as sqlx::Database>::Row) -> StepRow {

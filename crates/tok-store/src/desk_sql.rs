@@ -651,8 +651,8 @@ macro_rules! impl_desk {
             }
 
             async fn commit(mut self: Box<Self>, record: Record) -> Result<()> {
-                let current = run_status_locked(&mut self.tx, &self.job).await?;
-                finish_record(&mut self.tx, &self.job, record, current.as_deref()).await?;
+                let current = run_status_locked(&mut self.tx, &self.job).await?.unwrap_or_default();
+                write_records(&mut self.tx, vec![(self.job.clone(), record, current)]).await?;
                 self.tx.commit().await?;
                 Ok(())
             }

@@ -30,9 +30,21 @@ impl PgStore {
     /// connection while they call out, so a handful serves many slots.
     pub async fn connect(url: &str, max_connections: u32) -> crate::Result<Self> {
         let options: PgConnectOptions = url.parse()?;
+        // A connection in steady use is not pinged before each use (a round
+        // trip per transaction); one idle for a while is, so a server
+        // restart is noticed before a statement fails on it.
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(2))
             .acquire_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > Duration::from_secs(5) {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options)
             .await?;
         let (events_pool, records_pool) = (pool.clone(), pool.clone());
@@ -123,6 +135,7 @@ impl_common! {
         LIMIT $2",
     release_where = "locked_by = $1",
     rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
+    lock_jobs_runs = "FOR UPDATE OF j, r",
     list = list,
 }
 

@@ -41,14 +41,17 @@ impl SqliteStore {
         {
             std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
         }
+        // A file connection does not go stale: no ping before each use.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.clone())
             .await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.read_only(true))
             .await?;
@@ -132,6 +135,7 @@ impl_common! {
         LIMIT $2",
     release_where = "locked_by IS NOT NULL OR $1 IS NULL",
     rows_1 = "json_each($1) AS x",
+    lock_jobs_runs = "",
     list = list,
 }
 
