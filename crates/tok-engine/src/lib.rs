@@ -188,6 +188,20 @@ impl Engine {
         if released > 0 {
             tracing::info!(released, node = %self.inner.config.node_id, "released claims of an earlier start");
         }
+        if workers {
+            // Weak: the listener ends with the engine, not the other way round.
+            let inner = Arc::downgrade(&self.inner);
+            self.inner
+                .store
+                .listen_for_work(Arc::new(move || match inner.upgrade() {
+                    Some(inner) => {
+                        inner.work.notify_one();
+                        true
+                    }
+                    None => false,
+                }))
+                .await?;
+        }
         let (stop, shutdown) = watch::channel(false);
         let mut tasks = vec![
             tokio::spawn(dispatch_loop(self.inner.clone(), shutdown.clone())),

@@ -542,3 +542,39 @@ async fn heartbeats_keep_a_long_step_from_running_twice() {
         h.cleanup().await;
     }
 }
+
+/// PostgreSQL serves several processes: a worker whose poll is an hour away
+/// still takes a job another process made ready, woken by LISTEN/NOTIFY.
+/// (SQLite serves one process, whose own wake-ups are in-process.)
+#[tokio::test]
+async fn a_worker_elsewhere_hears_of_new_jobs_without_waiting_for_its_poll() {
+    let h = Harness::new(Backend::Postgres, Registry::with_builtins()).await;
+    let automation = h
+        .automation(manual(json!([
+            { "id": "st_set", "type": "set", "config": { "values": { "seen": "{{orderId}}" } } }
+        ])))
+        .await;
+    let api = h.engine("api", quick());
+    let api_running = api.start(false).await.unwrap();
+    let worker = h.engine(
+        "worker",
+        EngineConfig {
+            poll_interval: Duration::from_secs(3600),
+            ..quick()
+        },
+    );
+    let worker_running = worker.start(true).await.unwrap();
+    // The worker's first look at the queue is behind it: only a wake-up
+    // from the database brings it back before its hour-long poll.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let run = api
+        .start_run(&h.tenant, &automation, json!({ "orderId": "7" }), None)
+        .await
+        .unwrap();
+    let detail = h.finished(&run).await;
+    worker_running.shutdown().await;
+    api_running.shutdown().await;
+    assert_eq!(detail.run.status, "completed", "{:?}", detail.run.error);
+    assert_eq!(detail.context["st_set"]["seen"], "7");
+    h.cleanup().await;
+}

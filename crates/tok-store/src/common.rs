@@ -35,6 +35,7 @@ macro_rules! impl_common {
         release_where = $release_where:literal,
         rows_1 = $rows1:literal,
         lock_jobs_runs = $lock_jobs_runs:literal,
+        notify_work = $notify_work:literal,
         list = $list:path,
     ) => {
         use serde_json::Value;
@@ -1137,7 +1138,11 @@ macro_rules! impl_common {
                     }
                     dispatched.push(event.id.to_string());
                 }
-                insert_runs(&mut tx, &runs).await?;
+                let written = insert_runs(&mut tx, &runs).await?;
+                if !written.is_empty() && !$notify_work.is_empty() {
+                    // Workers in other processes hear of the new jobs at commit.
+                    sqlx::query($notify_work).execute(&mut *tx).await?;
+                }
                 sqlx::query(concat!(
                     "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
                      WHERE tenant_id ", $in1, " AND id ", $in2
@@ -1168,6 +1173,9 @@ macro_rules! impl_common {
                     .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
                 match insert_runs(&mut tx, &[(tenant.clone(), event_id, run.clone())]).await {
                     Ok(_) => {
+                        if !$notify_work.is_empty() {
+                            sqlx::query($notify_work).execute(&mut *tx).await?;
+                        }
                         tx.commit().await?;
                         Ok(run.id.clone())
                     }

@@ -219,7 +219,18 @@ pub trait Store:
     async fn maintain(&self) -> Result<()>;
     /// Answers when the database does.
     async fn ping(&self) -> Result<()>;
+    /// Calls `wake` whenever another process made jobs ready (PostgreSQL's
+    /// LISTEN/NOTIFY), so idle workers claim at once instead of at their
+    /// next poll, until `wake` returns false. SQLite serves one process:
+    /// nothing to listen to.
+    async fn listen_for_work(&self, wake: Wake) -> Result<()> {
+        let _ = wake;
+        Ok(())
+    }
 }
+
+/// What [`Store::listen_for_work`] calls; false ends the listening.
+pub type Wake = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Opens the store a URL names: `sqlite://path` (created if missing) or
 /// `postgres://…`. `max_connections` bounds the PostgreSQL pool.

@@ -19,6 +19,10 @@ use crate::migrate;
 /// Advisory lock key held while migrations run (any process, any machine).
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
 
+/// The channel a dispatch notifies when it made jobs ready: the
+/// `notify_work` fragment names it too.
+const WORK_CHANNEL: &str = "tok_work";
+
 pub struct PgStore {
     pool: PgPool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
@@ -136,6 +140,7 @@ impl_common! {
     release_where = "locked_by = $1",
     rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
     lock_jobs_runs = "FOR UPDATE OF j, r",
+    notify_work = "SELECT pg_notify('tok_work', '')",
     list = list,
 }
 
@@ -158,6 +163,29 @@ impl_connections! {
 impl Store for PgStore {
     fn backend(&self) -> Backend {
         Backend::Postgres
+    }
+
+    async fn listen_for_work(&self, wake: crate::Wake) -> Result<()> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen(WORK_CHANNEL).await?;
+        tokio::spawn(async move {
+            loop {
+                // `recv` reconnects by itself after a lost connection; a
+                // notification missed meanwhile is covered by the poll.
+                match listener.recv().await {
+                    Ok(_) => {
+                        if !wake() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listening for work failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+        Ok(())
     }
 
     async fn migrate(&self) -> Result<()> {

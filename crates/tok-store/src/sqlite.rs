@@ -136,6 +136,7 @@ impl_common! {
     release_where = "locked_by IS NOT NULL OR $1 IS NULL",
     rows_1 = "json_each($1) AS x",
     lock_jobs_runs = "",
+    notify_work = "",
     list = list,
 }
 
