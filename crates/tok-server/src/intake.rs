@@ -9,10 +9,12 @@
 //! request, so the webhook stays one insert.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use serde::Deserialize as _;
+use tok_core::contract::Param;
 use tok_core::ids::SourceId;
 use tok_store::Source;
 
@@ -21,27 +23,67 @@ use tok_store::Source;
 /// place, so a short expiry only bounds how long a removed token lingers.
 const SOURCE_TTL: Duration = Duration::from_secs(10);
 
-/// Sources by webhook token, for [`SOURCE_TTL`].
+/// A webhook source as ingest reads it: the row and its params contract,
+/// parsed once when the source is cached rather than on every request.
+pub(crate) struct WebhookSource {
+    pub(crate) source: Source,
+    /// The declared params; a declaration that does not parse counts as
+    /// none (the source API validates them before saving).
+    pub(crate) params: Vec<Param>,
+}
+
+impl WebhookSource {
+    pub(crate) fn new(source: Source) -> Self {
+        let params = Vec::<Param>::deserialize(&source.params).unwrap_or_default();
+        Self { source, params }
+    }
+}
+
+/// Sources by webhook token, for [`SOURCE_TTL`]. A hit hands out a shared
+/// reference: nothing of the source is copied per request.
 #[derive(Default)]
 pub(crate) struct SourceCache {
-    by_token: Mutex<HashMap<String, (Source, Instant)>>,
+    by_token: Mutex<HashMap<String, (Arc<WebhookSource>, Instant)>>,
 }
 
 impl SourceCache {
-    pub(crate) fn get(&self, token: &str, now: Instant) -> Option<Source> {
+    pub(crate) fn get(&self, token: &str, now: Instant) -> Option<Arc<WebhookSource>> {
         let cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
         cache
             .get(token)
             .filter(|(_, at)| now.saturating_duration_since(*at) < SOURCE_TTL)
-            .map(|(s, _)| s.clone())
+            .map(|(s, _)| Arc::clone(s))
     }
 
-    pub(crate) fn put(&self, source: Source, now: Instant) {
+    pub(crate) fn put(&self, source: Source, now: Instant) -> Arc<WebhookSource> {
+        let source = Arc::new(WebhookSource::new(source));
         let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() > 100_000 {
             cache.clear();
         }
-        cache.insert(source.token.clone(), (source, now));
+        cache.insert(source.source.token.clone(), (Arc::clone(&source), now));
+        source
+    }
+}
+
+/// The webhook counters, registered with the metrics recorder on the first
+/// webhook (after `tok serve` installed its recorder) instead of being
+/// looked up by name and labels on every request.
+#[derive(Default)]
+pub(crate) struct IngestMetrics {
+    counters: OnceLock<[metrics::Counter; 2]>,
+}
+
+impl IngestMetrics {
+    /// Counts one answered webhook in `tok_webhooks_total{outcome}`.
+    pub(crate) fn webhook(&self, duplicate: bool) {
+        let [accepted, repeated] = self.counters.get_or_init(|| {
+            [
+                metrics::counter!("tok_webhooks_total", "outcome" => "accepted"),
+                metrics::counter!("tok_webhooks_total", "outcome" => "duplicate"),
+            ]
+        });
+        if duplicate { repeated } else { accepted }.increment(1);
     }
 }
 

@@ -34,6 +34,7 @@ pub struct AppState {
     pub(crate) token_limits: Arc<intake::TokenLimits>,
     pub(crate) sources: Arc<intake::SourceCache>,
     pub(crate) backpressure: Arc<intake::Backpressure>,
+    pub(crate) ingest_metrics: Arc<intake::IngestMetrics>,
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
@@ -46,6 +47,7 @@ impl AppState {
             token_limits: Arc::default(),
             sources: Arc::default(),
             backpressure: Arc::new(intake::Backpressure::new(DEFAULT_BACKPRESSURE_DEPTH)),
+            ingest_metrics: Arc::default(),
             metrics: None,
         }
     }

@@ -3,17 +3,21 @@
 //! and nothing external is awaited. `GET` on the same URL explains what the
 //! webhook expects.
 
-use axum::body::Body;
-use axum::extract::{Path, State};
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
+use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tok_core::contract::{self, ContractError, Param};
-use tok_store::{NewEvent, Source};
+use tok_core::contract::{self, ContractError};
+use tok_core::ids::EventId;
+use tok_store::NewEvent;
 
 use crate::error::{ApiError, ApiResult};
+use crate::intake::WebhookSource;
 use crate::{AppState, MAX_WEBHOOK_BYTES};
 
 pub(crate) fn router() -> Router<AppState> {
@@ -23,7 +27,7 @@ pub(crate) fn router() -> Router<AppState> {
 /// Longest `Idempotency-Key` header kept as is; a longer one is hashed.
 const MAX_KEY_LEN: usize = 200;
 
-async fn source(state: &AppState, token: &str) -> ApiResult<Source> {
+async fn source(state: &AppState, token: &str) -> ApiResult<Arc<WebhookSource>> {
     let now = std::time::Instant::now();
     if let Some(source) = state.sources.get(token, now) {
         return Ok(source);
@@ -40,12 +44,7 @@ async fn source(state: &AppState, token: &str) -> ApiResult<Source> {
                 "no webhook has this URL",
             )
         })?;
-    state.sources.put(source.clone(), now);
-    Ok(source)
-}
-
-fn params(source: &Source) -> Vec<Param> {
-    serde_json::from_value(source.params.clone()).unwrap_or_default()
+    Ok(state.sources.put(source, now))
 }
 
 fn too_large() -> ApiError {
@@ -57,12 +56,34 @@ fn too_large() -> ApiError {
     .with("limit", MAX_WEBHOOK_BYTES)
 }
 
+/// The 202's body.
+#[derive(Serialize)]
+struct Answer {
+    event_id: EventId,
+    duplicate: bool,
+}
+
+/// `prefix` followed by the SHA-256 of `data` in lowercase hex.
+fn sha256_key(prefix: &str, data: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(data);
+    let mut key = String::with_capacity(prefix.len() + 2 * digest.len());
+    key.push_str(prefix);
+    for byte in digest {
+        key.push(char::from(HEX[usize::from(byte >> 4)]));
+        key.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    key
+}
+
 async fn accept(
     State(state): State<AppState>,
     Path(token): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+    request: Request,
+) -> ApiResult<(StatusCode, Json<Answer>)> {
+    // The request's own headers: the `HeaderMap` extractor would copy them.
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -73,7 +94,8 @@ async fn accept(
     let bytes = axum::body::to_bytes(body, MAX_WEBHOOK_BYTES)
         .await
         .map_err(|_| too_large())?;
-    let source = source(&state, &token).await?;
+    let cached = source(&state, &token).await?;
+    let source = &cached.source;
     if let Some(rate) = source.rate_limit
         && let Err(wait) = state
             .token_limits
@@ -100,14 +122,14 @@ async fn accept(
         .with("retry_after_ms", 5000));
     }
     if let Some(secret) = &source.secret {
-        verify_signature(secret, &headers, &bytes, jiff::Timestamp::now().as_second())?;
+        verify_signature(secret, headers, &bytes, jiff::Timestamp::now().as_second())?;
     }
     let payload: Value = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
             .with("line", e.line())
             .with("column", e.column())
     })?;
-    let params = contract::extract(&params(&source), &payload).map_err(contract_error)?;
+    let params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
     // Standard Webhooks senders name each message with `webhook-id`.
     let key_header = headers
         .get("idempotency-key")
@@ -117,10 +139,8 @@ async fn accept(
         Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => {
             format!("key:{}", key.trim())
         }
-        Some(key) if !key.trim().is_empty() => {
-            format!("key-sha256:{}", hex::encode(Sha256::digest(key.trim())))
-        }
-        _ => format!("body-sha256:{}", hex::encode(Sha256::digest(&bytes))),
+        Some(key) if !key.trim().is_empty() => sha256_key("key-sha256:", key.trim().as_bytes()),
+        _ => sha256_key("body-sha256:", &bytes),
     };
     let event = NewEvent {
         source_id: Some(source.id.clone()),
@@ -142,15 +162,13 @@ async fn accept(
     if !accepted.duplicate {
         state.engine.event_accepted();
     }
-    let outcome = if accepted.duplicate {
-        "duplicate"
-    } else {
-        "accepted"
-    };
-    metrics::counter!("tok_webhooks_total", "outcome" => outcome).increment(1);
+    state.ingest_metrics.webhook(accepted.duplicate);
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "event_id": event_id, "duplicate": accepted.duplicate })),
+        Json(Answer {
+            event_id,
+            duplicate: accepted.duplicate,
+        }),
     ))
 }
 
@@ -253,8 +271,9 @@ fn contract_error(e: ContractError) -> ApiError {
 }
 
 async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiResult<Json<Value>> {
-    let source = source(&state, &token).await?;
-    let mut help = contract::help(&params(&source));
+    let cached = source(&state, &token).await?;
+    let source = &cached.source;
+    let mut help = contract::help(&cached.params);
     if let Value::Object(map) = &mut help {
         map.insert("url".into(), json!(state.webhook_url(&token)));
         map.insert("source".into(), json!(source.name));
