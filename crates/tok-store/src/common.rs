@@ -552,6 +552,7 @@ macro_rules! impl_common {
                 if !matches!(record.next, NextJob::Done) {
                     moves.push(serde_json::json!({
                         "id": job.id.0,
+                        "tenant_id": job.tenant_id,
                         "path": path,
                         "delay_ms": delay_ms,
                         "attempts": attempts,
@@ -589,7 +590,10 @@ macro_rules! impl_common {
                     "subject_ticket_id": record.subject_ticket_id,
                 }));
             }
-            let tenants = $list(items.iter().map(|(job, _, _)| job.tenant_id.as_str()));
+            // Rows are matched one by one on (id, tenant) from the batch's own
+            // rows: a condition on the tenant list alone would let
+            // PostgreSQL's planner read a tenant's whole history instead of
+            // seeking each row by its key.
             let mut moved = 0;
             if !moves.is_empty() {
                 moved += sqlx::query(concat!(
@@ -603,10 +607,10 @@ macro_rules! impl_common {
                         held = CAST(x.value ->> 'held' AS BOOLEAN),
                         queue_key = COALESCE(x.value ->> 'queue_key', jobs.queue_key)
                      FROM ", $rows1, "
-                     WHERE jobs.tenant_id ", $in2, " AND jobs.id = CAST(x.value ->> 'id' AS BIGINT)"
+                     WHERE jobs.id = CAST(x.value ->> 'id' AS BIGINT)
+                       AND jobs.tenant_id = x.value ->> 'tenant_id'"
                 ))
                 .bind(Json(&moves))
-                .bind(&tenants)
                 .execute(&mut **tx)
                 .await?
                 .rows_affected();
@@ -615,7 +619,7 @@ macro_rules! impl_common {
                 moved += sqlx::query(concat!(
                     "DELETE FROM jobs WHERE tenant_id ", $in1, " AND id ", $in2
                 ))
-                .bind(&tenants)
+                .bind($list(items.iter().map(|(job, _, _)| job.tenant_id.as_str())))
                 .bind($list(done.iter().copied()))
                 .execute(&mut **tx)
                 .await?
@@ -657,11 +661,9 @@ macro_rules! impl_common {
                     finished_at = COALESCE(CAST(x.value ->> 'finished_at' AS BIGINT), runs.finished_at),
                     subject_ticket_id = COALESCE(x.value ->> 'subject_ticket_id', runs.subject_ticket_id)
                  FROM ", $rows1, "
-                 WHERE runs.tenant_id ", $in2, " AND runs.tenant_id = x.value ->> 'tenant_id'
-                   AND runs.id = x.value ->> 'id'"
+                 WHERE runs.id = x.value ->> 'id' AND runs.tenant_id = x.value ->> 'tenant_id'"
             ))
             .bind(Json(&runs))
-            .bind(&tenants)
             .execute(&mut **tx)
             .await?;
             Ok(continued)
