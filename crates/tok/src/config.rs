@@ -8,6 +8,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
+/// Worker slots per process unless `TOK_CONCURRENCY` says otherwise. A slot
+/// is a task, not a thread, and holds no database connection while its step
+/// runs; most steps wait on a service, and each slot's records join the
+/// group commit, so more slots than cores keeps both the services and the
+/// database busy.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+
 /// Which parts of tok this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -55,8 +62,7 @@ pub struct Config {
     pub admin_key: Option<Secret>,
     /// `TOK_ROLE` (alias `APP_ROLE`): `api`, `worker` or `both` (default).
     pub role: Role,
-    /// `TOK_CONCURRENCY`: worker slots; 4 × cores by default because most
-    /// steps wait on IO, not on the CPU.
+    /// `TOK_CONCURRENCY`: worker slots, [`DEFAULT_CONCURRENCY`] by default.
     pub concurrency: usize,
     /// `TOK_NODE_ID`: stable per node (leases are held under it); defaults to
     /// the host name, so a restarted node finds and releases its own claims.
@@ -99,14 +105,11 @@ impl Config {
             Some("worker") => Role::Worker,
             Some(other) => bail!("TOK_ROLE is `{other}`; expected api, worker or both"),
         };
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2);
         let concurrency = match var("TOK_CONCURRENCY") {
             Some(v) => v
                 .parse()
                 .context("TOK_CONCURRENCY must be a positive whole number")?,
-            None => 4 * cores,
+            None => DEFAULT_CONCURRENCY,
         };
         let db_max_connections = match var("TOK_DB_MAX_CONNECTIONS") {
             Some(v) => v

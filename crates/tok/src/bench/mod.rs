@@ -540,7 +540,10 @@ fn configuration(bench: &Bench) -> Value {
         "cores": cores,
         "TOK_CONCURRENCY": match &concurrency {
             Some(v) => json!(v),
-            None => json!(format!("{} (default: 4 × cores)", 4 * cores)),
+            None => json!(format!(
+                "{} (default)",
+                crate::config::DEFAULT_CONCURRENCY
+            )),
         },
         "TOK_CONCURRENCY_io": io::CONCURRENCY,
         "TOK_DB_MAX_CONNECTIONS": std::env::var("TOK_DB_MAX_CONNECTIONS").unwrap_or_else(|_| "10 (default)".into()),

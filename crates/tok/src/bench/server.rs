@@ -133,7 +133,8 @@ pub(crate) struct ChildSpec {
     /// `TOK_ROLE`: `both`, `api` or `worker`.
     pub(crate) role: &'static str,
     pub(crate) node_id: String,
-    /// `TOK_CONCURRENCY`; `None` keeps tok's default (4 × cores).
+    /// `TOK_CONCURRENCY`; `None` keeps the bench's own environment (or
+    /// tok's default).
     pub(crate) concurrency: Option<usize>,
 }
 
@@ -224,10 +225,11 @@ impl Child {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        match spec.concurrency {
-            Some(n) => command.env("TOK_CONCURRENCY", n.to_string()),
-            None => command.env_remove("TOK_CONCURRENCY"),
-        };
+        // Without a figure's own setting the bench's environment passes on,
+        // so `TOK_CONCURRENCY=16 tok bench` measures that setting.
+        if let Some(n) = spec.concurrency {
+            command.env("TOK_CONCURRENCY", n.to_string());
+        }
         let mut process = command
             .spawn()
             .with_context(|| format!("could not start {} serve", exe.display()))?;
