@@ -14,7 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::{Result, StoreError};
 
@@ -32,12 +32,23 @@ pub(crate) struct Batcher<I, O> {
 }
 
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
-    /// Starts the batching task (it ends when the store is dropped).
-    pub(crate) fn spawn(write: WriteBatch<I, O>) -> Self {
+    /// Starts the batching task (it ends when the store is dropped), which
+    /// keeps up to `parallel` transactions in flight: on PostgreSQL a batch
+    /// runs while the one before waits for its commit; SQLite's one writer
+    /// takes one at a time. A batch takes whatever waited while the writers
+    /// were busy.
+    pub(crate) fn spawn(write: WriteBatch<I, O>, parallel: usize) -> Self {
         let (sender, mut receiver) =
             mpsc::channel::<(I, oneshot::Sender<Result<O>>)>(MAX_BATCH * 8);
+        let writers = Arc::new(Semaphore::new(parallel.max(1)));
         tokio::spawn(async move {
-            while let Some(first) = receiver.recv().await {
+            loop {
+                let Ok(writer) = writers.clone().acquire_owned().await else {
+                    return;
+                };
+                let Some(first) = receiver.recv().await else {
+                    return;
+                };
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match receiver.try_recv() {
@@ -45,20 +56,24 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         Err(_) => break,
                     }
                 }
-                let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
-                match write(items).await {
-                    Ok(results) => {
-                        for (reply, result) in replies.into_iter().zip(results) {
-                            let _ = reply.send(result);
+                let write = write.clone();
+                tokio::spawn(async move {
+                    let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
+                    match write(items).await {
+                        Ok(results) => {
+                            for (reply, result) in replies.into_iter().zip(results) {
+                                let _ = reply.send(result);
+                            }
+                        }
+                        Err(e) => {
+                            let message = e.to_string();
+                            for reply in replies {
+                                let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
+                            }
                         }
                     }
-                    Err(e) => {
-                        let message = e.to_string();
-                        for reply in replies {
-                            let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
-                        }
-                    }
-                }
+                    drop(writer);
+                });
             }
         });
         Self { sender }

@@ -538,8 +538,9 @@ macro_rules! impl_common {
                     next => next.clone(),
                 };
                 continued.push(matches!(next, NextJob::Continue { .. }));
-                // Continue keeps the lease under a new token; Step and Retry
-                // release it.
+                // Continue keeps the lease under a new token (and leaves
+                // `run_after`, an indexed column, alone, so PostgreSQL can
+                // update the row in place); Step and Retry release it.
                 let (path, delay_ms, attempts, token, lease_ms) = match next {
                     NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
                     NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
@@ -598,7 +599,9 @@ macro_rules! impl_common {
             if !moves.is_empty() {
                 moved += sqlx::query(concat!(
                     "UPDATE jobs SET path = x.value ->> 'path',
-                        run_after = ", $now, " + CAST(x.value ->> 'delay_ms' AS BIGINT),
+                        run_after = CASE WHEN x.value ->> 'token' IS NULL
+                            THEN ", $now, " + CAST(x.value ->> 'delay_ms' AS BIGINT)
+                            ELSE jobs.run_after END,
                         attempts = CAST(x.value ->> 'attempts' AS INTEGER),
                         claim_token = x.value ->> 'token',
                         locked_by = CASE WHEN x.value ->> 'token' IS NULL THEN NULL ELSE jobs.locked_by END,

@@ -19,6 +19,10 @@ use crate::migrate;
 /// Advisory lock key held while migrations run (any process, any machine).
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
 
+/// Group-commit transactions of one kind in flight at once: one is written
+/// while the one before waits for its commit.
+const WRITERS: usize = 2;
+
 /// The channel a dispatch notifies when it made jobs ready: the
 /// `notify_work` fragment names it too.
 const WORK_CHANNEL: &str = "tok_work";
@@ -55,11 +59,11 @@ impl PgStore {
         let events = Batcher::spawn(Arc::new(move |items| {
             let pool = events_pool.clone();
             Box::pin(async move { accept_batch(&pool, items).await })
-        }));
+        }), WRITERS);
         let records = Batcher::spawn(Arc::new(move |items| {
             let pool = records_pool.clone();
             Box::pin(async move { record_batch(&pool, items).await })
-        }));
+        }), WRITERS);
         Ok(Self {
             pool,
             events,

@@ -59,11 +59,11 @@ impl SqliteStore {
         let events = Batcher::spawn(Arc::new(move |items| {
             let pool = events_pool.clone();
             Box::pin(async move { accept_batch(&pool, items).await })
-        }));
+        }), 1);
         let records = Batcher::spawn(Arc::new(move |items| {
             let pool = records_pool.clone();
             Box::pin(async move { record_batch(&pool, items).await })
-        }));
+        }), 1);
         Ok(Self {
             writer,
             reader,
