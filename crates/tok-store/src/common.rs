@@ -30,12 +30,16 @@ macro_rules! impl_common {
         ids_in_4 = $in4:literal,
         lock_row = $lock_row:literal,
         claim_prelude = $claim_prelude:literal,
+        dispatch_prelude = $dispatch_prelude:literal,
         claim_candidates = $claim_candidates:literal,
         dispatch_select = $dispatch_select:literal,
         release_where = $release_where:literal,
         rows_1 = $rows1:literal,
         lock_jobs_runs = $lock_jobs_runs:literal,
         notify_work = $notify_work:literal,
+        by_key_tenants_in_1 = $by_key_in1:literal,
+        key_hint_jobs_2 = $key_hint_jobs2:literal,
+        key_hint_runs_2 = $key_hint_runs2:literal,
         list = $list:path,
     ) => {
         use serde_json::Value;
@@ -463,7 +467,9 @@ macro_rules! impl_common {
             tx: &mut sqlx::Transaction<'_, $db>,
             jobs: impl Iterator<Item = &'j ClaimedJob>,
         ) -> Result<std::collections::HashMap<i64, String>> {
+            let jobs: Vec<&ClaimedJob> = jobs.collect();
             let rows: Vec<Value> = jobs
+                .iter()
                 .map(|job| {
                     serde_json::json!({
                         "id": job.id.0,
@@ -481,10 +487,12 @@ macro_rules! impl_common {
                     AND j.tenant_id = x.value ->> 'tenant_id'
                     AND j.claim_token = x.value ->> 'token'
                  JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
+                 WHERE j.id ", $in2, "
                  ORDER BY j.id ",
                 $lock_jobs_runs
             ))
             .bind(Json(&rows))
+            .bind($list(jobs.iter().map(|job| job.id.0)))
             .fetch_all(&mut **tx)
             .await?
             .iter()
@@ -523,6 +531,7 @@ macro_rules! impl_common {
             let now = now_ms();
             let mut continued = Vec::with_capacity(items.len());
             let mut moves = Vec::new();
+            let mut moved_ids = Vec::new();
             let mut done = Vec::new();
             let mut steps = Vec::new();
             let mut runs = Vec::with_capacity(items.len());
@@ -551,6 +560,7 @@ macro_rules! impl_common {
                     }
                 };
                 if !matches!(record.next, NextJob::Done) {
+                    moved_ids.push(job.id.0);
                     moves.push(serde_json::json!({
                         "id": job.id.0,
                         "tenant_id": job.tenant_id,
@@ -592,9 +602,12 @@ macro_rules! impl_common {
                 }));
             }
             // Rows are matched one by one on (id, tenant) from the batch's own
-            // rows: a condition on the tenant list alone would let
-            // PostgreSQL's planner read a tenant's whole history instead of
-            // seeking each row by its key.
+            // rows. On PostgreSQL the updates also name their rows' keys (the
+            // `key_hint` fragments), so it seeks them by primary key whatever
+            // its statistics say: a table that grew fast still looks small to
+            // it, and a hash join would read all of it. SQLite plans these
+            // joins from the batch's rows by itself; a key list would turn
+            // its plan around (the batch scanned once per row).
             let mut moved = 0;
             if !moves.is_empty() {
                 moved += sqlx::query(concat!(
@@ -611,16 +624,17 @@ macro_rules! impl_common {
                         queue_key = COALESCE(x.value ->> 'queue_key', jobs.queue_key)
                      FROM ", $rows1, "
                      WHERE jobs.id = CAST(x.value ->> 'id' AS BIGINT)
-                       AND jobs.tenant_id = x.value ->> 'tenant_id'"
+                       AND jobs.tenant_id = x.value ->> 'tenant_id' ", $key_hint_jobs2
                 ))
                 .bind(Json(&moves))
+                .bind($list(moved_ids.iter().copied()))
                 .execute(&mut **tx)
                 .await?
                 .rows_affected();
             }
             if !done.is_empty() {
                 moved += sqlx::query(concat!(
-                    "DELETE FROM jobs WHERE tenant_id ", $in1, " AND id ", $in2
+                    "DELETE FROM jobs WHERE tenant_id ", $by_key_in1, " AND id ", $in2
                 ))
                 .bind($list(items.iter().map(|(job, _, _)| job.tenant_id.as_str())))
                 .bind($list(done.iter().copied()))
@@ -664,9 +678,11 @@ macro_rules! impl_common {
                     finished_at = COALESCE(CAST(x.value ->> 'finished_at' AS BIGINT), runs.finished_at),
                     subject_ticket_id = COALESCE(x.value ->> 'subject_ticket_id', runs.subject_ticket_id)
                  FROM ", $rows1, "
-                 WHERE runs.id = x.value ->> 'id' AND runs.tenant_id = x.value ->> 'tenant_id'"
+                 WHERE runs.id = x.value ->> 'id' AND runs.tenant_id = x.value ->> 'tenant_id' ",
+                   $key_hint_runs2
             ))
             .bind(Json(&runs))
+            .bind($list(items.iter().map(|(job, _, _)| job.run_id.as_str())))
             .execute(&mut **tx)
             .await?;
             Ok(continued)
@@ -1019,6 +1035,9 @@ macro_rules! impl_common {
                     return Ok(0);
                 }
                 let mut tx = self.writer().begin().await?;
+                if !$dispatch_prelude.is_empty() {
+                    sqlx::Executor::execute(&mut *tx, $dispatch_prelude).await?;
+                }
                 // Fair between tenants like the claim: each tenant's oldest
                 // events first, round robin (any tenant may fill the batch
                 // when the others have nothing), so a tenant with a backlog
@@ -1150,7 +1169,7 @@ macro_rules! impl_common {
                 }
                 sqlx::query(concat!(
                     "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
-                     WHERE tenant_id ", $in1, " AND id ", $in2
+                     WHERE tenant_id ", $by_key_in1, " AND id ", $in2
                 ))
                 .bind($list(tenants.iter().map(|t| t.as_str())))
                 .bind($list(dispatched.iter().map(|e| e.as_str())))
@@ -1429,7 +1448,7 @@ macro_rules! impl_common {
                     return Ok(Vec::new());
                 }
                 let mut tx = self.writer().begin().await?;
-                sqlx::query($claim_prelude).execute(&mut *tx).await?;
+                sqlx::Executor::execute(&mut *tx, $claim_prelude).await?;
                 // Candidates come fairly ordered (each tenant's first job,
                 // then each tenant's second, …), over-fetched so that jobs
                 // sharing a queue key can be dropped here.
@@ -1475,7 +1494,7 @@ macro_rules! impl_common {
                 let run_ids: Vec<String> = jobs.iter().map(|j| j.get::<String, _>("run_id")).collect();
                 sqlx::query(concat!(
                     "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, $2)
-                     WHERE tenant_id ", $in1, " AND id ", $in4, " AND status IN ('queued', 'waiting')"
+                     WHERE tenant_id ", $by_key_in1, " AND id ", $in4, " AND status IN ('queued', 'waiting')"
                 ))
                 .bind($list(tenants.iter().map(|t| t.as_str())))
                 .bind(now_ms())
@@ -1486,7 +1505,7 @@ macro_rules! impl_common {
                 let runs = sqlx::query(concat!(
                     "SELECT id, automation_id, version, context, actions, depth, subject_ticket_id
                      FROM runs
-                     WHERE tenant_id ", $in1, " AND id ", $in2
+                     WHERE tenant_id ", $by_key_in1, " AND id ", $in2
                 ))
                 .bind($list(tenants.iter().map(|t| t.as_str())))
                 .bind($list(run_ids.iter().map(|r| r.as_str())))

@@ -56,14 +56,20 @@ impl PgStore {
             .connect_with(options)
             .await?;
         let (events_pool, records_pool) = (pool.clone(), pool.clone());
-        let events = Batcher::spawn(Arc::new(move |items| {
-            let pool = events_pool.clone();
-            Box::pin(async move { accept_batch(&pool, items).await })
-        }), WRITERS);
-        let records = Batcher::spawn(Arc::new(move |items| {
-            let pool = records_pool.clone();
-            Box::pin(async move { record_batch(&pool, items).await })
-        }), WRITERS);
+        let events = Batcher::spawn(
+            Arc::new(move |items| {
+                let pool = events_pool.clone();
+                Box::pin(async move { accept_batch(&pool, items).await })
+            }),
+            WRITERS,
+        );
+        let records = Batcher::spawn(
+            Arc::new(move |items| {
+                let pool = records_pool.clone();
+                Box::pin(async move { record_batch(&pool, items).await })
+            }),
+            WRITERS,
+        );
         Ok(Self {
             pool,
             events,
@@ -97,7 +103,13 @@ impl_common! {
     ids_in_2 = "= ANY($2)",
     ids_in_4 = "= ANY($4)",
     lock_row = "FOR UPDATE",
-    claim_prelude = "SELECT pg_advisory_xact_lock(1953459970)",
+    // Claims and dispatches read each tenant's oldest rows through an index
+    // in their order, a few at a time. Bitmap scans are off for these two
+    // transactions: with statistics that lag a fast-growing backlog the
+    // planner would otherwise fetch a tenant's whole backlog and sort it,
+    // for every claim.
+    claim_prelude = "SELECT pg_advisory_xact_lock(1953459970); SET LOCAL enable_bitmapscan = off",
+    dispatch_prelude = "SET LOCAL enable_bitmapscan = off",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
                 row_number() OVER (PARTITION BY j.tenant_id
@@ -145,6 +157,14 @@ impl_common! {
     rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
     lock_jobs_runs = "FOR UPDATE OF j, r",
     notify_work = "SELECT pg_notify('tok_work', '')",
+    // The tenant filter of a statement that finds its rows by primary key:
+    // an expression no index serves, so the planner never reads a tenant's
+    // rows through a tenant-leading index (its statistics lag a table that
+    // grew fast, and such a plan reads the tenant's whole backlog).
+    by_key_tenants_in_1 = "|| '' = ANY($1)",
+    // A record's updates name their rows' keys, for the same reason.
+    key_hint_jobs_2 = "AND jobs.id = ANY($2)",
+    key_hint_runs_2 = "AND runs.id = ANY($2)",
     list = list,
 }
 

@@ -56,14 +56,20 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await?;
         let (events_pool, records_pool) = (writer.clone(), writer.clone());
-        let events = Batcher::spawn(Arc::new(move |items| {
-            let pool = events_pool.clone();
-            Box::pin(async move { accept_batch(&pool, items).await })
-        }), 1);
-        let records = Batcher::spawn(Arc::new(move |items| {
-            let pool = records_pool.clone();
-            Box::pin(async move { record_batch(&pool, items).await })
-        }), 1);
+        let events = Batcher::spawn(
+            Arc::new(move |items| {
+                let pool = events_pool.clone();
+                Box::pin(async move { accept_batch(&pool, items).await })
+            }),
+            1,
+        );
+        let records = Batcher::spawn(
+            Arc::new(move |items| {
+                let pool = records_pool.clone();
+                Box::pin(async move { record_batch(&pool, items).await })
+            }),
+            1,
+        );
         Ok(Self {
             writer,
             reader,
@@ -95,6 +101,7 @@ impl_common! {
     ids_in_4 = "IN (SELECT value FROM json_each($4))",
     lock_row = "",
     claim_prelude = "SELECT 1",
+    dispatch_prelude = "",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
                 row_number() OVER (PARTITION BY j.tenant_id
@@ -137,6 +144,11 @@ impl_common! {
     rows_1 = "json_each($1) AS x",
     lock_jobs_runs = "",
     notify_work = "",
+    by_key_tenants_in_1 = "IN (SELECT value FROM json_each($1))",
+    // SQLite plans a record's updates from the batch's rows; a key list
+    // would make it scan the batch once per row. (The key list stays bound.)
+    key_hint_jobs_2 = "AND $2 IS NOT NULL",
+    key_hint_runs_2 = "AND $2 IS NOT NULL",
     list = list,
 }
 
