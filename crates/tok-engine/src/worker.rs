@@ -2,7 +2,9 @@
 //!
 //! Each round the pool claims as many jobs as it has free slots, in one
 //! batch, and starts each without waiting for the others, so a slow step
-//! never keeps a free slot idle. A job is one step — or a chain of built-in
+//! never keeps a free slot idle. An eighth of the slots is kept for tenants
+//! with nothing in flight, so one tenant's burst cannot hold every slot
+//! while another tenant's job waits. A job is one step — or a chain of built-in
 //! steps that only decide (condition, set, loop, log, wait, end), which run
 //! back to back and are written by the same record transaction. An external
 //! step (a registered handler) runs with no database connection held and is
@@ -10,8 +12,7 @@
 //! of the jobs in flight; a worker whose lease was taken over has its record
 //! rejected by the claim token.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use tok_core::context::Context;
 use tok_core::definition::Automation;
 use tok_core::error::StepError;
 use tok_core::flow::{self, Next};
-use tok_core::ids::JobId;
+use tok_core::ids::{JobId, TenantId};
 use tok_core::limits::{MAX_ACTIONS, MAX_OUTPUT_BYTES};
 use tok_core::path::FlowPath;
 use tok_core::retry::RetryPolicy;
@@ -43,56 +44,56 @@ use crate::steps::{self, TxContext, TxError};
 /// hold the writer for long).
 const CHAIN_LIMIT: usize = 64;
 
+/// Slots kept for tenants with nothing in flight: a tenant whose burst
+/// holds every other slot cannot make another tenant's job wait for one of
+/// its slots to free. An eighth of the slots (none below four).
+fn reserved_slots(concurrency: usize) -> usize {
+    if concurrency < 4 {
+        0
+    } else {
+        (concurrency / 8).max(1)
+    }
+}
+
+/// The jobs this pool runs, by job: its tenant, and whether it holds a
+/// reserved slot.
+type InFlight = Arc<Mutex<HashMap<JobId, (TenantId, bool)>>>;
+
 pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
-    let in_flight: Arc<Mutex<HashSet<JobId>>> = Arc::default();
-    let busy = Arc::new(AtomicUsize::new(0));
+    let in_flight: InFlight = Arc::default();
     let heartbeat = tokio::spawn(heartbeat(inner.clone(), in_flight.clone()));
     let concurrency = inner.config.concurrency.max(1);
+    let reserved = reserved_slots(concurrency);
+    let general = concurrency - reserved;
     loop {
         if crate::stopping(&shutdown) {
             break;
         }
-        let free = concurrency.saturating_sub(busy.load(Ordering::SeqCst));
+        let (general_busy, reserved_busy) = {
+            let jobs = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let reserved_busy = jobs.values().filter(|(_, r)| *r).count();
+            (jobs.len() - reserved_busy, reserved_busy)
+        };
+        let free = general.saturating_sub(general_busy);
+        let tenants = inner.tenants();
         let mut claimed = 0;
         if free > 0 {
-            let tenants = inner.tenants();
-            match inner
-                .store
-                .claim(
-                    &tenants,
-                    &inner.config.node_id,
-                    free as u32,
-                    inner.lease_ms(),
-                )
-                .await
-            {
-                Ok(jobs) => {
-                    claimed = jobs.len();
-                    for job in jobs {
-                        busy.fetch_add(1, Ordering::SeqCst);
-                        in_flight
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(job.id);
-                        let (inner, busy, in_flight) =
-                            (inner.clone(), busy.clone(), in_flight.clone());
-                        tokio::spawn(async move {
-                            let id = job.id;
-                            execute(&inner, job).await;
-                            in_flight
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .remove(&id);
-                            busy.fetch_sub(1, Ordering::SeqCst);
-                            inner.work.notify_one();
-                        });
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "claim failed; retrying shortly");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
+            claimed = claim_and_start(&inner, &in_flight, &tenants, free, false).await;
+        }
+        // The general slots are full and more may be waiting: tenants with
+        // nothing in flight may take the reserved ones.
+        let reserve_free = reserved.saturating_sub(reserved_busy);
+        if claimed == free && reserve_free > 0 {
+            let newcomers: Vec<TenantId> = {
+                let jobs = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+                let busy: HashSet<&TenantId> = jobs.values().map(|(t, _)| t).collect();
+                tenants
+                    .iter()
+                    .filter(|t| !busy.contains(t))
+                    .cloned()
+                    .collect()
+            };
+            claim_and_start(&inner, &in_flight, &newcomers, reserve_free, true).await;
         }
         // A full batch means more may be ready: claim again as soon as a slot frees.
         if claimed > 0 && claimed == free {
@@ -111,21 +112,72 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
     // Let the steps in flight finish and record; a step that outlives the
     // grace period is taken over by another worker when its lease expires.
     let deadline = tokio::time::Instant::now() + inner.config.shutdown_grace;
-    while busy.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+    while !in_flight
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_empty()
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     heartbeat.abort();
 }
 
+/// Claims up to `limit` jobs of `tenants` and starts each in its own task;
+/// returns how many it claimed.
+async fn claim_and_start(
+    inner: &Arc<Inner>,
+    in_flight: &InFlight,
+    tenants: &[TenantId],
+    limit: usize,
+    reserved: bool,
+) -> usize {
+    let jobs = match inner
+        .store
+        .claim(
+            tenants,
+            &inner.config.node_id,
+            limit as u32,
+            inner.lease_ms(),
+        )
+        .await
+    {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::error!(error = %e, "claim failed; retrying shortly");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return 0;
+        }
+    };
+    let claimed = jobs.len();
+    for job in jobs {
+        in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(job.id, (job.tenant_id.clone(), reserved));
+        let (inner, in_flight) = (inner.clone(), in_flight.clone());
+        tokio::spawn(async move {
+            let id = job.id;
+            execute(&inner, job).await;
+            in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            inner.work.notify_one();
+        });
+    }
+    claimed
+}
+
 /// Extends the leases of the jobs in flight until the pool aborts it (after
 /// the last step in flight has finished or the grace period ran out).
-async fn heartbeat(inner: Arc<Inner>, in_flight: Arc<Mutex<HashSet<JobId>>>) {
+async fn heartbeat(inner: Arc<Inner>, in_flight: InFlight) {
     loop {
         tokio::time::sleep(inner.config.heartbeat).await;
         let ids: Vec<JobId> = in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
+            .keys()
             .copied()
             .collect();
         if let Err(e) = inner

@@ -578,3 +578,93 @@ async fn a_worker_elsewhere_hears_of_new_jobs_without_waiting_for_its_poll() {
     assert_eq!(detail.context["st_set"]["seen"], "7");
     h.cleanup().await;
 }
+
+/// One tenant's burst holds every general slot with steps that do not end;
+/// another tenant's run still goes through, in a slot kept for tenants with
+/// nothing in flight.
+#[tokio::test]
+async fn a_tenant_holding_every_slot_does_not_keep_another_tenant_waiting() {
+    for backend in backends() {
+        let started = Arc::new(AtomicU32::new(0));
+        let open = Arc::new(tokio::sync::Semaphore::new(0));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/gate",
+            Gate {
+                started: started.clone(),
+                open: open.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let busy_tenant = h.tenant.clone();
+        let gated = h
+            .automation(manual(json!([{ "id": "st_gate", "type": "acme/gate" }])))
+            .await;
+        let other_tenant = h
+            .store
+            .create_tenant("Small shop", "hash-of-other-key")
+            .await
+            .unwrap()
+            .id;
+        let raw = serde_json::to_vec(&manual(json!([
+            { "id": "st_set", "type": "set", "config": { "values": { "done": "yes" } } }
+        ])))
+        .unwrap();
+        let (_, version) = prepare(&raw, &h.registry).unwrap();
+        let quick_one = h
+            .store
+            .create_automation(&other_tenant, version)
+            .await
+            .unwrap()
+            .id;
+        let engine = h.engine(
+            "node-a",
+            EngineConfig {
+                concurrency: 8,
+                ..quick()
+            },
+        );
+        let running = engine.start(true).await.unwrap();
+        let mut gated_runs = Vec::new();
+        for _ in 0..12 {
+            gated_runs.push(
+                engine
+                    .start_run(&busy_tenant, &gated, json!({}), None)
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Seven of the eight slots are the busy tenant's, and stay held.
+        while started.load(Ordering::SeqCst) < 7 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let run = engine
+            .start_run(&other_tenant, &quick_one, json!({}), None)
+            .await
+            .unwrap();
+        let mut detail = None;
+        for _ in 0..1200 {
+            let d = h.store.run(&other_tenant, &run).await.unwrap().unwrap();
+            if d.run.status == "completed" {
+                detail = Some(d);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let detail = detail.unwrap_or_else(|| {
+            panic!("{backend:?}: the other tenant's run waited behind the busy tenant")
+        });
+        assert_eq!(detail.context["st_set"]["done"], "yes", "{backend:?}");
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            7,
+            "{backend:?}: the reserved slot is not the busy tenant's"
+        );
+        open.add_permits(12);
+        for run in &gated_runs {
+            assert_eq!(h.finished(run).await.run.status, "completed", "{backend:?}");
+        }
+        running.shutdown().await;
+        h.cleanup().await;
+    }
+}

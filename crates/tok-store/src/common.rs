@@ -40,6 +40,7 @@ macro_rules! impl_common {
         by_key_tenants_in_1 = $by_key_in1:literal,
         key_hint_jobs_2 = $key_hint_jobs2:literal,
         key_hint_runs_2 = $key_hint_runs2:literal,
+        skip_locked = $skip_locked:literal,
         list = $list:path,
     ) => {
         use serde_json::Value;
@@ -1543,9 +1544,15 @@ macro_rules! impl_common {
                 if jobs.is_empty() {
                     return Ok(0);
                 }
+                // Rows are locked in id order, like a record batch's fence,
+                // and a row a record holds right now is skipped (that record
+                // moves the lease on itself): the heartbeat never deadlocks
+                // with a record.
                 let done = sqlx::query(concat!(
                     "UPDATE jobs SET locked_until = ", $now, " + $3
-                     WHERE id ", $in2, " AND locked_by = $1"
+                     WHERE id IN (SELECT id FROM jobs
+                                  WHERE id ", $in2, " AND locked_by = $1
+                                  ORDER BY id ", $skip_locked, ")"
                 ))
                 .bind(node)
                 .bind($list(jobs.iter().map(|j| j.0)))
