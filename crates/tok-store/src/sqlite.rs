@@ -24,6 +24,37 @@ pub struct SqliteStore {
     reader: SqlitePool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
+    _checkpointer: Checkpointer,
+}
+
+/// How often the background checkpoint copies the WAL into the database.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// Checkpoints the WAL from a connection of its own, so no commit waits for
+/// it. PASSIVE: it never blocks the writer or a reader; what it cannot copy
+/// yet (pages a reader still sees) it copies next time. Stops with the store.
+struct Checkpointer(tokio::task::JoinHandle<()>);
+
+impl Checkpointer {
+    async fn start(options: &SqliteConnectOptions) -> crate::Result<Self> {
+        let mut conn = sqlx::ConnectOptions::connect(options).await?;
+        Ok(Self(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(CHECKPOINT_EVERY).await;
+                if let Err(e) =
+                    sqlx::Executor::execute(&mut conn, "PRAGMA wal_checkpoint(PASSIVE)").await
+                {
+                    tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+                }
+            }
+        })))
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl SqliteStore {
@@ -41,14 +72,18 @@ impl SqliteStore {
         {
             std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
         }
-        // A file connection does not go stale: no ping before each use.
+        // A file connection does not go stale: no ping before each use. The
+        // writer never checkpoints inside a commit (copying the WAL back
+        // into the database there would stall every write waiting behind
+        // it); a connection of its own does, in the background.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone())
+            .connect_with(options.clone().pragma("wal_autocheckpoint", "0"))
             .await?;
+        let checkpointer = Checkpointer::start(&options).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .test_before_acquire(false)
@@ -75,6 +110,7 @@ impl SqliteStore {
             reader,
             events,
             records,
+            _checkpointer: checkpointer,
         })
     }
 
