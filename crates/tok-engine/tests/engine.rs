@@ -116,6 +116,22 @@ impl StepHandler for Slow {
     }
 }
 
+/// The built-in steps and `acme/gate`: how many gates started, and the
+/// semaphore that opens them.
+fn gated_registry() -> (Registry, Arc<AtomicU32>, Arc<tokio::sync::Semaphore>) {
+    let started = Arc::new(AtomicU32::new(0));
+    let open = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut registry = Registry::with_builtins();
+    registry.register(
+        "acme/gate",
+        Gate {
+            started: started.clone(),
+            open: open.clone(),
+        },
+    );
+    (registry, started, open)
+}
+
 struct Harness {
     db: TestDb,
     store: Arc<dyn Store>,
@@ -434,16 +450,7 @@ async fn a_run_stops_at_max_actions_and_says_so() {
 #[tokio::test]
 async fn a_blocked_step_does_not_keep_free_slots_idle() {
     for backend in backends() {
-        let started = Arc::new(AtomicU32::new(0));
-        let open = Arc::new(tokio::sync::Semaphore::new(0));
-        let mut registry = Registry::with_builtins();
-        registry.register(
-            "acme/gate",
-            Gate {
-                started: started.clone(),
-                open: open.clone(),
-            },
-        );
+        let (registry, started, open) = gated_registry();
         let h = Harness::new(backend, registry).await;
         let blocked = h
             .automation(manual(json!([{ "id": "st_gate", "type": "acme/gate" }])))
@@ -585,16 +592,7 @@ async fn a_worker_elsewhere_hears_of_new_jobs_without_waiting_for_its_poll() {
 #[tokio::test]
 async fn a_tenant_holding_every_slot_does_not_keep_another_tenant_waiting() {
     for backend in backends() {
-        let started = Arc::new(AtomicU32::new(0));
-        let open = Arc::new(tokio::sync::Semaphore::new(0));
-        let mut registry = Registry::with_builtins();
-        registry.register(
-            "acme/gate",
-            Gate {
-                started: started.clone(),
-                open: open.clone(),
-            },
-        );
+        let (registry, started, open) = gated_registry();
         let h = Harness::new(backend, registry).await;
         let busy_tenant = h.tenant.clone();
         let gated = h
