@@ -29,6 +29,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     6 "0006_create_connections",
     7 "0007_index_pending_events_in_dispatch_order",
     8 "0008_leave_room_for_job_updates_in_place",
+    9 "0009_leave_room_for_run_updates_in_place",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
