@@ -183,6 +183,19 @@ impl Setup {
         panic!("run {run} did not finish within 60 s");
     }
 
+    /// Starts one run on an engine with 4 slots and waits until it ends.
+    async fn run_once(&self, automation: &AutomationId, input: Value) -> RunDetail {
+        let engine = self.engine(4);
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&self.tenant, automation, input, None)
+            .await
+            .unwrap();
+        let detail = self.finished(&run).await;
+        running.shutdown().await;
+        detail
+    }
+
     async fn cleanup(self) {
         drop(self.registry);
         drop(self.store);
@@ -211,21 +224,14 @@ async fn a_503_is_retried_with_the_same_idempotency_key() {
         let automation = s
             .automation(call("invoicing", "POST"), fast_retries(5))
             .await;
-        let engine = s.engine(4);
-        let running = engine.start(true).await.unwrap();
-        let run = engine
-            .start_run(&s.tenant, &automation, json!({ "orderId": "5001" }), None)
-            .await
-            .unwrap();
-        let detail = s.finished(&run).await;
-        running.shutdown().await;
+        let detail = s.run_once(&automation, json!({ "orderId": "5001" })).await;
 
         assert_eq!(
             detail.run.status, "completed",
             "{backend:?}: {:?}",
             detail.run.error
         );
-        let key = format!("{run}:0");
+        let key = format!("{}:0", detail.run.id);
         assert_eq!(
             seen.keys(),
             vec![Some(key.clone()), Some(key.clone()), Some(key)],
@@ -257,14 +263,7 @@ async fn a_400_is_not_retried() {
         let automation = s
             .automation(call("invoicing", "POST"), fast_retries(5))
             .await;
-        let engine = s.engine(4);
-        let running = engine.start(true).await.unwrap();
-        let run = engine
-            .start_run(&s.tenant, &automation, json!({ "orderId": "1" }), None)
-            .await
-            .unwrap();
-        let detail = s.finished(&run).await;
-        running.shutdown().await;
+        let detail = s.run_once(&automation, json!({ "orderId": "1" })).await;
 
         assert_eq!(detail.run.status, "failed", "{backend:?}");
         assert_eq!(seen.count(), 1, "{backend:?}");
@@ -284,14 +283,7 @@ async fn retry_after_is_honoured() {
         let automation = s
             .automation(call("invoicing", "GET"), fast_retries(5))
             .await;
-        let engine = s.engine(4);
-        let running = engine.start(true).await.unwrap();
-        let run = engine
-            .start_run(&s.tenant, &automation, json!({ "orderId": "1" }), None)
-            .await
-            .unwrap();
-        let detail = s.finished(&run).await;
-        running.shutdown().await;
+        let detail = s.run_once(&automation, json!({ "orderId": "1" })).await;
 
         assert_eq!(detail.run.status, "completed", "{backend:?}");
         let times = seen.times();

@@ -20,6 +20,47 @@ pub fn now_ms() -> i64 {
 /// Events older than this no longer deduplicate a repeated idempotency key.
 pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
 
+/// The rows of a batch statement, bound as one JSON array (`rows_1`).
+/// They borrow what they write: a payload or a context is serialized once
+/// into the statement's parameter, never copied first.
+#[derive(serde::Serialize)]
+pub(crate) struct EventRow<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    #[serde(flatten)]
+    pub(crate) event: &'a crate::NewEvent,
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct RunRow<'a> {
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) event_id: &'a tok_core::ids::EventId,
+    pub(crate) status: &'static str,
+    pub(crate) finished_at: Option<i64>,
+    #[serde(flatten)]
+    pub(crate) run: &'a crate::NewRun,
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct StepRow<'a> {
+    pub(crate) run_id: &'a tok_core::ids::RunId,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    #[serde(flatten)]
+    pub(crate) step: &'a crate::StepRecord,
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct RunUpdate<'a> {
+    pub(crate) id: &'a tok_core::ids::RunId,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) context: &'a serde_json::Value,
+    pub(crate) actions: i32,
+    pub(crate) status: &'static str,
+    pub(crate) error: Option<&'a str>,
+    pub(crate) finished_at: Option<i64>,
+    pub(crate) subject_ticket_id: Option<&'a str>,
+}
+
 macro_rules! impl_common {
     (
         store = $store:ty,
@@ -264,26 +305,10 @@ macro_rules! impl_common {
             // the one-by-one way.
             let ids: Vec<String> = items.iter().map(|_| new_id("evt")).collect();
             let now = now_ms();
-            let rows: Vec<Value> = items
+            let rows: Vec<$crate::common::EventRow> = items
                 .iter()
                 .zip(&ids)
-                .map(|((tenant, event), id)| {
-                    serde_json::json!({
-                        "id": id,
-                        "tenant_id": tenant,
-                        "source_id": event.source_id,
-                        "source_kind": event.source_kind,
-                        "idempotency_key": event.idempotency_key,
-                        "payload": event.payload,
-                        "params": event.params,
-                        "cause_run_id": event.cause_run_id,
-                        "depth": event.depth,
-                        "origin_automation_id": event.origin_automation_id,
-                        "target_automation_id": event.target_automation_id,
-                        "event_type": event.event_type,
-                        "subject_ticket_id": event.subject_ticket_id,
-                    })
-                })
+                .map(|((tenant_id, event), id)| $crate::common::EventRow { id, tenant_id, event })
                 .collect();
             let written: std::collections::HashSet<String> = sqlx::query(concat!(
                 "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
@@ -362,28 +387,20 @@ macro_rules! impl_common {
                 return Ok(Default::default());
             }
             let now = now_ms();
-            let rows: Vec<Value> = runs
+            let rows: Vec<$crate::common::RunRow> = runs
                 .iter()
-                .map(|(tenant, event_id, run)| {
+                .map(|(tenant_id, event_id, run)| {
                     let (status, finished_at) = match run.first_path {
                         Some(_) => (RunStatus::Queued, None),
                         None => (RunStatus::Completed, Some(now)),
                     };
-                    serde_json::json!({
-                        "id": run.id,
-                        "tenant_id": tenant,
-                        "automation_id": run.automation_id,
-                        "version": run.version,
-                        "event_id": event_id,
-                        "trigger_type": run.trigger_type,
-                        "status": status.as_str(),
-                        "depth": run.depth,
-                        "queue_key": run.queue_key,
-                        "context": run.context,
-                        "finished_at": finished_at,
-                        "idempotency_key": run.idempotency_key,
-                        "subject_ticket_id": run.subject_ticket_id,
-                    })
+                    $crate::common::RunRow {
+                        tenant_id,
+                        event_id,
+                        status: status.as_str(),
+                        finished_at,
+                        run,
+                    }
                 })
                 .collect();
             let written: std::collections::HashSet<String> = sqlx::query(concat!(
@@ -575,32 +592,22 @@ macro_rules! impl_common {
                     }));
                 }
                 for step in &record.steps {
-                    steps.push(serde_json::json!({
-                        "run_id": job.run_id,
-                        "tenant_id": job.tenant_id,
-                        "path": step.path,
-                        "step_id": step.step_id,
-                        "kind": step.kind,
-                        "attempt": step.attempt,
-                        "status": step.status,
-                        "input": step.input,
-                        "output": step.output,
-                        "error": step.error,
-                        "log": step.log,
-                        "started_at": step.started_at,
-                        "finished_at": step.finished_at,
-                    }));
+                    steps.push($crate::common::StepRow {
+                        run_id: &job.run_id,
+                        tenant_id: &job.tenant_id,
+                        step,
+                    });
                 }
-                runs.push(serde_json::json!({
-                    "id": job.run_id,
-                    "tenant_id": job.tenant_id,
-                    "context": record.context,
-                    "actions": record.actions,
-                    "status": status.as_str(),
-                    "error": record.error,
-                    "finished_at": status.is_final().then_some(now),
-                    "subject_ticket_id": record.subject_ticket_id,
-                }));
+                runs.push($crate::common::RunUpdate {
+                    id: &job.run_id,
+                    tenant_id: &job.tenant_id,
+                    context: &record.context,
+                    actions: record.actions,
+                    status: status.as_str(),
+                    error: record.error.as_deref(),
+                    finished_at: status.is_final().then_some(now),
+                    subject_ticket_id: record.subject_ticket_id.as_deref(),
+                });
             }
             // Rows are matched one by one on (id, tenant) from the batch's own
             // rows. On PostgreSQL the updates also name their rows' keys (the

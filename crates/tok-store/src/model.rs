@@ -105,7 +105,7 @@ pub struct AutomationRow {
 }
 
 /// An event to put in the inbox.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct NewEvent {
     pub source_id: Option<SourceId>,
     /// `webhook`, `manual`, `event`, …
@@ -162,7 +162,7 @@ pub struct Candidate {
 }
 
 /// A run the dispatcher (or a manual start) decided to create.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct NewRun {
     pub id: RunId,
     pub automation_id: AutomationId,
@@ -259,7 +259,7 @@ pub struct ClaimedJob {
 }
 
 /// One executed step attempt to write in the record transaction.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct StepRecord {
     pub path: String,
     pub step_id: String,

@@ -97,23 +97,13 @@ fn parse(config: &Value, base_url: Option<&str>) -> Result<Request, String> {
             .collect(),
         Some(_) => return Err("http `headers` must be an object of header names to values".into()),
     };
-    let timeout = match config.get("timeoutMs") {
-        None | Some(Value::Null) => DEFAULT_TIMEOUT_MS,
-        Some(v) => match v.as_u64() {
-            Some(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => ms,
-            _ => {
-                return Err(format!(
-                    "http `timeoutMs` must be between 1 and {MAX_TIMEOUT_MS}"
-                ));
-            }
-        },
-    };
+    let timeout = super::timeout_ms(config, "http", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS)?;
     Ok(Request {
         method,
         url,
         headers,
         body: config.get("body").filter(|b| !b.is_null()).cloned(),
-        timeout: Duration::from_millis(timeout),
+        timeout,
     })
 }
 

@@ -113,22 +113,12 @@ fn parse(config: &Value) -> Result<Request, String> {
             return Err("mcp `arguments` must be an object of argument names to values".into());
         }
     };
-    let timeout = match config.get("timeoutMs") {
-        None | Some(Value::Null) => DEFAULT_TIMEOUT_MS,
-        Some(v) => match v.as_u64() {
-            Some(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => ms,
-            _ => {
-                return Err(format!(
-                    "mcp `timeoutMs` must be between 1 and {MAX_TIMEOUT_MS}"
-                ));
-            }
-        },
-    };
+    let timeout = super::timeout_ms(config, "mcp", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS)?;
     Ok(Request {
         connection,
         tool,
         arguments,
-        timeout: Duration::from_millis(timeout),
+        timeout,
     })
 }
 

@@ -162,3 +162,21 @@ async fn save(cx: &mut TxContext<'_>, write: TicketWrite) -> Result<(), TxError>
 fn stamp(previous: i64) -> i64 {
     tok_store::now_ms().max(previous + 1)
 }
+
+/// A step's `timeoutMs`: `default` when absent, else a whole number of
+/// milliseconds from 1 to `max`. `step` names the step type in the error.
+pub(crate) fn timeout_ms(
+    config: &Value,
+    step: &str,
+    default: u64,
+    max: u64,
+) -> Result<std::time::Duration, String> {
+    let ms = match config.get("timeoutMs") {
+        None | Some(Value::Null) => default,
+        Some(v) => match v.as_u64() {
+            Some(ms) if (1..=max).contains(&ms) => ms,
+            _ => return Err(format!("{step} `timeoutMs` must be between 1 and {max}")),
+        },
+    };
+    Ok(std::time::Duration::from_millis(ms))
+}
