@@ -89,6 +89,8 @@ pub(crate) struct Inner {
     pub(crate) inbox: Notify,
     /// Wakes the worker pool: a job may be ready or a slot came free.
     pub(crate) work: Notify,
+    /// The worker pool's slots, which the dispatcher may fill directly.
+    pub(crate) slots: std::sync::Mutex<worker::Slots>,
     tenants: RwLock<Arc<Vec<TenantId>>>,
 }
 
@@ -138,6 +140,7 @@ impl Engine {
                 defs: DefinitionCache::default(),
                 inbox: Notify::new(),
                 work: Notify::new(),
+                slots: Default::default(),
                 tenants: RwLock::default(),
             }),
         }
@@ -300,7 +303,26 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
         }
         let tenants = inner.tenants();
         let batch = inner.config.dispatch_batch;
-        match inner.store.dispatch(&tenants, batch, &planner).await {
+        // Free worker slots here take the new runs' jobs as they are written.
+        let mut offer = worker::Offer::new(&inner, batch as usize);
+        let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
+        let handoff = tok_store::Handoff {
+            node: &inner.config.node_id,
+            lease_ms: inner.lease_ms(),
+            take: &mut take,
+        };
+        let dispatched = inner
+            .store
+            .dispatch_handing_off(&tenants, batch, &planner, Some(handoff))
+            .await;
+        let (taken, claimed) = match dispatched {
+            Ok(d) => (Ok(d.events), d.claimed),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        if let Some(offer) = offer {
+            offer.accept(&inner, claimed);
+        }
+        match taken {
             Ok(taken) => {
                 if taken > 0 {
                     inner.work.notify_one();

@@ -3,8 +3,9 @@
 //! Each round the pool claims as many jobs as it has free slots, in one
 //! batch, and starts each without waiting for the others, so a slow step
 //! never keeps a free slot idle. An eighth of the slots is kept for tenants
-//! with nothing in flight, so one tenant's burst cannot hold every slot
-//! while another tenant's job waits. A job is one step — or a chain of built-in
+//! that hold none of the others, so one tenant's burst cannot hold every
+//! slot while another tenant's job waits. The dispatcher may fill free slots
+//! directly with the runs it creates ([`Offer`]). A job is one step — or a chain of built-in
 //! steps that only decide (condition, set, loop, log, wait, end), which run
 //! back to back and are written by the same record transaction. An external
 //! step (a registered handler) runs with no database connection held and is
@@ -13,7 +14,7 @@
 //! rejected by the claim token.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -44,7 +45,7 @@ use crate::steps::{self, TxContext, TxError};
 /// hold the writer for long).
 const CHAIN_LIMIT: usize = 64;
 
-/// Slots kept for tenants with nothing in flight: a tenant whose burst
+/// Slots kept for tenants holding no other slot: a tenant whose burst
 /// holds every other slot cannot make another tenant's job wait for one of
 /// its slots to free. An eighth of the slots (none below four).
 fn reserved_slots(concurrency: usize) -> usize {
@@ -55,13 +56,127 @@ fn reserved_slots(concurrency: usize) -> usize {
     }
 }
 
-/// The jobs this pool runs, by job: its tenant, and whether it holds a
-/// reserved slot.
-type InFlight = Arc<Mutex<HashMap<JobId, (TenantId, bool)>>>;
+/// The pool's slots: the jobs in flight in this process, and the slots a
+/// dispatch in progress was promised for the runs it starts itself.
+#[derive(Default)]
+pub(crate) struct Slots {
+    /// Whether the pool runs (and a dispatch may hand it jobs).
+    open: bool,
+    /// By job: its tenant, and whether it holds a reserved slot.
+    jobs: HashMap<JobId, (TenantId, bool)>,
+    promised_general: usize,
+    promised_reserved: usize,
+}
+
+impl Slots {
+    /// Busy general and reserved slots, promised ones included.
+    fn busy(&self) -> (usize, usize) {
+        let reserved = self.jobs.values().filter(|(_, r)| *r).count();
+        (
+            self.jobs.len() - reserved + self.promised_general,
+            reserved + self.promised_reserved,
+        )
+    }
+
+    /// Tenants holding a general slot: the reserved slots are for the others.
+    fn holding_general(&self) -> HashSet<TenantId> {
+        self.jobs
+            .values()
+            .filter(|(_, reserved)| !reserved)
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+}
+
+fn slots(inner: &Inner) -> std::sync::MutexGuard<'_, Slots> {
+    inner.slots.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The free slots a dispatch may fill with the runs it creates, so that a
+/// run whose first step is due starts without waiting for a claim — above
+/// all a tenant's first run while another tenant's backlog holds the
+/// general slots. The slots stay promised until [`Offer::accept`].
+pub(crate) struct Offer {
+    general: usize,
+    reserved: usize,
+    general_left: usize,
+    reserved_left: usize,
+    holding_general: HashSet<TenantId>,
+    /// Reserved slots taken, by tenant.
+    took_reserved: HashMap<TenantId, usize>,
+}
+
+impl Offer {
+    /// The slots free now (at most `limit` of each kind), or `None` when
+    /// there are none or no pool runs here.
+    pub(crate) fn new(inner: &Inner, limit: usize) -> Option<Self> {
+        let mut slots = slots(inner);
+        if !slots.open {
+            return None;
+        }
+        let concurrency = inner.config.concurrency.max(1);
+        let reserved_total = reserved_slots(concurrency);
+        let (general_busy, reserved_busy) = slots.busy();
+        let general = (concurrency - reserved_total)
+            .saturating_sub(general_busy)
+            .min(limit);
+        let reserved = reserved_total.saturating_sub(reserved_busy).min(limit);
+        if general == 0 && reserved == 0 {
+            return None;
+        }
+        slots.promised_general += general;
+        slots.promised_reserved += reserved;
+        Some(Self {
+            general,
+            reserved,
+            general_left: general,
+            reserved_left: reserved,
+            holding_general: slots.holding_general(),
+            took_reserved: HashMap::new(),
+        })
+    }
+
+    /// Whether a new run of `tenant` takes a slot: a general one while any
+    /// is free, else a reserved one if the tenant holds no general slot.
+    pub(crate) fn take(&mut self, tenant: &TenantId) -> bool {
+        if self.general_left > 0 {
+            self.general_left -= 1;
+            self.holding_general.insert(tenant.clone());
+            true
+        } else if self.reserved_left > 0 && !self.holding_general.contains(tenant) {
+            self.reserved_left -= 1;
+            *self.took_reserved.entry(tenant.clone()).or_default() += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Starts the jobs the dispatch wrote claimed, and frees what it
+    /// promised (jobs it did not write, or the dispatch failed).
+    pub(crate) fn accept(mut self, inner: &Arc<Inner>, jobs: Vec<ClaimedJob>) {
+        {
+            let mut slots = slots(inner);
+            slots.promised_general -= self.general;
+            slots.promised_reserved -= self.reserved;
+        }
+        for job in jobs {
+            let reserved = match self.took_reserved.get_mut(&job.tenant_id) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            };
+            start(inner, job, reserved);
+        }
+        inner.work.notify_one();
+    }
+}
 
 pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
-    let in_flight: InFlight = Arc::default();
-    let heartbeat = tokio::spawn(heartbeat(inner.clone(), in_flight.clone()));
+    slots(&inner).open = true;
+    let heartbeat = tokio::spawn(heartbeat(inner.clone()));
     let concurrency = inner.config.concurrency.max(1);
     let reserved = reserved_slots(concurrency);
     let general = concurrency - reserved;
@@ -69,31 +184,26 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
         if crate::stopping(&shutdown) {
             break;
         }
-        let (general_busy, reserved_busy) = {
-            let jobs = in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            let reserved_busy = jobs.values().filter(|(_, r)| *r).count();
-            (jobs.len() - reserved_busy, reserved_busy)
-        };
+        let (general_busy, reserved_busy) = slots(&inner).busy();
         let free = general.saturating_sub(general_busy);
         let tenants = inner.tenants();
         let mut claimed = 0;
         if free > 0 {
-            claimed = claim_and_start(&inner, &in_flight, &tenants, free, false).await;
+            claimed = claim_and_start(&inner, &tenants, free, false).await;
         }
-        // The general slots are full and more may be waiting: tenants with
-        // nothing in flight may take the reserved ones.
+        // The general slots are full and more may be waiting: tenants
+        // holding none of them may take the reserved ones.
         let reserve_free = reserved.saturating_sub(reserved_busy);
         if claimed == free && reserve_free > 0 {
             let newcomers: Vec<TenantId> = {
-                let jobs = in_flight.lock().unwrap_or_else(|e| e.into_inner());
-                let busy: HashSet<&TenantId> = jobs.values().map(|(t, _)| t).collect();
+                let holding = slots(&inner).holding_general();
                 tenants
                     .iter()
-                    .filter(|t| !busy.contains(t))
+                    .filter(|t| !holding.contains(t))
                     .cloned()
                     .collect()
             };
-            claim_and_start(&inner, &in_flight, &newcomers, reserve_free, true).await;
+            claim_and_start(&inner, &newcomers, reserve_free, true).await;
         }
         // A full batch means more may be ready: claim again as soon as a slot frees.
         if claimed > 0 && claimed == free {
@@ -111,12 +221,12 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
     }
     // Let the steps in flight finish and record; a step that outlives the
     // grace period is taken over by another worker when its lease expires.
+    slots(&inner).open = false;
     let deadline = tokio::time::Instant::now() + inner.config.shutdown_grace;
-    while !in_flight
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .is_empty()
-        && tokio::time::Instant::now() < deadline
+    while {
+        let slots = slots(&inner);
+        !slots.jobs.is_empty() || slots.promised_general + slots.promised_reserved > 0
+    } && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -127,7 +237,6 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
 /// returns how many it claimed.
 async fn claim_and_start(
     inner: &Arc<Inner>,
-    in_flight: &InFlight,
     tenants: &[TenantId],
     limit: usize,
     reserved: bool,
@@ -151,35 +260,32 @@ async fn claim_and_start(
     };
     let claimed = jobs.len();
     for job in jobs {
-        in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(job.id, (job.tenant_id.clone(), reserved));
-        let (inner, in_flight) = (inner.clone(), in_flight.clone());
-        tokio::spawn(async move {
-            let id = job.id;
-            execute(&inner, job).await;
-            in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-            inner.work.notify_one();
-        });
+        start(inner, job, reserved);
     }
     claimed
 }
 
+/// Runs a job claimed for this pool in its own task, in a general or a
+/// reserved slot.
+fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
+    slots(inner)
+        .jobs
+        .insert(job.id, (job.tenant_id.clone(), reserved));
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let id = job.id;
+        execute(&inner, job).await;
+        slots(&inner).jobs.remove(&id);
+        inner.work.notify_one();
+    });
+}
+
 /// Extends the leases of the jobs in flight until the pool aborts it (after
 /// the last step in flight has finished or the grace period ran out).
-async fn heartbeat(inner: Arc<Inner>, in_flight: InFlight) {
+async fn heartbeat(inner: Arc<Inner>) {
     loop {
         tokio::time::sleep(inner.config.heartbeat).await;
-        let ids: Vec<JobId> = in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .copied()
-            .collect();
+        let ids: Vec<JobId> = slots(&inner).jobs.keys().copied().collect();
         if let Err(e) = inner
             .store
             .heartbeat(&inner.config.node_id, &ids, inner.lease_ms())

@@ -587,8 +587,8 @@ async fn a_worker_elsewhere_hears_of_new_jobs_without_waiting_for_its_poll() {
 }
 
 /// One tenant's burst holds every general slot with steps that do not end;
-/// another tenant's run still goes through, in a slot kept for tenants with
-/// nothing in flight.
+/// another tenant's run still goes through, in a slot kept for tenants
+/// holding none of the others.
 #[tokio::test]
 async fn a_tenant_holding_every_slot_does_not_keep_another_tenant_waiting() {
     for backend in backends() {

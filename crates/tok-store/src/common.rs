@@ -36,9 +36,31 @@ pub(crate) struct RunRow<'a> {
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
     pub(crate) event_id: &'a tok_core::ids::EventId,
     pub(crate) status: &'static str,
+    pub(crate) started_at: Option<i64>,
     pub(crate) finished_at: Option<i64>,
     #[serde(flatten)]
     pub(crate) run: &'a crate::NewRun,
+}
+
+/// New runs whose first jobs are written claimed by a dispatching node.
+pub(crate) struct HandedOff<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) lease_ms: i64,
+    pub(crate) token: &'a str,
+    /// The runs, by id.
+    pub(crate) runs: &'a std::collections::HashSet<&'a str>,
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct JobRow<'a> {
+    pub(crate) run_id: &'a tok_core::ids::RunId,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) path: &'a str,
+    pub(crate) queue_key: Option<&'a str>,
+    pub(crate) priority: i32,
+    pub(crate) attempts: i32,
+    pub(crate) locked_by: Option<&'a str>,
+    pub(crate) claim_token: Option<&'a str>,
 }
 
 #[derive(serde::Serialize)]
@@ -379,25 +401,32 @@ macro_rules! impl_common {
         /// Creates runs and their first jobs, a statement for all runs and one
         /// for all jobs; returns the ids of the runs written (a run whose
         /// (event, automation) already had one is not).
+        /// Writes runs and their first jobs; returns the runs written (a run
+        /// that exists for its (event, automation) is not) and the jobs
+        /// written claimed for `handed`'s node.
         async fn insert_runs(
             tx: &mut sqlx::Transaction<'_, $db>,
             runs: &[(TenantId, EventId, NewRun)],
-        ) -> Result<std::collections::HashSet<String>> {
+            handed: Option<&$crate::common::HandedOff<'_>>,
+        ) -> Result<(std::collections::HashSet<String>, Vec<ClaimedJob>)> {
             if runs.is_empty() {
                 return Ok(Default::default());
             }
             let now = now_ms();
+            let is_handed = |run: &NewRun| handed.is_some_and(|h| h.runs.contains(run.id.as_str()));
             let rows: Vec<$crate::common::RunRow> = runs
                 .iter()
                 .map(|(tenant_id, event_id, run)| {
-                    let (status, finished_at) = match run.first_path {
-                        Some(_) => (RunStatus::Queued, None),
-                        None => (RunStatus::Completed, Some(now)),
+                    let (status, started_at, finished_at) = match run.first_path {
+                        Some(_) if is_handed(run) => (RunStatus::Running, Some(now), None),
+                        Some(_) => (RunStatus::Queued, None, None),
+                        None => (RunStatus::Completed, None, Some(now)),
                     };
                     $crate::common::RunRow {
                         tenant_id,
                         event_id,
                         status: status.as_str(),
+                        started_at,
                         finished_at,
                         run,
                     }
@@ -405,13 +434,14 @@ macro_rules! impl_common {
                 .collect();
             let written: std::collections::HashSet<String> = sqlx::query(concat!(
                 "INSERT INTO runs (id, tenant_id, automation_id, version, event_id, trigger_type,
-                    status, depth, queue_key, context, actions, created_at, finished_at,
-                    idempotency_key, subject_ticket_id)
+                    status, depth, queue_key, context, actions, created_at, started_at,
+                    finished_at, idempotency_key, subject_ticket_id)
                  SELECT x.value ->> 'id', x.value ->> 'tenant_id', x.value ->> 'automation_id',
                     CAST(x.value ->> 'version' AS INTEGER), x.value ->> 'event_id',
                     x.value ->> 'trigger_type', x.value ->> 'status',
                     CAST(x.value ->> 'depth' AS INTEGER), x.value ->> 'queue_key',
-                    x.value -> 'context', 0, $2, CAST(x.value ->> 'finished_at' AS BIGINT),
+                    x.value -> 'context', 0, $2, CAST(x.value ->> 'started_at' AS BIGINT),
+                    CAST(x.value ->> 'finished_at' AS BIGINT),
                     x.value ->> 'idempotency_key', x.value ->> 'subject_ticket_id'
                  FROM ", $rows1, "
                  WHERE true
@@ -426,36 +456,72 @@ macro_rules! impl_common {
             .iter()
             .map(|r| r.get::<String, _>("id"))
             .collect();
-            let jobs: Vec<Value> = runs
+            let jobs: Vec<$crate::common::JobRow> = runs
                 .iter()
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))
-                .filter_map(|(tenant, _, run)| {
-                    let path = run.first_path.as_ref()?;
-                    Some(serde_json::json!({
-                        "run_id": run.id,
-                        "tenant_id": tenant,
-                        "path": path,
-                        "queue_key": run.queue_key,
-                        "priority": run.priority,
-                    }))
+                .filter_map(|(tenant_id, _, run)| {
+                    let path = run.first_path.as_deref()?;
+                    let claim = handed.filter(|_| is_handed(run));
+                    Some($crate::common::JobRow {
+                        run_id: &run.id,
+                        tenant_id,
+                        path,
+                        queue_key: run.queue_key.as_deref(),
+                        priority: run.priority,
+                        attempts: i32::from(claim.is_some()),
+                        locked_by: claim.map(|h| h.node),
+                        claim_token: claim.map(|h| h.token),
+                    })
                 })
                 .collect();
-            if !jobs.is_empty() {
-                sqlx::query(concat!(
-                    "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
-                        priority, created_at)
-                     SELECT x.value ->> 'run_id', x.value ->> 'tenant_id', x.value ->> 'path', ",
-                        $now, ", 0, x.value ->> 'queue_key',
-                        CAST(x.value ->> 'priority' AS INTEGER), $2
-                     FROM ", $rows1, "
-                     ORDER BY x.key"
-                ))
-                .bind(Json(&jobs))
-                .bind(now)
-                .execute(&mut **tx)
-                .await?;
+            if jobs.is_empty() {
+                return Ok((written, Vec::new()));
             }
-            Ok(written)
+            let ids = sqlx::query(concat!(
+                "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
+                    priority, created_at, locked_by, locked_until, claim_token)
+                 SELECT x.value ->> 'run_id', x.value ->> 'tenant_id', x.value ->> 'path', ",
+                    $now, ", CAST(x.value ->> 'attempts' AS INTEGER), x.value ->> 'queue_key',
+                    CAST(x.value ->> 'priority' AS INTEGER), $2, x.value ->> 'locked_by',
+                    CASE WHEN x.value ->> 'locked_by' IS NULL THEN NULL ELSE ", $now, " + $3 END,
+                    x.value ->> 'claim_token'
+                 FROM ", $rows1, "
+                 ORDER BY x.key
+                 RETURNING id, run_id"
+            ))
+            .bind(Json(&jobs))
+            .bind(now)
+            .bind(handed.map_or(0, |h| h.lease_ms))
+            .fetch_all(&mut **tx)
+            .await?;
+            let Some(handed) = handed else {
+                return Ok((written, Vec::new()));
+            };
+            let ids: std::collections::HashMap<String, i64> = ids
+                .iter()
+                .map(|r| (r.get::<String, _>("run_id"), r.get::<i64, _>("id")))
+                .collect();
+            let claimed = runs
+                .iter()
+                .filter(|(_, _, run)| is_handed(run))
+                .filter_map(|(tenant_id, _, run)| {
+                    Some(ClaimedJob {
+                        id: JobId(*ids.get(run.id.as_str())?),
+                        tenant_id: tenant_id.clone(),
+                        run_id: run.id.clone(),
+                        path: run.first_path.clone()?,
+                        attempt: 1,
+                        claim_token: handed.token.to_string(),
+                        automation_id: run.automation_id.clone(),
+                        version: run.version,
+                        context: run.context.clone(),
+                        actions: 0,
+                        depth: run.depth,
+                        subject_ticket_id: run.subject_ticket_id.clone(),
+                    })
+                })
+                .collect();
+            Ok((written, claimed))
         }
 
         /// Checks the claim token (and, on PostgreSQL, locks the job row for
@@ -1033,14 +1099,15 @@ macro_rules! impl_common {
                 self.events.submit((tenant.clone(), event)).await
             }
 
-            async fn dispatch(
+            async fn dispatch_handing_off(
                 &self,
                 tenants: &[TenantId],
                 limit: u32,
                 planner: Planner<'_>,
-            ) -> Result<usize> {
+                mut handoff: Option<Handoff<'_>>,
+            ) -> Result<Dispatched> {
                 if tenants.is_empty() {
-                    return Ok(0);
+                    return Ok(Dispatched::default());
                 }
                 let mut tx = self.writer().begin().await?;
                 if !$dispatch_prelude.is_empty() {
@@ -1170,8 +1237,26 @@ macro_rules! impl_common {
                     }
                     dispatched.push(event.id.to_string());
                 }
-                let written = insert_runs(&mut tx, &runs).await?;
-                if !written.is_empty() && !$notify_work.is_empty() {
+                // The runs the dispatching node starts itself: their first
+                // step is due now, and no queue key orders them behind
+                // another run's job.
+                let token = random_token();
+                let mut taken = std::collections::HashSet::new();
+                if let Some(handoff) = handoff.as_mut() {
+                    for (tenant, _, run) in &runs {
+                        if run.first_path.is_some() && run.queue_key.is_none() && (handoff.take)(tenant) {
+                            taken.insert(run.id.as_str());
+                        }
+                    }
+                }
+                let handed = handoff.as_ref().map(|h| $crate::common::HandedOff {
+                    node: h.node,
+                    lease_ms: h.lease_ms,
+                    token: &token,
+                    runs: &taken,
+                });
+                let (written, claimed) = insert_runs(&mut tx, &runs, handed.as_ref()).await?;
+                if written.len() > claimed.len() && !$notify_work.is_empty() {
                     // Workers in other processes hear of the new jobs at commit.
                     sqlx::query($notify_work).execute(&mut *tx).await?;
                 }
@@ -1185,7 +1270,10 @@ macro_rules! impl_common {
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
-                Ok(rows.len())
+                Ok(Dispatched {
+                    events: rows.len(),
+                    claimed,
+                })
             }
 
             async fn start_run(
@@ -1203,7 +1291,7 @@ macro_rules! impl_common {
                 let event_id = insert_event(&mut tx, tenant, &event, "dispatched")
                     .await?
                     .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
-                match insert_runs(&mut tx, &[(tenant.clone(), event_id, run.clone())]).await {
+                match insert_runs(&mut tx, &[(tenant.clone(), event_id, run.clone())], None).await {
                     Ok(_) => {
                         if !$notify_work.is_empty() {
                             sqlx::query($notify_work).execute(&mut *tx).await?;

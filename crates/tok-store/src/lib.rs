@@ -65,6 +65,25 @@ pub enum StoreError {
 /// automations whose trigger matches, which runs to create.
 pub type Planner<'a> = &'a (dyn Fn(&PendingEvent, &[Candidate]) -> Plan + Send + Sync);
 
+/// A dispatching process's offer to run new jobs itself. It is asked once
+/// for each new run whose first step is due now and has no queue key, in
+/// the order the runs are written, whether it takes that run's job.
+pub struct Handoff<'a> {
+    /// The node the taken jobs are leased to.
+    pub node: &'a str,
+    pub lease_ms: i64,
+    pub take: &'a mut (dyn FnMut(&TenantId) -> bool + Send),
+}
+
+/// What one dispatch transaction did.
+#[derive(Debug, Default)]
+pub struct Dispatched {
+    /// Events taken from the inbox.
+    pub events: usize,
+    /// Jobs written claimed by the [`Handoff`]'s node, for it to run now.
+    pub claimed: Vec<ClaimedJob>,
+}
+
 /// Tenants, API keys: the platform-level part.
 #[async_trait]
 pub trait AdminStore: Send + Sync {
@@ -132,7 +151,23 @@ pub trait InboxStore: Send + Sync {
         tenants: &[TenantId],
         limit: u32,
         planner: Planner<'_>,
-    ) -> Result<usize>;
+    ) -> Result<usize> {
+        Ok(self
+            .dispatch_handing_off(tenants, limit, planner, None)
+            .await?
+            .events)
+    }
+
+    /// [`dispatch`](Self::dispatch), and the jobs `handoff` takes are
+    /// written already claimed by its node, in the same transaction: the
+    /// dispatching process starts them at once, with no claim in between.
+    async fn dispatch_handing_off(
+        &self,
+        tenants: &[TenantId],
+        limit: u32,
+        planner: Planner<'_>,
+        handoff: Option<Handoff<'_>>,
+    ) -> Result<Dispatched>;
 
     /// Starts one run directly (a manual start): writes its event, the run
     /// and its first job in one transaction. A repeated idempotency key

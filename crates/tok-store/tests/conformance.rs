@@ -1399,6 +1399,88 @@ async fn dispatch_takes_only_the_given_tenants_events() {
 }
 
 #[tokio::test]
+async fn a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let t = tenant(store, "acme").await;
+        let src = source(store, &t, "eshop").await;
+        webhook_automation(store, &t, "orders", &src).await;
+        for key in ["a", "b", "c"] {
+            store
+                .accept_event(&t, webhook_event(&src, key))
+                .await
+                .expect("accept");
+        }
+
+        // The dispatching node has two free slots.
+        let mut offered = Vec::new();
+        let mut take = |tenant: &TenantId| {
+            offered.push(tenant.clone());
+            offered.len() <= 2
+        };
+        let handoff = tok_store::Handoff {
+            node: "node-1",
+            lease_ms: LONG_LEASE_MS,
+            take: &mut take,
+        };
+        let dispatched = store
+            .dispatch_handing_off(
+                std::slice::from_ref(&t),
+                10,
+                &one_run_per_candidate,
+                Some(handoff),
+            )
+            .await
+            .expect("dispatch");
+        assert_eq!(dispatched.events, 3, "{backend:?}");
+        assert_eq!(
+            offered,
+            vec![t.clone(); 3],
+            "{backend:?}: asked once per new run"
+        );
+        let handed = dispatched.claimed;
+        assert_eq!(handed.len(), 2, "{backend:?}: the two runs it took");
+        for job in &handed {
+            assert_eq!((job.attempt, job.path.as_str()), (1, "0"), "{backend:?}");
+            let detail = store
+                .run(&t, &job.run_id)
+                .await
+                .expect("run")
+                .expect("exists");
+            assert_eq!(detail.run.status, "running", "{backend:?}");
+            assert!(detail.run.started_at.is_some(), "{backend:?}");
+            assert_eq!(job.context, detail.context, "{backend:?}");
+        }
+
+        // Another node finds only the run the dispatch did not take.
+        let others = store
+            .claim(std::slice::from_ref(&t), "node-2", 10, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(others.len(), 1, "{backend:?}: the handed jobs are leased");
+        assert!(
+            !run_ids(&handed).contains(&others[0].run_id),
+            "{backend:?}: a handed job was claimed again"
+        );
+
+        // The handed claim's token is the lease: its record is accepted.
+        store
+            .record(&handed[0], finish(&handed[0], RunStatus::Completed))
+            .await
+            .expect("record with the handed claim");
+        let detail = store
+            .run(&t, &handed[0].run_id)
+            .await
+            .expect("run")
+            .expect("exists");
+        assert_eq!(detail.run.status, "completed", "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
 async fn a_manual_start_with_a_repeated_key_returns_the_first_run() {
     for backend in backends() {
         let db = TestDb::create(backend).await;
