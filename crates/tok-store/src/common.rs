@@ -93,7 +93,7 @@ macro_rules! impl_common {
         ids_in_4 = $in4:literal,
         lock_row = $lock_row:literal,
         claim_prelude = $claim_prelude:literal,
-        dispatch_prelude = $dispatch_prelude:literal,
+        plan_prelude = $plan_prelude:literal,
         claim_candidates = $claim_candidates:literal,
         dispatch_select = $dispatch_select:literal,
         release_where = $release_where:literal,
@@ -101,6 +101,7 @@ macro_rules! impl_common {
         lock_jobs_runs = $lock_jobs_runs:literal,
         notify_work = $notify_work:literal,
         by_key_tenants_in_1 = $by_key_in1:literal,
+        by_key_tenant = $by_key_tenant:literal,
         key_hint_jobs_2 = $key_hint_jobs2:literal,
         key_hint_runs_2 = $key_hint_runs2:literal,
         skip_locked = $skip_locked:literal,
@@ -375,6 +376,9 @@ macro_rules! impl_common {
             items: Vec<(ClaimedJob, Record)>,
         ) -> Result<Vec<Result<bool>>> {
             let mut tx = pool.begin().await?;
+            if !$plan_prelude.is_empty() {
+                sqlx::Executor::execute(&mut *tx, $plan_prelude).await?;
+            }
             let held = fenced_statuses(&mut tx, items.iter().map(|(job, _)| job)).await?;
             let mut out = Vec::with_capacity(items.len());
             let mut writes = Vec::with_capacity(items.len());
@@ -564,13 +568,15 @@ macro_rules! impl_common {
                 .collect();
             // `r.actions`, not in the index `runs_tenant_status`, keeps
             // SQLite's planner from reading the tenant's runs through that
-            // covering index instead of seeking `(tenant_id, id)`.
+            // covering index instead of seeking `(tenant_id, id)`; on
+            // PostgreSQL the run is found by its key alone (a plan that
+            // seeks by tenant reads all of the tenant's runs).
             Ok(sqlx::query(concat!(
                 "SELECT j.id, r.status, r.actions FROM ", $rows1, "
                  JOIN jobs j ON j.id = CAST(x.value ->> 'id' AS BIGINT)
                     AND j.tenant_id = x.value ->> 'tenant_id'
                     AND j.claim_token = x.value ->> 'token'
-                 JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
+                 JOIN runs r ON r.tenant_id ", $by_key_tenant, " = j.tenant_id AND r.id = j.run_id
                  WHERE j.id ", $in2, "
                  ORDER BY j.id ",
                 $lock_jobs_runs
@@ -1110,8 +1116,8 @@ macro_rules! impl_common {
                     return Ok(Dispatched::default());
                 }
                 let mut tx = self.writer().begin().await?;
-                if !$dispatch_prelude.is_empty() {
-                    sqlx::Executor::execute(&mut *tx, $dispatch_prelude).await?;
+                if !$plan_prelude.is_empty() {
+                    sqlx::Executor::execute(&mut *tx, $plan_prelude).await?;
                 }
                 // Fair between tenants like the claim: each tenant's oldest
                 // events first, round robin (any tenant may fill the batch

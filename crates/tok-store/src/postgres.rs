@@ -103,13 +103,17 @@ impl_common! {
     ids_in_2 = "= ANY($2)",
     ids_in_4 = "= ANY($4)",
     lock_row = "FOR UPDATE",
-    // Claims and dispatches read each tenant's oldest rows through an index
-    // in their order, a few at a time. Bitmap scans are off for these two
-    // transactions: with statistics that lag a fast-growing backlog the
-    // planner would otherwise fetch a tenant's whole backlog and sort it,
-    // for every claim.
-    claim_prelude = "SELECT pg_advisory_xact_lock(1953459970); SET LOCAL enable_bitmapscan = off",
-    dispatch_prelude = "SET LOCAL enable_bitmapscan = off",
+    // The queue's transactions (claims, dispatches, record batches) find
+    // their rows by key, or read each tenant's oldest rows through an index
+    // in their order, a few at a time. Their tables grow from empty to tens
+    // of thousands of rows between two runs of autovacuum's analyze, and
+    // with the statistics of a near-empty table the planner reads a whole
+    // table (a sequential scan, 60 ms at 50,000 inbox rows) or a tenant's
+    // whole backlog (a bitmap scan and a sort) for a handful of rows. Both
+    // are off in these transactions.
+    claim_prelude = "SELECT pg_advisory_xact_lock(1953459970);
+        SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
+    plan_prelude = "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
                 row_number() OVER (PARTITION BY j.tenant_id
@@ -162,6 +166,7 @@ impl_common! {
     // rows through a tenant-leading index (its statistics lag a table that
     // grew fast, and such a plan reads the tenant's whole backlog).
     by_key_tenants_in_1 = "|| '' = ANY($1)",
+    by_key_tenant = "|| ''",
     // A record's updates name their rows' keys, for the same reason.
     key_hint_jobs_2 = "AND jobs.id = ANY($2)",
     key_hint_runs_2 = "AND runs.id = ANY($2)",

@@ -137,7 +137,7 @@ impl_common! {
     ids_in_4 = "IN (SELECT value FROM json_each($4))",
     lock_row = "",
     claim_prelude = "SELECT 1",
-    dispatch_prelude = "",
+    plan_prelude = "",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
                 row_number() OVER (PARTITION BY j.tenant_id
@@ -181,6 +181,7 @@ impl_common! {
     lock_jobs_runs = "",
     notify_work = "",
     by_key_tenants_in_1 = "IN (SELECT value FROM json_each($1))",
+    by_key_tenant = "",
     // SQLite plans a record's updates from the batch's rows; a key list
     // would make it scan the batch once per row. (The key list stays bound.)
     key_hint_jobs_2 = "AND $2 IS NOT NULL",
