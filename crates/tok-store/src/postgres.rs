@@ -62,6 +62,7 @@ impl PgStore {
                 Box::pin(async move { accept_batch(&pool, items).await })
             }),
             WRITERS,
+            |(tenant, _)| tenant,
         );
         let records = Batcher::spawn(
             Arc::new(move |items| {
@@ -69,6 +70,7 @@ impl PgStore {
                 Box::pin(async move { record_batch(&pool, items).await })
             }),
             WRITERS,
+            |(job, _)| &job.tenant_id,
         );
         Ok(Self {
             pool,

@@ -97,6 +97,7 @@ impl SqliteStore {
                 Box::pin(async move { accept_batch(&pool, items).await })
             }),
             1,
+            |(tenant, _)| tenant,
         );
         let records = Batcher::spawn(
             Arc::new(move |items| {
@@ -104,6 +105,7 @@ impl SqliteStore {
                 Box::pin(async move { record_batch(&pool, items).await })
             }),
             1,
+            |(job, _)| &job.tenant_id,
         );
         Ok(Self {
             writer,
