@@ -58,10 +58,12 @@ pub struct EngineConfig {
     /// Longest sleep between looks at the queue when nothing wakes the worker
     /// (another process's work on a shared PostgreSQL).
     pub poll_interval: Duration,
-    /// Events the dispatcher takes per transaction. Small: a batch is taken
-    /// round robin between tenants, so another tenant's event waits for the
-    /// batch in progress and then rides in the next one; 16 gives the same
-    /// throughput as 64 with a shorter wait (docs/performance.md).
+    /// Events the dispatcher takes per transaction, or up to four times as
+    /// many while as many worker slots are free to start their runs. Small
+    /// while the slots are busy: a batch is taken round robin between
+    /// tenants, so another tenant's event waits for the batch in progress
+    /// and then rides in the next one; 16 gives the same throughput as 64
+    /// with a shorter wait (docs/performance.md).
     pub dispatch_batch: u32,
     /// How long a stopping worker waits for the steps in flight.
     pub shutdown_grace: Duration,
@@ -305,9 +307,14 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
             return;
         }
         let tenants = inner.tenants();
-        let batch = inner.config.dispatch_batch;
-        // Free worker slots here take the new runs' jobs as they are written.
-        let mut offer = worker::Offer::new(&inner, batch as usize);
+        // Free worker slots here take the new runs' jobs as they are
+        // written; while many are free, a batch takes as many events.
+        let least = inner.config.dispatch_batch.max(1);
+        let most = 4 * least;
+        let mut offer = worker::Offer::new(&inner, most as usize);
+        let batch = offer
+            .as_ref()
+            .map_or(least, |o| (o.slots() as u32).clamp(least, most));
         let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
         let handoff = tok_store::Handoff {
             node: &inner.config.node_id,

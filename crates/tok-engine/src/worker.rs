@@ -136,6 +136,11 @@ impl Offer {
         })
     }
 
+    /// How many slots it holds promised.
+    pub(crate) fn slots(&self) -> usize {
+        self.general + self.reserved
+    }
+
     /// Whether a new run of `tenant` takes a slot: a general one while any
     /// is free, else a reserved one if the tenant holds no general slot.
     pub(crate) fn take(&mut self, tenant: &TenantId) -> bool {
