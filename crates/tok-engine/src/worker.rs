@@ -4,14 +4,16 @@
 //! batch, and starts each without waiting for the others, so a slow step
 //! never keeps a free slot idle. An eighth of the slots is kept for tenants
 //! that hold none of the others, so one tenant's burst cannot hold every
-//! slot while another tenant's job waits. The dispatcher may fill free slots
-//! directly with the runs it creates ([`Offer`]). A job is one step — or a chain of built-in
-//! steps that only decide (condition, set, loop, log, wait, end), which run
-//! back to back and are written by the same record transaction. An external
-//! step (a registered handler) runs with no database connection held and is
-//! recorded by a second, short transaction. A heartbeat extends the leases
-//! of the jobs in flight; a worker whose lease was taken over has its record
-//! rejected by the claim token.
+//! slot while another tenant's job waits. The dispatcher may fill free
+//! slots directly with the runs it creates ([`Offer`]).
+//!
+//! A job is one step — or a chain of built-in steps that only decide
+//! (condition, set, loop, log, wait, end), which run back to back and are
+//! written by the same record transaction. An external step (a registered
+//! handler) runs with no database connection held and is recorded by a
+//! second, short transaction. A heartbeat extends the leases of the jobs in
+//! flight; a worker whose lease was taken over has its record rejected by
+//! the claim token.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -402,12 +402,10 @@ macro_rules! impl_common {
                 .collect())
         }
 
-        /// Creates runs and their first jobs, a statement for all runs and one
+        /// Writes runs and their first jobs, a statement for all runs and one
         /// for all jobs; returns the ids of the runs written (a run whose
-        /// (event, automation) already had one is not).
-        /// Writes runs and their first jobs; returns the runs written (a run
-        /// that exists for its (event, automation) is not) and the jobs
-        /// written claimed for `handed`'s node.
+        /// (event, automation) already had one is not) and the jobs written
+        /// claimed for `handed`'s node.
         async fn insert_runs(
             tx: &mut sqlx::Transaction<'_, $db>,
             runs: &[(TenantId, EventId, NewRun)],
