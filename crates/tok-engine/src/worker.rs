@@ -960,3 +960,45 @@ fn humanize(d: Duration) -> String {
         format!("{:.1} h", secs / 3600.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(general: usize, reserved: usize, holding: &[&str]) -> Offer {
+        Offer {
+            general,
+            reserved,
+            general_left: general,
+            reserved_left: reserved,
+            holding_general: holding
+                .iter()
+                .map(|t| TenantId::from(t.to_string()))
+                .collect(),
+            took_reserved: HashMap::new(),
+        }
+    }
+
+    fn tenant(name: &str) -> TenantId {
+        TenantId::from(name.to_string())
+    }
+
+    #[test]
+    fn an_offer_fills_general_slots_first_then_reserved_ones_for_other_tenants() {
+        let mut offer = offer(1, 2, &["big"]);
+        assert!(offer.take(&tenant("big")), "a free general slot");
+        assert!(!offer.take(&tenant("big")), "big holds general slots");
+        assert!(offer.take(&tenant("small")), "a reserved slot");
+        assert!(offer.take(&tenant("small")), "the second reserved slot");
+        assert!(!offer.take(&tenant("third")), "every slot taken");
+        assert_eq!(offer.took_reserved.get(&tenant("small")), Some(&2));
+    }
+
+    #[test]
+    fn a_tenant_given_a_general_slot_by_this_offer_does_not_take_a_reserved_one() {
+        let mut offer = offer(1, 1, &[]);
+        assert!(offer.take(&tenant("a")));
+        assert!(!offer.take(&tenant("a")), "a now holds a general slot");
+        assert!(offer.take(&tenant("b")));
+    }
+}

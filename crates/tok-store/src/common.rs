@@ -63,6 +63,29 @@ pub(crate) struct JobRow<'a> {
     pub(crate) claim_token: Option<&'a str>,
 }
 
+/// A claim to fence: the job, its tenant and the token it holds.
+#[derive(serde::Serialize)]
+pub(crate) struct FenceRow<'a> {
+    pub(crate) id: i64,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) token: &'a str,
+}
+
+/// A recorded job that stays: where it goes next, and whether it keeps its
+/// lease (`token`) or is released.
+#[derive(serde::Serialize)]
+pub(crate) struct JobMove<'a> {
+    pub(crate) id: i64,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) path: String,
+    pub(crate) delay_ms: i64,
+    pub(crate) attempts: i32,
+    pub(crate) token: Option<String>,
+    pub(crate) lease_ms: i64,
+    pub(crate) held: bool,
+    pub(crate) queue_key: Option<String>,
+}
+
 #[derive(serde::Serialize)]
 pub(crate) struct StepRow<'a> {
     pub(crate) run_id: &'a tok_core::ids::RunId,
@@ -526,25 +549,6 @@ macro_rules! impl_common {
             Ok((written, claimed))
         }
 
-        /// Checks the claim token (and, on PostgreSQL, locks the job row for
-        /// the rest of the transaction): a worker whose lease was taken over
-        /// gets `LeaseLost` before it writes anything.
-        async fn fence(tx: &mut sqlx::Transaction<'_, $db>, job: &ClaimedJob) -> Result<()> {
-            let held = sqlx::query(concat!(
-                "SELECT id FROM jobs WHERE id = $1 AND tenant_id = $2 AND claim_token = $3 ",
-                $lock_row
-            ))
-            .bind(job.id.0)
-            .bind(job.tenant_id.as_str())
-            .bind(&job.claim_token)
-            .fetch_optional(&mut **tx)
-            .await?;
-            match held {
-                Some(_) => Ok(()),
-                None => Err(StoreError::LeaseLost(job.id)),
-            }
-        }
-
         /// The fence of a batch of claims and their runs' statuses in one
         /// statement (the rows locked on PostgreSQL): the jobs whose claim
         /// token still holds, with their run's status. A job missing from
@@ -554,14 +558,12 @@ macro_rules! impl_common {
             jobs: impl Iterator<Item = &'j ClaimedJob>,
         ) -> Result<std::collections::HashMap<i64, String>> {
             let jobs: Vec<&ClaimedJob> = jobs.collect();
-            let rows: Vec<Value> = jobs
+            let rows: Vec<$crate::common::FenceRow> = jobs
                 .iter()
-                .map(|job| {
-                    serde_json::json!({
-                        "id": job.id.0,
-                        "tenant_id": job.tenant_id,
-                        "token": job.claim_token,
-                    })
+                .map(|job| $crate::common::FenceRow {
+                    id: job.id.0,
+                    tenant_id: &job.tenant_id,
+                    token: &job.claim_token,
                 })
                 .collect();
             // `r.actions`, not in the index `runs_tenant_status`, keeps
@@ -586,21 +588,6 @@ macro_rules! impl_common {
             .iter()
             .map(|r| (r.get::<i64, _>("id"), r.get::<String, _>("status")))
             .collect())
-        }
-
-        /// The run's status, locked for the rest of the transaction on PostgreSQL.
-        async fn run_status_locked(
-            tx: &mut sqlx::Transaction<'_, $db>,
-            job: &ClaimedJob,
-        ) -> Result<Option<String>> {
-            Ok(sqlx::query(concat!(
-                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ", $lock_row
-            ))
-            .bind(job.tenant_id.as_str())
-            .bind(job.run_id.as_str())
-            .fetch_optional(&mut **tx)
-            .await?
-            .map(|r| r.get::<String, _>("status")))
         }
 
         /// The end of record transactions: each job moves on (or goes), the
@@ -649,17 +636,17 @@ macro_rules! impl_common {
                 };
                 if !matches!(record.next, NextJob::Done) {
                     moved_ids.push(job.id.0);
-                    moves.push(serde_json::json!({
-                        "id": job.id.0,
-                        "tenant_id": job.tenant_id,
-                        "path": path,
-                        "delay_ms": delay_ms,
-                        "attempts": attempts,
-                        "token": token,
-                        "lease_ms": lease_ms,
-                        "held": paused,
-                        "queue_key": queue_key,
-                    }));
+                    moves.push($crate::common::JobMove {
+                        id: job.id.0,
+                        tenant_id: &job.tenant_id,
+                        path,
+                        delay_ms,
+                        attempts,
+                        token,
+                        lease_ms,
+                        held: paused,
+                        queue_key,
+                    });
                 }
                 for step in &record.steps {
                     steps.push($crate::common::StepRow {

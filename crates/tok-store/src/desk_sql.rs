@@ -565,6 +565,9 @@ macro_rules! impl_desk {
         pub(crate) struct OpenRecord {
             tx: sqlx::Transaction<'static, $db>,
             job: ClaimedJob,
+            /// The run's status under the fence (its row stays locked on
+            /// PostgreSQL; SQLite's one writer serves this transaction alone).
+            status: String,
         }
 
         #[async_trait::async_trait]
@@ -651,9 +654,9 @@ macro_rules! impl_desk {
             }
 
             async fn commit(mut self: Box<Self>, record: Record) -> Result<()> {
-                let current = run_status_locked(&mut self.tx, &self.job).await?.unwrap_or_default();
-                write_records(&mut self.tx, vec![(self.job.clone(), record, current)]).await?;
-                self.tx.commit().await?;
+                let OpenRecord { mut tx, job, status } = *self;
+                write_records(&mut tx, vec![(job, record, status)]).await?;
+                tx.commit().await?;
                 Ok(())
             }
         }
@@ -662,8 +665,13 @@ macro_rules! impl_desk {
         impl RecordStore for $store {
             async fn begin_record(&self, job: &ClaimedJob) -> Result<Box<dyn RecordTx>> {
                 let mut tx = self.writer().begin().await?;
-                fence(&mut tx, job).await?;
-                Ok(Box::new(OpenRecord { tx, job: job.clone() }))
+                // A worker whose lease was taken over gets `LeaseLost`
+                // before it writes anything.
+                let status = fenced_statuses(&mut tx, std::iter::once(job))
+                    .await?
+                    .remove(&job.id.0)
+                    .ok_or(StoreError::LeaseLost(job.id))?;
+                Ok(Box::new(OpenRecord { tx, job: job.clone(), status }))
             }
         }
     };

@@ -65,14 +65,11 @@ struct Answer {
 
 /// `prefix` followed by the SHA-256 of `data` in lowercase hex.
 fn sha256_key(prefix: &str, data: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(data);
-    let mut key = String::with_capacity(prefix.len() + 2 * digest.len());
+    let mut hex = [0u8; 64];
+    hex::encode_to_slice(Sha256::digest(data), &mut hex).expect("64 hex digits for 32 bytes");
+    let mut key = String::with_capacity(prefix.len() + hex.len());
     key.push_str(prefix);
-    for byte in digest {
-        key.push(char::from(HEX[usize::from(byte >> 4)]));
-        key.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
+    key.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
     key
 }
 
