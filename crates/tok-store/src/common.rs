@@ -708,6 +708,7 @@ macro_rules! impl_common {
             let mut done = Vec::new();
             let mut steps = Vec::new();
             let mut runs = Vec::with_capacity(items.len());
+            let mut staying = Vec::with_capacity(items.len());
             for (job, record, current) in &items {
                 let paused = current == "paused" && !record.status.is_final();
                 let status = if paused { RunStatus::Paused } else { record.status };
@@ -753,6 +754,13 @@ macro_rules! impl_common {
                         step,
                     });
                 }
+                // A run whose status and ticket stay is updated without
+                // naming them: SQLite rewrites the entries of every index on
+                // a column the `SET` list names, changed or not.
+                let stays = status.as_str() == current.as_str()
+                    && (record.subject_ticket_id.is_none()
+                        || record.subject_ticket_id == job.subject_ticket_id);
+                let runs = if stays { &mut staying } else { &mut runs };
                 runs.push($crate::common::RunUpdate {
                     id: &job.run_id,
                     tenant_id: &job.tenant_id,
@@ -833,21 +841,37 @@ macro_rules! impl_common {
                 .execute(&mut **tx)
                 .await?;
             }
-            sqlx::query(concat!(
-                "UPDATE runs SET context = x.value -> 2,
-                    actions = CAST(x.value ->> 3 AS INTEGER),
-                    status = x.value ->> 4,
-                    error = x.value ->> 5,
-                    finished_at = COALESCE(CAST(x.value ->> 6 AS BIGINT), runs.finished_at),
-                    subject_ticket_id = COALESCE(x.value ->> 7, runs.subject_ticket_id)
-                 FROM ", $rows1, "
-                 WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
-                   $key_hint_runs2
-            ))
-            .bind(Json(&runs))
-            .bind($list(items.iter().map(|(job, _, _)| job.run_id.as_str())))
-            .execute(&mut **tx)
-            .await?;
+            if !staying.is_empty() {
+                sqlx::query(concat!(
+                    "UPDATE runs SET context = x.value -> 2,
+                        actions = CAST(x.value ->> 3 AS INTEGER),
+                        error = x.value ->> 5
+                     FROM ", $rows1, "
+                     WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
+                       $key_hint_runs2
+                ))
+                .bind(Json(&staying))
+                .bind($list(staying.iter().map(|run| run.id.as_str())))
+                .execute(&mut **tx)
+                .await?;
+            }
+            if !runs.is_empty() {
+                sqlx::query(concat!(
+                    "UPDATE runs SET context = x.value -> 2,
+                        actions = CAST(x.value ->> 3 AS INTEGER),
+                        status = x.value ->> 4,
+                        error = x.value ->> 5,
+                        finished_at = COALESCE(CAST(x.value ->> 6 AS BIGINT), runs.finished_at),
+                        subject_ticket_id = COALESCE(x.value ->> 7, runs.subject_ticket_id)
+                     FROM ", $rows1, "
+                     WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
+                       $key_hint_runs2
+                ))
+                .bind(Json(&runs))
+                .bind($list(runs.iter().map(|run| run.id.as_str())))
+                .execute(&mut **tx)
+                .await?;
+            }
             Ok(continued)
         }
 
