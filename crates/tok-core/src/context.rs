@@ -9,10 +9,18 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// The context of one run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The context of one run: always a JSON object, held as a [`Value`] so
+/// templates and the flow read it in place ([`Context::as_value`]) instead
+/// of from a copy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Context(pub Map<String, Value>);
+pub struct Context(Value);
+
+impl Default for Context {
+    fn default() -> Self {
+        Context(Value::Object(Map::new()))
+    }
+}
 
 impl Context {
     /// The context a run starts with. `_body` and `_event` win over params of
@@ -21,7 +29,25 @@ impl Context {
         let mut map = params;
         map.insert("_body".to_owned(), body);
         map.insert("_event".to_owned(), event);
-        Context(map)
+        Context(Value::Object(map))
+    }
+
+    /// A stored context; anything but an object is an empty context.
+    pub fn from_value(value: Value) -> Context {
+        match value {
+            Value::Object(_) => Context(value),
+            _ => Context::default(),
+        }
+    }
+
+    fn map_mut(&mut self) -> &mut Map<String, Value> {
+        if !self.0.is_object() {
+            self.0 = Value::Object(Map::new());
+        }
+        match &mut self.0 {
+            Value::Object(map) => map,
+            _ => unreachable!("the context was just made an object"),
+        }
     }
 
     /// Publishes a finished step's outputs: always as `ctx[step_id]`
@@ -30,34 +56,39 @@ impl Context {
     /// does not start with `_`. So a tool returning `status` never overwrites
     /// the trigger's `status`, and a later step never overwrites an earlier one.
     pub fn publish(&mut self, step_id: &str, outputs: &Map<String, Value>) {
-        self.0
-            .insert(step_id.to_owned(), Value::Object(outputs.clone()));
+        let map = self.map_mut();
+        map.insert(step_id.to_owned(), Value::Object(outputs.clone()));
         for (key, value) in outputs {
-            if !key.starts_with('_') && !self.0.contains_key(key) {
-                self.0.insert(key.clone(), value.clone());
+            if !key.starts_with('_') && !map.contains_key(key) {
+                map.insert(key.clone(), value.clone());
             }
         }
     }
 
     /// Looks a dot path up (see [`lookup`]).
     pub fn lookup(&self, path: &str) -> Lookup<'_> {
-        lookup_in_map(&self.0, path)
+        lookup(&self.0, path)
     }
 
-    /// The context as a JSON value (a copy), the form templates and flow read.
+    /// The context as a JSON value, borrowed.
+    pub fn as_value(&self) -> &Value {
+        &self.0
+    }
+
+    /// The context as a JSON value (a copy).
     pub fn to_value(&self) -> Value {
-        Value::Object(self.0.clone())
+        self.0.clone()
     }
 
     /// The context as a JSON value, without copying.
     pub fn into_value(self) -> Value {
-        Value::Object(self.0)
+        self.0
     }
 }
 
 impl From<Map<String, Value>> for Context {
     fn from(map: Map<String, Value>) -> Self {
-        Context(map)
+        Context(Value::Object(map))
     }
 }
 
@@ -105,21 +136,6 @@ pub fn lookup<'a>(root: &'a Value, path: &str) -> Lookup<'a> {
         }
     }
     Lookup::Found(current)
-}
-
-fn lookup_in_map<'a>(map: &'a Map<String, Value>, path: &str) -> Lookup<'a> {
-    let (head, rest) = match path.split_once('.') {
-        Some((head, rest)) => (head, Some(rest)),
-        None => (path, None),
-    };
-    if head.is_empty() {
-        return Lookup::Missing;
-    }
-    match (map.get(head), rest) {
-        (None, _) => Lookup::Missing,
-        (Some(v), None) => Lookup::Found(v),
-        (Some(v), Some(rest)) => lookup(v, rest),
-    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //! path and the published outputs (`result` of conditions, `count` of loops),
 //! so a run that waited a week resumes exactly where it was.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -179,11 +181,19 @@ fn output_count(ctx: &Value, step_id: &str) -> Result<usize, FlowError> {
 /// The view the step at `path` sees: `ctx` plus, for each enclosing loop
 /// (outermost first), `<loop_id>.item` and `<loop_id>.index` for the current
 /// iteration, and bare `item` / `index` for the innermost loop. An item past
-/// the end of the loop's `items` is `null`. Returns a copy; `ctx` is untouched.
-pub fn scope(steps: &[Step], path: &FlowPath, ctx: &Value) -> Value {
+/// the end of the loop's `items` is `null`. Outside loops that is `ctx`
+/// itself (borrowed); inside one, a copy, and `ctx` is untouched.
+pub fn scope<'c>(steps: &[Step], path: &FlowPath, ctx: &'c Value) -> Cow<'c, Value> {
+    if !path
+        .hops()
+        .iter()
+        .any(|(branch, _)| matches!(branch, Branch::Do(_)))
+    {
+        return Cow::Borrowed(ctx);
+    }
     let mut view = ctx.clone();
     let Value::Object(map) = &mut view else {
-        return view;
+        return Cow::Owned(view);
     };
     let mut innermost = None;
     for (ancestor, branch) in path.enclosing() {
@@ -215,7 +225,7 @@ pub fn scope(steps: &[Step], path: &FlowPath, ctx: &Value) -> Value {
         map.insert("item".to_owned(), item);
         map.insert("index".to_owned(), Value::from(iteration));
     }
-    view
+    Cow::Owned(view)
 }
 
 #[cfg(test)]
@@ -366,6 +376,10 @@ mod tests {
         assert!(ctx.get("item").is_none(), "ctx must not change");
 
         let outside = scope(&t, &p("0"), &ctx);
-        assert_eq!(outside, ctx);
+        assert!(
+            matches!(outside, Cow::Borrowed(_)),
+            "outside a loop the view is ctx itself"
+        );
+        assert_eq!(*outside, ctx);
     }
 }

@@ -335,7 +335,10 @@ async fn execute(inner: &Inner, job: ClaimedJob) {
     // like everyone else.
     let mut budget = CONTINUE_LIMIT;
     loop {
-        match drive(inner, &job, &automation, budget > 0).await {
+        // The job's context moves into the chain; the store needs the
+        // rest of the job (its key and token) to fence the record.
+        let context = std::mem::take(&mut job.context);
+        match drive(inner, &job, context, &automation, budget > 0).await {
             Ok(Driven::Continue(next)) => {
                 job = next;
                 budget -= 1;
@@ -436,13 +439,11 @@ impl Ending {
 async fn drive(
     inner: &Inner,
     job: &ClaimedJob,
+    context: Value,
     automation: &Automation,
     may_continue: bool,
 ) -> Result<Driven, StoreError> {
-    let mut context = match &job.context {
-        Value::Object(map) => Context(map.clone()),
-        _ => Context(Map::new()),
-    };
+    let mut context = Context::from_value(context);
     let mut subject = job.subject_ticket_id.clone();
     let mut actions = job.actions;
     let mut steps: Vec<StepRecord> = Vec::new();
@@ -592,11 +593,15 @@ impl Chain<'_> {
             }
             *self.actions += 1;
             let started_at = now_ms();
-            let view = flow::scope(&automation.steps, &path, &self.context.to_value());
+            let view = flow::scope(&automation.steps, &path, self.context.as_value());
             let (outcome, input) = match kind {
                 Kind::Pure => (builtin::evaluate(step, &view, Timestamp::now()), None),
-                Kind::InTransaction => self.in_transaction(step, &view).await?,
+                Kind::InTransaction => {
+                    let view = view.into_owned();
+                    self.in_transaction(step, &view).await?
+                }
                 Kind::External => {
+                    let view = view.into_owned();
                     call_handler(self.inner, self.job, &path, step, attempt, view).await
                 }
             };
@@ -628,7 +633,7 @@ impl Chain<'_> {
             record.log = log;
             self.steps.push(record);
             attempt = 1;
-            let next = match flow::next(&automation.steps, &path, &self.context.to_value()) {
+            let next = match flow::next(&automation.steps, &path, self.context.as_value()) {
                 Ok(next) => next,
                 Err(e) => {
                     let error = format!("could not decide the step after `{}`: {e}", step.id);
