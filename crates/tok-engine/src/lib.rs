@@ -298,8 +298,6 @@ pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
 
 async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
-        let lag = jiff::Timestamp::now().as_millisecond() - event.received_at;
-        metrics::histogram!("tok_inbox_lag_seconds").record(lag.max(0) as f64 / 1000.0);
         dispatcher::plan(event, candidates, &inner.defs)
     };
     loop {
@@ -326,7 +324,14 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
             .dispatch_handing_off(&tenants, batch, &planner, Some(handoff))
             .await;
         let (taken, claimed) = match dispatched {
-            Ok(d) => (Ok(d.events), d.claimed),
+            Ok(d) => {
+                let now = jiff::Timestamp::now().as_millisecond();
+                for received_at in d.received_at {
+                    let lag = (now - received_at).max(0) as f64 / 1000.0;
+                    metrics::histogram!("tok_inbox_lag_seconds").record(lag);
+                }
+                (Ok(d.events), d.claimed)
+            }
             Err(e) => (Err(e), Vec::new()),
         };
         if let Some(offer) = offer {

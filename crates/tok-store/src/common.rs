@@ -1248,29 +1248,28 @@ macro_rules! impl_common {
                     std::collections::HashMap::new();
                 let mut runs = Vec::new();
                 let mut dispatched = Vec::with_capacity(rows.len());
+                let mut received_at = Vec::with_capacity(rows.len());
                 for row in &rows {
-                    let event = event_from_row(row);
+                    received_at.push(row.get::<i64, _>("received_at"));
                     // Webhooks are found by source, internal events by type.
-                    let key = event
-                        .event_type
-                        .clone()
-                        .or_else(|| event.source_id.as_ref().map(|s| s.to_string()));
-                    let lookup = (
-                        event.tenant_id.to_string(),
-                        event.target_automation_id.as_ref().map(|a| a.to_string()),
-                        key,
-                        event.source_kind.clone(),
-                    );
+                    let tenant: String = row.get("tenant_id");
+                    let target: Option<String> = row.get("target_automation_id");
+                    let source_kind: String = row.get("source_kind");
+                    let key = row
+                        .get::<Option<String>, _>("event_type")
+                        .or_else(|| row.get::<Option<String>, _>("source_id"));
+                    let lookup = (tenant, target, key, source_kind);
                     if !matching.contains_key(&lookup) {
-                        let found = match &event.target_automation_id {
+                        let (tenant, target, key, source_kind) = &lookup;
+                        let found = match target {
                             Some(target) => {
                                 let sql = format!(
                                     "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2
                                        AND a.status = 'active'"
                                 );
                                 sqlx::query(&sql)
-                                    .bind(event.tenant_id.as_str())
-                                    .bind(target.as_str())
+                                    .bind(tenant)
+                                    .bind(target)
                                     .fetch_all(&mut *tx)
                                     .await?
                             }
@@ -1281,9 +1280,9 @@ macro_rules! impl_common {
                                      ORDER BY a.id"
                                 );
                                 sqlx::query(&sql)
-                                    .bind(event.tenant_id.as_str())
-                                    .bind(&event.source_kind)
-                                    .bind(lookup.2.as_deref())
+                                    .bind(tenant)
+                                    .bind(source_kind)
+                                    .bind(key.as_deref())
                                     .fetch_all(&mut *tx)
                                     .await?
                             }
@@ -1301,6 +1300,14 @@ macro_rules! impl_common {
                         matching.insert(lookup.clone(), found);
                     }
                     let cached = &matching[&lookup];
+                    let id: String = row.get("id");
+                    if cached.is_empty() {
+                        // No automation listens: nothing to plan, and the
+                        // payload is never read.
+                        dispatched.push(id);
+                        continue;
+                    }
+                    let event = event_from_row(row);
                     let plan = match &event.subject_ticket_id {
                         None => planner(&event, cached),
                         Some(ticket) => {
@@ -1348,7 +1355,7 @@ macro_rules! impl_common {
                     for run in plan.runs {
                         runs.push((event.tenant_id.clone(), event.id.clone(), run));
                     }
-                    dispatched.push(event.id.to_string());
+                    dispatched.push(id);
                 }
                 // The runs the dispatching node starts itself: their first
                 // step is due now, and no queue key orders them behind
@@ -1385,6 +1392,7 @@ macro_rules! impl_common {
                 tx.commit().await?;
                 Ok(Dispatched {
                     events: rows.len(),
+                    received_at,
                     claimed,
                 })
             }

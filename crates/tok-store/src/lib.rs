@@ -80,6 +80,8 @@ pub struct Handoff<'a> {
 pub struct Dispatched {
     /// Events taken from the inbox.
     pub events: usize,
+    /// When each of them was received (Unix ms), for the inbox lag.
+    pub received_at: Vec<i64>,
     /// Jobs written claimed by the [`Handoff`]'s node, for it to run now.
     pub claimed: Vec<ClaimedJob>,
 }

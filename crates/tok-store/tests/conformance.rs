@@ -1399,6 +1399,53 @@ async fn dispatch_takes_only_the_given_tenants_events() {
 }
 
 #[tokio::test]
+async fn an_event_no_automation_listens_to_is_dispatched_without_planning() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let t = tenant(store, "t").await;
+        let quiet = source(store, &t, "quiet").await;
+        let busy = source(store, &t, "busy").await;
+        webhook_automation(store, &t, "orders", &busy).await;
+        store
+            .accept_event(&t, webhook_event(&quiet, "unheard"))
+            .await
+            .expect("accept");
+        store
+            .accept_event(&t, webhook_event(&busy, "heard"))
+            .await
+            .expect("accept");
+
+        let planned = std::sync::Mutex::new(Vec::new());
+        let planner = |event: &PendingEvent, candidates: &[Candidate]| {
+            planned.lock().unwrap().push(event.source_id.clone());
+            one_run_per_candidate(event, candidates)
+        };
+        let taken = store
+            .dispatch(std::slice::from_ref(&t), 10, &planner)
+            .await
+            .expect("dispatch");
+        assert_eq!(taken, 2, "{backend:?}: both events taken");
+        assert_eq!(
+            *planned.lock().unwrap(),
+            vec![Some(busy.clone())],
+            "{backend:?}: only the event with an automation is planned"
+        );
+        let stats = store
+            .queue_stats(std::slice::from_ref(&t))
+            .await
+            .expect("stats");
+        assert_eq!(
+            stats.pending_events, 0,
+            "{backend:?}: the unheard event stays pending"
+        );
+        assert_eq!(all_runs(store, &t).await.len(), 1, "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
 async fn a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed() {
     for backend in backends() {
         let db = TestDb::create(backend).await;
