@@ -225,6 +225,7 @@ macro_rules! impl_common {
         by_key_tenant = $by_key_tenant:literal,
         key_hint_jobs_2 = $key_hint_jobs2:literal,
         key_hint_runs_2 = $key_hint_runs2:literal,
+        update_staying_runs_apart = $staying_apart:literal,
         skip_locked = $skip_locked:literal,
         list = $list:path,
     ) => {
@@ -755,9 +756,12 @@ macro_rules! impl_common {
                     });
                 }
                 // A run whose status and ticket stay is updated without
-                // naming them: SQLite rewrites the entries of every index on
-                // a column the `SET` list names, changed or not.
-                let stays = status.as_str() == current.as_str()
+                // naming them where the backend asks for it: SQLite rewrites
+                // the entries of every index on a column the `SET` list
+                // names, changed or not. (PostgreSQL compares the values, and
+                // one statement is one round trip less.)
+                let stays = $staying_apart
+                    && status.as_str() == current.as_str()
                     && (record.subject_ticket_id.is_none()
                         || record.subject_ticket_id == job.subject_ticket_id);
                 let runs = if stays { &mut staying } else { &mut runs };

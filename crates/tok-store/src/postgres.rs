@@ -172,6 +172,7 @@ impl_common! {
     // A record's updates name their rows' keys, for the same reason.
     key_hint_jobs_2 = "AND jobs.id = ANY($2)",
     key_hint_runs_2 = "AND runs.id = ANY($2)",
+    update_staying_runs_apart = false,
     skip_locked = "FOR UPDATE SKIP LOCKED",
     list = list,
 }

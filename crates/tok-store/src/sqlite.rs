@@ -188,6 +188,7 @@ impl_common! {
     // would make it scan the batch once per row. (The key list stays bound.)
     key_hint_jobs_2 = "AND $2 IS NOT NULL",
     key_hint_runs_2 = "AND $2 IS NOT NULL",
+    update_staying_runs_apart = true,
     skip_locked = "",
     list = list,
 }
