@@ -323,8 +323,10 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
             .store
             .dispatch_handing_off(&tenants, batch, &planner, Some(handoff))
             .await;
+        let mut left = 0;
         let (taken, claimed) = match dispatched {
             Ok(d) => {
+                left = d.left;
                 let now = jiff::Timestamp::now().as_millisecond();
                 for received_at in d.received_at {
                     let lag = (now - received_at).max(0) as f64 / 1000.0;
@@ -342,7 +344,7 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
                 if taken > 0 {
                     inner.work.notify_one();
                 }
-                if taken == batch as usize {
+                if taken == batch as usize || left > 0 {
                     continue;
                 }
             }

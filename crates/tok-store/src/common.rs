@@ -17,6 +17,10 @@ pub fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
+/// A tenant with this many events in one dispatch's batch crowds it: the
+/// other tenants' events in the batch are dispatched first, on their own.
+pub(crate) const DISPATCH_CROWDING: usize = 4;
+
 /// Events older than this no longer deduplicate a repeated idempotency key.
 pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
 
@@ -288,6 +292,24 @@ macro_rules! impl_common {
                 finished_at: row.get("finished_at"),
                 error: row.get("error"),
             }
+        }
+
+        /// The tenant crowding a dispatch's events: one with at least
+        /// [`DISPATCH_CROWDING`](crate::common::DISPATCH_CROWDING) of them
+        /// while another tenant has some too.
+        fn crowding_tenant(rows: &[<$db as sqlx::Database>::Row]) -> Option<String> {
+            let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+            for row in rows {
+                *counts.entry(row.get::<String, _>("tenant_id")).or_default() += 1;
+            }
+            if counts.len() < 2 {
+                return None;
+            }
+            counts
+                .into_iter()
+                .max_by_key(|(_, n)| *n)
+                .filter(|(_, n)| *n >= $crate::common::DISPATCH_CROWDING)
+                .map(|(tenant, _)| tenant)
         }
 
         fn event_from_row(row: &<$db as sqlx::Database>::Row) -> PendingEvent {
@@ -1241,6 +1263,22 @@ macro_rules! impl_common {
                     .bind(per_tenant)
                     .fetch_all(&mut *tx)
                     .await?;
+                // Others first: when one tenant fills most of the batch and
+                // other tenants' events are in it too, this dispatch takes
+                // only the others' (a short transaction, so their runs do
+                // not wait behind the crowd's); the next one takes the batch
+                // in order, so the crowding tenant waits for at most one.
+                let selected = rows.len();
+                let went_first = self.others_went_first.load(std::sync::atomic::Ordering::Relaxed);
+                let rows = match crowding_tenant(&rows) {
+                    Some(crowd) if !went_first => rows
+                        .into_iter()
+                        .filter(|row| row.get::<String, _>("tenant_id") != crowd)
+                        .collect(),
+                    _ => rows,
+                };
+                self.others_went_first
+                    .store(rows.len() < selected, std::sync::atomic::Ordering::Relaxed);
                 let now = now_ms();
                 // Events of one batch mostly share their automations: each
                 // trigger is looked up once per batch.
@@ -1396,6 +1434,7 @@ macro_rules! impl_common {
                 tx.commit().await?;
                 Ok(Dispatched {
                     events: rows.len(),
+                    left: selected - rows.len(),
                     received_at,
                     claimed,
                 })

@@ -80,6 +80,9 @@ pub struct Handoff<'a> {
 pub struct Dispatched {
     /// Events taken from the inbox.
     pub events: usize,
+    /// Events selected but left pending for the next dispatch (a crowding
+    /// tenant's, while other tenants' went first).
+    pub left: usize,
     /// When each of them was received (Unix ms), for the inbox lag.
     pub received_at: Vec<i64>,
     /// Jobs written claimed by the [`Handoff`]'s node, for it to run now.

@@ -1446,6 +1446,56 @@ async fn an_event_no_automation_listens_to_is_dispatched_without_planning() {
 }
 
 #[tokio::test]
+async fn a_crowding_tenants_events_wait_for_one_dispatch_of_the_others() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let mut tenants = Vec::new();
+        for (name, events) in [("big", 10), ("b", 2), ("c", 2)] {
+            let t = tenant(store, name).await;
+            let src = source(store, &t, "eshop").await;
+            webhook_automation(store, &t, "orders", &src).await;
+            for i in 0..events {
+                store
+                    .accept_event(&t, webhook_event(&src, &format!("{name}-{i}")))
+                    .await
+                    .expect("accept");
+            }
+            tenants.push((t, src));
+        }
+        let ids: Vec<TenantId> = tenants.iter().map(|(t, _)| t.clone()).collect();
+        let runs_of = |i: usize| all_runs(store, &tenants[i].0);
+
+        // Round robin picks 8 of big's events and all 4 of the others':
+        // big crowds the batch, so the others go first, alone.
+        let first = store
+            .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None)
+            .await
+            .expect("dispatch");
+        assert_eq!((first.events, first.left), (4, 8), "{backend:?}");
+        assert_eq!(runs_of(0).await.len(), 0, "{backend:?}: big waited");
+        assert_eq!(runs_of(1).await.len(), 2, "{backend:?}");
+        assert_eq!(runs_of(2).await.len(), 2, "{backend:?}");
+
+        // The next dispatch takes the batch in order, another tenant's new
+        // event with it: big waits for one dispatch at most.
+        store
+            .accept_event(&tenants[1].0, webhook_event(&tenants[1].1, "b-late"))
+            .await
+            .expect("accept");
+        let second = store
+            .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None)
+            .await
+            .expect("dispatch");
+        assert_eq!((second.events, second.left), (11, 0), "{backend:?}");
+        assert_eq!(runs_of(0).await.len(), 10, "{backend:?}");
+        assert_eq!(runs_of(1).await.len(), 3, "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
 async fn a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed() {
     for backend in backends() {
         let db = TestDb::create(backend).await;
@@ -2097,11 +2147,13 @@ async fn dispatch_takes_a_small_tenants_event_before_a_large_backlog() {
             .dispatch(&tenants, 8, &planner)
             .await
             .expect("dispatch");
-        assert_eq!(taken, 8, "{backend:?}");
-        let seen = seen.lock().unwrap().clone();
-        assert!(
-            seen.contains(&small),
-            "{backend:?}: the first batch took only the large tenant's backlog"
+        // The large tenant crowds the batch (7 of its 8 events), so the
+        // small tenant's event is dispatched first, on its own.
+        assert_eq!(taken, 1, "{backend:?}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![small.clone()],
+            "{backend:?}: the first dispatch did not take the small tenant's event alone"
         );
         assert_eq!(all_runs(store, &small).await.len(), 1, "{backend:?}");
         db.cleanup().await;
