@@ -1263,11 +1263,13 @@ macro_rules! impl_common {
                     .bind(per_tenant)
                     .fetch_all(&mut *tx)
                     .await?;
-                // Others first: when one tenant fills most of the batch and
-                // other tenants' events are in it too, this dispatch takes
-                // only the others' (a short transaction, so their runs do
-                // not wait behind the crowd's); the next one takes the batch
-                // in order, so the crowding tenant waits for at most one.
+                // Others first: when one tenant has `DISPATCH_CROWDING` or
+                // more of the batch's events and other tenants have some too,
+                // this dispatch takes only the others' (a short transaction,
+                // so their runs do not wait behind the crowd's); the next one
+                // takes its batch in order, so the crowding tenant waits for
+                // at most one. (Rolled back, it leaves the flag set: the next
+                // dispatch then goes in order, which is always safe.)
                 let selected = rows.len();
                 let went_first = self.others_went_first.load(std::sync::atomic::Ordering::Relaxed);
                 let rows = match crowding_tenant(&rows) {
