@@ -328,11 +328,11 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
             Ok(d) => {
                 left = d.left;
                 let now = jiff::Timestamp::now().as_millisecond();
-                for received_at in d.received_at {
+                for received_at in &d.received_at {
                     let lag = (now - received_at).max(0) as f64 / 1000.0;
                     metrics::histogram!("tok_inbox_lag_seconds").record(lag);
                 }
-                (Ok(d.events), d.claimed)
+                (Ok(d.events()), d.claimed)
             }
             Err(e) => (Err(e), Vec::new()),
         };

@@ -18,6 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -125,21 +126,31 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     }
 }
 
-/// When one tenant crowds the queue, takes out the other tenants' writes
-/// (in order, up to a batch) for a transaction that goes first.
-fn others_first<T>(queue: &mut VecDeque<T>, tenant: impl Fn(&T) -> &TenantId) -> Option<Vec<T>> {
-    let mut counts: HashMap<&TenantId, usize> = HashMap::new();
-    for item in queue.iter() {
-        *counts.entry(tenant(item)).or_default() += 1;
+/// The tenant crowding a queue of writes (or a dispatch's events, given by
+/// their tenants): one with at least `at_least` of them while another
+/// tenant has some too.
+pub(crate) fn crowding<'a, K: Eq + Hash + ?Sized>(
+    tenants: impl IntoIterator<Item = &'a K>,
+    at_least: usize,
+) -> Option<&'a K> {
+    let mut counts: HashMap<&K, usize> = HashMap::new();
+    for tenant in tenants {
+        *counts.entry(tenant).or_default() += 1;
     }
     if counts.len() < 2 {
         return None;
     }
-    let (crowding, n) = counts.iter().max_by_key(|(_, n)| **n)?;
-    if *n < CROWDING {
-        return None;
-    }
-    let crowding = (*crowding).clone();
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .filter(|(_, n)| *n >= at_least)
+        .map(|(tenant, _)| tenant)
+}
+
+/// When one tenant crowds the queue, takes out the other tenants' writes
+/// (in order, up to a batch) for a transaction that goes first.
+fn others_first<T>(queue: &mut VecDeque<T>, tenant: impl Fn(&T) -> &TenantId) -> Option<Vec<T>> {
+    let crowding = crowding(queue.iter().map(&tenant), CROWDING)?.clone();
     let mut others = Vec::new();
     let mut rest = VecDeque::with_capacity(queue.len());
     for item in queue.drain(..) {

@@ -294,24 +294,6 @@ macro_rules! impl_common {
             }
         }
 
-        /// The tenant crowding a dispatch's events: one with at least
-        /// [`DISPATCH_CROWDING`](crate::common::DISPATCH_CROWDING) of them
-        /// while another tenant has some too.
-        fn crowding_tenant(rows: &[<$db as sqlx::Database>::Row]) -> Option<String> {
-            let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-            for row in rows {
-                *counts.entry(row.get::<String, _>("tenant_id")).or_default() += 1;
-            }
-            if counts.len() < 2 {
-                return None;
-            }
-            counts
-                .into_iter()
-                .max_by_key(|(_, n)| *n)
-                .filter(|(_, n)| *n >= $crate::common::DISPATCH_CROWDING)
-                .map(|(tenant, _)| tenant)
-        }
-
         fn event_from_row(row: &<$db as sqlx::Database>::Row) -> PendingEvent {
             PendingEvent {
                 id: EventId::from(row.get::<String, _>("id")),
@@ -1272,10 +1254,13 @@ macro_rules! impl_common {
                 // dispatch then goes in order, which is always safe.)
                 let selected = rows.len();
                 let went_first = self.others_went_first.load(std::sync::atomic::Ordering::Relaxed);
-                let rows = match crowding_tenant(&rows) {
+                let owners: Vec<String> = rows.iter().map(|row| row.get("tenant_id")).collect();
+                let rows = match $crate::batch::crowding(&owners, $crate::common::DISPATCH_CROWDING) {
                     Some(crowd) if !went_first => rows
                         .into_iter()
-                        .filter(|row| row.get::<String, _>("tenant_id") != crowd)
+                        .zip(&owners)
+                        .filter(|(_, owner)| *owner != crowd)
+                        .map(|(row, _)| row)
                         .collect(),
                     _ => rows,
                 };
@@ -1435,7 +1420,6 @@ macro_rules! impl_common {
                 .await?;
                 tx.commit().await?;
                 Ok(Dispatched {
-                    events: rows.len(),
                     left: selected - rows.len(),
                     received_at,
                     claimed,

@@ -78,15 +78,21 @@ pub struct Handoff<'a> {
 /// What one dispatch transaction did.
 #[derive(Debug, Default)]
 pub struct Dispatched {
-    /// Events taken from the inbox.
-    pub events: usize,
     /// Events selected but left pending for the next dispatch (a crowding
     /// tenant's, while other tenants' went first).
     pub left: usize,
-    /// When each of them was received (Unix ms), for the inbox lag.
+    /// When each event taken from the inbox was received (Unix ms), for the
+    /// inbox lag.
     pub received_at: Vec<i64>,
     /// Jobs written claimed by the [`Handoff`]'s node, for it to run now.
     pub claimed: Vec<ClaimedJob>,
+}
+
+impl Dispatched {
+    /// Events taken from the inbox.
+    pub fn events(&self) -> usize {
+        self.received_at.len()
+    }
 }
 
 /// Tenants, API keys: the platform-level part.
@@ -160,7 +166,7 @@ pub trait InboxStore: Send + Sync {
         Ok(self
             .dispatch_handing_off(tenants, limit, planner, None)
             .await?
-            .events)
+            .events())
     }
 
     /// [`dispatch`](Self::dispatch), and the jobs `handoff` takes are

@@ -1473,7 +1473,7 @@ async fn a_crowding_tenants_events_wait_for_one_dispatch_of_the_others() {
             .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None)
             .await
             .expect("dispatch");
-        assert_eq!((first.events, first.left), (4, 8), "{backend:?}");
+        assert_eq!((first.events(), first.left), (4, 8), "{backend:?}");
         assert_eq!(runs_of(0).await.len(), 0, "{backend:?}: big waited");
         assert_eq!(runs_of(1).await.len(), 2, "{backend:?}");
         assert_eq!(runs_of(2).await.len(), 2, "{backend:?}");
@@ -1488,7 +1488,7 @@ async fn a_crowding_tenants_events_wait_for_one_dispatch_of_the_others() {
             .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None)
             .await
             .expect("dispatch");
-        assert_eq!((second.events, second.left), (11, 0), "{backend:?}");
+        assert_eq!((second.events(), second.left), (11, 0), "{backend:?}");
         assert_eq!(runs_of(0).await.len(), 10, "{backend:?}");
         assert_eq!(runs_of(1).await.len(), 3, "{backend:?}");
         db.cleanup().await;
@@ -1531,7 +1531,7 @@ async fn a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed() 
             )
             .await
             .expect("dispatch");
-        assert_eq!(dispatched.events, 3, "{backend:?}");
+        assert_eq!(dispatched.events(), 3, "{backend:?}");
         assert_eq!(
             offered,
             vec![t.clone(); 3],
