@@ -11,10 +11,12 @@
 //! database error fails the whole batch, and every caller hears it.
 //!
 //! Fair between tenants: when one tenant's writes crowd the queue, the
-//! other tenants' waiting writes go first, in a small transaction of their
-//! own, instead of at the back of that tenant's large one. The next
-//! transaction then takes the queue in order, so the crowding tenant waits
-//! for at most one small commit.
+//! other tenants' waiting writes go in a small transaction of their own, in
+//! the writer's urgent lane (`gate.rs`), instead of at the back of that
+//! tenant's large one: they wait neither for the bulk transactions in
+//! flight nor, on SQLite, for the claims and dispatches queued for the one
+//! writer. The lanes alternate under contention, so the crowding tenant
+//! waits for at most one small commit at a time.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -23,7 +25,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tok_core::ids::TenantId;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+use crate::gate::Lane;
 
 use crate::{Result, StoreError};
 
@@ -32,9 +36,10 @@ pub(crate) const MAX_BATCH: usize = 256;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Writes a batch in one transaction; one answer per item, in order.
+/// Writes a batch in one transaction, waiting for the writer in the given
+/// lane; one answer per item, in order.
 pub(crate) type WriteBatch<I, O> =
-    Arc<dyn Fn(Vec<I>) -> BoxFuture<Result<Vec<Result<O>>>> + Send + Sync>;
+    Arc<dyn Fn(Vec<I>, Lane) -> BoxFuture<Result<Vec<Result<O>>>> + Send + Sync>;
 
 pub(crate) struct Batcher<I, O> {
     sender: mpsc::Sender<(I, oneshot::Sender<Result<O>>)>,
@@ -47,68 +52,62 @@ type Waiting<I, O> = (I, oneshot::Sender<Result<O>>);
 
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Starts the batching task (it ends when the store is dropped), which
-    /// keeps up to `parallel` transactions in flight: on PostgreSQL a batch
-    /// runs while the one before waits for its commit; SQLite's one writer
-    /// takes one at a time. A batch takes whatever waited while the writers
-    /// were busy; `tenant` says whose a write is.
+    /// keeps up to `parallel` transactions in flight in the bulk lane (on
+    /// PostgreSQL a batch runs while the one before waits for its commit;
+    /// SQLite's one writer takes one at a time) and one in the urgent lane:
+    /// when a tenant crowds the queue, the other tenants' writes go there
+    /// at once, without waiting for the bulk transactions in flight. A
+    /// batch takes whatever waited while the writers were busy; `tenant`
+    /// says whose a write is.
     pub(crate) fn spawn(
         write: WriteBatch<I, O>,
         parallel: usize,
         tenant: fn(&I) -> &TenantId,
     ) -> Self {
         let (sender, mut receiver) = mpsc::channel::<Waiting<I, O>>(MAX_BATCH * 8);
-        let writers = Arc::new(Semaphore::new(parallel.max(1)));
+        let bulk = Arc::new(Semaphore::new(parallel.max(1)));
+        let urgent = Arc::new(Semaphore::new(1));
         tokio::spawn(async move {
             let mut queue: VecDeque<Waiting<I, O>> = VecDeque::new();
-            let mut ahead = false;
+            // The tenant that filled the last bulk transaction.
+            let mut in_flight: Option<TenantId> = None;
             loop {
-                let Ok(writer) = writers.clone().acquire_owned().await else {
-                    return;
-                };
                 if queue.is_empty() {
                     let Some(first) = receiver.recv().await else {
                         return;
                     };
                     queue.push_back(first);
                 }
-                while let Ok(next) = receiver.try_recv() {
-                    queue.push_back(next);
-                }
-                // After the others went ahead once, the queue goes in order.
-                let others = if ahead {
-                    None
-                } else {
-                    others_first(&mut queue, |(item, _)| tenant(item))
-                };
-                let batch = match others {
-                    Some(others) => {
-                        ahead = true;
-                        others
+                let crowd = crowd_of(&queue, |(item, _)| tenant(item), in_flight.as_ref());
+                // Wait for a writer; a write arriving meanwhile may change
+                // what goes where.
+                tokio::select! {
+                    biased;
+                    permit = urgent.clone().acquire_owned(), if crowd.is_some() => {
+                        let Ok(permit) = permit else { return };
+                        if let Some(crowd) = &crowd {
+                            let others = others_first(&mut queue, |(item, _)| tenant(item), crowd);
+                            tokio::spawn(commit(write.clone(), others, Lane::Urgent, permit));
+                        }
                     }
-                    None => {
-                        ahead = false;
+                    permit = bulk.clone().acquire_owned() => {
+                        let Ok(permit) = permit else { return };
+                        while let Ok(next) = receiver.try_recv() {
+                            queue.push_back(next);
+                        }
                         let n = queue.len().min(MAX_BATCH);
-                        queue.drain(..n).collect()
+                        let batch: Vec<_> = queue.drain(..n).collect();
+                        in_flight = filled_by(&batch, |(item, _)| tenant(item));
+                        tokio::spawn(commit(write.clone(), batch, Lane::Bulk, permit));
                     }
-                };
-                let write = write.clone();
-                tokio::spawn(async move {
-                    let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
-                    match write(items).await {
-                        Ok(results) => {
-                            for (reply, result) in replies.into_iter().zip(results) {
-                                let _ = reply.send(result);
-                            }
-                        }
-                        Err(e) => {
-                            let message = e.to_string();
-                            for reply in replies {
-                                let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
-                            }
+                    next = receiver.recv() => {
+                        let Some(next) = next else { return };
+                        queue.push_back(next);
+                        while let Ok(next) = receiver.try_recv() {
+                            queue.push_back(next);
                         }
                     }
-                    drop(writer);
-                });
+                }
             }
         });
         Self { sender }
@@ -124,6 +123,30 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
+}
+
+/// Writes one batch and answers its callers; frees its writer after.
+async fn commit<I, O>(
+    write: WriteBatch<I, O>,
+    batch: Vec<Waiting<I, O>>,
+    lane: Lane,
+    writer: OwnedSemaphorePermit,
+) {
+    let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
+    match write(items, lane).await {
+        Ok(results) => {
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
+            }
+        }
+    }
+    drop(writer);
 }
 
 /// The tenant crowding a queue of writes (or a dispatch's events, given by
@@ -147,21 +170,52 @@ pub(crate) fn crowding<'a, K: Eq + Hash + ?Sized>(
         .map(|(tenant, _)| tenant)
 }
 
-/// When one tenant crowds the queue, takes out the other tenants' writes
-/// (in order, up to a batch) for a transaction that goes first.
-fn others_first<T>(queue: &mut VecDeque<T>, tenant: impl Fn(&T) -> &TenantId) -> Option<Vec<T>> {
-    let crowding = crowding(queue.iter().map(&tenant), CROWDING)?.clone();
+/// The tenant whose writes make way: one crowding the queue, else the one
+/// that filled the last bulk transaction (`in_flight`: its writes are in
+/// that transaction, so few of them wait) — as long as another tenant's
+/// write waits.
+fn crowd_of<T>(
+    queue: &VecDeque<T>,
+    tenant: impl Fn(&T) -> &TenantId,
+    in_flight: Option<&TenantId>,
+) -> Option<TenantId> {
+    if let Some(crowd) = crowding(queue.iter().map(&tenant), CROWDING) {
+        return Some(crowd.clone());
+    }
+    let filled = in_flight?;
+    queue
+        .iter()
+        .any(|item| tenant(item) != filled)
+        .then(|| filled.clone())
+}
+
+/// The tenant that filled a bulk transaction: at least [`CROWDING`] of its
+/// writes and three quarters of them.
+fn filled_by<T>(batch: &[T], tenant: impl Fn(&T) -> &TenantId) -> Option<TenantId> {
+    let top =
+        crowding(batch.iter().map(&tenant), CROWDING).or_else(|| batch.first().map(&tenant))?;
+    let n = batch.iter().filter(|item| tenant(item) == top).count();
+    (n >= CROWDING && n * 4 >= batch.len() * 3).then(|| top.clone())
+}
+
+/// Takes out the writes of tenants other than `crowd` (in order, up to a
+/// batch) for a transaction that goes first.
+fn others_first<T>(
+    queue: &mut VecDeque<T>,
+    tenant: impl Fn(&T) -> &TenantId,
+    crowd: &TenantId,
+) -> Vec<T> {
     let mut others = Vec::new();
     let mut rest = VecDeque::with_capacity(queue.len());
     for item in queue.drain(..) {
-        if others.len() < MAX_BATCH && tenant(&item) != &crowding {
+        if others.len() < MAX_BATCH && tenant(&item) != crowd {
             others.push(item);
         } else {
             rest.push_back(item);
         }
     }
     *queue = rest;
-    Some(others)
+    others
 }
 
 #[cfg(test)]
@@ -186,18 +240,98 @@ mod tests {
         tenants.insert(3, "small");
         tenants.push("other");
         let mut q = queue(&tenants);
-        let first = others_first(&mut q, |(t, _)| t).expect("split");
+        let crowd = crowd_of(&q, |(t, _)| t, None).expect("a crowd");
+        assert_eq!(crowd.as_str(), "big");
+        let first = others_first(&mut q, |(t, _)| t, &crowd);
         assert_eq!(order(&first), vec![3, 11]);
         assert_eq!(q.len(), 10);
         assert!(q.iter().all(|(t, _)| t.as_str() == "big"));
     }
 
+    #[tokio::test]
+    async fn a_small_tenants_write_does_not_wait_for_the_crowding_tenants_commit() {
+        // Bulk transactions block until told to go; urgent ones commit at once.
+        let go = Arc::new(tokio::sync::Notify::new());
+        let lanes: Arc<std::sync::Mutex<Vec<(Lane, Vec<String>)>>> = Arc::default();
+        let write: WriteBatch<TenantId, ()> = {
+            let (go, lanes) = (go.clone(), lanes.clone());
+            Arc::new(move |items: Vec<TenantId>, lane| {
+                let (go, lanes) = (go.clone(), lanes.clone());
+                Box::pin(async move {
+                    let names = items.iter().map(|t| t.to_string()).collect();
+                    lanes.lock().unwrap().push((lane, names));
+                    if lane == Lane::Bulk {
+                        go.notified().await;
+                    }
+                    Ok(items.iter().map(|_| Ok(())).collect())
+                })
+            })
+        };
+        let batcher = Arc::new(Batcher::spawn(write, 1, |t| t));
+        let submit = |name: &str| {
+            let (batcher, tenant) = (batcher.clone(), TenantId::from(name.to_string()));
+            tokio::spawn(async move { batcher.submit(tenant).await })
+        };
+        let first = submit("big");
+        while lanes.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // The first bulk commit is in flight; the big tenant queues more.
+        let mut waiting: Vec<_> = (0..CROWDING).map(|_| submit("big")).collect();
+        let small = submit("small");
+        tokio::time::timeout(std::time::Duration::from_secs(5), small)
+            .await
+            .expect("the small tenant's write committed while the bulk one was in flight")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            lanes.lock().unwrap()[1],
+            (Lane::Urgent, vec!["small".to_string()])
+        );
+        go.notify_one();
+        first.await.unwrap().unwrap();
+        go.notify_one();
+        for write in waiting.drain(..) {
+            write.await.unwrap().unwrap();
+        }
+        let lanes = lanes.lock().unwrap();
+        assert_eq!(lanes.len(), 3, "one more bulk commit took the rest");
+        assert_eq!(lanes[2].0, Lane::Bulk);
+        assert_eq!(lanes[2].1.len(), CROWDING);
+    }
+
     #[test]
     fn a_queue_nobody_crowds_goes_in_order() {
-        let mut one = queue(&["a"; 20]);
-        assert!(others_first(&mut one, |(t, _)| t).is_none(), "one tenant");
-        let mut even = queue(&["a", "b", "a", "b", "a", "b"]);
-        assert!(others_first(&mut even, |(t, _)| t).is_none(), "no crowd");
-        assert_eq!(even.len(), 6);
+        let one = queue(&["a"; 20]);
+        assert!(crowd_of(&one, |(t, _)| t, None).is_none(), "one tenant");
+        let even = queue(&["a", "b", "a", "b", "a", "b"]);
+        assert!(crowd_of(&even, |(t, _)| t, None).is_none(), "no crowd");
+    }
+
+    #[test]
+    fn the_tenant_that_filled_the_transaction_in_flight_makes_way() {
+        let mut batch = vec!["big"; 10];
+        batch.push("small");
+        let filled = filled_by(queue(&batch).make_contiguous(), |(t, _)| t).expect("filled by big");
+        assert_eq!(filled.as_str(), "big");
+        assert!(
+            filled_by(queue(&["a"; 7]).make_contiguous(), |(t, _)| t).is_none(),
+            "too few"
+        );
+        let shared = [vec!["a"; 10], vec!["b"; 10]].concat();
+        assert!(
+            filled_by(queue(&shared).make_contiguous(), |(t, _)| t).is_none(),
+            "shared"
+        );
+
+        // Few of its writes wait: the small tenant's still goes first.
+        let waiting = queue(&["big", "small", "big"]);
+        let crowd = crowd_of(&waiting, |(t, _)| t, Some(&filled)).expect("a crowd");
+        assert_eq!(crowd.as_str(), "big");
+        let only_big = queue(&["big", "big"]);
+        assert!(
+            crowd_of(&only_big, |(t, _)| t, Some(&filled)).is_none(),
+            "nobody else waits"
+        );
     }
 }

@@ -923,7 +923,8 @@ macro_rules! impl_common {
                     name: name.to_owned(),
                     created_at: now_ms(),
                 };
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 sqlx::query(
                     "INSERT INTO tenants (id, name, settings, created_at) VALUES ($1, $2, $3, $4)",
                 )
@@ -976,7 +977,7 @@ macro_rules! impl_common {
                 .bind(new_id("key"))
                 .bind(key_hash)
                 .bind(now_ms())
-                .execute(self.writer())
+                .execute(&*self.writer().await)
                 .await?;
                 Ok(())
             }
@@ -1021,7 +1022,7 @@ macro_rules! impl_common {
                 .bind(source.rate_limit)
                 .bind(source.secret.as_deref())
                 .bind(source.created_at)
-                .execute(self.writer())
+                .execute(&*self.writer().await)
                 .await?;
                 Ok(source)
             }
@@ -1058,7 +1059,8 @@ macro_rules! impl_common {
             ) -> Result<AutomationRow> {
                 let id = new_id("aut");
                 let now = now_ms();
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 sqlx::query(
                     "INSERT INTO automations (id, tenant_id, name, status, current_version,
                         trigger_kind, trigger_key, created_at, updated_at)
@@ -1105,7 +1107,8 @@ macro_rules! impl_common {
                 def: NewVersion,
             ) -> Result<AutomationRow> {
                 let now = now_ms();
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let row = sqlx::query(
                     "UPDATE automations SET current_version = current_version + 1, name = $3,
                         trigger_kind = $4, trigger_key = $5, updated_at = $6
@@ -1163,7 +1166,7 @@ macro_rules! impl_common {
                 .bind(id.as_str())
                 .bind(status.as_str())
                 .bind(now_ms())
-                .execute(self.writer())
+                .execute(&*self.writer().await)
                 .await?;
                 Ok(done.rows_affected() > 0)
             }
@@ -1230,7 +1233,8 @@ macro_rules! impl_common {
                 if tenants.is_empty() {
                     return Ok(Dispatched::default());
                 }
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 if !$plan_prelude.is_empty() {
                     sqlx::Executor::execute(&mut *tx, $plan_prelude).await?;
                 }
@@ -1437,7 +1441,8 @@ macro_rules! impl_common {
                         return Ok(existing);
                     }
                 }
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let event_id = insert_event(&mut tx, tenant, &event, "dispatched")
                     .await?
                     .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
@@ -1466,7 +1471,8 @@ macro_rules! impl_common {
         #[async_trait::async_trait]
         impl RunStore for $store {
             async fn cancel_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if status.is_final() {
                     return Err(StoreError::Conflict(format!(
@@ -1495,7 +1501,8 @@ macro_rules! impl_common {
             }
 
             async fn pause_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if !matches!(status, RunStatus::Queued | RunStatus::Running | RunStatus::Waiting) {
                     return Err(StoreError::Conflict(format!(
@@ -1511,7 +1518,8 @@ macro_rules! impl_common {
             }
 
             async fn resume_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if status != RunStatus::Paused {
                     return Err(StoreError::Conflict(format!(
@@ -1532,7 +1540,8 @@ macro_rules! impl_common {
             }
 
             async fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if status != RunStatus::Failed {
                     return Err(StoreError::Conflict(format!(
@@ -1693,7 +1702,8 @@ macro_rules! impl_common {
                 if tenants.is_empty() || limit == 0 {
                     return Ok(Vec::new());
                 }
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 sqlx::Executor::execute(&mut *tx, $claim_prelude).await?;
                 // Candidates come fairly ordered (each tenant's first job,
                 // then each tenant's second, …), over-fetched so that jobs
@@ -1802,7 +1812,7 @@ macro_rules! impl_common {
                 .bind(node)
                 .bind($list(jobs.iter().map(|j| j.0)))
                 .bind(lease_ms)
-                .execute(self.writer())
+                .execute(&*self.writer().await)
                 .await?;
                 // Connection slots held by these jobs live as long as their leases.
                 sqlx::query(concat!(
@@ -1811,7 +1821,7 @@ macro_rules! impl_common {
                 ))
                 .bind($list(jobs.iter().map(|j| j.0)))
                 .bind(lease_ms)
-                .execute(self.writer())
+                .execute(&*self.writer().await)
                 .await?;
                 Ok(done.rows_affected())
             }
@@ -1830,7 +1840,7 @@ macro_rules! impl_common {
                      WHERE ", $release_where
                 ))
                 .bind(node)
-                .execute(self.writer())
+                .execute(&*self.writer().await)
                 .await?;
                 Ok(done.rows_affected())
             }

@@ -51,7 +51,7 @@ macro_rules! impl_connections {
                 .bind(new.max_concurrency)
                 .bind(new.breaker_threshold)
                 .bind(new.breaker_cooldown_ms)
-                .fetch_optional(self.writer())
+                .fetch_optional(&*self.writer().await)
                 .await?;
                 if inserted.is_none() {
                     return Err(StoreError::Conflict(format!(
@@ -92,7 +92,8 @@ macro_rules! impl_connections {
                 job: JobId,
                 lease_ms: i64,
             ) -> Result<Admission> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 // Lock the connection first; count the slots in a second
                 // statement, so that (in READ COMMITTED) the count sees what
                 // the admissions this one waited for have committed.
@@ -168,7 +169,8 @@ macro_rules! impl_connections {
                 job: JobId,
                 outcome: CallOutcome,
             ) -> Result<()> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 sqlx::query(
                     "DELETE FROM connection_slots
                      WHERE tenant_id = $1 AND connection_id = $2 AND job_id = $3",

@@ -342,7 +342,7 @@ macro_rules! impl_desk {
                 .bind(Json(&t.statuses))
                 .bind(Json(&t.fields))
                 .bind(t.created_at)
-                .fetch_optional(self.writer())
+                .fetch_optional(&*self.writer().await)
                 .await?;
                 match inserted {
                     Some(_) => Ok(t),
@@ -375,7 +375,8 @@ macro_rules! impl_desk {
                         .map(|(name, capacity)| Member { id: new_id("mem"), name, capacity })
                         .collect(),
                 };
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let inserted = sqlx::query(
                     "INSERT INTO groups (id, tenant_id, name, created_at) VALUES ($1, $2, $3, $4)
                      ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
@@ -501,7 +502,8 @@ macro_rules! impl_desk {
                 expected_updated_at: Option<i64>,
                 cause: &Cause,
             ) -> Result<Written> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 let written = write_ticket_in(&mut tx, tenant, write, expected_updated_at, cause).await?;
                 tx.commit().await?;
                 Ok(written)
@@ -555,7 +557,7 @@ macro_rules! impl_desk {
                 .bind(tenant.as_str())
                 .bind(id)
                 .bind(now_ms())
-                .execute(self.writer())
+                .execute(&*self.writer().await)
                 .await?;
                 Ok(done.rows_affected() > 0)
             }
@@ -664,7 +666,8 @@ macro_rules! impl_desk {
         #[async_trait::async_trait]
         impl RecordStore for $store {
             async fn begin_record(&self, job: &ClaimedJob) -> Result<Box<dyn RecordTx>> {
-                let mut tx = self.writer().begin().await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
                 // A worker whose lease was taken over gets `LeaseLost`
                 // before it writes anything.
                 let status = fenced_statuses(&mut tx, std::iter::once(job))

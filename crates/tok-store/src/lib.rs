@@ -15,6 +15,7 @@ pub mod connections;
 mod connections_sql;
 pub mod desk;
 mod desk_sql;
+mod gate;
 mod migrate;
 pub mod model;
 mod postgres;

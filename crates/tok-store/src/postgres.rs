@@ -14,6 +14,7 @@ use crate::batch::Batcher;
 use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
+use crate::gate::Writer;
 use crate::migrate;
 
 /// Advisory lock key held while migrations run (any process, any machine).
@@ -59,7 +60,7 @@ impl PgStore {
             .await?;
         let (events_pool, records_pool) = (pool.clone(), pool.clone());
         let events = Batcher::spawn(
-            Arc::new(move |items| {
+            Arc::new(move |items, _lane| {
                 let pool = events_pool.clone();
                 Box::pin(async move { accept_batch(&pool, items).await })
             }),
@@ -67,7 +68,7 @@ impl PgStore {
             |(tenant, _)| tenant,
         );
         let records = Batcher::spawn(
-            Arc::new(move |items| {
+            Arc::new(move |items, _lane| {
                 let pool = records_pool.clone();
                 Box::pin(async move { record_batch(&pool, items).await })
             }),
@@ -87,8 +88,9 @@ impl PgStore {
         &self.pool
     }
 
-    fn writer(&self) -> &PgPool {
-        &self.pool
+    /// PostgreSQL takes many writers: no gate.
+    async fn writer(&self) -> Writer<'_, sqlx::Postgres> {
+        Writer::ungated(&self.pool)
     }
 
     fn reader(&self) -> &PgPool {

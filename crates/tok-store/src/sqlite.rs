@@ -17,10 +17,13 @@ use crate::batch::Batcher;
 use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
+use crate::gate::{Lane, WriteGate, Writer};
 use crate::migrate;
 
 pub struct SqliteStore {
     writer: SqlitePool,
+    /// Who gets the one writer next: every write waits here.
+    gate: WriteGate,
     reader: SqlitePool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
@@ -92,25 +95,34 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.read_only(true))
             .await?;
-        let (events_pool, records_pool) = (writer.clone(), writer.clone());
+        let gate = WriteGate::default();
+        let (events_pool, events_gate) = (writer.clone(), gate.clone());
         let events = Batcher::spawn(
-            Arc::new(move |items| {
-                let pool = events_pool.clone();
-                Box::pin(async move { accept_batch(&pool, items).await })
+            Arc::new(move |items, lane| {
+                let (pool, gate) = (events_pool.clone(), events_gate.clone());
+                Box::pin(async move {
+                    let writer = Writer::gated(&pool, &gate, lane).await;
+                    accept_batch(&writer, items).await
+                })
             }),
             1,
             |(tenant, _)| tenant,
         );
+        let (records_pool, records_gate) = (writer.clone(), gate.clone());
         let records = Batcher::spawn(
-            Arc::new(move |items| {
-                let pool = records_pool.clone();
-                Box::pin(async move { record_batch(&pool, items).await })
+            Arc::new(move |items, lane| {
+                let (pool, gate) = (records_pool.clone(), records_gate.clone());
+                Box::pin(async move {
+                    let writer = Writer::gated(&pool, &gate, lane).await;
+                    record_batch(&writer, items).await
+                })
             }),
             1,
             |(job, _)| &job.tenant_id,
         );
         Ok(Self {
             writer,
+            gate,
             reader,
             events,
             records,
@@ -119,8 +131,10 @@ impl SqliteStore {
         })
     }
 
-    fn writer(&self) -> &SqlitePool {
-        &self.writer
+    /// The writer, in the bulk lane: the urgent one is the group
+    /// commits' (see `batch.rs`).
+    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
+        Writer::gated(&self.writer, &self.gate, Lane::Bulk).await
     }
 
     fn reader(&self) -> &SqlitePool {
@@ -218,7 +232,8 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        let mut conn = self.writer.acquire().await?;
+        let writer = self.writer().await;
+        let mut conn = writer.acquire().await?;
         sqlx::Executor::execute(&mut *conn, migrate::CREATE_TABLE).await?;
         let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
             .fetch_all(&mut *conn)
