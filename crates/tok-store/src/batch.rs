@@ -252,7 +252,9 @@ mod tests {
     async fn a_small_tenants_write_does_not_wait_for_the_crowding_tenants_commit() {
         // Bulk transactions block until told to go; urgent ones commit at once.
         let go = Arc::new(tokio::sync::Notify::new());
-        let lanes: Arc<std::sync::Mutex<Vec<(Lane, Vec<String>)>>> = Arc::default();
+        // Each transaction's lane and tenants, in the order they began.
+        type Began = std::sync::Mutex<Vec<(Lane, Vec<String>)>>;
+        let lanes: Arc<Began> = Arc::default();
         let write: WriteBatch<TenantId, ()> = {
             let (go, lanes) = (go.clone(), lanes.clone());
             Arc::new(move |items: Vec<TenantId>, lane| {
