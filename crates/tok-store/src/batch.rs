@@ -149,6 +149,22 @@ async fn commit<I, O>(
     drop(writer);
 }
 
+/// The tenant with the most of `tenants`, with its count and how many
+/// tenants there are.
+fn busiest<'a, K: Eq + Hash + ?Sized>(
+    tenants: impl IntoIterator<Item = &'a K>,
+) -> Option<(&'a K, usize, usize)> {
+    let mut counts: HashMap<&K, usize> = HashMap::new();
+    for tenant in tenants {
+        *counts.entry(tenant).or_default() += 1;
+    }
+    let distinct = counts.len();
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(tenant, n)| (tenant, n, distinct))
+}
+
 /// The tenant crowding a queue of writes (or a dispatch's events, given by
 /// their tenants): one with at least `at_least` of them while another
 /// tenant has some too.
@@ -156,18 +172,9 @@ pub(crate) fn crowding<'a, K: Eq + Hash + ?Sized>(
     tenants: impl IntoIterator<Item = &'a K>,
     at_least: usize,
 ) -> Option<&'a K> {
-    let mut counts: HashMap<&K, usize> = HashMap::new();
-    for tenant in tenants {
-        *counts.entry(tenant).or_default() += 1;
-    }
-    if counts.len() < 2 {
-        return None;
-    }
-    counts
-        .into_iter()
-        .max_by_key(|(_, n)| *n)
-        .filter(|(_, n)| *n >= at_least)
-        .map(|(tenant, _)| tenant)
+    busiest(tenants)
+        .filter(|(_, n, distinct)| *distinct >= 2 && *n >= at_least)
+        .map(|(tenant, _, _)| tenant)
 }
 
 /// The tenant whose writes make way: one crowding the queue, else the one
@@ -192,10 +199,9 @@ fn crowd_of<T>(
 /// The tenant that filled a bulk transaction: at least [`CROWDING`] of its
 /// writes and three quarters of them.
 fn filled_by<T>(batch: &[T], tenant: impl Fn(&T) -> &TenantId) -> Option<TenantId> {
-    let top =
-        crowding(batch.iter().map(&tenant), CROWDING).or_else(|| batch.first().map(&tenant))?;
-    let n = batch.iter().filter(|item| tenant(item) == top).count();
-    (n >= CROWDING && n * 4 >= batch.len() * 3).then(|| top.clone())
+    busiest(batch.iter().map(tenant))
+        .filter(|(_, n, _)| *n >= CROWDING && n * 4 >= batch.len() * 3)
+        .map(|(top, _, _)| top.clone())
 }
 
 /// Takes out the writes of tenants other than `crowd` (in order, up to a
