@@ -7,7 +7,9 @@
 //! transaction takes all waiting ones (up to [`MAX_BATCH`]) and commits
 //! once, and each caller is answered only after that commit. Under load many
 //! writes share one fsync; alone, a write waits for nothing but its own
-//! commit. One item's refusal (a lost lease) does not fail the others; a
+//! commit. Where the store has one writer (SQLite), a transaction takes its
+//! writes only once it has the writer, so those that arrive while another
+//! transaction holds it go along. One item's refusal (a lost lease) does not fail the others; a
 //! database error fails the whole batch, and every caller hears it.
 //!
 //! Fair between tenants: when one tenant's writes crowd the queue, the
@@ -27,7 +29,7 @@ use std::sync::Arc;
 use tok_core::ids::TenantId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use crate::gate::Lane;
+use crate::gate::{Lane, Turn, WriteGate};
 
 use crate::{Result, StoreError};
 
@@ -36,10 +38,10 @@ pub(crate) const MAX_BATCH: usize = 256;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Writes a batch in one transaction, waiting for the writer in the given
-/// lane; one answer per item, in order.
+/// Writes a batch in one transaction, in the given lane, holding the
+/// writer's turn when the store has a gate; one answer per item, in order.
 pub(crate) type WriteBatch<I, O> =
-    Arc<dyn Fn(Vec<I>, Lane) -> BoxFuture<Result<Vec<Result<O>>>> + Send + Sync>;
+    Arc<dyn Fn(Vec<I>, Lane, Option<Turn>) -> BoxFuture<Result<Vec<Result<O>>>> + Send + Sync>;
 
 pub(crate) struct Batcher<I, O> {
     sender: mpsc::Sender<(I, oneshot::Sender<Result<O>>)>,
@@ -59,10 +61,17 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// at once, without waiting for the bulk transactions in flight. A
     /// batch takes whatever waited while the writers were busy; `tenant`
     /// says whose a write is.
+    ///
+    /// With a `gate` (SQLite), a bulk batch is taken only once the writer's
+    /// turn is granted: the writes that arrive while the writer commits
+    /// someone else's transaction (a dispatch, a claim) join it, instead of
+    /// a batch of the one or two that came first waiting at the gate while
+    /// the rest queue behind it for a transaction of their own.
     pub(crate) fn spawn(
         write: WriteBatch<I, O>,
         parallel: usize,
         tenant: fn(&I) -> &TenantId,
+        gate: Option<WriteGate>,
     ) -> Self {
         let (sender, mut receiver) = mpsc::channel::<Waiting<I, O>>(MAX_BATCH * 8);
         let bulk = Arc::new(Semaphore::new(parallel.max(1)));
@@ -71,13 +80,9 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
             let mut queue: VecDeque<Waiting<I, O>> = VecDeque::new();
             // The tenant that filled the last bulk transaction.
             let mut in_flight: Option<TenantId> = None;
+            // A bulk writer waiting for its turn at the gate.
+            let mut next_turn: Option<BoxFuture<(OwnedSemaphorePermit, Option<Turn>)>> = None;
             loop {
-                if queue.is_empty() {
-                    let Some(first) = receiver.recv().await else {
-                        return;
-                    };
-                    queue.push_back(first);
-                }
                 let crowd = crowd_of(&queue, |(item, _)| tenant(item), in_flight.as_ref());
                 // Wait for a writer; a write arriving meanwhile may change
                 // what goes where.
@@ -87,18 +92,37 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         let Ok(permit) = permit else { return };
                         if let Some(crowd) = &crowd {
                             let others = others_first(&mut queue, |(item, _)| tenant(item), crowd);
-                            tokio::spawn(commit(write.clone(), others, Lane::Urgent, permit));
+                            let (write, gate) = (write.clone(), gate.clone());
+                            tokio::spawn(async move {
+                                let turn = enter(gate, Lane::Urgent).await;
+                                commit(write, others, Lane::Urgent, turn, permit).await;
+                            });
                         }
                     }
-                    permit = bulk.clone().acquire_owned() => {
-                        let Ok(permit) = permit else { return };
+                    (permit, turn) = async { next_turn.as_mut().expect("guarded").await },
+                        if next_turn.is_some() =>
+                    {
+                        next_turn = None;
+                        // Everything waiting now, up to a batch (none when
+                        // the urgent lane took it all).
                         while let Ok(next) = receiver.try_recv() {
                             queue.push_back(next);
                         }
                         let n = queue.len().min(MAX_BATCH);
                         let batch: Vec<_> = queue.drain(..n).collect();
                         in_flight = filled_by(&batch, |(item, _)| tenant(item));
-                        tokio::spawn(commit(write.clone(), batch, Lane::Bulk, permit));
+                        if !batch.is_empty() {
+                            tokio::spawn(commit(write.clone(), batch, Lane::Bulk, turn, permit));
+                        }
+                    }
+                    permit = bulk.clone().acquire_owned(),
+                        if next_turn.is_none() && !queue.is_empty() =>
+                    {
+                        let Ok(permit) = permit else { return };
+                        let gate = gate.clone();
+                        next_turn = Some(Box::pin(async move {
+                            (permit, enter(gate, Lane::Bulk).await)
+                        }));
                     }
                     next = receiver.recv() => {
                         let Some(next) = next else { return };
@@ -125,15 +149,24 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     }
 }
 
+/// The writer's turn in `lane`, where the store has a gate.
+async fn enter(gate: Option<WriteGate>, lane: Lane) -> Option<Turn> {
+    match gate {
+        Some(gate) => Some(gate.enter(lane).await),
+        None => None,
+    }
+}
+
 /// Writes one batch and answers its callers; frees its writer after.
 async fn commit<I, O>(
     write: WriteBatch<I, O>,
     batch: Vec<Waiting<I, O>>,
     lane: Lane,
+    turn: Option<Turn>,
     writer: OwnedSemaphorePermit,
 ) {
     let (items, replies): (Vec<I>, Vec<_>) = batch.into_iter().unzip();
-    match write(items, lane).await {
+    match write(items, lane, turn).await {
         Ok(results) => {
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
@@ -263,7 +296,7 @@ mod tests {
         let lanes: Arc<Began> = Arc::default();
         let write: WriteBatch<TenantId, ()> = {
             let (go, lanes) = (go.clone(), lanes.clone());
-            Arc::new(move |items: Vec<TenantId>, lane| {
+            Arc::new(move |items: Vec<TenantId>, lane, _turn| {
                 let (go, lanes) = (go.clone(), lanes.clone());
                 Box::pin(async move {
                     let names = items.iter().map(|t| t.to_string()).collect();
@@ -275,7 +308,7 @@ mod tests {
                 })
             })
         };
-        let batcher = Arc::new(Batcher::spawn(write, 1, |t| t));
+        let batcher = Arc::new(Batcher::spawn(write, 1, |t| t, None));
         let submit = |name: &str| {
             let (batcher, tenant) = (batcher.clone(), TenantId::from(name.to_string()));
             tokio::spawn(async move { batcher.submit(tenant).await })
@@ -306,6 +339,56 @@ mod tests {
         assert_eq!(lanes.len(), 3, "one more bulk commit took the rest");
         assert_eq!(lanes[2].0, Lane::Bulk);
         assert_eq!(lanes[2].1.len(), CROWDING);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_bulk_batch_is_taken_when_the_writer_is_free_not_before() {
+        let gate = WriteGate::default();
+        // Each transaction's size, and whether it held the writer's turn.
+        let batches: Arc<std::sync::Mutex<Vec<(usize, bool)>>> = Arc::default();
+        let write: WriteBatch<TenantId, ()> = {
+            let batches = batches.clone();
+            Arc::new(move |items: Vec<TenantId>, _lane, turn| {
+                let batches = batches.clone();
+                Box::pin(async move {
+                    batches.lock().unwrap().push((items.len(), turn.is_some()));
+                    Ok(items.iter().map(|_| Ok(())).collect())
+                })
+            })
+        };
+        let batcher = Arc::new(Batcher::spawn(write, 1, |t| t, Some(gate.clone())));
+        let submit = || {
+            let batcher = batcher.clone();
+            tokio::spawn(async move { batcher.submit(TenantId::from("a".to_string())).await })
+        };
+        let settle = || async {
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+        };
+        // Another transaction (a dispatch, say) has the writer.
+        let held = gate.enter(Lane::Bulk).await;
+        let mut writes = vec![submit()];
+        settle().await;
+        writes.extend((0..5).map(|_| submit()));
+        settle().await;
+        assert!(
+            batches.lock().unwrap().is_empty(),
+            "nothing written while the writer is taken"
+        );
+        drop(held);
+        for write in writes {
+            tokio::time::timeout(std::time::Duration::from_secs(5), write)
+                .await
+                .expect("committed")
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(
+            *batches.lock().unwrap(),
+            vec![(6, true)],
+            "the writes that came while the first waited for the writer share its transaction"
+        );
     }
 
     #[test]

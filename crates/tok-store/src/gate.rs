@@ -154,10 +154,12 @@ impl<'a, DB: sqlx::Database> Writer<'a, DB> {
     }
 
     pub(crate) async fn gated(pool: &'a sqlx::Pool<DB>, gate: &WriteGate, lane: Lane) -> Self {
-        Self {
-            pool,
-            _turn: Some(gate.enter(lane).await),
-        }
+        Self::holding(pool, Some(gate.enter(lane).await))
+    }
+
+    /// The pool for a turn already taken at its gate (or none: ungated).
+    pub(crate) fn holding(pool: &'a sqlx::Pool<DB>, turn: Option<Turn>) -> Self {
+        Self { pool, _turn: turn }
     }
 }
 

@@ -60,20 +60,22 @@ impl PgStore {
             .await?;
         let (events_pool, records_pool) = (pool.clone(), pool.clone());
         let events = Batcher::spawn(
-            Arc::new(move |items, _lane| {
+            Arc::new(move |items, _lane, _turn| {
                 let pool = events_pool.clone();
                 Box::pin(async move { accept_batch(&pool, items).await })
             }),
             WRITERS,
             |(tenant, _)| tenant,
+            None,
         );
         let records = Batcher::spawn(
-            Arc::new(move |items, _lane| {
+            Arc::new(move |items, _lane, _turn| {
                 let pool = records_pool.clone();
                 Box::pin(async move { record_batch(&pool, items).await })
             }),
             WRITERS,
             |(job, _)| &job.tenant_id,
+            None,
         );
         Ok(Self {
             pool,

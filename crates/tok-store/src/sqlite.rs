@@ -96,29 +96,27 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await?;
         let gate = WriteGate::default();
-        let (events_pool, events_gate) = (writer.clone(), gate.clone());
+        // The batchers take the writer's turn at the gate before they take
+        // their batch (`batch.rs`), and write holding it.
+        let events_pool = writer.clone();
         let events = Batcher::spawn(
-            Arc::new(move |items, lane| {
-                let (pool, gate) = (events_pool.clone(), events_gate.clone());
-                Box::pin(async move {
-                    let writer = Writer::gated(&pool, &gate, lane).await;
-                    accept_batch(&writer, items).await
-                })
+            Arc::new(move |items, _lane, turn| {
+                let pool = events_pool.clone();
+                Box::pin(async move { accept_batch(&Writer::holding(&pool, turn), items).await })
             }),
             1,
             |(tenant, _)| tenant,
+            Some(gate.clone()),
         );
-        let (records_pool, records_gate) = (writer.clone(), gate.clone());
+        let records_pool = writer.clone();
         let records = Batcher::spawn(
-            Arc::new(move |items, lane| {
-                let (pool, gate) = (records_pool.clone(), records_gate.clone());
-                Box::pin(async move {
-                    let writer = Writer::gated(&pool, &gate, lane).await;
-                    record_batch(&writer, items).await
-                })
+            Arc::new(move |items, _lane, turn| {
+                let pool = records_pool.clone();
+                Box::pin(async move { record_batch(&Writer::holding(&pool, turn), items).await })
             }),
             1,
             |(job, _)| &job.tenant_id,
+            Some(gate.clone()),
         );
         Ok(Self {
             writer,
