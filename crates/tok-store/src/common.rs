@@ -448,10 +448,13 @@ macro_rules! impl_common {
             pool: &sqlx::Pool<$db>,
             items: Vec<(TenantId, NewEvent)>,
         ) -> Result<Vec<Result<(EventId, Accepted)>>> {
-            let mut tx = pool.begin().await?;
-            // One statement writes every new event; an event whose key is
-            // already taken (a duplicate, or a key outside the window) goes
-            // the one-by-one way.
+            // One statement writes every new event, committed on its own
+            // (a statement outside a transaction is one: no `BEGIN` and
+            // `COMMIT` round trips); an event whose key is already taken (a
+            // duplicate, or a key outside the window) then goes the
+            // one-by-one way in a transaction. Nobody is answered before
+            // both committed; a crash between them loses nothing answered,
+            // and the retried webhooks find their rows as duplicates.
             let ids: Vec<String> = items.iter().map(|_| new_id("evt")).collect();
             let now = now_ms();
             let rows: Vec<$crate::common::EventRow> = items
@@ -477,11 +480,18 @@ macro_rules! impl_common {
             ))
             .bind(Json(&rows))
             .bind(now)
-            .fetch_all(&mut *tx)
+            .fetch_all(pool)
             .await?
             .iter()
             .map(|r| r.get::<String, _>("id"))
             .collect();
+            if written.len() == items.len() {
+                return Ok(ids
+                    .into_iter()
+                    .map(|id| Ok((EventId::from(id), Accepted { duplicate: false })))
+                    .collect());
+            }
+            let mut tx = pool.begin().await?;
             let mut out = Vec::with_capacity(items.len());
             for ((tenant, event), id) in items.iter().zip(ids) {
                 if written.contains(&id) {

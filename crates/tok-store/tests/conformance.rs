@@ -1726,6 +1726,87 @@ async fn inbox_idempotency(db: &TestDb) {
     );
 }
 
+#[tokio::test]
+async fn webhooks_sent_together_are_each_new_or_a_duplicate_once() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        inbox_batch_with_duplicates(&db).await;
+        db.cleanup().await;
+    }
+}
+
+/// Webhooks sent at once share group commits, where new keys, keys already
+/// taken, and one key sent twice in the same moment mix.
+async fn inbox_batch_with_duplicates(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let eshop = source(&*store, &t, "eshop").await;
+    let mut first = std::collections::HashMap::new();
+    for key in ["old-1", "old-2", "old-3"] {
+        let (id, _) = store
+            .accept_event(&t, webhook_event(&eshop, key))
+            .await
+            .unwrap();
+        first.insert(key.to_string(), id);
+    }
+
+    let keys: Vec<String> = (0..30)
+        .map(|i| match i % 3 {
+            0 => format!("old-{}", i % 9 / 3 + 1),
+            1 => format!("new-{i}"),
+            _ => "twice".to_string(),
+        })
+        .collect();
+    let sent: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (store, t, event) = (store.clone(), t.clone(), webhook_event(&eshop, key));
+            tokio::spawn(async move { store.accept_event(&t, event).await })
+        })
+        .collect();
+    let mut new_by_key: std::collections::HashMap<String, Vec<_>> = Default::default();
+    let mut ids_by_key: std::collections::HashMap<String, std::collections::HashSet<_>> =
+        Default::default();
+    for (key, sent) in keys.iter().zip(sent) {
+        let (id, accepted) = sent.await.unwrap().expect("accepted");
+        if !accepted.duplicate {
+            new_by_key.entry(key.clone()).or_default().push(id.clone());
+        }
+        ids_by_key.entry(key.clone()).or_default().insert(id);
+    }
+    for (key, ids) in &ids_by_key {
+        assert_eq!(
+            ids.len(),
+            1,
+            "{backend:?}: every webhook with {key} names one event"
+        );
+        match first.get(key) {
+            Some(id) => {
+                assert!(ids.contains(id), "{backend:?}: {key} finds its first event");
+                assert!(
+                    !new_by_key.contains_key(key),
+                    "{backend:?}: {key} was taken before"
+                );
+            }
+            None => assert_eq!(
+                new_by_key.get(key).map(Vec::len),
+                Some(1),
+                "{backend:?}: {key} is new exactly once"
+            ),
+        }
+    }
+    let stats = store
+        .queue_stats(std::slice::from_ref(&t))
+        .await
+        .expect("stats");
+    assert_eq!(
+        stats.pending_events,
+        3 + 10 + 1,
+        "{backend:?}: one row per key"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // 8. Tenant scoping
 // ---------------------------------------------------------------------------
