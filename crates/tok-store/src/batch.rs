@@ -9,8 +9,9 @@
 //! writes share one fsync; alone, a write waits for nothing but its own
 //! commit. Where the store has one writer (SQLite), a transaction takes its
 //! writes only once it has the writer, so those that arrive while another
-//! transaction holds it go along. One item's refusal (a lost lease) does not fail the others; a
-//! database error fails the whole batch, and every caller hears it.
+//! transaction holds it go along. One item's refusal (a lost lease) does
+//! not fail the others; a database error fails the whole batch, and every
+//! caller hears it.
 //!
 //! Fair between tenants: when one tenant's writes crowd the queue, the
 //! other tenants' waiting writes go in a small transaction of their own, in

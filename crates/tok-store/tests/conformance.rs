@@ -1736,7 +1736,7 @@ async fn webhooks_sent_together_are_each_new_or_a_duplicate_once() {
 }
 
 /// Webhooks sent at once share group commits, where new keys, keys already
-/// taken, and one key sent twice in the same moment mix.
+/// taken, and one new key sent ten times in the same moment mix.
 async fn inbox_batch_with_duplicates(db: &TestDb) {
     let backend = db.backend;
     let store = db.store().await;
@@ -1755,7 +1755,7 @@ async fn inbox_batch_with_duplicates(db: &TestDb) {
         .map(|i| match i % 3 {
             0 => format!("old-{}", i % 9 / 3 + 1),
             1 => format!("new-{i}"),
-            _ => "twice".to_string(),
+            _ => "repeated".to_string(),
         })
         .collect();
     let sent: Vec<_> = keys
