@@ -19,7 +19,9 @@
 //! tenant's large one: they wait neither for the bulk transactions in
 //! flight nor, on SQLite, for the claims and dispatches queued for the one
 //! writer. The lanes alternate under contention, so the crowding tenant
-//! waits for at most one small commit at a time.
+//! waits for at most one small commit at a time. On SQLite an urgent write
+//! still waits for the bulk transaction in flight, so while other tenants'
+//! writes go urgent, bulk transactions stay small.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -27,8 +29,11 @@ use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use std::time::Duration;
 use tok_core::ids::TenantId;
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::gate::{Lane, Turn, WriteGate};
 
@@ -50,6 +55,13 @@ pub(crate) struct Batcher<I, O> {
 
 /// A tenant with this many writes waiting crowds the queue.
 const CROWDING: usize = 8;
+
+/// Most writes a bulk transaction takes on a store with one writer while
+/// other tenants' writes went urgent in the last [`MAKING_WAY_FOR`]: an
+/// urgent write waits for the bulk transaction in flight, so that stays
+/// short while other tenants are about.
+const MAKING_WAY_BATCH: usize = 16;
+const MAKING_WAY_FOR: Duration = Duration::from_millis(100);
 
 type Waiting<I, O> = (I, oneshot::Sender<Result<O>>);
 
@@ -83,6 +95,8 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
             let mut in_flight: Option<TenantId> = None;
             // A bulk writer waiting for its turn at the gate.
             let mut next_turn: Option<BoxFuture<(OwnedSemaphorePermit, Option<Turn>)>> = None;
+            // When other tenants' writes last went urgent.
+            let mut went_urgent: Option<Instant> = None;
             loop {
                 let crowd = crowd_of(&queue, |(item, _)| tenant(item), in_flight.as_ref());
                 // Wait for a writer; a write arriving meanwhile may change
@@ -93,6 +107,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         let Ok(permit) = permit else { return };
                         if let Some(crowd) = &crowd {
                             let others = others_first(&mut queue, |(item, _)| tenant(item), crowd);
+                            went_urgent = Some(Instant::now());
                             let (write, gate) = (write.clone(), gate.clone());
                             tokio::spawn(async move {
                                 let turn = enter(gate, Lane::Urgent).await;
@@ -109,7 +124,10 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         while let Ok(next) = receiver.try_recv() {
                             queue.push_back(next);
                         }
-                        let n = queue.len().min(MAX_BATCH);
+                        let making_way = gate.is_some()
+                            && went_urgent.is_some_and(|at| at.elapsed() < MAKING_WAY_FOR);
+                        let most = if making_way { MAKING_WAY_BATCH } else { MAX_BATCH };
+                        let n = queue.len().min(most);
                         let batch: Vec<_> = queue.drain(..n).collect();
                         in_flight = filled_by(&batch, |(item, _)| tenant(item));
                         if !batch.is_empty() {
@@ -390,6 +408,51 @@ mod tests {
             vec![(6, true)],
             "the writes that came while the first waited for the writer share its transaction"
         );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn while_others_go_urgent_the_crowds_transactions_stay_small() {
+        // The clock stands still: the others went urgent "just now".
+        tokio::time::pause();
+        let gate = WriteGate::default();
+        // Each transaction's lane and size, in the order they began.
+        let batches: Arc<std::sync::Mutex<Vec<(Lane, usize)>>> = Arc::default();
+        let write: WriteBatch<TenantId, ()> = {
+            let batches = batches.clone();
+            Arc::new(move |items: Vec<TenantId>, lane, _turn| {
+                let batches = batches.clone();
+                Box::pin(async move {
+                    batches.lock().unwrap().push((lane, items.len()));
+                    Ok(items.iter().map(|_| Ok(())).collect())
+                })
+            })
+        };
+        let batcher = Arc::new(Batcher::spawn(write, 1, |t| t, Some(gate.clone())));
+        let submit = |name: &str| {
+            let (batcher, tenant) = (batcher.clone(), TenantId::from(name.to_string()));
+            tokio::spawn(async move { batcher.submit(tenant).await })
+        };
+        let settle = || async {
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let held = gate.enter(Lane::Bulk).await;
+        let mut writes: Vec<_> = (0..40).map(|_| submit("big")).collect();
+        settle().await;
+        writes.push(submit("small"));
+        settle().await;
+        drop(held);
+        for write in writes {
+            write.await.unwrap().unwrap();
+        }
+        let sizes: Vec<usize> = batches.lock().unwrap().iter().map(|(_, n)| *n).collect();
+        assert_eq!(
+            batches.lock().unwrap()[0],
+            (Lane::Urgent, 1),
+            "the small tenant first"
+        );
+        assert_eq!(sizes, vec![1, MAKING_WAY_BATCH, MAKING_WAY_BATCH, 8]);
     }
 
     #[test]
