@@ -28,10 +28,9 @@ use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
-
 use std::time::Duration;
-use tok_core::ids::TenantId;
 
+use tok_core::ids::TenantId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -61,6 +60,7 @@ const CROWDING: usize = 8;
 /// urgent write waits for the bulk transaction in flight, so that stays
 /// short while other tenants are about.
 const MAKING_WAY_BATCH: usize = 16;
+/// How long after another tenant's urgent write the crowd makes way.
 const MAKING_WAY_FOR: Duration = Duration::from_millis(100);
 
 type Waiting<I, O> = (I, oneshot::Sender<Result<O>>);
@@ -360,39 +360,56 @@ mod tests {
         assert_eq!(lanes[2].1.len(), CROWDING);
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_bulk_batch_is_taken_when_the_writer_is_free_not_before() {
-        let gate = WriteGate::default();
-        // Each transaction's size, and whether it held the writer's turn.
-        let batches: Arc<std::sync::Mutex<Vec<(usize, bool)>>> = Arc::default();
+    /// Each transaction's lane, size, and whether it held the writer's turn.
+    type Written = Arc<std::sync::Mutex<Vec<(Lane, usize, bool)>>>;
+
+    /// A batcher on `gate` whose transactions only note what they wrote.
+    fn noting_batcher(gate: &WriteGate) -> (Arc<Batcher<TenantId, ()>>, Written) {
+        let written: Written = Arc::default();
         let write: WriteBatch<TenantId, ()> = {
-            let batches = batches.clone();
-            Arc::new(move |items: Vec<TenantId>, _lane, turn| {
-                let batches = batches.clone();
+            let written = written.clone();
+            Arc::new(move |items: Vec<TenantId>, lane, turn| {
+                let written = written.clone();
                 Box::pin(async move {
-                    batches.lock().unwrap().push((items.len(), turn.is_some()));
+                    written
+                        .lock()
+                        .unwrap()
+                        .push((lane, items.len(), turn.is_some()));
                     Ok(items.iter().map(|_| Ok(())).collect())
                 })
             })
         };
-        let batcher = Arc::new(Batcher::spawn(write, 1, |t| t, Some(gate.clone())));
-        let submit = || {
-            let batcher = batcher.clone();
-            tokio::spawn(async move { batcher.submit(TenantId::from("a".to_string())).await })
-        };
-        let settle = || async {
-            for _ in 0..50 {
-                tokio::task::yield_now().await;
-            }
-        };
+        let batcher = Batcher::spawn(write, 1, |t| t, Some(gate.clone()));
+        (Arc::new(batcher), written)
+    }
+
+    fn submit(
+        batcher: &Arc<Batcher<TenantId, ()>>,
+        tenant: &str,
+    ) -> tokio::task::JoinHandle<Result<()>> {
+        let (batcher, tenant) = (batcher.clone(), TenantId::from(tenant.to_string()));
+        tokio::spawn(async move { batcher.submit(tenant).await })
+    }
+
+    /// Lets the spawned writes and the batcher run as far as they can.
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_bulk_batch_is_taken_when_the_writer_is_free_not_before() {
+        let gate = WriteGate::default();
+        let (batcher, written) = noting_batcher(&gate);
         // Another transaction (a dispatch, say) has the writer.
         let held = gate.enter(Lane::Bulk).await;
-        let mut writes = vec![submit()];
+        let mut writes = vec![submit(&batcher, "a")];
         settle().await;
-        writes.extend((0..5).map(|_| submit()));
+        writes.extend((0..5).map(|_| submit(&batcher, "a")));
         settle().await;
         assert!(
-            batches.lock().unwrap().is_empty(),
+            written.lock().unwrap().is_empty(),
             "nothing written while the writer is taken"
         );
         drop(held);
@@ -404,8 +421,8 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(
-            *batches.lock().unwrap(),
-            vec![(6, true)],
+            *written.lock().unwrap(),
+            vec![(Lane::Bulk, 6, true)],
             "the writes that came while the first waited for the writer share its transaction"
         );
     }
@@ -415,44 +432,26 @@ mod tests {
         // The clock stands still: the others went urgent "just now".
         tokio::time::pause();
         let gate = WriteGate::default();
-        // Each transaction's lane and size, in the order they began.
-        let batches: Arc<std::sync::Mutex<Vec<(Lane, usize)>>> = Arc::default();
-        let write: WriteBatch<TenantId, ()> = {
-            let batches = batches.clone();
-            Arc::new(move |items: Vec<TenantId>, lane, _turn| {
-                let batches = batches.clone();
-                Box::pin(async move {
-                    batches.lock().unwrap().push((lane, items.len()));
-                    Ok(items.iter().map(|_| Ok(())).collect())
-                })
-            })
-        };
-        let batcher = Arc::new(Batcher::spawn(write, 1, |t| t, Some(gate.clone())));
-        let submit = |name: &str| {
-            let (batcher, tenant) = (batcher.clone(), TenantId::from(name.to_string()));
-            tokio::spawn(async move { batcher.submit(tenant).await })
-        };
-        let settle = || async {
-            for _ in 0..50 {
-                tokio::task::yield_now().await;
-            }
-        };
+        let (batcher, written) = noting_batcher(&gate);
         let held = gate.enter(Lane::Bulk).await;
-        let mut writes: Vec<_> = (0..40).map(|_| submit("big")).collect();
+        let mut writes: Vec<_> = (0..40).map(|_| submit(&batcher, "big")).collect();
         settle().await;
-        writes.push(submit("small"));
+        writes.push(submit(&batcher, "small"));
         settle().await;
         drop(held);
         for write in writes {
             write.await.unwrap().unwrap();
         }
-        let sizes: Vec<usize> = batches.lock().unwrap().iter().map(|(_, n)| *n).collect();
         assert_eq!(
-            batches.lock().unwrap()[0],
-            (Lane::Urgent, 1),
-            "the small tenant first"
+            *written.lock().unwrap(),
+            vec![
+                (Lane::Urgent, 1, true),
+                (Lane::Bulk, MAKING_WAY_BATCH, true),
+                (Lane::Bulk, MAKING_WAY_BATCH, true),
+                (Lane::Bulk, 8, true),
+            ],
+            "the small tenant first, then the big one's 40 writes at most 16 at a time"
         );
-        assert_eq!(sizes, vec![1, MAKING_WAY_BATCH, MAKING_WAY_BATCH, 8]);
     }
 
     #[test]
