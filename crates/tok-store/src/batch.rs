@@ -279,6 +279,7 @@ fn others_first<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gate::tests::settle;
 
     fn queue(tenants: &[&str]) -> VecDeque<(TenantId, usize)> {
         tenants
@@ -328,17 +329,13 @@ mod tests {
             })
         };
         let batcher = Arc::new(Batcher::spawn(write, 1, |t| t, None));
-        let submit = |name: &str| {
-            let (batcher, tenant) = (batcher.clone(), TenantId::from(name.to_string()));
-            tokio::spawn(async move { batcher.submit(tenant).await })
-        };
-        let first = submit("big");
+        let first = submit(&batcher, "big");
         while lanes.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;
         }
         // The first bulk commit is in flight; the big tenant queues more.
-        let mut waiting: Vec<_> = (0..CROWDING).map(|_| submit("big")).collect();
-        let small = submit("small");
+        let mut waiting: Vec<_> = (0..CROWDING).map(|_| submit(&batcher, "big")).collect();
+        let small = submit(&batcher, "small");
         tokio::time::timeout(std::time::Duration::from_secs(5), small)
             .await
             .expect("the small tenant's write committed while the bulk one was in flight")
@@ -389,13 +386,6 @@ mod tests {
     ) -> tokio::task::JoinHandle<Result<()>> {
         let (batcher, tenant) = (batcher.clone(), TenantId::from(tenant.to_string()));
         tokio::spawn(async move { batcher.submit(tenant).await })
-    }
-
-    /// Lets the spawned writes and the batcher run as far as they can.
-    async fn settle() {
-        for _ in 0..50 {
-            tokio::task::yield_now().await;
-        }
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -1812,7 +1812,8 @@ macro_rules! impl_common {
                 // Rows are locked in id order, like a record batch's fence,
                 // and a row a record holds right now is skipped (that record
                 // moves the lease on itself): the heartbeat never deadlocks
-                // with a record.
+                // with a record. Both updates go in one turn at the writer.
+                let writer = self.writer().await;
                 let done = sqlx::query(concat!(
                     "UPDATE jobs SET locked_until = ", $now, " + $3
                      WHERE id IN (SELECT id FROM jobs
@@ -1822,7 +1823,7 @@ macro_rules! impl_common {
                 .bind(node)
                 .bind($list(jobs.iter().map(|j| j.0)))
                 .bind(lease_ms)
-                .execute(&*self.writer().await)
+                .execute(&*writer)
                 .await?;
                 // Connection slots held by these jobs live as long as their leases.
                 sqlx::query(concat!(
@@ -1831,7 +1832,7 @@ macro_rules! impl_common {
                 ))
                 .bind($list(jobs.iter().map(|j| j.0)))
                 .bind(lease_ms)
-                .execute(&*self.writer().await)
+                .execute(&*writer)
                 .await?;
                 Ok(done.rows_affected())
             }

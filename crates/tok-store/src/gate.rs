@@ -172,7 +172,7 @@ impl<DB: sqlx::Database> std::ops::Deref for Writer<'_, DB> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::time::Duration;
 
@@ -191,9 +191,10 @@ mod tests {
         })
     }
 
-    /// Lets spawned waiters reach the gate.
-    async fn settle() {
-        for _ in 0..20 {
+    /// Lets spawned tasks (waiters at the gate, a batcher and its writes)
+    /// run as far as they can.
+    pub(crate) async fn settle() {
+        for _ in 0..50 {
             tokio::task::yield_now().await;
         }
     }
