@@ -6,13 +6,25 @@
 //! the runs, their first jobs and the event's `dispatched` mark in one
 //! transaction, and a run is unique per (event, automation): a dispatch
 //! repeated after a crash creates nothing twice.
+//!
+//! The pure steps a run begins with (a condition on the event, `set`, a
+//! log line) are run here at once ([`run_pure_prefix`]): they depend on
+//! the run's context alone, so the dispatch writes their results with the
+//! run, and the run is spared a claim and a record before its first step
+//! that needs a worker — a run of pure steps only is complete when its
+//! event is dispatched.
 
+use jiff::Timestamp;
 use serde_json::{Map, Value, json};
+use tok_core::builtin::{self, Outcome};
 use tok_core::condition::Condition;
 use tok_core::context::Context;
+use tok_core::definition::Automation;
 use tok_core::flow::{self, Next};
 use tok_core::ids::RunId;
-use tok_store::{Candidate, NewRun, PendingEvent, Plan, PlanNote};
+use tok_core::limits::MAX_OUTPUT_BYTES;
+use tok_core::path::FlowPath;
+use tok_store::{Candidate, NewRun, PendingEvent, Plan, PlanNote, StepRecord, now_ms};
 
 use crate::definitions::DefinitionCache;
 
@@ -109,26 +121,197 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
             });
             continue;
         }
-        let first_path = match flow::first(&automation.steps) {
-            Next::Step(path) => Some(path.to_string()),
-            Next::Complete => None,
+        let mut run_context = Context::from_value(context.clone());
+        let (steps, first_path) = match flow::first(&automation.steps) {
+            Next::Step(path) => run_pure_prefix(&automation, path, &mut run_context),
+            Next::Complete => (Vec::new(), None),
         };
+        count_steps(event, &steps, first_path.is_none());
         plan.runs.push(NewRun {
             id: RunId::generate(),
             automation_id: candidate.automation_id.clone(),
             version: candidate.version,
             trigger_type: event.source_kind.clone(),
-            context: context.clone(),
+            context: run_context.into_value(),
             depth: event.depth,
             queue_key: event
                 .subject_ticket_id
                 .as_ref()
                 .map(|t| format!("ticket:{t}")),
             priority: 0,
-            first_path,
+            first_path: first_path.map(|p| p.to_string()),
             idempotency_key: None,
             subject_ticket_id: event.subject_ticket_id.clone(),
+            actions: steps.len() as i32,
+            steps,
         });
     }
     plan
+}
+
+/// Most pure steps a dispatch runs for one new run; the rest are a
+/// worker's, like any step. (They run while the dispatch holds SQLite's
+/// one writer.)
+pub const PURE_PREFIX_LIMIT: usize = 16;
+
+/// Runs the pure steps a run begins with, from `first`, publishing their
+/// outputs into `context`; returns their records and the step a worker
+/// runs next (`None`: the run is complete). It stops before the first step
+/// that is not pure (it needs the database or the outside world), a
+/// `wait`, a step that fails (a worker runs it again and fails the run the
+/// usual way, with its retries and incident), or after
+/// [`PURE_PREFIX_LIMIT`] steps.
+pub fn run_pure_prefix(
+    automation: &Automation,
+    first: FlowPath,
+    context: &mut Context,
+) -> (Vec<StepRecord>, Option<FlowPath>) {
+    let mut steps = Vec::new();
+    let mut path = first;
+    while steps.len() < PURE_PREFIX_LIMIT {
+        let Some(step) = flow::step_at(&automation.steps, &path) else {
+            break;
+        };
+        if !builtin::is_internal(&step.kind) {
+            break;
+        }
+        let started_at = now_ms();
+        let view = flow::scope(&automation.steps, &path, context.as_value());
+        let Ok(Outcome::Done { outputs, log }) = builtin::evaluate(step, &view, Timestamp::now())
+        else {
+            break;
+        };
+        let fits = serde_json::to_vec(&outputs).is_ok_and(|v| v.len() <= MAX_OUTPUT_BYTES);
+        if !fits {
+            break;
+        }
+        let mut after = context.clone();
+        after.publish(&step.id, &outputs);
+        let Ok(next) = flow::next(&automation.steps, &path, after.as_value()) else {
+            break;
+        };
+        *context = after;
+        steps.push(StepRecord {
+            path: path.to_string(),
+            step_id: step.id.clone(),
+            kind: step.kind.clone(),
+            attempt: 1,
+            status: "completed".into(),
+            input: None,
+            output: Some(Value::Object(outputs)),
+            error: None,
+            log,
+            started_at,
+            finished_at: now_ms(),
+        });
+        match next {
+            Next::Complete => return (steps, None),
+            Next::Step(next) => path = next,
+        }
+    }
+    (steps, Some(path))
+}
+
+/// The steps a dispatch ran count like a worker's.
+fn count_steps(event: &PendingEvent, steps: &[StepRecord], completed: bool) {
+    if steps.is_empty() {
+        return;
+    }
+    metrics::counter!(
+        "tok_steps_total",
+        "tenant" => event.tenant_id.to_string(),
+        "status" => "completed"
+    )
+    .increment(steps.len() as u64);
+    if completed {
+        metrics::counter!("tok_runs_finished_total", "status" => "completed").increment(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn automation(steps: Value) -> Automation {
+        let json = json!({ "name": "a", "trigger": { "kind": "manual" }, "steps": steps });
+        Automation::from_json(&json.to_string()).expect("a valid definition")
+    }
+
+    fn prefix(steps: Value) -> (Vec<StepRecord>, Option<FlowPath>, Value) {
+        let automation = automation(steps);
+        let mut context = Context::new(Map::new(), json!({ "n": 7 }), json!({}));
+        let Next::Step(first) = flow::first(&automation.steps) else {
+            panic!("a tree with steps");
+        };
+        let (steps, next) = run_pure_prefix(&automation, first, &mut context);
+        (steps, next, context.into_value())
+    }
+
+    fn ids(steps: &[StepRecord]) -> Vec<&str> {
+        steps.iter().map(|s| s.step_id.as_str()).collect()
+    }
+
+    #[test]
+    fn a_run_of_pure_steps_only_is_complete_at_dispatch() {
+        let (steps, next, context) = prefix(json!([
+            { "id": "s1", "type": "set", "config": { "values": { "n": "{{_body.n}}" } } },
+            { "id": "c", "type": "condition",
+              "rules": [{ "field": "s1.n", "operator": "eq", "value": 7 }],
+              "then": [{ "id": "yes", "type": "flow/log", "config": { "message": "seven" } }],
+              "else": [{ "id": "no", "type": "flow/log", "config": { "message": "other" } }] }
+        ]));
+        assert_eq!(ids(&steps), ["s1", "c", "yes"]);
+        assert_eq!(next, None, "complete");
+        assert_eq!(context["s1"]["n"], json!(7));
+        assert_eq!(steps[2].log, ["info: seven"]);
+        assert!(
+            steps
+                .iter()
+                .all(|s| s.status == "completed" && s.attempt == 1)
+        );
+    }
+
+    #[test]
+    fn the_prefix_stops_before_the_first_step_a_worker_must_run() {
+        let (steps, next, context) = prefix(json!([
+            { "id": "s1", "type": "set", "config": { "values": { "a": 1 } } },
+            { "id": "call", "type": "bench/anything", "config": {} },
+            { "id": "s2", "type": "set", "config": { "values": { "b": 2 } } }
+        ]));
+        assert_eq!(ids(&steps), ["s1"]);
+        assert_eq!(next.map(|p| p.to_string()).as_deref(), Some("1"));
+        assert!(context.get("s2").is_none(), "nothing after it ran");
+    }
+
+    #[test]
+    fn a_wait_or_a_failing_step_is_left_to_a_worker_unrecorded() {
+        let (steps, next, _) = prefix(json!([
+            { "id": "s1", "type": "set", "config": { "values": { "a": 1 } } },
+            { "id": "w", "type": "wait", "config": { "duration": "1h" } }
+        ]));
+        assert_eq!(
+            (ids(&steps), next.map(|p| p.to_string())),
+            (vec!["s1"], Some("1".into()))
+        );
+
+        let (steps, next, context) = prefix(json!([
+            { "id": "bad", "type": "set", "config": { "values": "not an object" } }
+        ]));
+        assert!(steps.is_empty());
+        assert_eq!(next.map(|p| p.to_string()).as_deref(), Some("0"));
+        assert!(context.get("bad").is_none());
+    }
+
+    #[test]
+    fn a_long_chain_of_pure_steps_goes_on_in_a_worker_after_the_limit() {
+        let chain: Vec<Value> = (0..PURE_PREFIX_LIMIT + 4)
+            .map(|i| json!({ "id": format!("s{i}"), "type": "set", "config": { "values": { "i": i } } }))
+            .collect();
+        let (steps, next, _) = prefix(Value::Array(chain));
+        assert_eq!(steps.len(), PURE_PREFIX_LIMIT);
+        assert_eq!(
+            next.map(|p| p.to_string()),
+            Some(PURE_PREFIX_LIMIT.to_string())
+        );
+    }
 }

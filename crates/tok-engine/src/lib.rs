@@ -2,8 +2,10 @@
 //! registry, over any [`Store`].
 //!
 //! Data flows webhook → inbox row → [`dispatcher`] (runs and first jobs, one
-//! transaction) → job queue → [`worker`] (one step per claim, one record
-//! transaction per step). Nothing here keeps progress in memory: every
+//! transaction; the pure steps a run begins with run there too) → job queue
+//! → [`worker`] (one step per claim, one record transaction per step). While
+//! one tenant's backlog fills the dispatches, a second dispatcher takes the
+//! other tenants' new events apart, in the writer's urgent lane. Nothing here keeps progress in memory: every
 //! decision is written before it matters, so a process may die at any line.
 //! In-process wake-ups only shorten the wait; a slow poll is the fallback,
 //! so several processes sharing one PostgreSQL need no other channel.
@@ -14,6 +16,7 @@ pub mod registry;
 mod steps;
 mod worker;
 
+use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -21,7 +24,7 @@ use serde_json::{Map, Value, json};
 use tok_core::context::Context;
 use tok_core::flow::{self, Next};
 use tok_core::ids::{AutomationId, RunId, TenantId};
-use tok_store::{AutomationStatus, NewEvent, NewRun, Store, StoreError};
+use tok_store::{AutomationStatus, Lane, NewEvent, NewRun, Store, StoreError};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -92,6 +95,11 @@ pub(crate) struct Inner {
     pub(crate) defs: DefinitionCache,
     /// Wakes the dispatcher: an event was accepted.
     pub(crate) inbox: Notify,
+    /// Wakes the urgent dispatcher: a tenant has a new event while another
+    /// tenant's backlog fills the dispatches.
+    pub(crate) urgent: Notify,
+    /// The urgent dispatcher's work: see [`Fresh`].
+    pub(crate) fresh: std::sync::Mutex<Fresh>,
     /// Wakes the worker pool: a job may be ready or a slot came free.
     pub(crate) work: Notify,
     /// The worker pool's slots, which the dispatcher may fill directly.
@@ -99,7 +107,53 @@ pub(crate) struct Inner {
     tenants: RwLock<Arc<Vec<TenantId>>>,
 }
 
+/// What the urgent dispatcher is for: while one tenant's backlog fills
+/// the dispatches, another tenant's new event would wait for the batch in
+/// progress and the claims and records queued at SQLite's one writer. The
+/// urgent dispatcher takes such events apart, in the writer's urgent lane.
+/// Only events accepted by this process are known here; the others are
+/// dispatched in turn, which is always correct.
+#[derive(Default)]
+pub(crate) struct Fresh {
+    /// The tenant whose events filled the last bulk dispatch.
+    backlog: Option<TenantId>,
+    /// Other tenants with events accepted since the urgent dispatcher looked.
+    tenants: HashSet<TenantId>,
+}
+
+impl Fresh {
+    /// Notes a new event of `tenant`; whether it is one for the urgent
+    /// dispatcher.
+    fn note(&mut self, tenant: &TenantId) -> bool {
+        match &self.backlog {
+            Some(backlog) if backlog != tenant => {
+                self.tenants.insert(tenant.clone());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// What the last bulk dispatch found: with no backlog, every event is
+    /// dispatched in turn.
+    fn set_backlog(&mut self, backlog: Option<TenantId>) {
+        if backlog.is_none() {
+            self.tenants.clear();
+        }
+        self.backlog = backlog;
+    }
+}
+
 impl Inner {
+    fn fresh(&self) -> std::sync::MutexGuard<'_, Fresh> {
+        self.fresh.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a tenant's backlog fills the bulk dispatches now.
+    fn backlogged(&self) -> bool {
+        self.fresh().backlog.is_some()
+    }
+
     pub(crate) fn tenants(&self) -> Arc<Vec<TenantId>> {
         self.tenants
             .read()
@@ -144,6 +198,8 @@ impl Engine {
                 config,
                 defs: DefinitionCache::default(),
                 inbox: Notify::new(),
+                urgent: Notify::new(),
+                fresh: Default::default(),
                 work: Notify::new(),
                 slots: Default::default(),
                 tenants: RwLock::default(),
@@ -163,8 +219,11 @@ impl Engine {
         &self.inner.config
     }
 
-    /// Tells the dispatcher an event is waiting.
-    pub fn event_accepted(&self) {
+    /// Tells the dispatcher an event of `tenant` is waiting.
+    pub fn event_accepted(&self, tenant: &TenantId) {
+        if self.inner.fresh().note(tenant) {
+            self.inner.urgent.notify_one();
+        }
         self.inner.inbox.notify_one();
     }
 
@@ -213,6 +272,7 @@ impl Engine {
         let (stop, shutdown) = watch::channel(false);
         let mut tasks = vec![
             tokio::spawn(dispatch_loop(self.inner.clone(), shutdown.clone())),
+            tokio::spawn(urgent_dispatch_loop(self.inner.clone(), shutdown.clone())),
             tokio::spawn(upkeep(self.clone(), shutdown.clone())),
         ];
         if workers {
@@ -283,6 +343,8 @@ impl Engine {
             },
             idempotency_key,
             subject_ticket_id: None,
+            steps: Vec::new(),
+            actions: 0,
         };
         let id = store.start_run(tenant, event, run).await?;
         self.inner.work.notify_one();
@@ -296,55 +358,72 @@ pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
     *shutdown.borrow() || shutdown.has_changed().is_err()
 }
 
-async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+/// One dispatch transaction of `tenants`' events in `lane`, the new runs'
+/// jobs handed to this process's free slots: between `least` events and
+/// four times as many while as many slots are free. Returns what it did
+/// and the batch it asked for.
+async fn dispatch_once(
+    inner: &Arc<Inner>,
+    tenants: &[TenantId],
+    lane: Lane,
+    least: u32,
+    all_reserved: bool,
+) -> tok_store::Result<(tok_store::Dispatched, u32)> {
     let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
         dispatcher::plan(event, candidates, &inner.defs)
     };
+    let most = 4 * least;
+    let mut offer = worker::Offer::new(inner, most as usize, all_reserved);
+    let batch = offer
+        .as_ref()
+        .map_or(least, |o| (o.free() as u32).clamp(least, most));
+    let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
+    let handoff = tok_store::Handoff {
+        node: &inner.config.node_id,
+        lease_ms: inner.lease_ms(),
+        take: &mut take,
+    };
+    let dispatched = inner
+        .store
+        .dispatch_handing_off(tenants, batch, &planner, Some(handoff), lane)
+        .await;
+    let claimed = match &dispatched {
+        Ok(d) => {
+            let now = jiff::Timestamp::now().as_millisecond();
+            for received_at in &d.received_at {
+                let lag = (now - received_at).max(0) as f64 / 1000.0;
+                metrics::histogram!("tok_inbox_lag_seconds").record(lag);
+            }
+            d.claimed.clone()
+        }
+        Err(_) => Vec::new(),
+    };
+    if let Some(offer) = offer {
+        offer.accept(inner, claimed);
+    }
+    let dispatched = dispatched?;
+    if dispatched.events() > 0 {
+        inner.work.notify_one();
+    }
+    Ok((dispatched, batch))
+}
+
+async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let least = inner.config.dispatch_batch.max(1);
     loop {
         if stopping(&shutdown) {
             return;
         }
         let tenants = inner.tenants();
-        // Free worker slots here take the new runs' jobs as they are
-        // written; while many are free, a batch takes as many events.
-        let least = inner.config.dispatch_batch.max(1);
-        let most = 4 * least;
-        let mut offer = worker::Offer::new(&inner, most as usize);
-        let batch = offer
-            .as_ref()
-            .map_or(least, |o| (o.slots() as u32).clamp(least, most));
-        let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
-        let handoff = tok_store::Handoff {
-            node: &inner.config.node_id,
-            lease_ms: inner.lease_ms(),
-            take: &mut take,
-        };
-        let dispatched = inner
-            .store
-            .dispatch_handing_off(&tenants, batch, &planner, Some(handoff))
-            .await;
-        let mut left = 0;
-        let (taken, claimed) = match dispatched {
-            Ok(d) => {
-                left = d.left;
-                let now = jiff::Timestamp::now().as_millisecond();
-                for received_at in &d.received_at {
-                    let lag = (now - received_at).max(0) as f64 / 1000.0;
-                    metrics::histogram!("tok_inbox_lag_seconds").record(lag);
-                }
-                (Ok(d.events()), d.claimed)
-            }
-            Err(e) => (Err(e), Vec::new()),
-        };
-        if let Some(offer) = offer {
-            offer.accept(&inner, claimed);
-        }
-        match taken {
-            Ok(taken) => {
-                if taken > 0 {
-                    inner.work.notify_one();
-                }
-                if taken == batch as usize || left > 0 {
+        // While a backlog fills the dispatches, half the reserved slots
+        // are kept for the urgent dispatcher's runs (the backlog's tenant
+        // holds general slots and may not take them anyway).
+        let reserved = !inner.backlogged();
+        match dispatch_once(&inner, &tenants, Lane::Bulk, least, reserved).await {
+            Ok((d, batch)) => {
+                let full = d.events() == batch as usize || d.left > 0;
+                inner.fresh().set_backlog(d.backlog);
+                if full {
                     continue;
                 }
             }
@@ -357,6 +436,44 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
             _ = inner.inbox.notified() => {}
             _ = tokio::time::sleep(inner.config.poll_interval) => {}
             _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Dispatches the new events of tenants other than the one whose backlog
+/// fills the bulk dispatches ([`Fresh`]), apart and in the urgent lane.
+async fn urgent_dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let least = inner.config.dispatch_batch.max(1);
+    loop {
+        tokio::select! {
+            _ = inner.urgent.notified() => {}
+            _ = shutdown.changed() => {}
+        }
+        loop {
+            if stopping(&shutdown) {
+                return;
+            }
+            let tenants: Vec<TenantId> = inner.fresh().tenants.drain().collect();
+            if tenants.is_empty() {
+                break;
+            }
+            match dispatch_once(&inner, &tenants, Lane::Urgent, least, true).await {
+                // A full batch: its tenants may have more, unless one of
+                // them has a backlog of its own (the bulk dispatches take it).
+                Ok((d, batch)) if d.events() == batch as usize => {
+                    let mut fresh = inner.fresh();
+                    for tenant in tenants {
+                        if d.backlog.as_ref() != Some(&tenant) {
+                            fresh.tenants.insert(tenant);
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // The bulk dispatches take these events in turn.
+                    tracing::warn!(error = %e, "urgent dispatch failed");
+                }
+            }
         }
     }
 }
@@ -385,5 +502,29 @@ async fn upkeep(engine: Engine, mut shutdown: watch::Receiver<bool>) {
                 tracing::warn!(error = %e, "store upkeep failed; retrying in an hour");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_other_tenants_events_go_urgent_while_one_tenant_has_a_backlog() {
+        let (big, small) = (
+            TenantId::from("big".to_string()),
+            TenantId::from("small".to_string()),
+        );
+        let mut fresh = Fresh::default();
+        assert!(!fresh.note(&small), "no backlog: every event goes in turn");
+        fresh.set_backlog(Some(big.clone()));
+        assert!(!fresh.note(&big), "the backlog's own events go in turn");
+        assert!(fresh.note(&small));
+        assert_eq!(fresh.tenants.iter().collect::<Vec<_>>(), vec![&small]);
+        fresh.set_backlog(None);
+        assert!(
+            fresh.tenants.is_empty(),
+            "the backlog is gone: nothing is urgent"
+        );
     }
 }

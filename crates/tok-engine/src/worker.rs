@@ -9,7 +9,8 @@
 //!
 //! A job is one step — or a chain of built-in steps that only decide
 //! (condition, set, loop, log, wait, end), which run back to back and are
-//! written by the same record transaction. An external step (a registered
+//! written by the same record transaction. (Those a run begins with ran in
+//! its dispatch already, see `dispatcher::run_pure_prefix`.) An external step (a registered
 //! handler) runs with no database connection held and is recorded by a
 //! second, short transaction. A heartbeat extends the leases of the jobs in
 //! flight; a worker whose lease was taken over has its record rejected by
@@ -80,6 +81,11 @@ impl Slots {
         )
     }
 
+    /// General slots running a job (not promised ones).
+    fn running_general(&self) -> usize {
+        self.jobs.values().filter(|(_, reserved)| !reserved).count()
+    }
+
     /// Tenants holding a general slot: the reserved slots are for the others.
     fn holding_general(&self) -> HashSet<TenantId> {
         self.jobs
@@ -103,15 +109,18 @@ pub(crate) struct Offer {
     reserved: usize,
     general_left: usize,
     reserved_left: usize,
+    /// Free slots of both kinds, promised or not ([`Offer::free`]).
+    free: usize,
     holding_general: HashSet<TenantId>,
     /// Reserved slots taken, by tenant.
     took_reserved: HashMap<TenantId, usize>,
 }
 
 impl Offer {
-    /// The slots free now (at most `limit` of each kind), or `None` when
+    /// The slots free now (at most `limit` general ones, and reserved ones
+    /// up to `limit` or half of them unless `all_reserved`), or `None` when
     /// there are none or no pool runs here.
-    pub(crate) fn new(inner: &Inner, limit: usize) -> Option<Self> {
+    pub(crate) fn new(inner: &Inner, limit: usize, all_reserved: bool) -> Option<Self> {
         let mut slots = slots(inner);
         if !slots.open {
             return None;
@@ -122,7 +131,12 @@ impl Offer {
         let general = (concurrency - reserved_total)
             .saturating_sub(general_busy)
             .min(limit);
-        let reserved = reserved_total.saturating_sub(reserved_busy).min(limit);
+        let share = match all_reserved {
+            true => reserved_total,
+            false => reserved_total / 2,
+        };
+        let reserved_free = reserved_total.saturating_sub(reserved_busy).min(limit);
+        let reserved = reserved_free.min(share);
         if general == 0 && reserved == 0 {
             return None;
         }
@@ -131,6 +145,7 @@ impl Offer {
         Some(Self {
             general,
             reserved,
+            free: general + reserved_free,
             general_left: general,
             reserved_left: reserved,
             holding_general: slots.holding_general(),
@@ -138,9 +153,11 @@ impl Offer {
         })
     }
 
-    /// How many slots it holds promised.
-    pub(crate) fn slots(&self) -> usize {
-        self.general + self.reserved
+    /// How many slots were free when it was made, those kept back from
+    /// it among them: a dispatch takes as many events, so a burst of
+    /// webhooks is dispatched in one transaction whoever runs its runs.
+    pub(crate) fn free(&self) -> usize {
+        self.free
     }
 
     /// Whether a new run of `tenant` takes a slot: a general one while any
@@ -198,10 +215,12 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
         if free > 0 {
             claimed = claim_and_start(&inner, &tenants, free, false).await;
         }
-        // The general slots are full and more may be waiting: tenants
-        // holding none of them may take the reserved ones.
+        // The general slots are full of running jobs and more may be
+        // waiting: tenants holding none of them may take the reserved ones.
+        // (Slots promised to a dispatch in progress are not full: that
+        // dispatch starts its runs in them or frees them.)
         let reserve_free = reserved.saturating_sub(reserved_busy);
-        if claimed == free && reserve_free > 0 {
+        if claimed == free && reserve_free > 0 && slots(&inner).running_general() >= general {
             let newcomers: Vec<TenantId> = {
                 let holding = slots(&inner).holding_general();
                 tenants
@@ -976,6 +995,7 @@ mod tests {
             reserved,
             general_left: general,
             reserved_left: reserved,
+            free: general + reserved,
             holding_general: holding
                 .iter()
                 .map(|t| TenantId::from(t.to_string()))

@@ -256,6 +256,14 @@ fn filled_by<T>(batch: &[T], tenant: impl Fn(&T) -> &TenantId) -> Option<TenantI
         .map(|(top, _, _)| top.clone())
 }
 
+/// The tenant with three quarters or more of a batch (given by its items'
+/// tenants), if any.
+pub(crate) fn filling(tenants: &[String]) -> Option<&String> {
+    busiest(tenants)
+        .filter(|(_, n, _)| n * 4 >= tenants.len() * 3)
+        .map(|(top, _, _)| top)
+}
+
 /// Takes out the writes of tenants other than `crowd` (in order, up to a
 /// batch) for a transaction that goes first.
 fn others_first<T>(

@@ -154,6 +154,7 @@ array_row!(RunRow, |r| [
     r.finished_at,           // 11
     r.run.idempotency_key,   // 12
     r.run.subject_ticket_id, // 13
+    r.run.actions,           // 14
 ]);
 
 array_row!(JobRow, |r| [
@@ -538,7 +539,37 @@ macro_rules! impl_common {
                 .collect())
         }
 
-        /// Writes runs and their first jobs, a statement for all runs and one
+        /// Writes step rows, one statement for all of them.
+        async fn insert_steps(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            steps: &[$crate::common::StepRow<'_>],
+            now: i64,
+        ) -> Result<()> {
+            if steps.is_empty() {
+                return Ok(());
+            }
+            sqlx::query(concat!(
+                "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
+                    status, input, output, error, log, started_at, finished_at, created_at)
+                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
+                    x.value ->> 3, x.value ->> 4,
+                    CAST(x.value ->> 5 AS INTEGER), x.value ->> 6,
+                    NULLIF(x.value -> 7, 'null'), NULLIF(x.value -> 8, 'null'),
+                    x.value ->> 9, x.value -> 10,
+                    CAST(x.value ->> 11 AS BIGINT),
+                    CAST(x.value ->> 12 AS BIGINT), $2
+                 FROM ", $rows1, "
+                 ORDER BY x.key"
+            ))
+            .bind(Json(steps))
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
+        /// Writes runs (with the steps the dispatch ran for them) and their
+        /// first jobs, a statement for all runs, one for their steps and one
         /// for all jobs; returns the ids of the runs written (a run whose
         /// (event, automation) already had one is not) and the jobs written
         /// claimed for `handed`'s node.
@@ -555,10 +586,12 @@ macro_rules! impl_common {
             let rows: Vec<$crate::common::RunRow> = runs
                 .iter()
                 .map(|(tenant_id, event_id, run)| {
+                    // A run whose first steps ran in the dispatch has started.
+                    let started = !run.steps.is_empty();
                     let (status, started_at, finished_at) = match run.first_path {
-                        Some(_) if is_handed(run) => (RunStatus::Running, Some(now), None),
+                        Some(_) if is_handed(run) || started => (RunStatus::Running, Some(now), None),
                         Some(_) => (RunStatus::Queued, None, None),
-                        None => (RunStatus::Completed, None, Some(now)),
+                        None => (RunStatus::Completed, started.then_some(now), Some(now)),
                     };
                     $crate::common::RunRow {
                         tenant_id,
@@ -578,7 +611,7 @@ macro_rules! impl_common {
                     CAST(x.value ->> 3 AS INTEGER), x.value ->> 4,
                     x.value ->> 5, x.value ->> 6,
                     CAST(x.value ->> 7 AS INTEGER), x.value ->> 8,
-                    x.value -> 9, 0, $2, CAST(x.value ->> 10 AS BIGINT),
+                    x.value -> 9, CAST(x.value ->> 14 AS INTEGER), $2, CAST(x.value ->> 10 AS BIGINT),
                     CAST(x.value ->> 11 AS BIGINT),
                     x.value ->> 12, x.value ->> 13
                  FROM ", $rows1, "
@@ -594,6 +627,18 @@ macro_rules! impl_common {
             .iter()
             .map(|r| r.get::<String, _>("id"))
             .collect();
+            let steps: Vec<$crate::common::StepRow> = runs
+                .iter()
+                .filter(|(_, _, run)| written.contains(run.id.as_str()))
+                .flat_map(|(tenant_id, _, run)| {
+                    run.steps.iter().map(move |step| $crate::common::StepRow {
+                        run_id: &run.id,
+                        tenant_id,
+                        step,
+                    })
+                })
+                .collect();
+            insert_steps(tx, &steps, now).await?;
             let jobs: Vec<$crate::common::JobRow> = runs
                 .iter()
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))
@@ -653,7 +698,7 @@ macro_rules! impl_common {
                         automation_id: run.automation_id.clone(),
                         version: run.version,
                         context: run.context.clone(),
-                        actions: 0,
+                        actions: run.actions,
                         depth: run.depth,
                         subject_ticket_id: run.subject_ticket_id.clone(),
                     })
@@ -840,25 +885,7 @@ macro_rules! impl_common {
                     items.len()
                 )));
             }
-            if !steps.is_empty() {
-                sqlx::query(concat!(
-                    "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
-                        status, input, output, error, log, started_at, finished_at, created_at)
-                     SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
-                        x.value ->> 3, x.value ->> 4,
-                        CAST(x.value ->> 5 AS INTEGER), x.value ->> 6,
-                        NULLIF(x.value -> 7, 'null'), NULLIF(x.value -> 8, 'null'),
-                        x.value ->> 9, x.value -> 10,
-                        CAST(x.value ->> 11 AS BIGINT),
-                        CAST(x.value ->> 12 AS BIGINT), $2
-                     FROM ", $rows1, "
-                     ORDER BY x.key"
-                ))
-                .bind(Json(&steps))
-                .bind(now)
-                .execute(&mut **tx)
-                .await?;
-            }
+            insert_steps(tx, &steps, now).await?;
             if !staying.is_empty() {
                 sqlx::query(concat!(
                     "UPDATE runs SET context = x.value -> 2,
@@ -1239,11 +1266,12 @@ macro_rules! impl_common {
                 limit: u32,
                 planner: Planner<'_>,
                 mut handoff: Option<Handoff<'_>>,
+                lane: Lane,
             ) -> Result<Dispatched> {
                 if tenants.is_empty() {
                     return Ok(Dispatched::default());
                 }
-                let writer = self.writer().await;
+                let writer = self.writer_in(lane).await;
                 let mut tx = writer.begin().await?;
                 if !$plan_prelude.is_empty() {
                     sqlx::Executor::execute(&mut *tx, $plan_prelude).await?;
@@ -1269,6 +1297,10 @@ macro_rules! impl_common {
                 let selected = rows.len();
                 let went_first = self.others_went_first.load(std::sync::atomic::Ordering::Relaxed);
                 let owners: Vec<String> = rows.iter().map(|row| row.get("tenant_id")).collect();
+                let backlog = (selected as u64 == u64::from(limit))
+                    .then(|| $crate::batch::filling(&owners))
+                    .flatten()
+                    .map(|t| TenantId::from(t.clone()));
                 let rows = match $crate::batch::crowding(&owners, $crate::common::DISPATCH_CROWDING) {
                     Some(crowd) if !went_first => rows
                         .into_iter()
@@ -1278,8 +1310,12 @@ macro_rules! impl_common {
                         .collect(),
                     _ => rows,
                 };
-                self.others_went_first
-                    .store(rows.len() < selected, std::sync::atomic::Ordering::Relaxed);
+                if lane == Lane::Bulk {
+                    // An urgent dispatch takes other tenants' events out of
+                    // turn; the alternation is the bulk dispatches'.
+                    self.others_went_first
+                        .store(rows.len() < selected, std::sync::atomic::Ordering::Relaxed);
+                }
                 let now = now_ms();
                 // Events of one batch mostly share their automations: each
                 // trigger is looked up once per batch.
@@ -1437,6 +1473,7 @@ macro_rules! impl_common {
                     left: selected - rows.len(),
                     received_at,
                     claimed,
+                    backlog,
                 })
             }
 

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-/// Which lane a write waits in.
+/// Which lane a write waits in, where the store has one writer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Lane {
+pub enum Lane {
     /// Writes of tenants that do not crowd the queue.
     Urgent,
     /// Everything else: claims, dispatches, the crowding tenant's commits.

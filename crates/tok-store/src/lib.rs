@@ -31,6 +31,7 @@ use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 pub use common::now_ms;
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
+pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -87,6 +88,10 @@ pub struct Dispatched {
     pub received_at: Vec<i64>,
     /// Jobs written claimed by the [`Handoff`]'s node, for it to run now.
     pub claimed: Vec<ClaimedJob>,
+    /// The tenant whose events filled most of a full batch: it has a
+    /// backlog, and other tenants' new events need not wait behind it
+    /// (the dispatcher takes those apart, in the urgent lane).
+    pub backlog: Option<TenantId>,
 }
 
 impl Dispatched {
@@ -165,7 +170,7 @@ pub trait InboxStore: Send + Sync {
         planner: Planner<'_>,
     ) -> Result<usize> {
         Ok(self
-            .dispatch_handing_off(tenants, limit, planner, None)
+            .dispatch_handing_off(tenants, limit, planner, None, Lane::Bulk)
             .await?
             .events())
     }
@@ -173,12 +178,16 @@ pub trait InboxStore: Send + Sync {
     /// [`dispatch`](Self::dispatch), and the jobs `handoff` takes are
     /// written already claimed by its node, in the same transaction: the
     /// dispatching process starts them at once, with no claim in between.
+    /// `lane` is where the transaction waits for a store with one writer
+    /// (SQLite): [`Lane::Urgent`] for the events of tenants that do not
+    /// crowd the queue, which then wait for no queued claim or dispatch.
     async fn dispatch_handing_off(
         &self,
         tenants: &[TenantId],
         limit: u32,
         planner: Planner<'_>,
         handoff: Option<Handoff<'_>>,
+        lane: Lane,
     ) -> Result<Dispatched>;
 
     /// Starts one run directly (a manual start): writes its event, the run

@@ -172,11 +172,18 @@ pub struct NewRun {
     pub depth: i32,
     pub queue_key: Option<String>,
     pub priority: i32,
-    /// Path of the first step; `None` completes the run at once (empty tree).
+    /// Path of the step a worker runs first; `None` completes the run at
+    /// once (an empty tree, or `steps` ran all of it).
     pub first_path: Option<String>,
     pub idempotency_key: Option<String>,
     /// The ticket the run acts on from its start (a ticket event's ticket).
     pub subject_ticket_id: Option<String>,
+    /// Steps already run, written with the run: the pure steps a run
+    /// begins with, which the dispatcher runs at once. `context` is the
+    /// context after them.
+    pub steps: Vec<StepRecord>,
+    /// Steps executed so far (`steps` among them), toward `MAX_ACTIONS`.
+    pub actions: i32,
 }
 
 /// What the dispatcher's planner decided for one event.

@@ -95,6 +95,11 @@ impl PgStore {
         Writer::ungated(&self.pool)
     }
 
+    /// No gate, so no lanes: an urgent transaction runs beside the others.
+    async fn writer_in(&self, _lane: crate::Lane) -> Writer<'_, sqlx::Postgres> {
+        self.writer().await
+    }
+
     fn reader(&self) -> &PgPool {
         &self.pool
     }

@@ -129,10 +129,15 @@ impl SqliteStore {
         })
     }
 
-    /// The writer, in the bulk lane: the urgent one is the group
-    /// commits' (see `batch.rs`).
+    /// The writer, in the bulk lane: the urgent one is for the group
+    /// commits and dispatches of tenants that do not crowd the queue (see
+    /// `batch.rs`, and [`writer_in`](Self::writer_in)).
     async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
-        Writer::gated(&self.writer, &self.gate, Lane::Bulk).await
+        self.writer_in(Lane::Bulk).await
+    }
+
+    async fn writer_in(&self, lane: Lane) -> Writer<'_, sqlx::Sqlite> {
+        Writer::gated(&self.writer, &self.gate, lane).await
     }
 
     fn reader(&self) -> &SqlitePool {

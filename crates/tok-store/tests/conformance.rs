@@ -20,9 +20,9 @@ use sqlx::Connection;
 use tok_core::ids::{AutomationId, EventId, RunId, SourceId, TenantId};
 use tok_store::testing::{TestDb, backends};
 use tok_store::{
-    Backend, Candidate, ClaimedJob, NewEvent, NewRun, NewSource, NewVersion, NextJob, PendingEvent,
-    PgStore, Plan, QueueStore, Record, RunFilter, RunStatus, RunSummary, StepRecord, Store,
-    StoreError,
+    Backend, Candidate, ClaimedJob, Lane, NewEvent, NewRun, NewSource, NewVersion, NextJob,
+    PendingEvent, PgStore, Plan, QueueStore, Record, RunFilter, RunStatus, RunSummary, StepRecord,
+    Store, StoreError,
 };
 
 // ---------------------------------------------------------------------------
@@ -135,6 +135,8 @@ fn manual_event(automation: &AutomationId) -> NewEvent {
 fn new_run(automation: &AutomationId, trigger: &str, queue_key: Option<&str>) -> NewRun {
     NewRun {
         subject_ticket_id: None,
+        steps: Vec::new(),
+        actions: 0,
         id: RunId::generate(),
         automation_id: automation.clone(),
         version: 1,
@@ -171,6 +173,8 @@ fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan
             .iter()
             .map(|c| NewRun {
                 subject_ticket_id: None,
+                steps: Vec::new(),
+                actions: 0,
                 id: RunId::generate(),
                 automation_id: c.automation_id.clone(),
                 version: c.version,
@@ -1470,7 +1474,7 @@ async fn a_crowding_tenants_events_wait_for_one_dispatch_of_the_others() {
         // Round robin picks 8 of big's events and all 4 of the others':
         // big crowds the batch, so the others go first, alone.
         let first = store
-            .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None)
+            .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None, Lane::Bulk)
             .await
             .expect("dispatch");
         assert_eq!((first.events(), first.left), (4, 8), "{backend:?}");
@@ -1485,12 +1489,145 @@ async fn a_crowding_tenants_events_wait_for_one_dispatch_of_the_others() {
             .await
             .expect("accept");
         let second = store
-            .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None)
+            .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None, Lane::Bulk)
             .await
             .expect("dispatch");
         assert_eq!((second.events(), second.left), (11, 0), "{backend:?}");
         assert_eq!(runs_of(0).await.len(), 10, "{backend:?}");
         assert_eq!(runs_of(1).await.len(), 3, "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_full_dispatch_names_the_tenant_whose_backlog_filled_it() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let big = tenant(store, "big").await;
+        let big_src = source(store, &big, "eshop").await;
+        webhook_automation(store, &big, "orders", &big_src).await;
+        for i in 0..10 {
+            store
+                .accept_event(&big, webhook_event(&big_src, &format!("big-{i}")))
+                .await
+                .expect("accept");
+        }
+        let small = tenant(store, "small").await;
+        let small_src = source(store, &small, "eshop").await;
+        webhook_automation(store, &small, "orders", &small_src).await;
+        let both = [big.clone(), small.clone()];
+
+        let first = store
+            .dispatch_handing_off(&both, 4, &one_run_per_candidate, None, Lane::Bulk)
+            .await
+            .expect("dispatch");
+        assert_eq!(first.events(), 4, "{backend:?}");
+        assert_eq!(first.backlog.as_ref(), Some(&big), "{backend:?}");
+
+        // The small tenant's new event is dispatched apart, urgently.
+        store
+            .accept_event(&small, webhook_event(&small_src, "small-0"))
+            .await
+            .expect("accept");
+        let urgent = store
+            .dispatch_handing_off(
+                std::slice::from_ref(&small),
+                4,
+                &one_run_per_candidate,
+                None,
+                Lane::Urgent,
+            )
+            .await
+            .expect("urgent dispatch");
+        assert_eq!((urgent.events(), urgent.backlog), (1, None), "{backend:?}");
+        assert_eq!(all_runs(store, &small).await.len(), 1, "{backend:?}");
+        let stats = store.queue_stats(&both).await.expect("stats");
+        assert_eq!(stats.pending_events, 6, "{backend:?}: big's backlog waits");
+
+        // A batch that is not full leaves no backlog behind.
+        let rest = store
+            .dispatch_handing_off(&both, 10, &one_run_per_candidate, None, Lane::Bulk)
+            .await
+            .expect("dispatch");
+        assert_eq!((rest.events(), rest.backlog), (6, None), "{backend:?}");
+        assert_eq!(all_runs(store, &big).await.len(), 10, "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_dispatch_writes_the_steps_its_runs_already_ran() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let store = &*store;
+        let t = tenant(store, "acme").await;
+        let src = source(store, &t, "eshop").await;
+        webhook_automation(store, &t, "orders", &src).await;
+        for key in ["done", "goes-on"] {
+            store
+                .accept_event(&t, webhook_event(&src, key))
+                .await
+                .expect("accept");
+        }
+        // The first event's run ran all of its (two) steps at dispatch; the
+        // second's ran one and goes on at `1` in a worker.
+        let planner = |event: &PendingEvent, candidates: &[Candidate]| {
+            let mut plan = one_run_per_candidate(event, candidates);
+            let done = event.payload["key"] == "done";
+            for run in &mut plan.runs {
+                run.steps = if done {
+                    vec![
+                        step("0", "completed", json!({ "a": 1 })),
+                        step("1", "completed", json!({})),
+                    ]
+                } else {
+                    vec![step("0", "completed", json!({ "a": 1 }))]
+                };
+                run.actions = run.steps.len() as i32;
+                run.first_path = (!done).then(|| "1".to_string());
+            }
+            plan
+        };
+        store
+            .dispatch(std::slice::from_ref(&t), 10, &planner)
+            .await
+            .expect("dispatch");
+        let runs = all_runs(store, &t).await;
+        assert_eq!(runs.len(), 2, "{backend:?}");
+        for run in &runs {
+            let detail = store.run(&t, &run.id).await.unwrap().expect("run");
+            let paths: Vec<&str> = detail.steps.iter().map(|s| s.path.as_str()).collect();
+            assert!(run.started_at.is_some(), "{backend:?}: the run has started");
+            match run.status.as_str() {
+                "completed" => {
+                    assert_eq!(paths, ["0", "1"], "{backend:?}");
+                    assert_eq!(run.actions, 2, "{backend:?}");
+                    assert!(run.finished_at.is_some(), "{backend:?}");
+                }
+                "running" => {
+                    assert_eq!(paths, ["0"], "{backend:?}");
+                    assert_eq!(run.actions, 1, "{backend:?}");
+                }
+                other => panic!("{backend:?}: a run {other}"),
+            }
+        }
+        let mut statuses: Vec<&str> = runs.iter().map(|r| r.status.as_str()).collect();
+        statuses.sort();
+        assert_eq!(statuses, ["completed", "running"], "{backend:?}");
+        // One job, for the run that goes on, at its next step.
+        let jobs = store
+            .claim(std::slice::from_ref(&t), "node", 10, 30_000)
+            .await
+            .expect("claim");
+        assert_eq!(jobs.len(), 1, "{backend:?}");
+        assert_eq!(
+            (jobs[0].path.as_str(), jobs[0].actions),
+            ("1", 1),
+            "{backend:?}"
+        );
         db.cleanup().await;
     }
 }
@@ -1528,6 +1665,7 @@ async fn a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed() 
                 10,
                 &one_run_per_candidate,
                 Some(handoff),
+                Lane::Bulk,
             )
             .await
             .expect("dispatch");

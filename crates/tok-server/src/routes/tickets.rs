@@ -158,7 +158,7 @@ async fn create(
         }
         Err(e) => return Err(e.into()),
     }
-    state.engine.event_accepted();
+    state.engine.event_accepted(&tenant);
     Ok((StatusCode::CREATED, Json(view(&ticket))))
 }
 
@@ -287,7 +287,7 @@ async fn update(
         }
         Err(e) => return Err(e.into()),
     }
-    state.engine.event_accepted();
+    state.engine.event_accepted(&tenant);
     Ok(Json(view(&ticket)))
 }
 

@@ -157,7 +157,7 @@ async fn accept(
         .accept_event(&source.tenant_id, event)
         .await?;
     if !accepted.duplicate {
-        state.engine.event_accepted();
+        state.engine.event_accepted(&source.tenant_id);
     }
     state.ingest_metrics.webhook(accepted.duplicate);
     Ok((
