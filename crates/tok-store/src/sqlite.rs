@@ -33,7 +33,11 @@ pub struct SqliteStore {
 }
 
 /// How often the background checkpoint copies the WAL into the database.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+/// Often, so each copy (and the database file's flush after it) is small:
+/// with a copy every 500 ms, a webhook's run under load stalled for 25-45
+/// ms in a third of the fairness runs, and in none at 100 ms
+/// (docs/performance.md).
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// Checkpoints the WAL from a connection of its own, so no commit waits for
 /// it. PASSIVE: it never blocks the writer or a reader; what it cannot copy
