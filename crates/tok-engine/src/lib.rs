@@ -115,8 +115,10 @@ pub(crate) struct Inner {
 /// dispatched in turn, which is always correct.
 #[derive(Default)]
 pub(crate) struct Fresh {
-    /// The tenant whose events filled the last bulk dispatch.
-    backlog: Option<TenantId>,
+    /// Tenants whose events filled a full dispatch since the backlog began:
+    /// the bulk dispatches', and any that filled an urgent one (a second
+    /// flood must not take the urgent lane).
+    backlog: HashSet<TenantId>,
     /// Other tenants with events accepted since the urgent dispatcher looked.
     tenants: HashSet<TenantId>,
 }
@@ -125,22 +127,25 @@ impl Fresh {
     /// Notes a new event of `tenant`; whether it is one for the urgent
     /// dispatcher.
     fn note(&mut self, tenant: &TenantId) -> bool {
-        match &self.backlog {
-            Some(backlog) if backlog != tenant => {
-                self.tenants.insert(tenant.clone());
-                true
-            }
-            _ => false,
+        if self.backlog.is_empty() || self.backlog.contains(tenant) {
+            return false;
         }
+        self.tenants.insert(tenant.clone());
+        true
     }
 
     /// What the last bulk dispatch found: with no backlog, every event is
-    /// dispatched in turn.
-    fn set_backlog(&mut self, backlog: Option<TenantId>) {
-        if backlog.is_none() {
-            self.tenants.clear();
+    /// dispatched in turn again.
+    fn bulk_found(&mut self, backlog: Option<TenantId>) {
+        match backlog {
+            Some(tenant) => {
+                self.backlog.insert(tenant);
+            }
+            None => {
+                self.backlog.clear();
+                self.tenants.clear();
+            }
         }
-        self.backlog = backlog;
     }
 }
 
@@ -151,7 +156,7 @@ impl Inner {
 
     /// Whether a tenant's backlog fills the bulk dispatches now.
     fn backlogged(&self) -> bool {
-        self.fresh().backlog.is_some()
+        !self.fresh().backlog.is_empty()
     }
 
     pub(crate) fn tenants(&self) -> Arc<Vec<TenantId>> {
@@ -422,7 +427,7 @@ async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
         match dispatch_once(&inner, &tenants, Lane::Bulk, least, reserved).await {
             Ok((d, batch)) => {
                 let full = d.events() == batch as usize || d.left > 0;
-                inner.fresh().set_backlog(d.backlog);
+                inner.fresh().bulk_found(d.backlog);
                 if full {
                     continue;
                 }
@@ -462,8 +467,11 @@ async fn urgent_dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<b
                 // them has a backlog of its own (the bulk dispatches take it).
                 Ok((d, batch)) if d.events() == batch as usize => {
                     let mut fresh = inner.fresh();
+                    if let Some(flood) = d.backlog {
+                        fresh.backlog.insert(flood);
+                    }
                     for tenant in tenants {
-                        if d.backlog.as_ref() != Some(&tenant) {
+                        if !fresh.backlog.contains(&tenant) {
                             fresh.tenants.insert(tenant);
                         }
                     }
@@ -515,15 +523,20 @@ mod tests {
             TenantId::from("big".to_string()),
             TenantId::from("small".to_string()),
         );
+        let second = TenantId::from("second".to_string());
         let mut fresh = Fresh::default();
         assert!(!fresh.note(&small), "no backlog: every event goes in turn");
-        fresh.set_backlog(Some(big.clone()));
+        fresh.bulk_found(Some(big.clone()));
         assert!(!fresh.note(&big), "the backlog's own events go in turn");
         assert!(fresh.note(&small));
         assert_eq!(fresh.tenants.iter().collect::<Vec<_>>(), vec![&small]);
-        fresh.set_backlog(None);
+        // A second tenant found filling an urgent dispatch goes in turn too.
+        fresh.backlog.insert(second.clone());
+        fresh.bulk_found(Some(big.clone()));
+        assert!(!fresh.note(&second));
+        fresh.bulk_found(None);
         assert!(
-            fresh.tenants.is_empty(),
+            fresh.tenants.is_empty() && !fresh.note(&small),
             "the backlog is gone: nothing is urgent"
         );
     }
