@@ -10,9 +10,9 @@
 //! A job is one step — or a chain of built-in steps that only decide
 //! (condition, set, loop, log, wait, end), which run back to back and are
 //! written by the same record transaction. (Those a run begins with ran in
-//! its dispatch already, see `dispatcher::run_pure_prefix`.) An external step (a registered
-//! handler) runs with no database connection held and is recorded by a
-//! second, short transaction. A heartbeat extends the leases of the jobs in
+//! its dispatch already: `dispatcher::run_pure_prefix`.) An external step
+//! (a registered handler) runs with no database connection held and is
+//! recorded by a second, short transaction. A heartbeat extends the leases of the jobs in
 //! flight; a worker whose lease was taken over has its record rejected by
 //! the claim token.
 
