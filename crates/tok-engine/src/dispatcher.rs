@@ -22,7 +22,6 @@ use tok_core::context::Context;
 use tok_core::definition::Automation;
 use tok_core::flow::{self, Next};
 use tok_core::ids::RunId;
-use tok_core::limits::MAX_OUTPUT_BYTES;
 use tok_core::path::FlowPath;
 use tok_store::{Candidate, NewRun, PendingEvent, Plan, PlanNote, StepRecord, now_ms};
 
@@ -177,14 +176,11 @@ pub fn run_pure_prefix(
         }
         let started_at = now_ms();
         let view = flow::scope(&automation.steps, &path, context.as_value());
-        let Ok(Outcome::Done { outputs, log }) = builtin::evaluate(step, &view, Timestamp::now())
-        else {
+        let outcome = builtin::evaluate(step, &view, Timestamp::now())
+            .and_then(|o| crate::worker::check_output_size(&step.id, o));
+        let Ok(Outcome::Done { outputs, log }) = outcome else {
             break;
         };
-        let fits = serde_json::to_vec(&outputs).is_ok_and(|v| v.len() <= MAX_OUTPUT_BYTES);
-        if !fits {
-            break;
-        }
         let mut after = context.clone();
         after.publish(&step.id, &outputs);
         let Ok(next) = flow::next(&automation.steps, &path, after.as_value()) else {

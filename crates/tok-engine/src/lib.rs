@@ -134,6 +134,20 @@ impl Fresh {
         true
     }
 
+    /// An urgent dispatch of `tenants` took a full batch: they may have
+    /// more, unless one of them filled it (`backlog`), which goes in turn
+    /// from now on like the first flood.
+    fn urgent_full(&mut self, tenants: Vec<TenantId>, backlog: Option<TenantId>) {
+        if let Some(flood) = backlog {
+            self.backlog.insert(flood);
+        }
+        for tenant in tenants {
+            if !self.backlog.contains(&tenant) {
+                self.tenants.insert(tenant);
+            }
+        }
+    }
+
     /// What the last bulk dispatch found: with no backlog, every event is
     /// dispatched in turn again.
     fn bulk_found(&mut self, backlog: Option<TenantId>) {
@@ -388,18 +402,18 @@ async fn dispatch_once(
         lease_ms: inner.lease_ms(),
         take: &mut take,
     };
-    let dispatched = inner
+    let mut dispatched = inner
         .store
         .dispatch_handing_off(tenants, batch, &planner, Some(handoff), lane)
         .await;
-    let claimed = match &dispatched {
+    let claimed = match &mut dispatched {
         Ok(d) => {
             let now = jiff::Timestamp::now().as_millisecond();
             for received_at in &d.received_at {
                 let lag = (now - received_at).max(0) as f64 / 1000.0;
                 metrics::histogram!("tok_inbox_lag_seconds").record(lag);
             }
-            d.claimed.clone()
+            std::mem::take(&mut d.claimed)
         }
         Err(_) => Vec::new(),
     };
@@ -463,18 +477,8 @@ async fn urgent_dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<b
                 break;
             }
             match dispatch_once(&inner, &tenants, Lane::Urgent, least, true).await {
-                // A full batch: its tenants may have more, unless one of
-                // them has a backlog of its own (the bulk dispatches take it).
                 Ok((d, batch)) if d.events() == batch as usize => {
-                    let mut fresh = inner.fresh();
-                    if let Some(flood) = d.backlog {
-                        fresh.backlog.insert(flood);
-                    }
-                    for tenant in tenants {
-                        if !fresh.backlog.contains(&tenant) {
-                            fresh.tenants.insert(tenant);
-                        }
-                    }
+                    inner.fresh().urgent_full(tenants, d.backlog);
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -530,10 +534,13 @@ mod tests {
         assert!(!fresh.note(&big), "the backlog's own events go in turn");
         assert!(fresh.note(&small));
         assert_eq!(fresh.tenants.iter().collect::<Vec<_>>(), vec![&small]);
-        // A second tenant found filling an urgent dispatch goes in turn too.
-        fresh.backlog.insert(second.clone());
+        // A second tenant that filled an urgent dispatch goes in turn too;
+        // the other tenant of that dispatch stays urgent.
+        fresh.tenants.clear();
+        fresh.urgent_full(vec![second.clone(), small.clone()], Some(second.clone()));
+        assert_eq!(fresh.tenants.iter().collect::<Vec<_>>(), vec![&small]);
         fresh.bulk_found(Some(big.clone()));
-        assert!(!fresh.note(&second));
+        assert!(!fresh.note(&second), "still part of the backlog");
         fresh.bulk_found(None);
         assert!(
             fresh.tenants.is_empty() && !fresh.note(&small),

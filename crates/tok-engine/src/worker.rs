@@ -960,7 +960,8 @@ async fn call_handler(
     (outcome, Some(config))
 }
 
-fn check_output_size(step_id: &str, outcome: Outcome) -> Result<Outcome, StepError> {
+/// A step's outputs past [`MAX_OUTPUT_BYTES`] fail it: they are not kept.
+pub(crate) fn check_output_size(step_id: &str, outcome: Outcome) -> Result<Outcome, StepError> {
     if let Outcome::Done { outputs, .. } = &outcome {
         let size = serde_json::to_vec(outputs).map(|v| v.len()).unwrap_or(0);
         if size > MAX_OUTPUT_BYTES {

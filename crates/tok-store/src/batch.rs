@@ -248,20 +248,29 @@ fn crowd_of<T>(
         .then(|| filled.clone())
 }
 
+/// The tenant with three quarters or more of a batch of `len` items (given
+/// by their tenants), with its count.
+fn three_quarters<'a, K: Eq + Hash + ?Sized>(
+    tenants: impl IntoIterator<Item = &'a K>,
+    len: usize,
+) -> Option<(&'a K, usize)> {
+    busiest(tenants)
+        .filter(|(_, n, _)| n * 4 >= len * 3)
+        .map(|(top, n, _)| (top, n))
+}
+
 /// The tenant that filled a bulk transaction: at least [`CROWDING`] of its
 /// writes and three quarters of them.
 fn filled_by<T>(batch: &[T], tenant: impl Fn(&T) -> &TenantId) -> Option<TenantId> {
-    busiest(batch.iter().map(tenant))
-        .filter(|(_, n, _)| *n >= CROWDING && n * 4 >= batch.len() * 3)
-        .map(|(top, _, _)| top.clone())
+    three_quarters(batch.iter().map(tenant), batch.len())
+        .filter(|(_, n)| *n >= CROWDING)
+        .map(|(top, _)| top.clone())
 }
 
-/// The tenant with three quarters or more of a batch (given by its items'
-/// tenants), if any.
+/// The tenant with three quarters or more of a dispatch's events (given by
+/// their tenants), if any.
 pub(crate) fn filling(tenants: &[String]) -> Option<&String> {
-    busiest(tenants)
-        .filter(|(_, n, _)| n * 4 >= tenants.len() * 3)
-        .map(|(top, _, _)| top)
+    three_quarters(tenants, tenants.len()).map(|(top, _)| top)
 }
 
 /// Takes out the writes of tenants other than `crowd` (in order, up to a

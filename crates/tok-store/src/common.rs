@@ -1297,10 +1297,11 @@ macro_rules! impl_common {
                 let selected = rows.len();
                 let went_first = self.others_went_first.load(std::sync::atomic::Ordering::Relaxed);
                 let owners: Vec<String> = rows.iter().map(|row| row.get("tenant_id")).collect();
-                let backlog = (selected as u64 == u64::from(limit))
-                    .then(|| $crate::batch::filling(&owners))
-                    .flatten()
-                    .map(|t| TenantId::from(t.clone()));
+                // A full batch mostly of one tenant's events: it has more waiting.
+                let backlog = match selected as u64 == u64::from(limit) {
+                    true => $crate::batch::filling(&owners).map(|t| TenantId::from(t.clone())),
+                    false => None,
+                };
                 let rows = match $crate::batch::crowding(&owners, $crate::common::DISPATCH_CROWDING) {
                     Some(crowd) if !went_first => rows
                         .into_iter()
