@@ -18,6 +18,7 @@ pub mod ids;
 pub mod limits;
 pub mod path;
 pub mod retry;
+pub mod run;
 pub mod template;
 pub mod validate;
 

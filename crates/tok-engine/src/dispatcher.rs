@@ -23,7 +23,7 @@ use tok_core::definition::Automation;
 use tok_core::flow::{self, Next};
 use tok_core::ids::RunId;
 use tok_core::path::FlowPath;
-use tok_store::{Candidate, NewRun, PendingEvent, Plan, PlanNote, StepRecord, now_ms};
+use tok_store::{Candidate, NewRun, PendingEvent, Plan, PlanNote, StepRecord, StepStatus, now_ms};
 
 use crate::definitions::DefinitionCache;
 
@@ -192,7 +192,7 @@ pub fn run_pure_prefix(
             step_id: step.id.clone(),
             kind: step.kind.clone(),
             attempt: 1,
-            status: "completed".into(),
+            status: StepStatus::Completed,
             input: None,
             output: Some(Value::Object(outputs)),
             error: None,
@@ -263,7 +263,7 @@ mod tests {
         assert!(
             steps
                 .iter()
-                .all(|s| s.status == "completed" && s.attempt == 1)
+                .all(|s| s.status == StepStatus::Completed && s.attempt == 1)
         );
     }
 

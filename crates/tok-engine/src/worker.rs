@@ -35,7 +35,7 @@ use tok_core::retry::{Decision, decide};
 use tok_core::template;
 use tok_store::{
     Cause, ClaimedJob, NewIncident, NewInternalEvent, NextJob, Record, RecordTx, RunStatus,
-    StepRecord, StoreError, now_ms,
+    StepRecord, StepStatus, StoreError, now_ms,
 };
 use tokio::sync::watch;
 
@@ -500,7 +500,7 @@ async fn drive(
         metrics::counter!(
             "tok_steps_total",
             "tenant" => job.tenant_id.to_string(),
-            "status" => step.status.clone()
+            "status" => step.status.as_str()
         )
         .increment(1);
     }
@@ -630,7 +630,7 @@ impl Chain<'_> {
                 step_id: step.id.clone(),
                 kind: step.kind.clone(),
                 attempt: attempt as i32,
-                status: "completed".into(),
+                status: StepStatus::Completed,
                 input,
                 output: None,
                 error: None,
@@ -745,7 +745,7 @@ impl Chain<'_> {
         record.error = Some(error.message().to_owned());
         match decide(error, attempt, &policy, &mut rand::rng()) {
             Decision::RetryIn(delay) => {
-                record.status = "retrying".into();
+                record.status = StepStatus::Retrying;
                 record.log.push(format!(
                     "attempt {attempt} of {} failed: {}; next attempt in {}",
                     policy.max_attempts,
@@ -761,7 +761,7 @@ impl Chain<'_> {
                 Ending::new(RunStatus::Running, None, next)
             }
             Decision::Fail => {
-                record.status = "failed".into();
+                record.status = StepStatus::Failed;
                 let why = if error.is_retryable() {
                     format!("gave up after {attempt} attempts")
                 } else {

@@ -701,6 +701,7 @@ macro_rules! impl_common {
                         actions: run.actions,
                         depth: run.depth,
                         subject_ticket_id: run.subject_ticket_id.clone(),
+                        resume: None,
                     })
                 })
                 .collect();
@@ -788,6 +789,11 @@ macro_rules! impl_common {
                     NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
                     NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
                     NextJob::Retry { path, attempts, delay_ms } => (path, delay_ms, attempts, None, 0),
+                    NextJob::Wait { .. } => {
+                        return Err(StoreError::Conflict(
+                            "waits for signals are not stored yet".into(),
+                        ));
+                    }
                     NextJob::Done => {
                         done.push(job.id.0);
                         (String::new(), 0, 0, None, 0)
@@ -1838,6 +1844,7 @@ macro_rules! impl_common {
                             actions: run.get("actions"),
                             depth: run.get("depth"),
                             subject_ticket_id: run.get("subject_ticket_id"),
+                            resume: None,
                         })
                     })
                     .collect())

@@ -7,6 +7,9 @@
 use serde::Serialize;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
+pub use tok_core::run::{
+    NewRun, NextJob, Plan, PlanNote, Resume, RunStatus, SignalWait, StepRecord, StepStatus,
+};
 
 /// Which database a store talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -161,91 +164,6 @@ pub struct Candidate {
     pub recent_runs_on_ticket: i64,
 }
 
-/// A run the dispatcher (or a manual start) decided to create.
-#[derive(Debug, Clone, Serialize)]
-pub struct NewRun {
-    pub id: RunId,
-    pub automation_id: AutomationId,
-    pub version: i32,
-    pub trigger_type: String,
-    pub context: Value,
-    pub depth: i32,
-    pub queue_key: Option<String>,
-    pub priority: i32,
-    /// Path of the step a worker runs first; `None` completes the run at
-    /// once (an empty tree, or `steps` ran all of it).
-    pub first_path: Option<String>,
-    pub idempotency_key: Option<String>,
-    /// The ticket the run acts on from its start (a ticket event's ticket).
-    pub subject_ticket_id: Option<String>,
-    /// Steps already run, written with the run: the pure steps a run
-    /// begins with, which the dispatcher runs at once. `context` is the
-    /// context after them.
-    pub steps: Vec<StepRecord>,
-    /// Steps executed so far (`steps` among them), toward `MAX_ACTIONS`.
-    pub actions: i32,
-}
-
-/// What the dispatcher's planner decided for one event.
-#[derive(Debug, Clone, Default)]
-pub struct Plan {
-    pub runs: Vec<NewRun>,
-    /// Lines for the event's ticket's trace (a run skipped by loop protection).
-    pub notes: Vec<PlanNote>,
-}
-
-/// A line the dispatcher writes to a ticket's trace, for a person to see.
-#[derive(Debug, Clone)]
-pub struct PlanNote {
-    pub ticket_id: String,
-    pub automation_id: AutomationId,
-    pub kind: String,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunStatus {
-    Queued,
-    Running,
-    Waiting,
-    Paused,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl RunStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Waiting => "waiting",
-            Self::Paused => "paused",
-            Self::Completed => "completed",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "queued" => Self::Queued,
-            "running" => Self::Running,
-            "waiting" => Self::Waiting,
-            "paused" => Self::Paused,
-            "completed" => Self::Completed,
-            "failed" => Self::Failed,
-            "cancelled" => Self::Cancelled,
-            _ => return None,
-        })
-    }
-
-    pub fn is_final(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
-    }
-}
-
 /// A job the worker holds a lease on, with what it needs of its run.
 #[derive(Debug, Clone)]
 pub struct ClaimedJob {
@@ -263,50 +181,9 @@ pub struct ClaimedJob {
     pub depth: i32,
     /// The run's subject ticket, if it has one yet.
     pub subject_ticket_id: Option<String>,
-}
-
-/// One executed step attempt to write in the record transaction.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepRecord {
-    pub path: String,
-    pub step_id: String,
-    pub kind: String,
-    pub attempt: i32,
-    /// `completed`, `failed`, `retrying` or `waiting`.
-    pub status: String,
-    pub input: Option<Value>,
-    pub output: Option<Value>,
-    pub error: Option<String>,
-    pub log: Vec<String>,
-    pub started_at: i64,
-    pub finished_at: i64,
-}
-
-/// What happens to the claimed job when its result is recorded.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NextJob {
-    /// The run goes on at `path`, due `delay_ms` after now (database clock).
-    Step { path: String, delay_ms: i64 },
-    /// A failed step again after `delay_ms`: `path` is the step that failed
-    /// (a chain of built-in steps may have moved past the claimed one) and
-    /// `attempts` how many attempts it has had, so the next claim is the
-    /// next attempt.
-    Retry {
-        path: String,
-        attempts: i32,
-        delay_ms: i64,
-    },
-    /// The run goes on at `path` now, and the worker that recorded keeps
-    /// the job under the new claim `token` (leased for `lease_ms`) to run
-    /// that step at once, without a claim in between. A run paused
-    /// meanwhile is released instead (see `QueueStore::record_and_continue`).
-    Continue {
-        path: String,
-        token: String,
-        lease_ms: i64,
-    },
-    /// The run is over (completed or failed): the job is deleted.
-    Done,
+    /// Why a parked job (a `wait_for_event`) was handed out again: the
+    /// signal that matched, or its timeout. `None` for every other job.
+    pub resume: Option<Resume>,
 }
 
 /// The whole outcome of one claim, written in one transaction or not at all.

@@ -190,13 +190,13 @@ fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan
     }
 }
 
-fn step(path: &str, status: &str, output: Value) -> StepRecord {
+fn step(path: &str, status: tok_store::StepStatus, output: Value) -> StepRecord {
     StepRecord {
         path: path.into(),
         step_id: format!("st_{}", path.replace('.', "_")),
         kind: "flow/log".into(),
         attempt: 1,
-        status: status.into(),
+        status,
         input: Some(json!({ "in": path })),
         output: Some(output),
         error: None,
@@ -210,7 +210,7 @@ fn step(path: &str, status: &str, output: Value) -> StepRecord {
 fn finish(job: &ClaimedJob, status: RunStatus) -> Record {
     Record {
         subject_ticket_id: None,
-        steps: vec![step(&job.path, "completed", json!({}))],
+        steps: vec![step(&job.path, tok_store::StepStatus::Completed, json!({}))],
         context: job.context.clone(),
         actions: job.actions + 1,
         status,
@@ -772,7 +772,11 @@ async fn stale_worker(db: &TestDb) {
     // The paused worker wakes up and tries to finish the step: rejected.
     let stale_record = Record {
         subject_ticket_id: None,
-        steps: vec![step("0", "completed", json!({ "by": "node-1" }))],
+        steps: vec![step(
+            "0",
+            tok_store::StepStatus::Completed,
+            json!({ "by": "node-1" }),
+        )],
         context: json!({ "n": 1, "by": "node-1" }),
         actions: 1,
         status: RunStatus::Running,
@@ -812,7 +816,11 @@ async fn stale_worker(db: &TestDb) {
     // The new holder's record succeeds.
     let fresh_record = Record {
         subject_ticket_id: None,
-        steps: vec![step("0", "completed", json!({ "by": "node-2" }))],
+        steps: vec![step(
+            "0",
+            tok_store::StepStatus::Completed,
+            json!({ "by": "node-2" }),
+        )],
         context: json!({ "n": 1, "by": "node-2" }),
         actions: 1,
         status: RunStatus::Completed,
@@ -914,7 +922,11 @@ async fn record_step(db: &TestDb) {
     ] {
         let record = Record {
             subject_ticket_id: None,
-            steps: vec![step("0", "completed", json!({ "forged": true }))],
+            steps: vec![step(
+                "0",
+                tok_store::StepStatus::Completed,
+                json!({ "forged": true }),
+            )],
             context: json!({ "forged": true }),
             actions: 9,
             status: RunStatus::Completed,
@@ -950,7 +962,11 @@ async fn record_step(db: &TestDb) {
     // The holder records step 0 and moves the run to step 1, due now.
     let record = Record {
         subject_ticket_id: None,
-        steps: vec![step("0", "completed", json!({ "a": 1 }))],
+        steps: vec![step(
+            "0",
+            tok_store::StepStatus::Completed,
+            json!({ "a": 1 }),
+        )],
         context: json!({ "n": 1, "st_0": { "a": 1 } }),
         actions: 1,
         status: RunStatus::Running,
@@ -1013,7 +1029,7 @@ async fn record_step(db: &TestDb) {
     // A step due later (a `wait`) is not claimable before it is due.
     let record = Record {
         subject_ticket_id: None,
-        steps: vec![step("1", "completed", json!({}))],
+        steps: vec![step("1", tok_store::StepStatus::Completed, json!({}))],
         context: detail.context.clone(),
         actions: 2,
         status: RunStatus::Waiting,
@@ -1080,7 +1096,7 @@ async fn record_retry(db: &TestDb) {
         } else {
             SHORT_LEASE_MS
         };
-        let mut failed = step(&job.path, "retrying", json!({}));
+        let mut failed = step(&job.path, tok_store::StepStatus::Retrying, json!({}));
         failed.error = Some("service answered 503".into());
         let record = Record {
             subject_ticket_id: None,
@@ -1164,7 +1180,7 @@ async fn record_done_finishes_the_run_and_removes_its_job() {
             if job.run_id == bad {
                 record.status = RunStatus::Failed;
                 record.error = Some("service answered 400".into());
-                record.steps[0].status = "failed".into();
+                record.steps[0].status = tok_store::StepStatus::Failed;
             }
             store.record(job, record).await.expect("record");
         }
@@ -1580,11 +1596,15 @@ async fn a_dispatch_writes_the_steps_its_runs_already_ran() {
             for run in &mut plan.runs {
                 run.steps = if done {
                     vec![
-                        step("0", "completed", json!({ "a": 1 })),
-                        step("1", "completed", json!({})),
+                        step("0", tok_store::StepStatus::Completed, json!({ "a": 1 })),
+                        step("1", tok_store::StepStatus::Completed, json!({})),
                     ]
                 } else {
-                    vec![step("0", "completed", json!({ "a": 1 }))]
+                    vec![step(
+                        "0",
+                        tok_store::StepStatus::Completed,
+                        json!({ "a": 1 }),
+                    )]
                 };
                 run.actions = run.steps.len() as i32;
                 run.first_path = (!done).then(|| "1".to_string());

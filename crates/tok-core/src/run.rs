@@ -1,0 +1,214 @@
+//! The values a run's decisions are made of: its status, the records of its
+//! steps, what happens to its job next, and the runs a dispatch plans.
+//!
+//! [`crate::advance`] produces them; the store writes them as they are. They
+//! live here, not in the store, so that a decision is data a test can compare
+//! without a database.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::definition::Filter;
+use crate::ids::{AutomationId, RunId};
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Waiting,
+    Paused,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Waiting => "waiting",
+            Self::Paused => "paused",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "waiting" => Self::Waiting,
+            "paused" => Self::Paused,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Completed, failed or cancelled: nothing moves the run any more
+    /// (but a retry of a failed one).
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How one attempt of a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepStatus {
+    Completed,
+    Failed,
+    /// Failed, and another attempt is due.
+    Retrying,
+    /// Parked: the step waits for a signal or its timeout.
+    Waiting,
+}
+
+impl StepStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Retrying => "retrying",
+            Self::Waiting => "waiting",
+        }
+    }
+}
+
+impl std::fmt::Display for StepStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One executed step attempt, as the record transaction writes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRecord {
+    pub path: String,
+    pub step_id: String,
+    pub kind: String,
+    pub attempt: i32,
+    pub status: StepStatus,
+    pub input: Option<Value>,
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    pub log: Vec<String>,
+    pub started_at: i64,
+    pub finished_at: i64,
+}
+
+/// What a `wait_for_event` step parks its run on: the signal key, the
+/// `where` its payload must satisfy, and when the wait gives up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SignalWait {
+    pub key: String,
+    /// Rules over the signal's payload; `None` takes any payload.
+    pub filter: Option<Filter>,
+    /// Whether a signal buffered before the wait began (within the
+    /// lookback window) may resume it at once.
+    pub lookback: bool,
+    /// Unix ms when the wait times out; `None` waits for ever.
+    pub due_at: Option<i64>,
+}
+
+/// Why a parked job was handed to a worker again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Resume {
+    /// A signal matched the wait.
+    #[serde(rename_all = "camelCase")]
+    Signal { signal_id: String, payload: Value },
+    /// The wait's due time passed first.
+    TimedOut,
+}
+
+/// What happens to the claimed job when its result is recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NextJob {
+    /// The run goes on at `path`, due `delay_ms` after now (database clock).
+    Step { path: String, delay_ms: i64 },
+    /// A failed step again after `delay_ms`: `path` is the step that failed
+    /// (a chain of built-in steps may have moved past the claimed one) and
+    /// `attempts` how many attempts it has had, so the next claim is the
+    /// next attempt.
+    Retry {
+        path: String,
+        attempts: i32,
+        delay_ms: i64,
+    },
+    /// The run goes on at `path` now, and the worker that recorded keeps
+    /// the job under the new claim `token` (leased for `lease_ms`) to run
+    /// that step at once, without a claim in between. A run paused
+    /// meanwhile is released instead.
+    Continue {
+        path: String,
+        token: String,
+        lease_ms: i64,
+    },
+    /// The job parks at `path` (a `wait_for_event` step) until a signal
+    /// matches `wait` or its due time passes; then it is claimed again with
+    /// a [`Resume`]. A signal buffered within the lookback window may
+    /// resume it in the same transaction.
+    Wait { path: String, wait: SignalWait },
+    /// The run is over (completed or failed): the job is deleted.
+    Done,
+}
+
+/// A run the dispatcher (or a manual start) decided to create.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewRun {
+    pub id: RunId,
+    pub automation_id: AutomationId,
+    pub version: i32,
+    pub trigger_type: String,
+    pub context: Value,
+    pub depth: i32,
+    pub queue_key: Option<String>,
+    pub priority: i32,
+    /// Path of the step a worker runs first; `None` completes the run at
+    /// once (an empty tree, or `steps` ran all of it).
+    pub first_path: Option<String>,
+    pub idempotency_key: Option<String>,
+    /// The ticket the run acts on from its start (a ticket event's ticket).
+    pub subject_ticket_id: Option<String>,
+    /// Steps already run, written with the run: the pure steps a run
+    /// begins with, which the dispatcher runs at once. `context` is the
+    /// context after them.
+    pub steps: Vec<StepRecord>,
+    /// Steps executed so far (`steps` among them), toward `MAX_ACTIONS`.
+    pub actions: i32,
+}
+
+/// What the dispatcher's planner decided for one event.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub runs: Vec<NewRun>,
+    /// Lines for the event's ticket's trace (a run skipped by loop protection).
+    pub notes: Vec<PlanNote>,
+}
+
+/// A line the dispatcher writes to a ticket's trace, for a person to see.
+#[derive(Debug, Clone)]
+pub struct PlanNote {
+    pub ticket_id: String,
+    pub automation_id: AutomationId,
+    pub kind: String,
+    pub message: String,
+}
+
+/// The queue key of a run acting on a ticket: runs on one ticket never
+/// interleave.
+pub fn ticket_queue_key(ticket_id: &str) -> String {
+    format!("ticket:{ticket_id}")
+}
