@@ -6,6 +6,7 @@
 //! which stamps ids with the current time): the engine passes in the tree, the
 //! context and the time, and gets back what happens next as data.
 
+pub mod advance;
 pub mod builtin;
 pub mod condition;
 pub mod context;
@@ -15,6 +16,7 @@ pub mod duration;
 pub mod error;
 pub mod flow;
 pub mod ids;
+pub mod incident;
 pub mod limits;
 pub mod path;
 pub mod retry;

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::builtin::is_internal;
+use crate::advance::{WAIT_FOR_EVENT, is_control};
 use crate::condition::{Condition, parse_instant};
 use crate::definition::{Automation, Filter, Operator, Rule, Step, Trigger};
 use crate::duration::parse_duration;
@@ -202,7 +202,7 @@ fn check_steps<'a>(c: &mut Checker<'a>, at: &str, steps: &'a [Step]) {
 fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     check_id(c, at, step);
     let kind = step.kind.as_str();
-    if !is_internal(kind) && !(c.is_known_type)(kind) {
+    if !is_control(kind) && !(c.is_known_type)(kind) {
         c.error(format!("{at}.type"), format!("unknown step type `{kind}`"));
     }
     match &step.config {
@@ -257,6 +257,7 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     }
     match kind {
         "wait" => check_wait(c, at, step),
+        WAIT_FOR_EVENT => check_wait_for_event(c, at, step),
         "flow/pause" => check_pause(c, at, step),
         "flow/log" => check_log(c, at, step),
         "set" if !step.config.get("values").is_some_and(Value::is_object) => {
@@ -361,6 +362,47 @@ fn check_loop(c: &mut Checker<'_>, at: &str, step: &Step) {
                 "loop `{}` has nothing to do; add at least one step to `do`",
                 step.id
             ),
+        );
+    }
+}
+
+/// `wait_for_event`: a key, and where given, `where` rules, a `timeout`
+/// duration and a boolean `lookback` (templates are checked when they run).
+fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
+    match step.config.get("key") {
+        Some(Value::String(k)) if !k.trim().is_empty() => {}
+        _ => c.error(
+            format!("{at}.config.key"),
+            "wait_for_event needs `key`: the signal key to wait for, like \"order-{{orderId}}\"",
+        ),
+    }
+    if let Some(filter) = step.config.get("where")
+        && let Err(e) = serde_json::from_value::<crate::definition::Filter>(filter.clone())
+    {
+        c.error(
+                format!("{at}.config.where"),
+                format!("{e}; expected {{\"match\": \"all\"|\"any\", \"rules\": [{{\"field\", \"operator\", \"value\"}}]}} over the signal's payload"),
+            );
+    }
+    match step.config.get("timeout") {
+        None => {}
+        Some(Value::String(s)) if has_placeholder(s) => {}
+        Some(Value::String(s)) => {
+            if let Err(e) = parse_duration(s) {
+                c.error(format!("{at}.config.timeout"), e.to_string());
+            }
+        }
+        Some(other) => c.error(
+            format!("{at}.config.timeout"),
+            format!("timeout must be a duration like \"3d\", got {other}"),
+        ),
+    }
+    if let Some(lookback) = step.config.get("lookback")
+        && !lookback.is_boolean()
+    {
+        c.error(
+            format!("{at}.config.lookback"),
+            format!("lookback must be true or false, got {lookback}"),
         );
     }
 }

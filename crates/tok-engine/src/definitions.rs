@@ -63,11 +63,7 @@ fn check_handler_configs(
 ) {
     for (i, step) in steps.iter().enumerate() {
         let here = format!("{at}.{i}");
-        let checked = match registry.handler(&step.kind) {
-            Some(handler) => handler.validate(&step.config),
-            None => crate::steps::validate(&step.kind, &step.config),
-        };
-        if let Err(message) = checked {
+        if let Err(message) = registry.validate(&step.kind, &step.config) {
             errors.push(ValidationError {
                 path: format!("{here}.config"),
                 message,

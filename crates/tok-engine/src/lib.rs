@@ -1,22 +1,25 @@
-//! tok's engine: the dispatcher, the worker pool and the step handler
-//! registry, over any [`Store`].
+//! tok's engine: the phases that move runs forward, over any [`Store`].
 //!
-//! Data flows webhook → inbox row → [`dispatcher`] (runs and first jobs, one
-//! transaction; the pure steps a run begins with run there too) → job queue
-//! → [`worker`] (one step per claim, one record transaction per step). While
-//! one tenant's backlog fills the dispatches, a second dispatcher takes the
-//! other tenants' new events apart, in the writer's urgent lane. Nothing here keeps progress in memory: every
-//! decision is written before it matters, so a process may die at any line.
+//! Data flows webhook → inbox row → [`dispatch`] (runs and first jobs, one
+//! transaction; the control steps a run begins with are decided there too)
+//! → job queue → `execute` (the worker pool: one claim, the decider's
+//! transition, one record transaction). What happens next in a run is
+//! decided in one place, `tok-core`'s `advance`; [`fairness`] holds every
+//! rule that keeps one tenant from crowding out another; [`registry`] knows
+//! every step type. Nothing here keeps progress in memory: every decision
+//! is written before it matters, so a process may die at any line.
 //! In-process wake-ups only shorten the wait; a slow poll is the fallback,
 //! so several processes sharing one PostgreSQL need no other channel.
+//!
+//! This file starts and stops the phases.
 
 pub mod definitions;
-pub mod dispatcher;
+pub mod dispatch;
+mod execute;
+pub mod fairness;
 pub mod registry;
 mod steps;
-mod worker;
 
-use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -24,11 +27,12 @@ use serde_json::{Map, Value, json};
 use tok_core::context::Context;
 use tok_core::flow::{self, Next};
 use tok_core::ids::{AutomationId, RunId, TenantId};
-use tok_store::{AutomationStatus, Lane, NewEvent, NewRun, Store, StoreError};
+use tok_store::{AutomationStatus, NewEvent, NewRun, Store, StoreError};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 pub use definitions::DefinitionCache;
+pub use fairness::Fairness;
 pub use registry::{Registry, StepCall, StepHandler};
 pub use steps::script::ScriptStep;
 
@@ -70,6 +74,8 @@ pub struct EngineConfig {
     pub dispatch_batch: u32,
     /// How long a stopping worker waits for the steps in flight.
     pub shutdown_grace: Duration,
+    /// How long runs may chain steps on one claim (see [`Fairness`]).
+    pub fairness: Fairness,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +90,7 @@ impl Default for EngineConfig {
             poll_interval: Duration::from_millis(250),
             dispatch_batch: 16,
             shutdown_grace: Duration::from_secs(10),
+            fairness: Fairness::default(),
         }
     }
 }
@@ -98,79 +105,19 @@ pub(crate) struct Inner {
     /// Wakes the urgent dispatcher: a tenant has a new event while another
     /// tenant's backlog fills the dispatches.
     pub(crate) urgent: Notify,
-    /// The urgent dispatcher's work: see [`Fresh`].
-    pub(crate) fresh: std::sync::Mutex<Fresh>,
+    /// Whose backlog fills the dispatches, and the other tenants with new
+    /// events for the urgent dispatcher.
+    pub(crate) backlog: std::sync::Mutex<fairness::Backlog>,
     /// Wakes the worker pool: a job may be ready or a slot came free.
     pub(crate) work: Notify,
     /// The worker pool's slots, which the dispatcher may fill directly.
-    pub(crate) slots: std::sync::Mutex<worker::Slots>,
+    pub(crate) slots: std::sync::Mutex<fairness::Slots>,
     tenants: RwLock<Arc<Vec<TenantId>>>,
 }
 
-/// What the urgent dispatcher is for: while one tenant's backlog fills
-/// the dispatches, another tenant's new event would wait for the batch in
-/// progress and the claims and records queued at SQLite's one writer. The
-/// urgent dispatcher takes such events apart, in the writer's urgent lane.
-/// Only events accepted by this process are known here; the others are
-/// dispatched in turn, which is always correct.
-#[derive(Default)]
-pub(crate) struct Fresh {
-    /// Tenants whose events filled a full dispatch since the backlog began:
-    /// the bulk dispatches', and any that filled an urgent one (a second
-    /// flood must not take the urgent lane).
-    backlog: HashSet<TenantId>,
-    /// Other tenants with events accepted since the urgent dispatcher looked.
-    tenants: HashSet<TenantId>,
-}
-
-impl Fresh {
-    /// Notes a new event of `tenant`; whether it is one for the urgent
-    /// dispatcher.
-    fn note(&mut self, tenant: &TenantId) -> bool {
-        if self.backlog.is_empty() || self.backlog.contains(tenant) {
-            return false;
-        }
-        self.tenants.insert(tenant.clone());
-        true
-    }
-
-    /// An urgent dispatch of `tenants` took a full batch: they may have
-    /// more, unless one of them filled it (`backlog`), which goes in turn
-    /// from now on like the first flood.
-    fn urgent_full(&mut self, tenants: Vec<TenantId>, backlog: Option<TenantId>) {
-        if let Some(flood) = backlog {
-            self.backlog.insert(flood);
-        }
-        for tenant in tenants {
-            if !self.backlog.contains(&tenant) {
-                self.tenants.insert(tenant);
-            }
-        }
-    }
-
-    /// What the last bulk dispatch found: with no backlog, every event is
-    /// dispatched in turn again.
-    fn bulk_found(&mut self, backlog: Option<TenantId>) {
-        match backlog {
-            Some(tenant) => {
-                self.backlog.insert(tenant);
-            }
-            None => {
-                self.backlog.clear();
-                self.tenants.clear();
-            }
-        }
-    }
-}
-
 impl Inner {
-    fn fresh(&self) -> std::sync::MutexGuard<'_, Fresh> {
-        self.fresh.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether a tenant's backlog fills the bulk dispatches now.
-    fn backlogged(&self) -> bool {
-        !self.fresh().backlog.is_empty()
+    pub(crate) fn backlog(&self) -> std::sync::MutexGuard<'_, fairness::Backlog> {
+        self.backlog.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn tenants(&self) -> Arc<Vec<TenantId>> {
@@ -218,7 +165,7 @@ impl Engine {
                 defs: DefinitionCache::default(),
                 inbox: Notify::new(),
                 urgent: Notify::new(),
-                fresh: Default::default(),
+                backlog: Default::default(),
                 work: Notify::new(),
                 slots: Default::default(),
                 tenants: RwLock::default(),
@@ -240,7 +187,7 @@ impl Engine {
 
     /// Tells the dispatcher an event of `tenant` is waiting.
     pub fn event_accepted(&self, tenant: &TenantId) {
-        if self.inner.fresh().note(tenant) {
+        if self.inner.backlog().note(tenant) {
             self.inner.urgent.notify_one();
         }
         self.inner.inbox.notify_one();
@@ -290,12 +237,21 @@ impl Engine {
         }
         let (stop, shutdown) = watch::channel(false);
         let mut tasks = vec![
-            tokio::spawn(dispatch_loop(self.inner.clone(), shutdown.clone())),
-            tokio::spawn(urgent_dispatch_loop(self.inner.clone(), shutdown.clone())),
+            tokio::spawn(dispatch::dispatch_loop(
+                self.inner.clone(),
+                shutdown.clone(),
+            )),
+            tokio::spawn(dispatch::urgent_dispatch_loop(
+                self.inner.clone(),
+                shutdown.clone(),
+            )),
             tokio::spawn(upkeep(self.clone(), shutdown.clone())),
         ];
         if workers {
-            tasks.push(tokio::spawn(worker::run_pool(self.inner.clone(), shutdown)));
+            tasks.push(tokio::spawn(execute::pool::run_pool(
+                self.inner.clone(),
+                shutdown,
+            )));
         }
         Ok(Running { stop, tasks })
     }
@@ -377,119 +333,6 @@ pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
     *shutdown.borrow() || shutdown.has_changed().is_err()
 }
 
-/// One dispatch transaction of `tenants`' events in `lane`, the new runs'
-/// jobs handed to this process's free slots: between `least` events and
-/// four times as many while as many slots are free. Returns what it did
-/// and the batch it asked for.
-async fn dispatch_once(
-    inner: &Arc<Inner>,
-    tenants: &[TenantId],
-    lane: Lane,
-    least: u32,
-    all_reserved: bool,
-) -> tok_store::Result<(tok_store::Dispatched, u32)> {
-    let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
-        dispatcher::plan(event, candidates, &inner.defs)
-    };
-    let most = 4 * least;
-    let mut offer = worker::Offer::new(inner, most as usize, all_reserved);
-    let batch = offer
-        .as_ref()
-        .map_or(least, |o| (o.free() as u32).clamp(least, most));
-    let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
-    let handoff = tok_store::Handoff {
-        node: &inner.config.node_id,
-        lease_ms: inner.lease_ms(),
-        take: &mut take,
-    };
-    let mut dispatched = inner
-        .store
-        .dispatch_handing_off(tenants, batch, &planner, Some(handoff), lane)
-        .await;
-    let claimed = match &mut dispatched {
-        Ok(d) => {
-            let now = jiff::Timestamp::now().as_millisecond();
-            for received_at in &d.received_at {
-                let lag = (now - received_at).max(0) as f64 / 1000.0;
-                metrics::histogram!("tok_inbox_lag_seconds").record(lag);
-            }
-            std::mem::take(&mut d.claimed)
-        }
-        Err(_) => Vec::new(),
-    };
-    if let Some(offer) = offer {
-        offer.accept(inner, claimed);
-    }
-    let dispatched = dispatched?;
-    if dispatched.events() > 0 {
-        inner.work.notify_one();
-    }
-    Ok((dispatched, batch))
-}
-
-async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
-    let least = inner.config.dispatch_batch.max(1);
-    loop {
-        if stopping(&shutdown) {
-            return;
-        }
-        let tenants = inner.tenants();
-        // While a backlog fills the dispatches, half the reserved slots
-        // are kept for the urgent dispatcher's runs (the backlog's tenant
-        // holds general slots and may not take them anyway).
-        let reserved = !inner.backlogged();
-        match dispatch_once(&inner, &tenants, Lane::Bulk, least, reserved).await {
-            Ok((d, batch)) => {
-                let full = d.events() == batch as usize || d.left > 0;
-                inner.fresh().bulk_found(d.backlog);
-                if full {
-                    continue;
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "dispatch failed; retrying shortly");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-        tokio::select! {
-            _ = inner.inbox.notified() => {}
-            _ = tokio::time::sleep(inner.config.poll_interval) => {}
-            _ = shutdown.changed() => {}
-        }
-    }
-}
-
-/// Dispatches the new events of tenants other than the one whose backlog
-/// fills the bulk dispatches ([`Fresh`]), apart and in the urgent lane.
-async fn urgent_dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
-    let least = inner.config.dispatch_batch.max(1);
-    loop {
-        tokio::select! {
-            _ = inner.urgent.notified() => {}
-            _ = shutdown.changed() => {}
-        }
-        loop {
-            if stopping(&shutdown) {
-                return;
-            }
-            let tenants: Vec<TenantId> = inner.fresh().tenants.drain().collect();
-            if tenants.is_empty() {
-                break;
-            }
-            match dispatch_once(&inner, &tenants, Lane::Urgent, least, true).await {
-                Ok((d, batch)) if d.events() == batch as usize => {
-                    inner.fresh().urgent_full(tenants, d.backlog);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    // The bulk dispatches take these events in turn.
-                    tracing::warn!(error = %e, "urgent dispatch failed");
-                }
-            }
-        }
-    }
-}
-
 /// How often the store's upkeep runs (partitions created ahead).
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(3600);
 
@@ -514,37 +357,5 @@ async fn upkeep(engine: Engine, mut shutdown: watch::Receiver<bool>) {
                 tracing::warn!(error = %e, "store upkeep failed; retrying in an hour");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_other_tenants_events_go_urgent_while_one_tenant_has_a_backlog() {
-        let (big, small) = (
-            TenantId::from("big".to_string()),
-            TenantId::from("small".to_string()),
-        );
-        let second = TenantId::from("second".to_string());
-        let mut fresh = Fresh::default();
-        assert!(!fresh.note(&small), "no backlog: every event goes in turn");
-        fresh.bulk_found(Some(big.clone()));
-        assert!(!fresh.note(&big), "the backlog's own events go in turn");
-        assert!(fresh.note(&small));
-        assert_eq!(fresh.tenants.iter().collect::<Vec<_>>(), vec![&small]);
-        // A second tenant that filled an urgent dispatch goes in turn too;
-        // the other tenant of that dispatch stays urgent.
-        fresh.tenants.clear();
-        fresh.urgent_full(vec![second.clone(), small.clone()], Some(second.clone()));
-        assert_eq!(fresh.tenants.iter().collect::<Vec<_>>(), vec![&small]);
-        fresh.bulk_found(Some(big.clone()));
-        assert!(!fresh.note(&second), "still part of the backlog");
-        fresh.bulk_found(None);
-        assert!(
-            fresh.tenants.is_empty() && !fresh.note(&small),
-            "the backlog is gone: nothing is urgent"
-        );
     }
 }

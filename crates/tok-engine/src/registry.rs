@@ -1,23 +1,24 @@
-//! The step handler registry: which step types exist beyond the pure built-in
-//! ones, and how to run them.
+//! The step registry: every step type by name, and who runs it.
 //!
-//! Built-in control steps (`condition`, `loop`, `set`, `flow/log`, `wait`,
-//! `end`) are decided by `tok-core`, and the service-desk steps (`ticket/*`,
-//! `incident/create`, `emit`) run inside the record transaction; neither
-//! reaches a handler. Everything else — `flow/pause`, connectors, and the step
-//! types a Rust user registers — is a [`StepHandler`] that the worker runs
-//! with no database connection held.
+//! Control steps (`condition`, `loop`, `set`, `flow/log`, `wait`,
+//! `wait_for_event`, `end`) are decided by `tok-core`'s decider and are not
+//! registered. Every other type is registered here once, as one of two
+//! classes: a step that runs inside the record transaction (the service-desk
+//! steps, [`TxStep`]), or a [`StepHandler`] that the worker runs with no
+//! database connection held (`flow/pause`, the connectors, and the types a
+//! Rust user registers). A new step type is one file and one line in
+//! [`Registry::with_builtins`] (or one [`Registry::register`] call).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
-use tok_core::builtin::INTERNAL_TYPES;
+use tok_core::advance::{StepClass, is_control};
 use tok_core::error::StepError;
 use tok_core::ids::{JobId, RunId, TenantId};
 
-use crate::steps::TX_TYPES;
+use crate::steps::{TxStep, in_transaction};
 
 /// What a handler gets for one attempt of one step.
 #[derive(Debug, Clone)]
@@ -56,16 +57,42 @@ pub trait StepHandler: Send + Sync + 'static {
     }
 }
 
+/// A registered step type.
+#[derive(Clone)]
+enum Entry {
+    InTransaction(Arc<dyn TxStep>),
+    External(Arc<dyn StepHandler>),
+}
+
 /// Step types by name.
 #[derive(Clone, Default)]
 pub struct Registry {
-    handlers: HashMap<String, Arc<dyn StepHandler>>,
+    steps: HashMap<String, Entry>,
 }
 
 impl Registry {
-    /// The built-in handlers (`flow/pause`); add your own with [`Registry::register`].
+    /// The built-in step types: the service-desk steps that run in the
+    /// record transaction, and `flow/pause`. Add your own with
+    /// [`Registry::register`].
     pub fn with_builtins() -> Self {
         let mut registry = Self::default();
+        for (kind, step) in [
+            (
+                "ticket/upsert",
+                in_transaction!(ticket_upsert) as Arc<dyn TxStep>,
+            ),
+            ("ticket/assign-least-busy", in_transaction!(ticket_assign)),
+            ("ticket/set-type", in_transaction!(ticket_set_type)),
+            ("ticket/add-tags", in_transaction!(ticket_add_tags)),
+            ("ticket/set-status", in_transaction!(ticket_set_status)),
+            ("ticket/close", in_transaction!(ticket_close)),
+            ("incident/create", in_transaction!(incident_create)),
+            ("emit", in_transaction!(emit)),
+        ] {
+            registry
+                .steps
+                .insert(kind.to_owned(), Entry::InTransaction(step));
+        }
         registry.register("flow/pause", crate::steps::pause::Pause);
         registry
     }
@@ -81,45 +108,75 @@ impl Registry {
     /// Adds the connector steps (`http`, `mcp`) where no handler of that
     /// name was registered already.
     pub fn add_connectors(&mut self, store: Arc<dyn tok_store::Store>) -> &mut Self {
-        if !self.handlers.contains_key("http") {
+        if !self.steps.contains_key("http") {
             self.register("http", crate::steps::http::Http::new(store.clone()));
         }
-        if !self.handlers.contains_key("mcp") {
+        if !self.steps.contains_key("mcp") {
             self.register("mcp", crate::steps::mcp::Mcp::new(store));
         }
         self
     }
 
     /// Registers (or replaces) the handler of a step type. The names of the
-    /// pure built-in types cannot be taken.
+    /// control and in-transaction built-in types cannot be taken.
     pub fn register(&mut self, kind: impl Into<String>, handler: impl StepHandler) -> &mut Self {
         let kind = kind.into();
         assert!(
-            !INTERNAL_TYPES.contains(&kind.as_str()) && !TX_TYPES.contains(&kind.as_str()),
+            !is_control(&kind) && !matches!(self.steps.get(&kind), Some(Entry::InTransaction(_))),
             "`{kind}` is a built-in step type and cannot be replaced"
         );
-        self.handlers.insert(kind, Arc::new(handler));
+        self.steps.insert(kind, Entry::External(Arc::new(handler)));
         self
     }
 
     pub fn handler(&self, kind: &str) -> Option<Arc<dyn StepHandler>> {
-        self.handlers.get(kind).cloned()
+        match self.steps.get(kind) {
+            Some(Entry::External(handler)) => Some(handler.clone()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn in_transaction(&self, kind: &str) -> Option<Arc<dyn TxStep>> {
+        match self.steps.get(kind) {
+            Some(Entry::InTransaction(step)) => Some(step.clone()),
+            _ => None,
+        }
+    }
+
+    /// Who runs a step type; an unknown one is `External` (its missing
+    /// handler then fails the step).
+    pub fn class(&self, kind: &str) -> StepClass {
+        if is_control(kind) {
+            return StepClass::Control;
+        }
+        match self.steps.get(kind) {
+            Some(Entry::InTransaction(_)) => StepClass::InTransaction,
+            _ => StepClass::External,
+        }
     }
 
     /// Whether an automation may use this step type.
     pub fn is_known(&self, kind: &str) -> bool {
-        INTERNAL_TYPES.contains(&kind)
-            || TX_TYPES.contains(&kind)
-            || self.handlers.contains_key(kind)
+        is_control(kind) || self.steps.contains_key(kind)
+    }
+
+    /// Checks a registered step's `config` at save (control steps are
+    /// checked by `tok-core`'s validation).
+    pub fn validate(&self, kind: &str, config: &Value) -> Result<(), String> {
+        match self.steps.get(kind) {
+            Some(Entry::InTransaction(step)) => step.validate(config),
+            Some(Entry::External(handler)) => handler.validate(config),
+            None => Ok(()),
+        }
     }
 
     /// Every known type name, sorted: for error messages that list them.
     pub fn kinds(&self) -> Vec<String> {
-        let mut kinds: Vec<String> = INTERNAL_TYPES
+        let mut kinds: Vec<String> = tok_core::builtin::INTERNAL_TYPES
             .iter()
-            .chain(TX_TYPES)
+            .chain([&tok_core::advance::WAIT_FOR_EVENT])
             .map(|k| (*k).to_owned())
-            .chain(self.handlers.keys().cloned())
+            .chain(self.steps.keys().cloned())
             .collect();
         kinds.sort();
         kinds

@@ -193,3 +193,158 @@ async fn sigkill_mid_load_loses_no_accepted_event_and_runs_none_twice() {
         crash_and_recover(backend).await;
     }
 }
+
+const WAITING_RUNS: usize = 200;
+
+/// Sends the signal that pays order `n` until the server answers 202.
+async fn signal_until_accepted(http: &reqwest::Client, url: &str, key: &str, n: usize) {
+    loop {
+        let sent = http
+            .post(url)
+            .bearer_auth(key)
+            .header("Idempotency-Key", format!("pay-{n}"))
+            .json(&json!({ "key": format!("order-{n}"), "payload": { "amount": n } }))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Ok(response) = sent {
+            if response.status() == reqwest::StatusCode::ACCEPTED {
+                return;
+            }
+            assert!(
+                response.status().is_server_error(),
+                "signal {n}: unexpected answer {}",
+                response.status()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn crash_while_signalling(backend: Backend) {
+    let db = TestDb::create(backend).await;
+    let port = free_port();
+    let api = Api::new(port);
+    let env = [("TOK_NODE_ID", "signal-crash-node"), ("TOK_CONCURRENCY", "8")];
+    let mut server = Server::start(&db.url, port, &[], &env);
+    api.wait_ready().await;
+    let tenant = api
+        .post("/api/tenants", ADMIN_KEY, json!({ "name": "Signals" }))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_owned();
+    let automation = api
+        .post(
+            "/api/automations",
+            &key,
+            json!({
+                "name": "Payment",
+                "trigger": { "kind": "manual" },
+                "steps": [
+                    { "id": "st_paid", "type": "wait_for_event", "config": { "key": "order-{{n}}" } },
+                    { "id": "st_log", "type": "flow/log", "config": { "message": "paid {{st_paid.payload.amount}}" } }
+                ]
+            }),
+        )
+        .await;
+    let automation = automation["id"].as_str().unwrap().to_owned();
+    let mut runs = HashMap::new();
+    for n in 0..WAITING_RUNS {
+        let started = api
+            .post(
+                &format!("/api/automations/{automation}/runs"),
+                &key,
+                json!({ "input": { "n": n } }),
+            )
+            .await;
+        runs.insert(started["run_id"].as_str().unwrap().to_owned(), n);
+    }
+    for _ in 0..600 {
+        let listed = all_runs(&api, &key).await;
+        if listed.iter().filter(|r| r["status"] == "waiting").count() == WAITING_RUNS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let url = format!("http://127.0.0.1:{port}/api/signals");
+    let next = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..SENDERS {
+        let (next, answered, url, key, http) = (
+            next.clone(),
+            answered.clone(),
+            url.clone(),
+            key.clone(),
+            api.http.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                if n >= WAITING_RUNS {
+                    return;
+                }
+                signal_until_accepted(&http, &url, &key, n).await;
+                answered.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    while answered.load(Ordering::SeqCst) < WAITING_RUNS / 4 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    server.kill();
+    assert!(
+        answered.load(Ordering::SeqCst) < WAITING_RUNS,
+        "the kill came after the signals ended"
+    );
+    let mut server = Server::start(&db.url, port, &[], &env);
+    api.wait_ready().await;
+    for sender in senders {
+        sender.await.unwrap();
+    }
+
+    let mut listed = Vec::new();
+    for _ in 0..1200 {
+        listed = all_runs(&api, &key).await;
+        if listed.iter().all(|r| r["status"] == "completed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(listed.len(), WAITING_RUNS, "{backend:?}");
+    for run in &listed {
+        let id = run["id"].as_str().unwrap();
+        assert_eq!(run["status"], "completed", "{backend:?}: run {run}");
+        let detail = api.get(&format!("/api/runs/{id}"), &key).await;
+        let steps = detail["steps"].as_array().unwrap();
+        let count = |step: &str, status: &str| {
+            steps
+                .iter()
+                .filter(|s| s["step_id"] == step && s["status"] == status)
+                .count()
+        };
+        assert_eq!(
+            (count("st_paid", "completed"), count("st_log", "completed")),
+            (1, 1),
+            "{backend:?}: run {id} resumed once and went on once: {detail}"
+        );
+        let log = steps
+            .iter()
+            .find(|s| s["step_id"] == "st_log")
+            .map(|s| s["log"][0].clone());
+        assert_eq!(
+            log,
+            Some(json!(format!("info: paid {}", runs[id]))),
+            "{backend:?}: run {id} got its own signal"
+        );
+    }
+    server.kill();
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_signals_are_delivered_resumes_every_answered_wait_exactly_once() {
+    for backend in backends() {
+        crash_while_signalling(backend).await;
+    }
+}

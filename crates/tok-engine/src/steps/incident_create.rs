@@ -7,7 +7,17 @@ use tok_store::NewIncident;
 
 use super::{TxContext, TxResult, string, terminal};
 
-pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+/// Checks the step's config at save.
+pub(crate) fn validate(config: &Value) -> Result<(), String> {
+    super::need(
+        config,
+        "incident/create",
+        "title",
+        "what happened, for the tenant",
+    )
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let title = string(config, "title")
         .ok_or_else(|| terminal(format!("step `{}`: `title` is empty", cx.step_id)))?;
     let source = string(config, "source").unwrap_or_else(|| {

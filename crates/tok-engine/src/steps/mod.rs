@@ -6,34 +6,57 @@
 //! ([`RecordTx`]): their effect and their step record commit together, and a
 //! crash between them is impossible. Each lives in a file of its own.
 
-mod emit;
+pub(crate) mod emit;
 pub(crate) mod http;
-mod incident_create;
+pub(crate) mod incident_create;
 pub(crate) mod mcp;
 pub(crate) mod pause;
 pub(crate) mod script;
-mod ticket_add_tags;
-mod ticket_assign;
-mod ticket_close;
-mod ticket_set_status;
-mod ticket_set_type;
-mod ticket_upsert;
+pub(crate) mod ticket_add_tags;
+pub(crate) mod ticket_assign;
+pub(crate) mod ticket_close;
+pub(crate) mod ticket_set_status;
+pub(crate) mod ticket_set_type;
+pub(crate) mod ticket_upsert;
 
 use serde_json::{Map, Value};
 use tok_core::error::StepError;
 use tok_store::{Cause, RecordTx, StoreError, Ticket, TicketWrite};
 
-/// Step types that run inside the record transaction.
-pub(crate) const TX_TYPES: &[&str] = &[
-    "ticket/upsert",
-    "ticket/assign-least-busy",
-    "ticket/set-type",
-    "ticket/add-tags",
-    "ticket/set-status",
-    "ticket/close",
-    "incident/create",
-    "emit",
-];
+/// A step type that runs inside the record transaction: its effect and
+/// the step's record commit together. Each lives in a file of its own with
+/// a `run` and a `validate`, and is registered in [`crate::Registry`] with
+/// [`in_transaction!`].
+#[async_trait::async_trait]
+pub(crate) trait TxStep: Send + Sync + 'static {
+    async fn run(&self, cx: &mut TxContext<'_>, config: &Value) -> TxResult;
+
+    /// Checks the step's `config` at save; the message says what is expected.
+    fn validate(&self, config: &Value) -> Result<(), String>;
+}
+
+/// The [`TxStep`] of a module of this folder: its `run` and `validate`.
+macro_rules! in_transaction {
+    ($module:ident) => {{
+        struct Step;
+        #[async_trait::async_trait]
+        impl $crate::steps::TxStep for Step {
+            async fn run(
+                &self,
+                cx: &mut $crate::steps::TxContext<'_>,
+                config: &serde_json::Value,
+            ) -> $crate::steps::TxResult {
+                $crate::steps::$module::run(cx, config).await
+            }
+
+            fn validate(&self, config: &serde_json::Value) -> Result<(), String> {
+                $crate::steps::$module::validate(config)
+            }
+        }
+        std::sync::Arc::new(Step)
+    }};
+}
+pub(crate) use in_transaction;
 
 /// What a step inside the record transaction works with.
 pub(crate) struct TxContext<'a> {
@@ -78,46 +101,14 @@ fn terminal(message: impl Into<String>) -> TxError {
     TxError::Step(StepError::terminal(message))
 }
 
-/// Runs a transaction step of type `kind` with its rendered `config`.
-pub(crate) async fn run(kind: &str, cx: &mut TxContext<'_>, config: &Value) -> TxResult {
-    match kind {
-        "ticket/upsert" => ticket_upsert::run(cx, config).await,
-        "ticket/assign-least-busy" => ticket_assign::run(cx, config).await,
-        "ticket/set-type" => ticket_set_type::run(cx, config).await,
-        "ticket/add-tags" => ticket_add_tags::run(cx, config).await,
-        "ticket/set-status" => ticket_set_status::run(cx, config).await,
-        "ticket/close" => ticket_close::run(cx, config).await,
-        "incident/create" => incident_create::run(cx, config).await,
-        "emit" => emit::run(cx, config).await,
-        other => Err(terminal(format!("`{other}` is not a built-in step type"))),
-    }
-}
-
-/// Checks a transaction step's config at save. Templates are checked by
-/// `tok-core`; this checks what each type needs.
-pub(crate) fn validate(kind: &str, config: &Value) -> Result<(), String> {
-    let need = |key: &str, what: &str| match config.get(key) {
+/// `Ok` when `config.<key>` is a non-empty string (or, where `what`
+/// speaks of a list, a non-empty array); else the error a person reads:
+/// which step type needs which key, and what it is.
+pub(crate) fn need(config: &Value, kind: &str, key: &str, what: &str) -> Result<(), String> {
+    match config.get(key) {
         Some(Value::String(s)) if !s.trim().is_empty() => Ok(()),
         Some(Value::Array(a)) if what.contains("list") && !a.is_empty() => Ok(()),
         _ => Err(format!("{kind} needs `{key}`: {what}")),
-    };
-    match kind {
-        "ticket/upsert" => need("externalId", "the id the sender knows the ticket by"),
-        "ticket/assign-least-busy" => need("group", "a group's name or id"),
-        "ticket/set-type" => need("type", "a ticket type's name"),
-        "ticket/add-tags" => need("tags", "a list of tags"),
-        "ticket/set-status" => need("status", "one of the ticket type's statuses"),
-        "incident/create" => need("title", "what happened, for the tenant"),
-        "emit" => {
-            need("event", "the event's name")?;
-            match config.get("event").and_then(Value::as_str) {
-                Some(name) if name.starts_with("ticket.") || name.starts_with("run.") => Err(
-                    format!("emit cannot send `{name}`: `ticket.` and `run.` events are tok's own"),
-                ),
-                _ => Ok(()),
-            }
-        }
-        _ => Ok(()),
     }
 }
 

@@ -6,7 +6,12 @@ use tok_store::TicketWrite;
 
 use super::{TxContext, TxResult, save, stamp, subject_ticket, terminal};
 
-pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+/// Checks the step's config at save.
+pub(crate) fn validate(config: &Value) -> Result<(), String> {
+    super::need(config, "ticket/add-tags", "tags", "a list of tags")
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let wanted: Vec<String> = match config.get("tags") {
         Some(Value::Array(items)) => items
             .iter()

@@ -25,7 +25,17 @@ pub(crate) fn least_busy(loads: &[MemberLoad]) -> Option<&MemberLoad> {
         .map(|(_, l)| l)
 }
 
-pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+/// Checks the step's config at save.
+pub(crate) fn validate(config: &Value) -> Result<(), String> {
+    super::need(
+        config,
+        "ticket/assign-least-busy",
+        "group",
+        "a group's name or id",
+    )
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let name = string(config, "group")
         .ok_or_else(|| terminal(format!("step `{}`: `group` is empty", cx.step_id)))?;
     let group = cx.tx.group(&name).await?.ok_or_else(|| {

@@ -6,7 +6,12 @@ use tok_store::TicketWrite;
 
 use super::{TxContext, TxResult, save, stamp, string, subject_ticket};
 
-pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+/// Checks the step's config at save.
+pub(crate) fn validate(_config: &Value) -> Result<(), String> {
+    Ok(())
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let mut ticket = subject_ticket(cx, config).await?;
     if !ticket.closed {
         ticket.closed = true;

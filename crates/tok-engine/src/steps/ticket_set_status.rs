@@ -6,7 +6,17 @@ use tok_store::TicketWrite;
 
 use super::{TxContext, TxResult, save, stamp, string, subject_ticket, terminal};
 
-pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+/// Checks the step's config at save.
+pub(crate) fn validate(config: &Value) -> Result<(), String> {
+    super::need(
+        config,
+        "ticket/set-status",
+        "status",
+        "one of the ticket type's statuses",
+    )
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let status = string(config, "status")
         .ok_or_else(|| terminal(format!("step `{}`: `status` is empty", cx.step_id)))?;
     let mut ticket = subject_ticket(cx, config).await?;

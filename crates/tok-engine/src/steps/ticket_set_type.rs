@@ -6,7 +6,12 @@ use tok_store::TicketWrite;
 
 use super::{TxContext, TxResult, save, stamp, string, subject_ticket, terminal};
 
-pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+/// Checks the step's config at save.
+pub(crate) fn validate(config: &Value) -> Result<(), String> {
+    super::need(config, "ticket/set-type", "type", "a ticket type's name")
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let name = string(config, "type")
         .ok_or_else(|| terminal(format!("step `{}`: `type` is empty", cx.step_id)))?;
     let new_type = cx.tx.ticket_type(&name).await?.ok_or_else(|| {

@@ -9,7 +9,17 @@ use tok_store::now_ms;
 
 use super::{TxContext, TxResult, save, string, terminal};
 
-pub(super) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+/// Checks the step's config at save.
+pub(crate) fn validate(config: &Value) -> Result<(), String> {
+    super::need(
+        config,
+        "ticket/upsert",
+        "externalId",
+        "the id the sender knows the ticket by",
+    )
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let external_id = string(config, "externalId")
         .ok_or_else(|| terminal(format!("step `{}`: `externalId` is empty", cx.step_id)))?;
     if let Some(existing) = cx.tx.ticket_by_external_id(&external_id).await? {

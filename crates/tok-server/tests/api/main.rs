@@ -16,4 +16,5 @@ mod isolation;
 mod run_control;
 mod runs;
 mod signatures;
+mod waits;
 mod webhook;

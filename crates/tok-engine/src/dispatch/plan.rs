@@ -1,31 +1,34 @@
-//! The dispatcher turns inbox rows into runs.
+//! Planning the runs of an event.
 //!
-//! For each pending event the store hands it the tenant's automations whose
-//! trigger matches; [`plan`] (pure) evaluates each trigger's filter over the
-//! context the run would start with and decides the runs. The store writes
-//! the runs, their first jobs and the event's `dispatched` mark in one
-//! transaction, and a run is unique per (event, automation): a dispatch
-//! repeated after a crash creates nothing twice.
+//! For each pending event the store hands the dispatcher the tenant's
+//! automations whose trigger matches; [`plan`] (pure) evaluates each
+//! trigger's filter over the context the run would start with and decides
+//! the runs. The store writes the runs, their first jobs and the event's
+//! `dispatched` mark in one transaction, and a run is unique per (event,
+//! automation): a dispatch repeated after a crash creates nothing twice.
 //!
-//! The pure steps a run begins with (a condition on the event, `set`, a
-//! log line) are run here at once ([`run_pure_prefix`]): they depend on
-//! the run's context alone, so the dispatch writes their results with the
-//! run, and the run is spared a claim and a record before its first step
-//! that needs a worker — a run of pure steps only is complete when its
-//! event is dispatched.
+//! A run begins here ([`begin`]), through the same decider a worker uses:
+//! the control steps it starts with (a condition on the event, `set`, a log
+//! line) depend on the run's context alone, so the dispatch writes their
+//! results with the run, and the run is spared a claim and a record before
+//! its first step that needs a worker — a run of control steps only is
+//! complete when its event is dispatched.
 
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
-use tok_core::builtin::{self, Outcome};
+use tok_core::advance::{Env, Input, RunState, Then, Transition, advance};
 use tok_core::condition::Condition;
 use tok_core::context::Context;
 use tok_core::definition::Automation;
 use tok_core::flow::{self, Next};
 use tok_core::ids::RunId;
 use tok_core::path::FlowPath;
-use tok_store::{Candidate, NewRun, PendingEvent, Plan, PlanNote, StepRecord, StepStatus, now_ms};
+use tok_core::run::ticket_queue_key;
+use tok_store::{Candidate, NewRun, NextJob, PendingEvent, Plan, PlanNote, RunStatus, StepRecord};
 
 use crate::definitions::DefinitionCache;
+use crate::fairness::Fairness;
+use crate::registry::Registry;
 
 /// The context a run of this event starts with: the contract's params at the
 /// top, then the body's own top-level fields where no param took the name
@@ -64,7 +67,13 @@ pub const MAX_RUNS_PER_TICKET_PER_MINUTE: i64 = 5;
 /// what loop protection forbids — a change made by an automation does not
 /// start that automation again, and one automation runs at most
 /// [`MAX_RUNS_PER_TICKET_PER_MINUTE`] times per ticket per minute.
-pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCache) -> Plan {
+pub fn plan(
+    event: &PendingEvent,
+    candidates: &[Candidate],
+    defs: &DefinitionCache,
+    registry: &Registry,
+    fairness: &Fairness,
+) -> Plan {
     let context = initial_context(event).into_value();
     let mut plan = Plan::default();
     for candidate in candidates {
@@ -120,10 +129,11 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
             });
             continue;
         }
-        let mut run_context = Context::from_value(context.clone());
-        let (steps, first_path) = match flow::first(&automation.steps) {
-            Next::Step(path) => run_pure_prefix(&automation, path, &mut run_context),
-            Next::Complete => (Vec::new(), None),
+        let run_context = Context::from_value(context.clone());
+        let limit = fairness.dispatch_chain_limit;
+        let (steps, first_path, run_context) = match flow::first(&automation.steps) {
+            Next::Step(path) => begin(&automation, path, run_context, registry, limit),
+            Next::Complete => (Vec::new(), None, run_context),
         };
         count_steps(event, &steps, first_path.is_none());
         plan.runs.push(NewRun {
@@ -133,10 +143,7 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
             trigger_type: event.source_kind.clone(),
             context: run_context.into_value(),
             depth: event.depth,
-            queue_key: event
-                .subject_ticket_id
-                .as_ref()
-                .map(|t| format!("ticket:{t}")),
+            queue_key: event.subject_ticket_id.as_deref().map(ticket_queue_key),
             priority: 0,
             first_path: first_path.map(|p| p.to_string()),
             idempotency_key: None,
@@ -148,64 +155,67 @@ pub fn plan(event: &PendingEvent, candidates: &[Candidate], defs: &DefinitionCac
     plan
 }
 
-/// Most pure steps a dispatch runs for one new run; the rest are a
-/// worker's, like any step. (They run while the dispatch holds SQLite's
-/// one writer.)
-pub const PURE_PREFIX_LIMIT: usize = 16;
-
-/// Runs the pure steps a run begins with, from `first`, publishing their
-/// outputs into `context`; returns their records and the step a worker
-/// runs next (`None`: the run is complete). It stops before the first step
-/// that is not pure (it needs the database or the outside world), a
-/// `wait`, a step that fails (a worker runs it again and fails the run the
-/// usual way, with its retries and incident), or after
-/// [`PURE_PREFIX_LIMIT`] steps.
-pub fn run_pure_prefix(
+/// Begins a run at `first` through the decider, as a worker would, with
+/// at most `limit` steps recorded; returns their records, the step a worker
+/// runs next (`None`: the run is complete) and the context after them.
+///
+/// The dispatch keeps only what it can write with the run: control steps
+/// that completed, up to a step an executor must run or the limit. When
+/// the decider ends the claim otherwise — the run waits, or a step fails —
+/// the run begins again with the steps before that one only, and a worker
+/// decides that step from there the usual way (a failure with its retries
+/// and incident).
+pub fn begin(
     automation: &Automation,
     first: FlowPath,
-    context: &mut Context,
-) -> (Vec<StepRecord>, Option<FlowPath>) {
-    let mut steps = Vec::new();
-    let mut path = first;
-    while steps.len() < PURE_PREFIX_LIMIT {
-        let Some(step) = flow::step_at(&automation.steps, &path) else {
-            break;
-        };
-        if !builtin::is_internal(&step.kind) {
-            break;
+    context: Context,
+    registry: &Registry,
+    limit: usize,
+) -> (Vec<StepRecord>, Option<FlowPath>, Context) {
+    let state = RunState::at(first, 1, context, 0).chaining(limit);
+    let before = state.clone();
+    let transition = decide(automation, state, registry);
+    let done = transition.records.len();
+    let transition = match kept(transition) {
+        Ok(begun) => return begun,
+        Err(_) if done <= 1 => return (Vec::new(), Some(before.path.clone()), before.context),
+        Err(_) => {
+            let shorter = before.clone().chaining(done - 1);
+            decide(automation, shorter, registry)
         }
-        let started_at = now_ms();
-        let view = flow::scope(&automation.steps, &path, context.as_value());
-        let outcome = builtin::evaluate(step, &view, Timestamp::now())
-            .and_then(|o| crate::worker::check_output_size(&step.id, o));
-        let Ok(Outcome::Done { outputs, log }) = outcome else {
-            break;
-        };
-        let mut after = context.clone();
-        after.publish(&step.id, &outputs);
-        let Ok(next) = flow::next(&automation.steps, &path, after.as_value()) else {
-            break;
-        };
-        *context = after;
-        steps.push(StepRecord {
-            path: path.to_string(),
-            step_id: step.id.clone(),
-            kind: step.kind.clone(),
-            attempt: 1,
-            status: StepStatus::Completed,
-            input: None,
-            output: Some(Value::Object(outputs)),
-            error: None,
-            log,
-            started_at,
-            finished_at: now_ms(),
-        });
-        match next {
-            Next::Complete => return (steps, None),
-            Next::Step(next) => path = next,
+    };
+    kept(transition).unwrap_or_else(|_| (Vec::new(), Some(before.path.clone()), before.context))
+}
+
+fn decide(automation: &Automation, state: RunState, registry: &Registry) -> Transition {
+    let kinds = |kind: &str| registry.class(kind);
+    let mut rng = rand::rng();
+    let mut env = Env {
+        now: Timestamp::now(),
+        kinds: &kinds,
+        rng: &mut rng,
+    };
+    advance(automation, state, Input::Start, &mut env)
+}
+
+/// What a dispatch writes of a transition, or the transition back when it
+/// cannot write it.
+#[allow(clippy::result_large_err)]
+fn kept(t: Transition) -> Result<(Vec<StepRecord>, Option<FlowPath>, Context), Transition> {
+    match &t.then {
+        Then::Execute(step) => {
+            let path = step.path.clone();
+            Ok((t.records, Some(path), t.state.context))
         }
+        Then::Record(NextJob::Done) if t.status == RunStatus::Completed => {
+            Ok((t.records, None, t.state.context))
+        }
+        Then::Record(NextJob::Step { delay_ms: 0, .. }) if t.status == RunStatus::Running => {
+            let path = t.state.path.clone();
+            Ok((t.records, Some(path), t.state.context))
+        }
+        _ => Err(t),
     }
-    (steps, Some(path))
 }
 
 /// The steps a dispatch ran count like a worker's.
@@ -235,11 +245,18 @@ mod tests {
 
     fn prefix(steps: Value) -> (Vec<StepRecord>, Option<FlowPath>, Value) {
         let automation = automation(steps);
-        let mut context = Context::new(Map::new(), json!({ "n": 7 }), json!({}));
+        let context = Context::new(Map::new(), json!({ "n": 7 }), json!({}));
         let Next::Step(first) = flow::first(&automation.steps) else {
             panic!("a tree with steps");
         };
-        let (steps, next) = run_pure_prefix(&automation, first, &mut context);
+        let limit = Fairness::default().dispatch_chain_limit;
+        let (steps, next, context) = begin(
+            &automation,
+            first,
+            context,
+            &Registry::with_builtins(),
+            limit,
+        );
         (steps, next, context.into_value())
     }
 
@@ -263,7 +280,31 @@ mod tests {
         assert!(
             steps
                 .iter()
-                .all(|s| s.status == StepStatus::Completed && s.attempt == 1)
+                .all(|s| s.status == tok_store::StepStatus::Completed && s.attempt == 1)
+        );
+    }
+
+    #[test]
+    fn a_run_begins_up_to_a_step_that_runs_in_the_record_transaction() {
+        let (steps, next, _) = prefix(json!([
+            { "id": "s1", "type": "set", "config": { "values": { "a": 1 } } },
+            { "id": "t", "type": "ticket/upsert", "config": { "externalId": "x" } }
+        ]));
+        assert_eq!(
+            (ids(&steps), next.map(|p| p.to_string())),
+            (vec!["s1"], Some("1".into()))
+        );
+    }
+
+    #[test]
+    fn a_wait_for_a_signal_is_left_to_a_worker() {
+        let (steps, next, _) = prefix(json!([
+            { "id": "s1", "type": "set", "config": { "values": { "a": 1 } } },
+            { "id": "w", "type": "wait_for_event", "config": { "key": "k" } }
+        ]));
+        assert_eq!(
+            (ids(&steps), next.map(|p| p.to_string())),
+            (vec!["s1"], Some("1".into()))
         );
     }
 
@@ -283,7 +324,8 @@ mod tests {
     fn a_wait_or_a_failing_step_is_left_to_a_worker_unrecorded() {
         let (steps, next, _) = prefix(json!([
             { "id": "s1", "type": "set", "config": { "values": { "a": 1 } } },
-            { "id": "w", "type": "wait", "config": { "duration": "1h" } }
+            { "id": "w", "type": "wait", "config": { "duration": "1h" } },
+            { "id": "s2", "type": "set", "config": { "values": { "b": 2 } } }
         ]));
         assert_eq!(
             (ids(&steps), next.map(|p| p.to_string())),
@@ -300,14 +342,12 @@ mod tests {
 
     #[test]
     fn a_long_chain_of_pure_steps_goes_on_in_a_worker_after_the_limit() {
-        let chain: Vec<Value> = (0..PURE_PREFIX_LIMIT + 4)
+        let limit = Fairness::default().dispatch_chain_limit;
+        let chain: Vec<Value> = (0..limit + 4)
             .map(|i| json!({ "id": format!("s{i}"), "type": "set", "config": { "values": { "i": i } } }))
             .collect();
         let (steps, next, _) = prefix(Value::Array(chain));
-        assert_eq!(steps.len(), PURE_PREFIX_LIMIT);
-        assert_eq!(
-            next.map(|p| p.to_string()),
-            Some(PURE_PREFIX_LIMIT.to_string())
-        );
+        assert_eq!(steps.len(), limit);
+        assert_eq!(next.map(|p| p.to_string()), Some(limit.to_string()));
     }
 }

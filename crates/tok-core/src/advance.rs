@@ -1,0 +1,638 @@
+//! The one decider of a run: [`advance`] takes the run's state and what just
+//! happened to it, and returns what happens next as data.
+//!
+//! Everything that moves a run forward is an [`Input`]: the start of a claim,
+//! a step that an executor ran (in the record transaction or outside it), a
+//! signal or a timeout that resumed a wait. The decider publishes outputs,
+//! chains the control steps it can decide by itself (conditions, loops,
+//! `set`, log lines, waits, `end`), and stops at the first step it cannot:
+//! one that an executor must run ([`Then::Execute`]), or the end of the claim
+//! ([`Then::Record`], with the job's next move). The worker and the
+//! dispatcher only load the state, call `advance`, carry out what it says and
+//! write the transition in one record transaction; nothing else decides.
+//!
+//! The decider never reads a clock or draws a random number of its own:
+//! [`Env`] brings the time, the step classes of the engine's registry and the
+//! retry jitter, so a test states a state and an input and compares the
+//! transition.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde_json::{Map, Value, json};
+
+use crate::builtin::{self, Outcome};
+use crate::context::Context;
+use crate::definition::{Automation, Filter, Step};
+use crate::duration::parse_duration;
+use crate::error::StepError;
+use crate::flow::{self, Next};
+use crate::limits::{MAX_ACTIONS, MAX_OUTPUT_BYTES};
+use crate::path::FlowPath;
+use crate::retry::{Decision, RetryPolicy, decide};
+use crate::run::{NextJob, Resume, RunStatus, SignalWait, StepRecord, StepStatus};
+use crate::template;
+
+/// The step type that parks a run until a signal or its timeout.
+pub const WAIT_FOR_EVENT: &str = "wait_for_event";
+
+/// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`] and
+/// [`WAIT_FOR_EVENT`].
+pub fn is_control(kind: &str) -> bool {
+    builtin::is_internal(kind) || kind == WAIT_FOR_EVENT
+}
+
+/// Who runs a step type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepClass {
+    /// Decided here, from the scope and the time alone.
+    Control,
+    /// Run inside the record transaction: it touches only tok's own
+    /// database, so its effect and its record commit together.
+    InTransaction,
+    /// Run with no database connection held (a service call, a script).
+    External,
+}
+
+/// What the decider is given besides the state and the input.
+pub struct Env<'a> {
+    pub now: Timestamp,
+    /// The class of a step type that is not a control step (the engine's
+    /// registry answers; an unknown type is `External`, whose missing handler
+    /// then fails the step).
+    pub kinds: &'a dyn Fn(&str) -> StepClass,
+    /// Draws the retry jitter; a seeded one makes a decision repeatable.
+    pub rng: &'a mut dyn rand::RngCore,
+}
+
+/// Where a run stands, as far as its decisions go.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunState {
+    /// The step the run is at.
+    pub path: FlowPath,
+    /// The attempt of the step at `path` (1 on the first).
+    pub attempt: u32,
+    pub context: Context,
+    /// Steps executed so far, toward [`MAX_ACTIONS`].
+    pub actions: i32,
+    /// Steps recorded by this claim so far.
+    pub recorded: usize,
+    /// Most steps one claim may record before its job queues again.
+    pub chain_limit: usize,
+}
+
+impl RunState {
+    /// A claim's state at `path`, before it ran anything.
+    pub fn at(path: FlowPath, attempt: u32, context: Context, actions: i32) -> Self {
+        Self {
+            path,
+            attempt: attempt.max(1),
+            context,
+            actions,
+            recorded: 0,
+            chain_limit: usize::MAX,
+        }
+    }
+
+    /// The same state with at most `limit` steps recorded per claim.
+    pub fn chaining(mut self, limit: usize) -> Self {
+        self.chain_limit = limit;
+        self
+    }
+}
+
+/// What just happened to the run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A claim begins at the state's path (a first attempt or a retry).
+    Start,
+    /// The step at the state's path, which the decider asked an executor
+    /// to run, finished.
+    StepDone {
+        outputs: Map<String, Value>,
+        log: Vec<String>,
+        /// The rendered config the step ran with.
+        input: Option<Value>,
+        started_at: i64,
+    },
+    /// That step failed; its error says whether it may be retried.
+    StepFailed {
+        error: StepError,
+        input: Option<Value>,
+        started_at: i64,
+    },
+    /// A signal matched the wait at the state's path.
+    Signal { signal_id: String, payload: Value },
+    /// The wait at the state's path timed out.
+    TimedOut,
+}
+
+impl From<Option<Resume>> for Input {
+    /// How a claimed job begins: a parked job carries why it was resumed.
+    fn from(resume: Option<Resume>) -> Self {
+        match resume {
+            None => Input::Start,
+            Some(Resume::Signal { signal_id, payload }) => Input::Signal { signal_id, payload },
+            Some(Resume::TimedOut) => Input::TimedOut,
+        }
+    }
+}
+
+/// A step for an executor to run, with everything it needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execute {
+    pub path: FlowPath,
+    pub step_id: String,
+    pub kind: String,
+    pub class: StepClass,
+    pub attempt: u32,
+    /// The step's config with every template rendered.
+    pub config: Value,
+    /// The context as the step sees it (loop variables included).
+    pub scope: Value,
+}
+
+/// What the claim does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Then {
+    /// Run this step, then advance with its outcome.
+    Execute(Execute),
+    /// The claim is over: write the records, the run's status and the job's
+    /// next move.
+    Record(NextJob),
+}
+
+/// A run that failed for good at a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub step_id: String,
+    pub path: String,
+    pub kind: String,
+    pub attempt: u32,
+    pub message: String,
+}
+
+/// What the record transaction must do besides writing the records.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// An incident for the tenant, a line in the ticket's trace and a
+    /// `run.failed` event ([`crate::incident::run_failed`] has the words).
+    RunFailed(Failure),
+}
+
+/// The decider's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// The state after it: the next call's state.
+    pub state: RunState,
+    /// Step attempts to record, in order.
+    pub records: Vec<StepRecord>,
+    pub status: RunStatus,
+    /// Why the run failed, when it did.
+    pub error: Option<String>,
+    pub then: Then,
+    pub effects: Vec<Effect>,
+}
+
+/// Decides what happens to a run in `state` after `input`.
+pub fn advance(
+    automation: &Automation,
+    state: RunState,
+    input: Input,
+    env: &mut Env<'_>,
+) -> Transition {
+    let decider = Decider {
+        automation,
+        state,
+        records: Vec::new(),
+        effects: Vec::new(),
+        now: env.now,
+    };
+    let Some(step) = flow::step_at(&automation.steps, &decider.state.path) else {
+        let error = format!("the run's version has no step at `{}`", decider.state.path);
+        return decider.fail(error);
+    };
+    match input {
+        Input::Start => decider.chain(env),
+        Input::StepDone {
+            outputs,
+            log,
+            input,
+            started_at,
+        } => match check_output_size(&step.id, &outputs) {
+            Ok(()) => {
+                let record = decider.record(step, input, started_at);
+                decider.completed(step, record, outputs, log, env)
+            }
+            Err(error) => decider.step_failed(step, input, started_at, error, env),
+        },
+        Input::StepFailed {
+            error,
+            input,
+            started_at,
+        } => decider.step_failed(step, input, started_at, error, env),
+        Input::Signal { signal_id, payload } if step.kind == WAIT_FOR_EVENT => {
+            let mut outputs = Map::new();
+            outputs.insert("timedOut".into(), Value::Bool(false));
+            outputs.insert("payload".into(), payload);
+            outputs.insert("signalId".into(), Value::String(signal_id.clone()));
+            let record = decider.record(step, None, decider.now.as_millisecond());
+            let log = vec![format!("resumed by signal {signal_id}")];
+            decider.completed(step, record, outputs, log, env)
+        }
+        Input::TimedOut if step.kind == WAIT_FOR_EVENT => {
+            let mut outputs = Map::new();
+            outputs.insert("timedOut".into(), Value::Bool(true));
+            let record = decider.record(step, None, decider.now.as_millisecond());
+            let log = vec!["timed out: no matching signal came".to_owned()];
+            decider.completed(step, record, outputs, log, env)
+        }
+        // A resume for a step that is no longer waiting (the run moved on
+        // by another way): nothing to take from it; the claim goes on.
+        Input::Signal { .. } | Input::TimedOut => decider.chain(env),
+    }
+}
+
+/// One call's work in progress.
+struct Decider<'a> {
+    automation: &'a Automation,
+    state: RunState,
+    records: Vec<StepRecord>,
+    effects: Vec<Effect>,
+    now: Timestamp,
+}
+
+impl Decider<'_> {
+    fn finish(self, status: RunStatus, error: Option<String>, then: Then) -> Transition {
+        Transition {
+            state: self.state,
+            records: self.records,
+            status,
+            error,
+            then,
+            effects: self.effects,
+        }
+    }
+
+    fn fail(self, error: String) -> Transition {
+        self.finish(RunStatus::Failed, Some(error), Then::Record(NextJob::Done))
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.now.as_millisecond()
+    }
+
+    /// A completed record of the step at the state's path (the caller sets
+    /// its outputs and log).
+    fn record(&self, step: &Step, input: Option<Value>, started_at: i64) -> StepRecord {
+        StepRecord {
+            path: self.state.path.to_string(),
+            step_id: step.id.clone(),
+            kind: step.kind.clone(),
+            attempt: self.state.attempt as i32,
+            status: StepStatus::Completed,
+            input,
+            output: None,
+            error: None,
+            log: Vec::new(),
+            started_at,
+            finished_at: self.now_ms(),
+        }
+    }
+
+    fn push(&mut self, record: StepRecord) {
+        self.records.push(record);
+        self.state.recorded += 1;
+    }
+
+    /// Runs from the state's path: control steps are decided here, one
+    /// after another, until a step needs an executor, the run parks or
+    /// ends, or the claim has recorded its share.
+    fn chain(mut self, env: &mut Env<'_>) -> Transition {
+        let automation = self.automation;
+        loop {
+            let path = self.state.path.clone();
+            let Some(step) = flow::step_at(&automation.steps, &path) else {
+                return self.fail(format!("the run's version has no step at `{path}`"));
+            };
+            let class = match is_control(&step.kind) {
+                true => StepClass::Control,
+                false => (env.kinds)(&step.kind),
+            };
+            let recorded = self.state.recorded;
+            if recorded >= self.state.chain_limit || (recorded > 0 && class == StepClass::External)
+            {
+                // What this claim did is recorded before the step goes on,
+                // in a job of its own.
+                let next = NextJob::Step {
+                    path: path.to_string(),
+                    delay_ms: 0,
+                };
+                return self.finish(RunStatus::Running, None, Then::Record(next));
+            }
+            if self.state.actions >= MAX_ACTIONS as i32 {
+                return self.fail(format!(
+                    "the run was stopped before step `{}`: it had executed {MAX_ACTIONS} steps, \
+                     the most one run may execute (loop iterations count)",
+                    step.id
+                ));
+            }
+            self.state.actions += 1;
+            let scope = flow::scope(&automation.steps, &path, self.state.context.as_value());
+            if class != StepClass::Control {
+                let rendered = template::render_value(&step.config, &scope);
+                let scope = scope.into_owned();
+                let config = match rendered {
+                    Ok(config) => config,
+                    Err(e) => {
+                        let error = StepError::terminal(format!("step `{}` config: {e}", step.id));
+                        let now = self.now_ms();
+                        return self.step_failed(step, None, now, error, env);
+                    }
+                };
+                let execute = Execute {
+                    path,
+                    step_id: step.id.clone(),
+                    kind: step.kind.clone(),
+                    class,
+                    attempt: self.state.attempt,
+                    config,
+                    scope,
+                };
+                return self.finish(RunStatus::Running, None, Then::Execute(execute));
+            }
+            if step.kind == WAIT_FOR_EVENT {
+                let wait = signal_wait(step, &scope, self.now);
+                drop(scope);
+                return match wait {
+                    Ok((wait, config)) => self.park(step, wait, config),
+                    Err(error) => {
+                        let now = self.now_ms();
+                        self.step_failed(step, None, now, error, env)
+                    }
+                };
+            }
+            let outcome = builtin::evaluate(step, &scope, self.now);
+            drop(scope);
+            let started_at = self.now_ms();
+            match outcome {
+                Ok(Outcome::Done { outputs, log }) => {
+                    if let Err(error) = check_output_size(&step.id, &outputs) {
+                        return self.step_failed(step, None, started_at, error, env);
+                    }
+                    let record = self.record(step, None, started_at);
+                    match self.publish(step, record, outputs, log) {
+                        Ok(Next::Step(next)) => self.state.path = next,
+                        Ok(Next::Complete) => return self.complete(),
+                        Err(error) => return self.fail(error),
+                    }
+                }
+                Ok(Outcome::WaitUntil { until, log }) => {
+                    let mut outputs = Map::new();
+                    outputs.insert("until".into(), json!(until.to_string()));
+                    let record = self.record(step, None, started_at);
+                    match self.publish(step, record, outputs, log) {
+                        Ok(Next::Step(next)) => {
+                            let delay_ms = (until.as_millisecond() - self.now_ms()).max(0);
+                            let next = NextJob::Step {
+                                path: next.to_string(),
+                                delay_ms,
+                            };
+                            return self.finish(RunStatus::Waiting, None, Then::Record(next));
+                        }
+                        Ok(Next::Complete) => return self.complete(),
+                        Err(error) => return self.fail(error),
+                    }
+                }
+                Err(error) => return self.step_failed(step, None, started_at, error, env),
+            }
+        }
+    }
+
+    fn complete(self) -> Transition {
+        self.finish(RunStatus::Completed, None, Then::Record(NextJob::Done))
+    }
+
+    /// Publishes a finished step's outputs, records it and finds the step
+    /// after it; `Err` says why the next step cannot be decided.
+    fn publish(
+        &mut self,
+        step: &Step,
+        mut record: StepRecord,
+        outputs: Map<String, Value>,
+        log: Vec<String>,
+    ) -> Result<Next, String> {
+        self.state.context.publish(&step.id, &outputs);
+        record.output = Some(Value::Object(outputs));
+        record.log = log;
+        self.push(record);
+        self.state.attempt = 1;
+        flow::next(
+            &self.automation.steps,
+            &self.state.path,
+            self.state.context.as_value(),
+        )
+        .map_err(|e| format!("could not decide the step after `{}`: {e}", step.id))
+    }
+
+    /// A step finished: publish it and chain on.
+    fn completed(
+        mut self,
+        step: &Step,
+        record: StepRecord,
+        outputs: Map<String, Value>,
+        log: Vec<String>,
+        env: &mut Env<'_>,
+    ) -> Transition {
+        match self.publish(step, record, outputs, log) {
+            Ok(Next::Step(next)) => {
+                self.state.path = next;
+                self.chain(env)
+            }
+            Ok(Next::Complete) => self.complete(),
+            Err(error) => self.fail(error),
+        }
+    }
+
+    /// The run parks at a `wait_for_event` step.
+    fn park(mut self, step: &Step, wait: SignalWait, config: Value) -> Transition {
+        let mut record = self.record(step, Some(config), self.now_ms());
+        record.status = StepStatus::Waiting;
+        record.log.push(
+            match wait
+                .due_at
+                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            {
+                Some(due) => format!("waiting for signal `{}` until {due}", wait.key),
+                None => format!("waiting for signal `{}`", wait.key),
+            },
+        );
+        let path = self.state.path.to_string();
+        self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// A step failed: another attempt later if its error and the policy
+    /// allow, otherwise the run fails (with an incident).
+    fn step_failed(
+        mut self,
+        step: &Step,
+        input: Option<Value>,
+        started_at: i64,
+        error: StepError,
+        env: &mut Env<'_>,
+    ) -> Transition {
+        let path = self.state.path.to_string();
+        let attempt = self.state.attempt;
+        if let StepError::Deferred { after, .. } = &error {
+            // Held back before it called anything: no attempt is spent and
+            // there is nothing to record but the wait.
+            self.state.actions -= 1;
+            let next = NextJob::Retry {
+                path,
+                attempts: attempt as i32 - 1,
+                delay_ms: after.as_millis() as i64,
+            };
+            return self.finish(RunStatus::Running, None, Then::Record(next));
+        }
+        let policy =
+            RetryPolicy::resolve(step.retry.as_ref(), self.automation.settings.retry.as_ref());
+        let mut record = self.record(step, input, started_at);
+        record.error = Some(error.message().to_owned());
+        let mut rng = &mut *env.rng;
+        match decide(&error, attempt, &policy, &mut rng) {
+            Decision::RetryIn(delay) => {
+                record.status = StepStatus::Retrying;
+                record.log.push(format!(
+                    "attempt {attempt} of {} failed: {}; next attempt in {}",
+                    policy.max_attempts,
+                    error.message(),
+                    humanize(delay)
+                ));
+                self.push(record);
+                let next = NextJob::Retry {
+                    path,
+                    attempts: attempt as i32,
+                    delay_ms: delay.as_millis() as i64,
+                };
+                self.finish(RunStatus::Running, None, Then::Record(next))
+            }
+            Decision::Fail => {
+                record.status = StepStatus::Failed;
+                let why = match error.is_retryable() {
+                    true => format!("gave up after {attempt} attempts"),
+                    false => "not retryable".to_owned(),
+                };
+                record
+                    .log
+                    .push(format!("failed ({why}): {}", error.message()));
+                self.push(record);
+                self.effects.push(Effect::RunFailed(Failure {
+                    step_id: step.id.clone(),
+                    path,
+                    kind: step.kind.clone(),
+                    attempt,
+                    message: error.message().to_owned(),
+                }));
+                let message = format!("step `{}` failed: {}", step.id, error.message());
+                self.fail(message)
+            }
+        }
+    }
+}
+
+/// A step's outputs past [`MAX_OUTPUT_BYTES`] fail it: they are not kept.
+pub fn check_output_size(step_id: &str, outputs: &Map<String, Value>) -> Result<(), StepError> {
+    let size = serde_json::to_vec(outputs).map(|v| v.len()).unwrap_or(0);
+    if size > MAX_OUTPUT_BYTES {
+        return Err(StepError::terminal(format!(
+            "step `{step_id}` returned {size} bytes of output; at most {MAX_OUTPUT_BYTES} are kept"
+        )));
+    }
+    Ok(())
+}
+
+/// What a `wait_for_event` step waits for, from its config rendered against
+/// the scope: `key` (required), `where` (rules over the signal's payload),
+/// `timeout` (a duration) and `lookback` (default true). Returns the
+/// rendered config too, for the step's record.
+pub fn signal_wait(
+    step: &Step,
+    scope: &Value,
+    now: Timestamp,
+) -> Result<(SignalWait, Value), StepError> {
+    let config = template::render_value(&step.config, scope)
+        .map_err(|e| StepError::terminal(format!("step `{}` config: {e}", step.id)))?;
+    let key = match config.get("key") {
+        Some(Value::String(k)) if !k.trim().is_empty() => k.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => {
+            return Err(StepError::terminal(format!(
+                "step `{}` needs `config.key`: the signal key to wait for, a non-empty string",
+                step.id
+            )));
+        }
+    };
+    let filter = match config.get("where") {
+        None | Some(Value::Null) => None,
+        Some(raw) => Some(serde_json::from_value::<Filter>(raw.clone()).map_err(|e| {
+            StepError::terminal(format!(
+                "step `{}` config.where: {e}; expected {{\"match\": \"all\"|\"any\", \"rules\": [...]}}",
+                step.id
+            ))
+        })?),
+    };
+    let due_at = match config.get("timeout") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => {
+            let timeout: Duration = parse_duration(s).map_err(|e| {
+                StepError::terminal(format!("step `{}` config.timeout: {e}", step.id))
+            })?;
+            Some(
+                now.as_millisecond()
+                    .saturating_add(timeout.as_millis() as i64),
+            )
+        }
+        Some(other) => {
+            return Err(StepError::terminal(format!(
+                "step `{}` config.timeout must be a duration such as \"3d\", not {other}",
+                step.id
+            )));
+        }
+    };
+    let lookback = match config.get("lookback") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(StepError::terminal(format!(
+                "step `{}` config.lookback must be true or false, not {other}",
+                step.id
+            )));
+        }
+    };
+    let wait = SignalWait {
+        key,
+        filter,
+        lookback,
+        due_at,
+    };
+    Ok((wait, config))
+}
+
+/// A delay for a log line: "800 ms", "30 s", "2 min", "1.0 h".
+pub fn humanize(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs < 1.0 {
+        format!("{} ms", d.as_millis())
+    } else if secs < 120.0 {
+        format!("{secs:.0} s")
+    } else if secs < 7200.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else {
+        format!("{:.1} h", secs / 3600.0)
+    }
+}

@@ -1,0 +1,104 @@
+//! The words of the incidents a run raises: the title and impact a tenant
+//! reads (no step names, no run ids), the trace line of the run's ticket,
+//! and the source that keeps one cause from opening a second incident while
+//! the first is open. The engine adds the admin's detail (ids, steps, input).
+
+use crate::advance::Failure;
+use crate::ids::AutomationId;
+use crate::limits::MAX_DEPTH;
+
+/// What an incident says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentText {
+    /// The dedupe key: one open incident per source.
+    pub source: String,
+    pub title: String,
+    pub impact: String,
+}
+
+/// A run that failed for good at a step. `ticket` is the external id of
+/// the run's subject ticket, when it has one.
+pub fn run_failed(
+    automation_id: &AutomationId,
+    automation_name: &str,
+    ticket: Option<&str>,
+    failure: &Failure,
+) -> IncidentText {
+    let source = format!("run-failed:{automation_id}:{}", failure.step_id);
+    match ticket {
+        Some(ticket) => IncidentText {
+            source,
+            title: format!(
+                "The automation \u{201c}{automation_name}\u{201d} did not finish for ticket {ticket}"
+            ),
+            impact: format!(
+                "The automation for ticket {ticket} did not finish; no data was lost. \
+                 It can be retried from where it stopped."
+            ),
+        },
+        None => IncidentText {
+            source,
+            title: format!("The automation \u{201c}{automation_name}\u{201d} did not finish"),
+            impact: "An event was received but its automation did not finish; no data was lost. \
+                     It can be retried from where it stopped."
+                .to_owned(),
+        },
+    }
+}
+
+/// The line a failed run writes to its ticket's trace.
+pub fn run_failed_trace(automation_name: &str, failure: &Failure) -> String {
+    format!(
+        "Automation \u{201c}{automation_name}\u{201d} failed at step {}: {}",
+        failure.step_id, failure.message
+    )
+}
+
+/// A change could not raise its event: the chain of automations that led
+/// to it is deeper than [`MAX_DEPTH`].
+pub fn chain_too_deep(automation_id: &AutomationId, automation_name: &str) -> IncidentText {
+    IncidentText {
+        source: format!("loop:{automation_id}"),
+        title: format!(
+            "Automations keep triggering each other (last: \u{201c}{automation_name}\u{201d})"
+        ),
+        impact: format!(
+            "A chain of automations that trigger each other was stopped after {MAX_DEPTH} levels; \
+             the last change did not start further automations. Check the automations that \
+             react to each other's changes."
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure() -> Failure {
+        Failure {
+            step_id: "st_call".into(),
+            path: "1".into(),
+            kind: "http".into(),
+            attempt: 3,
+            message: "503 from the service".into(),
+        }
+    }
+
+    #[test]
+    fn a_tenant_reads_the_ticket_and_no_step_names_or_run_ids() {
+        let id = AutomationId::from("aut_1".to_string());
+        let text = run_failed(&id, "New order", Some("TK-4822"), &failure());
+        assert_eq!(text.source, "run-failed:aut_1:st_call");
+        assert_eq!(
+            text.impact,
+            "The automation for ticket TK-4822 did not finish; no data was lost. \
+             It can be retried from where it stopped."
+        );
+        assert!(!text.title.contains("st_call") && !text.impact.contains("st_call"));
+        let without = run_failed(&id, "New order", None, &failure());
+        assert_eq!(
+            without.title,
+            "The automation \u{201c}New order\u{201d} did not finish"
+        );
+    }
+}

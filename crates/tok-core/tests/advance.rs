@@ -1,0 +1,447 @@
+//! The decider's state machine as tables: a tree, a state and an input, and
+//! the transition a user of the run would see come of it — which steps are
+//! recorded with which status, what the run's status becomes, and what
+//! happens to its job. No database, no clock, no randomness but a seeded one.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde_json::{Map, Value, json};
+use tok_core::advance::{Effect, Env, Input, RunState, StepClass, Then, Transition, advance};
+use tok_core::context::Context;
+use tok_core::definition::Automation;
+use tok_core::error::StepError;
+use tok_core::limits::MAX_ACTIONS;
+use tok_core::path::FlowPath;
+use tok_core::run::{NextJob, RunStatus, StepStatus};
+
+const NOW_MS: i64 = 1_780_000_000_000;
+
+fn now() -> Timestamp {
+    Timestamp::from_millisecond(NOW_MS).expect("a valid time")
+}
+
+/// `ticket/*` steps run in the record transaction; every other registered
+/// type is external (as the engine's registry says).
+fn kinds(kind: &str) -> StepClass {
+    match kind.starts_with("ticket/") {
+        true => StepClass::InTransaction,
+        false => StepClass::External,
+    }
+}
+
+fn tree(steps: Value) -> Automation {
+    let json = json!({
+        "name": "Orders",
+        "trigger": { "kind": "manual" },
+        "steps": steps,
+        "settings": { "retry": { "max_attempts": 3, "backoff": ["30s", "2m"] } }
+    });
+    Automation::from_json(&json.to_string()).expect("a valid definition")
+}
+
+fn state(path: &str) -> RunState {
+    let context = Context::new(
+        Map::from_iter([("orderId".to_owned(), json!("5001"))]),
+        json!({ "orderId": "5001", "total": 1200 }),
+        json!({ "type": "webhook" }),
+    );
+    RunState::at(path.parse::<FlowPath>().expect("a path"), 1, context, 0)
+}
+
+fn run(automation: &Automation, state: RunState, input: Input) -> Transition {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut env = Env {
+        now: now(),
+        kinds: &kinds,
+        rng: &mut rng,
+    };
+    advance(automation, state, input, &mut env)
+}
+
+/// What a person would read of a transition: the recorded steps with their
+/// status, the run's status, and the job's next move in words.
+fn seen(t: &Transition) -> (Vec<String>, RunStatus, String) {
+    let records = t
+        .records
+        .iter()
+        .map(|r| format!("{} {}", r.step_id, r.status))
+        .collect();
+    let then = match &t.then {
+        Then::Execute(step) => format!("execute {} at {}", step.step_id, step.path),
+        Then::Record(NextJob::Step { path, delay_ms }) => format!("step {path} in {delay_ms} ms"),
+        Then::Record(NextJob::Retry { path, attempts, .. }) => {
+            format!("retry {path} after {attempts} attempts")
+        }
+        Then::Record(NextJob::Wait { path, wait }) => format!("wait at {path} for {}", wait.key),
+        Then::Record(NextJob::Continue { path, .. }) => format!("continue at {path}"),
+        Then::Record(NextJob::Done) => "done".to_owned(),
+    };
+    (records, t.status, then)
+}
+
+fn done(outputs: Value) -> Input {
+    let Value::Object(outputs) = outputs else {
+        panic!("outputs are an object");
+    };
+    Input::StepDone {
+        outputs,
+        log: Vec::new(),
+        input: Some(json!({})),
+        started_at: NOW_MS - 5,
+    }
+}
+
+fn failed(error: StepError) -> Input {
+    Input::StepFailed {
+        error,
+        input: Some(json!({})),
+        started_at: NOW_MS - 5,
+    }
+}
+
+fn signal(payload: Value) -> Input {
+    Input::Signal {
+        signal_id: "sig_1".into(),
+        payload,
+    }
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// An order: a ticket, a call to the shop, a wait for the payment signal,
+/// a branch on it, and a log line.
+fn order_tree() -> Automation {
+    tree(json!([
+        { "id": "st_note", "type": "set", "config": { "values": { "label": "order {{orderId}}" } } },
+        { "id": "st_ticket", "type": "ticket/upsert", "config": { "externalId": "{{orderId}}" } },
+        { "id": "st_call", "type": "http", "config": { "url": "https://shop.example/orders/{{orderId}}" } },
+        { "id": "st_paid", "type": "wait_for_event",
+          "config": { "key": "payment-{{orderId}}", "timeout": "3d",
+                      "where": { "rules": [{ "field": "amount", "operator": "gte", "value": 1000 }] } } },
+        { "id": "st_check", "type": "condition",
+          "rules": [{ "field": "st_paid.timedOut", "operator": "eq", "value": true }],
+          "then": [{ "id": "st_late", "type": "flow/log", "config": { "message": "no payment" } }],
+          "else": [{ "id": "st_ok", "type": "flow/log", "config": { "message": "paid {{st_paid.payload.amount}}" } }] }
+    ]))
+}
+
+#[test]
+fn every_input_moves_the_order_run_as_a_person_expects() {
+    let order = order_tree();
+    let at = |path: &str| state(path);
+    let table: Vec<(&str, RunState, Input, (Vec<String>, RunStatus, String))> = vec![
+        (
+            "a start decides the control steps and hands out the first step that needs an executor",
+            at("0"),
+            Input::Start,
+            (
+                strings(&["st_note completed"]),
+                RunStatus::Running,
+                "execute st_ticket at 1".into(),
+            ),
+        ),
+        (
+            "an in-transaction step done chains on, but an external step after it waits for the record",
+            at("1"),
+            done(json!({ "ticketId": "tic_1", "created": true })),
+            (
+                strings(&["st_ticket completed"]),
+                RunStatus::Running,
+                "step 2 in 0 ms".into(),
+            ),
+        ),
+        (
+            "a start at an external step hands it out",
+            at("2"),
+            Input::Start,
+            (vec![], RunStatus::Running, "execute st_call at 2".into()),
+        ),
+        (
+            "an external step done goes on to the wait, which parks the run",
+            at("2"),
+            done(json!({ "status": 200 })),
+            (
+                strings(&["st_call completed", "st_paid waiting"]),
+                RunStatus::Waiting,
+                "wait at 3 for payment-5001".into(),
+            ),
+        ),
+        (
+            "a signal resumes the wait and the run completes on the branch it chose",
+            at("3"),
+            signal(json!({ "amount": 1200 })),
+            (
+                strings(&["st_paid completed", "st_check completed", "st_ok completed"]),
+                RunStatus::Completed,
+                "done".into(),
+            ),
+        ),
+        (
+            "a timeout resumes the wait with timedOut",
+            at("3"),
+            Input::TimedOut,
+            (
+                strings(&[
+                    "st_paid completed",
+                    "st_check completed",
+                    "st_late completed",
+                ]),
+                RunStatus::Completed,
+                "done".into(),
+            ),
+        ),
+        (
+            "a signal for a step that has already moved on is not taken; the claim runs its step",
+            {
+                let mut moved_on = at("4");
+                moved_on.context.publish(
+                    "st_paid",
+                    &Map::from_iter([("timedOut".to_owned(), json!(true))]),
+                );
+                moved_on
+            },
+            signal(json!({ "amount": 1 })),
+            (
+                strings(&["st_check completed", "st_late completed"]),
+                RunStatus::Completed,
+                "done".into(),
+            ),
+        ),
+        (
+            "a retryable failure with attempts left is retried at the same step",
+            at("2"),
+            failed(StepError::retryable("503 from the shop")),
+            (
+                strings(&["st_call retrying"]),
+                RunStatus::Running,
+                "retry 2 after 1 attempts".into(),
+            ),
+        ),
+        (
+            "a terminal failure fails the run",
+            at("2"),
+            failed(StepError::terminal("404 from the shop")),
+            (
+                strings(&["st_call failed"]),
+                RunStatus::Failed,
+                "done".into(),
+            ),
+        ),
+        (
+            "a deferred step spends no attempt and records nothing",
+            at("2"),
+            failed(StepError::deferred("rate limited", Duration::from_secs(2))),
+            (
+                vec![],
+                RunStatus::Running,
+                "retry 2 after 0 attempts".into(),
+            ),
+        ),
+        (
+            "a path the version does not have fails the run",
+            at("9"),
+            Input::Start,
+            (vec![], RunStatus::Failed, "done".into()),
+        ),
+    ];
+    for (name, state, input, expected) in table {
+        let transition = run(&order, state, input);
+        assert_eq!(seen(&transition), expected, "{name}");
+    }
+}
+
+#[test]
+fn the_last_attempt_of_a_retryable_step_fails_the_run_with_an_incident() {
+    let order = order_tree();
+    let mut third = state("2");
+    third.attempt = 3;
+    let t = run(
+        &order,
+        third,
+        failed(StepError::retryable("503 from the shop")),
+    );
+    assert_eq!(t.status, RunStatus::Failed);
+    assert_eq!(
+        t.error.as_deref(),
+        Some("step `st_call` failed: 503 from the shop")
+    );
+    assert_eq!(
+        t.records[0].log,
+        ["failed (gave up after 3 attempts): 503 from the shop"]
+    );
+    let [Effect::RunFailed(failure)] = t.effects.as_slice() else {
+        panic!("one incident, got {:?}", t.effects);
+    };
+    assert_eq!((failure.step_id.as_str(), failure.attempt), ("st_call", 3));
+}
+
+#[test]
+fn a_retry_says_when_and_keeps_within_ten_percent_of_the_schedule() {
+    let t = run(
+        &order_tree(),
+        state("2"),
+        failed(StepError::retryable("timeout")),
+    );
+    let Then::Record(NextJob::Retry { delay_ms, .. }) = t.then else {
+        panic!("a retry, got {:?}", t.then);
+    };
+    assert!((27_000..=33_000).contains(&delay_ms), "{delay_ms} ms");
+    assert!(t.effects.is_empty(), "no incident while attempts remain");
+    let line = &t.records[0].log[0];
+    let seconds = delay_ms as f64 / 1000.0;
+    assert_eq!(
+        line,
+        &format!("attempt 1 of 3 failed: timeout; next attempt in {seconds:.0} s")
+    );
+}
+
+#[test]
+fn a_wait_for_a_signal_parks_with_its_key_filter_and_due_time() {
+    let t = run(&order_tree(), state("3"), Input::Start);
+    let Then::Record(NextJob::Wait { path, wait }) = &t.then else {
+        panic!("a wait, got {:?}", t.then);
+    };
+    assert_eq!(path, "3");
+    assert_eq!(wait.key, "payment-5001", "the key is a template");
+    assert!(
+        wait.lookback,
+        "lookback is on unless the step says otherwise"
+    );
+    assert_eq!(wait.due_at, Some(NOW_MS + 3 * 24 * 3600 * 1000));
+    let filter = wait.filter.as_ref().expect("the where rules");
+    assert_eq!(filter.rules[0].field, "amount");
+    assert_eq!(t.state.actions, 1, "the wait counts once, when it begins");
+    assert_eq!(
+        t.records[0].log,
+        ["waiting for signal `payment-5001` until 2026-05-31T20:26:40Z"]
+    );
+}
+
+#[test]
+fn a_resumed_wait_publishes_the_signal_and_counts_no_second_action() {
+    let mut waiting = state("3");
+    waiting.actions = 4;
+    let t = run(&order_tree(), waiting, signal(json!({ "amount": 1500 })));
+    let paid = &t.state.context.as_value()["st_paid"];
+    assert_eq!(
+        paid,
+        &json!({ "timedOut": false, "payload": { "amount": 1500 }, "signalId": "sig_1" })
+    );
+    assert_eq!(t.records[2].log, ["info: paid 1500"]);
+    assert_eq!(
+        t.state.actions, 6,
+        "the condition and the log; the wait counted before"
+    );
+}
+
+#[test]
+fn a_timeout_that_won_the_race_leaves_a_late_signal_nothing_to_resume() {
+    let order = order_tree();
+    let timed_out = run(&order, state("3"), Input::TimedOut);
+    assert_eq!(timed_out.status, RunStatus::Completed);
+    // The late signal finds the run past its wait: it changes nothing.
+    let after = run(
+        &order,
+        timed_out.state.clone(),
+        signal(json!({ "amount": 5000 })),
+    );
+    assert!(
+        after.records.iter().all(|r| r.step_id != "st_paid"),
+        "the wait is not recorded again: {:?}",
+        seen(&after)
+    );
+    assert_eq!(
+        after.state.context.as_value()["st_paid"]["timedOut"],
+        json!(true)
+    );
+}
+
+#[test]
+fn a_wait_for_a_signal_without_a_key_fails_at_once_and_says_what_is_missing() {
+    let automation = tree(json!([{ "id": "w", "type": "wait_for_event", "config": {} }]));
+    let t = run(&automation, state("0"), Input::Start);
+    assert_eq!(t.status, RunStatus::Failed);
+    let error = t.error.expect("an error");
+    assert!(error.contains("needs `config.key`"), "{error}");
+}
+
+#[test]
+fn a_timer_wait_delays_the_next_step() {
+    let automation = tree(json!([
+        { "id": "w", "type": "wait", "config": { "duration": "10m" } },
+        { "id": "s", "type": "set", "config": { "values": { "a": 1 } } }
+    ]));
+    let t = run(&automation, state("0"), Input::Start);
+    assert_eq!(
+        seen(&t),
+        (
+            strings(&["w completed"]),
+            RunStatus::Waiting,
+            "step 1 in 600000 ms".into()
+        )
+    );
+}
+
+#[test]
+fn a_step_with_too_much_output_fails() {
+    let big = "x".repeat(70 * 1024);
+    let t = run(&order_tree(), state("2"), done(json!({ "body": big })));
+    assert_eq!(seen(&t).1, RunStatus::Failed);
+    assert_eq!(t.records[0].status, StepStatus::Failed);
+    assert!(
+        t.records[0]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("bytes of output")
+    );
+}
+
+#[test]
+fn a_run_past_its_action_budget_stops_and_says_so() {
+    let mut spent = state("0");
+    spent.actions = MAX_ACTIONS as i32;
+    let t = run(&order_tree(), spent, Input::Start);
+    assert_eq!(t.status, RunStatus::Failed);
+    assert!(
+        t.error
+            .unwrap_or_default()
+            .contains("the most one run may execute")
+    );
+}
+
+#[test]
+fn a_claim_records_at_most_its_share_of_steps_then_queues_again() {
+    let chain: Vec<Value> = (0..10)
+        .map(
+            |i| json!({ "id": format!("s{i}"), "type": "set", "config": { "values": { "i": i } } }),
+        )
+        .collect();
+    let t = run(
+        &tree(Value::Array(chain)),
+        state("0").chaining(4),
+        Input::Start,
+    );
+    assert_eq!(t.records.len(), 4);
+    assert_eq!(seen(&t).2, "step 4 in 0 ms");
+}
+
+#[test]
+fn an_executed_step_gets_its_config_rendered_and_the_scope_it_sees() {
+    let t = run(&order_tree(), state("2"), Input::Start);
+    let Then::Execute(step) = t.then else {
+        panic!("a step to execute");
+    };
+    assert_eq!(step.class, StepClass::External);
+    assert_eq!(
+        step.config["url"],
+        json!("https://shop.example/orders/5001")
+    );
+    assert_eq!(step.scope["orderId"], json!("5001"));
+    assert_eq!(t.state.actions, 1);
+}

@@ -1,0 +1,139 @@
+//! The dispatch phase: inbox rows become runs and their first jobs.
+//!
+//! The bulk loop takes every tenant's pending events in turn. While one
+//! tenant's backlog fills its dispatches ([`crate::fairness::Backlog`]), an
+//! urgent loop takes the other tenants' new events apart, in the writer's
+//! urgent lane. Each dispatch may start the runs it creates in this
+//! process's free slots at once ([`crate::fairness::Offer`]); [`plan`]
+//! decides the runs, purely.
+
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tok_core::ids::TenantId;
+use tok_store::Lane;
+use tokio::sync::watch;
+
+use crate::execute::pool;
+use crate::{Inner, stopping};
+
+/// One dispatch transaction of `tenants`' events in `lane`, the new runs'
+/// jobs handed to this process's free slots: between `least` events and
+/// four times as many while as many slots are free. Returns what it did
+/// and the batch it asked for.
+async fn dispatch_once(
+    inner: &Arc<Inner>,
+    tenants: &[TenantId],
+    lane: Lane,
+    least: u32,
+    all_reserved: bool,
+) -> tok_store::Result<(tok_store::Dispatched, u32)> {
+    let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
+        plan::plan(
+            event,
+            candidates,
+            &inner.defs,
+            &inner.registry,
+            &inner.config.fairness,
+        )
+    };
+    let most = 4 * least;
+    let mut offer = pool::offer(inner, most as usize, all_reserved);
+    let batch = offer
+        .as_ref()
+        .map_or(least, |o| (o.free() as u32).clamp(least, most));
+    let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
+    let handoff = tok_store::Handoff {
+        node: &inner.config.node_id,
+        lease_ms: inner.lease_ms(),
+        take: &mut take,
+    };
+    let mut dispatched = inner
+        .store
+        .dispatch_handing_off(tenants, batch, &planner, Some(handoff), lane)
+        .await;
+    let claimed = match &mut dispatched {
+        Ok(d) => {
+            let now = jiff::Timestamp::now().as_millisecond();
+            for received_at in &d.received_at {
+                let lag = (now - received_at).max(0) as f64 / 1000.0;
+                metrics::histogram!("tok_inbox_lag_seconds").record(lag);
+            }
+            std::mem::take(&mut d.claimed)
+        }
+        Err(_) => Vec::new(),
+    };
+    if let Some(offer) = offer {
+        pool::accept(inner, offer, claimed);
+    }
+    let dispatched = dispatched?;
+    if dispatched.events() > 0 {
+        inner.work.notify_one();
+    }
+    Ok((dispatched, batch))
+}
+
+pub(crate) async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let least = inner.config.dispatch_batch.max(1);
+    loop {
+        if stopping(&shutdown) {
+            return;
+        }
+        let tenants = inner.tenants();
+        // While a backlog fills the dispatches, half the reserved slots
+        // are kept for the urgent dispatcher's runs (the backlog's tenant
+        // holds general slots and may not take them anyway).
+        let reserved = !inner.backlog().active();
+        match dispatch_once(&inner, &tenants, Lane::Bulk, least, reserved).await {
+            Ok((d, batch)) => {
+                let full = d.events() == batch as usize || d.left > 0;
+                inner.backlog().bulk_found(d.backlog);
+                if full {
+                    continue;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "dispatch failed; retrying shortly");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        tokio::select! {
+            _ = inner.inbox.notified() => {}
+            _ = tokio::time::sleep(inner.config.poll_interval) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Dispatches the new events of tenants other than the one whose backlog
+/// fills the bulk dispatches, apart and in the urgent lane.
+pub(crate) async fn urgent_dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let least = inner.config.dispatch_batch.max(1);
+    loop {
+        tokio::select! {
+            _ = inner.urgent.notified() => {}
+            _ = shutdown.changed() => {}
+        }
+        loop {
+            if stopping(&shutdown) {
+                return;
+            }
+            let tenants: Vec<TenantId> = inner.backlog().waiting.drain().collect();
+            if tenants.is_empty() {
+                break;
+            }
+            match dispatch_once(&inner, &tenants, Lane::Urgent, least, true).await {
+                Ok((d, batch)) if d.events() == batch as usize => {
+                    inner.backlog().urgent_full(tenants, d.backlog);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // The bulk dispatches take these events in turn.
+                    tracing::warn!(error = %e, "urgent dispatch failed");
+                }
+            }
+        }
+    }
+}

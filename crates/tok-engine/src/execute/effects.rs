@@ -1,0 +1,106 @@
+//! The effects a transition asks of the record transaction besides its
+//! records: the incident, trace line and `run.failed` event of a run that
+//! failed, and the alert of a chain of automations that went too deep. The
+//! words are `tok-core`'s ([`tok_core::incident`]); here they meet the
+//! rows they need (the subject ticket, the steps so far).
+
+use serde_json::{Value, json};
+use tok_core::advance::Failure;
+use tok_core::definition::Automation;
+use tok_core::incident;
+use tok_store::{
+    Cause, ClaimedJob, NewIncident, NewInternalEvent, RecordTx, StepStatus, StoreError,
+};
+
+/// A run failed for good: an incident for the tenant (title and impact in
+/// their words, the detail for the platform admin), a line in its ticket's
+/// trace, and a `run.failed` event.
+pub(super) async fn run_failed(
+    tx: &mut dyn RecordTx,
+    job: &ClaimedJob,
+    automation: &Automation,
+    subject: Option<&str>,
+    context: &Value,
+    failure: &Failure,
+    cause: &Cause,
+) -> Result<(), StoreError> {
+    let ticket = match subject {
+        Some(id) => tx.ticket(id).await?,
+        None => None,
+    };
+    let text = incident::run_failed(
+        &job.automation_id,
+        &automation.name,
+        ticket.as_ref().map(|t| t.external_id.as_str()),
+        failure,
+    );
+    let mut all_steps = tx.run_steps().await?;
+    all_steps.retain(|s| s.path != failure.path || s.status != StepStatus::Failed.as_str());
+    let detail = json!({
+        "automation": { "id": job.automation_id, "name": automation.name, "version": job.version },
+        "run_id": job.run_id,
+        "failed_step": { "id": failure.step_id, "path": failure.path, "type": failure.kind },
+        "attempts": failure.attempt,
+        "message": failure.message,
+        "steps_before": all_steps,
+        "input": context.get("_body"),
+        "event": context.get("_event"),
+    });
+    tx.open_incident(NewIncident {
+        source: text.source,
+        title: text.title,
+        impact: text.impact,
+        detail,
+        run_id: Some(job.run_id.clone()),
+        ticket_id: ticket.as_ref().map(|t| t.id.clone()),
+    })
+    .await?;
+    if let Some(t) = &ticket {
+        let message = incident::run_failed_trace(&automation.name, failure);
+        tx.trace(&t.id, "run_failed", &message, cause).await?;
+    }
+    // Automations may react to failures (`run.failed`); the depth limit and
+    // the own-change rule keep a failing reaction from looping.
+    let event = NewInternalEvent {
+        event_type: "run.failed".into(),
+        payload: json!({
+            "run": {
+                "id": job.run_id,
+                "automationId": job.automation_id,
+                "automationName": automation.name,
+                "failedStep": failure.step_id,
+                "error": failure.message,
+            },
+            "ticket": ticket.as_ref().map(|t| t.event_view()),
+        }),
+        subject_ticket_id: ticket.as_ref().map(|t| t.id.clone()),
+    };
+    tx.emit(event, cause).await?;
+    Ok(())
+}
+
+/// A change could not raise its event because the chain of automations
+/// that led to it is too deep: alert the tenant (the trace says it too).
+pub(super) async fn chain_too_deep(
+    tx: &mut dyn RecordTx,
+    job: &ClaimedJob,
+    automation: &Automation,
+    subject: Option<&str>,
+) -> Result<(), StoreError> {
+    tracing::warn!(run = %job.run_id, automation = %job.automation_id, depth = job.depth, "event chain too deep; event dropped");
+    let text = incident::chain_too_deep(&job.automation_id, &automation.name);
+    tx.open_incident(NewIncident {
+        source: text.source,
+        title: text.title,
+        impact: text.impact,
+        detail: json!({
+            "automation": { "id": job.automation_id, "name": automation.name },
+            "run_id": job.run_id,
+            "depth": job.depth,
+        }),
+        run_id: Some(job.run_id.clone()),
+        ticket_id: subject.map(str::to_owned),
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! The worker pool: independent slots that each run one claimed job.
+//!
+//! Each round the pool claims as many jobs as it has free slots, in one
+//! batch, and starts each in a task of its own without waiting for the
+//! others, so a slow step never keeps a free slot idle. The reserved slots
+//! ([`crate::fairness`]) are claimed for tenants holding no general slot
+//! once the general ones run jobs. A dispatch may fill free slots directly
+//! with the runs it creates ([`Offer`]). A heartbeat extends the leases of
+//! the jobs in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tok_core::ids::{JobId, TenantId};
+use tok_store::ClaimedJob;
+use tokio::sync::watch;
+
+use crate::Inner;
+use crate::fairness::{Offer, Slots, reserved_slots};
+
+pub(crate) fn slots(inner: &Inner) -> std::sync::MutexGuard<'_, Slots> {
+    inner.slots.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The slots free now for a dispatch to fill (see [`Offer::new`]).
+pub(crate) fn offer(inner: &Inner, limit: usize, all_reserved: bool) -> Option<Offer> {
+    Offer::new(
+        &mut slots(inner),
+        inner.config.concurrency,
+        limit,
+        all_reserved,
+    )
+}
+
+/// Starts the jobs a dispatch wrote claimed under `offer`, and frees what
+/// it promised (jobs it did not write, or the dispatch failed).
+pub(crate) fn accept(inner: &Arc<Inner>, offer: Offer, jobs: Vec<ClaimedJob>) {
+    let reserved = offer.settle(&mut slots(inner), jobs.iter().map(|job| &job.tenant_id));
+    for (job, reserved) in jobs.into_iter().zip(reserved) {
+        start(inner, job, reserved);
+    }
+    inner.work.notify_one();
+}
+
+pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    slots(&inner).open = true;
+    let heartbeat = tokio::spawn(heartbeat(inner.clone()));
+    let concurrency = inner.config.concurrency.max(1);
+    let reserved = reserved_slots(concurrency);
+    let general = concurrency - reserved;
+    loop {
+        if crate::stopping(&shutdown) {
+            break;
+        }
+        let (general_busy, reserved_busy) = slots(&inner).busy();
+        let free = general.saturating_sub(general_busy);
+        let tenants = inner.tenants();
+        let mut claimed = 0;
+        if free > 0 {
+            claimed = claim_and_start(&inner, &tenants, free, false).await;
+        }
+        // The general slots are full of running jobs and more may be
+        // waiting: tenants holding none of them may take the reserved ones.
+        // (Slots promised to a dispatch in progress are not full: that
+        // dispatch starts its runs in them or frees them.)
+        let reserve_free = reserved.saturating_sub(reserved_busy);
+        if claimed == free && reserve_free > 0 && slots(&inner).running_general() >= general {
+            let newcomers: Vec<TenantId> = {
+                let holding = slots(&inner).holding_general();
+                tenants
+                    .iter()
+                    .filter(|t| !holding.contains(t))
+                    .cloned()
+                    .collect()
+            };
+            claim_and_start(&inner, &newcomers, reserve_free, true).await;
+        }
+        // A full batch means more may be ready: claim again as soon as a slot frees.
+        if claimed > 0 && claimed == free {
+            tokio::select! {
+                _ = inner.work.notified() => {}
+                _ = shutdown.changed() => {}
+            }
+        } else {
+            tokio::select! {
+                _ = inner.work.notified() => {}
+                _ = tokio::time::sleep(inner.config.poll_interval) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+    // Let the steps in flight finish and record; a step that outlives the
+    // grace period is taken over by another worker when its lease expires.
+    slots(&inner).open = false;
+    let deadline = tokio::time::Instant::now() + inner.config.shutdown_grace;
+    while !slots(&inner).idle() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    heartbeat.abort();
+}
+
+/// Claims up to `limit` jobs of `tenants` and starts each in its own task;
+/// returns how many it claimed.
+async fn claim_and_start(
+    inner: &Arc<Inner>,
+    tenants: &[TenantId],
+    limit: usize,
+    reserved: bool,
+) -> usize {
+    let jobs = match inner
+        .store
+        .claim(
+            tenants,
+            &inner.config.node_id,
+            limit as u32,
+            inner.lease_ms(),
+        )
+        .await
+    {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::error!(error = %e, "claim failed; retrying shortly");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return 0;
+        }
+    };
+    let claimed = jobs.len();
+    for job in jobs {
+        start(inner, job, reserved);
+    }
+    claimed
+}
+
+/// Runs a job claimed for this pool in its own task, in a general or a
+/// reserved slot.
+fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
+    slots(inner)
+        .jobs
+        .insert(job.id, (job.tenant_id.clone(), reserved));
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let id = job.id;
+        super::runner::execute(&inner, job).await;
+        slots(&inner).jobs.remove(&id);
+        inner.work.notify_one();
+    });
+}
+
+/// Extends the leases of the jobs in flight until the pool aborts it (after
+/// the last step in flight has finished or the grace period ran out).
+async fn heartbeat(inner: Arc<Inner>) {
+    loop {
+        tokio::time::sleep(inner.config.heartbeat).await;
+        let ids: Vec<JobId> = slots(&inner).jobs.keys().copied().collect();
+        if let Err(e) = inner
+            .store
+            .heartbeat(&inner.config.node_id, &ids, inner.lease_ms())
+            .await
+        {
+            tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed");
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Carrying out one claim: load the run's state, ask the decider
+//! ([`tok_core::advance`]) what happens, run the steps it hands out, and
+//! write everything in one record transaction.
+//!
+//! A step that runs in the record transaction (the service-desk steps)
+//! opens that transaction on first use, after the claim token is checked,
+//! so its effect and the records commit together. An external step (a
+//! registered handler) runs with no database connection held; the decider
+//! never chains one after steps already done in the claim, so their record
+//! is written first, and the external step continues under the same lease
+//! (`NextJob::Continue`) without a claim in between. A record with nothing
+//! else to write joins the store's group commit with other claims' records.
+
+use jiff::Timestamp;
+use serde_json::{Map, Value};
+use tok_core::advance::{Effect, Env, Execute, Input, RunState, StepClass, Then, advance};
+use tok_core::context::Context;
+use tok_core::definition::Automation;
+use tok_core::error::StepError;
+use tok_core::path::FlowPath;
+use tok_store::{
+    Cause, ClaimedJob, NextJob, Record, RecordTx, RunStatus, StepRecord, StoreError, now_ms,
+};
+
+use super::effects;
+use crate::Inner;
+use crate::registry::StepCall;
+use crate::steps::{TxContext, TxError};
+
+/// Runs one claimed job and records its outcome.
+pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
+    let automation = match inner
+        .defs
+        .get(
+            &*inner.store,
+            &job.tenant_id,
+            &job.automation_id,
+            job.version,
+        )
+        .await
+    {
+        Ok(automation) => automation,
+        Err(crate::EngineError::Store(e)) => {
+            // The database is away: leave the job to be retried after its lease.
+            tracing::error!(job = %job.id, error = %e, "could not load the definition");
+            return;
+        }
+        Err(e) => {
+            let record = failed_without_step(&job, e.to_string());
+            if let Err(e) = inner.store.record(&job, record).await {
+                tracing::error!(job = %job.id, error = %e, "could not record a broken definition");
+            }
+            return;
+        }
+    };
+    let mut job = job;
+    // A run whose next step is due at once keeps its slot and lease for a
+    // few steps, without a claim in between; then it queues again like
+    // everyone else.
+    let mut budget = inner.config.fairness.continue_limit;
+    loop {
+        // The job's context moves into the claim; the store needs the
+        // rest of the job (its key and token) to fence the record.
+        let context = std::mem::take(&mut job.context);
+        match drive(inner, &job, context, &automation, budget > 0).await {
+            Ok(Driven::Continue(next)) => {
+                job = *next;
+                budget = budget.saturating_sub(1);
+            }
+            Ok(Driven::Recorded { advanced }) => {
+                if advanced {
+                    inner.work.notify_one();
+                }
+                return;
+            }
+            Err(StoreError::LeaseLost(id)) => {
+                tracing::warn!(job = %id, run = %job.run_id, "lease lost while the step ran; result discarded");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(job = %job.id, run = %job.run_id, error = %e, "record failed; the job returns after its lease");
+                return;
+            }
+        }
+    }
+}
+
+/// How a claim's record ended.
+enum Driven {
+    /// Recorded; `advanced` when the run's next step is due now (for another claim).
+    Recorded { advanced: bool },
+    /// Recorded, and the job stays leased to this worker for its next step.
+    Continue(Box<ClaimedJob>),
+}
+
+fn failed_without_step(job: &ClaimedJob, error: String) -> Record {
+    Record {
+        steps: Vec::new(),
+        context: job.context.clone(),
+        actions: job.actions,
+        status: RunStatus::Failed,
+        error: Some(error),
+        next: NextJob::Done,
+        subject_ticket_id: job.subject_ticket_id.clone(),
+    }
+}
+
+/// What one claim decided and did, ready to record.
+struct Claim {
+    records: Vec<StepRecord>,
+    effects: Vec<Effect>,
+    state: RunState,
+    status: RunStatus,
+    error: Option<String>,
+    next: NextJob,
+    subject: Option<String>,
+    /// A change could not raise its event: the chain of automations is too deep.
+    too_deep: bool,
+    /// The record transaction, when a step ran in it.
+    tx: Option<Box<dyn RecordTx>>,
+}
+
+/// Runs the claim's steps as the decider says, then records everything in
+/// one transaction. When the run's next step is due now and
+/// `may_continue`, the job stays leased for it.
+async fn drive(
+    inner: &Inner,
+    job: &ClaimedJob,
+    context: Value,
+    automation: &Automation,
+    may_continue: bool,
+) -> Result<Driven, StoreError> {
+    let path = match job.path.parse::<FlowPath>() {
+        Ok(path) => path,
+        Err(e) => {
+            let mut record =
+                failed_without_step(job, format!("job path `{}` is not valid: {e}", job.path));
+            record.context = context;
+            inner.store.record(job, record).await?;
+            return Ok(Driven::Recorded { advanced: false });
+        }
+    };
+    let cause = Cause {
+        run_id: Some(job.run_id.clone()),
+        automation_id: Some(job.automation_id.clone()),
+        depth: job.depth,
+        actor: format!("automation \u{201c}{}\u{201d}", automation.name),
+    };
+    let state = RunState::at(
+        path,
+        job.attempt.max(1) as u32,
+        Context::from_value(context),
+        job.actions,
+    )
+    .chaining(inner.config.fairness.chain_limit);
+    let claim = run_claim(inner, job, automation, state, &cause).await?;
+    count(job, &claim);
+    let advanced = matches!(claim.next, NextJob::Step { delay_ms: 0, .. });
+    let needs_tx = claim.tx.is_some() || claim.too_deep || !claim.effects.is_empty();
+    let record = Record {
+        steps: claim.records,
+        context: claim.state.context.into_value(),
+        actions: claim.state.actions,
+        status: claim.status,
+        error: claim.error,
+        next: claim.next,
+        subject_ticket_id: claim.subject,
+    };
+    if !needs_tx {
+        // Nothing else to write with it: the record joins the store's group
+        // commit with other claims' records.
+        if let (true, NextJob::Step { path, delay_ms: 0 }) = (may_continue, &record.next) {
+            let next = ClaimedJob {
+                path: path.clone(),
+                attempt: 1,
+                claim_token: tok_store::random_token(),
+                context: record.context.clone(),
+                actions: record.actions,
+                subject_ticket_id: record.subject_ticket_id.clone(),
+                resume: None,
+                ..job.clone()
+            };
+            let mut record = record;
+            record.next = NextJob::Continue {
+                path: next.path.clone(),
+                token: next.claim_token.clone(),
+                lease_ms: inner.lease_ms(),
+            };
+            return Ok(match inner.store.record_and_continue(job, record).await? {
+                true => Driven::Continue(Box::new(next)),
+                false => Driven::Recorded { advanced: false },
+            });
+        }
+        inner.store.record(job, record).await?;
+        return Ok(Driven::Recorded { advanced });
+    }
+    let mut tx = match claim.tx {
+        Some(tx) => tx,
+        None => inner.store.begin_record(job).await?,
+    };
+    let subject = record.subject_ticket_id.as_deref();
+    if claim.too_deep {
+        effects::chain_too_deep(&mut *tx, job, automation, subject).await?;
+    }
+    for effect in &claim.effects {
+        match effect {
+            Effect::RunFailed(failure) => {
+                let context = &record.context;
+                effects::run_failed(&mut *tx, job, automation, subject, context, failure, &cause)
+                    .await?;
+            }
+        }
+    }
+    tx.commit(record).await?;
+    Ok(Driven::Recorded { advanced })
+}
+
+/// The decider's loop for one claim: advance, run the step it hands out,
+/// advance with its outcome, until the claim is over.
+async fn run_claim(
+    inner: &Inner,
+    job: &ClaimedJob,
+    automation: &Automation,
+    mut state: RunState,
+    cause: &Cause,
+) -> Result<Claim, StoreError> {
+    let kinds = |kind: &str| inner.registry.class(kind);
+    let mut input = Input::from(job.resume.clone());
+    let mut records = Vec::new();
+    let mut effects = Vec::new();
+    let mut subject = job.subject_ticket_id.clone();
+    let mut tx: Option<Box<dyn RecordTx>> = None;
+    let mut too_deep = false;
+    loop {
+        let transition = {
+            let mut rng = rand::rng();
+            let mut env = Env {
+                now: Timestamp::now(),
+                kinds: &kinds,
+                rng: &mut rng,
+            };
+            advance(automation, state, input, &mut env)
+        };
+        records.extend(transition.records);
+        effects.extend(transition.effects);
+        state = transition.state;
+        let mut step = match transition.then {
+            Then::Execute(step) => step,
+            Then::Record(next) => {
+                return Ok(Claim {
+                    records,
+                    effects,
+                    state,
+                    status: transition.status,
+                    error: transition.error,
+                    next,
+                    subject,
+                    too_deep,
+                    tx,
+                });
+            }
+        };
+        let started_at = now_ms();
+        let outcome = match step.class {
+            StepClass::InTransaction => {
+                if tx.is_none() {
+                    tx = Some(inner.store.begin_record(job).await?);
+                }
+                let Some(tx) = tx.as_mut() else {
+                    return Err(StoreError::NotFound("record transaction"));
+                };
+                let mut cx = TxContext {
+                    tx: &mut **tx,
+                    subject: &mut subject,
+                    cause,
+                    step_id: &step.step_id,
+                    too_deep: false,
+                };
+                let result = match inner.registry.in_transaction(&step.kind) {
+                    Some(run) => run.run(&mut cx, &step.config).await,
+                    None => Err(TxError::Step(StepError::terminal(format!(
+                        "`{}` is not a step type that runs in the record transaction",
+                        step.kind
+                    )))),
+                };
+                too_deep |= cx.too_deep;
+                match result {
+                    Ok(outputs) => Ok(outputs),
+                    Err(TxError::Step(e)) => Err(e),
+                    Err(TxError::Store(e)) => return Err(e),
+                }
+            }
+            StepClass::External | StepClass::Control => {
+                let scope = std::mem::take(&mut step.scope);
+                call_handler(inner, job, &step, scope).await
+            }
+        };
+        let config = Some(step.config);
+        input = match outcome {
+            Ok(outputs) => Input::StepDone {
+                outputs,
+                log: Vec::new(),
+                input: config,
+                started_at,
+            },
+            Err(error) => Input::StepFailed {
+                error,
+                input: config,
+                started_at,
+            },
+        };
+    }
+}
+
+/// The steps and the run's end count in the metrics.
+fn count(job: &ClaimedJob, claim: &Claim) {
+    for step in &claim.records {
+        metrics::counter!(
+            "tok_steps_total",
+            "tenant" => job.tenant_id.to_string(),
+            "status" => step.status.as_str()
+        )
+        .increment(1);
+    }
+    if claim.status.is_final() {
+        metrics::counter!("tok_runs_finished_total", "status" => claim.status.as_str())
+            .increment(1);
+    }
+}
+
+/// Runs a registered handler with no database connection held. A panic in
+/// the handler is a terminal error, not a crash of the worker.
+async fn call_handler(
+    inner: &Inner,
+    job: &ClaimedJob,
+    step: &Execute,
+    scope: Value,
+) -> Result<Map<String, Value>, StepError> {
+    let Some(handler) = inner.registry.handler(&step.kind) else {
+        return Err(StepError::terminal(format!(
+            "no handler is registered for step type `{}`",
+            step.kind
+        )));
+    };
+    let path = step.path.to_string();
+    let call = StepCall {
+        tenant_id: job.tenant_id.clone(),
+        run_id: job.run_id.clone(),
+        idempotency_key: format!("{}:{}", job.run_id, path),
+        path,
+        step_id: step.step_id.clone(),
+        attempt: step.attempt,
+        job_id: job.id,
+        lease_ms: inner.lease_ms(),
+        config: step.config.clone(),
+        context: scope,
+    };
+    match tokio::spawn(async move { handler.run(call).await }).await {
+        Ok(result) => result,
+        Err(join) => Err(StepError::terminal(format!(
+            "step `{}` panicked: {join}",
+            step.step_id
+        ))),
+    }
+}
