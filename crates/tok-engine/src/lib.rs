@@ -70,6 +70,12 @@ pub struct EngineConfig {
     pub dispatch_batch: u32,
     /// How long a stopping worker waits for the steps in flight.
     pub shutdown_grace: Duration,
+    /// How long a signal that resumed no wait stays buffered for a
+    /// `wait_for_event` that starts on its key (`POST /api/signals` and
+    /// `emit` with a `key`). Ten minutes: a signal that arrives while the
+    /// step before the wait still runs (or retries) is not lost, and one
+    /// meant for a wait long gone does not linger for the next run.
+    pub signal_lookback: Duration,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +90,7 @@ impl Default for EngineConfig {
             poll_interval: Duration::from_millis(250),
             dispatch_batch: 16,
             shutdown_grace: Duration::from_secs(10),
+            signal_lookback: Duration::from_secs(10 * 60),
         }
     }
 }

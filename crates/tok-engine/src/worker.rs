@@ -702,6 +702,7 @@ impl Chain<'_> {
             cause: self.cause,
             step_id: &step.id,
             too_deep: false,
+            signal_lookback: self.inner.config.signal_lookback,
         };
         let result = steps::run(&step.kind, &mut cx, &config).await;
         *self.too_deep |= cx.too_deep;

@@ -46,6 +46,9 @@ pub(crate) struct TxContext<'a> {
     /// Set when a write could not raise its event because the chain of
     /// automations is too deep; the worker raises an alert for it.
     pub(crate) too_deep: bool,
+    /// How long a signal the step sends stays buffered when it resumes no
+    /// wait (the engine's `signal_lookback`).
+    pub(crate) signal_lookback: std::time::Duration,
 }
 
 /// A step inside the transaction fails as a step (its error decides about
@@ -109,7 +112,17 @@ pub(crate) fn validate(kind: &str, config: &Value) -> Result<(), String> {
         "ticket/set-status" => need("status", "one of the ticket type's statuses"),
         "incident/create" => need("title", "what happened, for the tenant"),
         "emit" => {
-            need("event", "the event's name")?;
+            // `event` raises an internal event, `key` signals waits on that
+            // key; a step may do both.
+            if config.get("key").is_none() || config.get("event").is_some() {
+                need(
+                    "event",
+                    "the event's name (or give `key` to only send a signal)",
+                )?;
+            }
+            if config.get("key").is_some() {
+                need("key", "the signal key whose waits it resumes")?;
+            }
             match config.get("event").and_then(Value::as_str) {
                 Some(name) if name.starts_with("ticket.") || name.starts_with("run.") => Err(
                     format!("emit cannot send `{name}`: `ticket.` and `run.` events are tok's own"),

@@ -15,5 +15,6 @@ mod intake;
 mod isolation;
 mod run_control;
 mod runs;
+mod signals;
 mod signatures;
 mod webhook;
