@@ -1,6 +1,9 @@
 //! Pure definitions and decisions of tok: automations and their step trees,
 //! the webhook params contract, the run context, templates, conditions, the
-//! flow through a tree, the built-in steps, retry policy and validation.
+//! flow through a tree, the built-in steps, retry policy and validation —
+//! and the one decider of a run, [`advance`], with the values its decisions
+//! are made of ([`run`]) and the words of the incidents it raises
+//! ([`incident`]).
 //!
 //! Nothing here does IO, awaits or reads the clock (except [`ids::new_id`],
 //! which stamps ids with the current time): the engine passes in the tree, the
@@ -24,6 +27,7 @@ pub mod run;
 pub mod template;
 pub mod validate;
 
+pub use advance::{Input, RunState, Then, Transition, advance};
 pub use builtin::{INTERNAL_TYPES, Outcome};
 pub use condition::{Condition, Evaluation};
 pub use context::{Context, Lookup};

@@ -76,6 +76,12 @@ pub struct EngineConfig {
     pub shutdown_grace: Duration,
     /// How long runs may chain steps on one claim (see [`Fairness`]).
     pub fairness: Fairness,
+    /// How long a signal that resumed no wait stays buffered for a
+    /// `wait_for_event` that starts on its key (`POST /api/signals` and
+    /// `emit` with a `key`). Ten minutes: a signal that arrives while the
+    /// step before the wait still runs (or retries) is not lost, and one
+    /// meant for a wait long gone does not linger for the next run.
+    pub signal_lookback: Duration,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +97,7 @@ impl Default for EngineConfig {
             dispatch_batch: 16,
             shutdown_grace: Duration::from_secs(10),
             fairness: Fairness::default(),
+            signal_lookback: Duration::from_secs(10 * 60),
         }
     }
 }

@@ -87,6 +87,17 @@ pub(crate) struct JobMove<'a> {
     pub(crate) lease_ms: i64,
     pub(crate) held: bool,
     pub(crate) queue_key: Option<String>,
+    /// When the job is due (Unix ms), overriding `delay_ms`: a parked wait's timeout.
+    pub(crate) run_at: Option<i64>,
+    /// Why the job will be handed out again; `None` for a job that is not parked.
+    pub(crate) resume: Option<crate::Resume>,
+}
+
+/// What a job recorded at a wait becomes (see `signals_sql.rs`): ready now
+/// with a buffered signal (`run_at` `None`), or parked until its timeout.
+pub(crate) struct Parked {
+    pub(crate) run_at: Option<i64>,
+    pub(crate) resume: crate::Resume,
 }
 
 pub(crate) struct StepRow<'a> {
@@ -180,6 +191,8 @@ array_row!(JobMove, |r| [
     r.lease_ms,  // 6
     r.held,      // 7
     r.queue_key, // 8
+    r.run_at,    // 9
+    r.resume,    // 10
 ]);
 
 array_row!(StepRow, |r| [
@@ -292,6 +305,18 @@ macro_rules! impl_common {
                 started_at: row.get("started_at"),
                 finished_at: row.get("finished_at"),
                 error: row.get("error"),
+            }
+        }
+
+        /// Why a claimed job was handed out again. A value this version
+        /// cannot read is logged and the job claimed as a fresh one.
+        fn resume_from_row(row: &<$db as sqlx::Database>::Row) -> Option<Resume> {
+            match row.try_get::<Option<Json<Resume>>, _>("resume") {
+                Ok(resume) => resume.map(|r| r.0),
+                Err(e) => {
+                    tracing::warn!(job = row.get::<i64, _>("id"), error = %e, "unreadable resume of a claimed job");
+                    None
+                }
             }
         }
 
@@ -763,6 +788,7 @@ macro_rules! impl_common {
                 return Ok(Vec::new());
             }
             let now = now_ms();
+            let mut parked = settle_waits(tx, &items).await?;
             let mut continued = Vec::with_capacity(items.len());
             let mut moves = Vec::new();
             let mut moved_ids = Vec::new();
@@ -785,15 +811,22 @@ macro_rules! impl_common {
                 // Continue keeps the lease under a new token (and leaves
                 // `run_after`, an indexed column, alone, so PostgreSQL can
                 // update the row in place); Step and Retry release it.
+                // A wait parks the job (released, due at its timeout) or
+                // resumes it at once with a buffered signal: `settle_waits`
+                // decided which.
+                let parked = match next {
+                    NextJob::Wait { .. } => parked.remove(&job.id.0),
+                    _ => None,
+                };
+                let (run_at, resume) = match parked {
+                    Some($crate::common::Parked { run_at, resume }) => (run_at, Some(resume)),
+                    None => (None, None),
+                };
                 let (path, delay_ms, attempts, token, lease_ms) = match next {
                     NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
                     NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
                     NextJob::Retry { path, attempts, delay_ms } => (path, delay_ms, attempts, None, 0),
-                    NextJob::Wait { .. } => {
-                        return Err(StoreError::Conflict(
-                            "waits for signals are not stored yet".into(),
-                        ));
-                    }
+                    NextJob::Wait { path, .. } => (path, 0, 0, None, 0),
                     NextJob::Done => {
                         done.push(job.id.0);
                         (String::new(), 0, 0, None, 0)
@@ -811,6 +844,8 @@ macro_rules! impl_common {
                         lease_ms,
                         held: paused,
                         queue_key,
+                        run_at,
+                        resume,
                     });
                 }
                 for step in &record.steps {
@@ -852,9 +887,11 @@ macro_rules! impl_common {
             if !moves.is_empty() {
                 moved += sqlx::query(concat!(
                     "UPDATE jobs SET path = x.value ->> 2,
-                        run_after = CASE WHEN x.value ->> 5 IS NULL
+                        run_after = CASE WHEN x.value ->> 9 IS NOT NULL THEN CAST(x.value ->> 9 AS BIGINT)
+                            WHEN x.value ->> 5 IS NULL
                             THEN ", $now, " + CAST(x.value ->> 3 AS BIGINT)
                             ELSE jobs.run_after END,
+                        resume = NULLIF(x.value -> 10, 'null'),
                         attempts = CAST(x.value ->> 4 AS INTEGER),
                         claim_token = x.value ->> 5,
                         locked_by = CASE WHEN x.value ->> 5 IS NULL THEN NULL ELSE jobs.locked_by END,
@@ -1693,10 +1730,12 @@ macro_rules! impl_common {
                     return Ok(None);
                 };
                 let steps = steps_of(self.reader(), tenant, id).await?;
+                let waits = waits_of(self.reader(), tenant, id).await?;
                 Ok(Some(RunDetail {
                     run: run_from_row(&row),
                     context: row.get::<Json<Value>, _>("context").0,
                     steps,
+                    waits,
                 }))
             }
         }
@@ -1793,7 +1832,7 @@ macro_rules! impl_common {
                         claim_token = $3, attempts = attempts + 1
                      WHERE id ", $in4, "
                        AND (locked_until IS NULL OR locked_until < ", $now, ")
-                     RETURNING id, tenant_id, run_id, path, attempts"
+                     RETURNING id, tenant_id, run_id, path, attempts, resume"
                 ))
                 .bind(node)
                 .bind(lease_ms)
@@ -1844,7 +1883,7 @@ macro_rules! impl_common {
                             actions: run.get("actions"),
                             depth: run.get("depth"),
                             subject_ticket_id: run.get("subject_ticket_id"),
-                            resume: None,
+                            resume: resume_from_row(job),
                         })
                     })
                     .collect())

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
 
-use crate::{ClaimedJob, Page, Record, Result, StepRow};
+use crate::{ClaimedJob, NewSignal, Page, Record, Result, SignalSent, StepRow};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct TicketType {
@@ -246,6 +246,10 @@ pub trait RecordTx: Send {
         cause: &Cause,
     ) -> Result<()>;
     async fn emit(&mut self, event: NewInternalEvent, cause: &Cause) -> Result<Written>;
+    /// Sends a signal to the tenant's waits as part of this record (an
+    /// `emit` step with a `key`): the waits it resumes are resumed, or it is
+    /// buffered, when the record commits, and not at all if it does not.
+    async fn send_signal(&mut self, signal: NewSignal) -> Result<SignalSent>;
     /// Opens an incident, or counts one more occurrence of the open one
     /// with the same source. Returns its id and whether it is new.
     async fn open_incident(&mut self, incident: NewIncident) -> Result<(String, bool)>;

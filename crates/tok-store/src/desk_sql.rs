@@ -647,6 +647,10 @@ macro_rules! impl_desk {
                 emit_in(&mut self.tx, &self.job.tenant_id, event, cause).await
             }
 
+            async fn send_signal(&mut self, signal: NewSignal) -> Result<SignalSent> {
+                send_signal_in(&mut self.tx, &self.job.tenant_id, &signal).await
+            }
+
             async fn open_incident(&mut self, incident: NewIncident) -> Result<(String, bool)> {
                 open_incident_in(&mut self.tx, &self.job.tenant_id, incident).await
             }

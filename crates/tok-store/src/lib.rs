@@ -19,6 +19,8 @@ mod gate;
 mod migrate;
 pub mod model;
 mod postgres;
+pub mod signals;
+mod signals_sql;
 mod sqlite;
 pub mod testing;
 
@@ -34,6 +36,7 @@ pub use desk::*;
 pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
+pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -267,6 +270,7 @@ pub trait Store:
     + DeskStore
     + RecordStore
     + ConnectionStore
+    + SignalStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

@@ -30,6 +30,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     7 "0007_index_pending_events_in_dispatch_order",
     8 "0008_leave_room_for_job_updates_in_place",
     9 "0009_leave_room_for_run_updates_in_place",
+    10 "0010_create_signals_and_resumes",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -40,6 +41,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     5 "0005_create_service_desk",
     6 "0006_create_connections",
     7 "0007_index_pending_events_in_dispatch_order",
+    8 "0008_create_signals_and_resumes",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -248,6 +248,17 @@ pub struct RunDetail {
     pub run: RunSummary,
     pub context: Value,
     pub steps: Vec<StepRow>,
+    /// What a waiting run waits for; empty for every other run.
+    pub waits: Vec<WaitRow>,
+}
+
+/// A parked `wait_for_event`: the step, the signal key it waits for, and
+/// when it times out (`None`: never).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaitRow {
+    pub path: String,
+    pub key: String,
+    pub due_at: Option<i64>,
 }
 
 /// One page of a listing: `next_cursor` is `None` on the last page.

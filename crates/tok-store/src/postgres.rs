@@ -16,6 +16,7 @@ use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
 use crate::gate::Writer;
 use crate::migrate;
+use crate::signals_sql::impl_signals;
 
 /// Advisory lock key held while migrations run (any process, any machine).
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
@@ -202,6 +203,24 @@ impl_connections! {
     db = sqlx::Postgres,
     now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
     lock_row = "FOR UPDATE",
+}
+
+impl_signals! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
+    in_1 = "= ANY($1)",
+    in_2 = "= ANY($2)",
+    // Signal keys' locks: transaction advisory locks of the two-key form
+    // under a class of their own (8; groups use 7, and the one-key locks of
+    // claims and migrations are another key space), taken in the order of
+    // their hashes. Two names that share a hash share a lock, which only
+    // serializes them.
+    lock_names_1 = "SELECT pg_advisory_xact_lock(8, h)
+        FROM (SELECT DISTINCT hashtext(n) AS h FROM unnest($1::text[]) AS n ORDER BY h) locks",
+    lock_jobs = "FOR UPDATE OF j",
+    notify_work = "SELECT pg_notify('tok_work', '')",
+    list = list,
 }
 
 #[async_trait]

@@ -19,6 +19,7 @@ use crate::connections_sql::impl_connections;
 use crate::desk_sql::impl_desk;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::migrate;
+use crate::signals_sql::impl_signals;
 
 pub struct SqliteStore {
     writer: SqlitePool,
@@ -230,6 +231,20 @@ impl_connections! {
     db = sqlx::Sqlite,
     now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     lock_row = "",
+}
+
+impl_signals! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    in_1 = "IN (SELECT value FROM json_each($1))",
+    in_2 = "IN (SELECT value FROM json_each($2))",
+    // The one writer serializes every write: signal and wait on a key
+    // never run at once, so there is nothing to lock.
+    lock_names_1 = "",
+    lock_jobs = "",
+    notify_work = "",
+    list = list,
 }
 
 #[async_trait]

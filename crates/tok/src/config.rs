@@ -15,6 +15,10 @@ use anyhow::{Context as _, bail};
 /// database busy.
 pub const DEFAULT_CONCURRENCY: usize = 64;
 
+/// How long an unmatched signal is buffered unless `TOK_SIGNAL_LOOKBACK`
+/// says otherwise (see [`Config::signal_lookback`]).
+pub const DEFAULT_SIGNAL_LOOKBACK: Duration = Duration::from_secs(10 * 60);
+
 /// Which parts of tok this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -77,6 +81,13 @@ pub struct Config {
     /// webhooks of sources not marked critical get 429 (100,000: far above a
     /// healthy queue, well before the database suffers).
     pub backpressure_depth: i64,
+    /// `TOK_SIGNAL_LOOKBACK`: how long a signal that resumed no wait stays
+    /// buffered for a `wait_for_event` that starts on its key (a duration
+    /// like `10m`, `90s`; 10 minutes by default: a signal that arrives while
+    /// the step before the wait still runs or retries is not lost, and one
+    /// meant for a wait long gone does not resume the next run's). `0s`
+    /// buffers nothing.
+    pub signal_lookback: Duration,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -129,6 +140,11 @@ impl Config {
                 .context("TOK_BACKPRESSURE_DEPTH must be a whole number")?,
             None => tok_server::DEFAULT_BACKPRESSURE_DEPTH,
         };
+        let signal_lookback = match var("TOK_SIGNAL_LOOKBACK") {
+            Some(v) => tok_core::duration::parse_duration(v.trim())
+                .context("TOK_SIGNAL_LOOKBACK must be a duration like 10m or 90s")?,
+            None => DEFAULT_SIGNAL_LOOKBACK,
+        };
         let config = Self {
             database_url: var("TOK_DATABASE_URL")
                 .unwrap_or_else(|| "sqlite://tok-data/tok.db".into()),
@@ -141,6 +157,7 @@ impl Config {
             db_max_connections,
             lease: Duration::from_secs(lease_secs),
             backpressure_depth,
+            signal_lookback,
         };
         config.validate()?;
         Ok(config)

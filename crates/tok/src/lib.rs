@@ -83,6 +83,7 @@ pub async fn serve(
             concurrency: config.concurrency,
             lease: config.lease,
             heartbeat: config.lease / 3,
+            signal_lookback: config.signal_lookback,
             ..EngineConfig::default()
         },
     );

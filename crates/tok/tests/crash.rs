@@ -225,7 +225,10 @@ async fn crash_while_signalling(backend: Backend) {
     let db = TestDb::create(backend).await;
     let port = free_port();
     let api = Api::new(port);
-    let env = [("TOK_NODE_ID", "signal-crash-node"), ("TOK_CONCURRENCY", "8")];
+    let env = [
+        ("TOK_NODE_ID", "signal-crash-node"),
+        ("TOK_CONCURRENCY", "8"),
+    ];
     let mut server = Server::start(&db.url, port, &[], &env);
     api.wait_ready().await;
     let tenant = api

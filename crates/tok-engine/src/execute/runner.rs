@@ -155,7 +155,12 @@ async fn drive(
     .chaining(inner.config.fairness.chain_limit);
     let claim = run_claim(inner, job, automation, state, &cause).await?;
     count(job, &claim);
-    let advanced = matches!(claim.next, NextJob::Step { delay_ms: 0, .. });
+    // A wait may take a buffered signal as it is recorded: its job is then
+    // ready at once, like a next step due now.
+    let advanced = matches!(
+        claim.next,
+        NextJob::Step { delay_ms: 0, .. } | NextJob::Wait { .. }
+    );
     let needs_tx = claim.tx.is_some() || claim.too_deep || !claim.effects.is_empty();
     let record = Record {
         steps: claim.records,
@@ -275,6 +280,7 @@ async fn run_claim(
                     cause,
                     step_id: &step.step_id,
                     too_deep: false,
+                    signal_lookback: inner.config.signal_lookback,
                 };
                 let result = match inner.registry.in_transaction(&step.kind) {
                     Some(run) => run.run(&mut cx, &step.config).await,

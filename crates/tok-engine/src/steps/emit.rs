@@ -1,17 +1,36 @@
-//! `emit`: raises a custom internal event (`event` triggers react to it),
-//! written in the same transaction as the step's record. An event deeper in
-//! a chain of automations than allowed is not written; the run goes on and
-//! an alert is raised.
+//! `emit`: raises a custom internal event (`event` triggers react to it)
+//! and, with a `key`, signals the tenant's waits on that key with the same
+//! payload (DESIGN §5a), both written in the same transaction as the step's
+//! record: the event exists and the waits are resumed (or the signal is
+//! buffered) exactly when the step is recorded. An event deeper in a chain
+//! of automations than allowed is not written; the run goes on and an
+//! alert is raised.
 
 use serde_json::{Map, Value, json};
-use tok_store::NewInternalEvent;
+use tok_store::{NewInternalEvent, NewSignal};
 
 use super::{TxContext, TxResult, string, terminal};
 
-/// Checks the step's config at save: an event name that is not one of
-/// tok's own.
+/// Checks the step's config at save: `event` raises an internal event,
+/// `key` signals the waits on that key; a step may do both, and an event
+/// name is not one of tok's own.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {
-    super::need(config, "emit", "event", "the event's name")?;
+    if config.get("key").is_none() || config.get("event").is_some() {
+        super::need(
+            config,
+            "emit",
+            "event",
+            "the event's name (or give `key` to only send a signal)",
+        )?;
+    }
+    if config.get("key").is_some() {
+        super::need(
+            config,
+            "emit",
+            "key",
+            "the signal key whose waits it resumes",
+        )?;
+    }
     match config.get("event").and_then(Value::as_str) {
         Some(name) if name.starts_with("ticket.") || name.starts_with("run.") => Err(format!(
             "emit cannot send `{name}`: `ticket.` and `run.` events are tok's own"
@@ -21,22 +40,57 @@ pub(crate) fn validate(config: &Value) -> Result<(), String> {
 }
 
 pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
-    let event_type = string(config, "event")
-        .ok_or_else(|| terminal(format!("step `{}`: `event` is empty", cx.step_id)))?;
+    let event_type = string(config, "event");
+    let key = match config.get("key") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(string(config, "key").ok_or_else(|| {
+            terminal(format!(
+                "step `{}`: `key` is empty; it names the signal key whose waits the step resumes",
+                cx.step_id
+            ))
+        })?),
+    };
+    if event_type.is_none() && key.is_none() {
+        return Err(terminal(format!(
+            "step `{}`: `event` is empty and there is no `key`: nothing to emit",
+            cx.step_id
+        )));
+    }
     let payload = config.get("payload").cloned().unwrap_or_else(|| json!({}));
-    let written = cx
-        .tx
-        .emit(
-            NewInternalEvent {
-                event_type,
-                payload,
-                subject_ticket_id: cx.subject.clone(),
-            },
-            cx.cause,
-        )
-        .await?;
-    cx.too_deep |= written.too_deep;
     let mut out = Map::new();
-    out.insert("eventId".into(), json!(written.event_id));
+    if let Some(key) = key {
+        let lookback_ms = i64::try_from(cx.signal_lookback.as_millis()).unwrap_or(i64::MAX);
+        let sent = cx
+            .tx
+            .send_signal(NewSignal {
+                key,
+                payload: payload.clone(),
+                idempotency_key: None,
+                lookback_ms,
+            })
+            .await?;
+        out.insert("signalId".into(), json!(sent.signal_id));
+        out.insert("resumed".into(), json!(sent.resumed));
+    }
+    match event_type {
+        Some(event_type) => {
+            let written = cx
+                .tx
+                .emit(
+                    NewInternalEvent {
+                        event_type,
+                        payload,
+                        subject_ticket_id: cx.subject.clone(),
+                    },
+                    cx.cause,
+                )
+                .await?;
+            cx.too_deep |= written.too_deep;
+            out.insert("eventId".into(), json!(written.event_id));
+        }
+        None => {
+            out.insert("eventId".into(), Value::Null);
+        }
+    }
     Ok(out)
 }

@@ -69,6 +69,9 @@ pub(crate) struct TxContext<'a> {
     /// Set when a write could not raise its event because the chain of
     /// automations is too deep; the worker raises an alert for it.
     pub(crate) too_deep: bool,
+    /// How long a signal the step sends stays buffered when it resumes no
+    /// wait (the engine's `signal_lookback`).
+    pub(crate) signal_lookback: std::time::Duration,
 }
 
 /// A step inside the transaction fails as a step (its error decides about

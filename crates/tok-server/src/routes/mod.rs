@@ -7,6 +7,7 @@ pub(crate) mod health;
 pub(crate) mod incidents;
 pub(crate) mod metrics;
 pub(crate) mod runs;
+pub(crate) mod signals;
 pub(crate) mod sources;
 pub(crate) mod tenants;
 pub(crate) mod ticket_types;

@@ -15,6 +15,7 @@ mod intake;
 mod isolation;
 mod run_control;
 mod runs;
+mod signals;
 mod signatures;
 mod waits;
 mod webhook;

@@ -99,7 +99,10 @@ async fn a_signal_resumes_a_waiting_run_with_its_payload_when_where_holds(app: &
     let waits = parked["waits"].as_array().cloned().unwrap_or_default();
     assert_eq!(waits.len(), 1, "what the run waits for: {parked:#}");
     assert_eq!(waits[0]["key"], "order-5001");
-    assert!(waits[0]["due_at"].is_string(), "{parked:#}");
+    assert!(
+        waits[0]["due_at"].is_i64(),
+        "due in unix ms like the route's other times: {parked:#}"
+    );
     assert!(step(&parked, "st_paid", "waiting").is_some(), "{parked:#}");
 
     // Too small an amount: the `where` does not hold, nothing resumes.
@@ -173,7 +176,11 @@ async fn a_repeated_idempotency_key_resumes_nothing_more(app: &TestApp) {
         .await
         .expect(StatusCode::ACCEPTED);
     assert_eq!(again["signal_id"], sent["signal_id"], "{again:#}");
-    assert_eq!(again["resumed"], json!([first]), "the first answer: {again:#}");
+    assert_eq!(
+        again["resumed"],
+        json!([first]),
+        "the first answer: {again:#}"
+    );
     let still = app
         .get(&tenant.key, &format!("/api/runs/{second}"))
         .await
@@ -267,6 +274,10 @@ async fn a_retry_after_a_resume_does_not_wait_again(app: &TestApp) {
     let waits = again["steps"]
         .as_array()
         .map(|s| s.iter().filter(|s| s["step_id"] == "st_paid").count());
-    assert_eq!(waits, Some(2), "one wait and one resume, no second wait: {again:#}");
+    assert_eq!(
+        waits,
+        Some(2),
+        "one wait and one resume, no second wait: {again:#}"
+    );
     assert_eq!(paid(&again), json!(100), "{again:#}");
 }

@@ -1,0 +1,129 @@
+//! Signals (DESIGN §5a): `POST /api/signals {key, payload}` resumes, in one
+//! transaction, every waiting `wait_for_event` of the tenant on that key
+//! whose `where` holds over the payload, or buffers the signal for the
+//! lookback window (`TOK_SIGNAL_LOOKBACK`) when none does. An
+//! `Idempotency-Key` header makes a repeat answer the first send's answer.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use tok_store::NewSignal;
+
+use crate::AppState;
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::JsonBody;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/api/signals", post(send))
+}
+
+/// Longest signal key, in bytes: keys name things (`order:123:paid`).
+const MAX_KEY_BYTES: usize = 200;
+
+/// Largest payload: the wait step that takes the signal publishes it as
+/// its output, which may be at most 64 KiB with the rest of that output.
+const MAX_PAYLOAD_BYTES: usize = 60 * 1024;
+
+/// Longest `Idempotency-Key` kept as is; a longer one is stored as its hash.
+const MAX_IDEMPOTENCY_KEY_BYTES: usize = 200;
+
+fn invalid(field: &str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_body", message).with("field", field)
+}
+
+async fn send(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let Value::Object(mut body) = body else {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "the body must be a JSON object: {\"key\": \"…\", \"payload\": {…}}",
+        ));
+    };
+    let key = key(&mut body)?;
+    let payload = body.remove("payload").unwrap_or_else(|| json!({}));
+    if let Some(field) = body.keys().next() {
+        return Err(invalid(
+            field,
+            format!("`{field}` is not a field of a signal; send `key` and `payload`"),
+        ));
+    }
+    let size = payload.to_string().len();
+    if size > MAX_PAYLOAD_BYTES {
+        return Err(invalid(
+            "payload",
+            format!(
+                "`payload` is {size} bytes; at most {MAX_PAYLOAD_BYTES} (the wait step that \
+                 takes it publishes it as its output)"
+            ),
+        ));
+    }
+    let signal = NewSignal {
+        key,
+        payload,
+        idempotency_key: idempotency_key(&headers)?,
+        lookback_ms: i64::try_from(state.engine.config().signal_lookback.as_millis())
+            .unwrap_or(i64::MAX),
+    };
+    let sent = state.engine.store().send_signal(&tenant, signal).await?;
+    if !sent.resumed.is_empty() {
+        state.engine.job_ready();
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "signal_id": sent.signal_id,
+            "resumed": sent.resumed,
+            "buffered": sent.buffered,
+            "duplicate": sent.duplicate,
+        })),
+    ))
+}
+
+/// The signal key: a non-empty string, compared exactly with the waits' keys.
+fn key(body: &mut Map<String, Value>) -> ApiResult<String> {
+    match body.remove("key") {
+        None | Some(Value::Null) => Err(invalid(
+            "key",
+            "`key` is missing: name the key the waits wait for (their `wait_for_event` `key`)",
+        )),
+        Some(Value::String(key)) if key.trim().is_empty() => {
+            Err(invalid("key", "`key` must not be empty"))
+        }
+        Some(Value::String(key)) if key.len() > MAX_KEY_BYTES => Err(invalid(
+            "key",
+            format!("`key` is {} bytes; at most {MAX_KEY_BYTES}", key.len()),
+        )),
+        Some(Value::String(key)) => Ok(key),
+        Some(other) => Err(invalid(
+            "key",
+            format!("`key` must be a string, not {other}"),
+        )),
+    }
+}
+
+/// The `Idempotency-Key` header; a blank one is no key.
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value.to_str().map_err(|_| {
+        ApiError::bad_request(
+            "invalid_header",
+            "the `Idempotency-Key` header must be visible ASCII",
+        )
+    })?;
+    let key = key.trim();
+    Ok(match key.len() {
+        0 => None,
+        n if n <= MAX_IDEMPOTENCY_KEY_BYTES => Some(key.to_owned()),
+        _ => Some(format!("sha256:{}", hex::encode(Sha256::digest(key)))),
+    })
+}

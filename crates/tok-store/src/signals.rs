@@ -1,0 +1,60 @@
+//! Signals and the waits they resume (DESIGN §5a).
+//!
+//! A `wait_for_event` step parks its run's one job at the step, with a
+//! `waits` row holding the key and the `where` the signal's payload must
+//! satisfy; the job is due at the wait's timeout. A signal sent to a key
+//! resumes, in its one transaction, every parked wait of the tenant on that
+//! key whose `where` holds: their jobs become ready now and carry the signal
+//! ([`Resume::Signal`](crate::Resume)) to the worker that claims them. A
+//! signal that resumed nothing is buffered for the lookback window, and a
+//! wait that starts on its key within it takes the oldest matching one at
+//! once, as its record is written, instead of parking.
+//!
+//! Signal and wait on one key never miss each other: both take the key's
+//! lock (an advisory lock on PostgreSQL; SQLite's one writer serializes
+//! every write anyway) before they look for the other. A job claimed for
+//! its timeout is not resumed by a signal: the timeout won, and the signal
+//! is buffered like any other that resumed nothing.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tok_core::ids::{RunId, TenantId};
+
+use crate::Result;
+
+/// A signal to send to a tenant's waits.
+#[derive(Debug, Clone)]
+pub struct NewSignal {
+    pub key: String,
+    pub payload: Value,
+    /// A repeat of the key answers the first send's answer and changes
+    /// nothing. Unique per tenant for as long as the signal is kept.
+    pub idempotency_key: Option<String>,
+    /// How long the signal stays buffered if it resumes no wait (ms).
+    pub lookback_ms: i64,
+}
+
+/// What a send did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignalSent {
+    pub signal_id: String,
+    /// The runs whose waits it resumed, oldest wait first.
+    pub resumed: Vec<RunId>,
+    /// It resumed nothing and waits in the buffer for a wait to start.
+    pub buffered: bool,
+    /// The idempotency key was used before: this is that send's answer.
+    pub duplicate: bool,
+}
+
+/// Sending signals outside a run (the API). An `emit` step sends through
+/// its record transaction instead ([`crate::RecordTx::send_signal`]).
+#[async_trait]
+pub trait SignalStore: Send + Sync {
+    /// Resumes the tenant's matching waits on the signal's key, or buffers
+    /// the signal, in one transaction.
+    async fn send_signal(&self, tenant: &TenantId, signal: NewSignal) -> Result<SignalSent>;
+}
+
+/// The `run_after` of a job parked with no timeout: later than any due
+/// time, so the claim never takes it (9999-12-31T23:59:59.999Z).
+pub(crate) const NEVER_DUE_MS: i64 = 253_402_300_799_999;

@@ -1,0 +1,303 @@
+//! The queries of signals and waits for both backends (see `common.rs` for
+//! why a macro): sending a signal, and parking a recorded job at its wait
+//! (or resuming it at once from the buffer). Both run in the caller's
+//! transaction: a send in its own or in a record transaction (an `emit`
+//! step), a park in the record transaction that writes the wait step.
+
+/// Names a signal key's lock: one per (tenant, key). Tenant ids hold no
+/// `/`, so two pairs never share a name.
+pub(crate) fn key_lock(tenant: &tok_core::ids::TenantId, key: &str) -> String {
+    format!("key:{tenant}/{key}")
+}
+
+/// Names the lock that serializes sends repeating one idempotency key, so
+/// that the second finds the first's row instead of resuming waits too.
+pub(crate) fn idempotency_lock(tenant: &tok_core::ids::TenantId, key: &str) -> String {
+    format!("idempotency:{tenant}/{key}")
+}
+
+macro_rules! impl_signals {
+    (
+        store = $store:ty,
+        db = $db:ty,
+        now = $now:literal,
+        in_1 = $in1:literal,
+        in_2 = $in2:literal,
+        lock_names_1 = $lock_names1:literal,
+        lock_jobs = $lock_jobs:literal,
+        notify_work = $notify_work:literal,
+        list = $list:path,
+    ) => {
+        use $crate::signals::NEVER_DUE_MS;
+        use $crate::signals_sql::{idempotency_lock, key_lock};
+
+        /// Whether a payload satisfies a wait's `where` (none: any payload).
+        fn satisfies(filter: Option<&tok_core::definition::Filter>, payload: &Value) -> bool {
+            filter.is_none_or(|f| {
+                tok_core::condition::Condition::from_filter(f)
+                    .evaluate(payload)
+                    .result
+            })
+        }
+
+        /// Takes the named locks until the transaction ends, in one order
+        /// for every transaction (by the lock's hash), so that two
+        /// transactions taking several never wait for each other in a
+        /// circle. SQLite's one writer is lock enough: no statement.
+        async fn lock_names(tx: &mut sqlx::Transaction<'_, $db>, names: Vec<String>) -> Result<()> {
+            if $lock_names1.is_empty() || names.is_empty() {
+                return Ok(());
+            }
+            sqlx::query($lock_names1).bind($list(names)).execute(&mut **tx).await?;
+            Ok(())
+        }
+
+        /// Sends a signal in the caller's transaction: resumes the matching
+        /// waits on its key whose jobs no worker holds, or buffers it.
+        async fn send_signal_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            signal: &NewSignal,
+        ) -> Result<SignalSent> {
+            let mut locks = vec![key_lock(tenant, &signal.key)];
+            locks.extend(signal.idempotency_key.as_deref().map(|k| idempotency_lock(tenant, k)));
+            lock_names(tx, locks).await?;
+            if let Some(idempotency_key) = &signal.idempotency_key {
+                let first = sqlx::query(
+                    "SELECT id, resumed FROM signals WHERE tenant_id = $1 AND idempotency_key = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(idempotency_key)
+                .fetch_optional(&mut **tx)
+                .await?;
+                if let Some(first) = first {
+                    let resumed = first.try_get::<Json<Vec<RunId>>, _>("resumed")?.0;
+                    return Ok(SignalSent {
+                        signal_id: first.get("id"),
+                        buffered: resumed.is_empty(),
+                        resumed,
+                        duplicate: true,
+                    });
+                }
+            }
+            // A job with a claim token is held by a worker: one claimed for
+            // its timeout (the timeout won), or one whose record is being
+            // written right now (and holds its row, perhaps waiting for this
+            // key's lock: never wait for such a row).
+            let waits = sqlx::query(concat!(
+                "SELECT w.id, w.run_id, w.match, j.id AS job_id
+                 FROM waits w
+                 JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                 WHERE w.tenant_id = $1 AND w.key = $2 AND j.claim_token IS NULL
+                 ORDER BY j.id ", $lock_jobs
+            ))
+            .bind(tenant.as_str())
+            .bind(&signal.key)
+            .fetch_all(&mut **tx)
+            .await?;
+            let mut matched = Vec::new();
+            for row in &waits {
+                let filter = row.try_get::<Option<Json<tok_core::definition::Filter>>, _>("match")?;
+                if satisfies(filter.as_ref().map(|f| &f.0), &signal.payload) {
+                    let wait: String = row.get("id");
+                    let run: String = row.get("run_id");
+                    let job: i64 = row.get("job_id");
+                    matched.push((wait, run, job));
+                }
+            }
+            // Wait ids sort by when the wait began.
+            matched.sort();
+            let id = new_id("sig");
+            let now = now_ms();
+            if !matched.is_empty() {
+                sqlx::query(concat!("DELETE FROM waits WHERE tenant_id = $1 AND id ", $in2))
+                    .bind(tenant.as_str())
+                    .bind($list(matched.iter().map(|(wait, _, _)| wait.clone())))
+                    .execute(&mut **tx)
+                    .await?;
+                let resume = Resume::Signal { signal_id: id.clone(), payload: signal.payload.clone() };
+                sqlx::query(concat!(
+                    "UPDATE jobs SET resume = $3, run_after = ", $now, "
+                     WHERE tenant_id = $1 AND id ", $in2
+                ))
+                .bind(tenant.as_str())
+                .bind($list(matched.iter().map(|(_, _, job)| *job)))
+                .bind(Json(&resume))
+                .execute(&mut **tx)
+                .await?;
+                if !$notify_work.is_empty() {
+                    sqlx::query($notify_work).execute(&mut **tx).await?;
+                }
+            }
+            let resumed: Vec<RunId> = matched.into_iter().map(|(_, run, _)| RunId::from(run)).collect();
+            let buffered = resumed.is_empty();
+            sqlx::query(
+                "INSERT INTO signals (id, tenant_id, key, payload, idempotency_key, received_at,
+                    expires_at, resumed, consumed_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(&id)
+            .bind(tenant.as_str())
+            .bind(&signal.key)
+            .bind(Json(&signal.payload))
+            .bind(signal.idempotency_key.as_deref())
+            .bind(now)
+            .bind(if buffered { now.saturating_add(signal.lookback_ms.max(0)) } else { now })
+            .bind(Json(&resumed))
+            .bind((!buffered).then_some(now))
+            .execute(&mut **tx)
+            .await?;
+            Ok(SignalSent { signal_id: id, resumed, buffered, duplicate: false })
+        }
+
+        /// Takes the oldest signal buffered on the wait's key, unexpired,
+        /// whose payload satisfies its `where`, for `run`.
+        async fn take_buffered(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            run: &RunId,
+            wait: &SignalWait,
+            now: i64,
+        ) -> Result<Option<Resume>> {
+            let buffered = sqlx::query(
+                "SELECT id, payload FROM signals
+                 WHERE tenant_id = $1 AND key = $2 AND consumed_at IS NULL AND expires_at > $3
+                 ORDER BY received_at, id",
+            )
+            .bind(tenant.as_str())
+            .bind(&wait.key)
+            .bind(now)
+            .fetch_all(&mut **tx)
+            .await?;
+            for row in &buffered {
+                let payload = row.try_get::<Json<Value>, _>("payload")?.0;
+                if !satisfies(wait.filter.as_ref(), &payload) {
+                    continue;
+                }
+                let signal_id: String = row.get("id");
+                sqlx::query(
+                    "UPDATE signals SET consumed_by_run = $3, consumed_at = $4
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(&signal_id)
+                .bind(run.as_str())
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+                return Ok(Some(Resume::Signal { signal_id, payload }));
+            }
+            Ok(None)
+        }
+
+        /// The waits part of a record batch, before its jobs move: the waits
+        /// of runs whose jobs were handed out again (by a signal or a
+        /// timeout) go, and each job recorded as [`NextJob::Wait`] takes a
+        /// buffered signal (ready now, carrying it) or parks (a `waits` row,
+        /// due at its timeout). Returns, by job id, what each parked job's
+        /// row becomes.
+        async fn settle_waits(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            items: &[(ClaimedJob, Record, String)],
+        ) -> Result<std::collections::HashMap<i64, $crate::common::Parked>> {
+            let mut parked = std::collections::HashMap::new();
+            let parking: Vec<(&ClaimedJob, &str, &SignalWait)> = items
+                .iter()
+                .filter_map(|(job, record, _)| match &record.next {
+                    NextJob::Wait { path, wait } => Some((job, path.as_str(), wait)),
+                    _ => None,
+                })
+                .collect();
+            let settled: Vec<&ClaimedJob> = items
+                .iter()
+                .map(|(job, _, _)| job)
+                .filter(|job| job.resume.is_some() || parking.iter().any(|(p, _, _)| p.id == job.id))
+                .collect();
+            if settled.is_empty() {
+                return Ok(parked);
+            }
+            sqlx::query(concat!(
+                "DELETE FROM waits WHERE tenant_id ", $in1, " AND run_id ", $in2
+            ))
+            .bind($list(settled.iter().map(|job| job.tenant_id.as_str())))
+            .bind($list(settled.iter().map(|job| job.run_id.as_str())))
+            .execute(&mut **tx)
+            .await?;
+            if parking.is_empty() {
+                return Ok(parked);
+            }
+            let keys = parking.iter().map(|(job, _, wait)| key_lock(&job.tenant_id, &wait.key));
+            lock_names(tx, keys.collect()).await?;
+            let now = now_ms();
+            let mut took = false;
+            for (job, path, wait) in parking {
+                let taken = if wait.lookback {
+                    take_buffered(tx, &job.tenant_id, &job.run_id, wait, now).await?
+                } else {
+                    None
+                };
+                let Some(resume) = taken else {
+                    sqlx::query(
+                        "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match, due_at)
+                         VALUES ($1, $2, $3, $4, 'event', $5, $6, $7)",
+                    )
+                    .bind(new_id("wai"))
+                    .bind(job.run_id.as_str())
+                    .bind(job.tenant_id.as_str())
+                    .bind(path)
+                    .bind(&wait.key)
+                    .bind(wait.filter.as_ref().map(Json))
+                    .bind(wait.due_at)
+                    .execute(&mut **tx)
+                    .await?;
+                    let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
+                    parked.insert(job.id.0, $crate::common::Parked { run_at, resume: Resume::TimedOut });
+                    continue;
+                };
+                took = true;
+                parked.insert(job.id.0, $crate::common::Parked { run_at: None, resume });
+            }
+            if took && !$notify_work.is_empty() {
+                sqlx::query($notify_work).execute(&mut **tx).await?;
+            }
+            Ok(parked)
+        }
+
+        /// The waits of a run, for its detail.
+        async fn waits_of(
+            pool: &sqlx::Pool<$db>,
+            tenant: &TenantId,
+            run: &RunId,
+        ) -> Result<Vec<WaitRow>> {
+            let rows = sqlx::query(
+                "SELECT path, key, due_at FROM waits
+                 WHERE tenant_id = $1 AND run_id = $2 ORDER BY id",
+            )
+            .bind(tenant.as_str())
+            .bind(run.as_str())
+            .fetch_all(pool)
+            .await?;
+            Ok(rows
+                .iter()
+                .map(|r| WaitRow {
+                    path: r.get("path"),
+                    key: r.get::<Option<String>, _>("key").unwrap_or_default(),
+                    due_at: r.get("due_at"),
+                })
+                .collect())
+        }
+
+        #[async_trait::async_trait]
+        impl SignalStore for $store {
+            async fn send_signal(&self, tenant: &TenantId, signal: NewSignal) -> Result<SignalSent> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let sent = send_signal_in(&mut tx, tenant, &signal).await?;
+                tx.commit().await?;
+                Ok(sent)
+            }
+        }
+    };
+}
+
+pub(crate) use impl_signals;
