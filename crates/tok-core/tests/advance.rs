@@ -61,9 +61,12 @@ fn run(automation: &Automation, state: RunState, input: Input) -> Transition {
     advance(automation, state, input, &mut env)
 }
 
+/// The recorded steps (`id status`), the run's status, the job's next move.
+type Seen = (Vec<String>, RunStatus, String);
+
 /// What a person would read of a transition: the recorded steps with their
 /// status, the run's status, and the job's next move in words.
-fn seen(t: &Transition) -> (Vec<String>, RunStatus, String) {
+fn seen(t: &Transition) -> Seen {
     let records = t
         .records
         .iter()
@@ -134,7 +137,7 @@ fn order_tree() -> Automation {
 fn every_input_moves_the_order_run_as_a_person_expects() {
     let order = order_tree();
     let at = |path: &str| state(path);
-    let table: Vec<(&str, RunState, Input, (Vec<String>, RunStatus, String))> = vec![
+    let table: Vec<(&str, RunState, Input, Seen)> = vec![
         (
             "a start decides the control steps and hands out the first step that needs an executor",
             at("0"),
@@ -345,11 +348,7 @@ fn a_timeout_that_won_the_race_leaves_a_late_signal_nothing_to_resume() {
     let timed_out = run(&order, state("3"), Input::TimedOut);
     assert_eq!(timed_out.status, RunStatus::Completed);
     // The late signal finds the run past its wait: it changes nothing.
-    let after = run(
-        &order,
-        timed_out.state.clone(),
-        signal(json!({ "amount": 5000 })),
-    );
+    let after = run(&order, timed_out.state, signal(json!({ "amount": 5000 })));
     assert!(
         after.records.iter().all(|r| r.step_id != "st_paid"),
         "the wait is not recorded again: {:?}",
