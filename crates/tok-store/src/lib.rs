@@ -20,6 +20,7 @@ mod migrate;
 pub mod model;
 mod postgres;
 mod sqlite;
+pub mod storable;
 pub mod testing;
 
 use std::sync::Arc;
@@ -61,6 +62,12 @@ pub enum StoreError {
     /// The database could not take the write; nothing was written.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// This one input cannot be stored (its text has U+0000, or the
+    /// database refused its row as invalid data): nothing of it was written,
+    /// the writes that shared its transaction are unaffected, and sending it
+    /// again fails the same way. The message says what is wrong.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The dispatcher's pure decision for one event: given the event and the

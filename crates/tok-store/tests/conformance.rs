@@ -2497,3 +2497,314 @@ async fn a_continued_job_stays_leased_unless_its_run_was_paused() {
         db.cleanup().await;
     }
 }
+
+// ---------------------------------------------------------------------------
+// 11. Rows a database refuses
+// ---------------------------------------------------------------------------
+
+/// Makes the database refuse, from now on, rows of `table` whose `column`
+/// is `'poison'`: what any database may refuse in one row (here a check on
+/// PostgreSQL, a trigger on SQLite), beyond what the store checks itself.
+async fn refuse_poison(db: &TestDb, table: &str, column: &str) {
+    let sql = match db.backend {
+        Backend::Postgres => format!(
+            "ALTER TABLE {table} ADD CONSTRAINT {table}_refuses_poison
+             CHECK ({column} IS DISTINCT FROM 'poison')"
+        ),
+        Backend::Sqlite => format!(
+            "CREATE TRIGGER {table}_refuses_poison BEFORE INSERT ON {table}
+             WHEN NEW.{column} = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'poison refused'); END"
+        ),
+    };
+    raw_sql(db, &sql).await;
+}
+
+/// Sends `events` at once (so that they share group commits) and returns
+/// each answer, in order.
+async fn accept_together(
+    store: &Arc<dyn Store>,
+    events: Vec<(TenantId, NewEvent)>,
+) -> Vec<tok_store::Result<(EventId, tok_store::Accepted)>> {
+    let sent: Vec<_> = events
+        .into_iter()
+        .map(|(t, event)| {
+            let store = store.clone();
+            tokio::spawn(async move { store.accept_event(&t, event).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for sent in sent {
+        answers.push(sent.await.expect("accept task"));
+    }
+    answers
+}
+
+/// Three tenants' webhooks, twenty each, with `bad` among them (in the
+/// middle of the second tenant's); returns the tenants and the events.
+async fn many_webhooks(
+    store: &dyn Store,
+    bad: impl Fn(&SourceId) -> NewEvent,
+) -> (Vec<TenantId>, Vec<(TenantId, NewEvent)>) {
+    let mut tenants = Vec::new();
+    let mut events = Vec::new();
+    for name in ["acme", "globex", "initech"] {
+        let t = tenant(store, name).await;
+        let src = source(store, &t, "shop").await;
+        for i in 0..20 {
+            if name == "globex" && i == 10 {
+                events.push((t.clone(), bad(&src)));
+            }
+            events.push((t.clone(), webhook_event(&src, &format!("{name}-{i}"))));
+        }
+        tenants.push(t);
+    }
+    (tenants, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_with_nul_in_its_json_is_refused_and_its_batch_mates_are_accepted() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let (tenants, events) = many_webhooks(&*store, |src| NewEvent {
+            payload: json!({ "customer": { "name": "Ann\u{0}" } }),
+            ..webhook_event(src, "with-nul")
+        })
+        .await;
+        let answers = accept_together(&store, events).await;
+        let mut refused = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok((_, accepted)) => assert!(!accepted.duplicate, "{backend:?}"),
+                Err(e) => refused.push(e),
+            }
+        }
+        assert_eq!(refused.len(), 1, "{backend:?}: {refused:?}");
+        match &refused[0] {
+            StoreError::Refused(message) => {
+                assert!(
+                    message.contains("U+0000") && message.contains("/customer/name"),
+                    "{backend:?}: the refusal says what and where: {message}"
+                );
+            }
+            other => panic!("{backend:?}: refused as {other:?}"),
+        }
+        let stats = store.queue_stats(&tenants).await.expect("stats");
+        assert_eq!(
+            stats.pending_events, 60,
+            "{backend:?}: every other webhook is in the inbox, and not the refused one"
+        );
+        // A manual start with such input is refused alike.
+        let aut = manual_automation(&*store, &tenants[0], "by hand").await;
+        let err = store
+            .start_run(
+                &tenants[0],
+                NewEvent {
+                    payload: json!({ "note": "\u{0}" }),
+                    ..manual_event(&aut)
+                },
+                new_run(&aut, "manual", None),
+            )
+            .await
+            .expect_err("a start with U+0000 in its input");
+        assert!(
+            matches!(&err, StoreError::Refused(m) if m.contains("/note")),
+            "{backend:?}: {err:?}"
+        );
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_the_database_refuses_fails_alone() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        refuse_poison(&db, "event_inbox", "idempotency_key").await;
+        let (tenants, events) = many_webhooks(&*store, |src| webhook_event(src, "poison")).await;
+        let answers = accept_together(&store, events).await;
+        let refused: Vec<_> = answers.iter().filter(|a| a.is_err()).collect();
+        assert_eq!(refused.len(), 1, "{backend:?}: {refused:?}");
+        assert!(
+            matches!(refused[0], Err(StoreError::Refused(m)) if m.contains("refused to store this event")),
+            "{backend:?}: {:?}",
+            refused[0]
+        );
+        let stats = store.queue_stats(&tenants).await.expect("stats");
+        assert_eq!(stats.pending_events, 60, "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+/// Three tenants' runs, eight each, all claimed: the jobs, and the tenants.
+async fn many_claimed(store: &dyn Store) -> (Vec<TenantId>, Vec<ClaimedJob>) {
+    let mut tenants = Vec::new();
+    for name in ["acme", "globex", "initech"] {
+        let t = tenant(store, name).await;
+        let aut = manual_automation(store, &t, "a").await;
+        for _ in 0..8 {
+            start(store, &t, &aut, "manual", None).await;
+        }
+        tenants.push(t);
+    }
+    let jobs = store
+        .claim(&tenants, "node-1", 100, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(jobs.len(), 24);
+    (tenants, jobs)
+}
+
+/// Step `0` done, the run going on at `1`; its step's error is `error`.
+fn step_done(job: &ClaimedJob, error: Option<&str>) -> Record {
+    let mut done = step("0", tok_store::StepStatus::Completed, json!({ "ok": true }));
+    done.error = error.map(str::to_owned);
+    Record {
+        subject_ticket_id: None,
+        steps: vec![done],
+        context: job.context.clone(),
+        actions: job.actions + 1,
+        status: RunStatus::Running,
+        error: None,
+        next: NextJob::Step {
+            path: "1".into(),
+            delay_ms: 0,
+        },
+    }
+}
+
+/// Records every job at once (so that they share group commits), `bad`'s
+/// with `bad_record`; returns each answer, in order.
+async fn record_together(
+    store: &Arc<dyn Store>,
+    jobs: &[ClaimedJob],
+    bad: usize,
+    bad_record: Record,
+) -> Vec<tok_store::Result<()>> {
+    let mut bad_record = Some(bad_record);
+    let sent: Vec<_> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, job)| {
+            let record = match i == bad {
+                true => bad_record.take().expect("one bad record"),
+                false => step_done(job, None),
+            };
+            let (store, job) = (store.clone(), job.clone());
+            tokio::spawn(async move { store.record(&job, record).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for sent in sent {
+        answers.push(sent.await.expect("record task"));
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_with_nul_in_its_text_is_stored_with_replacement_characters() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        let (tenants, jobs) = many_claimed(&*store).await;
+        let bad = 12;
+        let mut nul = step_done(&jobs[bad], Some("bad\u{0}byte"));
+        nul.steps[0].log = vec!["log\u{0}line".into()];
+        nul.steps[0].output = Some(json!({ "body": "a\u{0}b" }));
+        let answers = record_together(&store, &jobs, bad, nul).await;
+        for answer in &answers {
+            assert!(answer.is_ok(), "{backend:?}: {answer:?}");
+        }
+        let job = &jobs[bad];
+        let run = store
+            .run(&job.tenant_id, &job.run_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(run.steps.len(), 1, "{backend:?}");
+        let written = &run.steps[0];
+        assert_eq!(
+            written.error.as_deref(),
+            Some("bad\u{FFFD}byte"),
+            "{backend:?}"
+        );
+        assert_eq!(written.log, json!(["log\u{FFFD}line"]), "{backend:?}");
+        assert_eq!(
+            written.output,
+            Some(json!({ "body": "a\u{FFFD}b" })),
+            "{backend:?}"
+        );
+        // Every run moved on to its next step, the bad one too.
+        let next = store
+            .claim(&tenants, "node-1", 100, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(next.len(), 24, "{backend:?}");
+        assert!(next.iter().all(|j| j.path == "1"), "{backend:?}");
+        db.cleanup().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_the_database_refuses_fails_its_run_and_nothing_else() {
+    for backend in backends() {
+        let db = TestDb::create(backend).await;
+        let store = db.store().await;
+        refuse_poison(&db, "run_steps", "error").await;
+        let (tenants, jobs) = many_claimed(&*store).await;
+        let bad = 12;
+        let poison = step_done(&jobs[bad], Some("poison"));
+        let answers = record_together(&store, &jobs, bad, poison).await;
+        for answer in &answers {
+            assert!(answer.is_ok(), "{backend:?}: {answer:?}");
+        }
+        let job = &jobs[bad];
+        let run = store
+            .run(&job.tenant_id, &job.run_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(run.run.status, "failed", "{backend:?}");
+        let error = run.run.error.clone().unwrap_or_default();
+        assert!(
+            error.contains("could not be stored") && error.contains("st_0"),
+            "{backend:?}: the run says why it failed: {error}"
+        );
+        assert_eq!(
+            run.context, job.context,
+            "{backend:?}: as it was at the claim"
+        );
+        assert_eq!(run.steps.len(), 1, "{backend:?}");
+        assert_eq!(
+            (run.steps[0].path.as_str(), run.steps[0].status.as_str()),
+            ("0", "failed"),
+            "{backend:?}"
+        );
+        // The others moved on; the refused one's job is gone, not run again.
+        let next = store
+            .claim(&tenants, "node-1", 100, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(next.len(), 23, "{backend:?}");
+        assert!(next.iter().all(|j| j.path == "1" && j.run_id != job.run_id));
+        // A retry runs the refused step again.
+        store
+            .retry_run(&job.tenant_id, &job.run_id)
+            .await
+            .expect("retry");
+        let again = store
+            .claim(&tenants, "node-1", 100, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(
+            again
+                .iter()
+                .map(|j| (j.run_id.clone(), j.path.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(job.run_id.clone(), "0")],
+            "{backend:?}"
+        );
+        db.cleanup().await;
+    }
+}

@@ -386,6 +386,15 @@ async fn manual_run_completes_and_is_idempotent(app: &TestApp) {
         .post(&tenant.key, &uri, &json!({ "input": [1, 2] }))
         .await;
     bad.expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+    let nul = app
+        .post(
+            &tenant.key,
+            &uri,
+            &json!({ "input": { "name": "J\u{0}n" } }),
+        )
+        .await;
+    let error = nul.expect_error(StatusCode::BAD_REQUEST, "nul_in_json");
+    assert_eq!(error["path"], "/name", "{error:#}");
     let missing = app
         .post(
             &tenant.key,
