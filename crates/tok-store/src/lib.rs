@@ -7,7 +7,9 @@
 //! webhook token, the list of tenants) are how a caller learns the tenant.
 //!
 //! Both backends implement the same traits and pass the same conformance
-//! suite (`tests/conformance.rs`). `connect` picks one from the URL.
+//! suite (`tests/conformance/`, one module per part of the store, each test
+//! generated per backend by [`backend_tests!`]). `connect` picks one from
+//! the URL.
 
 mod batch;
 mod common;

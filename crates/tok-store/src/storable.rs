@@ -8,7 +8,7 @@
 //! replaced by U+FFFD, the replacement character ([`mend_record`]): a step's
 //! result is never lost over one character.
 //!
-//! Whatever else a database refuses in one row ([`refused_row`]) fails only
+//! Whatever else a database refuses in one row (`refused_row`) fails only
 //! that row: the group commits write a failed batch again item by item
 //! (`batch.rs`).
 

@@ -11,6 +11,7 @@ use crate::helpers::{
 };
 
 backend_tests!(
+    crate::helpers::run;
     unknown_step_type_is_rejected,
     bad_template_is_rejected,
     more_than_50_steps_are_rejected,

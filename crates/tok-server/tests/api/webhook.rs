@@ -13,6 +13,7 @@ use crate::helpers::{
 };
 
 backend_tests!(
+    crate::helpers::run;
     accepts_an_event_and_deduplicates_a_repeated_body,
     idempotency_key_header_deduplicates_different_bodies,
     concurrent_identical_bodies_share_one_event_and_one_run,
