@@ -1,7 +1,9 @@
 //! The API's one error type: a status, a stable code, a message that says
 //! what to do, and optional fields (the param and path of a contract error).
 //! Database internals never reach a client: a store error is logged here and
-//! answered as 503 (database unavailable) or 500.
+//! answered as 503 (database unavailable) or 500, but for an input the store
+//! refuses as unstorable (400, `unstorable`: it names what is wrong, and the
+//! same input always fails the same way).
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -80,6 +82,8 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound(what) => Self::not_found(what),
             StoreError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            // Deterministic for this input: a retry fails the same way.
+            StoreError::Refused(message) => Self::bad_request("unstorable", message),
             StoreError::Unavailable(message) => {
                 tracing::error!(error = %message, "database unavailable");
                 Self::new(

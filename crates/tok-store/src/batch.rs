@@ -9,8 +9,11 @@
 //! writes share one fsync; alone, a write waits for nothing but its own
 //! commit. Where the store has one writer (SQLite), a transaction takes its
 //! writes only once it has the writer, so those that arrive while another
-//! transaction holds it go along. One item's refusal (a lost lease) does
-//! not fail the others; a database error fails the whole batch, and every
+//! transaction holds it go along. One item's refusal (a lost lease, text
+//! that cannot be stored) does not fail the others, nor does a row the
+//! database refuses: the batch is then written again item by item, in the
+//! same turn at the writer, and only that item fails (`storable.rs`). A
+//! database that cannot take the write fails the whole batch, and every
 //! caller hears it.
 //!
 //! Fair between tenants: when one tenant's writes crowd the queue, the

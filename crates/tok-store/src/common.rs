@@ -469,11 +469,45 @@ macro_rules! impl_common {
         }
 
         /// The inbox's group commit: every event of the batch in one
-        /// transaction (see `batch.rs`).
+        /// transaction (see `batch.rs`). An event that cannot be stored
+        /// (U+0000 in its JSON) is refused before and the others written;
+        /// when the database refuses the batch over one row's data, the
+        /// batch is written again event by event, and only the event at
+        /// fault is refused.
         pub(crate) async fn accept_batch(
             pool: &sqlx::Pool<$db>,
             items: Vec<(TenantId, NewEvent)>,
         ) -> Result<Vec<Result<(EventId, Accepted)>>> {
+            let checked: Vec<Result<()>> = items
+                .iter()
+                .map(|(_, event)| $crate::storable::check_event(event))
+                .collect();
+            let storable: Vec<(&TenantId, &NewEvent)> = items
+                .iter()
+                .zip(&checked)
+                .filter(|(_, check)| check.is_ok())
+                .map(|((tenant, event), _)| (tenant, event))
+                .collect();
+            let mut accepted = accept_storable(pool, &storable).await?.into_iter();
+            Ok(checked
+                .into_iter()
+                .map(|check| match check {
+                    Ok(()) => accepted.next().unwrap_or_else(|| {
+                        Err(StoreError::Conflict("an event of the batch was not answered".into()))
+                    }),
+                    Err(refused) => Err(refused),
+                })
+                .collect())
+        }
+
+        /// [`accept_batch`] for events that passed its check.
+        async fn accept_storable(
+            pool: &sqlx::Pool<$db>,
+            items: &[(&TenantId, &NewEvent)],
+        ) -> Result<Vec<Result<(EventId, Accepted)>>> {
+            if items.is_empty() {
+                return Ok(Vec::new());
+            }
             // One statement writes every new event, committed on its own
             // (a statement outside a transaction is one: no `BEGIN` and
             // `COMMIT` round trips); an event whose key is already taken (a
@@ -486,9 +520,9 @@ macro_rules! impl_common {
             let rows: Vec<$crate::common::EventRow> = items
                 .iter()
                 .zip(&ids)
-                .map(|((tenant_id, event), id)| $crate::common::EventRow { id, tenant_id, event })
+                .map(|(&(tenant_id, event), id)| $crate::common::EventRow { id, tenant_id, event })
                 .collect();
-            let written: std::collections::HashSet<String> = sqlx::query(concat!(
+            let inserted = sqlx::query(concat!(
                 "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
                     payload, params, received_at, status, cause_run_id, depth,
                     origin_automation_id, target_automation_id, event_type, subject_ticket_id)
@@ -507,61 +541,205 @@ macro_rules! impl_common {
             .bind(Json(&rows))
             .bind(now)
             .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| r.get::<String, _>("id"))
-            .collect();
+            .await
+            .map_err(StoreError::from);
+            let written: std::collections::HashSet<String> = match inserted {
+                Ok(rows) => rows.iter().map(|r| r.get::<String, _>("id")).collect(),
+                // The statement wrote nothing: each event alone, so that
+                // only the one at fault is refused.
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for (tenant, event) in items {
+                        out.push(accept_alone(pool, tenant, event).await?);
+                    }
+                    return Ok(out);
+                }
+                Err(e) => return Err(e),
+            };
             if written.len() == items.len() {
                 return Ok(ids
                     .into_iter()
                     .map(|id| Ok((EventId::from(id), Accepted { duplicate: false })))
                     .collect());
             }
-            let mut tx = pool.begin().await?;
-            let mut out = Vec::with_capacity(items.len());
-            for ((tenant, event), id) in items.iter().zip(ids) {
-                if written.contains(&id) {
-                    out.push(Ok((EventId::from(id), Accepted { duplicate: false })));
-                } else {
-                    out.push(Ok(accept_in(&mut tx, tenant, event).await?));
+            let rest: Vec<usize> = ids
+                .iter()
+                .enumerate()
+                .filter(|(_, id)| !written.contains(*id))
+                .map(|(i, _)| i)
+                .collect();
+            let together = async {
+                let mut tx = pool.begin().await?;
+                let mut out = Vec::with_capacity(rest.len());
+                for &i in &rest {
+                    let (tenant, event) = items[i];
+                    out.push(accept_in(&mut tx, tenant, event).await?);
                 }
+                tx.commit().await?;
+                Result::Ok(out)
             }
-            tx.commit().await?;
-            Ok(out)
+            .await;
+            let mut rest_answers = match together {
+                Ok(out) => out.into_iter().map(Ok).collect::<Vec<_>>(),
+                // The events written by the statement above stay; the rest
+                // go alone.
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    let mut out = Vec::with_capacity(rest.len());
+                    for &i in &rest {
+                        let (tenant, event) = items[i];
+                        out.push(accept_alone(pool, tenant, event).await?);
+                    }
+                    out
+                }
+                Err(e) => return Err(e),
+            }
+            .into_iter();
+            Ok(ids
+                .into_iter()
+                .map(|id| {
+                    if written.contains(&id) {
+                        Ok((EventId::from(id), Accepted { duplicate: false }))
+                    } else {
+                        rest_answers.next().unwrap_or_else(|| {
+                            Err(StoreError::Conflict("an event of the batch was not answered".into()))
+                        })
+                    }
+                })
+                .collect())
+        }
+
+        /// One event in a transaction of its own: the answer, or its own
+        /// refusal when the database refuses its row; `Err` only when the
+        /// database could not take the write at all.
+        async fn accept_alone(
+            pool: &sqlx::Pool<$db>,
+            tenant: &TenantId,
+            event: &NewEvent,
+        ) -> Result<Result<(EventId, Accepted)>> {
+            let alone = async {
+                let mut tx = pool.begin().await?;
+                let accepted = accept_in(&mut tx, tenant, event).await?;
+                tx.commit().await?;
+                Result::Ok(accepted)
+            }
+            .await;
+            match alone {
+                Ok(accepted) => Ok(Ok(accepted)),
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    tracing::warn!(tenant = %tenant, error = %e, "the database refused an event");
+                    Ok(Err(StoreError::Refused(
+                        "the database refused to store this event as invalid data; nothing was \
+                         written, and sending it again will fail the same way"
+                            .into(),
+                    )))
+                }
+                Err(e) => Err(e),
+            }
         }
 
         /// The records' group commit: each claim's record in one shared
         /// transaction. A record whose lease was lost writes nothing and is
-        /// answered `LeaseLost`; the others go on.
+        /// answered `LeaseLost`; the others go on. Text with U+0000 is made
+        /// storable first (`storable.rs`); when the database still refuses
+        /// the batch over one row's data, each record is written in a
+        /// transaction of its own, and a record refused alone fails its run
+        /// instead (`storable::refused_record`), so that its step does not
+        /// run again and again while its batch-mates are written.
         pub(crate) async fn record_batch(
             pool: &sqlx::Pool<$db>,
-            items: Vec<(ClaimedJob, Record)>,
+            mut items: Vec<(ClaimedJob, Record)>,
         ) -> Result<Vec<Result<bool>>> {
+            for (_, record) in &mut items {
+                $crate::storable::mend_record(record);
+            }
+            let (refusal, items) = match record_together(pool, items).await? {
+                Ok(answers) => return Ok(answers),
+                Err(refused) => refused,
+            };
+            tracing::warn!(error = %refusal, records = items.len(),
+                "the database refused a record batch; writing its records one by one");
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                let answer = match record_together(pool, vec![item]).await? {
+                    Ok(mut one) => one.pop().unwrap_or(Ok(false)),
+                    Err((refusal, mut one)) => {
+                        let (job, record) = one.pop().expect("the record refused");
+                        tracing::error!(job = %job.id, run = %job.run_id, error = %refusal,
+                            "the database refused a record; its run fails");
+                        let failed = $crate::storable::refused_record(&job, &record, now_ms());
+                        match record_together(pool, vec![(job, failed)]).await? {
+                            // The job went: it does not stay leased.
+                            Ok(mut one) => one.pop().unwrap_or(Ok(false)).map(|_| false),
+                            Err((refusal, _)) => Err(refusal),
+                        }
+                    }
+                };
+                out.push(answer);
+            }
+            Ok(out)
+        }
+
+        /// [`record_batch`]'s records in one transaction: an answer per
+        /// record, or, when the database refused a row's data, the refusal
+        /// and the records (nothing of them written).
+        async fn record_together(
+            pool: &sqlx::Pool<$db>,
+            items: Vec<(ClaimedJob, Record)>,
+        ) -> Result<
+            std::result::Result<Vec<Result<bool>>, (StoreError, Vec<(ClaimedJob, Record)>)>,
+        > {
             let mut tx = pool.begin().await?;
             if !$plan_prelude.is_empty() {
                 sqlx::Executor::execute(&mut *tx, $plan_prelude).await?;
             }
             let held = fenced_statuses(&mut tx, items.iter().map(|(job, _)| job)).await?;
-            let mut out = Vec::with_capacity(items.len());
-            let mut writes = Vec::with_capacity(items.len());
+            // Fenced records with their run's status; the lost ones apart.
+            let mut fenced = Vec::with_capacity(items.len());
+            let mut lost = Vec::new();
+            let mut kept = Vec::with_capacity(items.len());
             for (job, record) in items {
                 match held.get(&job.id.0) {
                     Some(status) => {
-                        out.push(None);
-                        writes.push((job, record, status.clone()));
+                        kept.push(true);
+                        fenced.push((job, record, status.clone()));
                     }
-                    None => out.push(Some(StoreError::LeaseLost(job.id))),
+                    None => {
+                        kept.push(false);
+                        lost.push((job, record));
+                    }
                 }
             }
-            let mut continued = write_records(&mut tx, writes).await?.into_iter();
-            tx.commit().await?;
-            Ok(out
+            let written = async {
+                let continued = write_records(&mut tx, &fenced).await?;
+                tx.commit().await?;
+                Result::Ok(continued)
+            }
+            .await;
+            let continued = match written {
+                Ok(continued) => continued,
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    let (mut fenced, mut lost) = (fenced.into_iter(), lost.into_iter());
+                    let items = kept
+                        .into_iter()
+                        .filter_map(|kept| match kept {
+                            true => fenced.next().map(|(job, record, _)| (job, record)),
+                            false => lost.next(),
+                        })
+                        .collect();
+                    return Ok(Err((e, items)));
+                }
+                Err(e) => return Err(e),
+            };
+            let (mut continued, mut lost) = (continued.into_iter(), lost.into_iter());
+            Ok(Ok(kept
                 .into_iter()
-                .map(|lost| match lost {
-                    Some(e) => Err(e),
-                    None => Ok(continued.next().unwrap_or(false)),
+                .map(|kept| match kept {
+                    true => Ok(continued.next().unwrap_or(false)),
+                    false => Err(StoreError::LeaseLost(
+                        lost.next().map(|(job, _)| job.id).unwrap_or(JobId(0)),
+                    )),
                 })
-                .collect())
+                .collect()))
         }
 
         /// Writes step rows, one statement for all of them.
@@ -782,7 +960,7 @@ macro_rules! impl_common {
         /// Returns, per record, whether the job stays leased for a `Continue`.
         async fn write_records(
             tx: &mut sqlx::Transaction<'_, $db>,
-            items: Vec<(ClaimedJob, Record, String)>,
+            items: &[(ClaimedJob, Record, String)],
         ) -> Result<Vec<bool>> {
             if items.is_empty() {
                 return Ok(Vec::new());
@@ -796,7 +974,7 @@ macro_rules! impl_common {
             let mut steps = Vec::new();
             let mut runs = Vec::with_capacity(items.len());
             let mut staying = Vec::with_capacity(items.len());
-            for (job, record, current) in &items {
+            for (job, record, current) in items {
                 let paused = current == "paused" && !record.status.is_final();
                 let status = if paused { RunStatus::Paused } else { record.status };
                 let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
@@ -1527,6 +1705,8 @@ macro_rules! impl_common {
                 event: NewEvent,
                 run: NewRun,
             ) -> Result<RunId> {
+                // The run's context holds the event's payload.
+                $crate::storable::check_event(&event)?;
                 if let Some(key) = &run.idempotency_key {
                     if let Some(existing) = run_by_key(self.reader(), tenant, &run.automation_id, key).await? {
                         return Ok(existing);

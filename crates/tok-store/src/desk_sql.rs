@@ -659,9 +659,10 @@ macro_rules! impl_desk {
                 steps_of(&mut *self.tx, &self.job.tenant_id, &self.job.run_id).await
             }
 
-            async fn commit(mut self: Box<Self>, record: Record) -> Result<()> {
+            async fn commit(mut self: Box<Self>, mut record: Record) -> Result<()> {
                 let OpenRecord { mut tx, job, status } = *self;
-                write_records(&mut tx, vec![(job, record, status)]).await?;
+                $crate::storable::mend_record(&mut record);
+                write_records(&mut tx, &[(job, record, status)]).await?;
                 tx.commit().await?;
                 Ok(())
             }

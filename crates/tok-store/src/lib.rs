@@ -7,7 +7,9 @@
 //! webhook token, the list of tenants) are how a caller learns the tenant.
 //!
 //! Both backends implement the same traits and pass the same conformance
-//! suite (`tests/conformance.rs`). `connect` picks one from the URL.
+//! suite (`tests/conformance/`, one module per part of the store, each test
+//! generated per backend by [`backend_tests!`]). `connect` picks one from
+//! the URL.
 
 mod batch;
 mod common;
@@ -22,6 +24,7 @@ mod postgres;
 pub mod signals;
 mod signals_sql;
 mod sqlite;
+pub mod storable;
 pub mod testing;
 
 use std::sync::Arc;
@@ -64,6 +67,12 @@ pub enum StoreError {
     /// The database could not take the write; nothing was written.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// This one input cannot be stored (its text has U+0000, or the
+    /// database refused its row as invalid data): nothing of it was written,
+    /// the writes that shared its transaction are unaffected, and sending it
+    /// again fails the same way. The message says what is wrong.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The dispatcher's pure decision for one event: given the event and the

@@ -3,8 +3,18 @@
 //! `postgres://postgres@127.0.0.1:5432/test`, the project's CI server).
 //! PostgreSQL tests fail loudly when the server is missing, unless
 //! `TOK_TEST_SKIP_POSTGRES=1` says to skip them, which they print.
+//!
+//! [`backend_tests!`](crate::backend_tests) generates one test per backend
+//! from each test function, so that a failure names its backend; each suite
+//! plugs in its own runner, which sets up what its tests take (a database
+//! here, [`run_on_fresh_db`]; a whole app in the API suite) and cleans up
+//! even when the test panics ([`catch_unwind`]).
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use sqlx::Connection;
 
@@ -112,5 +122,74 @@ pub fn backends() -> Vec<Backend> {
         vec![Backend::Sqlite]
     } else {
         vec![Backend::Sqlite, Backend::Postgres]
+    }
+}
+
+/// Generates one test per backend for each named test function of the
+/// calling module: `name::sqlite` and `name::postgres`, so that a failure
+/// says which backend failed. `runner` is called as
+/// `runner(backend, name).await`: it sets up what a test takes from the
+/// backend, runs the test, and cleans up after it (see [`run_on_fresh_db`]).
+/// Names are resolved in the calling module.
+///
+/// ```ignore
+/// tok_store::backend_tests!(tok_store::testing::run_on_fresh_db; claims_are_fair, leases_expire);
+///
+/// async fn claims_are_fair(db: &TestDb) { /* … */ }
+/// ```
+#[macro_export]
+macro_rules! backend_tests {
+    ($runner:path; $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                $runner($crate::Backend::Sqlite, super::$name).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                $runner($crate::Backend::Postgres, super::$name).await;
+            }
+        }
+    )*};
+}
+
+/// Runs one test on a fresh, empty database of `backend` and drops the
+/// database afterwards, also when the test panicked (the panic then goes
+/// on). A PostgreSQL test is skipped, saying so, when
+/// `TOK_TEST_SKIP_POSTGRES=1`.
+pub async fn run_on_fresh_db(backend: Backend, test: impl AsyncFnOnce(&TestDb)) {
+    if !backends().contains(&backend) {
+        return;
+    }
+    let db = TestDb::create(backend).await;
+    let outcome = catch_unwind(test(&db)).await;
+    db.cleanup().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Awaits `future`, turning a panic while it is polled into an `Err`, so
+/// that a test's runner can clean up before letting the panic go on.
+pub async fn catch_unwind<F: Future>(future: F) -> std::thread::Result<F::Output> {
+    CatchUnwind(Box::pin(future)).await
+}
+
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
     }
 }

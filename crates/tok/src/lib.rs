@@ -57,7 +57,10 @@ pub struct ServeOptions {
     pub demo: bool,
 }
 
-/// Runs tok until SIGINT or SIGTERM: HTTP and/or the engine, by role.
+/// Runs tok until SIGINT or SIGTERM: HTTP and/or the engine, by role, with
+/// the step types of `registry` (and the connectors' steps). `tok serve`
+/// passes the built-in steps and scripts; `tok bench-serve` those and the
+/// bench's.
 pub async fn serve(
     config: Config,
     registry: Registry,
@@ -66,11 +69,6 @@ pub async fn serve(
     let store = open_store(&config).await?;
     let mut registry = registry;
     registry.add_connectors(store.clone());
-    // `tok bench` starts its servers with TOK_BENCH_STEPS=1 for its no-op
-    // external step type (the `steps-queued` and `workers` figures).
-    if bench::steps_enabled() {
-        registry.register(bench::NOOP_STEP, bench::Noop);
-    }
     ensure_admin_key(&*store, &config).await?;
     if options.demo {
         seed_demo(&*store, &registry, &config).await?;

@@ -32,6 +32,10 @@ enum Command {
     /// Measure ingest, steps, io, fairness, memory and workers on a server
     /// of its own (or `--url`); prints a table and writes a JSON file.
     Bench(tok::bench::BenchOptions),
+    /// `serve` with the bench's step types registered too: the server `tok
+    /// bench` starts, or one for `tok bench --url` (docs/performance.md).
+    #[command(name = tok::bench::SERVE_SUBCOMMAND, hide = true)]
+    BenchServe,
     /// A worker's script sandbox: runs the JavaScript requests it reads on
     /// stdin. Started by the worker's script pool, not by hand.
     #[command(name = tok_script::SANDBOX_SUBCOMMAND, hide = true)]
@@ -48,6 +52,15 @@ fn main() -> anyhow::Result<()> {
     run(cli)
 }
 
+/// The step types a server runs: the built-ins and scripts.
+fn registry() -> anyhow::Result<Registry> {
+    let mut registry = Registry::with_builtins();
+    // Children start on the first script, so an API-only node has none.
+    let scripts = ScriptPool::new(PoolConfig::current_exe()?)?;
+    registry.register("script", ScriptStep::new(scripts));
+    Ok(registry)
+}
+
 #[tokio::main]
 async fn run(cli: Cli) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -58,12 +71,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .init();
     let config = Config::from_env()?;
     match cli.command {
-        Command::Serve { demo } => {
-            let mut registry = Registry::with_builtins();
-            // Children start on the first script, so an API-only node has none.
-            let scripts = ScriptPool::new(PoolConfig::current_exe()?)?;
-            registry.register("script", ScriptStep::new(scripts));
-            tok::serve(config, registry, ServeOptions { demo }).await
+        Command::Serve { demo } => tok::serve(config, registry()?, ServeOptions { demo }).await,
+        Command::BenchServe => {
+            let mut registry = registry()?;
+            tok::bench::register(&mut registry);
+            tok::serve(config, registry, ServeOptions::default()).await
         }
         Command::Migrate => {
             tok::open_store(&config).await?;

@@ -201,6 +201,7 @@ async fn start_run(
             "`input` must be a JSON object",
         ));
     }
+    crate::routes::storable_json("`input`", &body.input)?;
     // A blank key is no key: it must not tie unrelated starts to one run.
     let header = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let key = [body.idempotency_key.as_deref(), header]

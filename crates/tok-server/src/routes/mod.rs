@@ -15,8 +15,23 @@ pub(crate) mod tickets;
 pub(crate) mod webhook;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::error::ApiError;
+
+/// Refuses JSON (`what`: "the body", "`input`") with U+0000 in a string or
+/// key: PostgreSQL cannot store it, and both backends answer alike, with a
+/// 400 that names where it is.
+pub(crate) fn storable_json(what: &str, value: &Value) -> Result<(), ApiError> {
+    match tok_store::storable::nul_at(value) {
+        None => Ok(()),
+        Some(pointer) => Err(ApiError::bad_request(
+            "nul_in_json",
+            tok_store::storable::nul_refused(what, &pointer).to_string(),
+        )
+        .with("path", pointer)),
+    }
+}
 
 /// `limit` and `cursor` of every listing.
 #[derive(Debug, Deserialize)]

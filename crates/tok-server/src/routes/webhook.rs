@@ -1,7 +1,7 @@
-//! `POST /webhook/{token}`: fast and dumb. Check the token, the size and the
-//! source's contract, write one inbox row, answer 202 — nothing is evaluated
-//! and nothing external is awaited. `GET` on the same URL explains what the
-//! webhook expects.
+//! `POST /webhook/{token}`: fast and dumb. Check the token, the size, that
+//! the JSON can be stored (no U+0000) and the source's contract, write one
+//! inbox row, answer 202 — nothing is evaluated and nothing external is
+//! awaited. `GET` on the same URL explains what the webhook expects.
 
 use std::sync::Arc;
 
@@ -126,6 +126,7 @@ async fn accept(
             .with("line", e.line())
             .with("column", e.column())
     })?;
+    crate::routes::storable_json("the body", &payload)?;
     let params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
     // Standard Webhooks senders name each message with `webhook-id`.
     let key_header = headers

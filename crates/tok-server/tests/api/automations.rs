@@ -11,6 +11,7 @@ use crate::helpers::{
 };
 
 backend_tests!(
+    crate::helpers::run;
     unknown_step_type_is_rejected,
     bad_template_is_rejected,
     more_than_50_steps_are_rejected,
@@ -386,6 +387,15 @@ async fn manual_run_completes_and_is_idempotent(app: &TestApp) {
         .post(&tenant.key, &uri, &json!({ "input": [1, 2] }))
         .await;
     bad.expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+    let nul = app
+        .post(
+            &tenant.key,
+            &uri,
+            &json!({ "input": { "name": "J\u{0}n" } }),
+        )
+        .await;
+    let error = nul.expect_error(StatusCode::BAD_REQUEST, "nul_in_json");
+    assert_eq!(error["path"], "/name", "{error:#}");
     let missing = app
         .post(
             &tenant.key,

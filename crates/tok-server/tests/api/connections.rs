@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::helpers::{TestApp, backend_tests};
 
 backend_tests!(
+    crate::helpers::run;
     credentials_are_write_only,
     bad_connections_are_refused_with_what_was_expected,
     another_tenants_connections_are_invisible,

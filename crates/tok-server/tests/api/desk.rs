@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Tenant, TestApp, backend_tests, ids, json_request, on_event, trace_messages};
 
 backend_tests!(
+    crate::helpers::run;
     ticket_types_are_created_and_listed,
     ticket_types_are_validated,
     groups_are_created_with_member_capacities,

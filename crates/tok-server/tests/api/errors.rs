@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::helpers::{TestApp, backend_tests};
 
 backend_tests!(
+    crate::helpers::run;
     unknown_route_and_method_answer_json,
     bearer_scheme_is_case_insensitive
 );

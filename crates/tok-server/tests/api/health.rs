@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::helpers::{TestApp, backend_tests};
 
-backend_tests!(healthz_and_readyz);
+backend_tests!(crate::helpers::run; healthz_and_readyz);
 
 async fn healthz_and_readyz(app: &TestApp) {
     let health = app

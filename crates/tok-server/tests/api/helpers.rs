@@ -6,10 +6,6 @@
 //! `oneshot`, exactly as a client's would, without binding a port. Waiting
 //! for the engine is always a bounded poll of the API, never a fixed sleep.
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -19,7 +15,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tok_engine::{Engine, EngineConfig, Registry, Running};
 use tok_server::AppState;
-use tok_store::testing::{TestDb, backends};
+use tok_store::testing::{TestDb, backends, catch_unwind};
 use tok_store::{Backend, hash_secret};
 use tower::ServiceExt;
 
@@ -33,24 +29,10 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// Pause between two looks at the API while polling.
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
-/// Generates one test per backend for each named `async fn name(app: &TestApp)`
-/// of the calling module: `name::sqlite` and `name::postgres`.
-macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                $crate::helpers::run(tok_store::Backend::Sqlite, super::$name).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                $crate::helpers::run(tok_store::Backend::Postgres, super::$name).await;
-            }
-        }
-    )*};
-}
-pub(crate) use backend_tests;
+/// The API suite's tests are generated per backend by
+/// `tok_store::backend_tests!` with [`run`] as their runner:
+/// `backend_tests!(crate::helpers::run; test_a, test_b)`.
+pub(crate) use tok_store::backend_tests;
 
 /// Runs one test on a fresh app and always cleans up afterwards (the
 /// PostgreSQL database is dropped even when an assertion fails). A
@@ -60,27 +42,10 @@ pub(crate) async fn run(backend: Backend, test: impl AsyncFnOnce(&TestApp)) {
         return;
     }
     let app = spawn_app(backend).await;
-    let outcome = CatchUnwind(Box::pin(test(&app))).await;
+    let outcome = catch_unwind(test(&app)).await;
     app.cleanup().await;
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
-    }
-}
-
-/// Turns a panic while polling the inner future into an `Err`, so that the
-/// caller can clean up before letting the panic continue.
-struct CatchUnwind<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = std::thread::Result<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.0.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
     }
 }
 

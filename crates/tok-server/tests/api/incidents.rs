@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Tenant, TestApp, backend_tests, manual};
 
 backend_tests!(
+    crate::helpers::run;
     a_run_that_fails_for_good_opens_one_incident_per_cause,
     incidents_are_resolved_once,
     incident_create_step_opens_an_incident_with_a_hidden_detail,

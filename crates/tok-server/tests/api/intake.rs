@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::helpers::{TestApp, backend_tests};
 
 backend_tests!(
+    crate::helpers::run;
     a_source_rate_limit_answers_429_with_retry_after,
     backpressure_spares_critical_sources,
 );

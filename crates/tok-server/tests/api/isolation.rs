@@ -12,6 +12,7 @@ use crate::helpers::{
 };
 
 backend_tests!(
+    crate::helpers::run;
     another_tenants_records_answer_404,
     listings_show_only_the_callers_records,
     missing_or_invalid_key_is_401,

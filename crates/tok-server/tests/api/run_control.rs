@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Reply, Tenant, TestApp, backend_tests, log_step, manual};
 
 backend_tests!(
+    crate::helpers::run;
     a_waiting_run_is_paused_resumed_and_cancelled,
     a_paused_run_waits_for_resume_and_a_cancelled_run_never_goes_on,
     a_failed_run_is_retried_from_the_failed_step,

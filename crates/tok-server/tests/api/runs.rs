@@ -11,6 +11,7 @@ use crate::helpers::{
 };
 
 backend_tests!(
+    crate::helpers::run;
     webhook_run_completes_with_steps_and_log_lines,
     failed_run_shows_the_failed_step_and_why,
     trigger_filter_decides_which_events_start_runs,

@@ -13,6 +13,7 @@ use sha2::Sha256;
 use crate::helpers::{TestApp, backend_tests};
 
 backend_tests!(
+    crate::helpers::run;
     a_correctly_signed_webhook_is_accepted,
     unsigned_forged_and_stale_webhooks_are_refused,
 );

@@ -1,6 +1,7 @@
 //! `POST /webhook/{token}`: 202 with the event id, idempotent by header or
 //! body, the source's contract (400 naming the param and its path), size
-//! (413), malformed JSON (400), unknown tokens (404); `GET` explains it all.
+//! (413), malformed JSON (400), JSON tok cannot store (400, and only that
+//! webhook), unknown tokens (404); `GET` explains it all.
 
 use axum::body::Body;
 use axum::http::{Method, StatusCode};
@@ -12,12 +13,14 @@ use crate::helpers::{
 };
 
 backend_tests!(
+    crate::helpers::run;
     accepts_an_event_and_deduplicates_a_repeated_body,
     idempotency_key_header_deduplicates_different_bodies,
     concurrent_identical_bodies_share_one_event_and_one_run,
     missing_or_mistyped_param_names_the_param_and_its_path,
     nested_params_reach_the_run,
     invalid_json_is_400,
+    a_body_with_nul_is_400_and_the_webhooks_sent_with_it_are_accepted,
     body_over_256_kib_is_413,
     unknown_token_is_404,
     get_explains_method_params_and_an_example_body,
@@ -255,6 +258,38 @@ async fn invalid_json_is_400(app: &TestApp) {
 fn json_of_size(size: usize) -> String {
     let frame = "{\"pad\":\"\"}".len();
     format!("{{\"pad\":\"{}\"}}", "x".repeat(size - frame))
+}
+
+/// U+0000 in a string is valid JSON that PostgreSQL cannot store: that one
+/// webhook is refused, on every backend, and the webhooks of any tenant sent
+/// at the same moment (sharing its group commit) are accepted.
+async fn a_body_with_nul_is_400_and_the_webhooks_sent_with_it_are_accepted(app: &TestApp) {
+    let (_, mine) = tenant_and_source(app, &plain_source("eshop")).await;
+    let other = app.create_tenant("Globex").await;
+    let theirs = app.create_source(&other, &plain_source("crm")).await;
+    let mut requests = Vec::new();
+    for i in 0..40 {
+        let source = if i % 2 == 0 { &mine } else { &theirs };
+        let uri = format!("/webhook/{}", token(source));
+        requests.push(json_request(Method::POST, &uri, &[], &json!({ "n": i })));
+        if i == 20 {
+            let nul = json!({ "customer": { "name": "Ann\u{0}" } });
+            let uri = format!("/webhook/{}", token(&mine));
+            requests.push(json_request(Method::POST, &uri, &[], &nul));
+        }
+    }
+    let mut replies = app.send_together(requests).await;
+    let refused = replies.remove(21);
+    let error = refused.expect_error(StatusCode::BAD_REQUEST, "nul_in_json");
+    assert_eq!(error["path"], "/customer/name", "{error:#}");
+    assert!(
+        error["message"].as_str().unwrap().contains("U+0000"),
+        "{error:#}"
+    );
+    for reply in replies {
+        let accepted = reply.expect(StatusCode::ACCEPTED);
+        assert_eq!(accepted["duplicate"], false, "{accepted:#}");
+    }
 }
 
 async fn body_over_256_kib_is_413(app: &TestApp) {

@@ -136,9 +136,7 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
     let flood_automation = api
         .automation(&large, "flood", &flood_source, steps::steps(Kind::Queued))
         .await
-        .with_context(|| {
-            format!("`{NOOP_STEP}` is registered only by a server started with TOK_BENCH_STEPS=1")
-        })?;
+        .with_context(super::noop::not_registered)?;
 
     bench.progress.line(
         NAME,

@@ -1,11 +1,13 @@
 //! `tok bench`: the benchmark harness of DESIGN §13 and issue 5.
 //!
-//! For each figure the bench starts its own `tok serve` child from this
-//! binary on a fresh database (a SQLite file in a temp dir, or a new
+//! For each figure the bench starts its own server child from this binary
+//! (`tok bench-serve`: `tok serve` with the bench's step types registered)
+//! on a fresh database (a SQLite file in a temp dir, or a new
 //! PostgreSQL database with `--database-url`), sets up tenants, sources and
 //! automations through the HTTP API with the admin key, drives the server
 //! over real HTTP and waits for the runs through the API. With `--url` it
-//! drives a running server instead. CPU and memory of the children are read
+//! drives a running server instead, which must be a `tok bench-serve` for
+//! the figures with `bench/noop` steps. CPU and memory of the children are read
 //! from `/proc` while the loads run. At the end it prints one table, a row
 //! per figure with its target, and writes the same figures and the run's
 //! configuration to a JSON file.
@@ -31,7 +33,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-pub use noop::{BENCH_STEPS_ENV, NOOP_STEP, Noop, steps_enabled};
+pub use noop::{NOOP_STEP, Noop, SERVE_SUBCOMMAND, register};
 
 use api::Api;
 use report::{Figure, Progress, Target};

@@ -1,22 +1,34 @@
 //! `bench/noop`: a step type that does nothing, registered as an external
 //! handler so that each of its steps goes through its own claim and record
-//! (the `steps-queued` figure). `tok serve` registers it only when
-//! `TOK_BENCH_STEPS=1`, which `tok bench` sets on the servers it starts.
+//! (the `steps-queued`, `fairness` and `workers` figures). `tok serve`
+//! never registers it: the bench's servers are `tok bench-serve`
+//! ([`SERVE_SUBCOMMAND`]), the same serve with a registry that has the
+//! bench's step types too ([`register`]).
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use tok_core::error::StepError;
-use tok_engine::{StepCall, StepHandler};
+use tok_engine::{Registry, StepCall, StepHandler};
 
-/// The environment variable that makes `tok serve` register [`Noop`].
-pub const BENCH_STEPS_ENV: &str = "TOK_BENCH_STEPS";
+/// The hidden subcommand of the `tok` binary that serves like `tok serve`
+/// with the bench's step types registered: what `tok bench` starts, and
+/// what a server for `tok bench --url` must be started with.
+pub const SERVE_SUBCOMMAND: &str = "bench-serve";
 
 /// The step type's name in automations.
 pub const NOOP_STEP: &str = "bench/noop";
 
-/// Whether this process was asked to register the bench's step types.
-pub fn steps_enabled() -> bool {
-    std::env::var(BENCH_STEPS_ENV).is_ok_and(|v| v == "1")
+/// Adds the bench's step types to a server's registry.
+pub fn register(registry: &mut Registry) {
+    registry.register(NOOP_STEP, Noop);
+}
+
+/// Why an automation with the bench's step types was refused.
+pub(crate) fn not_registered() -> String {
+    format!(
+        "`{NOOP_STEP}` is registered only by a server started with `tok {SERVE_SUBCOMMAND}` \
+         (not `tok serve`)"
+    )
 }
 
 /// Returns no outputs, at once.

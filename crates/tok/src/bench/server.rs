@@ -1,6 +1,7 @@
 //! The servers a bench drives: fresh databases (a SQLite file in a temp dir,
 //! or a new `tok_bench_<random>` database on a PostgreSQL server, dropped
-//! afterwards) and `tok serve` children started from this very binary, with
+//! afterwards) and `tok bench-serve` children (`tok serve` with the bench's
+//! step types registered) started from this very binary, with
 //! the admin key, role, node id and concurrency each figure asks for. Each
 //! child's resident memory is sampled while it runs.
 
@@ -199,7 +200,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Child {
-    /// Starts `tok serve` on `database_url` and returns once it answers
+    /// Starts `tok bench-serve` on `database_url` and returns once it answers
     /// `/readyz` (HTTP roles) or has logged its start (workers).
     pub(crate) async fn start(
         exe: &Path,
@@ -211,7 +212,7 @@ impl Child {
         let port = free_port()?;
         let mut command = Command::new(exe);
         command
-            .arg("serve")
+            .arg(noop::SERVE_SUBCOMMAND)
             .env("TOK_DATABASE_URL", database_url)
             .env("TOK_LISTEN", format!("127.0.0.1:{port}"))
             .env_remove("TOK_PUBLIC_URL")
@@ -219,7 +220,6 @@ impl Child {
             .env("TOK_ROLE", spec.role)
             .env_remove("APP_ROLE")
             .env("TOK_NODE_ID", &spec.node_id)
-            .env(noop::BENCH_STEPS_ENV, "1")
             .env("RUST_LOG", "warn,tok=info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

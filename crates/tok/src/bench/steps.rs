@@ -67,9 +67,7 @@ pub(crate) async fn automation(
         .await;
     match kind {
         Kind::Internal => created,
-        Kind::Queued => created.with_context(|| {
-            format!("`{NOOP_STEP}` is registered only by a server started with TOK_BENCH_STEPS=1")
-        }),
+        Kind::Queued => created.with_context(super::noop::not_registered),
     }
 }
 

@@ -1,0 +1,329 @@
+//! The inbox (`InboxStore::accept_event`, `start_run`): a repeated
+//! idempotency key finds the first event within a day, webhooks sent
+//! together share group commits and are each new or a duplicate once, a
+//! manual start with a repeated key finds its first run, and an event that
+//! cannot be stored is refused alone, its batch-mates accepted.
+
+use super::*;
+
+backend_tests!(
+    run_on_fresh_db;
+    a_repeated_idempotency_key_finds_the_first_event_within_a_day,
+    webhooks_sent_together_are_each_new_or_a_duplicate_once,
+    a_manual_start_with_a_repeated_key_returns_the_first_run,
+    an_event_with_nul_in_its_json_is_refused_and_its_batch_mates_are_accepted,
+    an_event_the_database_refuses_fails_alone,
+);
+
+async fn a_repeated_idempotency_key_finds_the_first_event_within_a_day(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let eshop = source(store, &t, "eshop").await;
+    let converter = source(store, &t, "converter").await;
+
+    let (first, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert!(!accepted.duplicate, "{backend:?}");
+    let (again, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.clone(), accepted.duplicate),
+        (first.clone(), true),
+        "{backend:?}"
+    );
+
+    let (other_key, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k2"))
+        .await
+        .unwrap();
+    assert!(
+        !accepted.duplicate && other_key != first,
+        "{backend:?}: a new key is a new event"
+    );
+    let (other_source, accepted) = store
+        .accept_event(&t, webhook_event(&converter, "k1"))
+        .await
+        .unwrap();
+    assert!(
+        !accepted.duplicate,
+        "{backend:?}: the key belongs to its source"
+    );
+    assert!(
+        other_source != first && other_source != other_key,
+        "{backend:?}"
+    );
+    let stats = store
+        .queue_stats(std::slice::from_ref(&t))
+        .await
+        .expect("stats");
+    assert_eq!(
+        stats.pending_events, 3,
+        "{backend:?}: the duplicate wrote no row"
+    );
+
+    // A day and an hour later, the same key is a new event (and is itself
+    // deduplicated from then on).
+    let day_and_hour = 25 * 60 * 60 * 1000;
+    let sql = format!(
+        "UPDATE event_inbox SET received_at = received_at - {day_and_hour} WHERE id = '{first}'"
+    );
+    assert_eq!(raw_sql(db, &sql).await, 1, "{backend:?}");
+    let (late, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert!(!accepted.duplicate, "{backend:?}: outside the window");
+    assert_ne!(late, first, "{backend:?}");
+    let (late_again, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (late_again, accepted.duplicate),
+        (late, true),
+        "{backend:?}"
+    );
+    let stats = store
+        .queue_stats(std::slice::from_ref(&t))
+        .await
+        .expect("stats");
+    assert_eq!(
+        stats.pending_events, 4,
+        "{backend:?}: the old event is kept"
+    );
+}
+
+/// Webhooks sent at once share group commits, where new keys, keys already
+/// taken, and one new key sent ten times in the same moment mix.
+async fn webhooks_sent_together_are_each_new_or_a_duplicate_once(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let eshop = source(&*store, &t, "eshop").await;
+    let mut first = std::collections::HashMap::new();
+    for key in ["old-1", "old-2", "old-3"] {
+        let (id, _) = store
+            .accept_event(&t, webhook_event(&eshop, key))
+            .await
+            .unwrap();
+        first.insert(key.to_string(), id);
+    }
+
+    let keys: Vec<String> = (0..30)
+        .map(|i| match i % 3 {
+            0 => format!("old-{}", i % 9 / 3 + 1),
+            1 => format!("new-{i}"),
+            _ => "repeated".to_string(),
+        })
+        .collect();
+    let sent: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (store, t, event) = (store.clone(), t.clone(), webhook_event(&eshop, key));
+            tokio::spawn(async move { store.accept_event(&t, event).await })
+        })
+        .collect();
+    let mut new_by_key: std::collections::HashMap<String, Vec<_>> = Default::default();
+    let mut ids_by_key: std::collections::HashMap<String, std::collections::HashSet<_>> =
+        Default::default();
+    for (key, sent) in keys.iter().zip(sent) {
+        let (id, accepted) = sent.await.unwrap().expect("accepted");
+        if !accepted.duplicate {
+            new_by_key.entry(key.clone()).or_default().push(id.clone());
+        }
+        ids_by_key.entry(key.clone()).or_default().insert(id);
+    }
+    for (key, ids) in &ids_by_key {
+        assert_eq!(
+            ids.len(),
+            1,
+            "{backend:?}: every webhook with {key} names one event"
+        );
+        match first.get(key) {
+            Some(id) => {
+                assert!(ids.contains(id), "{backend:?}: {key} finds its first event");
+                assert!(
+                    !new_by_key.contains_key(key),
+                    "{backend:?}: {key} was taken before"
+                );
+            }
+            None => assert_eq!(
+                new_by_key.get(key).map(Vec::len),
+                Some(1),
+                "{backend:?}: {key} is new exactly once"
+            ),
+        }
+    }
+    let stats = store
+        .queue_stats(std::slice::from_ref(&t))
+        .await
+        .expect("stats");
+    assert_eq!(
+        stats.pending_events,
+        3 + 10 + 1,
+        "{backend:?}: one row per key"
+    );
+}
+
+async fn a_manual_start_with_a_repeated_key_returns_the_first_run(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let other = manual_automation(store, &t, "b").await;
+    let keyed = |aut: &AutomationId| NewRun {
+        subject_ticket_id: None,
+        idempotency_key: Some("order-5001".into()),
+        ..new_run(aut, "manual", None)
+    };
+
+    let first = store
+        .start_run(&t, manual_event(&aut), keyed(&aut))
+        .await
+        .unwrap();
+    let again = store
+        .start_run(&t, manual_event(&aut), keyed(&aut))
+        .await
+        .unwrap();
+    assert_eq!(again, first, "{backend:?}");
+    let elsewhere = store
+        .start_run(&t, manual_event(&other), keyed(&other))
+        .await
+        .unwrap();
+    assert_ne!(elsewhere, first, "{backend:?}: the key is per automation");
+    assert_eq!(all_runs(store, &t).await.len(), 2, "{backend:?}");
+    let stats = store.queue_stats(std::slice::from_ref(&t)).await.unwrap();
+    assert_eq!(stats.ready, 2, "{backend:?}: one job per run");
+
+    // A run of an empty tree completes at once and leaves no job.
+    let empty = NewRun {
+        subject_ticket_id: None,
+        first_path: None,
+        ..new_run(&aut, "manual", None)
+    };
+    let empty = store
+        .start_run(&t, manual_event(&aut), empty)
+        .await
+        .unwrap();
+    let detail = store.run(&t, &empty).await.unwrap().expect("run exists");
+    assert_eq!(detail.run.status, "completed", "{backend:?}");
+    assert!(detail.run.finished_at.is_some(), "{backend:?}");
+    let stats = store.queue_stats(std::slice::from_ref(&t)).await.unwrap();
+    assert_eq!(stats.ready, 2, "{backend:?}");
+}
+
+/// Sends `events` at once (so that they share group commits) and returns
+/// each answer, in order.
+async fn accept_together(
+    store: &Arc<dyn Store>,
+    events: Vec<(TenantId, NewEvent)>,
+) -> Vec<tok_store::Result<(EventId, tok_store::Accepted)>> {
+    let sent: Vec<_> = events
+        .into_iter()
+        .map(|(t, event)| {
+            let store = store.clone();
+            tokio::spawn(async move { store.accept_event(&t, event).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for sent in sent {
+        answers.push(sent.await.expect("accept task"));
+    }
+    answers
+}
+
+/// Three tenants' webhooks, twenty each, with `bad` among them (in the
+/// middle of the second tenant's); returns the tenants and the events.
+async fn many_webhooks(
+    store: &dyn Store,
+    bad: impl Fn(&SourceId) -> NewEvent,
+) -> (Vec<TenantId>, Vec<(TenantId, NewEvent)>) {
+    let mut tenants = Vec::new();
+    let mut events = Vec::new();
+    for name in ["acme", "globex", "initech"] {
+        let t = tenant(store, name).await;
+        let src = source(store, &t, "shop").await;
+        for i in 0..20 {
+            if name == "globex" && i == 10 {
+                events.push((t.clone(), bad(&src)));
+            }
+            events.push((t.clone(), webhook_event(&src, &format!("{name}-{i}"))));
+        }
+        tenants.push(t);
+    }
+    (tenants, events)
+}
+
+async fn an_event_with_nul_in_its_json_is_refused_and_its_batch_mates_are_accepted(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let (tenants, events) = many_webhooks(&*store, |src| NewEvent {
+        payload: json!({ "customer": { "name": "Ann\u{0}" } }),
+        ..webhook_event(src, "with-nul")
+    })
+    .await;
+    let answers = accept_together(&store, events).await;
+    let mut refused = Vec::new();
+    for answer in answers {
+        match answer {
+            Ok((_, accepted)) => assert!(!accepted.duplicate, "{backend:?}"),
+            Err(e) => refused.push(e),
+        }
+    }
+    assert_eq!(refused.len(), 1, "{backend:?}: {refused:?}");
+    match &refused[0] {
+        StoreError::Refused(message) => {
+            assert!(
+                message.contains("U+0000") && message.contains("/customer/name"),
+                "{backend:?}: the refusal says what and where: {message}"
+            );
+        }
+        other => panic!("{backend:?}: refused as {other:?}"),
+    }
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(
+        stats.pending_events, 60,
+        "{backend:?}: every other webhook is in the inbox, and not the refused one"
+    );
+    // A manual start with such input is refused alike.
+    let aut = manual_automation(&*store, &tenants[0], "by hand").await;
+    let err = store
+        .start_run(
+            &tenants[0],
+            NewEvent {
+                payload: json!({ "note": "\u{0}" }),
+                ..manual_event(&aut)
+            },
+            new_run(&aut, "manual", None),
+        )
+        .await
+        .expect_err("a start with U+0000 in its input");
+    assert!(
+        matches!(&err, StoreError::Refused(m) if m.contains("/note")),
+        "{backend:?}: {err:?}"
+    );
+}
+
+async fn an_event_the_database_refuses_fails_alone(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    refuse_poison(db, "event_inbox", "idempotency_key").await;
+    let (tenants, events) = many_webhooks(&*store, |src| webhook_event(src, "poison")).await;
+    let answers = accept_together(&store, events).await;
+    let refused: Vec<_> = answers.iter().filter(|a| a.is_err()).collect();
+    assert_eq!(refused.len(), 1, "{backend:?}: {refused:?}");
+    assert!(
+        matches!(refused[0], Err(StoreError::Refused(m)) if m.contains("refused to store this event")),
+        "{backend:?}: {:?}",
+        refused[0]
+    );
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!(stats.pending_events, 60, "{backend:?}");
+}

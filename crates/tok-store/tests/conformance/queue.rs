@@ -1,0 +1,559 @@
+//! The job queue's claims and leases (`QueueStore::claim`, `heartbeat`,
+//! `release_claims`): fair between tenants, one leased job per queue key
+//! (also under concurrent claims), leases that keep other nodes away until
+//! they expire or a heartbeat extends them, and the claim token that fences
+//! a stale worker off.
+
+use super::*;
+
+backend_tests!(
+    run_on_fresh_db;
+    a_small_tenant_is_not_starved_by_a_large_backlog,
+    jobs_sharing_a_queue_key_are_never_leased_together,
+    concurrent_claims_never_share_a_job_or_a_queue_key,
+    released_claims_are_claimable_at_once_and_fence_their_old_holder,
+    a_live_lease_keeps_other_nodes_away,
+    an_expired_lease_is_taken_over_by_another_node,
+    a_heartbeat_keeps_a_lease_alive_past_its_first_expiry,
+    a_stale_worker_cannot_record_after_a_takeover,
+);
+
+async fn a_small_tenant_is_not_starved_by_a_large_backlog(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let big = tenant(store, "big").await;
+    let small = tenant(store, "small").await;
+
+    // 10,000 runs for `big`, fast: 100 webhook automations on one source and
+    // 100 events, each event starting one run per automation.
+    let src = source(store, &big, "flood").await;
+    for i in 0..100 {
+        webhook_automation(store, &big, &format!("flood {i}"), &src).await;
+    }
+    for i in 0..100 {
+        store
+            .accept_event(&big, webhook_event(&src, &format!("e{i}")))
+            .await
+            .expect("accept");
+    }
+    let mut taken = 0;
+    loop {
+        let n = store
+            .dispatch(std::slice::from_ref(&big), 25, &one_run_per_candidate)
+            .await;
+        match n.expect("dispatch") {
+            0 => break,
+            n => taken += n,
+        }
+    }
+    assert_eq!(taken, 100, "{backend:?}");
+
+    // Then 10 runs for `small`, queued after all of big's.
+    let small_aut = manual_automation(store, &small, "small").await;
+    let mut small_runs = HashSet::new();
+    for _ in 0..10 {
+        small_runs.insert(start(store, &small, &small_aut, "manual", None).await);
+    }
+
+    let both = [big.clone(), small.clone()];
+    let stats = store.queue_stats(&both).await.expect("stats");
+    assert_eq!(
+        stats.ready, 10_010,
+        "{backend:?}: jobs ready before claiming"
+    );
+
+    let mut small_done = 0;
+    let mut batches = 0;
+    while small_done < 10 {
+        batches += 1;
+        assert!(
+            batches <= 3,
+            "{backend:?}: small tenant still waiting after {batches} batches"
+        );
+        let jobs = store
+            .claim(&both, "node-1", 8, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(jobs.len(), 8, "{backend:?}: a full batch is available");
+        let small_in_batch = jobs.iter().filter(|j| j.tenant_id == small).count();
+        let big_in_batch = jobs.iter().filter(|j| j.tenant_id == big).count();
+        if batches == 1 {
+            // Round robin: each tenant gets an equal share of the first batch.
+            assert_eq!(
+                small_in_batch, 4,
+                "{backend:?}: small's share of the first batch"
+            );
+            assert_eq!(
+                big_in_batch, 4,
+                "{backend:?}: big's share of the first batch"
+            );
+        }
+        for job in &jobs {
+            if job.tenant_id == small {
+                assert!(
+                    small_runs.contains(&job.run_id),
+                    "{backend:?}: a job of an unknown run"
+                );
+                small_done += 1;
+            }
+            store
+                .record(job, finish(job, RunStatus::Completed))
+                .await
+                .expect("record");
+        }
+    }
+    assert_eq!(
+        batches, 3,
+        "{backend:?}: 10 jobs at 4 per batch take 3 batches"
+    );
+
+    let small_stats = store
+        .queue_stats(std::slice::from_ref(&small))
+        .await
+        .expect("stats");
+    assert_eq!(
+        (small_stats.ready, small_stats.running),
+        (0, 0),
+        "{backend:?}"
+    );
+    let big_stats = store
+        .queue_stats(std::slice::from_ref(&big))
+        .await
+        .expect("stats");
+    assert_eq!(
+        big_stats.ready,
+        10_000 - 14,
+        "{backend:?}: big's backlog is mostly left"
+    );
+    for run in all_runs(store, &small).await {
+        assert_eq!(
+            run.status, "completed",
+            "{backend:?}: small's run {}",
+            run.id
+        );
+    }
+}
+
+async fn jobs_sharing_a_queue_key_are_never_leased_together(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "tickets").await;
+    let first = start(store, &t, &aut, "manual", Some("ticket:1")).await;
+    let second = start(store, &t, &aut, "manual", Some("ticket:1")).await;
+    let third = start(store, &t, &aut, "manual", Some("ticket:1")).await;
+    let other_key = start(store, &t, &aut, "manual", Some("ticket:2")).await;
+    let no_key_a = start(store, &t, &aut, "manual", None).await;
+    let no_key_b = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    // One batch with room for all: only one of ticket:1's jobs is in it.
+    let batch = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    let claimed = run_ids(&batch);
+    assert_eq!(batch.len(), 4, "{backend:?}: {claimed:?}");
+    let keyed: Vec<_> = [&first, &second, &third]
+        .into_iter()
+        .filter(|r| claimed.contains(*r))
+        .collect();
+    assert_eq!(
+        keyed,
+        vec![&first],
+        "{backend:?}: the oldest job of ticket:1, alone"
+    );
+    for run in [&other_key, &no_key_a, &no_key_b] {
+        assert!(
+            claimed.contains(run),
+            "{backend:?}: {run} (other key or no key) is claimed too"
+        );
+    }
+
+    // While ticket:1's job is leased, its other jobs stay put, for any node.
+    let again = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        again.is_empty(),
+        "{backend:?}: claimed {:?}",
+        run_ids(&again)
+    );
+
+    // Recording the holder's outcome frees the key for the next job.
+    let holder = batch.iter().find(|j| j.run_id == first).unwrap();
+    store
+        .record(holder, finish(holder, RunStatus::Completed))
+        .await
+        .expect("record");
+    let next = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(next.len(), 1, "{backend:?}: {:?}", run_ids(&next));
+    assert!(
+        next[0].run_id == second || next[0].run_id == third,
+        "{backend:?}"
+    );
+    let blocked = store
+        .claim(&tenants, "node-3", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        blocked.is_empty(),
+        "{backend:?}: the third ticket:1 job waits its turn"
+    );
+}
+
+async fn concurrent_claims_never_share_a_job_or_a_queue_key(db: &TestDb) {
+    let backend = db.backend;
+    let store: Arc<dyn Store> = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    // 30 jobs without a key and 4 keys with 5 jobs each; a key's jobs lie
+    // close together, so one batch's candidates hold several of them.
+    let mut key_of = std::collections::HashMap::new();
+    for i in 0..50 {
+        let key = (i % 2 == 0 && i < 40).then(|| format!("ticket:{}", i / 10));
+        let run = start(&*store, &t, &aut, "manual", key.as_deref()).await;
+        key_of.insert(run, key);
+    }
+    let keyed = key_of.values().filter(|k| k.is_some()).count();
+    let keys: HashSet<_> = key_of.values().flatten().cloned().collect();
+    assert_eq!((keyed, keys.len()), (20, 4));
+    let claimable = key_of.len() - keyed + keys.len();
+
+    let claimers: Vec<_> = (0..6)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            let tenants = vec![t.clone()];
+            tokio::spawn(async move {
+                store
+                    .claim(&tenants, &format!("node-{i}"), 8, LONG_LEASE_MS)
+                    .await
+            })
+        })
+        .collect();
+    let mut claimed: Vec<ClaimedJob> = Vec::new();
+    for c in claimers {
+        claimed.extend(c.await.expect("claimer task").expect("claim"));
+    }
+    // Then one node claims what is left, batch after batch, while every
+    // lease is still held.
+    loop {
+        let more = store
+            .claim(std::slice::from_ref(&t), "node-x", 8, LONG_LEASE_MS)
+            .await;
+        let more = more.expect("claim");
+        if more.is_empty() {
+            break;
+        }
+        claimed.extend(more);
+    }
+
+    let ids: HashSet<_> = claimed.iter().map(|j| j.id).collect();
+    assert_eq!(
+        ids.len(),
+        claimed.len(),
+        "{backend:?}: a job was leased twice"
+    );
+    let mut held_keys = HashSet::new();
+    for job in &claimed {
+        if let Some(key) = &key_of[&job.run_id] {
+            assert!(
+                held_keys.insert(key.clone()),
+                "{backend:?}: two leased jobs on {key}"
+            );
+        }
+    }
+    assert_eq!(held_keys, keys, "{backend:?}: every key got one job");
+    assert_eq!(
+        claimed.len(),
+        claimable,
+        "{backend:?}: every claimable job was claimed"
+    );
+}
+
+async fn released_claims_are_claimable_at_once_and_fence_their_old_holder(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let run = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let old = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(old.len(), 1, "{backend:?}");
+    // node-1 restarts: it gives back what it held, without waiting a lease out.
+    let released = store.release_claims("node-1").await.expect("release");
+    assert_eq!(released, 1, "{backend:?}");
+    let new = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(
+        new.len(),
+        1,
+        "{backend:?}: the released job is claimable at once"
+    );
+    assert_eq!(
+        (new[0].run_id.clone(), new[0].attempt),
+        (run, 2),
+        "{backend:?}"
+    );
+    // The claim from before the restart can no longer record.
+    let err = store
+        .record(&old[0], finish(&old[0], RunStatus::Completed))
+        .await
+        .expect_err("record under a released claim");
+    assert!(
+        matches!(err, StoreError::LeaseLost(_)),
+        "{backend:?}: {err}"
+    );
+    store
+        .record(&new[0], finish(&new[0], RunStatus::Completed))
+        .await
+        .expect("record");
+}
+
+async fn a_live_lease_keeps_other_nodes_away(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    start(&*store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let held = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(held.len(), 1, "{backend:?}");
+    let other = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        other.is_empty(),
+        "{backend:?}: a leased job was claimed again"
+    );
+    let stats = store.queue_stats(&tenants).await.expect("stats");
+    assert_eq!((stats.ready, stats.running), (0, 1), "{backend:?}");
+    drop(store);
+}
+
+async fn an_expired_lease_is_taken_over_by_another_node(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    let run = start(&*store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let first = store
+        .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(first.len(), 1, "{backend:?}");
+    assert_eq!(
+        (first[0].run_id.clone(), first[0].attempt),
+        (run.clone(), 1),
+        "{backend:?}"
+    );
+
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let second = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(second.len(), 1, "{backend:?}: the expired job is claimable");
+    assert_eq!(second[0].id, first[0].id, "{backend:?}: the same job");
+    assert_eq!(second[0].run_id, run, "{backend:?}");
+    assert_eq!(
+        second[0].attempt, 2,
+        "{backend:?}: the takeover is the second attempt"
+    );
+    assert_ne!(
+        second[0].claim_token, first[0].claim_token,
+        "{backend:?}: a new token"
+    );
+
+    // The original node no longer holds anything to extend, and the new
+    // holder's lease keeps a third node away.
+    let extended = store
+        .heartbeat("node-1", &[first[0].id], LONG_LEASE_MS)
+        .await
+        .expect("hb");
+    assert_eq!(extended, 0, "{backend:?}: node-1 extended node-2's lease");
+    let third = store
+        .claim(&tenants, "node-3", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(third.is_empty(), "{backend:?}");
+    drop(store);
+}
+
+async fn a_heartbeat_keeps_a_lease_alive_past_its_first_expiry(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    start(&*store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let held = store
+        .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(held.len(), 1, "{backend:?}");
+    // Another node cannot extend a lease it does not hold.
+    let foreign = store
+        .heartbeat("node-2", &[held[0].id], LONG_LEASE_MS)
+        .await
+        .expect("hb");
+    assert_eq!(foreign, 0, "{backend:?}");
+    let extended = store
+        .heartbeat("node-1", &[held[0].id], LONG_LEASE_MS)
+        .await
+        .expect("hb");
+    assert_eq!(extended, 1, "{backend:?}");
+
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let other = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        other.is_empty(),
+        "{backend:?}: a heartbeated job was taken over"
+    );
+    store
+        .record(&held[0], finish(&held[0], RunStatus::Completed))
+        .await
+        .expect("record");
+    drop(store);
+}
+
+async fn a_stale_worker_cannot_record_after_a_takeover(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let run = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let stale = store
+        .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(stale.len(), 1, "{backend:?}");
+    let stale = &stale[0];
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let fresh = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(fresh.len(), 1, "{backend:?}");
+    let fresh = &fresh[0];
+    let before = store.run(&t, &run).await.expect("run").expect("run exists");
+
+    // The paused worker wakes up and tries to finish the step: rejected.
+    let stale_record = Record {
+        subject_ticket_id: None,
+        steps: vec![step(
+            "0",
+            tok_store::StepStatus::Completed,
+            json!({ "by": "node-1" }),
+        )],
+        context: json!({ "n": 1, "by": "node-1" }),
+        actions: 1,
+        status: RunStatus::Running,
+        error: None,
+        next: NextJob::Step {
+            path: "1".into(),
+            delay_ms: 0,
+        },
+    };
+    let err = store
+        .record(stale, stale_record.clone())
+        .await
+        .expect_err("stale record");
+    assert!(
+        matches!(err, StoreError::LeaseLost(id) if id == stale.id),
+        "{backend:?}: {err}"
+    );
+
+    // Nothing of it was written, and the new holder still holds the job.
+    let after = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert!(after.steps.is_empty(), "{backend:?}: {:?}", after.steps);
+    assert_eq!(after.context, before.context, "{backend:?}");
+    assert_eq!(
+        (after.run.status.as_str(), after.run.actions),
+        ("running", 0),
+        "{backend:?}"
+    );
+    let nobody = store
+        .claim(&tenants, "node-3", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(
+        nobody.is_empty(),
+        "{backend:?}: the rejected record released the job"
+    );
+
+    // The new holder's record succeeds.
+    let fresh_record = Record {
+        subject_ticket_id: None,
+        steps: vec![step(
+            "0",
+            tok_store::StepStatus::Completed,
+            json!({ "by": "node-2" }),
+        )],
+        context: json!({ "n": 1, "by": "node-2" }),
+        actions: 1,
+        status: RunStatus::Completed,
+        error: None,
+        next: NextJob::Done,
+    };
+    store
+        .record(fresh, fresh_record)
+        .await
+        .expect("the holder's record");
+    let done = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(done.run.status, "completed", "{backend:?}");
+    assert_eq!(
+        done.context,
+        json!({ "n": 1, "by": "node-2" }),
+        "{backend:?}"
+    );
+    assert_eq!(done.steps.len(), 1, "{backend:?}");
+    assert_eq!(
+        done.steps[0].output,
+        Some(json!({ "by": "node-2" })),
+        "{backend:?}"
+    );
+
+    // A stale record arriving after the job is gone is rejected as well.
+    let err = store
+        .record(stale, stale_record)
+        .await
+        .expect_err("stale record");
+    assert!(
+        matches!(err, StoreError::LeaseLost(_)),
+        "{backend:?}: {err}"
+    );
+    let still = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(
+        (still.run.status.as_str(), still.steps.len()),
+        ("completed", 1),
+        "{backend:?}"
+    );
+}
