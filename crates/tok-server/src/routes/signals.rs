@@ -65,6 +65,9 @@ async fn send(
             ),
         ));
     }
+    // Text PostgreSQL cannot store is refused here, on both backends alike.
+    crate::routes::storable_json("`key`", &Value::String(key.clone()))?;
+    crate::routes::storable_json("`payload`", &payload)?;
     let signal = NewSignal {
         key,
         payload,

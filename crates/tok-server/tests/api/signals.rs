@@ -10,12 +10,13 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Tenant, TestApp, backend_tests, manual};
 
-backend_tests!(
+backend_tests!(crate::helpers::run;
     a_signal_nothing_waits_for_is_buffered,
     bad_bodies_are_400_naming_the_field,
     a_repeated_idempotency_key_answers_the_first_signal,
     signals_are_the_tenants_own,
     an_emit_step_with_a_key_sends_a_signal,
+    a_payload_postgresql_cannot_store_is_refused_on_every_backend,
 );
 
 async fn send(app: &TestApp, tenant: &Tenant, body: &Value) -> Value {
@@ -261,4 +262,20 @@ async fn an_emit_step_with_a_key_sends_a_signal(app: &TestApp) {
             "an emit without a usable `{field}` is refused at save: {error:#}"
         );
     }
+}
+
+async fn a_payload_postgresql_cannot_store_is_refused_on_every_backend(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let body = json!({ "key": "order-1", "payload": { "note": "a\u{0}b" } });
+    let error = app
+        .post(&tenant.key, "/api/signals", &body)
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "nul_in_json");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("payload")),
+        "{error:#}"
+    );
+    assert_eq!(error["path"], "/note", "{error:#}");
 }

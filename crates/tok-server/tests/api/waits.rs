@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Tenant, TestApp, backend_tests, log_step, manual};
 
-backend_tests!(
+backend_tests!(crate::helpers::run;
     a_signal_resumes_a_waiting_run_with_its_payload_when_where_holds,
     a_signal_sent_before_the_wait_is_taken_from_the_buffer,
     a_wait_times_out_and_a_late_signal_resumes_nothing,
