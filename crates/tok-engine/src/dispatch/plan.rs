@@ -16,7 +16,7 @@
 
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
-use tok_core::advance::{Env, Input, RunState, Then, Transition, advance};
+use tok_core::advance::{Env, Input, RunState, StepClass, Then, Transition, advance};
 use tok_core::condition::Condition;
 use tok_core::context::Context;
 use tok_core::definition::Automation;
@@ -172,6 +172,13 @@ pub fn begin(
     registry: &Registry,
     limit: usize,
 ) -> (Vec<StepRecord>, Option<FlowPath>, Context) {
+    // A run that begins with a step an executor runs has nothing to begin
+    // here: no copy of its context, no rendering of a config to throw away.
+    let begins_with_control = flow::step_at(&automation.steps, &first)
+        .is_some_and(|step| registry.class(&step.kind) == StepClass::Control);
+    if !begins_with_control {
+        return (Vec::new(), Some(first), context);
+    }
     let state = RunState::at(first, 1, context, 0).chaining(limit);
     let before = state.clone();
     let transition = decide(automation, state, registry);
