@@ -1,4 +1,4 @@
-//! The connection queries for both backends (see `common.rs` for why a macro).
+//! The connection queries for both backends (see `rows.rs` for why a macro).
 
 macro_rules! impl_connections {
     (store = $store:ty, db = $db:ty, now = $now:literal, lock_row = $lock_row:literal,) => {

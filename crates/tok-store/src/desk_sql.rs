@@ -1,5 +1,5 @@
 //! The service-desk queries and the record transaction, written once for
-//! both backends (see `common.rs` for why a macro).
+//! both backends (see `rows.rs` for why a macro).
 
 /// Most events one chain of automations may cause: an event deeper than
 /// this is not written (DESIGN §6, loop protection).

@@ -10,13 +10,28 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
-use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
+use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
+use crate::dispatch_sql::impl_dispatch;
 use crate::gate::Writer;
+use crate::inbox_sql::impl_inbox;
 use crate::migrate;
+use crate::queue_sql::impl_queue;
+use crate::record_sql::impl_record;
+use crate::runs_sql::impl_runs;
 use crate::signals_sql::impl_signals;
+
+// The names the queries of every `*_sql.rs` file use, once for all of them.
+use serde_json::Value;
+use sqlx::Row as _;
+use sqlx::types::Json;
+use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
+
+use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
+use crate::*;
 
 /// Advisory lock key held while migrations run (any process, any machine).
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
@@ -110,14 +125,90 @@ fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
     items.into_iter().collect()
 }
 
-impl_common! {
+impl_admin! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_definitions! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_inbox! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
+    notify_work = "SELECT pg_notify('tok_work', '')",
+}
+
+impl_dispatch! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
+    ids_in_2 = "= ANY($2)",
+    plan_prelude = "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
+    dispatch_select = "SELECT * FROM (
+            SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
+            FROM unnest($1::text[]) AS t(id)
+            CROSS JOIN LATERAL (
+                SELECT id, tenant_id, source_id, source_kind, payload, params, depth, cause_run_id,
+                origin_automation_id, target_automation_id, event_type, subject_ticket_id,
+                received_at
+                FROM event_inbox
+                WHERE status = 'pending' AND tenant_id = t.id
+                ORDER BY received_at, id
+                LIMIT $3
+                FOR UPDATE SKIP LOCKED
+            ) e
+        ) c
+        ORDER BY rk, received_at, id
+        LIMIT $2",
+    rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
+    notify_work = "SELECT pg_notify('tok_work', '')",
+    // The tenant filter of a statement that finds its rows by primary key:
+    // an expression no index serves, so the planner never reads a tenant's
+    // rows through a tenant-leading index (its statistics lag a table that
+    // grew fast, and such a plan reads the tenant's whole backlog).
+    by_key_tenants_in_1 = "|| '' = ANY($1)",
+    list = list,
+}
+
+impl_record! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
+    ids_in_2 = "= ANY($2)",
+    plan_prelude = "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
+    rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
+    lock_jobs_runs = "FOR UPDATE OF j, r",
+    // The tenant filter of a statement that finds its rows by primary key:
+    // an expression no index serves, so the planner never reads a tenant's
+    // rows through a tenant-leading index (its statistics lag a table that
+    // grew fast, and such a plan reads the tenant's whole backlog).
+    by_key_tenants_in_1 = "|| '' = ANY($1)",
+    by_key_tenant = "|| ''",
+    // A record's updates name their rows' keys, for the same reason.
+    key_hint_jobs_2 = "AND jobs.id = ANY($2)",
+    key_hint_runs_2 = "AND runs.id = ANY($2)",
+    update_staying_runs_apart = false,
+    list = list,
+}
+
+impl_runs! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
+    lock_row = "FOR UPDATE",
+}
+
+impl_queue! {
     store = PgStore,
     db = sqlx::Postgres,
     now = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
     tenants_in_1 = "= ANY($1)",
     ids_in_2 = "= ANY($2)",
     ids_in_4 = "= ANY($4)",
-    lock_row = "FOR UPDATE",
     // The queue's transactions (claims, dispatches, record batches) find
     // their rows by key, or read each tenant's oldest rows through an index
     // in their order, a few at a time. Their tables grow from empty to tens
@@ -128,7 +219,6 @@ impl_common! {
     // are off in these transactions.
     claim_prelude = "SELECT pg_advisory_xact_lock(1953459970);
         SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
-    plan_prelude = "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
                 row_number() OVER (PARTITION BY j.tenant_id
@@ -156,36 +246,12 @@ impl_common! {
         ) c
         ORDER BY rk, priority DESC, run_after, id
         LIMIT $3",
-    dispatch_select = "SELECT * FROM (
-            SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
-            FROM unnest($1::text[]) AS t(id)
-            CROSS JOIN LATERAL (
-                SELECT id, tenant_id, source_id, source_kind, payload, params, depth, cause_run_id,
-                origin_automation_id, target_automation_id, event_type, subject_ticket_id,
-                received_at
-                FROM event_inbox
-                WHERE status = 'pending' AND tenant_id = t.id
-                ORDER BY received_at, id
-                LIMIT $3
-                FOR UPDATE SKIP LOCKED
-            ) e
-        ) c
-        ORDER BY rk, received_at, id
-        LIMIT $2",
     release_where = "locked_by = $1",
-    rows_1 = "jsonb_array_elements($1) WITH ORDINALITY AS x(value, key)",
-    lock_jobs_runs = "FOR UPDATE OF j, r",
-    notify_work = "SELECT pg_notify('tok_work', '')",
     // The tenant filter of a statement that finds its rows by primary key:
     // an expression no index serves, so the planner never reads a tenant's
     // rows through a tenant-leading index (its statistics lag a table that
     // grew fast, and such a plan reads the tenant's whole backlog).
     by_key_tenants_in_1 = "|| '' = ANY($1)",
-    by_key_tenant = "|| ''",
-    // A record's updates name their rows' keys, for the same reason.
-    key_hint_jobs_2 = "AND jobs.id = ANY($2)",
-    key_hint_runs_2 = "AND runs.id = ANY($2)",
-    update_staying_runs_apart = false,
     skip_locked = "FOR UPDATE SKIP LOCKED",
     list = list,
 }

@@ -1,4 +1,4 @@
-//! The queries of signals and waits for both backends (see `common.rs` for
+//! The queries of signals and waits for both backends (see `rows.rs` for
 //! why a macro): sending a signal, and parking a recorded job at its wait
 //! (or resuming it at once from the buffer). Both run in the caller's
 //! transaction: a send in its own or in a record transaction (an `emit`
@@ -199,7 +199,7 @@ macro_rules! impl_signals {
         async fn settle_waits(
             tx: &mut sqlx::Transaction<'_, $db>,
             items: &[(ClaimedJob, Record, String)],
-        ) -> Result<std::collections::HashMap<i64, $crate::common::Parked>> {
+        ) -> Result<std::collections::HashMap<i64, $crate::rows::Parked>> {
             let mut parked = std::collections::HashMap::new();
             let parking: Vec<(&ClaimedJob, &str, &SignalWait)> = items
                 .iter()
@@ -251,11 +251,11 @@ macro_rules! impl_signals {
                     .execute(&mut **tx)
                     .await?;
                     let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
-                    parked.insert(job.id.0, $crate::common::Parked { run_at, resume: Resume::TimedOut });
+                    parked.insert(job.id.0, $crate::rows::Parked { run_at, resume: Resume::TimedOut });
                     continue;
                 };
                 took = true;
-                parked.insert(job.id.0, $crate::common::Parked { run_at: None, resume });
+                parked.insert(job.id.0, $crate::rows::Parked { run_at: None, resume });
             }
             if took && !$notify_work.is_empty() {
                 sqlx::query($notify_work).execute(&mut **tx).await?;

@@ -13,13 +13,28 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
-use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
+use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
+use crate::dispatch_sql::impl_dispatch;
 use crate::gate::{Lane, WriteGate, Writer};
+use crate::inbox_sql::impl_inbox;
 use crate::migrate;
+use crate::queue_sql::impl_queue;
+use crate::record_sql::impl_record;
+use crate::runs_sql::impl_runs;
 use crate::signals_sql::impl_signals;
+
+// The names the queries of every `*_sql.rs` file use, once for all of them.
+use serde_json::Value;
+use sqlx::Row as _;
+use sqlx::types::Json;
+use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
+
+use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
+use crate::*;
 
 pub struct SqliteStore {
     writer: SqlitePool,
@@ -155,16 +170,82 @@ fn list<T: serde::Serialize, I: IntoIterator<Item = T>>(items: I) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<T>>()).unwrap_or_else(|_| "[]".into())
 }
 
-impl_common! {
+impl_admin! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_definitions! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_inbox! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    rows_1 = "json_each($1) AS x",
+    notify_work = "",
+}
+
+impl_dispatch! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    ids_in_2 = "IN (SELECT value FROM json_each($2))",
+    plan_prelude = "",
+    dispatch_select = "SELECT * FROM (
+            SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth, e.cause_run_id,
+                e.origin_automation_id, e.target_automation_id, e.event_type, e.subject_ticket_id,
+                e.received_at,
+                row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
+            FROM json_each($1) AS t
+            JOIN event_inbox e ON e.id IN (
+                SELECT k.id FROM event_inbox k
+                WHERE k.status = 'pending' AND k.tenant_id = t.value
+                ORDER BY k.received_at, k.id
+                LIMIT $3)
+        )
+        ORDER BY rk, received_at, id
+        LIMIT $2",
+    rows_1 = "json_each($1) AS x",
+    notify_work = "",
+    by_key_tenants_in_1 = "IN (SELECT value FROM json_each($1))",
+    list = list,
+}
+
+impl_record! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    ids_in_2 = "IN (SELECT value FROM json_each($2))",
+    plan_prelude = "",
+    rows_1 = "json_each($1) AS x",
+    lock_jobs_runs = "",
+    by_key_tenants_in_1 = "IN (SELECT value FROM json_each($1))",
+    by_key_tenant = "",
+    // SQLite plans a record's updates from the batch's rows; a key list
+    // would make it scan the batch once per row. (The key list stays bound.)
+    key_hint_jobs_2 = "AND $2 IS NOT NULL",
+    key_hint_runs_2 = "AND $2 IS NOT NULL",
+    update_staying_runs_apart = true,
+    list = list,
+}
+
+impl_runs! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    lock_row = "",
+}
+
+impl_queue! {
     store = SqliteStore,
     db = sqlx::Sqlite,
     now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     tenants_in_1 = "IN (SELECT value FROM json_each($1))",
     ids_in_2 = "IN (SELECT value FROM json_each($2))",
     ids_in_4 = "IN (SELECT value FROM json_each($4))",
-    lock_row = "",
     claim_prelude = "SELECT 1",
-    plan_prelude = "",
     claim_candidates = "SELECT id, tenant_id, queue_key FROM (
             SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
                 row_number() OVER (PARTITION BY j.tenant_id
@@ -189,31 +270,8 @@ impl_common! {
         )
         ORDER BY rk, priority DESC, run_after, id
         LIMIT $3",
-    dispatch_select = "SELECT * FROM (
-            SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth, e.cause_run_id,
-                e.origin_automation_id, e.target_automation_id, e.event_type, e.subject_ticket_id,
-                e.received_at,
-                row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
-            FROM json_each($1) AS t
-            JOIN event_inbox e ON e.id IN (
-                SELECT k.id FROM event_inbox k
-                WHERE k.status = 'pending' AND k.tenant_id = t.value
-                ORDER BY k.received_at, k.id
-                LIMIT $3)
-        )
-        ORDER BY rk, received_at, id
-        LIMIT $2",
     release_where = "locked_by IS NOT NULL OR $1 IS NULL",
-    rows_1 = "json_each($1) AS x",
-    lock_jobs_runs = "",
-    notify_work = "",
     by_key_tenants_in_1 = "IN (SELECT value FROM json_each($1))",
-    by_key_tenant = "",
-    // SQLite plans a record's updates from the batch's rows; a key list
-    // would make it scan the batch once per row. (The key list stays bound.)
-    key_hint_jobs_2 = "AND $2 IS NOT NULL",
-    key_hint_runs_2 = "AND $2 IS NOT NULL",
-    update_staying_runs_apart = true,
     skip_locked = "",
     list = list,
 }
