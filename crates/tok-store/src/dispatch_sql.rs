@@ -6,14 +6,6 @@ macro_rules! impl_dispatch {
     (
         store = $store:ty,
         db = $db:ty,
-        now = $now:literal,
-        ids_in_2 = $in2:literal,
-        plan_prelude = $plan_prelude:literal,
-        dispatch_select = $dispatch_select:literal,
-        rows_1 = $rows1:literal,
-        notify_work = $notify_work:literal,
-        by_key_tenants_in_1 = $by_key_in1:literal,
-        list = $list:path,
     ) => {
         fn event_from_row(row: &<$db as sqlx::Database>::Row) -> PendingEvent {
             PendingEvent {
@@ -105,7 +97,7 @@ macro_rules! impl_dispatch {
                     x.value -> 9, CAST(x.value ->> 14 AS INTEGER), $2, CAST(x.value ->> 10 AS BIGINT),
                     CAST(x.value ->> 11 AS BIGINT),
                     x.value ->> 12, x.value ->> 13
-                 FROM ", $rows1, "
+                 FROM ", batch_rows!(1), "
                  WHERE true
                  ORDER BY x.key
                  ON CONFLICT (event_id, automation_id) DO NOTHING
@@ -155,11 +147,11 @@ macro_rules! impl_dispatch {
                 "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
                     priority, created_at, locked_by, locked_until, claim_token)
                  SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2, ",
-                    $now, ", CAST(x.value ->> 3 AS INTEGER), x.value ->> 4,
+                    db_now!(), ", CAST(x.value ->> 3 AS INTEGER), x.value ->> 4,
                     CAST(x.value ->> 5 AS INTEGER), $2, x.value ->> 6,
-                    CASE WHEN x.value ->> 6 IS NULL THEN NULL ELSE ", $now, " + $3 END,
+                    CASE WHEN x.value ->> 6 IS NULL THEN NULL ELSE ", db_now!(), " + $3 END,
                     x.value ->> 7
-                 FROM ", $rows1, "
+                 FROM ", batch_rows!(1), "
                  ORDER BY x.key
                  RETURNING id, run_id"
             ))
@@ -213,16 +205,16 @@ macro_rules! impl_dispatch {
             }
             let writer = store.writer_in(lane).await;
             let mut tx = writer.begin().await?;
-            if !$plan_prelude.is_empty() {
-                sqlx::Executor::execute(&mut *tx, $plan_prelude).await?;
+            if !plan_prelude!().is_empty() {
+                sqlx::Executor::execute(&mut *tx, plan_prelude!()).await?;
             }
             // Fair between tenants like the claim: each tenant's oldest
             // events first, round robin (any tenant may fill the batch
             // when the others have nothing), so a tenant with a backlog
             // of thousands does not hold back another tenant's event.
             let per_tenant = i64::from(limit);
-            let rows = sqlx::query($dispatch_select)
-                .bind($list(tenants.iter().map(|t| t.as_str())))
+            let rows = sqlx::query(dispatch_select!())
+                .bind(list(tenants.iter().map(|t| t.as_str())))
                 .bind(i64::from(limit))
                 .bind(per_tenant)
                 .fetch_all(&mut *tx)
@@ -396,16 +388,16 @@ macro_rules! impl_dispatch {
                 runs: &taken,
             });
             let (written, claimed) = insert_runs(&mut tx, &runs, handed.as_ref()).await?;
-            if written.len() > claimed.len() && !$notify_work.is_empty() {
+            if written.len() > claimed.len() && !notify_work!().is_empty() {
                 // Workers in other processes hear of the new jobs at commit.
-                sqlx::query($notify_work).execute(&mut *tx).await?;
+                sqlx::query(notify_work!()).execute(&mut *tx).await?;
             }
             sqlx::query(concat!(
                 "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
-                 WHERE tenant_id ", $by_key_in1, " AND id ", $in2
+                 WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
             ))
-            .bind($list(tenants.iter().map(|t| t.as_str())))
-            .bind($list(dispatched.iter().map(|e| e.as_str())))
+            .bind(list(tenants.iter().map(|t| t.as_str())))
+            .bind(list(dispatched.iter().map(|e| e.as_str())))
             .bind(now)
             .execute(&mut *tx)
             .await?;

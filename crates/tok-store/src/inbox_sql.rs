@@ -7,8 +7,6 @@ macro_rules! impl_inbox {
     (
         store = $store:ty,
         db = $db:ty,
-        rows_1 = $rows1:literal,
-        notify_work = $notify_work:literal,
     ) => {
         async fn insert_event(
             tx: &mut sqlx::Transaction<'_, $db>,
@@ -170,7 +168,7 @@ macro_rules! impl_inbox {
                     x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
                     x.value ->> 9, x.value ->> 10,
                     x.value ->> 11, x.value ->> 12
-                 FROM ", $rows1, "
+                 FROM ", batch_rows!(1), "
                  WHERE true
                  ORDER BY x.key
                  ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
@@ -316,8 +314,8 @@ macro_rules! impl_inbox {
                     .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
                 match insert_runs(&mut tx, &[(tenant.clone(), event_id, run.clone())], None).await {
                     Ok(_) => {
-                        if !$notify_work.is_empty() {
-                            sqlx::query($notify_work).execute(&mut *tx).await?;
+                        if !notify_work!().is_empty() {
+                            sqlx::query(notify_work!()).execute(&mut *tx).await?;
                         }
                         tx.commit().await?;
                         Ok(run.id.clone())

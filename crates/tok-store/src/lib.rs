@@ -19,6 +19,7 @@ mod definitions_sql;
 pub mod desk;
 mod desk_sql;
 mod dispatch_sql;
+mod fragments;
 mod gate;
 mod inbox_sql;
 mod migrate;

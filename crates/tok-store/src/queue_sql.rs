@@ -6,16 +6,6 @@ macro_rules! impl_queue {
     (
         store = $store:ty,
         db = $db:ty,
-        now = $now:literal,
-        tenants_in_1 = $in1:literal,
-        ids_in_2 = $in2:literal,
-        ids_in_4 = $in4:literal,
-        claim_prelude = $claim_prelude:literal,
-        claim_candidates = $claim_candidates:literal,
-        release_where = $release_where:literal,
-        by_key_tenants_in_1 = $by_key_in1:literal,
-        skip_locked = $skip_locked:literal,
-        list = $list:path,
     ) => {
         /// Why a claimed job was handed out again. A value this version
         /// cannot read is logged and the job claimed as a fresh one.
@@ -43,12 +33,12 @@ macro_rules! impl_queue {
                 }
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
-                sqlx::Executor::execute(&mut *tx, $claim_prelude).await?;
+                sqlx::Executor::execute(&mut *tx, claim_prelude!()).await?;
                 // Candidates come fairly ordered (each tenant's first job,
                 // then each tenant's second, …), over-fetched so that jobs
                 // sharing a queue key can be dropped here.
-                let candidates = sqlx::query($claim_candidates)
-                    .bind($list(tenants.iter().map(|t| t.as_str())))
+                let candidates = sqlx::query(claim_candidates!())
+                    .bind(list(tenants.iter().map(|t| t.as_str())))
                     .bind(i64::from(limit))
                     .bind(i64::from(limit) * 2)
                     .fetch_all(&mut *tx)
@@ -74,36 +64,36 @@ macro_rules! impl_queue {
                 }
                 let token = random_token();
                 let jobs = sqlx::query(concat!(
-                    "UPDATE jobs SET locked_by = $1, locked_until = ", $now, " + $2,
+                    "UPDATE jobs SET locked_by = $1, locked_until = ", db_now!(), " + $2,
                         claim_token = $3, attempts = attempts + 1
-                     WHERE id ", $in4, "
-                       AND (locked_until IS NULL OR locked_until < ", $now, ")
+                     WHERE id ", any_of!(4), "
+                       AND (locked_until IS NULL OR locked_until < ", db_now!(), ")
                      RETURNING id, tenant_id, run_id, path, attempts, resume"
                 ))
                 .bind(node)
                 .bind(lease_ms)
                 .bind(&token)
-                .bind($list(ids.iter().copied()))
+                .bind(list(ids.iter().copied()))
                 .fetch_all(&mut *tx)
                 .await?;
                 let run_ids: Vec<String> = jobs.iter().map(|j| j.get::<String, _>("run_id")).collect();
                 sqlx::query(concat!(
                     "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, $2)
-                     WHERE tenant_id ", $by_key_in1, " AND id ", $in4, " AND status IN ('queued', 'waiting')"
+                     WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(4), " AND status IN ('queued', 'waiting')"
                 ))
-                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
                 .bind(now_ms())
                 .bind(0_i64)
-                .bind($list(run_ids.iter().map(|r| r.as_str())))
+                .bind(list(run_ids.iter().map(|r| r.as_str())))
                 .execute(&mut *tx)
                 .await?;
                 let runs = sqlx::query(concat!(
                     "SELECT id, automation_id, version, context, actions, depth, subject_ticket_id
                      FROM runs
-                     WHERE tenant_id ", $by_key_in1, " AND id ", $in2
+                     WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
                 ))
-                .bind($list(tenants.iter().map(|t| t.as_str())))
-                .bind($list(run_ids.iter().map(|r| r.as_str())))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .bind(list(run_ids.iter().map(|r| r.as_str())))
                 .fetch_all(&mut *tx)
                 .await?;
                 tx.commit().await?;
@@ -145,22 +135,22 @@ macro_rules! impl_queue {
                 // with a record. Both updates go in one turn at the writer.
                 let writer = self.writer().await;
                 let done = sqlx::query(concat!(
-                    "UPDATE jobs SET locked_until = ", $now, " + $3
+                    "UPDATE jobs SET locked_until = ", db_now!(), " + $3
                      WHERE id IN (SELECT id FROM jobs
-                                  WHERE id ", $in2, " AND locked_by = $1
-                                  ORDER BY id ", $skip_locked, ")"
+                                  WHERE id ", any_of!(2), " AND locked_by = $1
+                                  ORDER BY id ", lock_rows_skip_locked!(), ")"
                 ))
                 .bind(node)
-                .bind($list(jobs.iter().map(|j| j.0)))
+                .bind(list(jobs.iter().map(|j| j.0)))
                 .bind(lease_ms)
                 .execute(&*writer)
                 .await?;
                 // Connection slots held by these jobs live as long as their leases.
                 sqlx::query(concat!(
-                    "UPDATE connection_slots SET expires_at = ", $now, " + $2
-                     WHERE job_id ", $in1
+                    "UPDATE connection_slots SET expires_at = ", db_now!(), " + $2
+                     WHERE job_id ", any_of!(1)
                 ))
-                .bind($list(jobs.iter().map(|j| j.0)))
+                .bind(list(jobs.iter().map(|j| j.0)))
                 .bind(lease_ms)
                 .execute(&*writer)
                 .await?;
@@ -178,7 +168,7 @@ macro_rules! impl_queue {
             async fn release_claims(&self, node: &str) -> Result<u64> {
                 let done = sqlx::query(concat!(
                     "UPDATE jobs SET locked_by = NULL, locked_until = NULL, claim_token = NULL
-                     WHERE ", $release_where
+                     WHERE ", leases_of_node!()
                 ))
                 .bind(node)
                 .execute(&*self.writer().await)
@@ -196,17 +186,17 @@ macro_rules! impl_queue {
                         COALESCE(SUM(CASE WHEN run_after > n AND (locked_until IS NULL OR locked_until < n) THEN 1 ELSE 0 END), 0) AS scheduled,
                         COALESCE(SUM(CASE WHEN locked_until >= n THEN 1 ELSE 0 END), 0) AS running,
                         MIN(CASE WHEN run_after <= n AND (locked_until IS NULL OR locked_until < n) THEN n - run_after END) AS oldest
-                     FROM jobs, (SELECT ", $now, " AS n) clock
-                     WHERE tenant_id ", $in1
+                     FROM jobs, (SELECT ", db_now!(), " AS n) clock
+                     WHERE tenant_id ", any_of!(1)
                 ))
-                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
                 .fetch_one(self.reader())
                 .await?;
                 let pending = sqlx::query(concat!(
                     "SELECT COUNT(*) AS pending FROM event_inbox
-                     WHERE status = 'pending' AND tenant_id ", $in1
+                     WHERE status = 'pending' AND tenant_id ", any_of!(1)
                 ))
-                .bind($list(tenants.iter().map(|t| t.as_str())))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
                 .fetch_one(self.reader())
                 .await?;
                 Ok(QueueStats {

@@ -6,17 +6,6 @@ macro_rules! impl_record {
     (
         store = $store:ty,
         db = $db:ty,
-        now = $now:literal,
-        ids_in_2 = $in2:literal,
-        plan_prelude = $plan_prelude:literal,
-        rows_1 = $rows1:literal,
-        lock_jobs_runs = $lock_jobs_runs:literal,
-        by_key_tenants_in_1 = $by_key_in1:literal,
-        by_key_tenant = $by_key_tenant:literal,
-        key_hint_jobs_2 = $key_hint_jobs2:literal,
-        key_hint_runs_2 = $key_hint_runs2:literal,
-        update_staying_runs_apart = $staying_apart:literal,
-        list = $list:path,
     ) => {
         /// The records' group commit: each claim's record in one shared
         /// transaction. A record whose lease was lost writes nothing and is
@@ -70,8 +59,8 @@ macro_rules! impl_record {
             std::result::Result<Vec<Result<bool>>, (StoreError, Vec<(ClaimedJob, Record)>)>,
         > {
             let mut tx = pool.begin().await?;
-            if !$plan_prelude.is_empty() {
-                sqlx::Executor::execute(&mut *tx, $plan_prelude).await?;
+            if !plan_prelude!().is_empty() {
+                sqlx::Executor::execute(&mut *tx, plan_prelude!()).await?;
             }
             let held = fenced_statuses(&mut tx, items.iter().map(|(job, _)| job)).await?;
             // Fenced records with their run's status; the lost ones apart.
@@ -142,7 +131,7 @@ macro_rules! impl_record {
                     x.value ->> 9, x.value -> 10,
                     CAST(x.value ->> 11 AS BIGINT),
                     CAST(x.value ->> 12 AS BIGINT), $2
-                 FROM ", $rows1, "
+                 FROM ", batch_rows!(1), "
                  ORDER BY x.key"
             ))
             .bind(Json(steps))
@@ -175,17 +164,17 @@ macro_rules! impl_record {
             // PostgreSQL the run is found by its key alone (a plan that
             // seeks by tenant reads all of the tenant's runs).
             Ok(sqlx::query(concat!(
-                "SELECT j.id, r.status, r.actions FROM ", $rows1, "
+                "SELECT j.id, r.status, r.actions FROM ", batch_rows!(1), "
                  JOIN jobs j ON j.id = CAST(x.value ->> 0 AS BIGINT)
                     AND j.tenant_id = x.value ->> 1
                     AND j.claim_token = x.value ->> 2
-                 JOIN runs r ON r.tenant_id ", $by_key_tenant, " = j.tenant_id AND r.id = j.run_id
-                 WHERE j.id ", $in2, "
+                 JOIN runs r ON r.tenant_id ", unindexed!(), " = j.tenant_id AND r.id = j.run_id
+                 WHERE j.id ", any_of!(2), "
                  ORDER BY j.id ",
-                $lock_jobs_runs
+                lock_rows_of!(j, r)
             ))
             .bind(Json(&rows))
-            .bind($list(jobs.iter().map(|job| job.id.0)))
+            .bind(list(jobs.iter().map(|job| job.id.0)))
             .fetch_all(&mut **tx)
             .await?
             .iter()
@@ -279,7 +268,7 @@ macro_rules! impl_record {
                 // the entries of every index on a column the `SET` list
                 // names, changed or not. (PostgreSQL compares the values, and
                 // one statement is one round trip less.)
-                let stays = $staying_apart
+                let stays = UPDATE_STAYING_RUNS_APART
                     && status.as_str() == current.as_str()
                     && (record.subject_ticket_id.is_none()
                         || record.subject_ticket_id == job.subject_ticket_id);
@@ -297,7 +286,7 @@ macro_rules! impl_record {
             }
             // Rows are matched one by one on (id, tenant) from the batch's own
             // rows. On PostgreSQL the updates also name their rows' keys (the
-            // `key_hint` fragments), so it seeks them by primary key whatever
+            // `seek_keys!` fragment), so it seeks them by primary key whatever
             // its statistics say: a table that grew fast still looks small to
             // it, and a hash join would read all of it. SQLite plans these
             // joins from the batch's rows by itself; a key list would turn
@@ -308,32 +297,32 @@ macro_rules! impl_record {
                     "UPDATE jobs SET path = x.value ->> 2,
                         run_after = CASE WHEN x.value ->> 9 IS NOT NULL THEN CAST(x.value ->> 9 AS BIGINT)
                             WHEN x.value ->> 5 IS NULL
-                            THEN ", $now, " + CAST(x.value ->> 3 AS BIGINT)
+                            THEN ", db_now!(), " + CAST(x.value ->> 3 AS BIGINT)
                             ELSE jobs.run_after END,
                         resume = NULLIF(x.value -> 10, 'null'),
                         attempts = CAST(x.value ->> 4 AS INTEGER),
                         claim_token = x.value ->> 5,
                         locked_by = CASE WHEN x.value ->> 5 IS NULL THEN NULL ELSE jobs.locked_by END,
                         locked_until = CASE WHEN x.value ->> 5 IS NULL THEN NULL
-                            ELSE ", $now, " + CAST(x.value ->> 6 AS BIGINT) END,
+                            ELSE ", db_now!(), " + CAST(x.value ->> 6 AS BIGINT) END,
                         held = CAST(x.value ->> 7 AS BOOLEAN),
                         queue_key = COALESCE(x.value ->> 8, jobs.queue_key)
-                     FROM ", $rows1, "
+                     FROM ", batch_rows!(1), "
                      WHERE jobs.id = CAST(x.value ->> 0 AS BIGINT)
-                       AND jobs.tenant_id = x.value ->> 1 ", $key_hint_jobs2
+                       AND jobs.tenant_id = x.value ->> 1 ", seek_keys!(jobs, 2)
                 ))
                 .bind(Json(&moves))
-                .bind($list(moved_ids.iter().copied()))
+                .bind(list(moved_ids.iter().copied()))
                 .execute(&mut **tx)
                 .await?
                 .rows_affected();
             }
             if !done.is_empty() {
                 moved += sqlx::query(concat!(
-                    "DELETE FROM jobs WHERE tenant_id ", $by_key_in1, " AND id ", $in2
+                    "DELETE FROM jobs WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
                 ))
-                .bind($list(items.iter().map(|(job, _, _)| job.tenant_id.as_str())))
-                .bind($list(done.iter().copied()))
+                .bind(list(items.iter().map(|(job, _, _)| job.tenant_id.as_str())))
+                .bind(list(done.iter().copied()))
                 .execute(&mut **tx)
                 .await?
                 .rows_affected();
@@ -353,12 +342,12 @@ macro_rules! impl_record {
                     "UPDATE runs SET context = x.value -> 2,
                         actions = CAST(x.value ->> 3 AS INTEGER),
                         error = x.value ->> 5
-                     FROM ", $rows1, "
+                     FROM ", batch_rows!(1), "
                      WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
-                       $key_hint_runs2
+                       seek_keys!(runs, 2)
                 ))
                 .bind(Json(&staying))
-                .bind($list(staying.iter().map(|run| run.id.as_str())))
+                .bind(list(staying.iter().map(|run| run.id.as_str())))
                 .execute(&mut **tx)
                 .await?;
             }
@@ -370,12 +359,12 @@ macro_rules! impl_record {
                         error = x.value ->> 5,
                         finished_at = COALESCE(CAST(x.value ->> 6 AS BIGINT), runs.finished_at),
                         subject_ticket_id = COALESCE(x.value ->> 7, runs.subject_ticket_id)
-                     FROM ", $rows1, "
+                     FROM ", batch_rows!(1), "
                      WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
-                       $key_hint_runs2
+                       seek_keys!(runs, 2)
                 ))
                 .bind(Json(&runs))
-                .bind($list(runs.iter().map(|run| run.id.as_str())))
+                .bind(list(runs.iter().map(|run| run.id.as_str())))
                 .execute(&mut **tx)
                 .await?;
             }

@@ -3,13 +3,15 @@
 //!
 //! The SQL of PostgreSQL and SQLite differs in a handful of fragments (the
 //! database clock, how a list of ids is bound, row locking, the fair
-//! selection of events and jobs); everything else is the same text. Each
+//! selection of events and jobs: `fragments.rs` defines them per backend,
+//! named for what they mean); everything else is the same text. Each
 //! part of the store is one file with one macro (`admin_sql.rs` has
 //! `impl_admin!`, `inbox_sql.rs` `impl_inbox!`, …) that expands that part's
 //! trait implementation for one backend with its fragments spliced in at
 //! compile time, so a query exists once and both backends run it.
-//! `postgres.rs` and `sqlite.rs` expand every macro once, in one module, so
-//! the helpers of one file (`insert_steps`, `steps_of`, …) serve the others.
+//! `postgres.rs` and `sqlite.rs` each import their backend's fragments and
+//! expand every macro once, in one module, so the helpers of one file
+//! (`insert_steps`, `steps_of`, …) serve the others.
 //!
 //! Why macros rather than functions generic over `sqlx::Database`: the
 //! fragments go into the SQL with `concat!`, so every statement is one
@@ -19,7 +21,7 @@
 //! and `sqlite.rs`.
 
 /// Unix milliseconds of the process clock, for `created_at`-style columns.
-/// Leases and due times use the database clock instead (`NOW` fragments).
+/// Leases and due times use the database clock instead (`db_now!`, `fragments.rs`).
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -34,7 +36,7 @@ pub(crate) const DISPATCH_CROWDING: usize = 4;
 /// Events older than this no longer deduplicate a repeated idempotency key.
 pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
 
-/// The rows of a batch statement, bound as one JSON array (`rows_1`).
+/// The rows of a batch statement, bound as one JSON array (`batch_rows!`).
 /// They borrow what they write: a payload or a context is serialized once
 /// into the statement's parameter, never copied first.
 ///

@@ -5,8 +5,6 @@ macro_rules! impl_runs {
     (
         store = $store:ty,
         db = $db:ty,
-        now = $now:literal,
-        lock_row = $lock_row:literal,
     ) => {
         fn run_from_row(row: &<$db as sqlx::Database>::Row) -> RunSummary {
             RunSummary {
@@ -149,7 +147,7 @@ macro_rules! impl_runs {
                         "UPDATE runs SET status = CASE WHEN EXISTS (
                             SELECT 1 FROM jobs WHERE tenant_id = $1 AND run_id = $2
                               AND run_after > ",
-                        $now,
+                        db_now!(),
                         ") THEN 'waiting' ELSE 'queued' END
                      WHERE tenant_id = $1 AND id = $2"
                     ),
@@ -192,7 +190,7 @@ macro_rules! impl_runs {
                     "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
                         priority, created_at)
                      VALUES ($1, $2, $3, ",
-                    $now,
+                    db_now!(),
                     ", 0, $4, 0, $5)"
                 ))
                 .bind(id.as_str())
@@ -285,7 +283,7 @@ macro_rules! impl_runs {
         ) -> Result<RunStatus> {
             let row = sqlx::query(concat!(
                 "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ",
-                $lock_row
+                lock_rows!()
             ))
             .bind(tenant.as_str())
             .bind(id.as_str())
