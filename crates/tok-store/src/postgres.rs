@@ -34,7 +34,8 @@ use crate::fragments::postgres::*;
 use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
 use crate::*;
 
-/// Advisory lock key held while migrations run (any process, any machine).
+/// Advisory lock key: each migration's transaction and the partition upkeep
+/// take it until they end (any process, any machine).
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
 
 /// Group-commit transactions of one kind in flight at once: one is written
@@ -214,16 +215,12 @@ impl Store for PgStore {
 
     async fn migrate(&self) -> Result<()> {
         let mut conn = self.pool.acquire().await?;
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(MIGRATION_LOCK)
-            .execute(&mut *conn)
-            .await?;
-        let applied = apply_migrations(&mut conn).await;
-        sqlx::query("SELECT pg_advisory_unlock($1)")
-            .bind(MIGRATION_LOCK)
-            .execute(&mut *conn)
-            .await?;
-        applied?;
+        migrate::apply::<sqlx::Postgres>(
+            &mut conn,
+            migrate::POSTGRES,
+            Some(("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)),
+        )
+        .await?;
         drop(conn);
         self.maintain().await
     }
@@ -266,33 +263,4 @@ impl Store for PgStore {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
-}
-
-async fn apply_migrations(conn: &mut sqlx::PgConnection) -> Result<()> {
-    sqlx::Executor::execute(&mut *conn, migrate::CREATE_TABLE).await?;
-    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
-        .fetch_all(&mut *conn)
-        .await?;
-    let pending: Vec<&migrate::Migration> = migrate::POSTGRES
-        .iter()
-        .filter(|m| !applied.contains(&m.version))
-        .collect();
-    for m in pending {
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        sqlx::Executor::execute(&mut *tx, m.sql)
-            .await
-            .map_err(|source| StoreError::Migration {
-                name: m.name,
-                source,
-            })?;
-        sqlx::query("INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
-            .bind(m.version)
-            .bind(m.name)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        tracing::info!(migration = m.name, "applied");
-    }
-    Ok(())
 }

@@ -236,34 +236,7 @@ impl Store for SqliteStore {
     async fn migrate(&self) -> Result<()> {
         let writer = self.writer().await;
         let mut conn = writer.acquire().await?;
-        sqlx::Executor::execute(&mut *conn, migrate::CREATE_TABLE).await?;
-        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
-            .fetch_all(&mut *conn)
-            .await?;
-        let pending: Vec<&migrate::Migration> = migrate::SQLITE
-            .iter()
-            .filter(|m| !applied.contains(&m.version))
-            .collect();
-        for m in pending {
-            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            sqlx::Executor::execute(&mut *tx, m.sql)
-                .await
-                .map_err(|source| StoreError::Migration {
-                    name: m.name,
-                    source,
-                })?;
-            sqlx::query(
-                "INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-            )
-            .bind(m.version)
-            .bind(m.name)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            tracing::info!(migration = m.name, "applied");
-        }
-        Ok(())
+        migrate::apply::<sqlx::Sqlite>(&mut conn, migrate::SQLITE, None).await
     }
 
     async fn maintain(&self) -> Result<()> {
