@@ -277,7 +277,7 @@ macro_rules! impl_dispatch {
                         Some(target) => {
                             let sql = format!(
                                 "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2
-                                   AND a.status = 'active'"
+                                       AND a.status = 'active'"
                             );
                             sqlx::query(&sql)
                                 .bind(tenant)
@@ -288,8 +288,8 @@ macro_rules! impl_dispatch {
                         None => {
                             let sql = format!(
                                 "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.trigger_kind = $2
-                                   AND a.trigger_key = $3 AND a.status = 'active'
-                                 ORDER BY a.id"
+                                       AND a.trigger_key = $3 AND a.status = 'active'
+                                     ORDER BY a.id"
                             );
                             sqlx::query(&sql)
                                 .bind(tenant)
@@ -394,7 +394,7 @@ macro_rules! impl_dispatch {
             }
             sqlx::query(concat!(
                 "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
-                 WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
+                     WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
             ))
             .bind(list(tenants.iter().map(|t| t.as_str())))
             .bind(list(dispatched.iter().map(|e| e.as_str())))
