@@ -1,7 +1,10 @@
-//! The connection queries for both backends (see `common.rs` for why a macro).
+//! The connection queries for both backends (see `rows.rs` for why a macro).
 
 macro_rules! impl_connections {
-    (store = $store:ty, db = $db:ty, now = $now:literal, lock_row = $lock_row:literal,) => {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
         use $crate::connections::Gate;
 
         fn connection_from_row(row: &<$db as sqlx::Database>::Row) -> Connection {
@@ -100,7 +103,7 @@ macro_rules! impl_connections {
                 let row = sqlx::query(concat!(
                     "SELECT rate, burst, tokens, refilled_at, max_concurrency, breaker_state,
                         opened_at, breaker_cooldown_ms
-                     FROM connections WHERE tenant_id = $1 AND id = $2 ", $lock_row
+                     FROM connections WHERE tenant_id = $1 AND id = $2 ", lock_rows!()
                 ))
                 .bind(tenant.as_str())
                 .bind(connection_id)
@@ -112,7 +115,7 @@ macro_rules! impl_connections {
                         (SELECT COUNT(*) FROM connection_slots s
                          WHERE s.tenant_id = $1 AND s.connection_id = $2 AND s.job_id <> $3
                            AND s.expires_at > clock.n) AS in_flight
-                     FROM (SELECT ", $now, " AS n) clock"
+                     FROM (SELECT ", db_now!(), " AS n) clock"
                 ))
                 .bind(tenant.as_str())
                 .bind(connection_id)
@@ -184,7 +187,7 @@ macro_rules! impl_connections {
                     CallOutcome::Answered => concat!(
                         "UPDATE connections SET failures = 0, breaker_state = 'closed',
                             opened_at = NULL
-                         WHERE tenant_id = $1 AND id = $2 AND ", $now, " IS NOT NULL"
+                         WHERE tenant_id = $1 AND id = $2 AND ", db_now!(), " IS NOT NULL"
                     ),
                     CallOutcome::Unavailable => concat!(
                         "UPDATE connections SET failures = failures + 1,
@@ -194,7 +197,7 @@ macro_rules! impl_connections {
                                 ELSE breaker_state END,
                             opened_at = CASE
                                 WHEN breaker_state = 'half_open'
-                                  OR failures + 1 >= breaker_threshold THEN ", $now, "
+                                  OR failures + 1 >= breaker_threshold THEN ", db_now!(), "
                                 ELSE opened_at END
                          WHERE tenant_id = $1 AND id = $2"
                     ),

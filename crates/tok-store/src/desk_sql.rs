@@ -1,5 +1,5 @@
 //! The service-desk queries and the record transaction, written once for
-//! both backends (see `common.rs` for why a macro).
+//! both backends (see `rows.rs` for why a macro).
 
 /// Most events one chain of automations may cause: an event deeper than
 /// this is not written (DESIGN §6, loop protection).
@@ -10,8 +10,6 @@ macro_rules! impl_desk {
         store = $store:ty,
         db = $db:ty,
         conn = $conn:ty,
-        group_lock = $group_lock:literal,
-        lock_row = $lock_row:literal,
     ) => {
         use $crate::desk_sql::MAX_EVENT_DEPTH;
 
@@ -81,9 +79,9 @@ macro_rules! impl_desk {
             value: &str,
             lock: bool,
         ) -> Result<Option<Ticket>> {
-            let sql = if lock && !$lock_row.is_empty() {
+            let sql = if lock && !lock_rows!().is_empty() {
                 // Lock only the ticket row, not the joined type and member.
-                format!("{TICKET_SELECT} WHERE t.tenant_id = $1 AND t.{column} = $2 {} OF t", $lock_row)
+                format!("{TICKET_SELECT} WHERE t.tenant_id = $1 AND t.{column} = $2 {} OF t", lock_rows!())
             } else {
                 format!("{TICKET_SELECT} WHERE t.tenant_id = $1 AND t.{column} = $2")
             };
@@ -603,7 +601,7 @@ macro_rules! impl_desk {
                 // Assignments to one group are serialized until this
                 // transaction ends, so two runs assigning at once do not both
                 // see the same member as least busy.
-                sqlx::query($group_lock)
+                sqlx::query(lock_group!(1))
                     .bind(group_id)
                     .execute(&mut *self.tx)
                     .await?;

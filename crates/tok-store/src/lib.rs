@@ -11,16 +11,24 @@
 //! generated per backend by [`backend_tests!`]). `connect` picks one from
 //! the URL.
 
+mod admin_sql;
 mod batch;
-mod common;
 pub mod connections;
 mod connections_sql;
+mod definitions_sql;
 pub mod desk;
 mod desk_sql;
+mod dispatch_sql;
+mod fragments;
 mod gate;
+mod inbox_sql;
 mod migrate;
 pub mod model;
 mod postgres;
+mod queue_sql;
+mod record_sql;
+mod rows;
+mod runs_sql;
 pub mod signals;
 mod signals_sql;
 mod sqlite;
@@ -33,12 +41,12 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
-pub use common::now_ms;
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
 pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
+pub use rows::now_ms;
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
 

@@ -1,8 +1,9 @@
 //! Migrations: one SQL file per change, named by what it does, applied in
 //! order and recorded in `tok_migrations`. Written by hand rather than with
 //! `sqlx::migrate!` to keep sqlx's macro crates out of the build and to take
-//! PostgreSQL's advisory lock around the whole set, so that several
-//! processes starting at once apply each migration exactly once.
+//! PostgreSQL's advisory lock in each migration's transaction, so that
+//! several processes starting at once apply each migration exactly once.
+//! [`apply`] is the one runner both backends call with their list.
 
 pub(crate) struct Migration {
     pub(crate) version: i64,
@@ -49,3 +50,59 @@ pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations
     name TEXT NOT NULL,
     applied_at BIGINT NOT NULL
 )";
+
+/// Applies the migrations of `list` that `conn`'s database has not applied
+/// yet, in order, each in a transaction of its own with its row in
+/// `tok_migrations`: a crash between two leaves the first applied and
+/// recorded, and the next start goes on from the second.
+///
+/// `lock` is the backend's lock, where it needs one: a statement that takes
+/// a lock until the transaction ends, and the key it binds as `$1`. Each
+/// transaction takes it first and only then reads what is applied, so that
+/// processes starting at once apply each migration exactly once. (A
+/// transaction lock, PostgreSQL's `pg_advisory_xact_lock`, ends with its
+/// transaction whatever happens; a session lock taken and released by
+/// separate statements can stay behind on a pooler's connection in
+/// transaction mode.) SQLite's one writer needs none.
+pub(crate) async fn apply<DB>(
+    conn: &mut DB::Connection,
+    list: &[Migration],
+    lock: Option<(&str, i64)>,
+) -> crate::Result<()>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    loop {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        if let Some((sql, key)) = lock {
+            sqlx::query(sql).bind(key).execute(&mut *tx).await?;
+        }
+        sqlx::Executor::execute(&mut *tx, CREATE_TABLE).await?;
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
+            .fetch_all(&mut *tx)
+            .await?;
+        let Some(m) = list.iter().find(|m| !applied.contains(&m.version)) else {
+            tx.commit().await?;
+            return Ok(());
+        };
+        sqlx::Executor::execute(&mut *tx, m.sql)
+            .await
+            .map_err(|source| crate::StoreError::Migration {
+                name: m.name,
+                source,
+            })?;
+        sqlx::query("INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
+            .bind(m.version)
+            .bind(m.name)
+            .bind(crate::now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(migration = m.name, "applied");
+    }
+}

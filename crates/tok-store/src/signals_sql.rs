@@ -1,4 +1,4 @@
-//! The queries of signals and waits for both backends (see `common.rs` for
+//! The queries of signals and waits for both backends (see `rows.rs` for
 //! why a macro): sending a signal, and parking a recorded job at its wait
 //! (or resuming it at once from the buffer). Both run in the caller's
 //! transaction: a send in its own or in a record transaction (an `emit`
@@ -20,13 +20,6 @@ macro_rules! impl_signals {
     (
         store = $store:ty,
         db = $db:ty,
-        now = $now:literal,
-        in_1 = $in1:literal,
-        in_2 = $in2:literal,
-        lock_names_1 = $lock_names1:literal,
-        lock_jobs = $lock_jobs:literal,
-        notify_work = $notify_work:literal,
-        list = $list:path,
     ) => {
         use $crate::signals::NEVER_DUE_MS;
         use $crate::signals_sql::{idempotency_lock, key_lock};
@@ -45,10 +38,10 @@ macro_rules! impl_signals {
         /// transactions taking several never wait for each other in a
         /// circle. SQLite's one writer is lock enough: no statement.
         async fn lock_names(tx: &mut sqlx::Transaction<'_, $db>, names: Vec<String>) -> Result<()> {
-            if $lock_names1.is_empty() || names.is_empty() {
+            if lock_names!(1).is_empty() || names.is_empty() {
                 return Ok(());
             }
-            sqlx::query($lock_names1).bind($list(names)).execute(&mut **tx).await?;
+            sqlx::query(lock_names!(1)).bind(list(names)).execute(&mut **tx).await?;
             Ok(())
         }
 
@@ -89,7 +82,7 @@ macro_rules! impl_signals {
                  FROM waits w
                  JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
                  WHERE w.tenant_id = $1 AND w.key = $2 AND j.claim_token IS NULL
-                 ORDER BY j.id ", $lock_jobs
+                 ORDER BY j.id ", lock_rows_of!(j)
             ))
             .bind(tenant.as_str())
             .bind(&signal.key)
@@ -110,23 +103,23 @@ macro_rules! impl_signals {
             let id = new_id("sig");
             let now = now_ms();
             if !matched.is_empty() {
-                sqlx::query(concat!("DELETE FROM waits WHERE tenant_id = $1 AND id ", $in2))
+                sqlx::query(concat!("DELETE FROM waits WHERE tenant_id = $1 AND id ", any_of!(2)))
                     .bind(tenant.as_str())
-                    .bind($list(matched.iter().map(|(wait, _, _)| wait.clone())))
+                    .bind(list(matched.iter().map(|(wait, _, _)| wait.clone())))
                     .execute(&mut **tx)
                     .await?;
                 let resume = Resume::Signal { signal_id: id.clone(), payload: signal.payload.clone() };
                 sqlx::query(concat!(
-                    "UPDATE jobs SET resume = $3, run_after = ", $now, "
-                     WHERE tenant_id = $1 AND id ", $in2
+                    "UPDATE jobs SET resume = $3, run_after = ", db_now!(), "
+                     WHERE tenant_id = $1 AND id ", any_of!(2)
                 ))
                 .bind(tenant.as_str())
-                .bind($list(matched.iter().map(|(_, _, job)| *job)))
+                .bind(list(matched.iter().map(|(_, _, job)| *job)))
                 .bind(Json(&resume))
                 .execute(&mut **tx)
                 .await?;
-                if !$notify_work.is_empty() {
-                    sqlx::query($notify_work).execute(&mut **tx).await?;
+                if !notify_work!().is_empty() {
+                    sqlx::query(notify_work!()).execute(&mut **tx).await?;
                 }
             }
             let resumed: Vec<RunId> = matched.into_iter().map(|(_, run, _)| RunId::from(run)).collect();
@@ -199,7 +192,7 @@ macro_rules! impl_signals {
         async fn settle_waits(
             tx: &mut sqlx::Transaction<'_, $db>,
             items: &[(ClaimedJob, Record, String)],
-        ) -> Result<std::collections::HashMap<i64, $crate::common::Parked>> {
+        ) -> Result<std::collections::HashMap<i64, $crate::rows::Parked>> {
             let mut parked = std::collections::HashMap::new();
             let parking: Vec<(&ClaimedJob, &str, &SignalWait)> = items
                 .iter()
@@ -217,10 +210,10 @@ macro_rules! impl_signals {
                 return Ok(parked);
             }
             sqlx::query(concat!(
-                "DELETE FROM waits WHERE tenant_id ", $in1, " AND run_id ", $in2
+                "DELETE FROM waits WHERE tenant_id ", any_of!(1), " AND run_id ", any_of!(2)
             ))
-            .bind($list(settled.iter().map(|job| job.tenant_id.as_str())))
-            .bind($list(settled.iter().map(|job| job.run_id.as_str())))
+            .bind(list(settled.iter().map(|job| job.tenant_id.as_str())))
+            .bind(list(settled.iter().map(|job| job.run_id.as_str())))
             .execute(&mut **tx)
             .await?;
             if parking.is_empty() {
@@ -251,14 +244,14 @@ macro_rules! impl_signals {
                     .execute(&mut **tx)
                     .await?;
                     let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
-                    parked.insert(job.id.0, $crate::common::Parked { run_at, resume: Resume::TimedOut });
+                    parked.insert(job.id.0, $crate::rows::Parked { run_at, resume: Resume::TimedOut });
                     continue;
                 };
                 took = true;
-                parked.insert(job.id.0, $crate::common::Parked { run_at: None, resume });
+                parked.insert(job.id.0, $crate::rows::Parked { run_at: None, resume });
             }
-            if took && !$notify_work.is_empty() {
-                sqlx::query($notify_work).execute(&mut **tx).await?;
+            if took && !notify_work!().is_empty() {
+                sqlx::query(notify_work!()).execute(&mut **tx).await?;
             }
             Ok(parked)
         }

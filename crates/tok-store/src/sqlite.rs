@@ -13,13 +13,29 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
-use crate::common::impl_common;
 use crate::connections_sql::impl_connections;
+use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
+use crate::dispatch_sql::impl_dispatch;
 use crate::gate::{Lane, WriteGate, Writer};
+use crate::inbox_sql::impl_inbox;
 use crate::migrate;
+use crate::queue_sql::impl_queue;
+use crate::record_sql::impl_record;
+use crate::runs_sql::impl_runs;
 use crate::signals_sql::impl_signals;
+
+// The names the queries of every `*_sql.rs` file use, once for all of them.
+use serde_json::Value;
+use sqlx::Row as _;
+use sqlx::types::Json;
+use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
+
+use crate::fragments::sqlite::*;
+use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
+use crate::*;
 
 pub struct SqliteStore {
     writer: SqlitePool,
@@ -150,101 +166,65 @@ impl SqliteStore {
     }
 }
 
+/// A run whose status and ticket stay is updated by a statement that does
+/// not name them: SQLite rewrites the entries of every index on a column the
+/// `SET` list names, changed or not (see `record_sql.rs`).
+const UPDATE_STAYING_RUNS_APART: bool = true;
+
 /// SQLite has no arrays: a list is bound as a JSON array and read with `json_each`.
 fn list<T: serde::Serialize, I: IntoIterator<Item = T>>(items: I) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<T>>()).unwrap_or_else(|_| "[]".into())
 }
 
-impl_common! {
+impl_admin! {
     store = SqliteStore,
     db = sqlx::Sqlite,
-    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-    tenants_in_1 = "IN (SELECT value FROM json_each($1))",
-    ids_in_2 = "IN (SELECT value FROM json_each($2))",
-    ids_in_4 = "IN (SELECT value FROM json_each($4))",
-    lock_row = "",
-    claim_prelude = "SELECT 1",
-    plan_prelude = "",
-    claim_candidates = "SELECT id, tenant_id, queue_key FROM (
-            SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
-                row_number() OVER (PARTITION BY j.tenant_id
-                                   ORDER BY j.priority DESC, j.run_after, j.id) AS rk
-            FROM json_each($1) AS t
-            JOIN jobs j ON j.id IN (
-                SELECT k.id FROM jobs k
-                WHERE k.tenant_id = t.value
-                  AND k.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
-                  AND (k.locked_until IS NULL
-                       OR k.locked_until < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
-                  AND NOT k.held
-                  AND (k.queue_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM jobs q
-                        WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
-                          AND q.id <> k.id
-                          AND (q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
-                               OR (q.id < k.id AND NOT q.held
-                                   AND q.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))))
-                ORDER BY k.priority DESC, k.run_after, k.id
-                LIMIT $2)
-        )
-        ORDER BY rk, priority DESC, run_after, id
-        LIMIT $3",
-    dispatch_select = "SELECT * FROM (
-            SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth, e.cause_run_id,
-                e.origin_automation_id, e.target_automation_id, e.event_type, e.subject_ticket_id,
-                e.received_at,
-                row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
-            FROM json_each($1) AS t
-            JOIN event_inbox e ON e.id IN (
-                SELECT k.id FROM event_inbox k
-                WHERE k.status = 'pending' AND k.tenant_id = t.value
-                ORDER BY k.received_at, k.id
-                LIMIT $3)
-        )
-        ORDER BY rk, received_at, id
-        LIMIT $2",
-    release_where = "locked_by IS NOT NULL OR $1 IS NULL",
-    rows_1 = "json_each($1) AS x",
-    lock_jobs_runs = "",
-    notify_work = "",
-    by_key_tenants_in_1 = "IN (SELECT value FROM json_each($1))",
-    by_key_tenant = "",
-    // SQLite plans a record's updates from the batch's rows; a key list
-    // would make it scan the batch once per row. (The key list stays bound.)
-    key_hint_jobs_2 = "AND $2 IS NOT NULL",
-    key_hint_runs_2 = "AND $2 IS NOT NULL",
-    update_staying_runs_apart = true,
-    skip_locked = "",
-    list = list,
+}
+
+impl_definitions! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_inbox! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_dispatch! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_record! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_runs! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_queue! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
 }
 
 impl_desk! {
     store = SqliteStore,
     db = sqlx::Sqlite,
     conn = sqlx::SqliteConnection,
-    group_lock = "SELECT $1",
-    lock_row = "",
 }
 
 impl_connections! {
     store = SqliteStore,
     db = sqlx::Sqlite,
-    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-    lock_row = "",
 }
 
 impl_signals! {
     store = SqliteStore,
     db = sqlx::Sqlite,
-    now = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-    in_1 = "IN (SELECT value FROM json_each($1))",
-    in_2 = "IN (SELECT value FROM json_each($2))",
-    // The one writer serializes every write: signal and wait on a key
-    // never run at once, so there is nothing to lock.
-    lock_names_1 = "",
-    lock_jobs = "",
-    notify_work = "",
-    list = list,
 }
 
 #[async_trait]
@@ -256,34 +236,7 @@ impl Store for SqliteStore {
     async fn migrate(&self) -> Result<()> {
         let writer = self.writer().await;
         let mut conn = writer.acquire().await?;
-        sqlx::Executor::execute(&mut *conn, migrate::CREATE_TABLE).await?;
-        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM tok_migrations")
-            .fetch_all(&mut *conn)
-            .await?;
-        let pending: Vec<&migrate::Migration> = migrate::SQLITE
-            .iter()
-            .filter(|m| !applied.contains(&m.version))
-            .collect();
-        for m in pending {
-            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            sqlx::Executor::execute(&mut *tx, m.sql)
-                .await
-                .map_err(|source| StoreError::Migration {
-                    name: m.name,
-                    source,
-                })?;
-            sqlx::query(
-                "INSERT INTO tok_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-            )
-            .bind(m.version)
-            .bind(m.name)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            tracing::info!(migration = m.name, "applied");
-        }
-        Ok(())
+        migrate::apply::<sqlx::Sqlite>(&mut conn, migrate::SQLITE, None).await
     }
 
     async fn maintain(&self) -> Result<()> {

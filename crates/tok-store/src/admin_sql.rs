@@ -1,0 +1,98 @@
+//! Tenants and API keys ([`AdminStore`](crate::AdminStore)) for both
+//! backends (see `rows.rs` for why a macro per file).
+
+macro_rules! impl_admin {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        fn tenant_from_row(row: &<$db as sqlx::Database>::Row) -> Tenant {
+            Tenant {
+                id: TenantId::from(row.get::<String, _>("id")),
+                name: row.get("name"),
+                created_at: row.get("created_at"),
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl AdminStore for $store {
+            async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant> {
+                let tenant = Tenant {
+                    id: TenantId::from(new_id("ten")),
+                    name: name.to_owned(),
+                    created_at: now_ms(),
+                };
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                sqlx::query(
+                    "INSERT INTO tenants (id, name, settings, created_at) VALUES ($1, $2, $3, $4)",
+                )
+                .bind(tenant.id.as_str())
+                .bind(name)
+                .bind(Json(serde_json::json!({})))
+                .bind(tenant.created_at)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at) VALUES ($1, $2, $3, $4)",
+                )
+                .bind(new_id("key"))
+                .bind(tenant.id.as_str())
+                .bind(key_hash)
+                .bind(tenant.created_at)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(tenant)
+            }
+
+            async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
+                let row = sqlx::query("SELECT id, name, created_at FROM tenants WHERE id = $1")
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(tenant_from_row))
+            }
+
+            async fn tenant_ids(&self) -> Result<Vec<TenantId>> {
+                let rows = sqlx::query("SELECT id FROM tenants ORDER BY id")
+                    .fetch_all(self.reader())
+                    .await?;
+                Ok(rows.iter().map(|r| TenantId::from(r.get::<String, _>("id"))).collect())
+            }
+
+            async fn has_admin_key(&self) -> Result<bool> {
+                let row = sqlx::query("SELECT 1 AS one FROM api_keys WHERE tenant_id IS NULL LIMIT 1")
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.is_some())
+            }
+
+            async fn add_admin_key(&self, key_hash: &str) -> Result<()> {
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at) VALUES ($1, NULL, $2, $3)
+                     ON CONFLICT (hash) DO NOTHING",
+                )
+                .bind(new_id("key"))
+                .bind(key_hash)
+                .bind(now_ms())
+                .execute(&*self.writer().await)
+                .await?;
+                Ok(())
+            }
+
+            async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>> {
+                let row = sqlx::query("SELECT tenant_id FROM api_keys WHERE hash = $1")
+                    .bind(key_hash)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.map(|r| match r.get::<Option<String>, _>("tenant_id") {
+                    Some(t) => KeyOwner::Tenant(TenantId::from(t)),
+                    None => KeyOwner::Platform,
+                }))
+            }
+        }
+    };
+}
+
+pub(crate) use impl_admin;

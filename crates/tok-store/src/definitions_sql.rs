@@ -1,0 +1,263 @@
+//! Sources and versioned automations ([`DefinitionStore`](crate::DefinitionStore))
+//! for both backends (see `rows.rs` for why a macro per file).
+
+macro_rules! impl_definitions {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        fn source_from_row(row: &<$db as sqlx::Database>::Row) -> Source {
+            Source {
+                id: SourceId::from(row.get::<String, _>("id")),
+                tenant_id: TenantId::from(row.get::<String, _>("tenant_id")),
+                name: row.get("name"),
+                token: row.get("token"),
+                params: row.get::<Json<Value>, _>("params").0,
+                critical: row.get("critical"),
+                rate_limit: row.get("rate_limit"),
+                secret: row.get("secret"),
+                created_at: row.get("created_at"),
+            }
+        }
+
+        fn automation_from_row(row: &<$db as sqlx::Database>::Row) -> AutomationRow {
+            AutomationRow {
+                id: AutomationId::from(row.get::<String, _>("id")),
+                tenant_id: TenantId::from(row.get::<String, _>("tenant_id")),
+                name: row.get("name"),
+                status: AutomationStatus::parse(row.get::<&str, _>("status")),
+                version: row.get("current_version"),
+                definition: row.get::<Json<Value>, _>("definition").0,
+                hash: row.get("hash"),
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+            }
+        }
+
+        const AUTOMATION_SELECT: &str = "SELECT a.id, a.tenant_id, a.name, a.status, a.current_version,
+                a.created_at, a.updated_at, v.definition, v.hash
+            FROM automations a
+            JOIN automation_versions v ON v.automation_id = a.id AND v.version = a.current_version";
+
+        #[async_trait::async_trait]
+        impl DefinitionStore for $store {
+            async fn create_source(&self, tenant: &TenantId, source: NewSource) -> Result<Source> {
+                let source = Source {
+                    id: SourceId::from(new_id("src")),
+                    tenant_id: tenant.clone(),
+                    name: source.name,
+                    token: source.token,
+                    params: source.params,
+                    critical: source.critical,
+                    rate_limit: source.rate_limit,
+                    secret: source.secret,
+                    created_at: now_ms(),
+                };
+                sqlx::query(
+                    "INSERT INTO sources (id, tenant_id, name, token, params, critical, rate_limit,
+                        secret, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(source.id.as_str())
+                .bind(tenant.as_str())
+                .bind(&source.name)
+                .bind(&source.token)
+                .bind(Json(&source.params))
+                .bind(source.critical)
+                .bind(source.rate_limit)
+                .bind(source.secret.as_deref())
+                .bind(source.created_at)
+                .execute(&*self.writer().await)
+                .await?;
+                Ok(source)
+            }
+
+            async fn source(&self, tenant: &TenantId, id: &SourceId) -> Result<Option<Source>> {
+                let row = sqlx::query("SELECT * FROM sources WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(source_from_row))
+            }
+
+            async fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>> {
+                let rows = sqlx::query("SELECT * FROM sources WHERE tenant_id = $1 ORDER BY id")
+                    .bind(tenant.as_str())
+                    .fetch_all(self.reader())
+                    .await?;
+                Ok(rows.iter().map(source_from_row).collect())
+            }
+
+            async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
+                let row = sqlx::query("SELECT * FROM sources WHERE token = $1")
+                    .bind(token)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(source_from_row))
+            }
+
+            async fn create_automation(
+                &self,
+                tenant: &TenantId,
+                def: NewVersion,
+            ) -> Result<AutomationRow> {
+                let id = new_id("aut");
+                let now = now_ms();
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                sqlx::query(
+                    "INSERT INTO automations (id, tenant_id, name, status, current_version,
+                        trigger_kind, trigger_key, created_at, updated_at)
+                     VALUES ($1, $2, $3, 'active', 1, $4, $5, $6, $6)",
+                )
+                .bind(&id)
+                .bind(tenant.as_str())
+                .bind(&def.name)
+                .bind(&def.trigger_kind)
+                .bind(def.trigger_key.as_deref())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO automation_versions (automation_id, tenant_id, version, definition,
+                        hash, created_at)
+                     VALUES ($1, $2, 1, $3, $4, $5)",
+                )
+                .bind(&id)
+                .bind(tenant.as_str())
+                .bind(Json(&def.definition))
+                .bind(&def.hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(AutomationRow {
+                    id: AutomationId::from(id),
+                    tenant_id: tenant.clone(),
+                    name: def.name,
+                    status: AutomationStatus::Active,
+                    version: 1,
+                    definition: def.definition,
+                    hash: def.hash,
+                    created_at: now,
+                    updated_at: now,
+                })
+            }
+
+            async fn save_version(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+                def: NewVersion,
+            ) -> Result<AutomationRow> {
+                let now = now_ms();
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let row = sqlx::query(
+                    "UPDATE automations SET current_version = current_version + 1, name = $3,
+                        trigger_kind = $4, trigger_key = $5, updated_at = $6
+                     WHERE tenant_id = $1 AND id = $2
+                     RETURNING current_version, status, created_at",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(&def.name)
+                .bind(&def.trigger_kind)
+                .bind(def.trigger_key.as_deref())
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::NotFound("automation"))?;
+                let version: i32 = row.get("current_version");
+                sqlx::query(
+                    "INSERT INTO automation_versions (automation_id, tenant_id, version, definition,
+                        hash, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(id.as_str())
+                .bind(tenant.as_str())
+                .bind(version)
+                .bind(Json(&def.definition))
+                .bind(&def.hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(AutomationRow {
+                    id: id.clone(),
+                    tenant_id: tenant.clone(),
+                    name: def.name,
+                    status: AutomationStatus::parse(row.get::<&str, _>("status")),
+                    version,
+                    definition: def.definition,
+                    hash: def.hash,
+                    created_at: row.get("created_at"),
+                    updated_at: now,
+                })
+            }
+
+            async fn set_automation_status(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+                status: AutomationStatus,
+            ) -> Result<bool> {
+                let done = sqlx::query(
+                    "UPDATE automations SET status = $3, updated_at = $4
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(status.as_str())
+                .bind(now_ms())
+                .execute(&*self.writer().await)
+                .await?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            async fn automation(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+            ) -> Result<Option<AutomationRow>> {
+                let sql = format!("{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2");
+                let row = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.as_ref().map(automation_from_row))
+            }
+
+            async fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>> {
+                let sql = format!("{AUTOMATION_SELECT} WHERE a.tenant_id = $1 ORDER BY a.id");
+                let rows = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .fetch_all(self.reader())
+                    .await?;
+                Ok(rows.iter().map(automation_from_row).collect())
+            }
+
+            async fn automation_version(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+                version: i32,
+            ) -> Result<Option<Value>> {
+                let row = sqlx::query(
+                    "SELECT definition FROM automation_versions
+                     WHERE tenant_id = $1 AND automation_id = $2 AND version = $3",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(version)
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.map(|r| r.get::<Json<Value>, _>("definition").0))
+            }
+        }
+    };
+}
+
+pub(crate) use impl_definitions;

@@ -1,0 +1,372 @@
+//! The SQL fragments in which PostgreSQL and SQLite differ, each named for
+//! what it means and defined once per backend (`postgres` and `sqlite`
+//! below). The queries of the `*_sql.rs` files splice them in with
+//! `concat!`; a fragment that names a bound parameter takes its position
+//! (`any_of!(2)` reads the list bound at `$2`). What each one means:
+//!
+//! - `db_now!()`: the database clock, in Unix milliseconds. Leases and due
+//!   times use it, so that processes on machines whose clocks differ agree.
+//! - `any_of!(n)`: "is one of the list bound at `$n`" (lists are bound as
+//!   the backend's `list` makes them: an array, or a JSON array on SQLite).
+//! - `unindexed_any_of!(n)` and `unindexed!()`: the same test, and the
+//!   plain comparison's left side, as an expression no index serves: for
+//!   the tenant filter of a statement that finds its rows by primary key.
+//! - `seek_keys!(table, n)`: a condition naming the keys of `table`'s rows
+//!   an update matches (bound at `$n`), where the backend plans better with it.
+//! - `batch_rows!(n)`: the rows of a batch statement bound at `$n` as one
+//!   JSON array (`rows.rs`), as `x` with the row in `x.value` and its
+//!   position in `x.key`.
+//! - `lock_rows!()`: locks the rows a `SELECT` reads until the transaction
+//!   ends; `lock_rows_of!(a, b)` only those of the tables aliased `a`, `b`;
+//!   `lock_rows_skip_locked!()` locks them but skips rows another
+//!   transaction holds.
+//! - `lock_names!(n)`: a statement that takes the locks named by the list
+//!   bound at `$n` until the transaction ends, in one order; empty where
+//!   nothing needs locking.
+//! - `lock_group!(n)`: a statement that serializes assignments to the
+//!   group bound at `$n` until the transaction ends.
+//! - `claim_prelude!()`: the statements a claim's transaction begins with;
+//!   `plan_prelude!()`: those the dispatch's and the records' transactions
+//!   begin with (empty: none).
+//! - `claim_candidates!()`: the fair selection of claimable jobs: `$1` the
+//!   tenants, `$2` how many of each, `$3` how many in all.
+//! - `dispatch_select!()`: the fair selection of pending events: `$1` the
+//!   tenants, `$2` how many in all, `$3` how many of each.
+//! - `leases_of_node!()`: the jobs whose leases a node (`$1`) releases at
+//!   its start.
+//! - `notify_work!()`: a statement telling other processes that jobs are
+//!   ready (empty: nobody to tell).
+//!
+//! Besides these each backend has `list` (how a list is bound) and
+//! `UPDATE_STAYING_RUNS_APART` (whether a run whose status and ticket stay
+//! is updated by a statement that does not name them).
+
+pub(crate) mod postgres {
+    macro_rules! db_now {
+        () => {
+            "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT"
+        };
+    }
+
+    macro_rules! any_of {
+        ($n:literal) => {
+            concat!("= ANY($", $n, ")")
+        };
+    }
+
+    // The tenant filter of a statement that finds its rows by primary key:
+    // an expression no index serves, so the planner never reads a tenant's
+    // rows through a tenant-leading index (its statistics lag a table that
+    // grew fast, and such a plan reads the tenant's whole backlog).
+    macro_rules! unindexed_any_of {
+        ($n:literal) => {
+            concat!("|| '' = ANY($", $n, ")")
+        };
+    }
+
+    macro_rules! unindexed {
+        () => {
+            "|| ''"
+        };
+    }
+
+    // A record's updates name their rows' keys, for the same reason.
+    macro_rules! seek_keys {
+        ($table:ident, $n:literal) => {
+            concat!("AND ", stringify!($table), ".id = ANY($", $n, ")")
+        };
+    }
+
+    macro_rules! batch_rows {
+        ($n:literal) => {
+            concat!(
+                "jsonb_array_elements($",
+                $n,
+                ") WITH ORDINALITY AS x(value, key)"
+            )
+        };
+    }
+
+    macro_rules! lock_rows {
+        () => {
+            "FOR UPDATE"
+        };
+    }
+
+    macro_rules! lock_rows_of {
+        ($($alias:ident),+) => {
+            concat!("FOR UPDATE OF ", stringify!($($alias),+))
+        };
+    }
+
+    macro_rules! lock_rows_skip_locked {
+        () => {
+            "FOR UPDATE SKIP LOCKED"
+        };
+    }
+
+    // Signal keys' locks: transaction advisory locks of the two-key form
+    // under a class of their own (8; groups use 7, and the one-key locks of
+    // claims and migrations are another key space), taken in the order of
+    // their hashes. Two names that share a hash share a lock, which only
+    // serializes them.
+    macro_rules! lock_names {
+        (1) => {
+            "SELECT pg_advisory_xact_lock(8, h)
+        FROM (SELECT DISTINCT hashtext(n) AS h FROM unnest($1::text[]) AS n ORDER BY h) locks"
+        };
+    }
+
+    macro_rules! lock_group {
+        (1) => {
+            "SELECT pg_advisory_xact_lock(7, hashtext($1))"
+        };
+    }
+
+    // The queue's transactions (claims, dispatches, record batches) find
+    // their rows by key, or read each tenant's oldest rows through an index
+    // in their order, a few at a time. Their tables grow from empty to tens
+    // of thousands of rows between two runs of autovacuum's analyze, and
+    // with the statistics of a near-empty table the planner reads a whole
+    // table (a sequential scan, 60 ms at 50,000 inbox rows) or a tenant's
+    // whole backlog (a bitmap scan and a sort) for a handful of rows. Both
+    // are off in these transactions. Claims are also serialized by a
+    // transaction advisory lock.
+    macro_rules! claim_prelude {
+        () => {
+            "SELECT pg_advisory_xact_lock(1953459970);
+        SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+        };
+    }
+
+    macro_rules! plan_prelude {
+        () => {
+            "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+        };
+    }
+
+    macro_rules! claim_candidates {
+        () => {
+            "SELECT id, tenant_id, queue_key FROM (
+            SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
+                row_number() OVER (PARTITION BY j.tenant_id
+                                   ORDER BY j.priority DESC, j.run_after, j.id) AS rk
+            FROM unnest($1::text[]) AS t(id)
+            CROSS JOIN LATERAL (
+                SELECT k.id, k.tenant_id, k.queue_key, k.priority, k.run_after
+                FROM jobs k
+                WHERE k.tenant_id = t.id
+                  AND k.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT
+                  AND (k.locked_until IS NULL
+                       OR k.locked_until < (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT)
+                  AND NOT k.held
+                  AND (k.queue_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM jobs q
+                        WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
+                          AND q.id <> k.id
+                          AND (q.locked_until >= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT
+                               OR (q.id < k.id AND NOT q.held
+                                   AND q.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT))))
+                ORDER BY k.priority DESC, k.run_after, k.id
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            ) j
+        ) c
+        ORDER BY rk, priority DESC, run_after, id
+        LIMIT $3"
+        };
+    }
+
+    macro_rules! dispatch_select {
+        () => {
+            "SELECT * FROM (
+            SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
+            FROM unnest($1::text[]) AS t(id)
+            CROSS JOIN LATERAL (
+                SELECT id, tenant_id, source_id, source_kind, payload, params, depth, cause_run_id,
+                origin_automation_id, target_automation_id, event_type, subject_ticket_id,
+                received_at
+                FROM event_inbox
+                WHERE status = 'pending' AND tenant_id = t.id
+                ORDER BY received_at, id
+                LIMIT $3
+                FOR UPDATE SKIP LOCKED
+            ) e
+        ) c
+        ORDER BY rk, received_at, id
+        LIMIT $2"
+        };
+    }
+
+    macro_rules! leases_of_node {
+        () => {
+            "locked_by = $1"
+        };
+    }
+
+    // The channel is `WORK_CHANNEL` in `postgres.rs`.
+    macro_rules! notify_work {
+        () => {
+            "SELECT pg_notify('tok_work', '')"
+        };
+    }
+
+    pub(crate) use {
+        any_of, batch_rows, claim_candidates, claim_prelude, db_now, dispatch_select,
+        leases_of_node, lock_group, lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked,
+        notify_work, plan_prelude, seek_keys, unindexed, unindexed_any_of,
+    };
+}
+
+pub(crate) mod sqlite {
+    macro_rules! db_now {
+        () => {
+            "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+        };
+    }
+
+    // SQLite has no arrays: a list is bound as a JSON array.
+    macro_rules! any_of {
+        ($n:literal) => {
+            concat!("IN (SELECT value FROM json_each($", $n, "))")
+        };
+    }
+
+    macro_rules! unindexed_any_of {
+        ($n:literal) => {
+            any_of!($n)
+        };
+    }
+
+    macro_rules! unindexed {
+        () => {
+            ""
+        };
+    }
+
+    // SQLite plans a record's updates from the batch's rows; a key list
+    // would make it scan the batch once per row. (The key list stays bound.)
+    macro_rules! seek_keys {
+        ($table:ident, $n:literal) => {
+            concat!("AND $", $n, " IS NOT NULL")
+        };
+    }
+
+    macro_rules! batch_rows {
+        ($n:literal) => {
+            concat!("json_each($", $n, ") AS x")
+        };
+    }
+
+    // The one writer serializes every write: there is nothing to lock, and
+    // no lock to skip.
+    macro_rules! lock_rows {
+        () => {
+            ""
+        };
+    }
+
+    macro_rules! lock_rows_of {
+        ($($alias:ident),+) => {
+            ""
+        };
+    }
+
+    macro_rules! lock_rows_skip_locked {
+        () => {
+            ""
+        };
+    }
+
+    macro_rules! lock_names {
+        (1) => {
+            ""
+        };
+    }
+
+    macro_rules! lock_group {
+        (1) => {
+            "SELECT $1"
+        };
+    }
+
+    macro_rules! claim_prelude {
+        () => {
+            "SELECT 1"
+        };
+    }
+
+    macro_rules! plan_prelude {
+        () => {
+            ""
+        };
+    }
+
+    macro_rules! claim_candidates {
+        () => {
+            "SELECT id, tenant_id, queue_key FROM (
+            SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
+                row_number() OVER (PARTITION BY j.tenant_id
+                                   ORDER BY j.priority DESC, j.run_after, j.id) AS rk
+            FROM json_each($1) AS t
+            JOIN jobs j ON j.id IN (
+                SELECT k.id FROM jobs k
+                WHERE k.tenant_id = t.value
+                  AND k.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+                  AND (k.locked_until IS NULL
+                       OR k.locked_until < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+                  AND NOT k.held
+                  AND (k.queue_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM jobs q
+                        WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
+                          AND q.id <> k.id
+                          AND (q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+                               OR (q.id < k.id AND NOT q.held
+                                   AND q.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))))
+                ORDER BY k.priority DESC, k.run_after, k.id
+                LIMIT $2)
+        )
+        ORDER BY rk, priority DESC, run_after, id
+        LIMIT $3"
+        };
+    }
+
+    macro_rules! dispatch_select {
+        () => {
+            "SELECT * FROM (
+            SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth, e.cause_run_id,
+                e.origin_automation_id, e.target_automation_id, e.event_type, e.subject_ticket_id,
+                e.received_at,
+                row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
+            FROM json_each($1) AS t
+            JOIN event_inbox e ON e.id IN (
+                SELECT k.id FROM event_inbox k
+                WHERE k.status = 'pending' AND k.tenant_id = t.value
+                ORDER BY k.received_at, k.id
+                LIMIT $3)
+        )
+        ORDER BY rk, received_at, id
+        LIMIT $2"
+        };
+    }
+
+    // One process serves the file: at its start, every lease is its own
+    // (`$1` is bound, and unused).
+    macro_rules! leases_of_node {
+        () => {
+            "locked_by IS NOT NULL OR $1 IS NULL"
+        };
+    }
+
+    macro_rules! notify_work {
+        () => {
+            ""
+        };
+    }
+
+    pub(crate) use {
+        any_of, batch_rows, claim_candidates, claim_prelude, db_now, dispatch_select,
+        leases_of_node, lock_group, lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked,
+        notify_work, plan_prelude, seek_keys, unindexed, unindexed_any_of,
+    };
+}

@@ -1,0 +1,339 @@
+//! The event inbox ([`InboxStore`](crate::InboxStore)) for both backends:
+//! accepting events one by one and in group commits, and starting a run
+//! directly. Its dispatch is in `dispatch_sql.rs` (see `rows.rs` for why a
+//! macro per file).
+
+macro_rules! impl_inbox {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        async fn insert_event(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            event: &NewEvent,
+            status: &str,
+        ) -> Result<Option<EventId>> {
+            let id = new_id("evt");
+            let now = now_ms();
+            let inserted = sqlx::query(
+                "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                    payload, params, received_at, status, dispatched_at, cause_run_id, depth,
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
+                 RETURNING id",
+            )
+            .bind(&id)
+            .bind(tenant.as_str())
+            .bind(event.source_id.as_ref().map(|s| s.as_str()))
+            .bind(&event.source_kind)
+            .bind(&event.idempotency_key)
+            .bind(Json(&event.payload))
+            .bind(Json(&event.params))
+            .bind(now)
+            .bind(status)
+            .bind((status == "dispatched").then_some(now))
+            .bind(event.cause_run_id.as_ref().map(|r| r.as_str()))
+            .bind(event.depth)
+            .bind(event.origin_automation_id.as_ref().map(|a| a.as_str()))
+            .bind(event.target_automation_id.as_ref().map(|a| a.as_str()))
+            .bind(event.event_type.as_deref())
+            .bind(event.subject_ticket_id.as_deref())
+            .fetch_optional(&mut **tx)
+            .await?;
+            Ok(inserted.map(|_| EventId::from(id)))
+        }
+
+        async fn run_by_key(
+            pool: &sqlx::Pool<$db>,
+            tenant: &TenantId,
+            automation: &AutomationId,
+            key: &str,
+        ) -> Result<Option<RunId>> {
+            let row = sqlx::query(
+                "SELECT id FROM runs
+                 WHERE tenant_id = $1 AND automation_id = $2 AND idempotency_key = $3",
+            )
+            .bind(tenant.as_str())
+            .bind(automation.as_str())
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.map(|r| RunId::from(r.get::<String, _>("id"))))
+        }
+
+        /// Writes one event in the caller's transaction, or finds the event
+        /// its idempotency key already wrote within the window.
+        async fn accept_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            event: &NewEvent,
+        ) -> Result<(EventId, Accepted)> {
+            if let Some(id) = insert_event(tx, tenant, event, "pending").await? {
+                return Ok((id, Accepted { duplicate: false }));
+            }
+            let existing = sqlx::query(
+                "SELECT id, received_at FROM event_inbox
+                 WHERE tenant_id = $1 AND source_kind = $2 AND source_id = $3
+                   AND idempotency_key = $4",
+            )
+            .bind(tenant.as_str())
+            .bind(&event.source_kind)
+            .bind(event.source_id.as_ref().map(|s| s.as_str()))
+            .bind(&event.idempotency_key)
+            .fetch_one(&mut **tx)
+            .await?;
+            let existing_id: String = existing.get("id");
+            if existing.get::<i64, _>("received_at") >= now_ms() - IDEMPOTENCY_WINDOW_MS {
+                return Ok((EventId::from(existing_id), Accepted { duplicate: true }));
+            }
+            // The earlier event is outside the window: retire its key so
+            // this one is a new event.
+            sqlx::query(
+                "UPDATE event_inbox SET idempotency_key = idempotency_key || ':' || id
+                 WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(&existing_id)
+            .execute(&mut **tx)
+            .await?;
+            let id = insert_event(tx, tenant, event, "pending")
+                .await?
+                .ok_or_else(|| StoreError::Conflict("idempotency key taken twice".into()))?;
+            Ok((id, Accepted { duplicate: false }))
+        }
+
+        /// The inbox's group commit: every event of the batch in one
+        /// transaction (see `batch.rs`). An event that cannot be stored
+        /// (U+0000 in its JSON) is refused before and the others written;
+        /// when the database refuses the batch over one row's data, the
+        /// batch is written again event by event, and only the event at
+        /// fault is refused.
+        pub(crate) async fn accept_batch(
+            pool: &sqlx::Pool<$db>,
+            items: Vec<(TenantId, NewEvent)>,
+        ) -> Result<Vec<Result<(EventId, Accepted)>>> {
+            let checked: Vec<Result<()>> = items
+                .iter()
+                .map(|(_, event)| $crate::storable::check_event(event))
+                .collect();
+            let storable: Vec<(&TenantId, &NewEvent)> = items
+                .iter()
+                .zip(&checked)
+                .filter(|(_, check)| check.is_ok())
+                .map(|((tenant, event), _)| (tenant, event))
+                .collect();
+            let mut accepted = accept_storable(pool, &storable).await?.into_iter();
+            Ok(checked
+                .into_iter()
+                .map(|check| match check {
+                    Ok(()) => accepted.next().unwrap_or_else(|| {
+                        Err(StoreError::Conflict("an event of the batch was not answered".into()))
+                    }),
+                    Err(refused) => Err(refused),
+                })
+                .collect())
+        }
+
+        /// [`accept_batch`] for events that passed its check.
+        async fn accept_storable(
+            pool: &sqlx::Pool<$db>,
+            items: &[(&TenantId, &NewEvent)],
+        ) -> Result<Vec<Result<(EventId, Accepted)>>> {
+            if items.is_empty() {
+                return Ok(Vec::new());
+            }
+            // One statement writes every new event, committed on its own
+            // (a statement outside a transaction is one: no `BEGIN` and
+            // `COMMIT` round trips); an event whose key is already taken (a
+            // duplicate, or a key outside the window) then goes the
+            // one-by-one way in a transaction. Nobody is answered before
+            // both committed; a crash between them loses nothing answered,
+            // and the retried webhooks find their rows as duplicates.
+            let ids: Vec<String> = items.iter().map(|_| new_id("evt")).collect();
+            let now = now_ms();
+            let rows: Vec<$crate::rows::EventRow> = items
+                .iter()
+                .zip(&ids)
+                .map(|(&(tenant_id, event), id)| $crate::rows::EventRow { id, tenant_id, event })
+                .collect();
+            let inserted = sqlx::query(concat!(
+                "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                    payload, params, received_at, status, cause_run_id, depth,
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
+                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
+                    x.value ->> 3, x.value ->> 4,
+                    x.value -> 5, x.value -> 6, $2, 'pending',
+                    x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
+                    x.value ->> 9, x.value ->> 10,
+                    x.value ->> 11, x.value ->> 12
+                 FROM ", batch_rows!(1), "
+                 WHERE true
+                 ORDER BY x.key
+                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
+                 RETURNING id"
+            ))
+            .bind(Json(&rows))
+            .bind(now)
+            .fetch_all(pool)
+            .await
+            .map_err(StoreError::from);
+            let written: std::collections::HashSet<String> = match inserted {
+                Ok(rows) => rows.iter().map(|r| r.get::<String, _>("id")).collect(),
+                // The statement wrote nothing: each event alone, so that
+                // only the one at fault is refused.
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for (tenant, event) in items {
+                        out.push(accept_alone(pool, tenant, event).await?);
+                    }
+                    return Ok(out);
+                }
+                Err(e) => return Err(e),
+            };
+            if written.len() == items.len() {
+                return Ok(ids
+                    .into_iter()
+                    .map(|id| Ok((EventId::from(id), Accepted { duplicate: false })))
+                    .collect());
+            }
+            let rest: Vec<usize> = ids
+                .iter()
+                .enumerate()
+                .filter(|(_, id)| !written.contains(*id))
+                .map(|(i, _)| i)
+                .collect();
+            let together = async {
+                let mut tx = pool.begin().await?;
+                let mut out = Vec::with_capacity(rest.len());
+                for &i in &rest {
+                    let (tenant, event) = items[i];
+                    out.push(accept_in(&mut tx, tenant, event).await?);
+                }
+                tx.commit().await?;
+                Result::Ok(out)
+            }
+            .await;
+            let mut rest_answers = match together {
+                Ok(out) => out.into_iter().map(Ok).collect::<Vec<_>>(),
+                // The events written by the statement above stay; the rest
+                // go alone.
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    let mut out = Vec::with_capacity(rest.len());
+                    for &i in &rest {
+                        let (tenant, event) = items[i];
+                        out.push(accept_alone(pool, tenant, event).await?);
+                    }
+                    out
+                }
+                Err(e) => return Err(e),
+            }
+            .into_iter();
+            Ok(ids
+                .into_iter()
+                .map(|id| {
+                    if written.contains(&id) {
+                        Ok((EventId::from(id), Accepted { duplicate: false }))
+                    } else {
+                        rest_answers.next().unwrap_or_else(|| {
+                            Err(StoreError::Conflict("an event of the batch was not answered".into()))
+                        })
+                    }
+                })
+                .collect())
+        }
+
+        /// One event in a transaction of its own: the answer, or its own
+        /// refusal when the database refuses its row; `Err` only when the
+        /// database could not take the write at all.
+        async fn accept_alone(
+            pool: &sqlx::Pool<$db>,
+            tenant: &TenantId,
+            event: &NewEvent,
+        ) -> Result<Result<(EventId, Accepted)>> {
+            let alone = async {
+                let mut tx = pool.begin().await?;
+                let accepted = accept_in(&mut tx, tenant, event).await?;
+                tx.commit().await?;
+                Result::Ok(accepted)
+            }
+            .await;
+            match alone {
+                Ok(accepted) => Ok(Ok(accepted)),
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    tracing::warn!(tenant = %tenant, error = %e, "the database refused an event");
+                    Ok(Err(StoreError::Refused(
+                        "the database refused to store this event as invalid data; nothing was \
+                         written, and sending it again will fail the same way"
+                            .into(),
+                    )))
+                }
+                Err(e) => Err(e),
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl InboxStore for $store {
+            async fn accept_event(
+                &self,
+                tenant: &TenantId,
+                event: NewEvent,
+            ) -> Result<(EventId, Accepted)> {
+                self.events.submit((tenant.clone(), event)).await
+            }
+
+            async fn dispatch_handing_off(
+                &self,
+                tenants: &[TenantId],
+                limit: u32,
+                planner: Planner<'_>,
+                handoff: Option<Handoff<'_>>,
+                lane: Lane,
+            ) -> Result<Dispatched> {
+                dispatch_events(self, tenants, limit, planner, handoff, lane).await
+            }
+
+            async fn start_run(
+                &self,
+                tenant: &TenantId,
+                event: NewEvent,
+                run: NewRun,
+            ) -> Result<RunId> {
+                // The run's context holds the event's payload.
+                $crate::storable::check_event(&event)?;
+                if let Some(key) = &run.idempotency_key {
+                    if let Some(existing) = run_by_key(self.reader(), tenant, &run.automation_id, key).await? {
+                        return Ok(existing);
+                    }
+                }
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let event_id = insert_event(&mut tx, tenant, &event, "dispatched")
+                    .await?
+                    .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
+                match insert_runs(&mut tx, &[(tenant.clone(), event_id, run.clone())], None).await {
+                    Ok(_) => {
+                        if !notify_work!().is_empty() {
+                            sqlx::query(notify_work!()).execute(&mut *tx).await?;
+                        }
+                        tx.commit().await?;
+                        Ok(run.id.clone())
+                    }
+                    Err(StoreError::Database(sqlx::Error::Database(e)))
+                        if e.is_unique_violation() && run.idempotency_key.is_some() =>
+                    {
+                        drop(tx);
+                        let key = run.idempotency_key.clone().unwrap_or_default();
+                        run_by_key(self.reader(), tenant, &run.automation_id, &key)
+                            .await?
+                            .ok_or(StoreError::NotFound("run"))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    };
+}
+
+pub(crate) use impl_inbox;

@@ -1,0 +1,214 @@
+//! The job queue ([`QueueStore`](crate::QueueStore)): claims, heartbeats,
+//! releases and statistics, for both backends (see `rows.rs` for why a
+//! macro per file).
+
+macro_rules! impl_queue {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        /// Why a claimed job was handed out again. A value this version
+        /// cannot read is logged and the job claimed as a fresh one.
+        fn resume_from_row(row: &<$db as sqlx::Database>::Row) -> Option<Resume> {
+            match row.try_get::<Option<Json<Resume>>, _>("resume") {
+                Ok(resume) => resume.map(|r| r.0),
+                Err(e) => {
+                    tracing::warn!(job = row.get::<i64, _>("id"), error = %e, "unreadable resume of a claimed job");
+                    None
+                }
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl QueueStore for $store {
+            async fn claim(
+                &self,
+                tenants: &[TenantId],
+                node: &str,
+                limit: u32,
+                lease_ms: i64,
+            ) -> Result<Vec<ClaimedJob>> {
+                if tenants.is_empty() || limit == 0 {
+                    return Ok(Vec::new());
+                }
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                sqlx::Executor::execute(&mut *tx, claim_prelude!()).await?;
+                // Candidates come fairly ordered (each tenant's first job,
+                // then each tenant's second, …), over-fetched so that jobs
+                // sharing a queue key can be dropped here.
+                let candidates = sqlx::query(claim_candidates!())
+                    .bind(list(tenants.iter().map(|t| t.as_str())))
+                    .bind(i64::from(limit))
+                    .bind(i64::from(limit) * 2)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let mut keys = std::collections::HashSet::new();
+                let mut ids = Vec::with_capacity(limit as usize);
+                for row in &candidates {
+                    if ids.len() == limit as usize {
+                        break;
+                    }
+                    let key: Option<String> = row.get("queue_key");
+                    let tenant: String = row.get("tenant_id");
+                    if let Some(key) = key {
+                        if !keys.insert((tenant, key)) {
+                            continue;
+                        }
+                    }
+                    ids.push(row.get::<i64, _>("id"));
+                }
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok(Vec::new());
+                }
+                let token = random_token();
+                let jobs = sqlx::query(concat!(
+                    "UPDATE jobs SET locked_by = $1, locked_until = ", db_now!(), " + $2,
+                        claim_token = $3, attempts = attempts + 1
+                     WHERE id ", any_of!(4), "
+                       AND (locked_until IS NULL OR locked_until < ", db_now!(), ")
+                     RETURNING id, tenant_id, run_id, path, attempts, resume"
+                ))
+                .bind(node)
+                .bind(lease_ms)
+                .bind(&token)
+                .bind(list(ids.iter().copied()))
+                .fetch_all(&mut *tx)
+                .await?;
+                let run_ids: Vec<String> = jobs.iter().map(|j| j.get::<String, _>("run_id")).collect();
+                sqlx::query(concat!(
+                    "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, $2)
+                     WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(4), " AND status IN ('queued', 'waiting')"
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .bind(now_ms())
+                .bind(0_i64)
+                .bind(list(run_ids.iter().map(|r| r.as_str())))
+                .execute(&mut *tx)
+                .await?;
+                let runs = sqlx::query(concat!(
+                    "SELECT id, automation_id, version, context, actions, depth, subject_ticket_id
+                     FROM runs
+                     WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .bind(list(run_ids.iter().map(|r| r.as_str())))
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                let mut runs: std::collections::HashMap<String, _> = runs
+                    .into_iter()
+                    .map(|r| (r.get::<String, _>("id"), r))
+                    .collect();
+                Ok(jobs
+                    .iter()
+                    .filter_map(|job| {
+                        let run_id: String = job.get("run_id");
+                        let run = runs.remove(&run_id)?;
+                        Some(ClaimedJob {
+                            id: JobId(job.get("id")),
+                            tenant_id: TenantId::from(job.get::<String, _>("tenant_id")),
+                            run_id: RunId::from(run_id),
+                            path: job.get("path"),
+                            attempt: job.get("attempts"),
+                            claim_token: token.clone(),
+                            automation_id: AutomationId::from(run.get::<String, _>("automation_id")),
+                            version: run.get("version"),
+                            context: run.get::<Json<Value>, _>("context").0,
+                            actions: run.get("actions"),
+                            depth: run.get("depth"),
+                            subject_ticket_id: run.get("subject_ticket_id"),
+                            resume: resume_from_row(job),
+                        })
+                    })
+                    .collect())
+            }
+
+            async fn heartbeat(&self, node: &str, jobs: &[JobId], lease_ms: i64) -> Result<u64> {
+                if jobs.is_empty() {
+                    return Ok(0);
+                }
+                // Rows are locked in id order, like a record batch's fence,
+                // and a row a record holds right now is skipped (that record
+                // moves the lease on itself): the heartbeat never deadlocks
+                // with a record. Both updates go in one turn at the writer.
+                let writer = self.writer().await;
+                let done = sqlx::query(concat!(
+                    "UPDATE jobs SET locked_until = ", db_now!(), " + $3
+                     WHERE id IN (SELECT id FROM jobs
+                                  WHERE id ", any_of!(2), " AND locked_by = $1
+                                  ORDER BY id ", lock_rows_skip_locked!(), ")"
+                ))
+                .bind(node)
+                .bind(list(jobs.iter().map(|j| j.0)))
+                .bind(lease_ms)
+                .execute(&*writer)
+                .await?;
+                // Connection slots held by these jobs live as long as their leases.
+                sqlx::query(concat!(
+                    "UPDATE connection_slots SET expires_at = ", db_now!(), " + $2
+                     WHERE job_id ", any_of!(1)
+                ))
+                .bind(list(jobs.iter().map(|j| j.0)))
+                .bind(lease_ms)
+                .execute(&*writer)
+                .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {
+                self.records.submit((job.clone(), record)).await.map(|_| ())
+            }
+
+            async fn record_and_continue(&self, job: &ClaimedJob, record: Record) -> Result<bool> {
+                self.records.submit((job.clone(), record)).await
+            }
+
+            async fn release_claims(&self, node: &str) -> Result<u64> {
+                let done = sqlx::query(concat!(
+                    "UPDATE jobs SET locked_by = NULL, locked_until = NULL, claim_token = NULL
+                     WHERE ", leases_of_node!()
+                ))
+                .bind(node)
+                .execute(&*self.writer().await)
+                .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats> {
+                if tenants.is_empty() {
+                    return Ok(QueueStats::default());
+                }
+                let row = sqlx::query(concat!(
+                    "SELECT
+                        COALESCE(SUM(CASE WHEN run_after <= n AND (locked_until IS NULL OR locked_until < n) THEN 1 ELSE 0 END), 0) AS ready,
+                        COALESCE(SUM(CASE WHEN run_after > n AND (locked_until IS NULL OR locked_until < n) THEN 1 ELSE 0 END), 0) AS scheduled,
+                        COALESCE(SUM(CASE WHEN locked_until >= n THEN 1 ELSE 0 END), 0) AS running,
+                        MIN(CASE WHEN run_after <= n AND (locked_until IS NULL OR locked_until < n) THEN n - run_after END) AS oldest
+                     FROM jobs, (SELECT ", db_now!(), " AS n) clock
+                     WHERE tenant_id ", any_of!(1)
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .fetch_one(self.reader())
+                .await?;
+                let pending = sqlx::query(concat!(
+                    "SELECT COUNT(*) AS pending FROM event_inbox
+                     WHERE status = 'pending' AND tenant_id ", any_of!(1)
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .fetch_one(self.reader())
+                .await?;
+                Ok(QueueStats {
+                    ready: row.get::<i64, _>("ready"),
+                    scheduled: row.get::<i64, _>("scheduled"),
+                    running: row.get::<i64, _>("running"),
+                    oldest_ready_ms: row.get::<Option<i64>, _>("oldest"),
+                    pending_events: pending.get::<i64, _>("pending"),
+                })
+            }
+        }
+    };
+}
+
+pub(crate) use impl_queue;

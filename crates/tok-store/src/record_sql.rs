@@ -1,0 +1,376 @@
+//! Writing a claim's outcome for both backends: the records' group commit,
+//! the fence of a claim, and the statements that move jobs on and write
+//! step rows and runs' new states (see `rows.rs` for why a macro per file).
+
+macro_rules! impl_record {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        /// The records' group commit: each claim's record in one shared
+        /// transaction. A record whose lease was lost writes nothing and is
+        /// answered `LeaseLost`; the others go on. Text with U+0000 is made
+        /// storable first (`storable.rs`); when the database still refuses
+        /// the batch over one row's data, each record is written in a
+        /// transaction of its own, and a record refused alone fails its run
+        /// instead (`storable::refused_record`), so that its step does not
+        /// run again and again while its batch-mates are written.
+        pub(crate) async fn record_batch(
+            pool: &sqlx::Pool<$db>,
+            mut items: Vec<(ClaimedJob, Record)>,
+        ) -> Result<Vec<Result<bool>>> {
+            for (_, record) in &mut items {
+                $crate::storable::mend_record(record);
+            }
+            let (refusal, items) = match record_together(pool, items).await? {
+                Ok(answers) => return Ok(answers),
+                Err(refused) => refused,
+            };
+            tracing::warn!(error = %refusal, records = items.len(),
+                "the database refused a record batch; writing its records one by one");
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                let answer = match record_together(pool, vec![item]).await? {
+                    Ok(mut one) => one.pop().unwrap_or(Ok(false)),
+                    Err((refusal, mut one)) => {
+                        let (job, record) = one.pop().expect("the record refused");
+                        tracing::error!(job = %job.id, run = %job.run_id, error = %refusal,
+                            "the database refused a record; its run fails");
+                        let failed = $crate::storable::refused_record(&job, &record, now_ms());
+                        match record_together(pool, vec![(job, failed)]).await? {
+                            // The job went: it does not stay leased.
+                            Ok(mut one) => one.pop().unwrap_or(Ok(false)).map(|_| false),
+                            Err((refusal, _)) => Err(refusal),
+                        }
+                    }
+                };
+                out.push(answer);
+            }
+            Ok(out)
+        }
+
+        /// [`record_batch`]'s records in one transaction: an answer per
+        /// record, or, when the database refused a row's data, the refusal
+        /// and the records (nothing of them written).
+        async fn record_together(
+            pool: &sqlx::Pool<$db>,
+            items: Vec<(ClaimedJob, Record)>,
+        ) -> Result<
+            std::result::Result<Vec<Result<bool>>, (StoreError, Vec<(ClaimedJob, Record)>)>,
+        > {
+            let mut tx = pool.begin().await?;
+            if !plan_prelude!().is_empty() {
+                sqlx::Executor::execute(&mut *tx, plan_prelude!()).await?;
+            }
+            let held = fenced_statuses(&mut tx, items.iter().map(|(job, _)| job)).await?;
+            // Fenced records with their run's status; the lost ones apart.
+            let mut fenced = Vec::with_capacity(items.len());
+            let mut lost = Vec::new();
+            let mut kept = Vec::with_capacity(items.len());
+            for (job, record) in items {
+                match held.get(&job.id.0) {
+                    Some(status) => {
+                        kept.push(true);
+                        fenced.push((job, record, status.clone()));
+                    }
+                    None => {
+                        kept.push(false);
+                        lost.push((job, record));
+                    }
+                }
+            }
+            let written = async {
+                let continued = write_records(&mut tx, &fenced).await?;
+                tx.commit().await?;
+                Result::Ok(continued)
+            }
+            .await;
+            let continued = match written {
+                Ok(continued) => continued,
+                Err(e) if $crate::storable::refused_row(&e) => {
+                    let (mut fenced, mut lost) = (fenced.into_iter(), lost.into_iter());
+                    let items = kept
+                        .into_iter()
+                        .filter_map(|kept| match kept {
+                            true => fenced.next().map(|(job, record, _)| (job, record)),
+                            false => lost.next(),
+                        })
+                        .collect();
+                    return Ok(Err((e, items)));
+                }
+                Err(e) => return Err(e),
+            };
+            let (mut continued, mut lost) = (continued.into_iter(), lost.into_iter());
+            Ok(Ok(kept
+                .into_iter()
+                .map(|kept| match kept {
+                    true => Ok(continued.next().unwrap_or(false)),
+                    false => Err(StoreError::LeaseLost(
+                        lost.next().map(|(job, _)| job.id).unwrap_or(JobId(0)),
+                    )),
+                })
+                .collect()))
+        }
+
+        /// Writes step rows, one statement for all of them.
+        async fn insert_steps(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            steps: &[$crate::rows::StepRow<'_>],
+            now: i64,
+        ) -> Result<()> {
+            if steps.is_empty() {
+                return Ok(());
+            }
+            sqlx::query(concat!(
+                "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
+                    status, input, output, error, log, started_at, finished_at, created_at)
+                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
+                    x.value ->> 3, x.value ->> 4,
+                    CAST(x.value ->> 5 AS INTEGER), x.value ->> 6,
+                    NULLIF(x.value -> 7, 'null'), NULLIF(x.value -> 8, 'null'),
+                    x.value ->> 9, x.value -> 10,
+                    CAST(x.value ->> 11 AS BIGINT),
+                    CAST(x.value ->> 12 AS BIGINT), $2
+                 FROM ", batch_rows!(1), "
+                 ORDER BY x.key"
+            ))
+            .bind(Json(steps))
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
+        /// The fence of a batch of claims and their runs' statuses in one
+        /// statement (the rows locked on PostgreSQL): the jobs whose claim
+        /// token still holds, with their run's status. A job missing from
+        /// the answer has lost its lease.
+        async fn fenced_statuses<'j>(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            jobs: impl Iterator<Item = &'j ClaimedJob>,
+        ) -> Result<std::collections::HashMap<i64, String>> {
+            let jobs: Vec<&ClaimedJob> = jobs.collect();
+            let rows: Vec<$crate::rows::FenceRow> = jobs
+                .iter()
+                .map(|job| $crate::rows::FenceRow {
+                    id: job.id.0,
+                    tenant_id: &job.tenant_id,
+                    token: &job.claim_token,
+                })
+                .collect();
+            // `r.actions`, not in the index `runs_tenant_status`, keeps
+            // SQLite's planner from reading the tenant's runs through that
+            // covering index instead of seeking `(tenant_id, id)`; on
+            // PostgreSQL the run is found by its key alone (a plan that
+            // seeks by tenant reads all of the tenant's runs).
+            Ok(sqlx::query(concat!(
+                "SELECT j.id, r.status, r.actions FROM ", batch_rows!(1), "
+                 JOIN jobs j ON j.id = CAST(x.value ->> 0 AS BIGINT)
+                    AND j.tenant_id = x.value ->> 1
+                    AND j.claim_token = x.value ->> 2
+                 JOIN runs r ON r.tenant_id ", unindexed!(), " = j.tenant_id AND r.id = j.run_id
+                 WHERE j.id ", any_of!(2), "
+                 ORDER BY j.id ",
+                lock_rows_of!(j, r)
+            ))
+            .bind(Json(&rows))
+            .bind(list(jobs.iter().map(|job| job.id.0)))
+            .fetch_all(&mut **tx)
+            .await?
+            .iter()
+            .map(|r| (r.get::<i64, _>("id"), r.get::<String, _>("status")))
+            .collect())
+        }
+
+        /// The end of record transactions: each job moves on (or goes), the
+        /// step rows and the runs' new states are written, a statement each
+        /// for the whole batch. The jobs were fenced by the caller, and
+        /// `current` is each run's status read under that fence: a run
+        /// paused meanwhile stays paused, its job held back.
+        /// Returns, per record, whether the job stays leased for a `Continue`.
+        async fn write_records(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            items: &[(ClaimedJob, Record, String)],
+        ) -> Result<Vec<bool>> {
+            if items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let now = now_ms();
+            let mut parked = settle_waits(tx, &items).await?;
+            let mut continued = Vec::with_capacity(items.len());
+            let mut moves = Vec::new();
+            let mut moved_ids = Vec::new();
+            let mut done = Vec::new();
+            let mut steps = Vec::new();
+            let mut runs = Vec::with_capacity(items.len());
+            let mut staying = Vec::with_capacity(items.len());
+            for (job, record, current) in items {
+                let paused = current == "paused" && !record.status.is_final();
+                let status = if paused { RunStatus::Paused } else { record.status };
+                let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
+                // A paused run's job is released and held back, never kept.
+                let next = match &record.next {
+                    NextJob::Continue { path, .. } if paused => {
+                        NextJob::Step { path: path.clone(), delay_ms: 0 }
+                    }
+                    next => next.clone(),
+                };
+                continued.push(matches!(next, NextJob::Continue { .. }));
+                // Continue keeps the lease under a new token (and leaves
+                // `run_after`, an indexed column, alone, so PostgreSQL can
+                // update the row in place); Step and Retry release it.
+                // A wait parks the job (released, due at its timeout) or
+                // resumes it at once with a buffered signal: `settle_waits`
+                // decided which.
+                let parked = match next {
+                    NextJob::Wait { .. } => parked.remove(&job.id.0),
+                    _ => None,
+                };
+                let (run_at, resume) = match parked {
+                    Some($crate::rows::Parked { run_at, resume }) => (run_at, Some(resume)),
+                    None => (None, None),
+                };
+                let (path, delay_ms, attempts, token, lease_ms) = match next {
+                    NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
+                    NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
+                    NextJob::Retry { path, attempts, delay_ms } => (path, delay_ms, attempts, None, 0),
+                    NextJob::Wait { path, .. } => (path, 0, 0, None, 0),
+                    NextJob::Done => {
+                        done.push(job.id.0);
+                        (String::new(), 0, 0, None, 0)
+                    }
+                };
+                if !matches!(record.next, NextJob::Done) {
+                    moved_ids.push(job.id.0);
+                    moves.push($crate::rows::JobMove {
+                        id: job.id.0,
+                        tenant_id: &job.tenant_id,
+                        path,
+                        delay_ms,
+                        attempts,
+                        token,
+                        lease_ms,
+                        held: paused,
+                        queue_key,
+                        run_at,
+                        resume,
+                    });
+                }
+                for step in &record.steps {
+                    steps.push($crate::rows::StepRow {
+                        run_id: &job.run_id,
+                        tenant_id: &job.tenant_id,
+                        step,
+                    });
+                }
+                // A run whose status and ticket stay is updated without
+                // naming them where the backend asks for it: SQLite rewrites
+                // the entries of every index on a column the `SET` list
+                // names, changed or not. (PostgreSQL compares the values, and
+                // one statement is one round trip less.)
+                let stays = UPDATE_STAYING_RUNS_APART
+                    && status.as_str() == current.as_str()
+                    && (record.subject_ticket_id.is_none()
+                        || record.subject_ticket_id == job.subject_ticket_id);
+                let runs = if stays { &mut staying } else { &mut runs };
+                runs.push($crate::rows::RunUpdate {
+                    id: &job.run_id,
+                    tenant_id: &job.tenant_id,
+                    context: &record.context,
+                    actions: record.actions,
+                    status: status.as_str(),
+                    error: record.error.as_deref(),
+                    finished_at: status.is_final().then_some(now),
+                    subject_ticket_id: record.subject_ticket_id.as_deref(),
+                });
+            }
+            // Rows are matched one by one on (id, tenant) from the batch's own
+            // rows. On PostgreSQL the updates also name their rows' keys (the
+            // `seek_keys!` fragment), so it seeks them by primary key whatever
+            // its statistics say: a table that grew fast still looks small to
+            // it, and a hash join would read all of it. SQLite plans these
+            // joins from the batch's rows by itself; a key list would turn
+            // its plan around (the batch scanned once per row).
+            let mut moved = 0;
+            if !moves.is_empty() {
+                moved += sqlx::query(concat!(
+                    "UPDATE jobs SET path = x.value ->> 2,
+                        run_after = CASE WHEN x.value ->> 9 IS NOT NULL THEN CAST(x.value ->> 9 AS BIGINT)
+                            WHEN x.value ->> 5 IS NULL
+                            THEN ", db_now!(), " + CAST(x.value ->> 3 AS BIGINT)
+                            ELSE jobs.run_after END,
+                        resume = NULLIF(x.value -> 10, 'null'),
+                        attempts = CAST(x.value ->> 4 AS INTEGER),
+                        claim_token = x.value ->> 5,
+                        locked_by = CASE WHEN x.value ->> 5 IS NULL THEN NULL ELSE jobs.locked_by END,
+                        locked_until = CASE WHEN x.value ->> 5 IS NULL THEN NULL
+                            ELSE ", db_now!(), " + CAST(x.value ->> 6 AS BIGINT) END,
+                        held = CAST(x.value ->> 7 AS BOOLEAN),
+                        queue_key = COALESCE(x.value ->> 8, jobs.queue_key)
+                     FROM ", batch_rows!(1), "
+                     WHERE jobs.id = CAST(x.value ->> 0 AS BIGINT)
+                       AND jobs.tenant_id = x.value ->> 1 ", seek_keys!(jobs, 2)
+                ))
+                .bind(Json(&moves))
+                .bind(list(moved_ids.iter().copied()))
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+            }
+            if !done.is_empty() {
+                moved += sqlx::query(concat!(
+                    "DELETE FROM jobs WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
+                ))
+                .bind(list(items.iter().map(|(job, _, _)| job.tenant_id.as_str())))
+                .bind(list(done.iter().copied()))
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+            }
+            if moved != items.len() as u64 {
+                // The caller's fence said every job was held: a job that
+                // changed under it is a broken invariant, and nothing is kept.
+                return Err(StoreError::Conflict(format!(
+                    "{} of {} fenced jobs could be moved on",
+                    moved,
+                    items.len()
+                )));
+            }
+            insert_steps(tx, &steps, now).await?;
+            if !staying.is_empty() {
+                sqlx::query(concat!(
+                    "UPDATE runs SET context = x.value -> 2,
+                        actions = CAST(x.value ->> 3 AS INTEGER),
+                        error = x.value ->> 5
+                     FROM ", batch_rows!(1), "
+                     WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
+                       seek_keys!(runs, 2)
+                ))
+                .bind(Json(&staying))
+                .bind(list(staying.iter().map(|run| run.id.as_str())))
+                .execute(&mut **tx)
+                .await?;
+            }
+            if !runs.is_empty() {
+                sqlx::query(concat!(
+                    "UPDATE runs SET context = x.value -> 2,
+                        actions = CAST(x.value ->> 3 AS INTEGER),
+                        status = x.value ->> 4,
+                        error = x.value ->> 5,
+                        finished_at = COALESCE(CAST(x.value ->> 6 AS BIGINT), runs.finished_at),
+                        subject_ticket_id = COALESCE(x.value ->> 7, runs.subject_ticket_id)
+                     FROM ", batch_rows!(1), "
+                     WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
+                       seek_keys!(runs, 2)
+                ))
+                .bind(Json(&runs))
+                .bind(list(runs.iter().map(|run| run.id.as_str())))
+                .execute(&mut **tx)
+                .await?;
+            }
+            Ok(continued)
+        }
+    };
+}
+
+pub(crate) use impl_record;

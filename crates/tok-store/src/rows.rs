@@ -1,0 +1,235 @@
+//! What the store's queries share: the rows of batch statements, the
+//! process clock, and the layout of the queries for both backends.
+//!
+//! The SQL of PostgreSQL and SQLite differs in a handful of fragments (the
+//! database clock, how a list of ids is bound, row locking, the fair
+//! selection of events and jobs: `fragments.rs` defines them per backend,
+//! named for what they mean); everything else is the same text. Each
+//! part of the store is one file with one macro (`admin_sql.rs` has
+//! `impl_admin!`, `inbox_sql.rs` `impl_inbox!`, …) that expands that part's
+//! trait implementation for one backend with its fragments spliced in at
+//! compile time, so a query exists once and both backends run it.
+//! `postgres.rs` and `sqlite.rs` each import their backend's fragments and
+//! expand every macro once, in one module, so the helpers of one file
+//! (`insert_steps`, `steps_of`, …) serve the others.
+//!
+//! Why macros rather than functions generic over `sqlx::Database`: the
+//! fragments go into the SQL with `concat!`, so every statement is one
+//! `&'static str` built at compile time, and the queries need none of the
+//! trait bounds a generic sqlx function carries for each bound type.
+//! Backend-specific code (connecting, partitions) stays in `postgres.rs`
+//! and `sqlite.rs`.
+
+/// Unix milliseconds of the process clock, for `created_at`-style columns.
+/// Leases and due times use the database clock instead (`db_now!`, `fragments.rs`).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// A tenant with this many events in one dispatch's batch crowds it: the
+/// other tenants' events in the batch are dispatched first, on their own.
+pub(crate) const DISPATCH_CROWDING: usize = 4;
+
+/// Events older than this no longer deduplicate a repeated idempotency key.
+pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// The rows of a batch statement, bound as one JSON array (`batch_rows!`).
+/// They borrow what they write: a payload or a context is serialized once
+/// into the statement's parameter, never copied first.
+///
+/// Each row is a JSON array of its fields in the order [`array_row!`]
+/// lists them, and the statement reads them by position (`x.value ->> 0`):
+/// SQLite finds an array element by its index but an object's member by
+/// comparing keys, and with objects a batch insert of step rows took twice
+/// as long on the one writer.
+pub(crate) struct EventRow<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) event: &'a crate::NewEvent,
+}
+
+pub(crate) struct RunRow<'a> {
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) event_id: &'a tok_core::ids::EventId,
+    pub(crate) status: &'static str,
+    pub(crate) started_at: Option<i64>,
+    pub(crate) finished_at: Option<i64>,
+    pub(crate) run: &'a crate::NewRun,
+}
+
+/// New runs whose first jobs are written claimed by a dispatching node.
+pub(crate) struct HandedOff<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) lease_ms: i64,
+    pub(crate) token: &'a str,
+    /// The runs, by id.
+    pub(crate) runs: &'a std::collections::HashSet<&'a str>,
+}
+
+pub(crate) struct JobRow<'a> {
+    pub(crate) run_id: &'a tok_core::ids::RunId,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) path: &'a str,
+    pub(crate) queue_key: Option<&'a str>,
+    pub(crate) priority: i32,
+    pub(crate) attempts: i32,
+    pub(crate) locked_by: Option<&'a str>,
+    pub(crate) claim_token: Option<&'a str>,
+}
+
+/// A claim to fence: the job, its tenant and the token it holds.
+pub(crate) struct FenceRow<'a> {
+    pub(crate) id: i64,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) token: &'a str,
+}
+
+/// A recorded job that stays: where it goes next, and whether it keeps its
+/// lease (`token`) or is released.
+pub(crate) struct JobMove<'a> {
+    pub(crate) id: i64,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) path: String,
+    pub(crate) delay_ms: i64,
+    pub(crate) attempts: i32,
+    pub(crate) token: Option<String>,
+    pub(crate) lease_ms: i64,
+    pub(crate) held: bool,
+    pub(crate) queue_key: Option<String>,
+    /// When the job is due (Unix ms), overriding `delay_ms`: a parked wait's timeout.
+    pub(crate) run_at: Option<i64>,
+    /// Why the job will be handed out again; `None` for a job that is not parked.
+    pub(crate) resume: Option<crate::Resume>,
+}
+
+/// What a job recorded at a wait becomes (see `signals_sql.rs`): ready now
+/// with a buffered signal (`run_at` `None`), or parked until its timeout.
+pub(crate) struct Parked {
+    pub(crate) run_at: Option<i64>,
+    pub(crate) resume: crate::Resume,
+}
+
+pub(crate) struct StepRow<'a> {
+    pub(crate) run_id: &'a tok_core::ids::RunId,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) step: &'a crate::StepRecord,
+}
+
+pub(crate) struct RunUpdate<'a> {
+    pub(crate) id: &'a tok_core::ids::RunId,
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) context: &'a serde_json::Value,
+    pub(crate) actions: i32,
+    pub(crate) status: &'static str,
+    pub(crate) error: Option<&'a str>,
+    pub(crate) finished_at: Option<i64>,
+    pub(crate) subject_ticket_id: Option<&'a str>,
+}
+
+/// Serializes a batch row as a JSON array: `row` names the row inside the
+/// brackets, whose expressions are its elements, position 0 first.
+macro_rules! array_row {
+    ($ty:ident, |$row:ident| [$($field:expr),+ $(,)?]) => {
+        impl serde::Serialize for $ty<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeTuple;
+                let $row = self;
+                let len = [$(stringify!($field)),+].len();
+                let mut tuple = serializer.serialize_tuple(len)?;
+                $(tuple.serialize_element(&$field)?;)+
+                tuple.end()
+            }
+        }
+    };
+}
+
+array_row!(EventRow, |r| [
+    r.id,                         // 0
+    r.tenant_id,                  // 1
+    r.event.source_id,            // 2
+    r.event.source_kind,          // 3
+    r.event.idempotency_key,      // 4
+    r.event.payload,              // 5
+    r.event.params,               // 6
+    r.event.cause_run_id,         // 7
+    r.event.depth,                // 8
+    r.event.origin_automation_id, // 9
+    r.event.target_automation_id, // 10
+    r.event.event_type,           // 11
+    r.event.subject_ticket_id,    // 12
+]);
+
+array_row!(RunRow, |r| [
+    r.run.id,                // 0
+    r.tenant_id,             // 1
+    r.run.automation_id,     // 2
+    r.run.version,           // 3
+    r.event_id,              // 4
+    r.run.trigger_type,      // 5
+    r.status,                // 6
+    r.run.depth,             // 7
+    r.run.queue_key,         // 8
+    r.run.context,           // 9
+    r.started_at,            // 10
+    r.finished_at,           // 11
+    r.run.idempotency_key,   // 12
+    r.run.subject_ticket_id, // 13
+    r.run.actions,           // 14
+]);
+
+array_row!(JobRow, |r| [
+    r.run_id,      // 0
+    r.tenant_id,   // 1
+    r.path,        // 2
+    r.attempts,    // 3
+    r.queue_key,   // 4
+    r.priority,    // 5
+    r.locked_by,   // 6
+    r.claim_token, // 7
+]);
+
+array_row!(FenceRow, |r| [r.id, r.tenant_id, r.token]);
+
+array_row!(JobMove, |r| [
+    r.id,        // 0
+    r.tenant_id, // 1
+    r.path,      // 2
+    r.delay_ms,  // 3
+    r.attempts,  // 4
+    r.token,     // 5
+    r.lease_ms,  // 6
+    r.held,      // 7
+    r.queue_key, // 8
+    r.run_at,    // 9
+    r.resume,    // 10
+]);
+
+array_row!(StepRow, |r| [
+    r.run_id,           // 0
+    r.tenant_id,        // 1
+    r.step.path,        // 2
+    r.step.step_id,     // 3
+    r.step.kind,        // 4
+    r.step.attempt,     // 5
+    r.step.status,      // 6
+    r.step.input,       // 7
+    r.step.output,      // 8
+    r.step.error,       // 9
+    r.step.log,         // 10
+    r.step.started_at,  // 11
+    r.step.finished_at, // 12
+]);
+
+array_row!(RunUpdate, |r| [
+    r.id,                // 0
+    r.tenant_id,         // 1
+    r.context,           // 2
+    r.actions,           // 3
+    r.status,            // 4
+    r.error,             // 5
+    r.finished_at,       // 6
+    r.subject_ticket_id, // 7
+]);

@@ -1,0 +1,330 @@
+//! Reading and steering runs ([`RunStore`](crate::RunStore)) for both
+//! backends (see `rows.rs` for why a macro per file).
+
+macro_rules! impl_runs {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        fn run_from_row(row: &<$db as sqlx::Database>::Row) -> RunSummary {
+            RunSummary {
+                id: RunId::from(row.get::<String, _>("id")),
+                automation_id: AutomationId::from(row.get::<String, _>("automation_id")),
+                version: row.get("version"),
+                event_id: EventId::from(row.get::<String, _>("event_id")),
+                status: row.get("status"),
+                trigger_type: row.get("trigger_type"),
+                depth: row.get("depth"),
+                actions: row.get("actions"),
+                subject_ticket_id: row.get("subject_ticket_id"),
+                created_at: row.get("created_at"),
+                started_at: row.get("started_at"),
+                finished_at: row.get("finished_at"),
+                error: row.get("error"),
+            }
+        }
+
+        const RUN_COLUMNS: &str =
+            "id, automation_id, version, event_id, status, trigger_type, depth,
+            actions, subject_ticket_id, created_at, started_at, finished_at, error";
+
+        fn step_from_row(r: &<$db as sqlx::Database>::Row) -> StepRow {
+            StepRow {
+                path: r.get("path"),
+                step_id: r.get("step_id"),
+                kind: r.get("type"),
+                attempt: r.get("attempt"),
+                status: r.get("status"),
+                input: r.get::<Option<Json<Value>>, _>("input").map(|j| j.0),
+                output: r.get::<Option<Json<Value>>, _>("output").map(|j| j.0),
+                error: r.get("error"),
+                log: r.get::<Json<Value>, _>("log").0,
+                started_at: r.get("started_at"),
+                finished_at: r.get("finished_at"),
+            }
+        }
+
+        async fn steps_of<'c, E>(ex: E, tenant: &TenantId, run: &RunId) -> Result<Vec<StepRow>>
+        where
+            E: sqlx::Executor<'c, Database = $db>,
+        {
+            let rows = sqlx::query(
+                "SELECT path, step_id, type, attempt, status, input, output, error, log,
+                    started_at, finished_at
+                 FROM run_steps WHERE tenant_id = $1 AND run_id = $2 ORDER BY id",
+            )
+            .bind(tenant.as_str())
+            .bind(run.as_str())
+            .fetch_all(ex)
+            .await?;
+            Ok(rows.iter().map(step_from_row).collect())
+        }
+
+        #[async_trait::async_trait]
+        impl RunStore for $store {
+            async fn cancel_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if status.is_final() {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is already {}; only an unfinished run can be cancelled",
+                        status.as_str()
+                    )));
+                }
+                for sql in [
+                    "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
+                    "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
+                ] {
+                    for_run(&mut tx, sql, tenant, id).await?;
+                }
+                sqlx::query(
+                    "UPDATE runs SET status = 'cancelled', finished_at = $3
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
+            async fn pause_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if !matches!(
+                    status,
+                    RunStatus::Queued | RunStatus::Running | RunStatus::Waiting
+                ) {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is {}; only a queued, running or waiting run can be paused",
+                        status.as_str()
+                    )));
+                }
+                for_run(
+                    &mut tx,
+                    "UPDATE jobs SET held = TRUE WHERE tenant_id = $1 AND run_id = $2",
+                    tenant,
+                    id,
+                )
+                .await?;
+                for_run(
+                    &mut tx,
+                    "UPDATE runs SET status = 'paused' WHERE tenant_id = $1 AND id = $2",
+                    tenant,
+                    id,
+                )
+                .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
+            async fn resume_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if status != RunStatus::Paused {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is {}; only a paused run can be resumed",
+                        status.as_str()
+                    )));
+                }
+                for_run(
+                    &mut tx,
+                    "UPDATE jobs SET held = FALSE WHERE tenant_id = $1 AND run_id = $2",
+                    tenant,
+                    id,
+                )
+                .await?;
+                for_run(
+                    &mut tx,
+                    concat!(
+                        "UPDATE runs SET status = CASE WHEN EXISTS (
+                            SELECT 1 FROM jobs WHERE tenant_id = $1 AND run_id = $2
+                              AND run_after > ",
+                        db_now!(),
+                        ") THEN 'waiting' ELSE 'queued' END
+                     WHERE tenant_id = $1 AND id = $2"
+                    ),
+                    tenant,
+                    id,
+                )
+                .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
+            async fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let status = run_status(&mut tx, tenant, id).await?;
+                if status != RunStatus::Failed {
+                    return Err(StoreError::Conflict(format!(
+                        "the run is {}; only a failed run can be retried",
+                        status.as_str()
+                    )));
+                }
+                let failed = sqlx::query(
+                    "SELECT path FROM run_steps
+                     WHERE tenant_id = $1 AND run_id = $2 AND status = 'failed'
+                     ORDER BY id DESC LIMIT 1",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::Conflict(
+                        "the run failed before any step ran; start a new run instead".into(),
+                    )
+                })?;
+                let path: String = failed.get("path");
+                let run = summary_in(&mut tx, tenant, id).await?;
+                sqlx::query(concat!(
+                    "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
+                        priority, created_at)
+                     VALUES ($1, $2, $3, ",
+                    db_now!(),
+                    ", 0, $4, 0, $5)"
+                ))
+                .bind(id.as_str())
+                .bind(tenant.as_str())
+                .bind(&path)
+                .bind(
+                    run.subject_ticket_id
+                        .as_ref()
+                        .map(|t| format!("ticket:{t}")),
+                )
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .execute(&mut *tx)
+                .await?;
+                let run = summary_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(run)
+            }
+
+            async fn runs(
+                &self,
+                tenant: &TenantId,
+                filter: &RunFilter,
+                limit: u32,
+                cursor: Option<&str>,
+            ) -> Result<Page<RunSummary>> {
+                let sql = format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE tenant_id = $1
+                       AND (CAST($2 AS TEXT) IS NULL OR status = $2)
+                       AND (CAST($3 AS TEXT) IS NULL OR automation_id = $3)
+                       AND (CAST($4 AS TEXT) IS NULL OR trigger_type = $4)
+                       AND (CAST($5 AS TEXT) IS NULL OR id < $5)
+                     ORDER BY id DESC
+                     LIMIT $6"
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(filter.status.as_deref())
+                    .bind(filter.automation_id.as_deref())
+                    .bind(filter.trigger_type.as_deref())
+                    .bind(cursor)
+                    .bind(i64::from(limit) + 1)
+                    .fetch_all(self.reader())
+                    .await?;
+                let mut items: Vec<RunSummary> = rows.iter().map(run_from_row).collect();
+                let next_cursor = if items.len() > limit as usize {
+                    items.truncate(limit as usize);
+                    items.last().map(|r| r.id.to_string())
+                } else {
+                    None
+                };
+                Ok(Page { items, next_cursor })
+            }
+
+            async fn run(&self, tenant: &TenantId, id: &RunId) -> Result<Option<RunDetail>> {
+                let sql = format!(
+                    "SELECT {RUN_COLUMNS}, context FROM runs WHERE tenant_id = $1 AND id = $2"
+                );
+                let Some(row) = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let steps = steps_of(self.reader(), tenant, id).await?;
+                let waits = waits_of(self.reader(), tenant, id).await?;
+                Ok(Some(RunDetail {
+                    run: run_from_row(&row),
+                    context: row.get::<Json<Value>, _>("context").0,
+                    steps,
+                    waits,
+                }))
+            }
+        }
+
+        async fn run_status(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<RunStatus> {
+            let row = sqlx::query(concat!(
+                "SELECT status FROM runs WHERE tenant_id = $1 AND id = $2 ",
+                lock_rows!()
+            ))
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?
+            .ok_or(StoreError::NotFound("run"))?;
+            let status: &str = row.get("status");
+            RunStatus::parse(status).ok_or_else(|| {
+                StoreError::Conflict(format!("the run has an unknown status `{status}`"))
+            })
+        }
+
+        /// Runs a statement whose `$1` is the tenant and `$2` the run.
+        async fn for_run(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            sql: &str,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<()> {
+            sqlx::query(sql)
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+
+        async fn summary_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<RunSummary> {
+            let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND id = $2");
+            let row = sqlx::query(&sql)
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_one(&mut **tx)
+                .await?;
+            Ok(run_from_row(&row))
+        }
+    };
+}
+
+pub(crate) use impl_runs;
