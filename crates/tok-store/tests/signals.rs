@@ -10,40 +10,19 @@
 //! timeout sleep well past it; nothing asserts on how long anything took.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tok_core::definition::Filter;
 use tok_core::ids::{AutomationId, RunId, TenantId};
-use tok_store::testing::{TestDb, backends};
+use tok_store::testing::{TestDb, backends, catch_unwind};
 use tok_store::{
     Backend, ClaimedJob, NewEvent, NewRun, NewSignal, NewVersion, NextJob, Record, Resume,
     RunStatus, SignalSent, SignalWait, StepRecord, StepStatus, Store, WaitRow,
 };
 
-/// One test per backend for each named `async fn name(fx: &Fixture)`.
-macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::run(tok_store::Backend::Sqlite, super::$name).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::run(tok_store::Backend::Postgres, super::$name).await;
-            }
-        }
-    )*};
-}
-
-backend_tests!(
+tok_store::backend_tests!(run;
     a_signal_resumes_a_waiting_run_with_its_payload,
     a_resumed_run_may_wait_again,
     a_where_decides_which_waits_a_signal_resumes,
@@ -98,28 +77,11 @@ async fn run(backend: Backend, test: impl AsyncFnOnce(&Fixture)) {
         tenant,
         automation,
     };
-    let outcome = CatchUnwind(Box::pin(test(&fx))).await;
+    let outcome = catch_unwind(test(&fx)).await;
     drop(fx);
     db.cleanup().await;
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
-    }
-}
-
-/// Turns a panic of the test into an `Err`, so its database is dropped
-/// before the panic goes on.
-struct CatchUnwind<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = std::thread::Result<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.0.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
     }
 }
 

@@ -29,29 +29,35 @@ async fn all_runs(api: &Api, key: &str) -> Vec<Value> {
     api.all("/api/dashboard/runs", key, None).await
 }
 
-/// Sends event `n` until the server answers 202; returns its event id.
-async fn send_until_accepted(http: &reqwest::Client, url: &str, n: usize) -> String {
+/// Sends the request `build` makes until the server answers 202 (a
+/// sender retrying through the kill and the restart); returns the answer.
+/// `what` names the request in a failure.
+async fn post_until_accepted(build: impl Fn() -> reqwest::RequestBuilder, what: &str) -> Value {
     loop {
-        let sent = http
-            .post(url)
-            .header("Idempotency-Key", format!("order-{n}"))
-            .json(&json!({ "kind": "order.created", "data": { "order": { "id": n.to_string() } } }))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await;
+        let sent = build().timeout(Duration::from_secs(5)).send().await;
         if let Ok(response) = sent {
             if response.status() == reqwest::StatusCode::ACCEPTED {
-                let body: Value = response.json().await.unwrap();
-                return body["event_id"].as_str().unwrap().to_owned();
+                return response.json().await.unwrap();
             }
             assert!(
                 response.status().is_server_error(),
-                "event {n}: unexpected answer {}",
+                "{what}: unexpected answer {}",
                 response.status()
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Sends event `n` until the server answers 202; returns its event id.
+async fn send_until_accepted(http: &reqwest::Client, url: &str, n: usize) -> String {
+    let build = || {
+        http.post(url)
+            .header("Idempotency-Key", format!("order-{n}"))
+            .json(&json!({ "kind": "order.created", "data": { "order": { "id": n.to_string() } } }))
+    };
+    let body = post_until_accepted(build, &format!("event {n}")).await;
+    body["event_id"].as_str().unwrap().to_owned()
 }
 
 async fn crash_and_recover(backend: Backend) {
@@ -198,27 +204,13 @@ const WAITING_RUNS: usize = 200;
 
 /// Sends the signal that pays order `n` until the server answers 202.
 async fn signal_until_accepted(http: &reqwest::Client, url: &str, key: &str, n: usize) {
-    loop {
-        let sent = http
-            .post(url)
+    let build = || {
+        http.post(url)
             .bearer_auth(key)
             .header("Idempotency-Key", format!("pay-{n}"))
             .json(&json!({ "key": format!("order-{n}"), "payload": { "amount": n } }))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await;
-        if let Ok(response) = sent {
-            if response.status() == reqwest::StatusCode::ACCEPTED {
-                return;
-            }
-            assert!(
-                response.status().is_server_error(),
-                "signal {n}: unexpected answer {}",
-                response.status()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    post_until_accepted(build, &format!("signal {n}")).await;
 }
 
 async fn crash_while_signalling(backend: Backend) {

@@ -181,17 +181,15 @@ pub fn begin(
     }
     let state = RunState::at(first, 1, context, 0).chaining(limit);
     let before = state.clone();
-    let transition = decide(automation, state, registry);
-    let done = transition.records.len();
-    let transition = match kept(transition) {
-        Ok(begun) => return begun,
-        Err(_) if done <= 1 => return (Vec::new(), Some(before.path.clone()), before.context),
-        Err(_) => {
-            let shorter = before.clone().chaining(done - 1);
-            decide(automation, shorter, registry)
+    match kept(decide(automation, state, registry)) {
+        Ok(begun) => begun,
+        Err(recorded) if recorded > 1 => {
+            let shorter = before.clone().chaining(recorded - 1);
+            kept(decide(automation, shorter, registry))
+                .unwrap_or_else(|_| (Vec::new(), Some(before.path), before.context))
         }
-    };
-    kept(transition).unwrap_or_else(|_| (Vec::new(), Some(before.path.clone()), before.context))
+        Err(_) => (Vec::new(), Some(before.path), before.context),
+    }
 }
 
 fn decide(automation: &Automation, state: RunState, registry: &Registry) -> Transition {
@@ -205,10 +203,9 @@ fn decide(automation: &Automation, state: RunState, registry: &Registry) -> Tran
     advance(automation, state, Input::Start, &mut env)
 }
 
-/// What a dispatch writes of a transition, or the transition back when it
-/// cannot write it.
-#[allow(clippy::result_large_err)]
-fn kept(t: Transition) -> Result<(Vec<StepRecord>, Option<FlowPath>, Context), Transition> {
+/// What a dispatch writes of a transition, or how many steps the
+/// transition recorded when it cannot write it.
+fn kept(t: Transition) -> Result<(Vec<StepRecord>, Option<FlowPath>, Context), usize> {
     match &t.then {
         Then::Execute(step) => {
             let path = step.path.clone();
@@ -221,7 +218,7 @@ fn kept(t: Transition) -> Result<(Vec<StepRecord>, Option<FlowPath>, Context), T
             let path = t.state.path.clone();
             Ok((t.records, Some(path), t.state.context))
         }
-        _ => Err(t),
+        _ => Err(t.records.len()),
     }
 }
 
@@ -292,27 +289,19 @@ mod tests {
     }
 
     #[test]
-    fn a_run_begins_up_to_a_step_that_runs_in_the_record_transaction() {
-        let (steps, next, _) = prefix(json!([
-            { "id": "s1", "type": "set", "config": { "values": { "a": 1 } } },
-            { "id": "t", "type": "ticket/upsert", "config": { "externalId": "x" } }
-        ]));
-        assert_eq!(
-            (ids(&steps), next.map(|p| p.to_string())),
-            (vec!["s1"], Some("1".into()))
-        );
-    }
-
-    #[test]
-    fn a_wait_for_a_signal_is_left_to_a_worker() {
-        let (steps, next, _) = prefix(json!([
-            { "id": "s1", "type": "set", "config": { "values": { "a": 1 } } },
-            { "id": "w", "type": "wait_for_event", "config": { "key": "k" } }
-        ]));
-        assert_eq!(
-            (ids(&steps), next.map(|p| p.to_string())),
-            (vec!["s1"], Some("1".into()))
-        );
+    fn a_run_begins_up_to_a_step_in_the_record_transaction_or_a_wait_for_a_signal() {
+        for second in [
+            json!({ "id": "t", "type": "ticket/upsert", "config": { "externalId": "x" } }),
+            json!({ "id": "w", "type": "wait_for_event", "config": { "key": "k" } }),
+        ] {
+            let first = json!({ "id": "s1", "type": "set", "config": { "values": { "a": 1 } } });
+            let (steps, next, _) = prefix(json!([first, second]));
+            assert_eq!(
+                (ids(&steps), next.map(|p| p.to_string())),
+                (vec!["s1"], Some("1".into())),
+                "before {second}"
+            );
+        }
     }
 
     #[test]
