@@ -19,6 +19,7 @@ mod execute;
 pub mod fairness;
 pub mod registry;
 mod steps;
+pub mod stream;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub use definitions::DefinitionCache;
 pub use fairness::Fairness;
 pub use registry::{Registry, StepCall, StepHandler};
 pub use steps::script::ScriptStep;
+pub use stream::Stream;
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -119,6 +121,8 @@ pub(crate) struct Inner {
     pub(crate) work: Notify,
     /// The worker pool's slots, which the dispatcher may fill directly.
     pub(crate) slots: std::sync::Mutex<fairness::Slots>,
+    /// What committed, for the live stream.
+    pub(crate) stream: Stream,
     tenants: RwLock<Arc<Vec<TenantId>>>,
 }
 
@@ -175,6 +179,7 @@ impl Engine {
                 backlog: Default::default(),
                 work: Notify::new(),
                 slots: Default::default(),
+                stream: Stream::default(),
                 tenants: RwLock::default(),
             }),
         }
@@ -190,6 +195,12 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
+    }
+
+    /// The live stream of this process: publish after a commit, subscribe
+    /// for `GET /api/stream`.
+    pub fn stream(&self) -> &Stream {
+        &self.inner.stream
     }
 
     /// Tells the dispatcher an event of `tenant` is waiting.
@@ -329,6 +340,10 @@ impl Engine {
             actions: 0,
         };
         let id = store.start_run(tenant, event, run).await?;
+        let data = json!({ "run_id": id, "automation_id": automation_id, "status": "queued" });
+        self.inner
+            .stream
+            .publish(tenant, stream::Kind::RunUpdated, data);
         self.inner.work.notify_one();
         Ok(id)
     }

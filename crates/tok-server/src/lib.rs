@@ -128,6 +128,8 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::incidents::router())
         .merge(routes::connections::router())
         .merge(routes::metrics::router())
+        .merge(routes::stream::router())
+        .merge(routes::dashboard::router())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(state)

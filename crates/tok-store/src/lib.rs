@@ -27,6 +27,7 @@ pub mod model;
 mod postgres;
 mod queue_sql;
 mod record_sql;
+pub mod relay;
 mod rows;
 mod runs_sql;
 pub mod signals;
@@ -46,6 +47,7 @@ pub use desk::*;
 pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
+pub use relay::{Heard, StreamRelay};
 pub use rows::now_ms;
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
@@ -302,6 +304,17 @@ pub trait Store:
     /// nothing to listen to.
     async fn listen_for_work(&self, wake: Wake) -> Result<()> {
         let _ = wake;
+        Ok(())
+    }
+    /// The relay that sends this process's committed stream events to the
+    /// other processes (see [`relay`]); `None` where one process serves
+    /// everything (SQLite).
+    async fn stream_relay(&self) -> Result<Option<Box<dyn StreamRelay>>> {
+        Ok(None)
+    }
+    /// Calls `heard` with what every process sends through its relay.
+    async fn listen_stream(&self, heard: Heard) -> Result<()> {
+        let _ = heard;
         Ok(())
     }
 }

@@ -213,6 +213,14 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn stream_relay(&self) -> Result<Option<Box<dyn StreamRelay>>> {
+        Ok(Some(Box::new(crate::relay::PgRelay::new(&self.pool))))
+    }
+
+    async fn listen_stream(&self, heard: Heard) -> Result<()> {
+        crate::relay::listen(&self.pool, heard).await
+    }
+
     async fn migrate(&self) -> Result<()> {
         let mut conn = self.pool.acquire().await?;
         migrate::apply::<sqlx::Postgres>(

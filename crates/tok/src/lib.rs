@@ -85,6 +85,16 @@ pub async fn serve(
             ..EngineConfig::default()
         },
     );
+    // Every process sends what it commits to the live stream; the ones that
+    // serve the API follow what every process sent (PostgreSQL; on SQLite
+    // the stream stays in this process).
+    let _relay: Vec<AbortOnDrop> = engine
+        .stream()
+        .relay(engine.store(), config.role.serves_http())
+        .await?
+        .into_iter()
+        .map(AbortOnDrop)
+        .collect();
     let running = if config.role.runs_engine() {
         Some(engine.start(true).await?)
     } else {
@@ -109,8 +119,13 @@ pub async fn serve(
             listener.local_addr()?,
             config.public_url
         );
+        let stream = engine.stream().clone();
         axum::serve(listener, tok_server::app(state))
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                // Open streams end, or the server would wait for them.
+                stream.close();
+            })
             .await?;
     } else {
         shutdown_signal().await;

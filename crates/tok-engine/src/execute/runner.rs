@@ -171,6 +171,7 @@ async fn drive(
         next: claim.next,
         subject_ticket_id: claim.subject,
     };
+    let published = crate::stream::Recorded::of(job, &record);
     if !needs_tx {
         // Nothing else to write with it: the record joins the store's group
         // commit with other claims' records.
@@ -191,12 +192,15 @@ async fn drive(
                 token: next.claim_token.clone(),
                 lease_ms: inner.lease_ms(),
             };
-            return Ok(match inner.store.record_and_continue(job, record).await? {
+            let continues = inner.store.record_and_continue(job, record).await?;
+            published.publish(&inner.stream);
+            return Ok(match continues {
                 true => Driven::Continue(Box::new(next)),
                 false => Driven::Recorded { advanced: false },
             });
         }
         inner.store.record(job, record).await?;
+        published.publish(&inner.stream);
         return Ok(Driven::Recorded { advanced });
     }
     let mut tx = match claim.tx {
@@ -217,6 +221,7 @@ async fn drive(
         }
     }
     tx.commit(record).await?;
+    published.publish(&inner.stream);
     Ok(Driven::Recorded { advanced })
 }
 

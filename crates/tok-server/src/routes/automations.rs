@@ -27,6 +27,7 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/automations/{id}/pause", post(pause))
         .route("/api/automations/{id}/resume", post(resume))
         .route("/api/automations/{id}/runs", post(start_run))
+        .route("/api/automations/{id}/versions/{version}", get(version))
 }
 
 fn invalid(errors: &[ValidationError]) -> ApiError {
@@ -138,6 +139,24 @@ async fn show(
         .await?
         .ok_or_else(|| ApiError::not_found("automation"))?;
     Ok(Json(view(&row)))
+}
+
+/// One saved version's definition (the versions are 1 to the current one).
+async fn version(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path((id, version)): Path<(String, i32)>,
+) -> ApiResult<Json<Value>> {
+    let id = AutomationId::from(id);
+    let definition = state
+        .engine
+        .store()
+        .automation_version(&tenant, &id, version)
+        .await?
+        .ok_or_else(|| ApiError::not_found("automation version"))?;
+    Ok(Json(
+        json!({ "id": id, "version": version, "definition": definition }),
+    ))
 }
 
 async fn set_status(

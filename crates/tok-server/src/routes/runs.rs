@@ -10,6 +10,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::ids::{RunId, TenantId};
+use tok_engine::stream::Kind;
 use tok_store::{RunFilter, RunStatus};
 
 use crate::AppState;
@@ -120,6 +121,12 @@ async fn control(
     if matches!(control, Control::Retry | Control::Resume) {
         state.engine.job_ready();
     }
+    let data =
+        json!({ "run_id": run.id, "automation_id": run.automation_id, "status": run.status });
+    state
+        .engine
+        .stream()
+        .publish(tenant, Kind::RunUpdated, data);
     Ok(Json(json!(run)))
 }
 
