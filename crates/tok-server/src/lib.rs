@@ -5,6 +5,7 @@
 //! `oneshot` and `tok serve` binds it to a port.
 
 mod auth;
+mod dashboard;
 mod error;
 mod intake;
 mod routes;
@@ -130,6 +131,7 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::metrics::router())
         .merge(routes::stream::router())
         .merge(routes::dashboard::router())
+        .merge(dashboard::router())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(state)

@@ -7,6 +7,7 @@ mod helpers;
 
 mod automations;
 mod connections;
+mod dashboard;
 mod desk;
 mod errors;
 mod health;
