@@ -151,7 +151,7 @@ async fn run_of(api: &Api, key: &str, event: &str) -> String {
 async fn sign_in(browser: &Browser, base: &str, key: &str) {
     browser.open(&format!("{base}/")).await;
     browser.find("#signin-key").await.type_text(key).await;
-    browser.find("#signin-submit").await.click().await;
+    browser.click("#signin-submit").await;
     browser
         .wait_for(
             "the live indicator",
@@ -217,11 +217,7 @@ async fn an_operator_sees_runs_live_opens_a_failed_one_and_retries_it() {
         picture(&browser, "runs").await;
 
         // Its detail: what the condition compared, and the error.
-        browser
-            .find(&format!("tr[data-run=\"{failed}\"]"))
-            .await
-            .click()
-            .await;
+        browser.click(&format!("tr[data-run=\"{failed}\"]")).await;
         assert_eq!(browser.text("#run-status").await, "failed");
         let lines = browser
             .wait_for(
@@ -242,7 +238,7 @@ async fn an_operator_sees_runs_live_opens_a_failed_one_and_retries_it() {
         picture(&browser, "run-failed").await;
 
         // Retry: it runs again, and completes.
-        browser.find("#run-retry").await.click().await;
+        browser.click("#run-retry").await;
         browser
             .wait_for(
                 "the retried run completed",
@@ -282,7 +278,7 @@ async fn an_operator_sees_runs_live_opens_a_failed_one_and_retries_it() {
                 json!([]),
             )
             .await;
-        browser.find("#copy-url").await.click().await;
+        browser.click("#copy-url").await;
         browser
             .wait_for("`Copied`", "return document.querySelector('#copy-url').textContent === 'Copied'", json!([]))
             .await;
@@ -358,7 +354,7 @@ async fn a_tenants_session_shows_nothing_of_another_tenant() {
         assert!(!text.as_str().unwrap().contains("Acme"), "{text}");
 
         // The admin picks a tenant and sees that tenant's runs.
-        browser.find("#signout").await.click().await;
+        browser.click("#signout").await;
         sign_in_admin(&browser, &base).await;
         browser
             .eval(
@@ -390,7 +386,7 @@ async fn a_tenants_session_shows_nothing_of_another_tenant() {
 async fn sign_in_admin(browser: &Browser, base: &str) {
     browser.open(&format!("{base}/")).await;
     browser.find("#signin-key").await.type_text(ADMIN_KEY).await;
-    browser.find("#signin-submit").await.click().await;
+    browser.click("#signin-submit").await;
     browser
         .wait_for(
             "the tenant picker",
@@ -458,7 +454,7 @@ async fn the_service_desk_pages_show_queues_traces_incidents_and_the_queue() {
             );
         }
         picture(&browser, "tickets").await;
-        browser.find("#tickets tbody tr").await.click().await;
+        browser.click("#tickets tbody tr").await;
         let trace = browser.text("#ticket-trace").await;
         assert!(trace.contains("Created by automation"), "{trace}");
 
@@ -472,7 +468,7 @@ async fn the_service_desk_pages_show_queues_traces_incidents_and_the_queue() {
         picture(&browser, "queue").await;
 
         // The admin, acting for the demo tenant, sees the incident's detail.
-        browser.find("#signout").await.click().await;
+        browser.click("#signout").await;
         sign_in(&browser, &base, ADMIN_KEY).await;
         assert_eq!(
             browser.eval("return document.querySelector('#tenant-pick').value", json!([])).await,
@@ -480,7 +476,7 @@ async fn the_service_desk_pages_show_queues_traces_incidents_and_the_queue() {
             "the one tenant is picked"
         );
         browser.open(&format!("{base}/#/incidents")).await;
-        browser.find("#incidents details").await.click().await;
+        browser.click("#incidents details").await;
         let detail = browser.text("#incidents").await;
         assert!(detail.contains("Detail (platform admin)") && detail.contains("OCR_FAIL"), "{detail}");
         picture(&browser, "incidents-admin").await;

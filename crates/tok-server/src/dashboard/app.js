@@ -304,8 +304,29 @@ async function runList(view) {
   for (const [name, value] of Object.entries(runFilters)) $(`#filter-${name}`, toolbar).value = value;
   const table = h("div.card.table-card");
   view.append(toolbar, table);
-  const known = new Set();
+  // Rows by run id: an update redraws a row's cells in the same row, so
+  // the list does not jump and a click in progress is not lost.
+  const rows = new Map();
   let cursor = null;
+
+  function row(run) {
+    let tr = rows.get(run.id);
+    if (!tr) {
+      tr = h("tr.link", { dataset: { run: run.id }, onclick: () => (location.hash = `#/runs/${run.id}`) });
+      if (rows.size) tr.classList.add("fresh");
+      rows.set(run.id, tr);
+    }
+    tr.dataset.status = run.status;
+    fill(tr,
+      h("td", null, pill(run.status)),
+      h("td", null, automationNames.get(run.automation_id) || run.automation_id, h("span.muted", null, ` v${run.version}`)),
+      h("td", null, run.trigger_type),
+      h("td", null, when(run.started_at || run.created_at)),
+      h("td", null, duration(run.started_at, run.finished_at)),
+      h("td.mono", null, short(run.id)),
+      h("td.error-cell", { title: run.error || "" }, run.error || ""));
+    return tr;
+  }
 
   async function load(more = false) {
     const query = new URLSearchParams({ limit: "50" });
@@ -313,31 +334,20 @@ async function runList(view) {
     if (more && cursor) query.set("cursor", cursor);
     const page = await api(`/api/dashboard/runs?${query}`);
     cursor = page.next_cursor;
-    const rows = page.items.map((run) => {
-      const row = h("tr.link", { dataset: { run: run.id, status: run.status }, onclick: () => (location.hash = `#/runs/${run.id}`) },
-        h("td", null, pill(run.status)),
-        h("td", null, automationNames.get(run.automation_id) || run.automation_id, h("span.muted", null, ` v${run.version}`)),
-        h("td", null, run.trigger_type),
-        h("td", null, when(run.started_at || run.created_at)),
-        h("td", null, duration(run.started_at, run.finished_at)),
-        h("td.mono", null, short(run.id)),
-        h("td.error-cell", { title: run.error || "" }, run.error || ""));
-      if (known.size && !known.has(run.id)) row.classList.add("fresh");
-      return row;
-    });
-    for (const run of page.items) known.add(run.id);
-    let body = more ? $("tbody", table) : null;
+    const drawn = page.items.map(row);
+    // The first draw marks nothing as new.
+    if (!more && !$("tbody", table)) for (const tr of drawn) tr.classList.remove("fresh");
+    let body = $("tbody", table);
     if (!body) {
       body = h("tbody");
       fill(table, h("table", { id: "runs" },
         h("thead", null, h("tr", null, ["Status", "Automation", "Trigger", "Started", "Took", "Run", "Error"].map((c) => h("th", null, c)))),
         body));
     }
-    if (!more) fill(body);
-    body.append(...rows);
+    if (more) body.append(...drawn);
+    else fill(body, drawn);
+    for (const extra of table.querySelectorAll(".empty, .more")) extra.remove();
     if (!body.children.length) table.append(h("div.empty", null, "No runs yet. Send a webhook to one of your automations and it shows up here at once."));
-    const old = $(".more", table);
-    if (old) old.remove();
     if (cursor) table.append(h("div.more", null, h("button.button.small", { onclick: () => load(true) }, "Load more")));
   }
 

@@ -73,7 +73,7 @@ fn sse(event: &stream::Event) -> Event {
     Event::default()
         .id(event.id.as_str())
         .event(event.kind.as_str())
-        .data(event.data.to_string())
+        .data(&*event.data)
 }
 
 fn reload(reason: &str) -> Event {

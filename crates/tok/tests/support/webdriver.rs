@@ -103,6 +103,14 @@ impl Browser {
     }
 
     async fn command(&self, method: &str, path: &str, body: Value) -> Value {
+        match self.try_command(method, path, body).await {
+            Ok(answer) => answer,
+            Err(error) => panic!("WebDriver {path}: {error}"),
+        }
+    }
+
+    /// A command whose WebDriver error (`{"error", "message"}`) is returned.
+    async fn try_command(&self, method: &str, path: &str, body: Value) -> Result<Value, Value> {
         let url = if path == "/session" {
             format!("{}/session", self.base)
         } else {
@@ -119,9 +127,25 @@ impl Browser {
             .unwrap_or_else(|e| panic!("chromedriver did not answer {path}: {e}"));
         let answer: Value = response.json().await.unwrap();
         if answer["value"]["error"].is_string() {
-            panic!("WebDriver {path}: {}", answer["value"]);
+            return Err(answer["value"].clone());
         }
-        answer
+        Ok(answer)
+    }
+
+    /// Clicks what `css` finds. The page is live: when it drew the element
+    /// again between finding and clicking, the new one is clicked, as a
+    /// person would.
+    pub(crate) async fn click(&self, css: &str) {
+        for _ in 0..20 {
+            let element = self.find(css).await;
+            let path = format!("/element/{}/click", element.id);
+            match self.try_command("POST", &path, json!({})).await {
+                Ok(_) => return,
+                Err(e) if e["error"] == "stale element reference" => continue,
+                Err(e) => panic!("WebDriver click on `{css}`: {e}"),
+            }
+        }
+        panic!("`{css}` was drawn again on every one of 20 clicks");
     }
 
     pub(crate) async fn open(&self, url: &str) {
@@ -220,12 +244,6 @@ impl Browser {
 }
 
 impl Element<'_> {
-    pub(crate) async fn click(&self) {
-        self.browser
-            .command("POST", &format!("/element/{}/click", self.id), json!({}))
-            .await;
-    }
-
     pub(crate) async fn type_text(&self, text: &str) {
         self.browser
             .command(
