@@ -3,7 +3,8 @@
 //!
 //! Everything that moves a run forward is an [`Input`]: the start of a claim,
 //! a step that an executor ran (in the record transaction or outside it), a
-//! signal or a timeout that resumed a wait. The decider publishes outputs,
+//! signal or a timeout that resumed a wait, the end of runs it waited for
+//! ([`crate::children`]). The decider publishes outputs,
 //! chains the control steps it can decide by itself (conditions, loops,
 //! `set`, log lines, waits, `end`), and stops at the first step it cannot:
 //! one that an executor must run ([`Then::Execute`]), or the end of the claim
@@ -22,24 +23,28 @@ use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use crate::builtin::{self, Outcome};
+use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::context::Context;
 use crate::definition::{Automation, Filter, Step};
 use crate::duration::parse_duration;
 use crate::error::StepError;
 use crate::flow::{self, Next};
-use crate::limits::{MAX_ACTIONS, MAX_OUTPUT_BYTES};
+use crate::ids::RunId;
+use crate::limits::{MAX_ACTIONS, MAX_NESTING_DEPTH, MAX_OUTPUT_BYTES};
 use crate::path::FlowPath;
 use crate::retry::{Decision, RetryPolicy, decide};
-use crate::run::{NextJob, Resume, RunStatus, SignalWait, StepRecord, StepStatus};
+use crate::run::{
+    NextJob, Resume, RunEnded, RunStatus, RunsWait, SignalWait, StepRecord, StepStatus,
+};
 use crate::template;
 
 /// The step type that parks a run until a signal or its timeout.
 pub const WAIT_FOR_EVENT: &str = "wait_for_event";
 
-/// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`] and
-/// [`WAIT_FOR_EVENT`].
+/// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`],
+/// [`WAIT_FOR_EVENT`] and [`WAIT_FOR_RUNS`].
 pub fn is_control(kind: &str) -> bool {
-    builtin::is_internal(kind) || kind == WAIT_FOR_EVENT
+    builtin::is_internal(kind) || kind == WAIT_FOR_EVENT || kind == WAIT_FOR_RUNS
 }
 
 /// Who runs a step type.
@@ -125,6 +130,12 @@ pub enum Input {
     Signal { signal_id: String, payload: Value },
     /// The wait at the state's path timed out.
     TimedOut,
+    /// Runs the step at the state's path waited on ended (all of them, one
+    /// in `any` mode, or one that failed), or its timeout came first.
+    RunsEnded {
+        ended: Vec<RunEnded>,
+        timed_out: bool,
+    },
 }
 
 impl From<Option<Resume>> for Input {
@@ -134,6 +145,7 @@ impl From<Option<Resume>> for Input {
             None => Input::Start,
             Some(Resume::Signal { signal_id, payload }) => Input::Signal { signal_id, payload },
             Some(Resume::TimedOut) => Input::TimedOut,
+            Some(Resume::Runs { ended, timed_out }) => Input::RunsEnded { ended, timed_out },
         }
     }
 }
@@ -178,6 +190,19 @@ pub enum Effect {
     /// An incident for the tenant, a line in the ticket's trace and a
     /// `run.failed` event ([`crate::incident::run_failed`] has the words).
     RunFailed(Failure),
+    /// The run ended and a run started it: the parent's wait on it, if the
+    /// parent waits, learns how it ended, in this run's record transaction.
+    NotifyParent(ParentNotice),
+}
+
+/// How a child run ended, for its parent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParentNotice {
+    pub parent_run_id: RunId,
+    pub status: RunStatus,
+    /// The `output` of the child's `end` step (`null` without one).
+    pub output: Value,
+    pub error: Option<String>,
 }
 
 /// The decider's answer.
@@ -220,10 +245,17 @@ pub fn advance(
             input,
             started_at,
         } => match check_output_size(&step.id, &outputs) {
-            Ok(()) => {
-                let record = decider.record(step, input, started_at);
-                decider.completed(step, record, outputs, log, env)
-            }
+            Ok(()) => match children::awaited_child(step, input.as_ref(), &outputs) {
+                Some(wait) => {
+                    let mut record = decider.record(step, input, started_at);
+                    record.output = Some(Value::Object(outputs));
+                    decider.park_on_runs(record, wait)
+                }
+                None => {
+                    let record = decider.record(step, input, started_at);
+                    decider.completed(step, record, outputs, log, env)
+                }
+            },
             Err(error) => decider.step_failed(step, input, started_at, error, env),
         },
         Input::StepFailed {
@@ -247,9 +279,21 @@ pub fn advance(
             let log = vec!["timed out: no matching signal came".to_owned()];
             decider.completed(step, record, outputs, log, env)
         }
+        Input::RunsEnded { ended, timed_out }
+            if step.kind == RUN_WORKFLOW || step.kind == WAIT_FOR_RUNS =>
+        {
+            let now = decider.now_ms();
+            match children::outcome(step, &ended, timed_out) {
+                Ok((outputs, log)) => {
+                    let record = decider.record(step, None, now);
+                    decider.completed(step, record, outputs, log, env)
+                }
+                Err(error) => decider.step_failed(step, None, now, error, env),
+            }
+        }
         // A resume for a step that is no longer waiting (the run moved on
         // by another way): nothing to take from it; the claim goes on.
-        Input::Signal { .. } | Input::TimedOut => decider.chain(env),
+        Input::Signal { .. } | Input::TimedOut | Input::RunsEnded { .. } => decider.chain(env),
     }
 }
 
@@ -263,7 +307,17 @@ struct Decider<'a> {
 }
 
 impl Decider<'_> {
-    fn finish(self, status: RunStatus, error: Option<String>, then: Then) -> Transition {
+    fn finish(mut self, status: RunStatus, error: Option<String>, then: Then) -> Transition {
+        if status.is_final()
+            && let Some(parent_run_id) = children::parent_of(self.state.context.as_value())
+        {
+            self.effects.push(Effect::NotifyParent(ParentNotice {
+                parent_run_id,
+                status,
+                output: self.state.context.output(),
+                error: error.clone(),
+            }));
+        }
         Transition {
             state: self.state,
             records: self.records,
@@ -338,6 +392,18 @@ impl Decider<'_> {
                 ));
             }
             self.state.actions += 1;
+            if step.kind == RUN_WORKFLOW {
+                let depth = children::depth_of(self.state.context.as_value()) + 1;
+                if depth > MAX_NESTING_DEPTH {
+                    let error = StepError::terminal(format!(
+                        "nesting_depth_exceeded: step `{}` would start a run at depth {depth}; \
+                         runs nest at most {MAX_NESTING_DEPTH} deep",
+                        step.id
+                    ));
+                    let now = self.now_ms();
+                    return self.step_failed(step, None, now, error, env);
+                }
+            }
             let scope = flow::scope(&automation.steps, &path, self.state.context.as_value());
             if class != StepClass::Control {
                 let rendered = template::render_value(&step.config, &scope);
@@ -370,6 +436,18 @@ impl Decider<'_> {
                         let now = self.now_ms();
                         self.step_failed(step, None, now, error, env)
                     }
+                };
+            }
+            if step.kind == WAIT_FOR_RUNS {
+                let wait = children::runs_wait(step, &scope, self.now);
+                drop(scope);
+                let now = self.now_ms();
+                return match wait {
+                    Ok((wait, config)) => {
+                        let record = self.record(step, Some(config), now);
+                        self.park_on_runs(record, wait)
+                    }
+                    Err(error) => self.step_failed(step, None, now, error, env),
                 };
             }
             let outcome = builtin::evaluate(step, &scope, self.now);
@@ -423,6 +501,11 @@ impl Decider<'_> {
         log: Vec<String>,
     ) -> Result<Next, String> {
         self.state.context.publish(&step.id, &outputs);
+        if step.kind == "end"
+            && let Some(output) = outputs.get("output")
+        {
+            self.state.context.set_output(output.clone());
+        }
         record.output = Some(Value::Object(outputs));
         record.log = log;
         self.push(record);
@@ -473,6 +556,20 @@ impl Decider<'_> {
             RunStatus::Waiting,
             None,
             Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// The run parks at a step that waits on runs (`record` is that step's
+    /// record, marked waiting here).
+    fn park_on_runs(mut self, mut record: StepRecord, wait: RunsWait) -> Transition {
+        record.status = StepStatus::Waiting;
+        record.log.push(children::waiting_line(&wait));
+        let path = self.state.path.to_string();
+        self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::WaitForRuns { path, wait }),
         )
     }
 

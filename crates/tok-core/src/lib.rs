@@ -11,6 +11,7 @@
 
 pub mod advance;
 pub mod builtin;
+pub mod children;
 pub mod condition;
 pub mod context;
 pub mod contract;

@@ -258,6 +258,7 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     match kind {
         "wait" => check_wait(c, at, step),
         WAIT_FOR_EVENT => check_wait_for_event(c, at, step),
+        crate::children::WAIT_FOR_RUNS => check_wait_for_runs(c, at, step),
         "flow/pause" => check_pause(c, at, step),
         "flow/log" => check_log(c, at, step),
         "set" if !step.config.get("values").is_some_and(Value::is_object) => {
@@ -404,6 +405,40 @@ fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
             format!("{at}.config.lookback"),
             format!("lookback must be true or false, got {lookback}"),
         );
+    }
+}
+
+/// `wait_for_runs`: `runs` (a run id or a non-empty list of them), a
+/// `mode` of `all` or `any`, a `timeout` duration.
+fn check_wait_for_runs(c: &mut Checker<'_>, at: &str, step: &Step) {
+    match step.config.get("runs") {
+        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(Value::Array(items)) if !items.is_empty() => {}
+        _ => c.error(
+            format!("{at}.config.runs"),
+            "wait_for_runs needs `runs`: the run ids to wait for, like [\"{{st_child.runId}}\"]",
+        ),
+    }
+    match step.config.get("mode") {
+        None => {}
+        Some(Value::String(m)) if m == "all" || m == "any" => {}
+        Some(other) => c.error(
+            format!("{at}.config.mode"),
+            format!("mode must be \"all\" or \"any\", got {other}"),
+        ),
+    }
+    match step.config.get("timeout") {
+        None => {}
+        Some(Value::String(s)) if has_placeholder(s) => {}
+        Some(Value::String(s)) => {
+            if let Err(e) = parse_duration(s) {
+                c.error(format!("{at}.config.timeout"), e.to_string());
+            }
+        }
+        Some(other) => c.error(
+            format!("{at}.config.timeout"),
+            format!("timeout must be a duration like \"1h\", got {other}"),
+        ),
     }
 }
 

@@ -13,6 +13,7 @@
 
 mod admin_sql;
 mod batch;
+mod children_sql;
 pub mod connections;
 mod connections_sql;
 mod definitions_sql;

@@ -223,7 +223,7 @@ macro_rules! impl_record {
                 // resumes it at once with a buffered signal: `settle_waits`
                 // decided which.
                 let parked = match next {
-                    NextJob::Wait { .. } => parked.remove(&job.id.0),
+                    NextJob::Wait { .. } | NextJob::WaitForRuns { .. } => parked.remove(&job.id.0),
                     _ => None,
                 };
                 let (run_at, resume) = match parked {
@@ -234,7 +234,9 @@ macro_rules! impl_record {
                     NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
                     NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
                     NextJob::Retry { path, attempts, delay_ms } => (path, delay_ms, attempts, None, 0),
-                    NextJob::Wait { path, .. } => (path, 0, 0, None, 0),
+                    NextJob::Wait { path, .. } | NextJob::WaitForRuns { path, .. } => {
+                        (path, 0, 0, None, 0)
+                    }
                     NextJob::Done => {
                         done.push(job.id.0);
                         (String::new(), 0, 0, None, 0)

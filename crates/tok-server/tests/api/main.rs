@@ -6,6 +6,7 @@
 mod helpers;
 
 mod automations;
+mod children;
 mod connections;
 mod desk;
 mod errors;
