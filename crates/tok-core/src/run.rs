@@ -191,6 +191,16 @@ pub enum Resume {
         ended: Vec<RunEnded>,
         timed_out: bool,
     },
+    /// A `parallel` step's join: the branches (by index) that are done of
+    /// the `total` it forked, or the first branch's failure. The job is due
+    /// when every branch is done or one failed.
+    #[serde(rename_all = "camelCase")]
+    Branches {
+        total: usize,
+        done: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failed: Option<String>,
+    },
 }
 
 /// What happens to the claimed job when its result is recorded.
@@ -226,6 +236,23 @@ pub enum NextJob {
     /// time passes; then it is claimed again with [`Resume::Runs`]. Runs
     /// that have ended already count as the job parks: it may be due at once.
     WaitForRuns { path: String, wait: RunsWait },
+    /// The job parks at `path` (a `parallel` step) and one new job starts
+    /// each branch at its first step (`branches`: the branch's index and
+    /// that step's path), all in this record. The parked job is due again
+    /// when every branch is done ([`Resume::Branches`]).
+    Fork {
+        path: String,
+        branches: Vec<(usize, String)>,
+    },
+    /// This job's branch `branch` of the `parallel` step at `parallel` is
+    /// over: the job is deleted and the parallel step's parked job learns
+    /// it. A branch that `failed` (with this message) ends the join at once
+    /// and the parallel step's other branches are cancelled.
+    BranchDone {
+        parallel: String,
+        branch: usize,
+        failed: Option<String>,
+    },
     /// The run is over (completed or failed): the job is deleted.
     Done,
 }

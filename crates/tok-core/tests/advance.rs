@@ -84,6 +84,7 @@ fn seen(t: &Transition) -> Seen {
         }
         Then::Record(NextJob::Continue { path, .. }) => format!("continue at {path}"),
         Then::Record(NextJob::Done) => "done".to_owned(),
+        Then::Record(other) => format!("{other:?}"),
     };
     (records, t.status, then)
 }

@@ -140,9 +140,10 @@ macro_rules! impl_children {
             let key = run_key(&ended.run_id);
             lock_names(tx, vec![key_lock(tenant, &key)]).await?;
             let waits = sqlx::query(concat!(
-                "SELECT w.id, w.run_id, w.match, j.id AS job_id, j.resume
+                "SELECT w.id, w.run_id, w.path, w.match, j.id AS job_id, j.resume
                  FROM waits w
                  JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                    AND j.path = w.path
                  WHERE w.tenant_id = $1 AND w.kind = 'runs' AND w.key = $2
                    AND j.claim_token IS NULL
                  ORDER BY j.id ",
@@ -171,10 +172,12 @@ macro_rules! impl_children {
                 };
                 if over {
                     sqlx::query(
-                        "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2 AND kind = 'runs'",
+                        "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2 AND path = $3
+                           AND kind = 'runs'",
                     )
                     .bind(tenant.as_str())
                     .bind(&waiting_run)
+                    .bind(row.get::<String, _>("path"))
                     .execute(&mut **tx)
                     .await?;
                     sqlx::query(concat!(

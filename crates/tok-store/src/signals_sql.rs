@@ -81,6 +81,7 @@ macro_rules! impl_signals {
                 "SELECT w.id, w.run_id, w.match, j.id AS job_id
                  FROM waits w
                  JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                    AND j.path = w.path
                  WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
                    AND j.claim_token IS NULL
                  ORDER BY j.id ", lock_rows_of!(j)
@@ -209,6 +210,14 @@ macro_rules! impl_signals {
                     _ => None,
                 })
                 .collect();
+            // A job that forks parallel branches parks until they join
+            // (`branches_sql.rs` counts them).
+            for (job, record, _) in items {
+                if let NextJob::Fork { branches, .. } = &record.next {
+                    let resume = Resume::Branches { total: branches.len(), done: Vec::new(), failed: None };
+                    parked.insert(job.id.0, $crate::rows::Parked { run_at: Some(NEVER_DUE_MS), resume });
+                }
+            }
             let settled: Vec<&ClaimedJob> = items
                 .iter()
                 .map(|(job, _, _)| job)
@@ -221,11 +230,17 @@ macro_rules! impl_signals {
             if settled.is_empty() {
                 return Ok(parked);
             }
+            // A run's jobs (its parallel branches) each wait at their own path.
+            let keys: Vec<[&str; 3]> = settled
+                .iter()
+                .map(|job| [job.tenant_id.as_str(), job.run_id.as_str(), job.path.as_str()])
+                .collect();
             sqlx::query(concat!(
-                "DELETE FROM waits WHERE tenant_id ", any_of!(1), " AND run_id ", any_of!(2)
+                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
+                 JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1
+                    AND w.path = x.value ->> 2)"
             ))
-            .bind(list(settled.iter().map(|job| job.tenant_id.as_str())))
-            .bind(list(settled.iter().map(|job| job.run_id.as_str())))
+            .bind(Json(&keys))
             .execute(&mut **tx)
             .await?;
             let mut took = false;

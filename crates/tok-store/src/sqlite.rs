@@ -15,6 +15,7 @@ use sqlx::sqlite::{
 
 use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
+use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
@@ -229,6 +230,11 @@ impl_signals! {
 }
 
 impl_children! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_branches! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -158,10 +158,15 @@ async fn drive(
     count(job, &claim);
     // A wait may take a buffered signal (or find its runs ended) as it is
     // recorded: its job is then ready at once, like a next step due now;
-    // so is the first job of a child run started in this record.
+    // so is the first job of a child run started in this record, a branch
+    // forked in it, or a parallel step whose branches it joined.
     let advanced = matches!(
         claim.next,
-        NextJob::Step { delay_ms: 0, .. } | NextJob::Wait { .. } | NextJob::WaitForRuns { .. }
+        NextJob::Step { delay_ms: 0, .. }
+            | NextJob::Wait { .. }
+            | NextJob::WaitForRuns { .. }
+            | NextJob::Fork { .. }
+            | NextJob::BranchDone { .. }
     );
     let needs_tx = claim.tx.is_some() || claim.too_deep || !claim.effects.is_empty();
     let record = Record {
