@@ -20,6 +20,12 @@
 //! is what lets branches share the run's context: a branch's record writes
 //! its steps' outputs over the context as it is now, not the copy its
 //! claim read, and adds its actions to the run's count.
+//!
+//! One race is left to PostgreSQL's deadlock detection: a failed branch's
+//! record (holding the run's row) deletes a sibling's job while that
+//! sibling's own record holds the job's row and waits for the run's. One of
+//! the two transactions is aborted; its job comes back after its lease and
+//! is recorded (or found gone) then.
 
 macro_rules! impl_branches {
     (
