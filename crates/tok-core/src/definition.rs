@@ -67,7 +67,12 @@ impl Automation {
 pub fn count_steps(steps: &[Step]) -> usize {
     steps
         .iter()
-        .map(|s| 1 + count_steps(&s.then) + count_steps(&s.else_) + count_steps(&s.do_))
+        .map(|s| {
+            1 + count_steps(&s.then)
+                + count_steps(&s.else_)
+                + count_steps(&s.do_)
+                + s.branches.iter().map(|b| count_steps(b)).sum::<usize>()
+        })
         .sum()
 }
 
@@ -258,6 +263,10 @@ pub struct Step {
     /// The loop body, run once per item.
     #[serde(rename = "do", default, skip_serializing_if = "Vec::is_empty")]
     pub do_: Vec<Step>,
+    /// The branches of a `parallel` step, each a list of steps run as a
+    /// chain of its own, at the same time as the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<Vec<Step>>,
     /// Overrides the automation's retry policy for this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
@@ -279,6 +288,7 @@ impl Step {
             then: Vec::new(),
             else_: Vec::new(),
             do_: Vec::new(),
+            branches: Vec::new(),
             retry: None,
         }
     }

@@ -332,7 +332,7 @@ impl Engine {
             priority: 0,
             first_path: match flow::first(&automation.steps) {
                 Next::Step(path) => Some(path.to_string()),
-                Next::Complete => None,
+                Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
             },
             idempotency_key,
             subject_ticket_id: None,

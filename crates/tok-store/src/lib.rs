@@ -13,6 +13,8 @@
 
 mod admin_sql;
 mod batch;
+mod branches_sql;
+mod children_sql;
 pub mod connections;
 mod connections_sql;
 mod definitions_sql;

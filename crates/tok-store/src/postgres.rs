@@ -12,6 +12,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
+use crate::branches_sql::impl_branches;
+use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
@@ -180,6 +182,16 @@ impl_connections! {
 }
 
 impl_signals! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_children! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_branches! {
     store = PgStore,
     db = sqlx::Postgres,
 }

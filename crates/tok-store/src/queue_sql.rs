@@ -97,7 +97,7 @@ macro_rules! impl_queue {
                 .fetch_all(&mut *tx)
                 .await?;
                 tx.commit().await?;
-                let mut runs: std::collections::HashMap<String, _> = runs
+                let runs: std::collections::HashMap<String, _> = runs
                     .into_iter()
                     .map(|r| (r.get::<String, _>("id"), r))
                     .collect();
@@ -105,7 +105,8 @@ macro_rules! impl_queue {
                     .iter()
                     .filter_map(|job| {
                         let run_id: String = job.get("run_id");
-                        let run = runs.remove(&run_id)?;
+                        // Jobs of one run (its parallel branches) share its row.
+                        let run = runs.get(&run_id)?;
                         Some(ClaimedJob {
                             id: JobId(job.get("id")),
                             tenant_id: TenantId::from(job.get::<String, _>("tenant_id")),

@@ -15,6 +15,8 @@ use sqlx::sqlite::{
 
 use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
+use crate::branches_sql::impl_branches;
+use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
@@ -223,6 +225,16 @@ impl_connections! {
 }
 
 impl_signals! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_children! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_branches! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

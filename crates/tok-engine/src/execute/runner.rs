@@ -19,7 +19,8 @@ use tok_core::definition::Automation;
 use tok_core::error::StepError;
 use tok_core::path::FlowPath;
 use tok_store::{
-    Cause, ClaimedJob, NextJob, Record, RecordTx, RunStatus, StepRecord, StoreError, now_ms,
+    Cause, ClaimedJob, NextJob, Record, RecordTx, RunEnded, RunStatus, StepRecord, StoreError,
+    now_ms,
 };
 
 use super::effects;
@@ -155,11 +156,17 @@ async fn drive(
     .chaining(inner.config.fairness.chain_limit);
     let claim = run_claim(inner, job, automation, state, &cause).await?;
     count(job, &claim);
-    // A wait may take a buffered signal as it is recorded: its job is then
-    // ready at once, like a next step due now.
+    // A wait may take a buffered signal (or find its runs ended) as it is
+    // recorded: its job is then ready at once, like a next step due now;
+    // so is the first job of a child run started in this record, a branch
+    // forked in it, or a parallel step whose branches it joined.
     let advanced = matches!(
         claim.next,
-        NextJob::Step { delay_ms: 0, .. } | NextJob::Wait { .. }
+        NextJob::Step { delay_ms: 0, .. }
+            | NextJob::Wait { .. }
+            | NextJob::WaitForRuns { .. }
+            | NextJob::Fork { .. }
+            | NextJob::BranchDone { .. }
     );
     let needs_tx = claim.tx.is_some() || claim.too_deep || !claim.effects.is_empty();
     let record = Record {
@@ -217,6 +224,15 @@ async fn drive(
                 let context = &record.context;
                 effects::run_failed(&mut *tx, job, automation, subject, context, failure, &cause)
                     .await?;
+            }
+            Effect::NotifyParent(notice) => {
+                let ended = RunEnded {
+                    run_id: job.run_id.to_string(),
+                    status: notice.status,
+                    output: notice.output.clone(),
+                    error: notice.error.clone(),
+                };
+                tx.run_ended(ended).await?;
             }
         }
     }
@@ -279,11 +295,13 @@ async fn run_claim(
                 let Some(tx) = tx.as_mut() else {
                     return Err(StoreError::NotFound("record transaction"));
                 };
+                let path = step.path.to_string();
                 let mut cx = TxContext {
                     tx: &mut **tx,
                     subject: &mut subject,
                     cause,
                     step_id: &step.step_id,
+                    path: &path,
                     too_deep: false,
                     signal_lookback: inner.config.signal_lookback,
                 };

@@ -6,6 +6,8 @@
 mod helpers;
 
 mod automations;
+mod branches;
+mod children;
 mod connections;
 mod dashboard;
 mod desk;
@@ -14,6 +16,7 @@ mod health;
 mod incidents;
 mod intake;
 mod isolation;
+mod repeat;
 mod run_control;
 mod runs;
 mod signals;

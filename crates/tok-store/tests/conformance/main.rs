@@ -3,7 +3,7 @@
 //! `tok_store::backend_tests!`) on a fresh database of its own, which is
 //! dropped even when the test fails. One module per part of the store:
 //! `queue` (claims, leases, fencing), `record` (the record transaction),
-//! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
+//! `children` (child runs and waits on runs), `branches` (parallel branches' jobs), `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
 //! `tenancy` (scoping across all of them) and `migrations`; the setup
 //! helpers they share are here.
 //!
@@ -17,6 +17,8 @@
 //! Timing: waits for a lease or delay to expire sleep well past it, and
 //! nothing asserts on how long an operation took.
 
+mod branches;
+mod children;
 mod dispatch;
 mod inbox;
 mod migrations;
