@@ -93,11 +93,18 @@ pub enum Trigger {
             skip_serializing_if = "Option::is_none"
         )]
         interval_sec: Option<u64>,
+        /// What is polled (`mail`, `messages`, …): picks the default
+        /// interval when `intervalSec` is absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         filter: Option<Filter>,
     },
     Schedule {
         cron: String,
+        /// An IANA time zone name (`Europe/Prague`); UTC when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timezone: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         filter: Option<Filter>,
     },
@@ -367,6 +374,7 @@ mod tests {
             poll,
             Trigger::Poll {
                 interval_sec: Some(30),
+                service: None,
                 filter: None
             }
         );

@@ -24,6 +24,7 @@ pub mod limits;
 pub mod path;
 pub mod retry;
 pub mod run;
+pub mod schedule;
 pub mod template;
 pub mod validate;
 

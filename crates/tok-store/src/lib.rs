@@ -29,6 +29,8 @@ mod queue_sql;
 mod record_sql;
 mod rows;
 mod runs_sql;
+pub mod schedule;
+mod schedule_sql;
 pub mod signals;
 mod signals_sql;
 mod sqlite;
@@ -47,6 +49,7 @@ pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
 pub use rows::now_ms;
+pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
 
@@ -288,6 +291,7 @@ pub trait Store:
     + RecordStore
     + ConnectionStore
     + SignalStore
+    + ScheduleStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

@@ -22,6 +22,7 @@ use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
+use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
@@ -180,6 +181,11 @@ impl_connections! {
 }
 
 impl_signals! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_schedule! {
     store = PgStore,
     db = sqlx::Postgres,
 }

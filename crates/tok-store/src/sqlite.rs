@@ -25,6 +25,7 @@ use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
+use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
@@ -223,6 +224,11 @@ impl_connections! {
 }
 
 impl_signals! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_schedule! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -15,6 +15,7 @@ mod intake;
 mod isolation;
 mod run_control;
 mod runs;
+mod schedules;
 mod signals;
 mod signatures;
 mod waits;

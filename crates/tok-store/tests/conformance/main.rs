@@ -4,6 +4,7 @@
 //! dropped even when the test fails. One module per part of the store:
 //! `queue` (claims, leases, fencing), `record` (the record transaction),
 //! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
+//! `schedule` (the scheduler's lease and schedule rows),
 //! `tenancy` (scoping across all of them) and `migrations`; the setup
 //! helpers they share are here.
 //!
@@ -23,6 +24,7 @@ mod migrations;
 mod queue;
 mod record;
 mod runs;
+mod schedule;
 mod tenancy;
 
 use std::collections::HashSet;

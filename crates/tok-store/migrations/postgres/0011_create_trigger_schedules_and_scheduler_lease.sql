@@ -1,0 +1,29 @@
+-- The scheduler (DESIGN §6). One node at a time runs the wake: it holds
+-- the one row of `scheduler_lease` (`holder` the node, `incarnation` its
+-- process start, renewed each tick until `expires_at`); another node takes
+-- the row over once it expired.
+CREATE TABLE scheduler_lease (
+    name         TEXT PRIMARY KEY,
+    holder       TEXT NOT NULL,
+    incarnation  TEXT NOT NULL,
+    taken_at     BIGINT NOT NULL,
+    expires_at   BIGINT NOT NULL
+);
+
+-- When each poll or schedule automation is due next. `spec` is its trigger
+-- as last saved (a changed trigger starts over, an edit of the steps does
+-- not); `version` the automation version it was read from. Firing moves
+-- `next_run_at` only from the value read, in the run's transaction, so a
+-- tick is fired once however many schedulers race for it; `last_run_id`
+-- is the last run fired, which a poll waits for.
+CREATE TABLE trigger_schedules (
+    tenant_id      TEXT NOT NULL,
+    automation_id  TEXT NOT NULL,
+    version        INTEGER NOT NULL,
+    spec           TEXT NOT NULL,
+    next_run_at    BIGINT,
+    last_run_at    BIGINT,
+    last_run_id    TEXT,
+    PRIMARY KEY (tenant_id, automation_id)
+);
+CREATE INDEX trigger_schedules_due ON trigger_schedules (tenant_id, next_run_at);
