@@ -31,6 +31,9 @@ pub struct AppState {
     /// Scheme and host shown in webhook URLs (`TOK_PUBLIC_URL`).
     pub public_url: Arc<str>,
     ready: Arc<AtomicBool>,
+    /// A shutdown began: `/readyz` answers 503 so a load balancer sends
+    /// no more requests, while the steps in flight finish.
+    stopping: Arc<AtomicBool>,
     pub(crate) token_limits: Arc<intake::TokenLimits>,
     pub(crate) sources: Arc<intake::SourceCache>,
     pub(crate) backpressure: Arc<intake::Backpressure>,
@@ -44,6 +47,7 @@ impl AppState {
             engine,
             public_url: public_url.trim_end_matches('/').into(),
             ready: Arc::default(),
+            stopping: Arc::default(),
             token_limits: Arc::default(),
             sources: Arc::default(),
             backpressure: Arc::new(intake::Backpressure::new(DEFAULT_BACKPRESSURE_DEPTH)),
@@ -105,6 +109,15 @@ impl AppState {
 
     pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Marks the server stopping: `/readyz` answers 503 from now on.
+    pub fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 
     pub(crate) fn webhook_url(&self, token: &str) -> String {
