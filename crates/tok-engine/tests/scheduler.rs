@@ -1,6 +1,7 @@
 //! The scheduler with a driven clock, on both backends: polls at their
 //! interval with one pending run at a time, cron ticks in their zone, one
-//! catch-up run after downtime, paused automations passed over, one run
+//! catch-up run after downtime (which a trigger filter may skip), paused
+//! automations passed over, one run
 //! per tick with two schedulers racing on one database, and the lease
 //! taken over once its holder stops renewing. Nothing sleeps: the tests
 //! set the clock and call one tick at a time.
@@ -22,6 +23,7 @@ backend_tests!(
     polls_run_at_their_interval_with_one_pending_run_at_a_time,
     paused_automations_are_passed_over,
     cron_ticks_fire_once_each_and_downtime_gives_one_catch_up_run,
+    a_trigger_filter_over_the_event_can_skip_catch_up_runs,
     two_schedulers_racing_on_one_database_start_one_run_per_tick,
     the_wake_moves_to_another_node_when_its_holder_stops,
 );
@@ -212,6 +214,36 @@ async fn cron_ticks_fire_once_each_and_downtime_gives_one_catch_up_run(db: &Test
         store.next_run_at(&t, &cron).await.unwrap(),
         Some(at("2026-12-01T15:00:00Z"))
     );
+}
+
+async fn a_trigger_filter_over_the_event_can_skip_catch_up_runs(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store).await;
+    let cron = automation(
+        &*store,
+        &t,
+        json!({"kind": "schedule", "cron": "0 * * * *",
+               "filter": {"rules": [{"field": "_event.catchUp", "operator": "eq", "value": false}]}}),
+    )
+    .await;
+    let clock = Arc::new(ManualClock::at(T0));
+    let s = scheduler(&store, "n1", &clock);
+    let tenants = [t.clone()];
+    s.wake(&tenants).await.unwrap();
+    clock.set(at("2026-12-01T11:00:01Z"));
+    assert_eq!(s.wake(&tenants).await.unwrap(), fired(0, 1, 0));
+    // Down over 12:00 and 13:00: the catch-up run is filtered out, and
+    // the schedule goes on at 14:00.
+    clock.set(at("2026-12-01T13:30:00Z"));
+    assert_eq!(s.wake(&tenants).await.unwrap(), fired(0, 0, 1));
+    assert_eq!(
+        store.next_run_at(&t, &cron).await.unwrap(),
+        Some(at("2026-12-01T14:00:00Z"))
+    );
+    clock.set(at("2026-12-01T14:00:00Z"));
+    assert_eq!(s.wake(&tenants).await.unwrap(), fired(0, 1, 0));
+    let ticks: Vec<String> = events(&*store, &t).await.into_iter().map(|e| e.1).collect();
+    assert_eq!(ticks, ["2026-12-01T11:00:00Z", "2026-12-01T14:00:00Z"]);
 }
 
 async fn two_schedulers_racing_on_one_database_start_one_run_per_tick(db: &TestDb) {

@@ -13,6 +13,7 @@
 //! crashed between the two writes finds its run again on the next tick.
 
 use serde_json::{Map, Value, json};
+use tok_core::condition::Condition;
 use tok_core::context::Context;
 use tok_core::definition::Trigger;
 use tok_core::flow::{self, Next};
@@ -127,27 +128,29 @@ pub(super) async fn fire(
                 &due.automation_id,
                 due.due_at,
                 next,
-                Some(&run),
+                run.as_ref(),
                 now,
             )
             .await?;
-        match timing {
-            Timing::Poll { .. } => report.polls += 1,
-            Timing::Cron(_) => report.schedules += 1,
+        match (run, timing) {
+            (None, _) => report.skipped += 1,
+            (Some(_), Timing::Poll { .. }) => report.polls += 1,
+            (Some(_), Timing::Cron(_)) => report.schedules += 1,
         }
     }
     Ok(())
 }
 
 /// Starts the run of one due row (or finds the one an earlier firing of
-/// the same tick started).
+/// the same tick started); `None` when the trigger's filter does not hold
+/// over the context the run would start with (its `_event`).
 async fn start(
     scheduler: &Scheduler,
     tenant: &TenantId,
     due: &DueTrigger,
     timing: &Timing,
     now: i64,
-) -> Result<RunId> {
+) -> Result<Option<RunId>> {
     let store = &*scheduler.store;
     let automation = scheduler
         .defs
@@ -155,18 +158,23 @@ async fn start(
         .await?;
     let kind = timing.kind();
     let run_id = RunId::generate();
-    let mut event = json!({
+    // `catchUp`: the server was down (or the wake late) over more than
+    // this tick, and this one run stands for all of them.
+    let event = json!({
         "type": kind,
         "depth": 0,
         "runId": run_id,
         "scheduledAt": instant(due.due_at),
+        "catchUp": timing.is_catch_up(due.due_at, now),
     });
-    if timing.is_catch_up(due.due_at, now) {
-        // The server was down (or the wake late) over more than this tick:
-        // this one run stands for all of them.
-        event["catchUp"] = Value::Bool(true);
-    }
     let context = Context::new(Map::new(), json!({}), event);
+    if let Some(filter) = automation.trigger.filter()
+        && !Condition::from_filter(filter)
+            .evaluate(context.as_value())
+            .result
+    {
+        return Ok(None);
+    }
     let key = format!("{kind}:{}", due.due_at);
     let new_event = NewEvent {
         source_id: None,
@@ -200,5 +208,5 @@ async fn start(
         steps: Vec::new(),
         actions: 0,
     };
-    Ok(store.start_run(tenant, new_event, run).await?)
+    Ok(Some(store.start_run(tenant, new_event, run).await?))
 }
