@@ -224,11 +224,20 @@ impl std::fmt::Display for Operator {
 pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// `runTimeout` (`"1h"`): a run unfinished this long after it was
+    /// created is failed by the scheduler, with a platform incident.
+    #[serde(
+        rename = "runTimeout",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::duration::serde_optional_duration"
+    )]
+    pub run_timeout: Option<std::time::Duration>,
 }
 
 impl Settings {
     fn is_empty(&self) -> bool {
-        self.retry.is_none()
+        self.retry.is_none() && self.run_timeout.is_none()
     }
 }
 

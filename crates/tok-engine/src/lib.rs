@@ -257,7 +257,11 @@ impl Engine {
                 shutdown.clone(),
             )),
             tokio::spawn(upkeep(self.clone(), shutdown.clone())),
-            tokio::spawn(scheduler::wake_loop(self.inner.clone(), shutdown.clone())),
+            tokio::spawn(scheduler::wake_loop(
+                self.inner.clone(),
+                workers,
+                shutdown.clone(),
+            )),
         ];
         if workers {
             tasks.push(tokio::spawn(execute::pool::run_pool(

@@ -59,6 +59,7 @@ fn scheduler(store: &Arc<dyn Store>, node: &str, clock: &Arc<ManualClock>) -> Sc
         SchedulerConfig {
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(15),
+            ..SchedulerConfig::default()
         },
         clock.clone(),
     )
@@ -96,6 +97,7 @@ fn fired(polls: usize, schedules: usize, skipped: usize) -> WakeReport {
         polls,
         schedules,
         skipped,
+        stuck: 0,
     }
 }
 

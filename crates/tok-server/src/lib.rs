@@ -139,6 +139,7 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::groups::router())
         .merge(routes::tickets::router())
         .merge(routes::incidents::router())
+        .merge(routes::platform_incidents::router())
         .merge(routes::connections::router())
         .merge(routes::metrics::router())
         .fallback(no_route)

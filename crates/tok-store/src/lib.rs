@@ -36,6 +36,8 @@ mod signals_sql;
 mod sqlite;
 pub mod storable;
 pub mod testing;
+pub mod watch;
+mod watch_sql;
 
 use std::sync::Arc;
 
@@ -52,6 +54,7 @@ pub use rows::now_ms;
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
+pub use watch::{NewPlatformIncident, OverdueWait, PlatformIncident, UnfinishedRun, WatchStore};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -292,6 +295,7 @@ pub trait Store:
     + ConnectionStore
     + SignalStore
     + ScheduleStore
+    + WatchStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

@@ -32,7 +32,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     8 "0008_leave_room_for_job_updates_in_place",
     9 "0009_leave_room_for_run_updates_in_place",
     10 "0010_create_signals_and_resumes",
-    11 "0011_create_trigger_schedules_and_scheduler_lease",
+    11 "0011_create_the_schedulers_tables",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -44,7 +44,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     6 "0006_create_connections",
     7 "0007_index_pending_events_in_dispatch_order",
     8 "0008_create_signals_and_resumes",
-    9 "0009_create_trigger_schedules_and_scheduler_lease",
+    9 "0009_create_the_schedulers_tables",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

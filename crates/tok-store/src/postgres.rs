@@ -24,6 +24,7 @@ use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
+use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -186,6 +187,11 @@ impl_signals! {
 }
 
 impl_schedule! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_watch! {
     store = PgStore,
     db = sqlx::Postgres,
 }

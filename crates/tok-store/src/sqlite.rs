@@ -27,6 +27,7 @@ use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
+use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -229,6 +230,11 @@ impl_signals! {
 }
 
 impl_schedule! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_watch! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

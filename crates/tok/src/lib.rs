@@ -86,6 +86,7 @@ pub async fn serve(
             scheduler: tok_engine::scheduler::SchedulerConfig {
                 tick: config.scheduler_tick,
                 lease: config.scheduler_lease,
+                ..Default::default()
             },
             ..EngineConfig::default()
         },

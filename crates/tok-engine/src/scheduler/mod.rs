@@ -9,6 +9,9 @@
 //! due ([`triggers`]). The wake never calls a service: a poll's request is
 //! its run's first step, executed by the worker pool like any other.
 //!
+//! Every [`SchedulerConfig::watch_every`] the holder also looks for stuck
+//! runs and raises platform incidents for them ([`watch`]).
+//!
 //! Time comes from a [`Clock`] the scheduler is given, so tests drive
 //! polls, cron ticks and catch-up without sleeping. A tick is fired once
 //! however many schedulers race for it (its run's idempotency key is the
@@ -16,6 +19,7 @@
 //! no harm.
 
 mod triggers;
+pub mod watch;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -23,7 +27,6 @@ use std::time::Duration;
 
 use tok_core::ids::TenantId;
 use tok_store::Store;
-use tokio::sync::watch;
 
 use crate::{DefinitionCache, Inner, Result};
 
@@ -76,6 +79,9 @@ pub struct SchedulerConfig {
     /// How long the lease lives without renewal: the longest a dead
     /// holder's schedules stay unfired before another node takes over.
     pub lease: Duration,
+    /// How often the holder looks for stuck runs ([`watch`]): 30 s, well
+    /// under the shortest threshold (a wait a minute overdue).
+    pub watch_every: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -83,6 +89,7 @@ impl Default for SchedulerConfig {
         Self {
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(15),
+            watch_every: Duration::from_secs(30),
         }
     }
 }
@@ -96,9 +103,11 @@ pub struct WakeReport {
     pub polls: usize,
     /// Schedule runs started.
     pub schedules: usize,
-    /// Due triggers passed over: a paused automation's tick, or a poll
-    /// whose last run has not finished.
+    /// Due triggers passed over: a paused automation's tick, a poll whose
+    /// last run has not finished, or a run the trigger's filter refused.
     pub skipped: usize,
+    /// Stuck runs found by the watch (see [`watch`]).
+    pub stuck: usize,
 }
 
 /// One node's scheduler.
@@ -110,7 +119,15 @@ pub struct Scheduler {
     incarnation: String,
     config: SchedulerConfig,
     clock: Arc<dyn Clock>,
+    /// This node's free worker slots, when it runs workers (for
+    /// `queue_stalled`: a queue that waits while workers are free).
+    free_slots: Option<FreeSlots>,
+    /// When the watch last looked.
+    watched_at: AtomicI64,
 }
+
+/// Counts a node's free worker slots.
+pub type FreeSlots = Arc<dyn Fn() -> usize + Send + Sync>;
 
 impl Scheduler {
     pub fn new(
@@ -126,7 +143,15 @@ impl Scheduler {
             incarnation: tok_store::random_token(),
             config,
             clock,
+            free_slots: None,
+            watched_at: AtomicI64::new(i64::MIN),
         }
+    }
+
+    /// Tells the watch how many worker slots this node has free.
+    pub fn with_free_slots(mut self, free: FreeSlots) -> Self {
+        self.free_slots = Some(free);
+        self
     }
 
     /// One tick: takes or renews the lease, and if this scheduler holds it,
@@ -141,7 +166,21 @@ impl Scheduler {
             return Ok(WakeReport::default());
         }
         let mut report = self.fire_due(tenants).await?;
+        let now = self.clock.now_ms();
+        let every = self.config.watch_every.as_millis() as i64;
+        if now.saturating_sub(self.watched_at.load(Ordering::SeqCst)) >= every {
+            self.watched_at.store(now, Ordering::SeqCst);
+            watch::look(self, tenants, &mut report).await?;
+        }
         report.held = true;
+        Ok(report)
+    }
+
+    /// Looks for stuck runs now (the wake does every
+    /// [`SchedulerConfig::watch_every`]).
+    pub async fn watch(&self, tenants: &[TenantId]) -> Result<WakeReport> {
+        let mut report = WakeReport::default();
+        watch::look(self, tenants, &mut report).await?;
         Ok(report)
     }
 
@@ -164,13 +203,26 @@ impl Scheduler {
 
 /// The engine's wake loop: a tick every [`SchedulerConfig::tick`] until
 /// shutdown, then the lease is released.
-pub(crate) async fn wake_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
-    let scheduler = Scheduler::new(
+pub(crate) async fn wake_loop(
+    inner: Arc<Inner>,
+    workers: bool,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut scheduler = Scheduler::new(
         inner.store.clone(),
         &inner.config.node_id,
         inner.config.scheduler.clone(),
         Arc::new(SystemClock),
     );
+    if workers {
+        let weak = Arc::downgrade(&inner);
+        scheduler = scheduler.with_free_slots(Arc::new(move || {
+            weak.upgrade().map_or(0, |inner| {
+                let (general, reserved) = crate::execute::pool::slots(&inner).busy();
+                inner.config.concurrency.saturating_sub(general + reserved)
+            })
+        }));
+    }
     let mut holding = false;
     loop {
         if crate::stopping(&shutdown) {
@@ -186,7 +238,7 @@ pub(crate) async fn wake_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<b
                         tracing::info!(node = %inner.config.node_id, "another node runs the scheduler");
                     }
                 }
-                if report.polls + report.schedules > 0 {
+                if report.polls + report.schedules + report.stuck > 0 {
                     tracing::debug!(
                         polls = report.polls,
                         schedules = report.schedules,

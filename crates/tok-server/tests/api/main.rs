@@ -13,6 +13,7 @@ mod health;
 mod incidents;
 mod intake;
 mod isolation;
+mod platform_incidents;
 mod run_control;
 mod runs;
 mod schedules;

@@ -4,7 +4,7 @@
 //! dropped even when the test fails. One module per part of the store:
 //! `queue` (claims, leases, fencing), `record` (the record transaction),
 //! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
-//! `schedule` (the scheduler's lease and schedule rows),
+//! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
 //! `tenancy` (scoping across all of them) and `migrations`; the setup
 //! helpers they share are here.
 //!
@@ -26,6 +26,7 @@ mod record;
 mod runs;
 mod schedule;
 mod tenancy;
+mod watch;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -27,3 +27,23 @@ CREATE TABLE trigger_schedules (
     PRIMARY KEY (tenant_id, automation_id)
 );
 CREATE INDEX trigger_schedules_due ON trigger_schedules (tenant_id, next_run_at);
+
+-- Stuck runs the scheduler found (DESIGN §10), for the platform admin
+-- only: `reason` is the code (`run_timeout`, `wait_overdue`,
+-- `queue_stalled`), `source` the cause, one open incident per cause.
+CREATE TABLE platform_incidents (
+    id           TEXT PRIMARY KEY,
+    reason       TEXT NOT NULL,
+    source       TEXT NOT NULL,
+    tenant_id    TEXT,
+    run_id       TEXT,
+    title        TEXT NOT NULL,
+    detail       JSONB NOT NULL,
+    status       TEXT NOT NULL DEFAULT 'open',
+    occurrences  INTEGER NOT NULL DEFAULT 1,
+    created_at   BIGINT NOT NULL,
+    updated_at   BIGINT NOT NULL,
+    resolved_at  BIGINT
+);
+CREATE UNIQUE INDEX platform_incidents_open_cause ON platform_incidents (source) WHERE status = 'open';
+CREATE INDEX platform_incidents_id ON platform_incidents (id DESC);
