@@ -1,7 +1,8 @@
 //! Stuck runs, found by the scheduler's watch with a driven clock on both
 //! backends: a run past `settings.runTimeout` is failed with a
 //! `run_timeout` platform incident, a wait a minute past its due time and
-//! untaken gives `wait_overdue`, and a ready job older than five minutes
+//! untaken gives `wait_overdue`, a job whose lease expired three times
+//! gives `lease_expired_repeatedly`, and a ready job older than five minutes
 //! while workers are free gives `queue_stalled`; one incident per cause.
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ backend_tests!(
     a_run_past_its_timeout_fails_with_a_run_timeout_incident,
     a_wait_overdue_and_untaken_gives_a_wait_overdue_incident,
     a_ready_job_waiting_while_workers_are_free_gives_queue_stalled,
+    a_job_whose_lease_expired_three_times_gives_lease_expired_repeatedly,
 );
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -201,6 +203,34 @@ async fn a_ready_job_waiting_while_workers_are_free_gives_queue_stalled(db: &Tes
     assert_eq!(incidents[0].tenant_id, None);
 }
 
+async fn a_job_whose_lease_expired_three_times_gives_lease_expired_repeatedly(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store).await;
+    let a = automation(
+        &*store,
+        &t,
+        json!({ "name": "A", "trigger": { "kind": "manual" },
+                "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": "hi" } }] }),
+    )
+    .await;
+    let run = engine(&store)
+        .start_run(&t, &a, json!({}), None)
+        .await
+        .unwrap();
+    let clock = Arc::new(ManualClock::at(now_ms()));
+    let s = watcher(&store, &clock);
+    let tenants = [t.clone()];
+    assert_eq!(s.watch(&tenants).await.unwrap().stuck, 0);
+    // Three workers died on it (the conformance suite shows the count).
+    raw(db, "UPDATE jobs SET lease_expiries = 3").await;
+    assert_eq!(s.watch(&tenants).await.unwrap().stuck, 1);
+    let incidents = open_incidents(&*store).await;
+    assert_eq!(incidents.len(), 1, "{incidents:?}");
+    assert_eq!(incidents[0].reason, "lease_expired_repeatedly");
+    assert_eq!(incidents[0].run_id.as_deref(), Some(run.as_str()));
+    assert_eq!(incidents[0].detail["lease_expiries"], 3);
+}
+
 fn clock_now(clock: &ManualClock) -> i64 {
     use tok_engine::scheduler::Clock as _;
     clock.now_ms()
@@ -219,16 +249,24 @@ async fn wait_for_status(store: &dyn Store, t: &TenantId, run: &RunId, status: &
 
 /// Moves every job's due time `by_ms` into the past.
 async fn age_jobs(db: &TestDb, by_ms: i64) {
-    let sql = "UPDATE jobs SET run_after = run_after - $1";
+    raw(
+        db,
+        &format!("UPDATE jobs SET run_after = run_after - {by_ms}"),
+    )
+    .await;
+}
+
+/// Runs setup SQL underneath the store (what the API cannot do on purpose).
+async fn raw(db: &TestDb, sql: &str) {
     match db.backend {
         Backend::Sqlite => {
             let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
-            sqlx::query(sql).bind(by_ms).execute(&pool).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
             pool.close().await;
         }
         Backend::Postgres => {
             let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-            sqlx::query(sql).bind(by_ms).execute(&pool).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
             pool.close().await;
         }
     }

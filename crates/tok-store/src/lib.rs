@@ -54,7 +54,9 @@ pub use rows::now_ms;
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
-pub use watch::{NewPlatformIncident, OverdueWait, PlatformIncident, UnfinishedRun, WatchStore};
+pub use watch::{
+    ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, UnfinishedRun, WatchStore,
+};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 

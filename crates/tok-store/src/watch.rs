@@ -1,5 +1,6 @@
 //! What the scheduler watches for (DESIGN §10, stuck runs): waits whose
-//! due time passed without their job being taken, runs past their
+//! due time passed without their job being taken, jobs whose lease
+//! expired again and again, runs past their
 //! automation's `settings.runTimeout`, and the platform incidents it opens
 //! for them, which only the platform admin reads.
 //!
@@ -12,12 +13,25 @@ use tok_core::ids::{AutomationId, RunId, TenantId};
 
 use crate::Result;
 
+/// How often a job's lease may expire before the watch calls it stuck
+/// (the partial index `jobs_lease_expired_repeatedly` holds the same 3).
+pub const LEASE_EXPIRIES: i32 = 3;
+
 /// A parked wait whose due time passed and whose job nobody holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverdueWait {
     pub run_id: RunId,
     pub path: String,
     pub due_at: i64,
+}
+
+/// A run whose job's lease expired again and again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiringJob {
+    pub run_id: RunId,
+    pub path: String,
+    /// How often its lease expired before it was claimed again.
+    pub lease_expiries: i32,
 }
 
 /// A queued, running or waiting run.
@@ -66,6 +80,14 @@ pub trait WatchStore: Send + Sync {
         now: i64,
         limit: u32,
     ) -> Result<Vec<OverdueWait>>;
+
+    /// Up to `limit` jobs of the tenant whose lease expired at least
+    /// [`LEASE_EXPIRIES`] times (a worker died or hung on them each time).
+    async fn leases_expired_repeatedly(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+    ) -> Result<Vec<ExpiringJob>>;
 
     /// Up to `limit` queued, running or waiting runs of the automation
     /// created before `created_before`, oldest first.

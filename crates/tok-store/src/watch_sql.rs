@@ -58,6 +58,33 @@ macro_rules! impl_watch {
                     .collect())
             }
 
+            async fn leases_expired_repeatedly(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+            ) -> Result<Vec<$crate::watch::ExpiringJob>> {
+                // The literal 3 is the partial index's, so the index is used.
+                const _: () = assert!($crate::watch::LEASE_EXPIRIES == 3);
+                let rows = sqlx::query(
+                    "SELECT run_id, path, lease_expiries FROM jobs
+                     WHERE tenant_id = $1 AND lease_expiries >= 3
+                     ORDER BY run_id
+                     LIMIT $2",
+                )
+                .bind(tenant.as_str())
+                .bind(i64::from(limit))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| $crate::watch::ExpiringJob {
+                        run_id: RunId::from(r.get::<String, _>("run_id")),
+                        path: r.get("path"),
+                        lease_expiries: r.get("lease_expiries"),
+                    })
+                    .collect())
+            }
+
             async fn unfinished_runs(
                 &self,
                 tenant: &TenantId,

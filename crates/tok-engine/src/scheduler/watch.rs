@@ -4,6 +4,8 @@
 //!
 //! - `wait_overdue`: a wait whose due time passed [`WAIT_OVERDUE`] ago and
 //!   whose job nobody has taken;
+//! - `lease_expired_repeatedly`: a job whose lease expired three times
+//!   (each time a worker died or hung on it, and another took it over);
 //! - `queue_stalled`: the oldest ready job older than [`QUEUE_STALLED`]
 //!   while this node's workers have free slots;
 //! - `run_timeout`: a run unfinished past its automation's
@@ -65,6 +67,21 @@ pub(super) async fn look(
                     (now - wait.due_at) / 1000
                 ),
                 detail: json!({ "path": wait.path, "due_at": wait.due_at }),
+            };
+            open(store, incident, now).await?;
+        }
+        for job in store.leases_expired_repeatedly(tenant, PER_LOOK).await? {
+            report.stuck += 1;
+            let incident = NewPlatformIncident {
+                reason: "lease_expired_repeatedly",
+                source: format!("lease_expired_repeatedly:{}", job.run_id),
+                tenant_id: Some(tenant.clone()),
+                run_id: Some(job.run_id.clone()),
+                title: format!(
+                    "The lease on run {} expired {} times: a worker died or hung on it each time",
+                    job.run_id, job.lease_expiries
+                ),
+                detail: json!({ "path": job.path, "lease_expiries": job.lease_expiries }),
             };
             open(store, incident, now).await?;
         }

@@ -30,7 +30,7 @@ CREATE INDEX trigger_schedules_due ON trigger_schedules (tenant_id, next_run_at)
 
 -- Stuck runs the scheduler found (DESIGN §10), for the platform admin
 -- only: `reason` is the code (`run_timeout`, `wait_overdue`,
--- `queue_stalled`), `source` the cause, one open incident per cause.
+-- `queue_stalled`, `lease_expired_repeatedly`), `source` the cause, one open incident per cause.
 CREATE TABLE platform_incidents (
     id           TEXT PRIMARY KEY,
     reason       TEXT NOT NULL,
@@ -47,3 +47,9 @@ CREATE TABLE platform_incidents (
 );
 CREATE UNIQUE INDEX platform_incidents_open_cause ON platform_incidents (source) WHERE status = 'open';
 CREATE INDEX platform_incidents_id ON platform_incidents (id DESC);
+
+-- How often a job's lease expired before it was claimed again (a worker
+-- died or hung mid-step): at 3 the watch raises `lease_expired_repeatedly`.
+-- The index holds only those jobs.
+ALTER TABLE jobs ADD COLUMN lease_expiries INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_lease_expired_repeatedly ON jobs (tenant_id, run_id) WHERE lease_expiries >= 3;

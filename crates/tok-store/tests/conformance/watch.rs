@@ -1,4 +1,5 @@
-//! The stuck-run watch's rows (`WatchStore`): unfinished runs by
+//! The stuck-run watch's rows (`WatchStore`): jobs whose lease expired
+//! three times (and not jobs released or recorded), unfinished runs by
 //! automation and age, failing a run that timed out (its job goes, a
 //! finished run is left alone), and platform incidents, one per cause
 //! while open.
@@ -11,6 +12,7 @@ use super::*;
 backend_tests!(
     run_on_fresh_db;
     a_timed_out_run_fails_and_its_job_goes,
+    a_job_whose_lease_expired_three_times_is_found,
     platform_incidents_are_one_per_open_cause,
 );
 
@@ -120,5 +122,61 @@ async fn platform_incidents_are_one_per_open_cause(db: &TestDb) {
             .unwrap()[0]
             .resolved_at,
         Some(3_000)
+    );
+}
+
+async fn a_job_whose_lease_expired_three_times_is_found(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let a = manual_automation(&*store, &t, "a").await;
+    let run = start(&*store, &t, &a, "manual", None).await;
+    let tenants = std::slice::from_ref(&t);
+    // Released by a restarting node: not an expiry.
+    assert_eq!(
+        store
+            .claim(tenants, "n", 1, LONG_LEASE_MS)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    store.release_claims("n").await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            store
+                .claim(tenants, "n", 1, SHORT_LEASE_MS)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(
+            store
+                .leases_expired_repeatedly(&t, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        tokio::time::sleep(PAST_SHORT_LEASE).await;
+    }
+    // Claimed a fourth time: the third expiry is counted.
+    assert_eq!(
+        store
+            .claim(tenants, "n", 1, LONG_LEASE_MS)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let found = store.leases_expired_repeatedly(&t, 10).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((&found[0].run_id, found[0].lease_expiries), (&run, 3));
+    let other = tenant(&*store, "other").await;
+    assert!(
+        store
+            .leases_expired_repeatedly(&other, 10)
+            .await
+            .unwrap()
+            .is_empty()
     );
 }
