@@ -98,11 +98,18 @@ pub enum Trigger {
             skip_serializing_if = "Option::is_none"
         )]
         interval_sec: Option<u64>,
+        /// What is polled (`mail`, `messages`, …): picks the default
+        /// interval when `intervalSec` is absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         filter: Option<Filter>,
     },
     Schedule {
         cron: String,
+        /// An IANA time zone name (`Europe/Prague`); UTC when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timezone: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         filter: Option<Filter>,
     },
@@ -222,11 +229,20 @@ impl std::fmt::Display for Operator {
 pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// `runTimeout` (`"1h"`): a run unfinished this long after it was
+    /// created is failed by the scheduler, with a platform incident.
+    #[serde(
+        rename = "runTimeout",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::duration::serde_optional_duration"
+    )]
+    pub run_timeout: Option<std::time::Duration>,
 }
 
 impl Settings {
     fn is_empty(&self) -> bool {
-        self.retry.is_none()
+        self.retry.is_none() && self.run_timeout.is_none()
     }
 }
 
@@ -377,6 +393,7 @@ mod tests {
             poll,
             Trigger::Poll {
                 interval_sec: Some(30),
+                service: None,
                 filter: None
             }
         );

@@ -27,6 +27,7 @@ pub mod path;
 pub mod repeat;
 pub mod retry;
 pub mod run;
+pub mod schedule;
 pub mod template;
 pub mod validate;
 pub mod waits;

@@ -23,8 +23,7 @@ use crate::limits::{
 use crate::retry::RetryPolicy;
 use crate::template::{check_value, has_placeholder};
 
-/// Shortest allowed poll interval, in seconds.
-pub const MIN_POLL_INTERVAL_SECS: u64 = 10;
+pub use crate::schedule::MIN_POLL_INTERVAL_SECS;
 
 /// One problem in a definition. `path` is empty when the problem concerns the
 /// definition as a whole (its size).
@@ -114,15 +113,13 @@ fn check_trigger(c: &mut Checker<'_>, trigger: &Trigger) {
                 format!("the poll interval is {secs} s; the minimum is {MIN_POLL_INTERVAL_SECS} s"),
             );
         }
-        Trigger::Schedule { cron, .. } => {
-            let fields = cron.split_whitespace().count();
-            if fields != 5 && fields != 6 {
-                c.error(
-                    "trigger.cron",
-                    format!(
-                        "cron `{cron}` has {fields} fields; expected 5 (minute hour day month weekday) or 6 (with seconds first)"
-                    ),
-                );
+        Trigger::Schedule { cron, timezone, .. } => {
+            if let Err(e) = crate::schedule::CronSchedule::parse(cron, timezone.as_deref()) {
+                let at = match e {
+                    crate::schedule::ScheduleError::TimeZone { .. } => "trigger.timezone",
+                    _ => "trigger.cron",
+                };
+                c.error(at, e.to_string());
             }
         }
         _ => {}
@@ -840,6 +837,24 @@ mod tests {
         );
         assert!(errs[0].message.contains("has 4 fields"));
         assert!(errors(json!({"name": "n", "trigger": {"kind": "schedule", "cron": "0 0 8 * * 1-5"}, "steps": []})).is_empty());
+        let errs = errors(json!({"name": "n", "trigger": {"kind": "schedule",
+            "cron": "0 8 * * 1-5", "timezone": "Europe/Praha"}, "steps": []}));
+        assert_eq!(paths(&errs), ["trigger.timezone"]);
+        assert!(
+            errs[0]
+                .message
+                .contains("`Europe/Praha` is not a known time zone")
+        );
+        let errs = errors(json!({"name": "n", "trigger": {"kind": "schedule",
+            "cron": "61 8 * * *"}, "steps": []}));
+        assert_eq!(paths(&errs), ["trigger.cron"]);
+        assert!(
+            errs[0]
+                .message
+                .starts_with("cron `61 8 * * *` is not valid"),
+            "{}",
+            errs[0].message
+        );
         assert_eq!(
             paths(&errors(
                 json!({"name": "n", "trigger": {"kind": "webhook", "source": ""}, "steps": []})

@@ -18,6 +18,7 @@ pub mod dispatch;
 mod execute;
 pub mod fairness;
 pub mod registry;
+pub mod scheduler;
 mod steps;
 pub mod stream;
 
@@ -84,6 +85,8 @@ pub struct EngineConfig {
     /// step before the wait still runs (or retries) is not lost, and one
     /// meant for a wait long gone does not linger for the next run.
     pub signal_lookback: Duration,
+    /// The wake's tick and lease ([`scheduler`]).
+    pub scheduler: scheduler::SchedulerConfig,
 }
 
 impl Default for EngineConfig {
@@ -100,6 +103,7 @@ impl Default for EngineConfig {
             shutdown_grace: Duration::from_secs(10),
             fairness: Fairness::default(),
             signal_lookback: Duration::from_secs(10 * 60),
+            scheduler: scheduler::SchedulerConfig::default(),
         }
     }
 }
@@ -264,6 +268,11 @@ impl Engine {
                 shutdown.clone(),
             )),
             tokio::spawn(upkeep(self.clone(), shutdown.clone())),
+            tokio::spawn(scheduler::wake_loop(
+                self.inner.clone(),
+                workers,
+                shutdown.clone(),
+            )),
         ];
         if workers {
             tasks.push(tokio::spawn(execute::pool::run_pool(

@@ -32,11 +32,15 @@ mod record_sql;
 pub mod relay;
 mod rows;
 mod runs_sql;
+pub mod schedule;
+mod schedule_sql;
 pub mod signals;
 mod signals_sql;
 mod sqlite;
 pub mod storable;
 pub mod testing;
+pub mod watch;
+mod watch_sql;
 
 use std::sync::Arc;
 
@@ -51,8 +55,12 @@ pub use model::*;
 pub use postgres::PgStore;
 pub use relay::{Heard, StreamRelay};
 pub use rows::now_ms;
+pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
+pub use watch::{
+    ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, UnfinishedRun, WatchStore,
+};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -292,6 +300,8 @@ pub trait Store:
     + RecordStore
     + ConnectionStore
     + SignalStore
+    + ScheduleStore
+    + WatchStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

@@ -24,7 +24,9 @@ use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
+use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
+use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -192,6 +194,16 @@ impl_children! {
 }
 
 impl_branches! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_schedule! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_watch! {
     store = PgStore,
     db = sqlx::Postgres,
 }

@@ -65,7 +65,9 @@ macro_rules! impl_queue {
                 let token = random_token();
                 let jobs = sqlx::query(concat!(
                     "UPDATE jobs SET locked_by = $1, locked_until = ", db_now!(), " + $2,
-                        claim_token = $3, attempts = attempts + 1
+                        claim_token = $3, attempts = attempts + 1,
+                        lease_expiries = lease_expiries
+                            + CASE WHEN locked_until IS NULL THEN 0 ELSE 1 END
                      WHERE id ", any_of!(4), "
                        AND (locked_until IS NULL OR locked_until < ", db_now!(), ")
                      RETURNING id, tenant_id, run_id, path, attempts, resume"

@@ -82,6 +82,12 @@ pub async fn serve(
             lease: config.lease,
             heartbeat: config.lease / 3,
             signal_lookback: config.signal_lookback,
+            shutdown_grace: config.shutdown_grace,
+            scheduler: tok_engine::scheduler::SchedulerConfig {
+                tick: config.scheduler_tick,
+                lease: config.scheduler_lease,
+                ..Default::default()
+            },
             ..EngineConfig::default()
         },
     );
@@ -119,20 +125,39 @@ pub async fn serve(
             listener.local_addr()?,
             config.public_url
         );
+        // HTTP keeps serving while the engine stops, so `/readyz` can
+        // answer 503 to the load balancer and the API stays up for the
+        // steps in flight; it stops once they are done.
         let stream = engine.stream().clone();
-        axum::serve(listener, tok_server::app(state))
-            .with_graceful_shutdown(async move {
-                shutdown_signal().await;
-                // Open streams end, or the server would wait for them.
-                stream.close();
-            })
-            .await?;
+        let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = axum::serve(listener, tok_server::app(state.clone())).with_graceful_shutdown(
+            async move {
+                let _ = http_stopped.await;
+            },
+        );
+        let mut server = tokio::spawn(async move { server.await });
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            ended = &mut server => {
+                ended??;
+                return Ok(());
+            }
+        }
+        state.set_stopping();
+        if let Some(running) = running {
+            running.shutdown().await;
+        }
+        // Open streams end, or the server would wait for them.
+        stream.close();
+        let _ = http_stop.send(());
+        server.await??;
     } else {
         shutdown_signal().await;
+        if let Some(running) = running {
+            running.shutdown().await;
+        }
     }
-    if let Some(running) = running {
-        running.shutdown().await;
-    }
+    tracing::info!("stopped");
     Ok(())
 }
 

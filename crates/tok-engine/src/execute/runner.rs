@@ -22,6 +22,7 @@ use tok_store::{
     Cause, ClaimedJob, NextJob, Record, RecordTx, RunEnded, RunStatus, StepRecord, StoreError,
     now_ms,
 };
+use tracing::Instrument as _;
 
 use super::effects;
 use crate::Inner;
@@ -287,6 +288,13 @@ async fn run_claim(
             }
         };
         let started_at = now_ms();
+        let span = tracing::info_span!(
+            "step",
+            step = %step.step_id,
+            path = %step.path,
+            kind = %step.kind,
+            attempt = step.attempt,
+        );
         let outcome = match step.class {
             StepClass::InTransaction => {
                 if tx.is_none() {
@@ -306,7 +314,11 @@ async fn run_claim(
                     signal_lookback: inner.config.signal_lookback,
                 };
                 let result = match inner.registry.in_transaction(&step.kind) {
-                    Some(run) => run.run(&mut cx, &step.config).await,
+                    Some(run) => {
+                        run.run(&mut cx, &step.config)
+                            .instrument(span.clone())
+                            .await
+                    }
                     None => Err(TxError::Step(StepError::terminal(format!(
                         "`{}` is not a step type that runs in the record transaction",
                         step.kind
@@ -321,9 +333,15 @@ async fn run_claim(
             }
             StepClass::External | StepClass::Control => {
                 let scope = std::mem::take(&mut step.scope);
-                call_handler(inner, job, &step, scope).await
+                call_handler(inner, job, &step, scope)
+                    .instrument(span.clone())
+                    .await
             }
         };
+        span.in_scope(|| match &outcome {
+            Ok(_) => tracing::debug!(ms = now_ms() - started_at, "step done"),
+            Err(error) => tracing::info!(ms = now_ms() - started_at, %error, "step failed"),
+        });
         let config = Some(step.config);
         input = match outcome {
             Ok(outputs) => Input::StepDone {
@@ -384,7 +402,8 @@ async fn call_handler(
         config: step.config.clone(),
         context: scope,
     };
-    match tokio::spawn(async move { handler.run(call).await }).await {
+    let handled = async move { handler.run(call).await }.instrument(tracing::Span::current());
+    match tokio::spawn(handled).await {
         Ok(result) => result,
         Err(join) => Err(StepError::terminal(format!(
             "step `{}` panicked: {join}",

@@ -76,6 +76,15 @@ async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<N
     Ok(version)
 }
 
+/// Tells the scheduler when a just-saved poll or schedule automation is
+/// due, so `next_run_at` shows it at once (the wake would find it within a
+/// tick anyway).
+async fn scheduled(state: &AppState, row: &AutomationRow) -> ApiResult<()> {
+    tok_engine::scheduler::sync_automation(&**state.engine.store(), row, tok_store::now_ms())
+        .await?;
+    Ok(())
+}
+
 fn view(row: &AutomationRow) -> Value {
     json!({
         "id": row.id,
@@ -100,6 +109,7 @@ async fn create(
         .store()
         .create_automation(&tenant, version)
         .await?;
+    scheduled(&state, &row).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({ "id": row.id, "version": row.version })),
@@ -118,6 +128,7 @@ async fn update(
         .store()
         .save_version(&tenant, &AutomationId::from(id), version)
         .await?;
+    scheduled(&state, &row).await?;
     Ok(Json(json!({ "id": row.id, "version": row.version })))
 }
 
@@ -138,7 +149,11 @@ async fn show(
         .automation(&tenant, &AutomationId::from(id))
         .await?
         .ok_or_else(|| ApiError::not_found("automation"))?;
-    Ok(Json(view(&row)))
+    let mut view = view(&row);
+    // When a poll or schedule trigger is due next (Unix ms; null for
+    // other triggers).
+    view["next_run_at"] = json!(state.engine.store().next_run_at(&tenant, &row.id).await?);
+    Ok(Json(view))
 }
 
 /// One saved version's definition (the versions are 1 to the current one).

@@ -7,6 +7,7 @@ pub(crate) mod groups;
 pub(crate) mod health;
 pub(crate) mod incidents;
 pub(crate) mod metrics;
+pub(crate) mod platform_incidents;
 pub(crate) mod runs;
 pub(crate) mod signals;
 pub(crate) mod sources;
