@@ -1,5 +1,6 @@
 //! A graceful shutdown on a real process: SIGTERM while 20 external steps
-//! (HTTP calls to a service that answers after 2 s) are in flight. The node
+//! (HTTP calls to a service that holds every answer until the test lets it
+//! go, two seconds after the signal) are in flight. The node
 //! stops claiming, `/readyz` answers 503, the 20 calls finish and each is
 //! recorded once, and the process exits 0.
 
@@ -21,13 +22,21 @@ use support::{ADMIN_KEY, Api, Server, free_port};
 
 const STEPS: usize = 20;
 
-/// A service that answers each call after 2 s; counts the calls it got
-/// and the answers it sent.
-async fn slow_service() -> (String, Arc<(AtomicUsize, AtomicUsize)>) {
-    let counts: Arc<(AtomicUsize, AtomicUsize)> = Arc::default();
-    async fn slow(State(counts): State<Arc<(AtomicUsize, AtomicUsize)>>) -> axum::Json<Value> {
+/// The calls a [`slow_service`] got and the answers it sent.
+type Counts = Arc<(AtomicUsize, AtomicUsize)>;
+
+/// A service that holds every call until `release` is sent true; counts
+/// the calls it got and the answers it sent. Holding the answers (rather
+/// than sleeping a fixed time) keeps all 20 in flight however slowly a busy
+/// machine starts them.
+async fn slow_service() -> (String, Counts, tokio::sync::watch::Sender<bool>) {
+    let counts: Counts = Arc::default();
+    let (release, released) = tokio::sync::watch::channel(false);
+    async fn slow(
+        State((counts, mut released)): State<(Counts, tokio::sync::watch::Receiver<bool>)>,
+    ) -> axum::Json<Value> {
         counts.0.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let _ = released.wait_for(|go| *go).await;
         counts.1.fetch_add(1, Ordering::SeqCst);
         axum::Json(json!({ "ok": true }))
     }
@@ -35,9 +44,9 @@ async fn slow_service() -> (String, Arc<(AtomicUsize, AtomicUsize)>) {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = Router::new()
         .route("/slow", post(slow))
-        .with_state(counts.clone());
+        .with_state((counts.clone(), released));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (base, counts)
+    (base, counts, release)
 }
 
 async fn sigterm_lets_the_steps_in_flight_finish(backend: Backend) {
@@ -51,7 +60,7 @@ async fn sigterm_lets_the_steps_in_flight_finish(backend: Backend) {
     ];
     let mut server = Server::start(&db.url, port, &[], &env);
     api.wait_ready().await;
-    let (base, counts) = slow_service().await;
+    let (base, counts, release) = slow_service().await;
 
     let tenant = api
         .post("/api/tenants", ADMIN_KEY, json!({ "name": "Acme" }))
@@ -82,7 +91,7 @@ async fn sigterm_lets_the_steps_in_flight_finish(backend: Backend) {
             .await;
     }
     // All 20 calls are in flight, none answered yet.
-    for _ in 0..600 {
+    for _ in 0..3000 {
         if counts.0.load(Ordering::SeqCst) == STEPS {
             break;
         }
@@ -115,10 +124,14 @@ async fn sigterm_lets_the_steps_in_flight_finish(backend: Backend) {
         )),
         "{backend:?}"
     );
-    assert!(
-        counts.1.load(Ordering::SeqCst) < STEPS,
+    assert_eq!(
+        counts.1.load(Ordering::SeqCst),
+        0,
         "{backend:?}: the steps were still in flight"
     );
+    // The service answers two seconds into the grace.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    release.send(true).unwrap();
     let status = server.wait_exit(Duration::from_secs(30));
     assert_eq!(
         status.map(|s| s.code()),
