@@ -30,18 +30,22 @@
 //!   begin with (empty: none).
 //! - `claim_candidates!()`: the fair selection of claimable jobs: `$1` the
 //!   tenants, `$2` how many of each, `$3` how many in all.
-//! - `dispatch_select!()`: the fair selection of pending events: `$1` the
-//!   tenants, `$2` how many in all, `$3` how many of each.
 //! - `leases_of_node!()`: the jobs whose leases a node (`$1`) releases at
 //!   its start.
 //! - `notify_work!()`: a statement telling other processes that jobs are
 //!   ready (empty: nobody to tell).
+//!
+//! The dispatch's fair selection of pending events differs as a whole, and
+//! each backend's is a file of its own: `PENDING_EVENTS`
+//! (`queries/pending_events.*.sql`, which says what it binds).
 //!
 //! Besides these each backend has `list` (how a list is bound) and
 //! `UPDATE_STAYING_RUNS_APART` (whether a run whose status and ticket stay
 //! is updated by a statement that does not name them).
 
 pub(crate) mod postgres {
+    pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.postgres.sql");
+
     macro_rules! db_now {
         () => {
             "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT"
@@ -177,27 +181,6 @@ pub(crate) mod postgres {
         };
     }
 
-    macro_rules! dispatch_select {
-        () => {
-            "SELECT * FROM (
-            SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
-            FROM unnest($1::text[]) AS t(id)
-            CROSS JOIN LATERAL (
-                SELECT id, tenant_id, source_id, source_kind, payload, params, depth, cause_run_id,
-                origin_automation_id, target_automation_id, event_type, subject_ticket_id,
-                received_at
-                FROM event_inbox
-                WHERE status = 'pending' AND tenant_id = t.id
-                ORDER BY received_at, id
-                LIMIT $3
-                FOR UPDATE SKIP LOCKED
-            ) e
-        ) c
-        ORDER BY rk, received_at, id
-        LIMIT $2"
-        };
-    }
-
     macro_rules! leases_of_node {
         () => {
             "locked_by = $1"
@@ -212,13 +195,15 @@ pub(crate) mod postgres {
     }
 
     pub(crate) use {
-        any_of, batch_rows, claim_candidates, claim_prelude, db_now, dispatch_select,
-        leases_of_node, lock_group, lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked,
-        notify_work, plan_prelude, seek_keys, unindexed, unindexed_any_of,
+        any_of, batch_rows, claim_candidates, claim_prelude, db_now, leases_of_node, lock_group,
+        lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude,
+        seek_keys, unindexed, unindexed_any_of,
     };
 }
 
 pub(crate) mod sqlite {
+    pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.sqlite.sql");
+
     macro_rules! db_now {
         () => {
             "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
@@ -331,25 +316,6 @@ pub(crate) mod sqlite {
         };
     }
 
-    macro_rules! dispatch_select {
-        () => {
-            "SELECT * FROM (
-            SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth, e.cause_run_id,
-                e.origin_automation_id, e.target_automation_id, e.event_type, e.subject_ticket_id,
-                e.received_at,
-                row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
-            FROM json_each($1) AS t
-            JOIN event_inbox e ON e.id IN (
-                SELECT k.id FROM event_inbox k
-                WHERE k.status = 'pending' AND k.tenant_id = t.value
-                ORDER BY k.received_at, k.id
-                LIMIT $3)
-        )
-        ORDER BY rk, received_at, id
-        LIMIT $2"
-        };
-    }
-
     // One process serves the file: at its start, every lease is its own
     // (`$1` is bound, and unused).
     macro_rules! leases_of_node {
@@ -365,8 +331,8 @@ pub(crate) mod sqlite {
     }
 
     pub(crate) use {
-        any_of, batch_rows, claim_candidates, claim_prelude, db_now, dispatch_select,
-        leases_of_node, lock_group, lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked,
-        notify_work, plan_prelude, seek_keys, unindexed, unindexed_any_of,
+        any_of, batch_rows, claim_candidates, claim_prelude, db_now, leases_of_node, lock_group,
+        lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude,
+        seek_keys, unindexed, unindexed_any_of,
     };
 }

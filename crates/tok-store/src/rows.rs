@@ -29,10 +29,6 @@ pub fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
-/// A tenant with this many events in one dispatch's batch crowds it: the
-/// other tenants' events in the batch are dispatched first, on their own.
-pub(crate) const DISPATCH_CROWDING: usize = 4;
-
 /// Events older than this no longer deduplicate a repeated idempotency key.
 pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
 
@@ -66,7 +62,7 @@ pub(crate) struct HandedOff<'a> {
     pub(crate) lease_ms: i64,
     pub(crate) token: &'a str,
     /// The runs, by id.
-    pub(crate) runs: &'a std::collections::HashSet<&'a str>,
+    pub(crate) runs: &'a std::collections::HashSet<tok_core::ids::RunId>,
 }
 
 pub(crate) struct JobRow<'a> {
