@@ -2,9 +2,11 @@
 //! process clock, and the layout of the queries for both backends.
 //!
 //! The SQL of PostgreSQL and SQLite differs in a handful of fragments (the
-//! database clock, how a list of ids is bound, row locking, the fair
-//! selection of events and jobs: `fragments.rs` defines them per backend,
-//! named for what they mean); everything else is the same text. Each
+//! database clock, how a list of ids is bound, row locking: `fragments.rs`
+//! defines them per backend, named for what they mean) and in two whole
+//! queries, the fair selections of jobs to claim and of events to
+//! dispatch (a file per backend each, in `queries/`); everything else is
+//! the same text. Each
 //! part of the store is one file with one macro (`admin_sql.rs` has
 //! `impl_admin!`, `inbox_sql.rs` `impl_inbox!`, …) that expands that part's
 //! trait implementation for one backend with its fragments spliced in at
