@@ -3,7 +3,8 @@
 //!
 //! Everything that moves a run forward is an [`Input`]: the start of a claim,
 //! a step that an executor ran (in the record transaction or outside it), a
-//! signal or a timeout that resumed a wait. The decider publishes outputs,
+//! signal or a timeout that resumed a wait, the end of runs it waited for
+//! ([`crate::children`]). The decider publishes outputs,
 //! chains the control steps it can decide by itself (conditions, loops,
 //! `set`, log lines, waits, `end`), and stops at the first step it cannot:
 //! one that an executor must run ([`Then::Execute`]), or the end of the claim
@@ -22,24 +23,31 @@ use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use crate::builtin::{self, Outcome};
+use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::context::Context;
-use crate::definition::{Automation, Filter, Step};
-use crate::duration::parse_duration;
+use crate::definition::{Automation, Step};
 use crate::error::StepError;
 use crate::flow::{self, Next};
-use crate::limits::{MAX_ACTIONS, MAX_OUTPUT_BYTES};
+use crate::ids::RunId;
+use crate::limits::{MAX_ACTIONS, MAX_NESTING_DEPTH, MAX_OUTPUT_BYTES};
+use crate::parallel::{self, PARALLEL};
+use crate::path::Branch;
 use crate::path::FlowPath;
+use crate::repeat::{self, Again, REPEAT};
 use crate::retry::{Decision, RetryPolicy, decide};
-use crate::run::{NextJob, Resume, RunStatus, SignalWait, StepRecord, StepStatus};
+use crate::run::{
+    NextJob, Resume, RunEnded, RunStatus, RunsWait, SignalWait, StepRecord, StepStatus,
+};
 use crate::template;
+use crate::waits::signal_wait;
 
 /// The step type that parks a run until a signal or its timeout.
 pub const WAIT_FOR_EVENT: &str = "wait_for_event";
 
-/// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`] and
-/// [`WAIT_FOR_EVENT`].
+/// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`],
+/// [`WAIT_FOR_EVENT`], [`WAIT_FOR_RUNS`], [`PARALLEL`] and [`REPEAT`].
 pub fn is_control(kind: &str) -> bool {
-    builtin::is_internal(kind) || kind == WAIT_FOR_EVENT
+    builtin::is_internal(kind) || [WAIT_FOR_EVENT, WAIT_FOR_RUNS, PARALLEL, REPEAT].contains(&kind)
 }
 
 /// Who runs a step type.
@@ -125,6 +133,18 @@ pub enum Input {
     Signal { signal_id: String, payload: Value },
     /// The wait at the state's path timed out.
     TimedOut,
+    /// Runs the step at the state's path waited on ended (all of them, one
+    /// in `any` mode, or one that failed), or its timeout came first.
+    RunsEnded {
+        ended: Vec<RunEnded>,
+        timed_out: bool,
+    },
+    /// The branches of the `parallel` step at the state's path joined:
+    /// all `total` are done, or one `failed` (with its error).
+    BranchesJoined {
+        total: usize,
+        failed: Option<String>,
+    },
 }
 
 impl From<Option<Resume>> for Input {
@@ -134,6 +154,8 @@ impl From<Option<Resume>> for Input {
             None => Input::Start,
             Some(Resume::Signal { signal_id, payload }) => Input::Signal { signal_id, payload },
             Some(Resume::TimedOut) => Input::TimedOut,
+            Some(Resume::Runs { ended, timed_out }) => Input::RunsEnded { ended, timed_out },
+            Some(Resume::Branches { total, failed, .. }) => Input::BranchesJoined { total, failed },
         }
     }
 }
@@ -178,6 +200,19 @@ pub enum Effect {
     /// An incident for the tenant, a line in the ticket's trace and a
     /// `run.failed` event ([`crate::incident::run_failed`] has the words).
     RunFailed(Failure),
+    /// The run ended and a run started it: the parent's wait on it, if the
+    /// parent waits, learns how it ended, in this run's record transaction.
+    NotifyParent(ParentNotice),
+}
+
+/// How a child run ended, for its parent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParentNotice {
+    pub parent_run_id: RunId,
+    pub status: RunStatus,
+    /// The `output` of the child's `end` step (`null` without one).
+    pub output: Value,
+    pub error: Option<String>,
 }
 
 /// The decider's answer.
@@ -220,10 +255,17 @@ pub fn advance(
             input,
             started_at,
         } => match check_output_size(&step.id, &outputs) {
-            Ok(()) => {
-                let record = decider.record(step, input, started_at);
-                decider.completed(step, record, outputs, log, env)
-            }
+            Ok(()) => match children::awaited_child(step, input.as_ref(), &outputs) {
+                Some(wait) => {
+                    let mut record = decider.record(step, input, started_at);
+                    record.output = Some(Value::Object(outputs));
+                    decider.park_on_runs(record, wait)
+                }
+                None => {
+                    let record = decider.record(step, input, started_at);
+                    decider.completed(step, record, outputs, log, env)
+                }
+            },
             Err(error) => decider.step_failed(step, input, started_at, error, env),
         },
         Input::StepFailed {
@@ -247,9 +289,38 @@ pub fn advance(
             let log = vec!["timed out: no matching signal came".to_owned()];
             decider.completed(step, record, outputs, log, env)
         }
+        Input::RunsEnded { ended, timed_out }
+            if step.kind == RUN_WORKFLOW || step.kind == WAIT_FOR_RUNS =>
+        {
+            let now = decider.now_ms();
+            match children::outcome(step, &ended, timed_out) {
+                Ok((outputs, log)) => {
+                    let record = decider.record(step, None, now);
+                    decider.completed(step, record, outputs, log, env)
+                }
+                Err(error) => decider.step_failed(step, None, now, error, env),
+            }
+        }
+        Input::BranchesJoined { total, failed } if step.kind == PARALLEL => {
+            let now = decider.now_ms();
+            match failed {
+                None => {
+                    let record = decider.record(step, None, now);
+                    let log = vec![format!("{total} branches done")];
+                    decider.completed(step, record, parallel::joined(total), log, env)
+                }
+                Some(error) => {
+                    let error = StepError::terminal(format!("branch_failed: {error}"));
+                    decider.step_failed(step, None, now, error, env)
+                }
+            }
+        }
         // A resume for a step that is no longer waiting (the run moved on
         // by another way): nothing to take from it; the claim goes on.
-        Input::Signal { .. } | Input::TimedOut => decider.chain(env),
+        Input::Signal { .. }
+        | Input::TimedOut
+        | Input::RunsEnded { .. }
+        | Input::BranchesJoined { .. } => decider.chain(env),
     }
 }
 
@@ -263,7 +334,17 @@ struct Decider<'a> {
 }
 
 impl Decider<'_> {
-    fn finish(self, status: RunStatus, error: Option<String>, then: Then) -> Transition {
+    fn finish(mut self, status: RunStatus, error: Option<String>, then: Then) -> Transition {
+        if status.is_final()
+            && let Some(parent_run_id) = children::parent_of(self.state.context.as_value())
+        {
+            self.effects.push(Effect::NotifyParent(ParentNotice {
+                parent_run_id,
+                status,
+                output: self.state.context.output(),
+                error: error.clone(),
+            }));
+        }
         Transition {
             state: self.state,
             records: self.records,
@@ -274,8 +355,29 @@ impl Decider<'_> {
         }
     }
 
+    /// The run fails; inside a branch of a `parallel` step, the branch
+    /// fails, and with it that step.
     fn fail(self, error: String) -> Transition {
+        if let Some((parallel, branch)) = self.state.path.innermost_branch() {
+            let next = NextJob::BranchDone {
+                parallel: parallel.to_string(),
+                branch,
+                failed: Some(error),
+            };
+            return self.finish(RunStatus::Running, None, Then::Record(next));
+        }
         self.finish(RunStatus::Failed, Some(error), Then::Record(NextJob::Done))
+    }
+
+    /// The branch this claim ran in is done: its job ends, and the
+    /// `parallel` step learns it.
+    fn branch_done(self, parallel: FlowPath, branch: usize) -> Transition {
+        let next = NextJob::BranchDone {
+            parallel: parallel.to_string(),
+            branch,
+            failed: None,
+        };
+        self.finish(RunStatus::Running, None, Then::Record(next))
     }
 
     fn now_ms(&self) -> i64 {
@@ -338,6 +440,18 @@ impl Decider<'_> {
                 ));
             }
             self.state.actions += 1;
+            if step.kind == RUN_WORKFLOW {
+                let depth = children::depth_of(self.state.context.as_value()) + 1;
+                if depth > MAX_NESTING_DEPTH {
+                    let error = StepError::terminal(format!(
+                        "nesting_depth_exceeded: step `{}` would start a run at depth {depth}; \
+                         runs nest at most {MAX_NESTING_DEPTH} deep",
+                        step.id
+                    ));
+                    let now = self.now_ms();
+                    return self.step_failed(step, None, now, error, env);
+                }
+            }
             let scope = flow::scope(&automation.steps, &path, self.state.context.as_value());
             if class != StepClass::Control {
                 let rendered = template::render_value(&step.config, &scope);
@@ -372,6 +486,62 @@ impl Decider<'_> {
                     }
                 };
             }
+            if step.kind == PARALLEL {
+                drop(scope);
+                let forks = parallel::forks(step, &path);
+                let mut record = self.record(step, None, self.now_ms());
+                if forks.is_empty() {
+                    let next = self.publish(step, record, parallel::joined(0), Vec::new());
+                    self = match self.follow(next, env) {
+                        Ok(decider) => decider,
+                        Err(transition) => return *transition,
+                    };
+                    continue;
+                }
+                record.status = StepStatus::Waiting;
+                record
+                    .log
+                    .push(format!("running {} branches at once", forks.len()));
+                self.push(record);
+                let next = NextJob::Fork {
+                    path: path.to_string(),
+                    branches: forks,
+                };
+                return self.finish(RunStatus::Running, None, Then::Record(next));
+            }
+            if step.kind == REPEAT {
+                let now = self.now_ms();
+                let entered =
+                    repeat::spec(step, &scope).map(|spec| repeat::enters(step, &spec, &scope));
+                drop(scope);
+                match entered {
+                    Ok(true) => self.state.path = path.child(Branch::Do(0), 0),
+                    Ok(false) => {
+                        let record = self.record(step, None, now);
+                        let outputs = Map::from_iter([("iterations".to_owned(), json!(0))]);
+                        let log = vec!["skipped: `while` does not hold".to_owned()];
+                        let next = self.publish(step, record, outputs, log);
+                        self = match self.follow(next, env) {
+                            Ok(decider) => decider,
+                            Err(transition) => return *transition,
+                        };
+                    }
+                    Err(error) => return self.step_failed(step, None, now, error, env),
+                }
+                continue;
+            }
+            if step.kind == WAIT_FOR_RUNS {
+                let wait = children::runs_wait(step, &scope, self.now);
+                drop(scope);
+                let now = self.now_ms();
+                return match wait {
+                    Ok((wait, config)) => {
+                        let record = self.record(step, Some(config), now);
+                        self.park_on_runs(record, wait)
+                    }
+                    Err(error) => self.step_failed(step, None, now, error, env),
+                };
+            }
             let outcome = builtin::evaluate(step, &scope, self.now);
             drop(scope);
             let started_at = self.now_ms();
@@ -381,11 +551,11 @@ impl Decider<'_> {
                         return self.step_failed(step, None, started_at, error, env);
                     }
                     let record = self.record(step, None, started_at);
-                    match self.publish(step, record, outputs, log) {
-                        Ok(Next::Step(next)) => self.state.path = next,
-                        Ok(Next::Complete) => return self.complete(),
-                        Err(error) => return self.fail(error),
-                    }
+                    let next = self.publish(step, record, outputs, log);
+                    self = match self.follow(next, env) {
+                        Ok(decider) => decider,
+                        Err(transition) => return *transition,
+                    };
                 }
                 Ok(Outcome::WaitUntil { until, log }) => {
                     let mut outputs = Map::new();
@@ -400,8 +570,12 @@ impl Decider<'_> {
                             };
                             return self.finish(RunStatus::Waiting, None, Then::Record(next));
                         }
-                        Ok(Next::Complete) => return self.complete(),
-                        Err(error) => return self.fail(error),
+                        other => {
+                            self = match self.follow(other, env) {
+                                Ok(decider) => decider,
+                                Err(transition) => return *transition,
+                            };
+                        }
                     }
                 }
                 Err(error) => return self.step_failed(step, None, started_at, error, env),
@@ -423,6 +597,11 @@ impl Decider<'_> {
         log: Vec<String>,
     ) -> Result<Next, String> {
         self.state.context.publish(&step.id, &outputs);
+        if step.kind == "end"
+            && let Some(output) = outputs.get("output")
+        {
+            self.state.context.set_output(output.clone());
+        }
         record.output = Some(Value::Object(outputs));
         record.log = log;
         self.push(record);
@@ -444,13 +623,82 @@ impl Decider<'_> {
         log: Vec<String>,
         env: &mut Env<'_>,
     ) -> Transition {
-        match self.publish(step, record, outputs, log) {
+        let next = self.publish(step, record, outputs, log);
+        match self.follow(next, env) {
+            Ok(decider) => decider.chain(env),
+            Err(transition) => *transition,
+        }
+    }
+
+    /// Where a published step leads: `Ok` with the state at the step to
+    /// decide next within this claim, or the transition that ends it (the
+    /// run completes, a branch is done, a repeat waits, a failure).
+    fn follow(
+        mut self,
+        next: Result<Next, String>,
+        env: &mut Env<'_>,
+    ) -> Result<Self, Box<Transition>> {
+        match next {
             Ok(Next::Step(next)) => {
                 self.state.path = next;
-                self.chain(env)
+                Ok(self)
             }
-            Ok(Next::Complete) => self.complete(),
-            Err(error) => self.fail(error),
+            Ok(Next::Complete) => Err(Box::new(self.complete())),
+            Ok(Next::BranchDone { parallel, branch }) => {
+                Err(Box::new(self.branch_done(parallel, branch)))
+            }
+            Ok(Next::IterationDone { repeat, iteration }) => {
+                self.iteration_done(repeat, iteration, env)
+            }
+            Err(error) => Err(Box::new(self.fail(error))),
+        }
+    }
+
+    /// An iteration of the repeat at `repeat` is done: the repeat is over
+    /// (its record, `{iterations}`, and on after it), the next iteration
+    /// starts (now, or after `every`), or the limit fails the step.
+    fn iteration_done(
+        mut self,
+        repeat_at: FlowPath,
+        iteration: usize,
+        env: &mut Env<'_>,
+    ) -> Result<Self, Box<Transition>> {
+        let automation = self.automation;
+        let Some(step) = flow::step_at(&automation.steps, &repeat_at) else {
+            return Err(Box::new(
+                self.fail(format!("the run's version has no step at `{repeat_at}`")),
+            ));
+        };
+        self.state.path = repeat_at.clone();
+        let now = self.now_ms();
+        let scope = flow::scope(&automation.steps, &repeat_at, self.state.context.as_value());
+        let again = repeat::spec(step, &scope)
+            .and_then(|spec| repeat::after_iteration(step, &spec, &scope, iteration));
+        drop(scope);
+        match again {
+            Ok(Again::Over(n)) => {
+                let record = self.record(step, None, now);
+                let outputs = Map::from_iter([("iterations".to_owned(), json!(n))]);
+                let next = self.publish(step, record, outputs, vec![format!("repeated {n} times")]);
+                self.follow(next, env)
+            }
+            Ok(Again::Next { iteration, delay }) => {
+                let path = repeat_at.child(Branch::Do(iteration), 0);
+                if delay.is_zero() {
+                    self.state.path = path;
+                    return Ok(self);
+                }
+                let next = NextJob::Step {
+                    path: path.to_string(),
+                    delay_ms: delay.as_millis() as i64,
+                };
+                Err(Box::new(self.finish(
+                    RunStatus::Waiting,
+                    None,
+                    Then::Record(next),
+                )))
+            }
+            Err(error) => Err(Box::new(self.step_failed(step, None, now, error, env))),
         }
     }
 
@@ -473,6 +721,20 @@ impl Decider<'_> {
             RunStatus::Waiting,
             None,
             Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// The run parks at a step that waits on runs (`record` is that step's
+    /// record, marked waiting here).
+    fn park_on_runs(mut self, mut record: StepRecord, wait: RunsWait) -> Transition {
+        record.status = StepStatus::Waiting;
+        record.log.push(children::waiting_line(&wait));
+        let path = self.state.path.to_string();
+        self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::WaitForRuns { path, wait }),
         )
     }
 
@@ -531,6 +793,11 @@ impl Decider<'_> {
                     .log
                     .push(format!("failed ({why}): {}", error.message()));
                 self.push(record);
+                if self.state.path.innermost_branch().is_some() {
+                    // The parallel step fails for it, and raises the incident.
+                    let message = format!("step `{}` failed: {}", step.id, error.message());
+                    return self.fail(message);
+                }
                 self.effects.push(Effect::RunFailed(Failure {
                     step_id: step.id.clone(),
                     path,
@@ -554,73 +821,6 @@ pub fn check_output_size(step_id: &str, outputs: &Map<String, Value>) -> Result<
         )));
     }
     Ok(())
-}
-
-/// What a `wait_for_event` step waits for, from its config rendered against
-/// the scope: `key` (required), `where` (rules over the signal's payload),
-/// `timeout` (a duration) and `lookback` (default true). Returns the
-/// rendered config too, for the step's record.
-pub fn signal_wait(
-    step: &Step,
-    scope: &Value,
-    now: Timestamp,
-) -> Result<(SignalWait, Value), StepError> {
-    let config = template::render_value(&step.config, scope)
-        .map_err(|e| StepError::terminal(format!("step `{}` config: {e}", step.id)))?;
-    let key = match config.get("key") {
-        Some(Value::String(k)) if !k.trim().is_empty() => k.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => {
-            return Err(StepError::terminal(format!(
-                "step `{}` needs `config.key`: the signal key to wait for, a non-empty string",
-                step.id
-            )));
-        }
-    };
-    let filter = match config.get("where") {
-        None | Some(Value::Null) => None,
-        Some(raw) => Some(serde_json::from_value::<Filter>(raw.clone()).map_err(|e| {
-            StepError::terminal(format!(
-                "step `{}` config.where: {e}; expected {{\"match\": \"all\"|\"any\", \"rules\": [...]}}",
-                step.id
-            ))
-        })?),
-    };
-    let due_at = match config.get("timeout") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => {
-            let timeout: Duration = parse_duration(s).map_err(|e| {
-                StepError::terminal(format!("step `{}` config.timeout: {e}", step.id))
-            })?;
-            Some(
-                now.as_millisecond()
-                    .saturating_add(timeout.as_millis() as i64),
-            )
-        }
-        Some(other) => {
-            return Err(StepError::terminal(format!(
-                "step `{}` config.timeout must be a duration such as \"3d\", not {other}",
-                step.id
-            )));
-        }
-    };
-    let lookback = match config.get("lookback") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            return Err(StepError::terminal(format!(
-                "step `{}` config.lookback must be true or false, not {other}",
-                step.id
-            )));
-        }
-    };
-    let wait = SignalWait {
-        key,
-        filter,
-        lookback,
-        due_at,
-    };
-    Ok((wait, config))
 }
 
 /// A delay for a log line: "800 ms", "30 s", "2 min", "1.0 h".

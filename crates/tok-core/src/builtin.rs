@@ -68,12 +68,22 @@ pub fn evaluate(step: &Step, scope: &Value, now: Timestamp) -> Result<Outcome, S
         "set" => set(step, scope),
         "flow/log" => log(step, scope),
         "wait" => wait(step, scope, now),
-        "end" => Ok(done(Map::new(), vec!["End".to_owned()])),
+        "end" => end(step, scope),
         other => Err(StepError::terminal(format!(
             "step `{}` has type `{other}`, which is not a built-in step",
             step.id
         ))),
     }
+}
+
+/// `end`: completes the run; `config.output` (rendered) becomes the run's
+/// output, which a parent waiting on the run receives.
+fn end(step: &Step, scope: &Value) -> Result<Outcome, StepError> {
+    let mut outputs = Map::new();
+    if let Some(output) = rendered(step, "output", scope)? {
+        outputs.insert("output".to_owned(), output);
+    }
+    Ok(done(outputs, vec!["End".to_owned()]))
 }
 
 fn done(outputs: Map<String, Value>, log: Vec<String>) -> Outcome {

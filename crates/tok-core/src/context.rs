@@ -9,6 +9,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// Where a context keeps its run's output.
+pub const OUTPUT_KEY: &str = "_output";
+
 /// The context of one run: always a JSON object, held as a [`Value`] so
 /// templates and the flow read it in place ([`Context::as_value`]) instead
 /// of from a copy.
@@ -63,6 +66,17 @@ impl Context {
                 map.insert(key.clone(), value.clone());
             }
         }
+    }
+
+    /// Sets the run's output (the `output` of its `end` step), kept under
+    /// the reserved `_output`.
+    pub fn set_output(&mut self, output: Value) {
+        self.map_mut().insert(OUTPUT_KEY.to_owned(), output);
+    }
+
+    /// The run's output; `null` when its `end` step gave none.
+    pub fn output(&self) -> Value {
+        self.0.get(OUTPUT_KEY).cloned().unwrap_or(Value::Null)
     }
 
     /// Looks a dot path up (see [`lookup`]).

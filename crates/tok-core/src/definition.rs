@@ -67,7 +67,12 @@ impl Automation {
 pub fn count_steps(steps: &[Step]) -> usize {
     steps
         .iter()
-        .map(|s| 1 + count_steps(&s.then) + count_steps(&s.else_) + count_steps(&s.do_))
+        .map(|s| {
+            1 + count_steps(&s.then)
+                + count_steps(&s.else_)
+                + count_steps(&s.do_)
+                + s.branches.iter().map(|b| count_steps(b)).sum::<usize>()
+        })
         .sum()
 }
 
@@ -93,11 +98,18 @@ pub enum Trigger {
             skip_serializing_if = "Option::is_none"
         )]
         interval_sec: Option<u64>,
+        /// What is polled (`mail`, `messages`, …): picks the default
+        /// interval when `intervalSec` is absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         filter: Option<Filter>,
     },
     Schedule {
         cron: String,
+        /// An IANA time zone name (`Europe/Prague`); UTC when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timezone: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         filter: Option<Filter>,
     },
@@ -217,11 +229,20 @@ impl std::fmt::Display for Operator {
 pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// `runTimeout` (`"1h"`): a run unfinished this long after it was
+    /// created is failed by the scheduler, with a platform incident.
+    #[serde(
+        rename = "runTimeout",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::duration::serde_optional_duration"
+    )]
+    pub run_timeout: Option<std::time::Duration>,
 }
 
 impl Settings {
     fn is_empty(&self) -> bool {
-        self.retry.is_none()
+        self.retry.is_none() && self.run_timeout.is_none()
     }
 }
 
@@ -258,6 +279,10 @@ pub struct Step {
     /// The loop body, run once per item.
     #[serde(rename = "do", default, skip_serializing_if = "Vec::is_empty")]
     pub do_: Vec<Step>,
+    /// The branches of a `parallel` step, each a list of steps run as a
+    /// chain of its own, at the same time as the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<Vec<Step>>,
     /// Overrides the automation's retry policy for this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
@@ -279,6 +304,7 @@ impl Step {
             then: Vec::new(),
             else_: Vec::new(),
             do_: Vec::new(),
+            branches: Vec::new(),
             retry: None,
         }
     }
@@ -367,6 +393,7 @@ mod tests {
             poll,
             Trigger::Poll {
                 interval_sec: Some(30),
+                service: None,
                 filter: None
             }
         );

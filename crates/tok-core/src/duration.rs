@@ -165,6 +165,32 @@ pub mod serde_duration {
     }
 }
 
+/// `#[serde(with = "serde_optional_duration")]` for an optional
+/// [`Duration`] written as `"1h"`.
+pub mod serde_optional_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        d: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => serializer.serialize_str(&super::format_duration(*d)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|text| super::parse_duration(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// `#[serde(with = "serde_durations")]` for a list of durations such as a retry
 /// backoff schedule, written as `["30s", "2m"]`.
 pub mod serde_durations {

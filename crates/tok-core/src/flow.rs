@@ -43,6 +43,13 @@ pub enum Next {
     Step(FlowPath),
     /// Nothing is left: the run is complete.
     Complete,
+    /// Branch `branch` of the `parallel` step at `parallel` has run its
+    /// last step: the branch is done (the parallel step joins its branches).
+    BranchDone { parallel: FlowPath, branch: usize },
+    /// Iteration `iteration` of the `repeat` step at `repeat` has run its
+    /// last step: the repeat decides whether another one follows
+    /// ([`crate::repeat::after_iteration`]).
+    IterationDone { repeat: FlowPath, iteration: usize },
 }
 
 /// The step at `path`, following `then`/`else`/`do` lists as the path says
@@ -60,6 +67,7 @@ fn children(step: &Step, branch: Branch) -> &[Step] {
         Branch::Then => &step.then,
         Branch::Else => &step.else_,
         Branch::Do(_) => &step.do_,
+        Branch::Parallel(b) => step.branches.get(b).map_or(&[], Vec::as_slice),
     }
 }
 
@@ -81,7 +89,9 @@ pub fn first(steps: &[Step]) -> Next {
 /// - `end`: completion.
 /// - anything else: the next sibling; at the end of a list, back up: after the
 ///   condition for a branch, the next iteration (while below the loop's
-///   `count`) or after the loop for a loop body, completion for the top list.
+///   `count`) or after the loop for a loop body, the branch done for a
+///   `parallel` step's branch, completion for the top list. (A `parallel`
+///   step itself goes on after itself once its branches joined.)
 pub fn next(steps: &[Step], path: &FlowPath, ctx: &Value) -> Result<Next, FlowError> {
     let step = step_at(steps, path).ok_or_else(|| FlowError::NoSuchStep {
         path: path.to_string(),
@@ -109,6 +119,8 @@ pub fn next(steps: &[Step], path: &FlowPath, ctx: &Value) -> Result<Next, FlowEr
             }
         }
         "end" => Ok(Next::Complete),
+        // A repeat is entered by the decider, and goes on after itself
+        // once its iterations are over.
         _ => after(steps, path, ctx),
     }
 }
@@ -134,10 +146,22 @@ fn after(steps: &[Step], path: &FlowPath, ctx: &Value) -> Result<Next, FlowError
         let Some(parent) = current.parent() else {
             return Ok(Next::Complete);
         };
+        if let Some(Branch::Parallel(branch)) = current.branch() {
+            return Ok(Next::BranchDone {
+                parallel: parent,
+                branch,
+            });
+        }
         if let Some(Branch::Do(iteration)) = current.branch() {
             let loop_step = step_at(steps, &parent).ok_or_else(|| FlowError::NoSuchStep {
                 path: parent.to_string(),
             })?;
+            if loop_step.kind == crate::repeat::REPEAT {
+                return Ok(Next::IterationDone {
+                    repeat: parent,
+                    iteration,
+                });
+            }
             let count = output_count(ctx, &loop_step.id)?;
             if iteration + 1 < count {
                 return Ok(Next::Step(parent.child(Branch::Do(iteration + 1), 0)));

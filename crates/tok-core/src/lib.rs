@@ -11,6 +11,7 @@
 
 pub mod advance;
 pub mod builtin;
+pub mod children;
 pub mod condition;
 pub mod context;
 pub mod contract;
@@ -21,11 +22,15 @@ pub mod flow;
 pub mod ids;
 pub mod incident;
 pub mod limits;
+pub mod parallel;
 pub mod path;
+pub mod repeat;
 pub mod retry;
 pub mod run;
+pub mod schedule;
 pub mod template;
 pub mod validate;
+pub mod waits;
 
 pub use advance::{Input, RunState, Then, Transition, advance};
 pub use builtin::{INTERNAL_TYPES, Outcome};

@@ -12,6 +12,9 @@ pub const MAX_ACTIONS: u32 = 1000;
 pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
 /// How deep runs may start other runs (through events or child workflows).
 pub const MAX_DEPTH: u32 = 5;
+/// How deep child runs nest (`run_workflow`): a run's depth plus one may be
+/// at most this; deeper, the starting step fails with `nesting_depth_exceeded`.
+pub const MAX_NESTING_DEPTH: i64 = 3;
 /// Size of a definition's JSON as sent to the API.
 pub const MAX_DEFINITION_BYTES: usize = 256 * 1024;
 /// Longest `flow/pause`; a pause holds its worker slot, so it must stay short.

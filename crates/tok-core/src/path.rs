@@ -4,9 +4,9 @@
 //! about, so it must survive a round trip through text exactly. It starts with
 //! an index into the top-level list and continues with zero or more branch
 //! hops: `then.<i>` / `else.<i>` into a condition's branches, or
-//! `do.<iteration>.<i>` into a loop's body on a given iteration. Loop
-//! iterations are part of the address, so every executed step of a run has its
-//! own path.
+//! `do.<iteration>.<i>` into a loop's body on a given iteration, or
+//! `branches.<b>.<i>` into branch `b` of a `parallel` step. Loop iterations
+//! are part of the address, so every executed step of a run has its own path.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,7 +18,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PathError {
     #[error(
-        "invalid step path `{input}`: {reason}; expected an index followed by `then.<i>`, `else.<i>` or `do.<iteration>.<i>` hops, like `2.then.0` or `3.do.5.0`"
+        "invalid step path `{input}`: {reason}; expected an index followed by `then.<i>`, `else.<i>`, `do.<iteration>.<i>` or `branches.<b>.<i>` hops, like `2.then.0`, `3.do.5.0` or `1.branches.0.2`"
     )]
     Invalid { input: String, reason: String },
 }
@@ -32,6 +32,8 @@ pub enum Branch {
     Else,
     /// A loop's body on the given (0-based) iteration.
     Do(usize),
+    /// Branch `b` (0-based) of a `parallel` step.
+    Parallel(usize),
 }
 
 /// The address of one step (on one loop iteration) in a tree.
@@ -104,6 +106,28 @@ impl FlowPath {
         p
     }
 
+    /// The innermost `parallel` step this step runs in a branch of, and
+    /// that branch; `None` outside every branch.
+    pub fn innermost_branch(&self) -> Option<(FlowPath, usize)> {
+        let k = self
+            .hops
+            .iter()
+            .rposition(|(branch, _)| matches!(branch, Branch::Parallel(_)))?;
+        let Branch::Parallel(b) = self.hops[k].0 else {
+            return None;
+        };
+        let parallel = FlowPath {
+            first: self.first,
+            hops: self.hops[..k].to_vec(),
+        };
+        Some((parallel, b))
+    }
+
+    /// Whether this step is `ancestor` or runs inside it.
+    pub fn is_within(&self, ancestor: &FlowPath) -> bool {
+        self.first == ancestor.first && self.hops.starts_with(&ancestor.hops)
+    }
+
     /// Every enclosing step with the branch taken out of it, outermost first.
     /// Loops among them appear as `Branch::Do(iteration)`.
     pub fn enclosing(&self) -> Vec<(FlowPath, Branch)> {
@@ -127,6 +151,7 @@ impl fmt::Display for FlowPath {
                 Branch::Then => write!(f, ".then.{i}")?,
                 Branch::Else => write!(f, ".else.{i}")?,
                 Branch::Do(iteration) => write!(f, ".do.{iteration}.{i}")?,
+                Branch::Parallel(b) => write!(f, ".branches.{b}.{i}")?,
             }
         }
         Ok(())
@@ -153,8 +178,15 @@ impl FromStr for FlowPath {
                         .map_err(invalid)?;
                     Branch::Do(iteration)
                 }
+                "branches" => {
+                    let b = index(parts.next().unwrap_or(""), "the branch after `branches`")
+                        .map_err(invalid)?;
+                    Branch::Parallel(b)
+                }
                 other => {
-                    return Err(invalid(format!("`{other}` is not `then`, `else` or `do`")));
+                    return Err(invalid(format!(
+                        "`{other}` is not `then`, `else`, `do` or `branches`"
+                    )));
                 }
             };
             let i =
@@ -197,7 +229,15 @@ mod tests {
 
     #[test]
     fn displays_and_parses_the_documented_forms() {
-        for text in ["0", "2.then.0", "1.else.3", "3.do.5.0", "3.do.5.0.then.1"] {
+        for text in [
+            "0",
+            "2.then.0",
+            "1.else.3",
+            "3.do.5.0",
+            "3.do.5.0.then.1",
+            "2.branches.1.0",
+            "2.branches.0.1.branches.3.0",
+        ] {
             let p: FlowPath = text.parse().unwrap();
             assert_eq!(p.to_string(), text);
         }
@@ -209,7 +249,18 @@ mod tests {
     #[test]
     fn rejects_malformed_paths_with_the_input_in_the_message() {
         for bad in [
-            "", "x", "1.", "1.then", "1.then.x", "1.do.2", "1.when.0", "01", "-1", "1..0",
+            "",
+            "x",
+            "1.",
+            "1.then",
+            "1.then.x",
+            "1.do.2",
+            "1.when.0",
+            "01",
+            "-1",
+            "1..0",
+            "1.branches.0",
+            "1.branches.x.0",
         ] {
             let err = bad.parse::<FlowPath>().unwrap_err();
             assert!(

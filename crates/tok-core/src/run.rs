@@ -122,6 +122,57 @@ pub struct SignalWait {
     pub due_at: Option<i64>,
 }
 
+/// Whether a wait for runs ends when all of them have ended or when one has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunsMode {
+    #[default]
+    All,
+    Any,
+}
+
+/// What a `run_workflow` (with `wait`) or `wait_for_runs` step parks its
+/// run on: other runs of the tenant, ending. A run that fails or is
+/// cancelled ends the wait at once, whatever the mode: the step fails.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunsWait {
+    pub runs: Vec<String>,
+    #[serde(default)]
+    pub mode: RunsMode,
+    /// Unix ms when the wait times out; `None` waits for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<i64>,
+}
+
+impl RunsWait {
+    /// Whether the runs that `ended` end the wait: one failed or was
+    /// cancelled, one ended in `any` mode, or every run did in `all` mode.
+    pub fn is_over(&self, ended: &[RunEnded]) -> bool {
+        ended.iter().any(|run| run.status != RunStatus::Completed)
+            || match self.mode {
+                RunsMode::Any => !ended.is_empty(),
+                RunsMode::All => self
+                    .runs
+                    .iter()
+                    .all(|id| ended.iter().any(|run| &run.run_id == id)),
+            }
+    }
+}
+
+/// How an awaited run ended: its status, the `output` of its `end` step,
+/// its error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunEnded {
+    pub run_id: String,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub output: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// Why a parked job was handed to a worker again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
@@ -131,6 +182,25 @@ pub enum Resume {
     Signal { signal_id: String, payload: Value },
     /// The wait's due time passed first.
     TimedOut,
+    /// A wait for runs: the awaited runs that have ended so far. A job
+    /// parked on runs carries this from the start with `timed_out` true
+    /// (what its due time brings); each run that ends adds itself, and the
+    /// one that ends the wait sets `timed_out` false and makes the job due.
+    #[serde(rename_all = "camelCase")]
+    Runs {
+        ended: Vec<RunEnded>,
+        timed_out: bool,
+    },
+    /// A `parallel` step's join: the branches (by index) that are done of
+    /// the `total` it forked, or the first branch's failure. The job is due
+    /// when every branch is done or one failed.
+    #[serde(rename_all = "camelCase")]
+    Branches {
+        total: usize,
+        done: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failed: Option<String>,
+    },
 }
 
 /// What happens to the claimed job when its result is recorded.
@@ -161,6 +231,28 @@ pub enum NextJob {
     /// a [`Resume`]. A signal buffered within the lookback window may
     /// resume it in the same transaction.
     Wait { path: String, wait: SignalWait },
+    /// The job parks at `path` (a `run_workflow` or `wait_for_runs` step)
+    /// until the awaited runs end (see [`RunsWait::is_over`]) or its due
+    /// time passes; then it is claimed again with [`Resume::Runs`]. Runs
+    /// that have ended already count as the job parks: it may be due at once.
+    WaitForRuns { path: String, wait: RunsWait },
+    /// The job parks at `path` (a `parallel` step) and one new job starts
+    /// each branch at its first step (`branches`: the branch's index and
+    /// that step's path), all in this record. The parked job is due again
+    /// when every branch is done ([`Resume::Branches`]).
+    Fork {
+        path: String,
+        branches: Vec<(usize, String)>,
+    },
+    /// This job's branch `branch` of the `parallel` step at `parallel` is
+    /// over: the job is deleted and the parallel step's parked job learns
+    /// it. A branch that `failed` (with this message) ends the join at once
+    /// and the parallel step's other branches are cancelled.
+    BranchDone {
+        parallel: String,
+        branch: usize,
+        failed: Option<String>,
+    },
     /// The run is over (completed or failed): the job is deleted.
     Done,
 }

@@ -23,8 +23,7 @@ use crate::limits::{
 use crate::retry::RetryPolicy;
 use crate::template::{check_value, has_placeholder};
 
-/// Shortest allowed poll interval, in seconds.
-pub const MIN_POLL_INTERVAL_SECS: u64 = 10;
+pub use crate::schedule::MIN_POLL_INTERVAL_SECS;
 
 /// One problem in a definition. `path` is empty when the problem concerns the
 /// definition as a whole (its size).
@@ -114,15 +113,13 @@ fn check_trigger(c: &mut Checker<'_>, trigger: &Trigger) {
                 format!("the poll interval is {secs} s; the minimum is {MIN_POLL_INTERVAL_SECS} s"),
             );
         }
-        Trigger::Schedule { cron, .. } => {
-            let fields = cron.split_whitespace().count();
-            if fields != 5 && fields != 6 {
-                c.error(
-                    "trigger.cron",
-                    format!(
-                        "cron `{cron}` has {fields} fields; expected 5 (minute hour day month weekday) or 6 (with seconds first)"
-                    ),
-                );
+        Trigger::Schedule { cron, timezone, .. } => {
+            if let Err(e) = crate::schedule::CronSchedule::parse(cron, timezone.as_deref()) {
+                let at = match e {
+                    crate::schedule::ScheduleError::TimeZone { .. } => "trigger.timezone",
+                    _ => "trigger.cron",
+                };
+                c.error(at, e.to_string());
             }
         }
         _ => {}
@@ -246,11 +243,13 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     }
     if kind == "loop" {
         check_loop(c, at, step);
+    } else if kind == crate::repeat::REPEAT {
+        check_repeat(c, at, step);
     } else if !step.do_.is_empty() {
         c.error(
             format!("{at}.do"),
             format!(
-                "only a loop step can have `do`; `{}` is a `{kind}` step",
+                "only a loop or repeat step can have `do`; `{}` is a `{kind}` step",
                 step.id
             ),
         );
@@ -258,6 +257,7 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     match kind {
         "wait" => check_wait(c, at, step),
         WAIT_FOR_EVENT => check_wait_for_event(c, at, step),
+        crate::children::WAIT_FOR_RUNS => check_wait_for_runs(c, at, step),
         "flow/pause" => check_pause(c, at, step),
         "flow/log" => check_log(c, at, step),
         "set" if !step.config.get("values").is_some_and(Value::is_object) => {
@@ -269,9 +269,36 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
         _ => {}
     }
 
+    if kind == crate::parallel::PARALLEL {
+        if step.branches.is_empty() {
+            c.error(
+                format!("{at}.branches"),
+                "a parallel step needs `branches`: a list of step lists, like [[{…}], [{…}]]",
+            );
+        }
+    } else if !step.branches.is_empty() {
+        c.error(
+            format!("{at}.branches"),
+            format!(
+                "only a parallel step can have `branches`; `{}` is a `{kind}` step",
+                step.id
+            ),
+        );
+    }
+    if kind == "end" && at.contains(".branches.") {
+        c.error(
+            format!("{at}.type"),
+            "an `end` step cannot be inside a parallel branch: it would end the run while \
+             the other branches still run; put it after the parallel step",
+        );
+    }
+
     check_steps(c, &format!("{at}.then"), &step.then);
     check_steps(c, &format!("{at}.else"), &step.else_);
     check_steps(c, &format!("{at}.do"), &step.do_);
+    for (b, branch) in step.branches.iter().enumerate() {
+        check_steps(c, &format!("{at}.branches.{b}"), branch);
+    }
 }
 
 fn check_id<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
@@ -404,6 +431,96 @@ fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
             format!("{at}.config.lookback"),
             format!("lookback must be true or false, got {lookback}"),
         );
+    }
+}
+
+/// `wait_for_runs`: `runs` (a run id or a non-empty list of them), a
+/// `mode` of `all` or `any`, a `timeout` duration.
+fn check_wait_for_runs(c: &mut Checker<'_>, at: &str, step: &Step) {
+    match step.config.get("runs") {
+        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(Value::Array(items)) if !items.is_empty() => {}
+        _ => c.error(
+            format!("{at}.config.runs"),
+            "wait_for_runs needs `runs`: the run ids to wait for, like [\"{{st_child.runId}}\"]",
+        ),
+    }
+    match step.config.get("mode") {
+        None => {}
+        Some(Value::String(m)) if m == "all" || m == "any" => {}
+        Some(other) => c.error(
+            format!("{at}.config.mode"),
+            format!("mode must be \"all\" or \"any\", got {other}"),
+        ),
+    }
+    match step.config.get("timeout") {
+        None => {}
+        Some(Value::String(s)) if has_placeholder(s) => {}
+        Some(Value::String(s)) => {
+            if let Err(e) = parse_duration(s) {
+                c.error(format!("{at}.config.timeout"), e.to_string());
+            }
+        }
+        Some(other) => c.error(
+            format!("{at}.config.timeout"),
+            format!("timeout must be a duration like \"1h\", got {other}"),
+        ),
+    }
+}
+
+/// `repeat`: steps in `do`, `until` or `while` rules (a repeat with
+/// neither could only end at its limit, failing), `maxIterations` from 1 to
+/// `MAX_ACTIONS`, an `every` duration.
+fn check_repeat(c: &mut Checker<'_>, at: &str, step: &Step) {
+    if step.do_.is_empty() {
+        c.error(
+            format!("{at}.do"),
+            "a repeat step needs `do`: the steps to repeat",
+        );
+    }
+    let (until, while_) = (step.config.get("until"), step.config.get("while"));
+    if until.is_none() && while_.is_none() {
+        c.error(
+            format!("{at}.config"),
+            "a repeat step needs `until` (rules that end it once they hold) or `while` \
+             (rules that keep it going while they hold)",
+        );
+    }
+    for (key, rules) in [("until", until), ("while", while_)] {
+        if let Some(rules) = rules
+            && let Err(e) = serde_json::from_value::<crate::definition::Filter>(rules.clone())
+        {
+            c.error(
+                format!("{at}.config.{key}"),
+                format!("{e}; expected {{\"match\": \"all\"|\"any\", \"rules\": [...]}}"),
+            );
+        }
+    }
+    if let Some(max) = step.config.get("maxIterations")
+        && !max
+            .as_u64()
+            .is_some_and(|n| (1..=u64::from(crate::limits::MAX_ACTIONS)).contains(&n))
+    {
+        c.error(
+            format!("{at}.config.maxIterations"),
+            format!(
+                "maxIterations must be a whole number from 1 to {}, got {max}",
+                crate::limits::MAX_ACTIONS
+            ),
+        );
+    }
+    match step.config.get("every") {
+        None => {}
+        Some(Value::String(s)) if has_placeholder(s) => {}
+        Some(Value::String(s)) => {
+            if let Err(e) = parse_duration(s) {
+                c.error(format!("{at}.config.every"), e.to_string());
+            }
+        }
+        Some(other) => c.error(
+            format!("{at}.config.every"),
+            format!("every must be a duration like \"30s\", got {other}"),
+        ),
     }
 }
 
@@ -558,6 +675,43 @@ mod tests {
     }
 
     #[test]
+    fn parallel_branches_are_checked_and_counted() {
+        let branch = |n: usize, tag: &str| -> Vec<Value> {
+            (0..n)
+                .map(|i| json!({"id": format!("{tag}{i}"), "type": "flow/log", "config": {"message": "x"}}))
+                .collect()
+        };
+        let errs = errors(with_steps(&json!([
+            {"id": "p", "type": "parallel", "branches": [branch(30, "a"), branch(30, "b")]}
+        ])));
+        assert_eq!(paths(&errs), ["steps"], "{errs:?}");
+        assert_eq!(
+            errs[0].message,
+            "the tree has 61 steps; at most 50 are allowed"
+        );
+
+        let errs = errors(with_steps(&json!([
+            {"id": "p", "type": "parallel"},
+            {"id": "q", "type": "parallel", "branches": [[
+                {"id": "stop", "type": "end"},
+                {"id": "w", "type": "wait_for_runs", "config": {"runs": [], "mode": "some"}}
+            ]]},
+            {"id": "s", "type": "set", "config": {"values": {}}, "branches": [[]]}
+        ])));
+        assert_eq!(
+            paths(&errs),
+            [
+                "steps.0.branches",
+                "steps.1.branches.0.0.type",
+                "steps.1.branches.0.1.config.runs",
+                "steps.1.branches.0.1.config.mode",
+                "steps.2.branches"
+            ],
+            "{errs:?}"
+        );
+    }
+
+    #[test]
     fn too_many_steps_and_too_many_bytes() {
         let steps: Vec<Value> = (0..61)
             .map(|i| json!({"id": format!("s{i}"), "type": "end"}))
@@ -683,6 +837,24 @@ mod tests {
         );
         assert!(errs[0].message.contains("has 4 fields"));
         assert!(errors(json!({"name": "n", "trigger": {"kind": "schedule", "cron": "0 0 8 * * 1-5"}, "steps": []})).is_empty());
+        let errs = errors(json!({"name": "n", "trigger": {"kind": "schedule",
+            "cron": "0 8 * * 1-5", "timezone": "Europe/Praha"}, "steps": []}));
+        assert_eq!(paths(&errs), ["trigger.timezone"]);
+        assert!(
+            errs[0]
+                .message
+                .contains("`Europe/Praha` is not a known time zone")
+        );
+        let errs = errors(json!({"name": "n", "trigger": {"kind": "schedule",
+            "cron": "61 8 * * *"}, "steps": []}));
+        assert_eq!(paths(&errs), ["trigger.cron"]);
+        assert!(
+            errs[0]
+                .message
+                .starts_with("cron `61 8 * * *` is not valid"),
+            "{}",
+            errs[0].message
+        );
         assert_eq!(
             paths(&errors(
                 json!({"name": "n", "trigger": {"kind": "webhook", "source": ""}, "steps": []})

@@ -79,8 +79,12 @@ fn seen(t: &Transition) -> Seen {
             format!("retry {path} after {attempts} attempts")
         }
         Then::Record(NextJob::Wait { path, wait }) => format!("wait at {path} for {}", wait.key),
+        Then::Record(NextJob::WaitForRuns { path, wait }) => {
+            format!("wait at {path} for runs {}", wait.runs.join(", "))
+        }
         Then::Record(NextJob::Continue { path, .. }) => format!("continue at {path}"),
         Then::Record(NextJob::Done) => "done".to_owned(),
+        Then::Record(other) => format!("{other:?}"),
     };
     (records, t.status, then)
 }

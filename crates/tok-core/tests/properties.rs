@@ -19,6 +19,7 @@ fn branch() -> impl Strategy<Value = Branch> {
         Just(Branch::Then),
         Just(Branch::Else),
         (0usize..1000).prop_map(Branch::Do),
+        (0usize..10).prop_map(Branch::Parallel),
     ]
 }
 

@@ -18,7 +18,9 @@ pub mod dispatch;
 mod execute;
 pub mod fairness;
 pub mod registry;
+pub mod scheduler;
 mod steps;
+pub mod stream;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -35,6 +37,7 @@ pub use definitions::DefinitionCache;
 pub use fairness::Fairness;
 pub use registry::{Registry, StepCall, StepHandler};
 pub use steps::script::ScriptStep;
+pub use stream::Stream;
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -82,6 +85,8 @@ pub struct EngineConfig {
     /// step before the wait still runs (or retries) is not lost, and one
     /// meant for a wait long gone does not linger for the next run.
     pub signal_lookback: Duration,
+    /// The wake's tick and lease ([`scheduler`]).
+    pub scheduler: scheduler::SchedulerConfig,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +103,7 @@ impl Default for EngineConfig {
             shutdown_grace: Duration::from_secs(10),
             fairness: Fairness::default(),
             signal_lookback: Duration::from_secs(10 * 60),
+            scheduler: scheduler::SchedulerConfig::default(),
         }
     }
 }
@@ -121,6 +127,8 @@ pub(crate) struct Inner {
     pub(crate) work: Notify,
     /// The worker pool's slots, which the dispatcher may fill directly.
     pub(crate) slots: std::sync::Mutex<fairness::Slots>,
+    /// What committed, for the live stream.
+    pub(crate) stream: Stream,
     tenants: RwLock<Arc<Vec<TenantId>>>,
 }
 
@@ -178,6 +186,7 @@ impl Engine {
                 crowding: Default::default(),
                 work: Notify::new(),
                 slots: Default::default(),
+                stream: Stream::default(),
                 tenants: RwLock::default(),
             }),
         }
@@ -193,6 +202,12 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
+    }
+
+    /// The live stream of this process: publish after a commit, subscribe
+    /// for `GET /api/stream`.
+    pub fn stream(&self) -> &Stream {
+        &self.inner.stream
     }
 
     /// Tells the dispatcher an event of `tenant` is waiting.
@@ -256,6 +271,11 @@ impl Engine {
                 shutdown.clone(),
             )),
             tokio::spawn(upkeep(self.clone(), shutdown.clone())),
+            tokio::spawn(scheduler::wake_loop(
+                self.inner.clone(),
+                workers,
+                shutdown.clone(),
+            )),
         ];
         if workers {
             tasks.push(tokio::spawn(execute::pool::run_pool(
@@ -324,7 +344,7 @@ impl Engine {
             priority: 0,
             first_path: match flow::first(&automation.steps) {
                 Next::Step(path) => Some(path.to_string()),
-                Next::Complete => None,
+                Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
             },
             idempotency_key,
             subject_ticket_id: None,
@@ -332,6 +352,10 @@ impl Engine {
             actions: 0,
         };
         let id = store.start_run(tenant, event, run).await?;
+        let data = json!({ "run_id": id, "automation_id": automation_id, "status": "queued" });
+        self.inner
+            .stream
+            .publish(tenant, stream::Kind::RunUpdated, data);
         self.inner.work.notify_one();
         Ok(id)
     }

@@ -1,7 +1,7 @@
 //! The step registry: every step type by name, and who runs it.
 //!
 //! Control steps (`condition`, `loop`, `set`, `flow/log`, `wait`,
-//! `wait_for_event`, `end`) are decided by `tok-core`'s decider and are not
+//! `wait_for_event`, `wait_for_runs`, `parallel`, `repeat`, `end`) are decided by `tok-core`'s decider and are not
 //! registered. Every other type is registered here once, as one of two
 //! classes: a step that runs inside the record transaction (the service-desk
 //! steps, [`TxStep`]), or a [`StepHandler`] that the worker runs with no
@@ -88,6 +88,7 @@ impl Registry {
             ("ticket/close", in_transaction!(ticket_close)),
             ("incident/create", in_transaction!(incident_create)),
             ("emit", in_transaction!(emit)),
+            ("run_workflow", in_transaction!(run_workflow)),
         ] {
             registry
                 .steps
@@ -174,7 +175,12 @@ impl Registry {
     pub fn kinds(&self) -> Vec<String> {
         let mut kinds: Vec<String> = tok_core::builtin::INTERNAL_TYPES
             .iter()
-            .chain([&tok_core::advance::WAIT_FOR_EVENT])
+            .chain([
+                &tok_core::advance::WAIT_FOR_EVENT,
+                &tok_core::children::WAIT_FOR_RUNS,
+                &tok_core::parallel::PARALLEL,
+                &tok_core::repeat::REPEAT,
+            ])
             .map(|k| (*k).to_owned())
             .chain(self.steps.keys().cloned())
             .collect();

@@ -5,6 +5,7 @@
 //! `oneshot` and `tok serve` binds it to a port.
 
 mod auth;
+mod dashboard;
 mod error;
 mod intake;
 mod routes;
@@ -31,6 +32,9 @@ pub struct AppState {
     /// Scheme and host shown in webhook URLs (`TOK_PUBLIC_URL`).
     pub public_url: Arc<str>,
     ready: Arc<AtomicBool>,
+    /// A shutdown began: `/readyz` answers 503 so a load balancer sends
+    /// no more requests, while the steps in flight finish.
+    stopping: Arc<AtomicBool>,
     pub(crate) token_limits: Arc<intake::TokenLimits>,
     pub(crate) sources: Arc<intake::SourceCache>,
     pub(crate) backpressure: Arc<intake::Backpressure>,
@@ -44,6 +48,7 @@ impl AppState {
             engine,
             public_url: public_url.trim_end_matches('/').into(),
             ready: Arc::default(),
+            stopping: Arc::default(),
             token_limits: Arc::default(),
             sources: Arc::default(),
             backpressure: Arc::new(intake::Backpressure::new(DEFAULT_BACKPRESSURE_DEPTH)),
@@ -107,6 +112,15 @@ impl AppState {
         self.ready.load(Ordering::SeqCst)
     }
 
+    /// Marks the server stopping: `/readyz` answers 503 from now on.
+    pub fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn webhook_url(&self, token: &str) -> String {
         format!("{}/webhook/{token}", self.public_url)
     }
@@ -126,8 +140,12 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::groups::router())
         .merge(routes::tickets::router())
         .merge(routes::incidents::router())
+        .merge(routes::platform_incidents::router())
         .merge(routes::connections::router())
         .merge(routes::metrics::router())
+        .merge(routes::stream::router())
+        .merge(routes::dashboard::router())
+        .merge(dashboard::router())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(state)

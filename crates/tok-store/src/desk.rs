@@ -14,7 +14,10 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
 
-use crate::{ClaimedJob, NewSignal, Page, Record, Result, SignalSent, StepRow};
+use crate::{
+    AutomationRow, ClaimedJob, NewEvent, NewRun, NewSignal, Page, Record, Result, RunEnded,
+    SignalSent, StepRow,
+};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct TicketType {
@@ -224,6 +227,13 @@ pub trait DeskStore: Send + Sync {
     async fn resolve_incident(&self, tenant: &TenantId, id: &str) -> Result<bool>;
 }
 
+/// A child run a record started, or the one its idempotency key had started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildStart {
+    pub run_id: RunId,
+    pub created: bool,
+}
+
 /// The record transaction of one claimed job, open. Built-in steps that
 /// touch the database run through it; [`RecordTx::commit`] writes the
 /// step records and the run's new state and commits everything together.
@@ -255,6 +265,17 @@ pub trait RecordTx: Send {
     async fn open_incident(&mut self, incident: NewIncident) -> Result<(String, bool)>;
     /// The steps recorded for this run so far (for an incident's detail).
     async fn run_steps(&mut self) -> Result<Vec<StepRow>>;
+    /// The tenant's automation with this id, or else this name, at its
+    /// current version (a `run_workflow` step's child).
+    async fn automation_named(&mut self, id_or_name: &str) -> Result<Option<AutomationRow>>;
+    /// Starts a child of this job's run as part of this record: its event,
+    /// the run (queued, `parent_run_id` this run) and its first job. A
+    /// repeated idempotency key of the run's automation answers the run
+    /// the key started, and writes nothing.
+    async fn start_child(&mut self, event: NewEvent, run: NewRun) -> Result<ChildStart>;
+    /// This job's run ended: the waits on it learn how (a waiting parent
+    /// is resumed when its wait is over), when the record commits.
+    async fn run_ended(&mut self, ended: RunEnded) -> Result<()>;
     async fn commit(self: Box<Self>, record: Record) -> Result<()>;
 }
 

@@ -657,6 +657,19 @@ macro_rules! impl_desk {
                 steps_of(&mut *self.tx, &self.job.tenant_id, &self.job.run_id).await
             }
 
+            async fn automation_named(&mut self, id_or_name: &str) -> Result<Option<AutomationRow>> {
+                automation_named(&mut self.tx, &self.job.tenant_id, id_or_name).await
+            }
+
+            async fn start_child(&mut self, event: NewEvent, run: NewRun) -> Result<ChildStart> {
+                $crate::storable::check_event(&event)?;
+                start_child_in(&mut self.tx, &self.job.tenant_id, &self.job.run_id, &event, &run).await
+            }
+
+            async fn run_ended(&mut self, ended: RunEnded) -> Result<()> {
+                run_ended_in(&mut self.tx, &self.job.tenant_id, &ended).await
+            }
+
             async fn commit(mut self: Box<Self>, mut record: Record) -> Result<()> {
                 let OpenRecord { mut tx, job, status } = *self;
                 $crate::storable::mend_record(&mut record);

@@ -13,6 +13,8 @@
 
 mod admin_sql;
 mod batch;
+mod branches_sql;
+mod children_sql;
 pub mod connections;
 mod connections_sql;
 mod definitions_sql;
@@ -28,13 +30,18 @@ pub mod model;
 mod postgres;
 mod queue_sql;
 mod record_sql;
+pub mod relay;
 mod rows;
 mod runs_sql;
+pub mod schedule;
+mod schedule_sql;
 pub mod signals;
 mod signals_sql;
 mod sqlite;
 pub mod storable;
 pub mod testing;
+pub mod watch;
+mod watch_sql;
 
 use std::sync::Arc;
 
@@ -48,9 +55,14 @@ pub use dispatch::{Claims, DispatchTx};
 pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
+pub use relay::{Heard, StreamRelay};
 pub use rows::now_ms;
+pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
+pub use watch::{
+    ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, UnfinishedRun, WatchStore,
+};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -228,6 +240,8 @@ pub trait Store:
     + RecordStore
     + ConnectionStore
     + SignalStore
+    + ScheduleStore
+    + WatchStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).
@@ -242,6 +256,17 @@ pub trait Store:
     /// nothing to listen to.
     async fn listen_for_work(&self, wake: Wake) -> Result<()> {
         let _ = wake;
+        Ok(())
+    }
+    /// The relay that sends this process's committed stream events to the
+    /// other processes (see [`relay`]); `None` where one process serves
+    /// everything (SQLite).
+    async fn stream_relay(&self) -> Result<Option<Box<dyn StreamRelay>>> {
+        Ok(None)
+    }
+    /// Calls `heard` with what every process sends through its relay.
+    async fn listen_stream(&self, heard: Heard) -> Result<()> {
+        let _ = heard;
         Ok(())
     }
 }

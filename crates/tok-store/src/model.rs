@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 pub use tok_core::run::{
-    NewRun, NextJob, Plan, PlanNote, Resume, RunStatus, SignalWait, StepRecord, StepStatus,
+    NewRun, NextJob, Plan, PlanNote, Resume, RunEnded, RunStatus, RunsMode, RunsWait, SignalWait,
+    StepRecord, StepStatus,
 };
 
 /// Which database a store talks to.
@@ -217,6 +218,8 @@ pub struct RunFilter {
     pub status: Option<String>,
     pub automation_id: Option<String>,
     pub trigger_type: Option<String>,
+    /// The run that started them (`run_workflow`).
+    pub parent_run_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -230,6 +233,8 @@ pub struct RunSummary {
     pub depth: i32,
     pub actions: i32,
     pub subject_ticket_id: Option<String>,
+    /// The run that started this one (trigger type `parent`).
+    pub parent_run_id: Option<RunId>,
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
@@ -257,16 +262,19 @@ pub struct RunDetail {
     #[serde(flatten)]
     pub run: RunSummary,
     pub context: Value,
+    /// The `output` of the run's `end` step; `null` until then, or without one.
+    pub output: Value,
     pub steps: Vec<StepRow>,
     /// What a waiting run waits for; empty for every other run.
     pub waits: Vec<WaitRow>,
 }
 
-/// A parked `wait_for_event`: the step, the signal key it waits for, and
-/// when it times out (`None`: never).
+/// A parked wait: the step, what it waits for (`kind` `event`: the signal
+/// `key`; `runs`: the run `run:<id>`), and when it times out (`None`: never).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WaitRow {
     pub path: String,
+    pub kind: String,
     pub key: String,
     pub due_at: Option<i64>,
 }

@@ -12,6 +12,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
+use crate::branches_sql::impl_branches;
+use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
@@ -22,7 +24,9 @@ use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
+use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
+use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -181,6 +185,26 @@ impl_signals! {
     db = sqlx::Postgres,
 }
 
+impl_children! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_branches! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_schedule! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_watch! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
 #[async_trait]
 impl Store for PgStore {
     fn backend(&self) -> Backend {
@@ -208,6 +232,14 @@ impl Store for PgStore {
             }
         });
         Ok(())
+    }
+
+    async fn stream_relay(&self) -> Result<Option<Box<dyn StreamRelay>>> {
+        Ok(Some(Box::new(crate::relay::PgRelay::new(&self.pool))))
+    }
+
+    async fn listen_stream(&self, heard: Heard) -> Result<()> {
+        crate::relay::listen(&self.pool, heard).await
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -65,7 +65,9 @@ macro_rules! impl_queue {
                 let token = random_token();
                 let jobs = sqlx::query(concat!(
                     "UPDATE jobs SET locked_by = $1, locked_until = ", db_now!(), " + $2,
-                        claim_token = $3, attempts = attempts + 1
+                        claim_token = $3, attempts = attempts + 1,
+                        lease_expiries = lease_expiries
+                            + CASE WHEN locked_until IS NULL THEN 0 ELSE 1 END
                      WHERE id ", any_of!(4), "
                        AND (locked_until IS NULL OR locked_until < ", db_now!(), ")
                      RETURNING id, tenant_id, run_id, path, attempts, resume"
@@ -97,7 +99,7 @@ macro_rules! impl_queue {
                 .fetch_all(&mut *tx)
                 .await?;
                 tx.commit().await?;
-                let mut runs: std::collections::HashMap<String, _> = runs
+                let runs: std::collections::HashMap<String, _> = runs
                     .into_iter()
                     .map(|r| (r.get::<String, _>("id"), r))
                     .collect();
@@ -105,7 +107,8 @@ macro_rules! impl_queue {
                     .iter()
                     .filter_map(|job| {
                         let run_id: String = job.get("run_id");
-                        let run = runs.remove(&run_id)?;
+                        // Jobs of one run (its parallel branches) share its row.
+                        let run = runs.get(&run_id)?;
                         Some(ClaimedJob {
                             id: JobId(job.get("id")),
                             tenant_id: TenantId::from(job.get::<String, _>("tenant_id")),

@@ -197,6 +197,9 @@ macro_rules! impl_record {
             }
             let now = now_ms();
             let mut parked = settle_waits(tx, &items).await?;
+            // A branch's job writes its publications over the run's
+            // current context (`branches_sql.rs`), not its own copy.
+            let merged = merged_contexts(tx, items).await?;
             let mut continued = Vec::with_capacity(items.len());
             let mut moves = Vec::new();
             let mut moved_ids = Vec::new();
@@ -204,7 +207,11 @@ macro_rules! impl_record {
             let mut steps = Vec::new();
             let mut runs = Vec::with_capacity(items.len());
             let mut staying = Vec::with_capacity(items.len());
-            for (job, record, current) in items {
+            for (i, (job, record, current)) in items.iter().enumerate() {
+                let (context, actions) = match &merged[i] {
+                    Some((context, actions)) => (context, *actions),
+                    None => (&record.context, record.actions),
+                };
                 let paused = current == "paused" && !record.status.is_final();
                 let status = if paused { RunStatus::Paused } else { record.status };
                 let queue_key = record.subject_ticket_id.as_ref().map(|t| format!("ticket:{t}"));
@@ -223,7 +230,9 @@ macro_rules! impl_record {
                 // resumes it at once with a buffered signal: `settle_waits`
                 // decided which.
                 let parked = match next {
-                    NextJob::Wait { .. } => parked.remove(&job.id.0),
+                    NextJob::Wait { .. } | NextJob::WaitForRuns { .. } | NextJob::Fork { .. } => {
+                        parked.remove(&job.id.0)
+                    }
                     _ => None,
                 };
                 let (run_at, resume) = match parked {
@@ -234,13 +243,15 @@ macro_rules! impl_record {
                     NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
                     NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
                     NextJob::Retry { path, attempts, delay_ms } => (path, delay_ms, attempts, None, 0),
-                    NextJob::Wait { path, .. } => (path, 0, 0, None, 0),
-                    NextJob::Done => {
+                    NextJob::Wait { path, .. }
+                    | NextJob::WaitForRuns { path, .. }
+                    | NextJob::Fork { path, .. } => (path, 0, 0, None, 0),
+                    NextJob::Done | NextJob::BranchDone { .. } => {
                         done.push(job.id.0);
                         (String::new(), 0, 0, None, 0)
                     }
                 };
-                if !matches!(record.next, NextJob::Done) {
+                if !matches!(record.next, NextJob::Done | NextJob::BranchDone { .. }) {
                     moved_ids.push(job.id.0);
                     moves.push($crate::rows::JobMove {
                         id: job.id.0,
@@ -276,8 +287,8 @@ macro_rules! impl_record {
                 runs.push($crate::rows::RunUpdate {
                     id: &job.run_id,
                     tenant_id: &job.tenant_id,
-                    context: &record.context,
-                    actions: record.actions,
+                    context,
+                    actions,
                     status: status.as_str(),
                     error: record.error.as_deref(),
                     finished_at: status.is_final().then_some(now),
@@ -336,6 +347,7 @@ macro_rules! impl_record {
                     items.len()
                 )));
             }
+            fork_and_join(tx, items).await?;
             insert_steps(tx, &steps, now).await?;
             if !staying.is_empty() {
                 sqlx::query(concat!(

@@ -17,6 +17,7 @@ macro_rules! impl_runs {
                 depth: row.get("depth"),
                 actions: row.get("actions"),
                 subject_ticket_id: row.get("subject_ticket_id"),
+                parent_run_id: row.get::<Option<String>, _>("parent_run_id").map(RunId::from),
                 created_at: row.get("created_at"),
                 started_at: row.get("started_at"),
                 finished_at: row.get("finished_at"),
@@ -26,7 +27,7 @@ macro_rules! impl_runs {
 
         const RUN_COLUMNS: &str =
             "id, automation_id, version, event_id, status, trigger_type, depth,
-            actions, subject_ticket_id, created_at, started_at, finished_at, error";
+            actions, subject_ticket_id, parent_run_id, created_at, started_at, finished_at, error";
 
         fn step_from_row(r: &<$db as sqlx::Database>::Row) -> StepRow {
             StepRow {
@@ -72,21 +73,41 @@ macro_rules! impl_runs {
                         status.as_str()
                     )));
                 }
-                for sql in [
-                    "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
-                    "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
-                ] {
-                    for_run(&mut tx, sql, tenant, id).await?;
+                // The runs this one waits for are cancelled with it, the
+                // deepest first (see `children_sql.rs` for the lock order);
+                // each cancelled run's end reaches the waits on it.
+                let tree = cancel_tree(&mut tx, tenant, id).await?;
+                for run in tree.iter().rev() {
+                    let error = match run == id {
+                        true => None,
+                        false if run_status(&mut tx, tenant, run).await?.is_final() => continue,
+                        false => Some(format!("cancelled with the run {id} that waited for it")),
+                    };
+                    for sql in [
+                        "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
+                        "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
+                    ] {
+                        for_run(&mut tx, sql, tenant, run).await?;
+                    }
+                    sqlx::query(
+                        "UPDATE runs SET status = 'cancelled', finished_at = $3,
+                            error = COALESCE($4, error)
+                         WHERE tenant_id = $1 AND id = $2",
+                    )
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .bind(now_ms())
+                    .bind(error.as_deref())
+                    .execute(&mut *tx)
+                    .await?;
+                    let ended = RunEnded {
+                        run_id: run.to_string(),
+                        status: RunStatus::Cancelled,
+                        output: Value::Null,
+                        error: Some(error.unwrap_or_else(|| "the run was cancelled".into())),
+                    };
+                    run_ended_in(&mut tx, tenant, &ended).await?;
                 }
-                sqlx::query(
-                    "UPDATE runs SET status = 'cancelled', finished_at = $3
-                     WHERE tenant_id = $1 AND id = $2",
-                )
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(run)
@@ -231,6 +252,7 @@ macro_rules! impl_runs {
                        AND (CAST($3 AS TEXT) IS NULL OR automation_id = $3)
                        AND (CAST($4 AS TEXT) IS NULL OR trigger_type = $4)
                        AND (CAST($5 AS TEXT) IS NULL OR id < $5)
+                       AND (CAST($7 AS TEXT) IS NULL OR parent_run_id = $7)
                      ORDER BY id DESC
                      LIMIT $6"
                 );
@@ -241,6 +263,7 @@ macro_rules! impl_runs {
                     .bind(filter.trigger_type.as_deref())
                     .bind(cursor)
                     .bind(i64::from(limit) + 1)
+                    .bind(filter.parent_run_id.as_deref())
                     .fetch_all(self.reader())
                     .await?;
                 let mut items: Vec<RunSummary> = rows.iter().map(run_from_row).collect();
@@ -267,9 +290,14 @@ macro_rules! impl_runs {
                 };
                 let steps = steps_of(self.reader(), tenant, id).await?;
                 let waits = waits_of(self.reader(), tenant, id).await?;
+                let context = row.get::<Json<Value>, _>("context").0;
                 Ok(Some(RunDetail {
                     run: run_from_row(&row),
-                    context: row.get::<Json<Value>, _>("context").0,
+                    output: context
+                        .get(tok_core::context::OUTPUT_KEY)
+                        .cloned()
+                        .unwrap_or(Value::Null),
+                    context,
                     steps,
                     waits,
                 }))

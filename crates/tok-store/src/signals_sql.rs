@@ -81,7 +81,9 @@ macro_rules! impl_signals {
                 "SELECT w.id, w.run_id, w.match, j.id AS job_id
                  FROM waits w
                  JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
-                 WHERE w.tenant_id = $1 AND w.key = $2 AND j.claim_token IS NULL
+                    AND j.path = w.path
+                 WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
+                   AND j.claim_token IS NULL
                  ORDER BY j.id ", lock_rows_of!(j)
             ))
             .bind(tenant.as_str())
@@ -201,28 +203,61 @@ macro_rules! impl_signals {
                     _ => None,
                 })
                 .collect();
+            let on_runs: Vec<(&ClaimedJob, &str, &RunsWait)> = items
+                .iter()
+                .filter_map(|(job, record, _)| match &record.next {
+                    NextJob::WaitForRuns { path, wait } => Some((job, path.as_str(), wait)),
+                    _ => None,
+                })
+                .collect();
+            // A job that forks parallel branches parks until they join
+            // (`branches_sql.rs` counts them).
+            for (job, record, _) in items {
+                if let NextJob::Fork { branches, .. } = &record.next {
+                    let resume = Resume::Branches { total: branches.len(), done: Vec::new(), failed: None };
+                    parked.insert(job.id.0, $crate::rows::Parked { run_at: Some(NEVER_DUE_MS), resume });
+                }
+            }
             let settled: Vec<&ClaimedJob> = items
                 .iter()
                 .map(|(job, _, _)| job)
-                .filter(|job| job.resume.is_some() || parking.iter().any(|(p, _, _)| p.id == job.id))
+                .filter(|job| {
+                    job.resume.is_some()
+                        || parking.iter().any(|(p, _, _)| p.id == job.id)
+                        || on_runs.iter().any(|(p, _, _)| p.id == job.id)
+                })
                 .collect();
             if settled.is_empty() {
                 return Ok(parked);
             }
+            // A run's jobs (its parallel branches) each wait at their own path.
+            let keys: Vec<[&str; 3]> = settled
+                .iter()
+                .map(|job| [job.tenant_id.as_str(), job.run_id.as_str(), job.path.as_str()])
+                .collect();
             sqlx::query(concat!(
-                "DELETE FROM waits WHERE tenant_id ", any_of!(1), " AND run_id ", any_of!(2)
+                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
+                 JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1
+                    AND w.path = x.value ->> 2)"
             ))
-            .bind(list(settled.iter().map(|job| job.tenant_id.as_str())))
-            .bind(list(settled.iter().map(|job| job.run_id.as_str())))
+            .bind(Json(&keys))
             .execute(&mut **tx)
             .await?;
+            let mut took = false;
+            for (job, path, wait) in on_runs {
+                let on = park_on_runs(tx, job, path, wait).await?;
+                took |= on.run_at.is_none();
+                parked.insert(job.id.0, on);
+            }
             if parking.is_empty() {
+                if took && !notify_work!().is_empty() {
+                    sqlx::query(notify_work!()).execute(&mut **tx).await?;
+                }
                 return Ok(parked);
             }
             let keys = parking.iter().map(|(job, _, wait)| key_lock(&job.tenant_id, &wait.key));
             lock_names(tx, keys.collect()).await?;
             let now = now_ms();
-            let mut took = false;
             for (job, path, wait) in parking {
                 let taken = if wait.lookback {
                     take_buffered(tx, &job.tenant_id, &job.run_id, wait, now).await?
@@ -263,7 +298,7 @@ macro_rules! impl_signals {
             run: &RunId,
         ) -> Result<Vec<WaitRow>> {
             let rows = sqlx::query(
-                "SELECT path, key, due_at FROM waits
+                "SELECT path, kind, key, due_at FROM waits
                  WHERE tenant_id = $1 AND run_id = $2 ORDER BY id",
             )
             .bind(tenant.as_str())
@@ -274,6 +309,7 @@ macro_rules! impl_signals {
                 .iter()
                 .map(|r| WaitRow {
                     path: r.get("path"),
+                    kind: r.get("kind"),
                     key: r.get::<Option<String>, _>("key").unwrap_or_default(),
                     due_at: r.get("due_at"),
                 })

@@ -15,6 +15,8 @@ use sqlx::sqlite::{
 
 use crate::admin_sql::impl_admin;
 use crate::batch::Batcher;
+use crate::branches_sql::impl_branches;
+use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
@@ -25,7 +27,9 @@ use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
+use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
+use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -220,6 +224,26 @@ impl_connections! {
 }
 
 impl_signals! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_children! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_branches! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_schedule! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_watch! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -339,6 +339,7 @@ impl Fixture {
 
 fn wait_row(key: &str, due_at: Option<i64>) -> WaitRow {
     WaitRow {
+        kind: "event".into(),
         path: "0".into(),
         key: key.into(),
         due_at,

@@ -19,6 +19,10 @@ pub const DEFAULT_CONCURRENCY: usize = 64;
 /// says otherwise (see [`Config::signal_lookback`]).
 pub const DEFAULT_SIGNAL_LOOKBACK: Duration = Duration::from_secs(10 * 60);
 
+/// How long a stopping node waits for its steps in flight unless
+/// `TOK_SHUTDOWN_GRACE` says otherwise (see [`Config::shutdown_grace`]).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
 /// Which parts of tok this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -88,6 +92,50 @@ pub struct Config {
     /// meant for a wait long gone does not resume the next run's). `0s`
     /// buffers nothing.
     pub signal_lookback: Duration,
+    /// `TOK_SHUTDOWN_GRACE`: how long a stopping node lets the steps in
+    /// flight finish after SIGTERM or Ctrl-C (a duration like `30s`; 30 s
+    /// by default, within Kubernetes' default termination grace period).
+    /// The leases of steps still running then are released, so another
+    /// node takes them over at once instead of after a lease.
+    pub shutdown_grace: Duration,
+    /// `TOK_SCHEDULER_TICK`: how often the scheduler looks for due polls
+    /// and schedules (1 s: a cron with seconds fires on time).
+    pub scheduler_tick: Duration,
+    /// `TOK_SCHEDULER_LEASE`: how long the node running the scheduler
+    /// holds it without renewing (15 s): the longest the schedules wait
+    /// after that node dies before another node takes over.
+    pub scheduler_lease: Duration,
+    /// `TOK_LOG_FORMAT`: `text` (default; colours only on a terminal) or
+    /// `json` (one JSON object per line, for a log collector).
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written (`TOK_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Reads a duration variable (`30s`, `2m`, `500ms`), or `default`.
+fn duration_var(name: &str, default: Duration) -> anyhow::Result<Duration> {
+    match var(name) {
+        Some(v) => tok_core::duration::parse_duration(v.trim())
+            .with_context(|| format!("{name} must be a duration like 30s, 2m or 500ms")),
+        None => Ok(default),
+    }
+}
+
+impl LogFormat {
+    /// `TOK_LOG_FORMAT`, read before the rest of the configuration: the
+    /// logger starts first.
+    pub fn from_env() -> anyhow::Result<Self> {
+        match var("TOK_LOG_FORMAT").as_deref() {
+            None | Some("text") => Ok(LogFormat::Text),
+            Some("json") => Ok(LogFormat::Json),
+            Some(other) => bail!("TOK_LOG_FORMAT is `{other}`; expected text or json"),
+        }
+    }
 }
 
 fn var(name: &str) -> Option<String> {
@@ -145,6 +193,7 @@ impl Config {
                 .context("TOK_SIGNAL_LOOKBACK must be a duration like 10m or 90s")?,
             None => DEFAULT_SIGNAL_LOOKBACK,
         };
+        let scheduler = tok_engine::scheduler::SchedulerConfig::default();
         let config = Self {
             database_url: var("TOK_DATABASE_URL")
                 .unwrap_or_else(|| "sqlite://tok-data/tok.db".into()),
@@ -158,6 +207,10 @@ impl Config {
             lease: Duration::from_secs(lease_secs),
             backpressure_depth,
             signal_lookback,
+            shutdown_grace: duration_var("TOK_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE)?,
+            scheduler_tick: duration_var("TOK_SCHEDULER_TICK", scheduler.tick)?,
+            scheduler_lease: duration_var("TOK_SCHEDULER_LEASE", scheduler.lease)?,
+            log_format: LogFormat::from_env()?,
         };
         config.validate()?;
         Ok(config)
@@ -169,6 +222,11 @@ impl Config {
         }
         if self.db_max_connections < 2 {
             bail!("TOK_DB_MAX_CONNECTIONS must be at least 2");
+        }
+        if self.scheduler_tick.is_zero() || self.scheduler_lease <= self.scheduler_tick {
+            bail!(
+                "TOK_SCHEDULER_LEASE must be longer than TOK_SCHEDULER_TICK (it is renewed each tick)"
+            );
         }
         if self.lease < Duration::from_secs(3) {
             bail!("TOK_LEASE_SECS must be at least 3");

@@ -82,9 +82,25 @@ pub async fn serve(
             lease: config.lease,
             heartbeat: config.lease / 3,
             signal_lookback: config.signal_lookback,
+            shutdown_grace: config.shutdown_grace,
+            scheduler: tok_engine::scheduler::SchedulerConfig {
+                tick: config.scheduler_tick,
+                lease: config.scheduler_lease,
+                ..Default::default()
+            },
             ..EngineConfig::default()
         },
     );
+    // Every process sends what it commits to the live stream; the ones that
+    // serve the API follow what every process sent (PostgreSQL; on SQLite
+    // the stream stays in this process).
+    let _relay: Vec<AbortOnDrop> = engine
+        .stream()
+        .relay(engine.store(), config.role.serves_http())
+        .await?
+        .into_iter()
+        .map(AbortOnDrop)
+        .collect();
     let running = if config.role.runs_engine() {
         Some(engine.start(true).await?)
     } else {
@@ -109,15 +125,39 @@ pub async fn serve(
             listener.local_addr()?,
             config.public_url
         );
-        axum::serve(listener, tok_server::app(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        // HTTP keeps serving while the engine stops, so `/readyz` can
+        // answer 503 to the load balancer and the API stays up for the
+        // steps in flight; it stops once they are done.
+        let stream = engine.stream().clone();
+        let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = axum::serve(listener, tok_server::app(state.clone())).with_graceful_shutdown(
+            async move {
+                let _ = http_stopped.await;
+            },
+        );
+        let mut server = tokio::spawn(async move { server.await });
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            ended = &mut server => {
+                ended??;
+                return Ok(());
+            }
+        }
+        state.set_stopping();
+        if let Some(running) = running {
+            running.shutdown().await;
+        }
+        // Open streams end, or the server would wait for them.
+        stream.close();
+        let _ = http_stop.send(());
+        server.await??;
     } else {
         shutdown_signal().await;
+        if let Some(running) = running {
+            running.shutdown().await;
+        }
     }
-    if let Some(running) = running {
-        running.shutdown().await;
-    }
+    tracing::info!("stopped");
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use tok::ServeOptions;
-use tok::config::Config;
+use tok::config::{Config, LogFormat};
 use tok_engine::{Registry, ScriptStep};
 use tok_script::{PoolConfig, ScriptPool};
 
@@ -61,14 +61,28 @@ fn registry() -> anyhow::Result<Registry> {
     Ok(registry)
 }
 
+/// Structured logs (`RUST_LOG` filters, `info` by default): plain text with
+/// colours only when stdout is a terminal, or one JSON object per line with
+/// `TOK_LOG_FORMAT=json`. Each line carries the spans it was logged in (the
+/// run and the step).
+fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+        LogFormat::Text => logs.with_ansi(std::io::stdout().is_terminal()).init(),
+    }
+}
+
 #[tokio::main]
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
-        )
-        .init();
+    init_logs(LogFormat::from_env()?);
     let config = Config::from_env()?;
     match cli.command {
         Command::Serve { demo } => tok::serve(config, registry()?, ServeOptions { demo }).await,

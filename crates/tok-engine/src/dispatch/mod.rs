@@ -38,14 +38,17 @@ async fn dispatch_once(
         return Ok((Dispatched::default(), least));
     }
     let store: &dyn InboxStore = &*inner.store;
+    let planned = crate::stream::Planned::default();
     let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
-        plan::plan(
+        let plan = plan::plan(
             event,
             candidates,
             &inner.defs,
             &inner.registry,
             &inner.config.fairness,
-        )
+        );
+        planned.note(event, &plan);
+        plan
     };
     let most = 4 * least;
     let mut offer = pool::offer(inner, most as usize, all_reserved);
@@ -67,6 +70,8 @@ async fn dispatch_once(
     };
     let claimed = match &mut dispatched {
         Ok(d) => {
+            // Before the handed-off jobs run: their steps come after.
+            planned.publish(&inner.stream);
             let now = jiff::Timestamp::now().as_millisecond();
             for received_at in &d.received_at {
                 let lag = (now - received_at).max(0) as f64 / 1000.0;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tok_core::ids::{JobId, TenantId};
 use tok_store::ClaimedJob;
 use tokio::sync::watch;
+use tracing::Instrument as _;
 
 use crate::Inner;
 use crate::fairness::{Offer, Slots, reserved_slots};
@@ -97,6 +98,22 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     heartbeat.abort();
+    let left = slots(&inner).jobs.len();
+    if left > 0 {
+        // Their results will be discarded (the claim token no longer
+        // matches): another worker runs them again now, not after a lease.
+        match inner.store.release_claims(&inner.config.node_id).await {
+            Ok(released) => tracing::warn!(
+                steps = left,
+                released,
+                grace = ?inner.config.shutdown_grace,
+                "steps still running after the shutdown grace; their leases were released"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release the leases of the steps still running; they expire by themselves")
+            }
+        }
+    }
 }
 
 /// Claims up to `limit` jobs of `tenants` and starts each in its own task;
@@ -138,12 +155,22 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
         .jobs
         .insert(job.id, (job.tenant_id.clone(), reserved));
     let inner = inner.clone();
-    tokio::spawn(async move {
-        let id = job.id;
-        super::runner::execute(&inner, job).await;
-        slots(&inner).jobs.remove(&id);
-        inner.work.notify_one();
-    });
+    // One span per run's claim: every line the run's steps log carries it.
+    let span = tracing::info_span!(
+        "run",
+        run = %job.run_id,
+        tenant = %job.tenant_id,
+        automation = %job.automation_id,
+    );
+    tokio::spawn(
+        async move {
+            let id = job.id;
+            super::runner::execute(&inner, job).await;
+            slots(&inner).jobs.remove(&id);
+            inner.work.notify_one();
+        }
+        .instrument(span),
+    );
 }
 
 /// Extends the leases of the jobs in flight until the pool aborts it (after

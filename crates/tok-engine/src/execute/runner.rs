@@ -19,8 +19,10 @@ use tok_core::definition::Automation;
 use tok_core::error::StepError;
 use tok_core::path::FlowPath;
 use tok_store::{
-    Cause, ClaimedJob, NextJob, Record, RecordTx, RunStatus, StepRecord, StoreError, now_ms,
+    Cause, ClaimedJob, NextJob, Record, RecordTx, RunEnded, RunStatus, StepRecord, StoreError,
+    now_ms,
 };
+use tracing::Instrument as _;
 
 use super::effects;
 use crate::Inner;
@@ -155,11 +157,17 @@ async fn drive(
     .chaining(inner.config.fairness.chain_limit);
     let claim = run_claim(inner, job, automation, state, &cause).await?;
     count(job, &claim);
-    // A wait may take a buffered signal as it is recorded: its job is then
-    // ready at once, like a next step due now.
+    // A wait may take a buffered signal (or find its runs ended) as it is
+    // recorded: its job is then ready at once, like a next step due now;
+    // so is the first job of a child run started in this record, a branch
+    // forked in it, or a parallel step whose branches it joined.
     let advanced = matches!(
         claim.next,
-        NextJob::Step { delay_ms: 0, .. } | NextJob::Wait { .. }
+        NextJob::Step { delay_ms: 0, .. }
+            | NextJob::Wait { .. }
+            | NextJob::WaitForRuns { .. }
+            | NextJob::Fork { .. }
+            | NextJob::BranchDone { .. }
     );
     let needs_tx = claim.tx.is_some() || claim.too_deep || !claim.effects.is_empty();
     let record = Record {
@@ -171,6 +179,7 @@ async fn drive(
         next: claim.next,
         subject_ticket_id: claim.subject,
     };
+    let published = crate::stream::Recorded::of(job, &record);
     if !needs_tx {
         // Nothing else to write with it: the record joins the store's group
         // commit with other claims' records.
@@ -191,12 +200,15 @@ async fn drive(
                 token: next.claim_token.clone(),
                 lease_ms: inner.lease_ms(),
             };
-            return Ok(match inner.store.record_and_continue(job, record).await? {
+            let continues = inner.store.record_and_continue(job, record).await?;
+            published.publish(&inner.stream);
+            return Ok(match continues {
                 true => Driven::Continue(Box::new(next)),
                 false => Driven::Recorded { advanced: false },
             });
         }
         inner.store.record(job, record).await?;
+        published.publish(&inner.stream);
         return Ok(Driven::Recorded { advanced });
     }
     let mut tx = match claim.tx {
@@ -214,9 +226,19 @@ async fn drive(
                 effects::run_failed(&mut *tx, job, automation, subject, context, failure, &cause)
                     .await?;
             }
+            Effect::NotifyParent(notice) => {
+                let ended = RunEnded {
+                    run_id: job.run_id.to_string(),
+                    status: notice.status,
+                    output: notice.output.clone(),
+                    error: notice.error.clone(),
+                };
+                tx.run_ended(ended).await?;
+            }
         }
     }
     tx.commit(record).await?;
+    published.publish(&inner.stream);
     Ok(Driven::Recorded { advanced })
 }
 
@@ -266,6 +288,13 @@ async fn run_claim(
             }
         };
         let started_at = now_ms();
+        let span = tracing::info_span!(
+            "step",
+            step = %step.step_id,
+            path = %step.path,
+            kind = %step.kind,
+            attempt = step.attempt,
+        );
         let outcome = match step.class {
             StepClass::InTransaction => {
                 if tx.is_none() {
@@ -274,16 +303,22 @@ async fn run_claim(
                 let Some(tx) = tx.as_mut() else {
                     return Err(StoreError::NotFound("record transaction"));
                 };
+                let path = step.path.to_string();
                 let mut cx = TxContext {
                     tx: &mut **tx,
                     subject: &mut subject,
                     cause,
                     step_id: &step.step_id,
+                    path: &path,
                     too_deep: false,
                     signal_lookback: inner.config.signal_lookback,
                 };
                 let result = match inner.registry.in_transaction(&step.kind) {
-                    Some(run) => run.run(&mut cx, &step.config).await,
+                    Some(run) => {
+                        run.run(&mut cx, &step.config)
+                            .instrument(span.clone())
+                            .await
+                    }
                     None => Err(TxError::Step(StepError::terminal(format!(
                         "`{}` is not a step type that runs in the record transaction",
                         step.kind
@@ -298,9 +333,15 @@ async fn run_claim(
             }
             StepClass::External | StepClass::Control => {
                 let scope = std::mem::take(&mut step.scope);
-                call_handler(inner, job, &step, scope).await
+                call_handler(inner, job, &step, scope)
+                    .instrument(span.clone())
+                    .await
             }
         };
+        span.in_scope(|| match &outcome {
+            Ok(_) => tracing::debug!(ms = now_ms() - started_at, "step done"),
+            Err(error) => tracing::info!(ms = now_ms() - started_at, %error, "step failed"),
+        });
         let config = Some(step.config);
         input = match outcome {
             Ok(outputs) => Input::StepDone {
@@ -361,7 +402,8 @@ async fn call_handler(
         config: step.config.clone(),
         context: scope,
     };
-    match tokio::spawn(async move { handler.run(call).await }).await {
+    let handled = async move { handler.run(call).await }.instrument(tracing::Span::current());
+    match tokio::spawn(handled).await {
         Ok(result) => result,
         Err(join) => Err(StepError::terminal(format!(
             "step `{}` panicked: {join}",

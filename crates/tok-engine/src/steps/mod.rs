@@ -4,13 +4,15 @@
 //! service-desk steps (`ticket/*`, `incident/create`, `emit`) touch only our
 //! own database, so they run inside the record transaction
 //! ([`RecordTx`]): their effect and their step record commit together, and a
-//! crash between them is impossible. Each lives in a file of its own.
+//! crash between them is impossible. So does `run_workflow`, whose effect is
+//! a new run of tok's own. Each lives in a file of its own.
 
 pub(crate) mod emit;
 pub(crate) mod http;
 pub(crate) mod incident_create;
 pub(crate) mod mcp;
 pub(crate) mod pause;
+pub(crate) mod run_workflow;
 pub(crate) mod script;
 pub(crate) mod ticket_add_tags;
 pub(crate) mod ticket_assign;
@@ -66,6 +68,8 @@ pub(crate) struct TxContext<'a> {
     pub(crate) subject: &'a mut Option<String>,
     pub(crate) cause: &'a Cause,
     pub(crate) step_id: &'a str,
+    /// The step's path in its tree (`2.then.0`).
+    pub(crate) path: &'a str,
     /// Set when a write could not raise its event because the chain of
     /// automations is too deep; the worker raises an alert for it.
     pub(crate) too_deep: bool,

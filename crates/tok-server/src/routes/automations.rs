@@ -27,6 +27,7 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/automations/{id}/pause", post(pause))
         .route("/api/automations/{id}/resume", post(resume))
         .route("/api/automations/{id}/runs", post(start_run))
+        .route("/api/automations/{id}/versions/{version}", get(version))
 }
 
 fn invalid(errors: &[ValidationError]) -> ApiError {
@@ -75,6 +76,15 @@ async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<N
     Ok(version)
 }
 
+/// Tells the scheduler when a just-saved poll or schedule automation is
+/// due, so `next_run_at` shows it at once (the wake would find it within a
+/// tick anyway).
+async fn scheduled(state: &AppState, row: &AutomationRow) -> ApiResult<()> {
+    tok_engine::scheduler::sync_automation(&**state.engine.store(), row, tok_store::now_ms())
+        .await?;
+    Ok(())
+}
+
 fn view(row: &AutomationRow) -> Value {
     json!({
         "id": row.id,
@@ -99,6 +109,7 @@ async fn create(
         .store()
         .create_automation(&tenant, version)
         .await?;
+    scheduled(&state, &row).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({ "id": row.id, "version": row.version })),
@@ -117,6 +128,7 @@ async fn update(
         .store()
         .save_version(&tenant, &AutomationId::from(id), version)
         .await?;
+    scheduled(&state, &row).await?;
     Ok(Json(json!({ "id": row.id, "version": row.version })))
 }
 
@@ -137,7 +149,29 @@ async fn show(
         .automation(&tenant, &AutomationId::from(id))
         .await?
         .ok_or_else(|| ApiError::not_found("automation"))?;
-    Ok(Json(view(&row)))
+    let mut view = view(&row);
+    // When a poll or schedule trigger is due next (Unix ms; null for
+    // other triggers).
+    view["next_run_at"] = json!(state.engine.store().next_run_at(&tenant, &row.id).await?);
+    Ok(Json(view))
+}
+
+/// One saved version's definition (the versions are 1 to the current one).
+async fn version(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path((id, version)): Path<(String, i32)>,
+) -> ApiResult<Json<Value>> {
+    let id = AutomationId::from(id);
+    let definition = state
+        .engine
+        .store()
+        .automation_version(&tenant, &id, version)
+        .await?
+        .ok_or_else(|| ApiError::not_found("automation version"))?;
+    Ok(Json(
+        json!({ "id": id, "version": version, "definition": definition }),
+    ))
 }
 
 async fn set_status(

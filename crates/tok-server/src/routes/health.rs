@@ -1,5 +1,5 @@
 //! `/healthz` answers as soon as the server listens; `/readyz` once the
-//! migrations ran and while the database answers.
+//! migrations ran and while the database answers, until a shutdown began.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,6 +20,12 @@ async fn healthz() -> Json<Value> {
 }
 
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    if state.is_stopping() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "stopping" })),
+        );
+    }
     if !state.is_ready() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

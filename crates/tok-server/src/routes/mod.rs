@@ -2,13 +2,16 @@
 
 pub(crate) mod automations;
 pub(crate) mod connections;
+pub(crate) mod dashboard;
 pub(crate) mod groups;
 pub(crate) mod health;
 pub(crate) mod incidents;
 pub(crate) mod metrics;
+pub(crate) mod platform_incidents;
 pub(crate) mod runs;
 pub(crate) mod signals;
 pub(crate) mod sources;
+pub(crate) mod stream;
 pub(crate) mod tenants;
 pub(crate) mod ticket_types;
 pub(crate) mod tickets;

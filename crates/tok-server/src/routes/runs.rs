@@ -10,6 +10,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::ids::{RunId, TenantId};
+use tok_engine::stream::Kind;
 use tok_store::{RunFilter, RunStatus};
 
 use crate::AppState;
@@ -19,6 +20,7 @@ use crate::error::{ApiError, ApiResult};
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/api/dashboard/runs", get(list))
+        .route("/api/runs", get(list))
         .route("/api/runs/{id}", get(show))
         .route("/api/runs/{id}/retry", post(retry))
         .route("/api/runs/{id}/cancel", post(cancel))
@@ -32,11 +34,13 @@ struct ListQuery {
     status: Option<String>,
     automation: Option<String>,
     trigger: Option<String>,
+    /// Only the runs this run started (`run_workflow`).
+    parent: Option<String>,
     limit: Option<u32>,
     cursor: Option<String>,
 }
 
-const TRIGGERS: &[&str] = &["webhook", "event", "poll", "schedule", "manual"];
+const TRIGGERS: &[&str] = &["webhook", "event", "poll", "schedule", "manual", "parent"];
 
 async fn list(
     State(state): State<AppState>,
@@ -70,6 +74,7 @@ async fn list(
         status: query.status,
         automation_id: query.automation,
         trigger_type: query.trigger,
+        parent_run_id: query.parent,
     };
     let runs = state
         .engine
@@ -120,6 +125,12 @@ async fn control(
     if matches!(control, Control::Retry | Control::Resume) {
         state.engine.job_ready();
     }
+    let data =
+        json!({ "run_id": run.id, "automation_id": run.automation_id, "status": run.status });
+    state
+        .engine
+        .stream()
+        .publish(tenant, Kind::RunUpdated, data);
     Ok(Json(json!(run)))
 }
 

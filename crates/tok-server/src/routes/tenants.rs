@@ -1,9 +1,10 @@
 //! `POST /api/tenants` (admin): creates a tenant and its first API key,
-//! which is shown once and stored only as a hash.
+//! which is shown once and stored only as a hash. `GET /api/tenants`
+//! (admin): every tenant, for the admin to pick one to act for.
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,7 +16,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::routes::JsonBody;
 
 pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/api/tenants", post(create))
+    Router::new().route("/api/tenants", get(list).post(create))
 }
 
 #[derive(Deserialize)]
@@ -46,4 +47,15 @@ async fn create(
         StatusCode::CREATED,
         Json(json!({ "id": tenant.id, "name": tenant.name, "api_key": api_key })),
     ))
+}
+
+async fn list(State(state): State<AppState>, _admin: Admin) -> ApiResult<Json<Value>> {
+    let store = state.engine.store();
+    let mut items = Vec::new();
+    for id in store.tenant_ids().await? {
+        if let Some(tenant) = store.tenant(&id).await? {
+            items.push(json!({ "id": tenant.id, "name": tenant.name }));
+        }
+    }
+    Ok(Json(json!({ "items": items, "next_cursor": null })))
 }

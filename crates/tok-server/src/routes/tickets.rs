@@ -18,6 +18,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value, json};
 use tok_core::ids::{TenantId, new_id};
+use tok_engine::stream::Kind;
 use tok_store::{Cause, Member, StoreError, Ticket, TicketFilter, TicketType, TicketWrite};
 
 use crate::AppState;
@@ -49,6 +50,15 @@ fn view(t: &Ticket) -> Value {
         "created_at": t.created_at,
         "updated_at": t.updated_at,
     })
+}
+
+/// Tells the live stream a person's change of a ticket committed.
+fn published(state: &AppState, tenant: &TenantId, ticket: &Ticket) {
+    let data = json!({ "ticket_id": ticket.id, "run_id": null });
+    state
+        .engine
+        .stream()
+        .publish(tenant, Kind::TicketUpdated, data);
 }
 
 #[derive(Deserialize)]
@@ -159,6 +169,7 @@ async fn create(
         Err(e) => return Err(e.into()),
     }
     state.engine.event_accepted(&tenant);
+    published(&state, &tenant, &ticket);
     Ok((StatusCode::CREATED, Json(view(&ticket))))
 }
 
@@ -288,6 +299,7 @@ async fn update(
         Err(e) => return Err(e.into()),
     }
     state.engine.event_accepted(&tenant);
+    published(&state, &tenant, &ticket);
     Ok(Json(view(&ticket)))
 }
 

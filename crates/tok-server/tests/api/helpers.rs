@@ -70,8 +70,8 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
         .await
         .expect("add the admin key");
     let engine = Engine::new(
-        store,
-        Registry::with_builtins(),
+        store.clone(),
+        Registry::with_connectors(store),
         EngineConfig {
             node_id: "api-tests".into(),
             concurrency: 4,

@@ -6,15 +6,21 @@
 mod helpers;
 
 mod automations;
+mod branches;
+mod children;
 mod connections;
+mod dashboard;
 mod desk;
 mod errors;
 mod health;
 mod incidents;
 mod intake;
 mod isolation;
+mod platform_incidents;
+mod repeat;
 mod run_control;
 mod runs;
+mod schedules;
 mod signals;
 mod signatures;
 mod waits;

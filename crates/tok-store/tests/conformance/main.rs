@@ -3,7 +3,9 @@
 //! `tok_store::backend_tests!`) on a fresh database of its own, which is
 //! dropped even when the test fails. One module per part of the store:
 //! `queue` (claims, leases, fencing), `record` (the record transaction),
+//! `children` (child runs and waits on runs), `branches` (parallel branches' jobs),
 //! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
+//! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
 //! `tenancy` (scoping across all of them) and `migrations`; the setup
 //! helpers they share are here.
 //!
@@ -17,13 +19,17 @@
 //! Timing: waits for a lease or delay to expire sleep well past it, and
 //! nothing asserts on how long an operation took.
 
+mod branches;
+mod children;
 mod dispatch;
 mod inbox;
 mod migrations;
 mod queue;
 mod record;
 mod runs;
+mod schedule;
 mod tenancy;
+mod watch;
 
 use std::collections::HashSet;
 use std::sync::Arc;

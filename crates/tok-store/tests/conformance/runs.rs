@@ -99,6 +99,7 @@ async fn runs_are_listed_newest_first_with_filters_and_cursor_pages(db: &TestDb)
         status: Some("running".into()),
         automation_id: Some(x.to_string()),
         trigger_type: Some("manual".into()),
+        ..RunFilter::default()
     };
     assert_eq!(list(combined).await, newest_first(&[2, 0]), "{backend:?}");
 

@@ -71,6 +71,46 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// The next stdout line `wanted` accepts, with the lines before it;
+    /// panics after 30 s.
+    pub(crate) fn line_where(&self, wanted: impl Fn(&str) -> bool) -> (String, Vec<String>) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if wanted(&line) => return (line, seen),
+                Ok(line) => seen.push(line),
+                Err(e) => panic!("no such line on stdout ({e:?}); it printed: {seen:#?}"),
+            }
+        }
+    }
+
+    /// Sends SIGTERM, as a process manager stopping the node does.
+    pub(crate) fn terminate(&self) {
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+    }
+
+    /// Waits up to `limit` for the process to end; its exit status, or
+    /// `None` if it still runs.
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for tok serve") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The stdout lines up to the one that says the server listens.
     pub(crate) fn lines_until_listening(&self) -> Vec<String> {
         let deadline = Instant::now() + Duration::from_secs(60);

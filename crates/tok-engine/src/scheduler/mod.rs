@@ -1,0 +1,260 @@
+//! The scheduler ("wake", DESIGN §6): one loop per deployment that starts
+//! the runs of poll and schedule triggers when they come due.
+//!
+//! Each tick the wake first takes or renews the lease row
+//! (`scheduler_lease`): on PostgreSQL only the node holding it goes on, and
+//! another node takes over once a dead holder's lease expired; on SQLite
+//! the one process holds it. The holder then brings the schedule rows of
+//! every tenant up to date with the saved automations and fires what is
+//! due ([`triggers`]). The wake never calls a service: a poll's request is
+//! its run's first step, executed by the worker pool like any other.
+//!
+//! Every [`SchedulerConfig::watch_every`] the holder also looks for stuck
+//! runs and raises platform incidents for them ([`watch`]).
+//!
+//! Time comes from a [`Clock`] the scheduler is given, so tests drive
+//! polls, cron ticks and catch-up without sleeping. A tick is fired once
+//! however many schedulers race for it (its run's idempotency key is the
+//! automation's due time), so a holder that lost its lease mid-tick does
+//! no harm.
+
+mod triggers;
+pub mod watch;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use tok_core::ids::TenantId;
+use tok_store::Store;
+
+use crate::{DefinitionCache, Inner, Result};
+
+pub use triggers::sync_automation;
+
+/// Where the scheduler reads the time (Unix milliseconds).
+pub trait Clock: Send + Sync {
+    fn now_ms(&self) -> i64;
+}
+
+/// The process clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        tok_store::now_ms()
+    }
+}
+
+/// A clock that moves only when told to: tests set it.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    pub fn at(ms: i64) -> Self {
+        Self(AtomicI64::new(ms))
+    }
+
+    pub fn set(&self, ms: i64) {
+        self.0.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// How often the wake runs and how long its lease lives.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Between two ticks. One second: a cron with seconds (`*/2 * * * * *`)
+    /// fires on time, and a tick with nothing due is three small reads.
+    pub tick: Duration,
+    /// How long the lease lives without renewal: the longest a dead
+    /// holder's schedules stay unfired before another node takes over.
+    pub lease: Duration,
+    /// How often the holder looks for stuck runs ([`watch`]): 30 s, well
+    /// under the shortest threshold (a wait a minute overdue).
+    pub watch_every: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            tick: Duration::from_secs(1),
+            lease: Duration::from_secs(15),
+            watch_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one tick did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WakeReport {
+    /// This scheduler held the lease (and so looked for due triggers).
+    pub held: bool,
+    /// Poll runs started.
+    pub polls: usize,
+    /// Schedule runs started.
+    pub schedules: usize,
+    /// Due triggers passed over: a paused automation's tick, a poll whose
+    /// last run has not finished, or a run the trigger's filter refused.
+    pub skipped: usize,
+    /// Stuck runs found by the watch (see [`watch`]).
+    pub stuck: usize,
+}
+
+/// One node's scheduler.
+pub struct Scheduler {
+    store: Arc<dyn Store>,
+    defs: DefinitionCache,
+    node: String,
+    /// This process start: the lease row says which start of `node` holds it.
+    incarnation: String,
+    config: SchedulerConfig,
+    clock: Arc<dyn Clock>,
+    /// This node's free worker slots, when it runs workers (for
+    /// `queue_stalled`: a queue that waits while workers are free).
+    free_slots: Option<FreeSlots>,
+    /// When the watch last looked.
+    watched_at: AtomicI64,
+}
+
+/// Counts a node's free worker slots.
+pub type FreeSlots = Arc<dyn Fn() -> usize + Send + Sync>;
+
+impl Scheduler {
+    pub fn new(
+        store: Arc<dyn Store>,
+        node: &str,
+        config: SchedulerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            store,
+            defs: DefinitionCache::default(),
+            node: node.to_owned(),
+            incarnation: tok_store::random_token(),
+            config,
+            clock,
+            free_slots: None,
+            watched_at: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    /// Tells the watch how many worker slots this node has free.
+    pub fn with_free_slots(mut self, free: FreeSlots) -> Self {
+        self.free_slots = Some(free);
+        self
+    }
+
+    /// One tick: takes or renews the lease, and if this scheduler holds it,
+    /// fires what is due for `tenants`.
+    pub async fn wake(&self, tenants: &[TenantId]) -> Result<WakeReport> {
+        let lease_ms = self.config.lease.as_millis() as i64;
+        let held = self
+            .store
+            .hold_wake(&self.node, &self.incarnation, self.clock.now_ms(), lease_ms)
+            .await?;
+        if !held {
+            return Ok(WakeReport::default());
+        }
+        let mut report = self.fire_due(tenants).await?;
+        let now = self.clock.now_ms();
+        let every = self.config.watch_every.as_millis() as i64;
+        if now.saturating_sub(self.watched_at.load(Ordering::SeqCst)) >= every {
+            self.watched_at.store(now, Ordering::SeqCst);
+            watch::look(self, tenants, &mut report).await?;
+        }
+        report.held = true;
+        Ok(report)
+    }
+
+    /// Looks for stuck runs now (the wake does every
+    /// [`SchedulerConfig::watch_every`]).
+    pub async fn watch(&self, tenants: &[TenantId]) -> Result<WakeReport> {
+        let mut report = WakeReport::default();
+        watch::look(self, tenants, &mut report).await?;
+        Ok(report)
+    }
+
+    /// Brings the schedule rows of `tenants` up to date and fires what is
+    /// due, lease or not (the wake calls it once it holds the lease).
+    pub async fn fire_due(&self, tenants: &[TenantId]) -> Result<WakeReport> {
+        let mut report = WakeReport::default();
+        for tenant in tenants {
+            triggers::reconcile(self, tenant).await?;
+            triggers::fire(self, tenant, &mut report).await?;
+        }
+        Ok(report)
+    }
+
+    /// Gives the lease up, so another node takes over at its next tick.
+    pub async fn release(&self) -> Result<()> {
+        Ok(self.store.release_wake(&self.incarnation).await?)
+    }
+}
+
+/// The engine's wake loop: a tick every [`SchedulerConfig::tick`] until
+/// shutdown, then the lease is released.
+pub(crate) async fn wake_loop(
+    inner: Arc<Inner>,
+    workers: bool,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut scheduler = Scheduler::new(
+        inner.store.clone(),
+        &inner.config.node_id,
+        inner.config.scheduler.clone(),
+        Arc::new(SystemClock),
+    );
+    if workers {
+        let weak = Arc::downgrade(&inner);
+        scheduler = scheduler.with_free_slots(Arc::new(move || {
+            weak.upgrade().map_or(0, |inner| {
+                let (general, reserved) = crate::execute::pool::slots(&inner).busy();
+                inner.config.concurrency.saturating_sub(general + reserved)
+            })
+        }));
+    }
+    let mut holding = false;
+    loop {
+        if crate::stopping(&shutdown) {
+            break;
+        }
+        match scheduler.wake(&inner.tenants()).await {
+            Ok(report) => {
+                if report.held != holding {
+                    holding = report.held;
+                    if holding {
+                        tracing::info!(node = %inner.config.node_id, "this node runs the scheduler");
+                    } else {
+                        tracing::info!(node = %inner.config.node_id, "another node runs the scheduler");
+                    }
+                }
+                if report.polls + report.schedules + report.stuck > 0 {
+                    tracing::debug!(
+                        polls = report.polls,
+                        schedules = report.schedules,
+                        "scheduler started runs"
+                    );
+                    inner.work.notify_one();
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "scheduler tick failed; trying again next tick"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(inner.config.scheduler.tick) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+    if holding && let Err(e) = scheduler.release().await {
+        tracing::warn!(error = %e, "could not release the scheduler lease; it expires by itself");
+    }
+}

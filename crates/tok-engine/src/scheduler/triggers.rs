@@ -1,0 +1,213 @@
+//! Poll and schedule triggers: keeping each automation's schedule row in
+//! step with its saved trigger, and starting the runs of the due ones.
+//!
+//! A row is written when the automation is saved (the API calls
+//! [`sync_automation`]) and again by the wake for any automation whose row
+//! is missing or older than its current version, so an automation saved
+//! by any path is picked up within a tick. An edit that leaves the trigger
+//! as it was keeps the row's due time; a new trigger starts over from now.
+//!
+//! Firing a due row starts one run whose idempotency key is the row's due
+//! time, then moves the due time on from that value only: two schedulers
+//! firing the same tick start one run between them, and a scheduler that
+//! crashed between the two writes finds its run again on the next tick.
+
+use serde_json::{Map, Value, json};
+use tok_core::condition::Condition;
+use tok_core::context::Context;
+use tok_core::definition::Trigger;
+use tok_core::flow::{self, Next};
+use tok_core::ids::{RunId, TenantId};
+use tok_core::schedule::{Timing, instant};
+use tok_store::{AutomationRow, AutomationStatus, DueTrigger, NewEvent, NewRun, Store};
+
+use super::{Scheduler, WakeReport};
+use crate::Result;
+
+/// Due rows one tick fires per tenant; the rest wait for the next tick.
+const DUE_PER_TICK: u32 = 100;
+
+/// The timing of a saved trigger (JSON text); `None` for other kinds or a
+/// trigger that no longer reads (validation keeps those out).
+fn timing(spec: &str) -> Option<Timing> {
+    let trigger: Trigger = serde_json::from_str(spec).ok()?;
+    Timing::of(&trigger)?.ok()
+}
+
+/// Writes the schedule row of a just-saved automation, if it has a poll or
+/// schedule trigger; removes a row its new trigger no longer needs.
+pub async fn sync_automation(store: &dyn Store, row: &AutomationRow, now: i64) -> Result<()> {
+    let spec = row
+        .definition
+        .get("trigger")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    match timing(&spec) {
+        Some(timing) => {
+            let kept = store
+                .stale_schedules(&row.tenant_id)
+                .await?
+                .0
+                .into_iter()
+                .find(|s| s.automation_id == row.id)
+                .and_then(|s| s.spec);
+            let keep_due = kept.as_deref() == Some(spec.as_str());
+            store
+                .set_schedule(
+                    &row.tenant_id,
+                    &row.id,
+                    row.version,
+                    &spec,
+                    timing.first_due(now),
+                    keep_due,
+                )
+                .await?;
+        }
+        None => store.remove_schedule(&row.tenant_id, &row.id).await?,
+    }
+    Ok(())
+}
+
+/// Brings the tenant's schedule rows in step with its automations.
+pub(super) async fn reconcile(scheduler: &Scheduler, tenant: &TenantId) -> Result<()> {
+    let store = &*scheduler.store;
+    let (stale, gone) = store.stale_schedules(tenant).await?;
+    for id in gone {
+        store.remove_schedule(tenant, &id).await?;
+    }
+    let now = scheduler.clock.now_ms();
+    for s in stale {
+        let Some(row) = store.automation(tenant, &s.automation_id).await? else {
+            continue;
+        };
+        let spec = row
+            .definition
+            .get("trigger")
+            .map(Value::to_string)
+            .unwrap_or_default();
+        let next = timing(&spec).and_then(|t| t.first_due(now));
+        let keep_due = s.spec.as_deref() == Some(spec.as_str());
+        store
+            .set_schedule(tenant, &row.id, row.version, &spec, next, keep_due)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Fires the tenant's due rows.
+pub(super) async fn fire(
+    scheduler: &Scheduler,
+    tenant: &TenantId,
+    report: &mut WakeReport,
+) -> Result<()> {
+    let store = &*scheduler.store;
+    let now = scheduler.clock.now_ms();
+    for due in store.due(tenant, now, DUE_PER_TICK).await? {
+        let Some(timing) = timing(&due.spec) else {
+            // Not a poll or schedule any more: the next reconcile removes it.
+            continue;
+        };
+        let next = timing.next_due(due.due_at, now);
+        if due.status == AutomationStatus::Paused {
+            store
+                .advance(tenant, &due.automation_id, due.due_at, next, None, now)
+                .await?;
+            report.skipped += 1;
+            continue;
+        }
+        let pending = due.last_run_status.is_some_and(|s| !s.is_final());
+        if matches!(timing, Timing::Poll { .. }) && pending {
+            // At most one poll run per automation: due again once it ends.
+            report.skipped += 1;
+            continue;
+        }
+        let run = start(scheduler, tenant, &due, &timing, now).await?;
+        store
+            .advance(
+                tenant,
+                &due.automation_id,
+                due.due_at,
+                next,
+                run.as_ref(),
+                now,
+            )
+            .await?;
+        match (run, timing) {
+            (None, _) => report.skipped += 1,
+            (Some(_), Timing::Poll { .. }) => report.polls += 1,
+            (Some(_), Timing::Cron(_)) => report.schedules += 1,
+        }
+    }
+    Ok(())
+}
+
+/// Starts the run of one due row (or finds the one an earlier firing of
+/// the same tick started); `None` when the trigger's filter does not hold
+/// over the context the run would start with (its `_event`).
+async fn start(
+    scheduler: &Scheduler,
+    tenant: &TenantId,
+    due: &DueTrigger,
+    timing: &Timing,
+    now: i64,
+) -> Result<Option<RunId>> {
+    let store = &*scheduler.store;
+    let automation = scheduler
+        .defs
+        .get(store, tenant, &due.automation_id, due.version)
+        .await?;
+    let kind = timing.kind();
+    let run_id = RunId::generate();
+    // `catchUp`: the server was down (or the wake late) over more than
+    // this tick, and this one run stands for all of them.
+    let event = json!({
+        "type": kind,
+        "depth": 0,
+        "runId": run_id,
+        "scheduledAt": instant(due.due_at),
+        "catchUp": timing.is_catch_up(due.due_at, now),
+    });
+    let context = Context::new(Map::new(), json!({}), event);
+    if let Some(filter) = automation.trigger.filter()
+        && !Condition::from_filter(filter)
+            .evaluate(context.as_value())
+            .result
+    {
+        return Ok(None);
+    }
+    let key = format!("{kind}:{}", due.due_at);
+    let new_event = NewEvent {
+        source_id: None,
+        source_kind: kind.into(),
+        // The run's key deduplicates the tick; the event's only needs to
+        // be unique, so a racing firing never conflicts on it.
+        idempotency_key: tok_store::random_token(),
+        payload: json!({}),
+        params: json!({}),
+        depth: 0,
+        cause_run_id: None,
+        origin_automation_id: None,
+        target_automation_id: Some(due.automation_id.clone()),
+        ..NewEvent::default()
+    };
+    let run = NewRun {
+        id: run_id,
+        automation_id: due.automation_id.clone(),
+        version: due.version,
+        trigger_type: kind.into(),
+        context: context.into_value(),
+        depth: 0,
+        queue_key: None,
+        priority: 0,
+        first_path: match flow::first(&automation.steps) {
+            Next::Step(path) => Some(path.to_string()),
+            // A tree's first step is never inside a branch or an iteration.
+            Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
+        },
+        idempotency_key: Some(key),
+        subject_ticket_id: None,
+        steps: Vec::new(),
+        actions: 0,
+    };
+    Ok(Some(store.start_run(tenant, new_event, run).await?))
+}

@@ -1,0 +1,155 @@
+//! Stuck runs (DESIGN §10): the scheduler looks for what should have moved
+//! and did not, and opens a platform incident per cause (admin only; one
+//! while it is open, later sightings count as occurrences):
+//!
+//! - `wait_overdue`: a wait whose due time passed [`WAIT_OVERDUE`] ago and
+//!   whose job nobody has taken;
+//! - `lease_expired_repeatedly`: a job whose lease expired three times
+//!   (each time a worker died or hung on it, and another took it over);
+//! - `queue_stalled`: the oldest ready job older than [`QUEUE_STALLED`]
+//!   while this node's workers have free slots;
+//! - `run_timeout`: a run unfinished past its automation's
+//!   `settings.runTimeout`, which is then failed.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tok_core::ids::TenantId;
+use tok_store::{NewPlatformIncident, Store};
+
+use super::{Scheduler, WakeReport};
+use crate::Result;
+
+/// How long past its due time a wait may stay untaken.
+pub const WAIT_OVERDUE: Duration = Duration::from_secs(60);
+
+/// How old the oldest ready job may grow while workers are free.
+pub const QUEUE_STALLED: Duration = Duration::from_secs(5 * 60);
+
+/// Runs a look finds per tenant and kind at most; the rest are found at
+/// the next look.
+const PER_LOOK: u32 = 100;
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis() as i64
+}
+
+async fn open(store: &dyn Store, incident: NewPlatformIncident, now: i64) -> Result<()> {
+    let (id, new) = store.open_platform_incident(incident.clone(), now).await?;
+    if new {
+        tracing::warn!(incident = %id, reason = incident.reason, source = %incident.source, "{}", incident.title);
+    }
+    Ok(())
+}
+
+/// One look over `tenants`.
+pub(super) async fn look(
+    scheduler: &Scheduler,
+    tenants: &[TenantId],
+    report: &mut WakeReport,
+) -> Result<()> {
+    let store = &*scheduler.store;
+    let now = scheduler.clock.now_ms();
+    for tenant in tenants {
+        for wait in store
+            .overdue_waits(tenant, now - ms(WAIT_OVERDUE), now, PER_LOOK)
+            .await?
+        {
+            report.stuck += 1;
+            let incident = NewPlatformIncident {
+                reason: "wait_overdue",
+                source: format!("wait_overdue:{}", wait.run_id),
+                tenant_id: Some(tenant.clone()),
+                run_id: Some(wait.run_id.clone()),
+                title: format!(
+                    "A wait of run {} was due {} s ago and has not been resumed",
+                    wait.run_id,
+                    (now - wait.due_at) / 1000
+                ),
+                detail: json!({ "path": wait.path, "due_at": wait.due_at }),
+            };
+            open(store, incident, now).await?;
+        }
+        for job in store.leases_expired_repeatedly(tenant, PER_LOOK).await? {
+            report.stuck += 1;
+            let incident = NewPlatformIncident {
+                reason: "lease_expired_repeatedly",
+                source: format!("lease_expired_repeatedly:{}", job.run_id),
+                tenant_id: Some(tenant.clone()),
+                run_id: Some(job.run_id.clone()),
+                title: format!(
+                    "The lease on run {} expired {} times: a worker died or hung on it each time",
+                    job.run_id, job.lease_expiries
+                ),
+                detail: json!({ "path": job.path, "lease_expiries": job.lease_expiries }),
+            };
+            open(store, incident, now).await?;
+        }
+        time_out_runs(scheduler, tenant, now, report).await?;
+    }
+    if let Some(free) = &scheduler.free_slots
+        && free() > 0
+    {
+        let stats = store.queue_stats(tenants).await?;
+        if let Some(age) = stats.oldest_ready_ms.filter(|age| *age > ms(QUEUE_STALLED)) {
+            report.stuck += 1;
+            let incident = NewPlatformIncident {
+                reason: "queue_stalled",
+                source: "queue_stalled".into(),
+                tenant_id: None,
+                run_id: None,
+                title: format!(
+                    "The oldest ready job has waited {} s while workers have free slots",
+                    age / 1000
+                ),
+                detail: json!({ "oldest_ready_ms": age, "ready": stats.ready, "node": scheduler.node }),
+            };
+            open(store, incident, now).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Fails the tenant's runs past their automation's `settings.runTimeout`.
+async fn time_out_runs(
+    scheduler: &Scheduler,
+    tenant: &TenantId,
+    now: i64,
+    report: &mut WakeReport,
+) -> Result<()> {
+    let store = &*scheduler.store;
+    for row in store.automations(tenant).await? {
+        let automation = scheduler
+            .defs
+            .parse(&row.id, row.version, &row.definition)?;
+        let Some(limit) = automation.settings.run_timeout else {
+            continue;
+        };
+        for run in store
+            .unfinished_runs(tenant, &row.id, now - ms(limit), PER_LOOK)
+            .await?
+        {
+            let limit_text = tok_core::duration::format_duration(limit);
+            let error = format!(
+                "run_timeout: the run did not finish within {limit_text} (settings.runTimeout)"
+            );
+            if !store.time_out_run(tenant, &run.id, &error, now).await? {
+                continue;
+            }
+            report.stuck += 1;
+            let incident = NewPlatformIncident {
+                reason: "run_timeout",
+                source: format!("run_timeout:{}", run.id),
+                tenant_id: Some(tenant.clone()),
+                run_id: Some(run.id.clone()),
+                title: format!(
+                    "Run {} of \u{201c}{}\u{201d} passed its timeout of {limit_text} and was failed",
+                    run.id, row.name
+                ),
+                detail: json!({ "automation_id": row.id, "created_at": run.created_at }),
+            };
+            open(store, incident, now).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! `run_workflow`: starts a run of another automation of the tenant, in the
+//! record transaction of the step (DESIGN §5a, child runs). The child is a
+//! normal queued run with trigger type `parent`, `parent_run_id` this run
+//! and the depth of this run plus one; its params and body are `input`.
+//! The child exists exactly when this step's record does, so a retried or
+//! crashed attempt never starts a second child.
+//!
+//! The step's outputs are `{runId}`; with `wait` (the default) the decider
+//! then parks the run on the child (`tok_core::children`), and the child's
+//! end resumes it with `{runId, status, output}`.
+//!
+//! `idempotencyKey` makes the start idempotent across runs: the same key on
+//! the same automation answers the child it started first. Without one, the
+//! key is this run and step's own (`<run id>:<path>`), so a step starts one
+//! child however often its record is attempted.
+
+use serde_json::{Map, Value, json};
+use tok_core::context::Context;
+use tok_core::definition::Automation;
+use tok_core::flow::{self, Next};
+use tok_core::ids::RunId;
+use tok_store::{AutomationStatus, NewEvent, NewRun};
+
+use super::{TxContext, TxResult, string, terminal};
+
+/// Checks the step's config at save: `automation` names the child's
+/// automation, `input` is an object, `wait` a boolean.
+pub(crate) fn validate(config: &Value) -> Result<(), String> {
+    super::need(
+        config,
+        "run_workflow",
+        "automation",
+        "the id or name of the automation to start",
+    )?;
+    match config.get("input") {
+        None | Some(Value::Object(_)) => {}
+        Some(other) => {
+            return Err(format!(
+                "run_workflow `input` must be an object of the child's params, not {other}"
+            ));
+        }
+    }
+    match config.get("wait") {
+        None | Some(Value::Bool(_)) => Ok(()),
+        Some(other) => Err(format!(
+            "run_workflow `wait` must be true or false, not {other}"
+        )),
+    }
+}
+
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
+    let name = string(config, "automation").ok_or_else(|| {
+        terminal(format!(
+            "step `{}` needs `automation`: the id or name of the automation to start",
+            cx.step_id
+        ))
+    })?;
+    let row = cx.tx.automation_named(&name).await?.ok_or_else(|| {
+        terminal(format!(
+            "step `{}`: there is no automation `{name}` in this tenant",
+            cx.step_id
+        ))
+    })?;
+    if row.status == AutomationStatus::Paused {
+        return Err(terminal(format!(
+            "step `{}`: automation \u{201c}{}\u{201d} is paused; resume it to start runs of it",
+            cx.step_id, row.name
+        )));
+    }
+    let automation: Automation = serde_json::from_value(row.definition.clone()).map_err(|e| {
+        terminal(format!(
+            "step `{}`: automation `{}` version {} does not parse: {e}",
+            cx.step_id, row.id, row.version
+        ))
+    })?;
+    let input = match config.get("input") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(Value::Object(map)) => Value::Object(map.clone()),
+        Some(other) => {
+            return Err(terminal(format!(
+                "step `{}`: `input` must be an object of the child's params, not {other}",
+                cx.step_id
+            )));
+        }
+    };
+    let parent = cx
+        .cause
+        .run_id
+        .clone()
+        .ok_or_else(|| terminal("run_workflow runs only inside a run"))?;
+    let key = string(config, "idempotencyKey").unwrap_or_else(|| format!("{parent}:{}", cx.path));
+    let depth = cx.cause.depth + 1;
+    let run_id = RunId::generate();
+    let params = match &input {
+        Value::Object(map) => map.clone(),
+        _ => Map::new(),
+    };
+    let context = Context::new(
+        params.clone(),
+        input.clone(),
+        json!({
+            "type": "parent",
+            "depth": depth,
+            "runId": run_id,
+            "parentRunId": parent,
+            "parentStep": cx.step_id,
+        }),
+    );
+    let event = NewEvent {
+        source_kind: "parent".into(),
+        idempotency_key: run_id.to_string(),
+        payload: input,
+        params: Value::Object(params),
+        depth,
+        cause_run_id: Some(parent.clone()),
+        origin_automation_id: cx.cause.automation_id.clone(),
+        target_automation_id: Some(row.id.clone()),
+        ..NewEvent::default()
+    };
+    let run = NewRun {
+        id: run_id,
+        automation_id: row.id.clone(),
+        version: row.version,
+        trigger_type: "parent".into(),
+        context: context.into_value(),
+        depth,
+        queue_key: None,
+        priority: 0,
+        first_path: match flow::first(&automation.steps) {
+            Next::Step(path) => Some(path.to_string()),
+            Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
+        },
+        idempotency_key: Some(key),
+        subject_ticket_id: None,
+        steps: Vec::new(),
+        actions: 0,
+    };
+    let started = cx.tx.start_child(event, run).await?;
+    let mut out = Map::new();
+    out.insert("runId".into(), json!(started.run_id));
+    out.insert("automationId".into(), json!(row.id));
+    if !started.created {
+        out.insert("existing".into(), Value::Bool(true));
+    }
+    Ok(out)
+}

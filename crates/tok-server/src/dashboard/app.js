@@ -1,0 +1,767 @@
+// tok's dashboard: a small single-page app over tok's REST API and its
+// live stream. Plain DOM, no framework; every page is a function that
+// renders into #view and may react to stream events.
+"use strict";
+
+const session = {
+  key: sessionStorage.getItem("tok.key"),
+  tenant: sessionStorage.getItem("tok.tenant"),
+  kind: null,
+  name: null,
+};
+
+// ---------- small helpers ----------
+
+const $ = (sel, root = document) => root.querySelector(sel);
+
+/** Builds an element: h("td.error-cell", {title: x}, "text", child…). */
+function h(tag, attrs, ...children) {
+  const [name, ...classes] = tag.split(".");
+  const el = document.createElement(name);
+  if (classes.length) el.className = classes.join(" ");
+  if (attrs) {
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else if (k === "dataset") Object.assign(el.dataset, v);
+      else if (k === "value") el.value = v;
+      else el.setAttribute(k, v === true ? "" : v);
+    }
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+/** Replaces `el`'s children with those given, leaving out null and false. */
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  return el;
+}
+
+function toDate(v) {
+  if (v === null || v === undefined || v === "") return null;
+  const d = typeof v === "number" ? new Date(v) : new Date(v);
+  return isNaN(d) ? null : d;
+}
+
+function ago(v) {
+  const d = toDate(v);
+  if (!d) return "—";
+  const s = Math.round((Date.now() - d.getTime()) / 1000);
+  if (s < 5) return "just now";
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
+  return d.toLocaleDateString();
+}
+
+function when(v) {
+  const d = toDate(v);
+  return h("span", { title: d ? d.toISOString() : "" }, ago(v));
+}
+
+function duration(from, to) {
+  const a = toDate(from);
+  const b = toDate(to);
+  if (!a || !b) return "—";
+  const ms = b - a;
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  return `${Math.floor(ms / 60000)}m ${Math.round((ms % 60000) / 1000)}s`;
+}
+
+const pill = (status) => h(`span.pill.${String(status).replace(/[^a-z-]/g, "")}`, null, status);
+// Ids begin with their time; their random end tells them apart.
+const short = (id) => (id ? `…${String(id).slice(-8)}` : "—");
+
+function flash(message, ok = false) {
+  const el = $("#flash");
+  el.textContent = message;
+  el.className = ok ? "flash ok" : "flash";
+  el.hidden = false;
+  clearTimeout(flash.timer);
+  flash.timer = setTimeout(() => (el.hidden = true), ok ? 2500 : 8000);
+}
+
+/** Calls the API as the signed-in key (and the admin's chosen tenant). */
+async function api(path, options = {}) {
+  const headers = { Authorization: `Bearer ${session.key}` };
+  if (session.kind === "admin" && session.tenant) headers["X-Tok-Tenant"] = session.tenant;
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method: options.method || "GET",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+  });
+  const text = await response.text();
+  let body = null;
+  try {
+    body = text ? JSON.parse(text) : null;
+  } catch {
+    body = { error: { message: text } };
+  }
+  if (!response.ok) {
+    const message = body && body.error ? body.error.message : `${response.status}`;
+    const error = new Error(message);
+    error.status = response.status;
+    throw error;
+  }
+  return body;
+}
+
+// ---------- sign-in ----------
+
+async function signIn(key) {
+  session.key = key;
+  const me = await api("/api/dashboard/session");
+  session.kind = me.kind;
+  sessionStorage.setItem("tok.key", key);
+  const pick = $("#tenant-pick");
+  if (me.kind === "admin") {
+    const tenants = (await api("/api/tenants")).items;
+    fill(pick,
+      h("option", { value: "" }, tenants.length ? "Pick a tenant…" : "No tenants yet"),
+      ...tenants.map((t) => h("option", { value: t.id }, t.name)),
+    );
+    if (!tenants.some((t) => t.id === session.tenant)) session.tenant = tenants.length === 1 ? tenants[0].id : null;
+    pick.value = session.tenant || "";
+    const name = tenants.find((t) => t.id === session.tenant);
+    session.name = name ? name.name : null;
+    fill($("#who"), h("strong", null, "Platform admin"), session.name ? `acting for ${session.name}` : "no tenant picked");
+  } else {
+    session.tenant = me.tenant.id;
+    session.name = me.tenant.name;
+    fill($("#who"), h("strong", null, me.tenant.name || me.tenant.id), "tenant key");
+  }
+  pick.hidden = me.kind !== "admin";
+  $("#tenant-pick-label").hidden = me.kind !== "admin";
+  if (session.tenant) sessionStorage.setItem("tok.tenant", session.tenant);
+  $("#signin").hidden = true;
+  $("#app").hidden = false;
+  live.start();
+  route();
+}
+
+function signOut() {
+  sessionStorage.removeItem("tok.key");
+  sessionStorage.removeItem("tok.tenant");
+  session.key = session.tenant = session.kind = session.name = null;
+  live.stop();
+  $("#app").hidden = true;
+  $("#signin").hidden = false;
+  $("#signin-key").value = "";
+  $("#signin-key").focus();
+}
+
+// ---------- the live stream ----------
+
+/** Follows GET /api/stream with fetch (EventSource cannot send the key). */
+const live = {
+  controller: null,
+  lastId: null,
+  listeners: new Set(),
+
+  start() {
+    this.stop();
+    this.lastId = null;
+    if (!session.tenant) return this.show(false, "pick a tenant");
+    this.connect();
+  },
+
+  stop() {
+    if (this.controller) this.controller.abort();
+    this.controller = null;
+  },
+
+  show(on, text) {
+    const el = $("#live");
+    el.classList.toggle("on", on);
+    el.textContent = text;
+  },
+
+  async connect() {
+    const controller = new AbortController();
+    this.controller = controller;
+    const headers = { Authorization: `Bearer ${session.key}` };
+    if (session.kind === "admin") headers["X-Tok-Tenant"] = session.tenant;
+    if (this.lastId) headers["Last-Event-ID"] = this.lastId;
+    try {
+      const response = await fetch("/api/stream", { headers, signal: controller.signal });
+      if (!response.ok) throw new Error(`stream answered ${response.status}`);
+      this.show(true, "live");
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          this.parse(buffer.slice(0, end));
+          buffer = buffer.slice(end + 2);
+        }
+      }
+    } catch (e) {
+      if (controller.signal.aborted) return;
+    }
+    if (this.controller !== controller) return;
+    this.show(false, "reconnecting…");
+    setTimeout(() => this.controller === controller && this.connect(), 1500);
+  },
+
+  parse(block) {
+    let type = "message";
+    let data = "";
+    let id = null;
+    for (const line of block.split("\n")) {
+      if (line.startsWith(":")) continue;
+      const colon = line.indexOf(":");
+      const field = colon < 0 ? line : line.slice(0, colon);
+      const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+      if (field === "event") type = value;
+      else if (field === "data") data += (data ? "\n" : "") + value;
+      else if (field === "id") id = value;
+    }
+    if (!data) return;
+    if (id) this.lastId = id;
+    let payload = {};
+    try {
+      payload = JSON.parse(data);
+    } catch {
+      return;
+    }
+    for (const listener of this.listeners) listener(type, payload);
+  },
+};
+
+/** Calls `fn` at most once per `ms`, after the last call. */
+function debounce(fn, ms) {
+  let timer = null;
+  return (...args) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => fn(...args), ms);
+  };
+}
+
+// ---------- routing ----------
+
+const pages = {};
+let leaving = null;
+
+function route() {
+  if (!session.key) return;
+  if (leaving) leaving();
+  leaving = null;
+  live.listeners.clear();
+  const parts = (location.hash.replace(/^#\/?/, "") || "runs").split("/");
+  const [page, id] = parts;
+  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === page);
+  const view = $("#view");
+  fill(view);
+  $("#flash").hidden = true;
+  if (!session.tenant) {
+    $("#title").textContent = "Pick a tenant";
+    view.append(h("div.card.empty", null, "The admin key acts for one tenant at a time: pick one in the sidebar."));
+    return;
+  }
+  const render = pages[page] || pages.runs;
+  render(view, id).catch((e) => flash(e.message));
+}
+
+/** Registers a stream listener for the page now shown. */
+const onLive = (fn) => live.listeners.add(fn);
+
+// ---------- Runs ----------
+
+const STATUSES = ["queued", "running", "waiting", "paused", "completed", "failed", "cancelled"];
+const TRIGGERS = ["webhook", "event", "poll", "schedule", "manual"];
+let automationNames = new Map();
+
+async function loadAutomations() {
+  const list = (await api("/api/automations")).items;
+  automationNames = new Map(list.map((a) => [a.id, a.name]));
+  return list;
+}
+
+const runFilters = { status: "", automation: "", trigger: "" };
+
+async function runList(view) {
+  $("#title").textContent = "Runs";
+  const automations = await loadAutomations();
+  const select = (name, values, labels) =>
+    h("div.field", null, h("label", { for: `filter-${name}` }, name[0].toUpperCase() + name.slice(1)),
+      h("select", { id: `filter-${name}`, onchange: (e) => { runFilters[name] = e.target.value; load(); } },
+        h("option", { value: "" }, "All"),
+        values.map((v, i) => h("option", { value: v }, labels ? labels[i] : v))));
+  const toolbar = h("div.toolbar", null,
+    select("status", STATUSES),
+    select("automation", automations.map((a) => a.id), automations.map((a) => a.name)),
+    select("trigger", TRIGGERS));
+  for (const [name, value] of Object.entries(runFilters)) $(`#filter-${name}`, toolbar).value = value;
+  const table = h("div.card.table-card");
+  view.append(toolbar, table);
+  // Rows by run id: an update redraws a row's cells in the same row, so
+  // the list does not jump and a click in progress is not lost.
+  const rows = new Map();
+  let cursor = null;
+
+  function row(run) {
+    let tr = rows.get(run.id);
+    if (!tr) {
+      tr = h("tr.link", { dataset: { run: run.id }, onclick: () => (location.hash = `#/runs/${run.id}`) });
+      if (rows.size) tr.classList.add("fresh");
+      rows.set(run.id, tr);
+    }
+    tr.dataset.status = run.status;
+    fill(tr,
+      h("td", null, pill(run.status)),
+      h("td", null, automationNames.get(run.automation_id) || run.automation_id, h("span.muted", null, ` v${run.version}`)),
+      h("td", null, run.trigger_type),
+      h("td", null, when(run.started_at || run.created_at)),
+      h("td", null, duration(run.started_at, run.finished_at)),
+      h("td.mono", null, short(run.id)),
+      h("td.error-cell", { title: run.error || "" }, run.error || ""));
+    return tr;
+  }
+
+  async function load(more = false) {
+    const query = new URLSearchParams({ limit: "50" });
+    for (const [k, v] of Object.entries(runFilters)) if (v) query.set(k, v);
+    if (more && cursor) query.set("cursor", cursor);
+    const page = await api(`/api/dashboard/runs?${query}`);
+    cursor = page.next_cursor;
+    const drawn = page.items.map(row);
+    // The first draw marks nothing as new.
+    if (!more && !$("tbody", table)) for (const tr of drawn) tr.classList.remove("fresh");
+    let body = $("tbody", table);
+    if (!body) {
+      body = h("tbody");
+      fill(table, h("table", { id: "runs" },
+        h("thead", null, h("tr", null, ["Status", "Automation", "Trigger", "Started", "Took", "Run", "Error"].map((c) => h("th", null, c)))),
+        body));
+    }
+    if (more) body.append(...drawn);
+    else fill(body, drawn);
+    for (const extra of table.querySelectorAll(".empty, .more")) extra.remove();
+    if (!body.children.length) table.append(h("div.empty", null, "No runs yet. Send a webhook to one of your automations and it shows up here at once."));
+    if (cursor) table.append(h("div.more", null, h("button.button.small", { onclick: () => load(true) }, "Load more")));
+  }
+
+  await load();
+  const refresh = debounce(() => load().catch(() => {}), 250);
+  onLive((type) => {
+    if (type === "run.updated" || type === "reload") refresh();
+  });
+}
+
+// ---------- Run detail ----------
+
+function controlsFor(status) {
+  return {
+    retry: status === "failed",
+    cancel: !["completed", "failed", "cancelled"].includes(status),
+    pause: ["queued", "running", "waiting"].includes(status),
+    resume: status === "paused",
+  };
+}
+
+/** The automation's tree with the steps this run took marked. */
+function tree(steps, taken, prefix = "") {
+  return h("ul.tree", null, (steps || []).map((step, i) => {
+    const path = prefix ? `${prefix}.${i}` : String(i);
+    const record = taken.get(path);
+    const status = record ? record.status : null;
+    const node = h(`span.node.${record ? "taken" : "not-taken"}`, { dataset: { path } },
+      h(`span.dot.${status || "none"}`), h("span", null, step.id || path), h("span.type", null, step.type));
+    const branches = [];
+    for (const key of ["then", "else", "steps", "do"]) {
+      if (Array.isArray(step[key])) {
+        branches.push(h("div.branch", null, key), tree(step[key], taken, `${path}.${key}`));
+      }
+    }
+    if (Array.isArray(step.branches)) {
+      step.branches.forEach((b, j) => branches.push(h("div.branch", null, `branch ${j}`), tree(b.steps || b, taken, `${path}.branches.${j}`)));
+    }
+    return h("li", null, node, branches);
+  }));
+}
+
+async function runDetail(view, id) {
+  $("#title").textContent = "Run";
+  const head = h("div.card");
+  const side = h("div.stack");
+  const main = h("div.stack");
+  view.append(h("div.stack", null, head, h("div.grid-side", null, main, side)));
+  let definition = null;
+
+  async function load() {
+    const run = await api(`/api/runs/${encodeURIComponent(id)}`);
+    if (!automationNames.size) await loadAutomations();
+    if (!definition) {
+      definition = await api(`/api/automations/${encodeURIComponent(run.automation_id)}/versions/${run.version}`)
+        .then((v) => v.definition)
+        .catch(() => null);
+    }
+    const name = automationNames.get(run.automation_id) || run.automation_id;
+    $("#title").textContent = name;
+    const can = controlsFor(run.status);
+    const button = (action, label, cls = "") =>
+      h(`button.button${cls}`, { id: `run-${action}`, disabled: !can[action], onclick: () => control(action) }, label);
+    fill(head,
+      h("div.run-head", null, h("span", { id: "run-status" }, pill(run.status)),
+        h("span.mono.muted", null, run.id),
+        h("div.actions", null, button("retry", "Retry", ".primary"), button("pause", "Pause"), button("resume", "Resume"), button("cancel", "Cancel", ".danger"))),
+      h("dl.kv", null,
+        h("dt", null, "Automation"), h("dd", null, h("a", { href: `#/automations/${run.automation_id}` }, name), ` version ${run.version}`),
+        h("dt", null, "Trigger"), h("dd", null, run.trigger_type),
+        h("dt", null, "Started"), h("dd", null, when(run.started_at || run.created_at)),
+        h("dt", null, "Took"), h("dd", null, duration(run.started_at, run.finished_at)),
+        run.subject_ticket_id ? [h("dt", null, "Ticket"), h("dd", null, h("a", { href: `#/tickets/${run.subject_ticket_id}` }, run.subject_ticket_id))] : null),
+      run.error ? h("div.run-error", { id: "run-error" }, run.error) : null);
+
+    const taken = new Map();
+    for (const step of run.steps) taken.set(step.path, step);
+    fill(side,
+      h("div.card", null, h("h2", null, "Path taken"), definition ? tree(definition.steps, taken) : h("p.muted", null, "The definition of this version is not available.")),
+      run.waits && run.waits.length ? h("div.card", null, h("h2", null, "Waiting for"),
+        run.waits.map((w) => h("div", null, h("code", null, w.key), " at ", w.path, w.due_at ? [" until ", when(w.due_at)] : ""))) : null,
+      h("div.card", null, h("details", null, h("summary", null, "Context"), h("pre", null, JSON.stringify(run.context, null, 2)))));
+
+    fill(main, h("div.card", { id: "steps" }, h("h2", null, `Steps (${run.steps.length})`),
+      run.steps.length ? run.steps.map((s) => h("div.attempt", { dataset: { path: s.path, status: s.status } },
+        h("div.attempt-head", null, h(`span.dot.${s.status}`), h("span.step-id", null, s.step_id), h("span.muted", null, s.type),
+          pill(s.status), h("span.muted", null, `attempt ${s.attempt}`), h("span.muted", null, `path ${s.path}`),
+          h("span.muted", null, duration(s.started_at, s.finished_at))),
+        s.log && s.log.length ? h("div.log", null, s.log.map((line) => h("div.log-line", null, line))) : null,
+        s.error ? h("div.step-error", null, s.error) : null,
+        s.output || s.input ? h("details", null, h("summary", null, "Input and output"),
+          h("pre", null, JSON.stringify({ input: s.input, output: s.output }, null, 2))) : null))
+        : h("p.muted", null, "No step has run yet.")));
+  }
+
+  async function control(action) {
+    try {
+      await api(`/api/runs/${encodeURIComponent(id)}/${action}`, { method: "POST" });
+      flash(`Run ${action === "retry" ? "retried" : action + "d"}.`, true);
+      await load();
+    } catch (e) {
+      flash(e.message);
+    }
+  }
+
+  await load();
+  const refresh = debounce(() => load().catch(() => {}), 200);
+  onLive((type, data) => {
+    if (type === "reload" || data.run_id === id) refresh();
+  });
+}
+
+pages.runs = (view, id) => (id ? runDetail(view, id) : runList(view));
+
+// ---------- Automations ----------
+
+pages.automations = async (view, id) => {
+  if (id) return pages.automation_detail(view, id);
+  $("#title").textContent = "Automations";
+  const [list, sources] = await Promise.all([loadAutomations(), api("/api/sources").then((s) => s.items)]);
+  const bySource = new Map(sources.map((s) => [s.id, s]));
+  if (!list.length) {
+    view.append(h("div.card.empty", null, "No automations yet: POST one to /api/automations."));
+    return;
+  }
+  view.append(h("div.card.table-card", null, h("table", { id: "automations" },
+    h("thead", null, h("tr", null, ["Name", "Status", "Trigger", "Version", "Updated"].map((c) => h("th", null, c)))),
+    h("tbody", null, list.map((a) => {
+      const trigger = a.definition.trigger || {};
+      const source = trigger.source && bySource.get(trigger.source);
+      return h("tr.link", { onclick: () => (location.hash = `#/automations/${a.id}`) },
+        h("td", null, h("strong", null, a.name)),
+        h("td", null, pill(a.status)),
+        h("td", null, trigger.kind, source ? h("span.muted", null, ` · ${source.name}`) : trigger.event ? h("span.muted", null, ` · ${trigger.event}`) : ""),
+        h("td", null, `v${a.version}`),
+        h("td", null, when(a.updated_at || a.created_at)));
+    })))));
+};
+
+function triggerText(trigger) {
+  switch (trigger.kind) {
+    case "webhook": return "a webhook from its source";
+    case "event": return `the event ${trigger.event}`;
+    case "poll": return `a poll every ${trigger.intervalSec} s (the next poll time comes with the scheduler)`;
+    case "schedule": return `the schedule ${trigger.cron} (the next time comes with the scheduler)`;
+    default: return trigger.kind;
+  }
+}
+
+pages.automation_detail = async (view, id) => {
+  const a = await api(`/api/automations/${encodeURIComponent(id)}`);
+  $("#title").textContent = a.name;
+  const trigger = a.definition.trigger || {};
+  const info = h("div.card.stack");
+  const versionBox = h("div.card");
+  view.append(h("div.grid-side", null, h("div.stack", null, info, versionBox), h("div.stack", { id: "webhook-box" })));
+
+  const setStatus = async (action) => {
+    try {
+      await api(`/api/automations/${encodeURIComponent(id)}/${action}`, { method: "POST" });
+      flash(`Automation ${action}d.`, true);
+      route();
+    } catch (e) {
+      flash(e.message);
+    }
+  };
+  info.append(
+    h("div.attempt-head", null, pill(a.status), h("span.mono.muted", null, a.id),
+      h("div.actions", null,
+        h("button.button", { id: "automation-pause", disabled: a.status !== "active", onclick: () => setStatus("pause") }, "Pause"),
+        h("button.button", { id: "automation-resume", disabled: a.status !== "paused", onclick: () => setStatus("resume") }, "Resume"),
+        h("a.button", { href: `#/runs`, onclick: () => { runFilters.automation = a.id; } }, "Its runs"))),
+    h("dl.kv", null,
+      h("dt", null, "Runs on"), h("dd", null, triggerText(trigger)),
+      h("dt", null, "Version"), h("dd", null, `v${a.version}`, h("span.muted", null, ` · hash ${String(a.hash || "").slice(0, 12)}`)),
+      h("dt", null, "Updated"), h("dd", null, when(a.updated_at || a.created_at))));
+
+  const versions = h("select", { id: "version-pick" });
+  for (let v = a.version; v >= 1; v--) versions.append(h("option", { value: v }, `v${v}${v === a.version ? " (current)" : ""}`));
+  const shown = h("pre");
+  const showVersion = async () => {
+    const v = await api(`/api/automations/${encodeURIComponent(id)}/versions/${versions.value}`);
+    shown.textContent = JSON.stringify(v.definition, null, 2);
+  };
+  versions.addEventListener("change", () => showVersion().catch((e) => flash(e.message)));
+  versionBox.append(h("div.toolbar", null, h("h2", null, "Versions"), versions), h("details", { open: true }, h("summary", null, "Definition"), shown));
+  await showVersion();
+
+  const box = $("#webhook-box", view);
+  if (trigger.kind === "webhook" && trigger.source) {
+    const source = await api(`/api/sources/${encodeURIComponent(trigger.source)}`);
+    const input = h("input", { id: "webhook-url", readonly: true, value: source.url });
+    const copy = h("button.button.primary", { id: "copy-url", onclick: () => copyText(source.url, copy) }, "Copy");
+    const help = h("pre", { id: "webhook-help" }, "loading…");
+    box.append(h("div.card.stack", null, h("h2", null, `Webhook · ${source.name}`),
+      h("div.url-row", null, input, copy),
+      h("p.note", null, "Send a POST with a JSON body to this URL. A GET on it answers this help:"),
+      help));
+    fetch(source.url.replace(/^https?:\/\/[^/]+/, ""))
+      .then((r) => r.json())
+      .then((j) => (help.textContent = JSON.stringify(j, null, 2)))
+      .catch(() => (help.textContent = "the help could not be loaded"));
+  } else {
+    box.append(h("div.card", null, h("h2", null, "Trigger"), h("pre", null, JSON.stringify(trigger, null, 2))));
+  }
+};
+
+/** Copies `text` to the clipboard; the fallback works where the async API is not allowed. */
+async function copyText(text, button) {
+  let copied = false;
+  try {
+    await navigator.clipboard.writeText(text);
+    copied = true;
+  } catch {
+    const area = h("textarea", { readonly: true }, text);
+    document.body.append(area);
+    area.select();
+    copied = document.execCommand("copy");
+    area.remove();
+  }
+  const label = button.textContent;
+  button.textContent = copied ? "Copied" : "Copy failed";
+  setTimeout(() => (button.textContent = label), 1500);
+}
+
+// ---------- Tickets ----------
+
+pages.tickets = async (view, id) => {
+  if (id) return pages.ticket_detail(view, id);
+  $("#title").textContent = "Tickets";
+  const state = { closed: "false" };
+  const toolbar = h("div.toolbar", null, h("div.field", null, h("label", { for: "ticket-closed" }, "Show"),
+    h("select", { id: "ticket-closed", onchange: (e) => { state.closed = e.target.value; load(); } },
+      h("option", { value: "false" }, "Open"), h("option", { value: "true" }, "Closed"), h("option", { value: "" }, "All"))));
+  const queues = h("div.columns");
+  const table = h("div.card.table-card");
+  view.append(toolbar, h("h3", null, "Queues by group and assignee"), queues, h("h3", null, "Tickets"), table);
+
+  async function load() {
+    const query = new URLSearchParams({ limit: "200" });
+    if (state.closed) query.set("closed", state.closed);
+    const [tickets, groups] = await Promise.all([api(`/api/tickets?${query}`).then((t) => t.items), api("/api/groups").then((g) => g.items)]);
+    const count = new Map();
+    for (const t of tickets) if (t.assignee) count.set(t.assignee.id, (count.get(t.assignee.id) || 0) + 1);
+    const unassigned = tickets.filter((t) => !t.assignee).length;
+    fill(queues, ...groups.map((g) => h("div.card", null, h("h2", null, g.name),
+      g.members.map((m) => {
+        const n = count.get(m.id) || 0;
+        const bar = h("span");
+        bar.style.width = `${Math.min(100, (n / Math.max(1, m.capacity)) * 100)}%`;
+        return h("div.queue-person", null, h("div", null, m.name, h("div.bar", null, bar)), h("span.muted", null, `${n} / ${m.capacity}`));
+      }))),
+      h("div.card", null, h("h2", null, "Unassigned"), h("div.tile", null, h("div.value", null, unassigned))));
+    fill(table, tickets.length ? h("table", { id: "tickets" },
+      h("thead", null, h("tr", null, ["Ticket", "Title", "Type", "Status", "Tags", "Assignee", "Updated"].map((c) => h("th", null, c)))),
+      h("tbody", null, tickets.map((t) => h("tr.link", { onclick: () => (location.hash = `#/tickets/${t.id}`) },
+        h("td.mono", null, t.external_id),
+        h("td", null, t.title || ""),
+        h("td", null, t.type || "—"),
+        h("td", null, t.status || "—", t.closed ? h("span.muted", null, " · closed") : ""),
+        h("td", null, (t.tags || []).map((tag) => h("span.tag", null, tag))),
+        h("td", null, t.assignee ? t.assignee.name : h("span.muted", null, "unassigned")),
+        h("td", null, when(t.updated_at))))))
+      : h("div.empty", null, "No tickets here."));
+  }
+
+  await load();
+  const refresh = debounce(() => load().catch(() => {}), 300);
+  onLive((type) => (type === "ticket.updated" || type === "reload") && refresh());
+};
+
+pages.ticket_detail = async (view, id) => {
+  async function load() {
+    const t = await api(`/api/tickets/${encodeURIComponent(id)}`);
+    $("#title").textContent = `Ticket ${t.external_id}`;
+    fill(view, h("div.grid-side", null,
+      h("div.card", { id: "ticket-trace" }, h("h2", null, "Trace"),
+        t.trace.length ? h("table", null, h("tbody", null, t.trace.map((line) => h("tr", null,
+          h("td", null, when(line.at)),
+          h("td", null, h("span.tag", null, line.kind)),
+          h("td", null, line.message),
+          h("td", null, line.run_id ? h("a", { href: `#/runs/${line.run_id}` }, short(line.run_id)) : ""))))) : h("p.muted", null, "Nothing yet.")),
+      h("div.card", null, h("dl.kv", null,
+        h("dt", null, "Title"), h("dd", null, t.title || "—"),
+        h("dt", null, "Type"), h("dd", null, t.type || "—"),
+        h("dt", null, "Status"), h("dd", null, t.status || "—"),
+        h("dt", null, "Closed"), h("dd", null, t.closed ? "yes" : "no"),
+        h("dt", null, "Tags"), h("dd", null, (t.tags || []).map((tag) => h("span.tag", null, tag))),
+        h("dt", null, "Assignee"), h("dd", null, t.assignee ? t.assignee.name : "unassigned"),
+        h("dt", null, "Created"), h("dd", null, when(t.created_at))),
+        h("details", null, h("summary", null, "Fields"), h("pre", null, JSON.stringify(t.fields, null, 2))))));
+  }
+  await load();
+  const refresh = debounce(() => load().catch(() => {}), 300);
+  onLive((type, data) => (type === "reload" || (type === "ticket.updated" && data.ticket_id === id)) && refresh());
+};
+
+// ---------- Incidents ----------
+
+pages.incidents = async (view) => {
+  $("#title").textContent = "Incidents";
+  async function load() {
+    const items = (await api("/api/incidents?limit=100")).items;
+    fill(view, items.length ? h("div.stack", { id: "incidents" }, items.map((i) => h("div.card.stack", null,
+      h("div.attempt-head", null, pill(i.status), h("strong", null, i.title), h("span.muted", null, when(i.created_at)),
+        i.occurrences > 1 ? h("span.muted", null, `${i.occurrences} times`) : null,
+        i.status === "open" ? h("div.actions", null, h("button.button.small", { onclick: () => resolve(i.id) }, "Resolve")) : null),
+      h("div", null, i.impact),
+      i.detail ? h("details", null, h("summary", null, "Detail (platform admin)"),
+        i.run_id ? h("p", null, "Run ", h("a", { href: `#/runs/${i.run_id}` }, i.run_id)) : null,
+        h("pre", null, JSON.stringify(i.detail, null, 2))) : null)))
+      : h("div.card.empty", null, "No incidents. When a run fails for good, its incident shows here."));
+  }
+  async function resolve(incident) {
+    try {
+      await api(`/api/incidents/${encodeURIComponent(incident)}/resolve`, { method: "POST" });
+      await load();
+    } catch (e) {
+      flash(e.message);
+    }
+  }
+  await load();
+  const refresh = debounce(() => load().catch(() => {}), 300);
+  onLive((type) => (type === "incident.opened" || type === "reload") && refresh());
+};
+
+// ---------- Queue health ----------
+
+/** Samples kept while the page is open (one every 5 s, the last hour). */
+const samples = [];
+
+function sparkline(values) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", "0 0 100 36");
+  svg.setAttribute("preserveAspectRatio", "none");
+  if (values.length > 1) {
+    const max = Math.max(1, ...values);
+    const points = values.map((v, i) => `${(i / (values.length - 1)) * 100},${34 - (v / max) * 32}`);
+    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    line.setAttribute("points", points.join(" "));
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", "#3b5bdb");
+    line.setAttribute("stroke-width", "1.5");
+    line.setAttribute("vector-effect", "non-scaling-stroke");
+    svg.append(line);
+  }
+  return svg;
+}
+
+pages.queue = async (view) => {
+  $("#title").textContent = "Queue health";
+  const tiles = h("div.tiles", { id: "queue-tiles" });
+  const recent = h("div.tiles");
+  view.append(h("div.stack", null, tiles, h("h3", null, "Runs in the last hour"), recent,
+    h("p.note", null, "The charts draw what this page sampled since it was opened (every 5 seconds). " +
+      "History over the whole last hour, steps per second and each tenant's share come with the scheduler's metrics; " +
+      "the platform's Prometheus figures are at /metrics.")));
+
+  async function sample() {
+    const q = await api("/api/dashboard/queue");
+    samples.push({ at: Date.now(), ...q });
+    while (samples.length && samples[0].at < Date.now() - 3600e3) samples.shift();
+    const series = (k) => samples.map((s) => s[k] || 0);
+    const tile = (label, value, key) => h("div.tile", null, h("div.label", null, label), h("div.value", null, value), sparkline(series(key)));
+    fill(tiles,
+      tile("Ready jobs", q.ready, "ready"),
+      tile("Running", q.running, "running"),
+      tile("Scheduled (retries, waits)", q.scheduled, "scheduled"),
+      tile("Events not yet dispatched", q.pending_events, "pending_events"),
+      tile("Oldest ready job", q.oldest_ready_s === null ? "—" : `${q.oldest_ready_s.toFixed(1)} s`, "oldest_ready_s"));
+  }
+
+  async function counts() {
+    const since = Date.now() - 3600e3;
+    const tally = {};
+    for (const status of ["completed", "failed", "running", "waiting"]) {
+      const page = await api(`/api/dashboard/runs?status=${status}&limit=500`);
+      tally[status] = page.items.filter((r) => (toDate(r.created_at) || 0) >= since).length + (page.next_cursor ? "+" : "");
+    }
+    fill(recent, ...Object.entries(tally).map(([k, v]) => h("div.tile", null, h("div.label", null, k), h("div.value", null, v))));
+  }
+
+  await Promise.all([sample(), counts()]);
+  const timer = setInterval(() => sample().catch(() => {}), 5000);
+  leaving = () => clearInterval(timer);
+  const refresh = debounce(() => counts().catch(() => {}), 1000);
+  onLive((type) => type === "run.updated" && refresh());
+};
+
+// ---------- start ----------
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("#signin-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const error = $("#signin-error");
+    error.hidden = true;
+    try {
+      await signIn($("#signin-key").value.trim());
+    } catch (err) {
+      session.key = null;
+      error.textContent = err.status === 401 ? "That API key is not valid." : err.message;
+      error.hidden = false;
+    }
+  });
+  $("#signout").addEventListener("click", signOut);
+  $("#tenant-pick").addEventListener("change", (e) => {
+    session.tenant = e.target.value || null;
+    if (session.tenant) sessionStorage.setItem("tok.tenant", session.tenant);
+    signIn(session.key).catch((err) => flash(err.message));
+  });
+  window.addEventListener("hashchange", route);
+  if (session.key) {
+    signIn(session.key).catch(() => signOut());
+  } else {
+    $("#signin").hidden = false;
+  }
+});

@@ -1,0 +1,61 @@
+//! The operator's dashboard at `/`: one HTML page, its stylesheet and its
+//! script, written by hand and compiled into the binary, so `tok serve` is
+//! the whole product with no web server or build step beside it.
+//!
+//! The page signs in with an API key kept in the browser's session storage
+//! and uses the REST API like any other client (`X-Tok-Tenant` when the
+//! admin picks a tenant); it follows `GET /api/stream` to update what it
+//! shows as runs move. Nothing here reads the database.
+
+use axum::Router;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::AppState;
+
+const INDEX: &str = include_str!("index.html");
+const STYLE: &str = include_str!("app.css");
+const SCRIPT: &str = include_str!("app.js");
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", get(index))
+        .route("/dashboard/app.css", get(style))
+        .route("/dashboard/app.js", get(script))
+}
+
+/// The page may run only its own script and talk only to this server.
+const POLICY: &str = "default-src 'self'; img-src 'self' data:; style-src 'self'; \
+     script-src 'self'; connect-src 'self'; frame-ancestors 'none'";
+
+async fn index() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, POLICY),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        INDEX,
+    )
+}
+
+async fn style() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        STYLE,
+    )
+}
+
+async fn script() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        SCRIPT,
+    )
+}

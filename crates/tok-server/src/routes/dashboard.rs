@@ -1,0 +1,47 @@
+//! Reads the dashboard needs beside the resources' own: who a key is
+//! (`GET /api/dashboard/session`) and the tenant's queue right now
+//! (`GET /api/dashboard/queue`). The runs listing is `runs.rs`'s.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use tok_store::KeyOwner;
+
+use crate::AppState;
+use crate::auth::{Caller, Tenant};
+use crate::error::ApiResult;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/dashboard/session", get(session))
+        .route("/api/dashboard/queue", get(queue))
+}
+
+/// What kind of key signed in, and the tenant of a tenant's key.
+async fn session(State(state): State<AppState>, Caller(owner): Caller) -> ApiResult<Json<Value>> {
+    Ok(Json(match owner {
+        KeyOwner::Platform => json!({ "kind": "admin", "tenant": null }),
+        KeyOwner::Tenant(id) => {
+            let tenant = state.engine.store().tenant(&id).await?;
+            json!({
+                "kind": "tenant",
+                "tenant": { "id": id, "name": tenant.map(|t| t.name) },
+            })
+        }
+    }))
+}
+
+/// The tenant's jobs by state, the age of its oldest ready job and its
+/// events not yet dispatched.
+async fn queue(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
+    let stats = state.engine.store().queue_stats(&[tenant]).await?;
+    Ok(Json(json!({
+        "ready": stats.ready,
+        "scheduled": stats.scheduled,
+        "running": stats.running,
+        "pending_events": stats.pending_events,
+        "oldest_ready_s": stats.oldest_ready_ms.map(|ms| ms as f64 / 1000.0),
+        "sampled_at": jiff::Timestamp::now().to_string(),
+    })))
+}

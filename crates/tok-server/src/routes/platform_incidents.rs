@@ -1,0 +1,68 @@
+//! Platform incidents (admin only): the stuck runs the scheduler found
+//! (`run_timeout`, `wait_overdue`, `queue_stalled`), newest first.
+//! `GET /api/platform/incidents?status=open|resolved`, and
+//! `POST /api/platform/incidents/{id}/resolve`.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::auth::Admin;
+use crate::error::{ApiError, ApiResult};
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/platform/incidents", get(list))
+        .route("/api/platform/incidents/{id}/resolve", post(resolve))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+}
+
+/// The newest this many; older ones stay in the table.
+const LIMIT: u32 = 500;
+
+async fn list(
+    State(state): State<AppState>,
+    _admin: Admin,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
+    if let Some(status) = query.status.as_deref()
+        && !matches!(status, "open" | "resolved")
+    {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("`status` is `{status}`; expected open or resolved"),
+        ));
+    }
+    let items = state
+        .engine
+        .store()
+        .platform_incidents(query.status.as_deref(), LIMIT)
+        .await?;
+    Ok(Json(json!({ "items": items })))
+}
+
+async fn resolve(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    if !state
+        .engine
+        .store()
+        .resolve_platform_incident(&id, tok_store::now_ms())
+        .await?
+    {
+        return Err(ApiError::not_found("open platform incident"));
+    }
+    Ok(Json(json!({ "id": id, "status": "resolved" })))
+}

@@ -1,0 +1,83 @@
+//! `GET /api/stream`: the tenant's live events as server-sent events
+//! (`run.updated`, `step.recorded`, `ticket.updated`, `incident.opened`),
+//! each with an `id:`. A client that reconnects with `Last-Event-ID` is
+//! sent what it missed first, from the last few minutes; when that is gone,
+//! or when it falls behind the live events, it is sent a `reload` event:
+//! load the view again. The events are [`tok_engine::stream`]'s.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use futures_util::Stream;
+use serde_json::json;
+use tok_engine::stream::{self, Kind, Subscription};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::AppState;
+use crate::auth::Tenant;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/api/stream", get(follow))
+}
+
+async fn follow(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    headers: HeaderMap,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let subscription = state.engine.stream().subscribe(&tenant, last);
+    Sse::new(events(subscription)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// The replay (or a `reload` for what cannot be replayed), then live
+/// events until the process stops serving.
+fn events(subscription: Subscription) -> impl Stream<Item = Result<Event, Infallible>> {
+    let Subscription {
+        missed,
+        gap,
+        live,
+        closed,
+    } = subscription;
+    let first: Vec<Event> = gap
+        .then(|| reload("what you missed is no longer kept"))
+        .into_iter()
+        .chain(missed.iter().map(|e| sse(e)))
+        .collect();
+    let state = (first.into_iter(), live, closed);
+    futures_util::stream::unfold(state, |(mut first, mut live, mut closed)| async move {
+        if let Some(event) = first.next() {
+            return Some((Ok(event), (first, live, closed)));
+        }
+        if *closed.borrow() {
+            return None;
+        }
+        let event = tokio::select! {
+            received = live.recv() => match received {
+                Ok(event) => sse(&event),
+                Err(RecvError::Lagged(n)) => reload(&format!("{n} events were missed while the client was slow")),
+                Err(RecvError::Closed) => return None,
+            },
+            _ = closed.changed() => return None,
+        };
+        Some((Ok(event), (first, live, closed)))
+    })
+}
+
+fn sse(event: &stream::Event) -> Event {
+    Event::default()
+        .id(event.id.as_str())
+        .event(event.kind.as_str())
+        .data(&*event.data)
+}
+
+fn reload(reason: &str) -> Event {
+    Event::default()
+        .event(Kind::Reload.as_str())
+        .data(json!({ "reason": reason }).to_string())
+}

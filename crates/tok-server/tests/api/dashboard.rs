@@ -1,0 +1,158 @@
+//! The dashboard's page and the reads it needs: `/` serves the page and its
+//! assets from the binary; a key learns who it is; the admin lists tenants
+//! to pick one (a tenant's key may not); a tenant's queue right now; any
+//! saved version of an automation. And the live stream's promise to a slow
+//! client: it is told to reload, the engine never waits for it.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::json;
+use tok_core::ids::TenantId;
+use tok_engine::stream::Kind;
+use tower::ServiceExt;
+
+use crate::helpers::{TestApp, backend_tests, log_step, manual};
+
+backend_tests!(
+    crate::helpers::run;
+    the_page_and_its_assets_are_served_from_the_binary,
+    a_key_learns_who_it_is_and_only_the_admin_lists_tenants,
+    the_queue_and_every_saved_version_are_readable,
+    a_client_that_falls_behind_the_stream_is_told_to_reload,
+);
+
+async fn the_page_and_its_assets_are_served_from_the_binary(app: &TestApp) {
+    let page = app
+        .request(Method::GET, "/", None, &[], Body::empty())
+        .await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let csp = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    let html = page.body.as_str().expect("the page is HTML, not JSON");
+    assert!(html.contains("/dashboard/app.js") && html.contains("/dashboard/app.css"));
+    assert!(html.contains("Sign in"));
+    for (path, kind) in [
+        ("/dashboard/app.js", "text/javascript"),
+        ("/dashboard/app.css", "text/css"),
+    ] {
+        let asset = app
+            .request(Method::GET, path, None, &[], Body::empty())
+            .await;
+        assert_eq!(asset.status, StatusCode::OK, "{path}");
+        assert!(
+            asset.headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(kind)
+        );
+    }
+}
+
+async fn a_key_learns_who_it_is_and_only_the_admin_lists_tenants(app: &TestApp) {
+    let acme = app.create_tenant("Acme").await;
+    let me = app
+        .get(&acme.key, "/api/dashboard/session")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        me,
+        json!({ "kind": "tenant", "tenant": { "id": acme.id, "name": "Acme" } })
+    );
+    let admin = app
+        .get(&app.admin_key, "/api/dashboard/session")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(admin, json!({ "kind": "admin", "tenant": null }));
+    app.get("not-a-key", "/api/dashboard/session")
+        .await
+        .expect_error(StatusCode::UNAUTHORIZED, "unauthorized");
+
+    let tenants = app
+        .get(&app.admin_key, "/api/tenants")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(tenants["items"], json!([{ "id": acme.id, "name": "Acme" }]));
+    app.get(&acme.key, "/api/tenants")
+        .await
+        .expect_error(StatusCode::FORBIDDEN, "admin_only");
+}
+
+async fn the_queue_and_every_saved_version_are_readable(app: &TestApp) {
+    let acme = app.create_tenant("Acme").await;
+    let queue = app
+        .get(&acme.key, "/api/dashboard/queue")
+        .await
+        .expect(StatusCode::OK);
+    for key in ["ready", "scheduled", "running", "pending_events"] {
+        assert_eq!(queue[key], 0, "{key}: {queue:#}");
+    }
+    assert!(queue["oldest_ready_s"].is_null() && queue["sampled_at"].is_string());
+
+    let first = manual("Greet", &json!([log_step("st_hello", "hello")]));
+    let id = app.create_automation(&acme, &first).await;
+    let second = manual("Greet", &json!([log_step("st_hello", "hello again")]));
+    app.put(&acme.key, &format!("/api/automations/{id}"), &second)
+        .await
+        .expect(StatusCode::OK);
+    let v1 = app
+        .get(&acme.key, &format!("/api/automations/{id}/versions/1"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(v1["version"], 1);
+    assert_eq!(v1["definition"]["steps"][0]["config"]["message"], "hello");
+    let v2 = app
+        .get(&acme.key, &format!("/api/automations/{id}/versions/2"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        v2["definition"]["steps"][0]["config"]["message"],
+        "hello again"
+    );
+    app.get(&acme.key, &format!("/api/automations/{id}/versions/3"))
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    let other = app.create_tenant("Other").await;
+    app.get(&other.key, &format!("/api/automations/{id}/versions/1"))
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+}
+
+async fn a_client_that_falls_behind_the_stream_is_told_to_reload(app: &TestApp) {
+    let acme = app.create_tenant("Acme").await;
+    let request = Request::get("/api/stream")
+        .header("authorization", format!("Bearer {}", acme.key))
+        .body(Body::empty())
+        .unwrap();
+    let response = app.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    // The client reads nothing while far more events commit than its
+    // buffer holds; publishing never waits for it.
+    let stream = app.state.engine.stream();
+    let tenant = TenantId::from(acme.id.as_str());
+    for n in 0..3000 {
+        stream.publish(
+            &tenant,
+            Kind::RunUpdated,
+            json!({ "run_id": n, "status": "running" }),
+        );
+    }
+    let frame = body.frame().await.unwrap().unwrap();
+    let text = String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap();
+    assert!(text.starts_with("event: reload\n"), "{text}");
+    assert!(text.contains("missed"), "{text}");
+    // After the reload it goes on with the newest events.
+    let frame = body.frame().await.unwrap().unwrap();
+    let text = String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap();
+    assert!(
+        text.contains("event: run.updated") && text.contains("id: "),
+        "{text}"
+    );
+}

@@ -1,0 +1,112 @@
+//! What the scheduler keeps (DESIGN §6): the wake's lease and when each
+//! poll or schedule automation is due next.
+//!
+//! The wake runs on one node at a time: the node that holds the one row of
+//! `scheduler_lease` and renews it each tick. A node that finds the row
+//! expired takes it over, so a dead holder's successor starts within one
+//! lease. The row's `incarnation` is the holder's process start: a node
+//! restarted under the same id takes its own old row over at once.
+//!
+//! A tick's run is started once however many schedulers race for it: the
+//! run's idempotency key is the automation's due time
+//! ([`ScheduleStore::due`] hands it out), unique per automation in `runs`,
+//! and [`ScheduleStore::advance`] moves the due time on only from the
+//! value it was read at. Every time here is Unix milliseconds of the
+//! caller's clock, so tests drive the scheduler without sleeping.
+
+use async_trait::async_trait;
+use tok_core::ids::{AutomationId, RunId, TenantId};
+
+use crate::{AutomationStatus, Result, RunStatus};
+
+/// A poll or schedule automation whose schedule row is missing or was read
+/// from an older version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StaleSchedule {
+    pub automation_id: AutomationId,
+    /// The automation's current version.
+    pub version: i32,
+    /// The trigger the row was made from, if there is a row.
+    pub spec: Option<String>,
+}
+
+/// A schedule row due at the time asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueTrigger {
+    pub automation_id: AutomationId,
+    /// The version the row was read from (the run starts on the current one).
+    pub version: i32,
+    /// The trigger as saved (JSON text).
+    pub spec: String,
+    /// The due time: the tick this firing stands for.
+    pub due_at: i64,
+    pub status: AutomationStatus,
+    /// The status of the last run fired, if that run still exists.
+    pub last_run_status: Option<RunStatus>,
+}
+
+/// The scheduler's rows.
+#[async_trait]
+pub trait ScheduleStore: Send + Sync {
+    /// Takes or renews the wake's lease for `holder` (this process:
+    /// `incarnation`) until `now + lease_ms`. True when the caller holds
+    /// it now: it held it, the row was free or expired, or `holder`'s
+    /// earlier incarnation held it.
+    async fn hold_wake(
+        &self,
+        holder: &str,
+        incarnation: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<bool>;
+
+    /// Gives the lease up (a clean shutdown), if this incarnation holds it.
+    async fn release_wake(&self, incarnation: &str) -> Result<()>;
+
+    /// The tenant's poll and schedule automations whose schedule row is
+    /// missing or older than their current version, and the automations
+    /// whose rows no longer have such a trigger (to be removed).
+    async fn stale_schedules(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<(Vec<StaleSchedule>, Vec<AutomationId>)>;
+
+    /// Writes an automation's schedule row: `spec` and `version` as read,
+    /// and `next_run_at`, or keeps the row's due time when `keep_due` (an
+    /// edit that left the trigger as it was).
+    async fn set_schedule(
+        &self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        version: i32,
+        spec: &str,
+        next_run_at: Option<i64>,
+        keep_due: bool,
+    ) -> Result<()>;
+
+    async fn remove_schedule(&self, tenant: &TenantId, automation: &AutomationId) -> Result<()>;
+
+    /// Up to `limit` rows of the tenant due at `now`, earliest first.
+    async fn due(&self, tenant: &TenantId, now: i64, limit: u32) -> Result<Vec<DueTrigger>>;
+
+    /// Moves a row's due time from `from` to `next`, recording `run` (when
+    /// one was started) as its last; false when the row was not at `from`
+    /// any more (another scheduler fired that tick first).
+    async fn advance(
+        &self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        from: i64,
+        next: Option<i64>,
+        run: Option<&RunId>,
+        now: i64,
+    ) -> Result<bool>;
+
+    /// When the automation is due next, if it is a poll or schedule
+    /// automation the scheduler has seen.
+    async fn next_run_at(
+        &self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+    ) -> Result<Option<i64>>;
+}

@@ -1,0 +1,241 @@
+//! The stuck-run watch's queries ([`WatchStore`](crate::WatchStore)) for
+//! both backends (see `rows.rs` for why a macro per file).
+
+macro_rules! impl_watch {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        fn platform_incident_from_row(
+            r: &<$db as sqlx::Database>::Row,
+        ) -> $crate::watch::PlatformIncident {
+            $crate::watch::PlatformIncident {
+                id: r.get("id"),
+                reason: r.get("reason"),
+                source: r.get("source"),
+                tenant_id: r.get("tenant_id"),
+                run_id: r.get("run_id"),
+                title: r.get("title"),
+                detail: r.get::<Json<Value>, _>("detail").0,
+                status: r.get("status"),
+                occurrences: r.get("occurrences"),
+                created_at: r.get("created_at"),
+                updated_at: r.get("updated_at"),
+                resolved_at: r.get("resolved_at"),
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::watch::WatchStore for $store {
+            async fn overdue_waits(
+                &self,
+                tenant: &TenantId,
+                due_before: i64,
+                now: i64,
+                limit: u32,
+            ) -> Result<Vec<$crate::watch::OverdueWait>> {
+                let rows = sqlx::query(
+                    "SELECT w.run_id, w.path, w.due_at FROM waits w
+                     JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                     WHERE w.tenant_id = $1 AND w.due_at < $2
+                       AND (j.locked_until IS NULL OR j.locked_until < $3)
+                     ORDER BY w.due_at, w.run_id
+                     LIMIT $4",
+                )
+                .bind(tenant.as_str())
+                .bind(due_before)
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| $crate::watch::OverdueWait {
+                        run_id: RunId::from(r.get::<String, _>("run_id")),
+                        path: r.get("path"),
+                        due_at: r.get("due_at"),
+                    })
+                    .collect())
+            }
+
+            async fn leases_expired_repeatedly(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+            ) -> Result<Vec<$crate::watch::ExpiringJob>> {
+                // The literal 3 is the partial index's, so the index is used.
+                const _: () = assert!($crate::watch::LEASE_EXPIRIES == 3);
+                let rows = sqlx::query(
+                    "SELECT run_id, path, lease_expiries FROM jobs
+                     WHERE tenant_id = $1 AND lease_expiries >= 3
+                     ORDER BY run_id
+                     LIMIT $2",
+                )
+                .bind(tenant.as_str())
+                .bind(i64::from(limit))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| $crate::watch::ExpiringJob {
+                        run_id: RunId::from(r.get::<String, _>("run_id")),
+                        path: r.get("path"),
+                        lease_expiries: r.get("lease_expiries"),
+                    })
+                    .collect())
+            }
+
+            async fn unfinished_runs(
+                &self,
+                tenant: &TenantId,
+                automation: &AutomationId,
+                created_before: i64,
+                limit: u32,
+            ) -> Result<Vec<$crate::watch::UnfinishedRun>> {
+                let rows = sqlx::query(
+                    "SELECT id, created_at FROM runs
+                     WHERE tenant_id = $1 AND automation_id = $2
+                       AND status IN ('queued', 'running', 'waiting') AND created_at < $3
+                     ORDER BY created_at, id
+                     LIMIT $4",
+                )
+                .bind(tenant.as_str())
+                .bind(automation.as_str())
+                .bind(created_before)
+                .bind(i64::from(limit))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| $crate::watch::UnfinishedRun {
+                        id: RunId::from(r.get::<String, _>("id")),
+                        created_at: r.get("created_at"),
+                    })
+                    .collect())
+            }
+
+            async fn time_out_run(
+                &self,
+                tenant: &TenantId,
+                run: &RunId,
+                error: &str,
+                now: i64,
+            ) -> Result<bool> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let failed = sqlx::query(
+                    "UPDATE runs SET status = 'failed', error = $3, finished_at = $4
+                     WHERE tenant_id = $1 AND id = $2
+                       AND status IN ('queued', 'running', 'waiting')",
+                )
+                .bind(tenant.as_str())
+                .bind(run.as_str())
+                .bind(error)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    > 0;
+                if failed {
+                    for sql in [
+                        "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
+                        "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
+                    ] {
+                        sqlx::query(sql)
+                            .bind(tenant.as_str())
+                            .bind(run.as_str())
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                tx.commit().await?;
+                Ok(failed)
+            }
+
+            async fn open_platform_incident(
+                &self,
+                incident: $crate::watch::NewPlatformIncident,
+                now: i64,
+            ) -> Result<(String, bool)> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let id = new_id("pin");
+                let inserted = sqlx::query(
+                    "INSERT INTO platform_incidents (id, reason, source, tenant_id, run_id, title,
+                        detail, status, occurrences, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, 'open', 1, $8, $8)
+                     ON CONFLICT (source) WHERE status = 'open' DO NOTHING
+                     RETURNING id",
+                )
+                .bind(&id)
+                .bind(incident.reason)
+                .bind(&incident.source)
+                .bind(incident.tenant_id.as_ref().map(|t| t.as_str()))
+                .bind(incident.run_id.as_ref().map(|r| r.as_str()))
+                .bind(&incident.title)
+                .bind(Json(&incident.detail))
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let opened = match inserted {
+                    Some(_) => (id, true),
+                    None => {
+                        let existing = sqlx::query(
+                            "UPDATE platform_incidents
+                             SET occurrences = occurrences + 1, updated_at = $2
+                             WHERE source = $1 AND status = 'open'
+                             RETURNING id",
+                        )
+                        .bind(&incident.source)
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                        (existing.get("id"), false)
+                    }
+                };
+                tx.commit().await?;
+                Ok(opened)
+            }
+
+            async fn platform_incidents(
+                &self,
+                status: Option<&str>,
+                limit: u32,
+            ) -> Result<Vec<$crate::watch::PlatformIncident>> {
+                let rows = sqlx::query(
+                    "SELECT id, reason, source, tenant_id, run_id, title, detail, status,
+                        occurrences, created_at, updated_at, resolved_at
+                     FROM platform_incidents
+                     WHERE ($1 IS NULL OR status = $1)
+                     ORDER BY id DESC
+                     LIMIT $2",
+                )
+                .bind(status)
+                .bind(i64::from(limit))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows.iter().map(platform_incident_from_row).collect())
+            }
+
+            async fn resolve_platform_incident(&self, id: &str, now: i64) -> Result<bool> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let resolved = sqlx::query(
+                    "UPDATE platform_incidents SET status = 'resolved', resolved_at = $2,
+                        updated_at = $2
+                     WHERE id = $1 AND status = 'open'",
+                )
+                .bind(id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    > 0;
+                tx.commit().await?;
+                Ok(resolved)
+            }
+        }
+    };
+}
+
+pub(crate) use impl_watch;

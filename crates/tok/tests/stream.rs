@@ -1,0 +1,344 @@
+//! The live stream (`GET /api/stream`) on real processes: a run's events
+//! arrive in the order they committed, a client that reconnects with
+//! `Last-Event-ID` is given what it missed, a tenant never sees another
+//! tenant's events, and on PostgreSQL an `api` process streams the steps a
+//! separate `worker` process recorded.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tok_store::testing::{TestDb, run_on_fresh_db};
+
+use support::{ADMIN_KEY, Api, Server, free_port};
+
+tok_store::backend_tests!(run_on_fresh_db;
+    a_runs_events_arrive_in_commit_order_and_a_reconnect_gets_what_it_missed,
+    a_tenant_sees_only_its_own_events_and_the_admin_follows_one,
+);
+
+/// One server-sent event.
+#[derive(Debug, Clone)]
+struct Event {
+    id: Option<String>,
+    kind: String,
+    data: Value,
+}
+
+/// A client of `GET /api/stream`.
+struct Stream {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Stream {
+    async fn open(api: &Api, key: &str, tenant: Option<&str>, last_id: Option<&str>) -> Stream {
+        let mut request = api
+            .http
+            .get(format!("{}/api/stream", api.base))
+            .bearer_auth(key);
+        if let Some(tenant) = tenant {
+            request = request.header("X-Tok-Tenant", tenant);
+        }
+        if let Some(id) = last_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 200, "GET /api/stream");
+        let kind = response.headers()["content-type"].to_str().unwrap();
+        assert!(kind.starts_with("text/event-stream"), "content type {kind}");
+        Stream {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event (keep-alive comments skipped). A minute without one
+    /// means the stream is broken: the test fails rather than hangs.
+    async fn next(&mut self) -> Event {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                if let Some(event) = parse(&block) {
+                    return event;
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(60), self.response.chunk())
+                .await
+                .expect("no stream event within a minute")
+                .unwrap()
+                .expect("the stream ended");
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Events up to and including the `run.updated` that says `run` completed.
+    async fn until_completed(&mut self, run: &str) -> Vec<Event> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self.next().await;
+            let done = event.kind == "run.updated"
+                && event.data["run_id"] == run
+                && event.data["status"] == "completed";
+            seen.push(event);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn parse(block: &str) -> Option<Event> {
+    let (mut id, mut kind, mut data) = (None, String::from("message"), String::new());
+    for line in block.lines() {
+        if let Some(v) = line.strip_prefix("id:") {
+            id = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("event:") {
+            kind = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.trim_start());
+        }
+    }
+    (!data.is_empty()).then(|| Event {
+        id,
+        kind,
+        data: serde_json::from_str(&data).unwrap(),
+    })
+}
+
+/// A tenant with a webhook source and an automation of three steps: one
+/// the dispatcher runs, one a worker runs outside the database, one the
+/// worker's record transaction runs. Returns (key, tenant id, webhook URL).
+async fn tenant(api: &Api, name: &str) -> (String, String, String) {
+    let tenant = api
+        .post("/api/tenants", ADMIN_KEY, json!({ "name": name }))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_owned();
+    let source = api
+        .post(
+            "/api/sources",
+            &key,
+            json!({ "name": "shop", "params": [
+                { "name": "orderId", "path": "order", "type": "string", "required": true }
+            ]}),
+        )
+        .await;
+    api.post(
+        "/api/automations",
+        &key,
+        json!({
+            "name": "Order",
+            "trigger": { "kind": "webhook", "source": source["id"] },
+            "steps": [
+                { "id": "st_mark", "type": "set", "config": { "values": { "seen": "{{orderId}}" } } },
+                { "id": "st_pause", "type": "flow/pause", "config": { "seconds": 0.01 } },
+                { "id": "st_ticket", "type": "ticket/upsert", "config": { "externalId": "{{orderId}}" } }
+            ]
+        }),
+    )
+    .await;
+    (
+        key,
+        tenant["id"].as_str().unwrap().to_owned(),
+        source["url"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Sends an order; returns the event id.
+async fn order(api: &Api, url: &str, id: &str) -> String {
+    let response = api
+        .http
+        .post(url)
+        .json(&json!({ "order": id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let body: Value = response.json().await.unwrap();
+    body["event_id"].as_str().unwrap().to_owned()
+}
+
+/// The run an event started, once it exists.
+async fn run_of(api: &Api, key: &str, event: &str) -> String {
+    for _ in 0..1200 {
+        let runs = api.get("/api/dashboard/runs", key).await;
+        if let Some(run) = runs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["event_id"] == event)
+        {
+            return run["id"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("event {event} started no run within a minute");
+}
+
+async fn run_status(api: &Api, key: &str, run: &str) -> String {
+    let run = api.get(&format!("/api/runs/{run}"), key).await;
+    run["status"].as_str().unwrap().to_owned()
+}
+
+/// The sequence number of an event id (`<process start>-<n>`).
+fn seq(event: &Event) -> u64 {
+    let id = event.id.as_deref().expect("every event has an id");
+    id.rsplit_once('-').unwrap().1.parse().unwrap()
+}
+
+/// The kinds and paths of one run's events, in the order they came.
+fn of_run(events: &[Event], run: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.data["run_id"] == run)
+        .map(|e| match e.kind.as_str() {
+            "step.recorded" => format!(
+                "step {} {}",
+                e.data["path"].as_str().unwrap(),
+                e.data["status"].as_str().unwrap()
+            ),
+            "run.updated" => format!("run {}", e.data["status"].as_str().unwrap()),
+            other => other.to_owned(),
+        })
+        .collect()
+}
+
+async fn a_runs_events_arrive_in_commit_order_and_a_reconnect_gets_what_it_missed(db: &TestDb) {
+    let port = free_port();
+    let api = Api::new(port);
+    let _server = Server::start(&db.url, port, &[], &[]);
+    api.wait_ready().await;
+    let (key, _, url) = tenant(&api, "Shop").await;
+
+    let mut stream = Stream::open(&api, &key, None, None).await;
+    let event = order(&api, &url, "A-1").await;
+    let run = run_of(&api, &key, &event).await;
+    let events = stream.until_completed(&run).await;
+    let kinds = of_run(&events, &run);
+    let steps: Vec<&String> = kinds.iter().filter(|e| e.starts_with("step")).collect();
+    assert_eq!(
+        steps,
+        ["step 0 completed", "step 1 completed", "step 2 completed"],
+        "the run's steps in the order they committed: {events:#?}"
+    );
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("run completed"),
+        "the run's end comes after its steps: {kinds:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.kind == "ticket.updated"),
+        "the ticket step's change is streamed: {events:#?}"
+    );
+    let ids: Vec<u64> = events.iter().map(seq).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids increase: {ids:?}");
+    let last_seen = events.last().unwrap().id.clone().unwrap();
+    drop(stream);
+
+    // While nobody follows, a second order runs to its end.
+    let missed_event = order(&api, &url, "A-2").await;
+    let missed_run = run_of(&api, &key, &missed_event).await;
+    for _ in 0..1200 {
+        if run_status(&api, &key, &missed_run).await == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(run_status(&api, &key, &missed_run).await, "completed");
+
+    // Reconnecting with the last id seen gives exactly what came after it.
+    let mut again = Stream::open(&api, &key, None, Some(&last_seen)).await;
+    let replayed = again.until_completed(&missed_run).await;
+    assert!(
+        replayed.iter().all(|e| e.data["run_id"] != run.as_str()),
+        "nothing seen before is sent again: {replayed:#?}"
+    );
+    let missed = of_run(&replayed, &missed_run);
+    assert!(
+        missed.contains(&"step 2 completed".to_owned())
+            && missed.last().map(String::as_str) == Some("run completed"),
+        "the missed run's steps and its end are replayed: {missed:?}"
+    );
+    assert!(seq(&replayed[0]) > seq(events.last().unwrap()));
+
+    // An id the server cannot replay from (another start) says: reload.
+    let mut stale = Stream::open(&api, &key, None, Some("00000000-5")).await;
+    assert_eq!(stale.next().await.kind, "reload");
+}
+
+async fn a_tenant_sees_only_its_own_events_and_the_admin_follows_one(db: &TestDb) {
+    let port = free_port();
+    let api = Api::new(port);
+    let _server = Server::start(&db.url, port, &[], &[]);
+    api.wait_ready().await;
+    let (key_a, id_a, url_a) = tenant(&api, "A").await;
+    let (key_b, _, url_b) = tenant(&api, "B").await;
+
+    let mut stream_b = Stream::open(&api, &key_b, None, None).await;
+    let mut admin_a = Stream::open(&api, ADMIN_KEY, Some(&id_a), None).await;
+    let event_a = order(&api, &url_a, "from-a").await;
+    let run_a = run_of(&api, &key_a, &event_a).await;
+    let seen_by_admin = admin_a.until_completed(&run_a).await;
+    assert!(seen_by_admin.iter().any(|e| e.kind == "step.recorded"));
+
+    // B's stream has had A's whole run by now if it were to leak; the
+    // first thing it shows is B's own run.
+    let event_b = order(&api, &url_b, "from-b").await;
+    let run_b = run_of(&api, &key_b, &event_b).await;
+    let seen_by_b = stream_b.until_completed(&run_b).await;
+    assert!(
+        seen_by_b
+            .iter()
+            .all(|e| e.data["run_id"] == run_b.as_str() || e.data["run_id"].is_null()),
+        "B sees only its own run: {seen_by_b:#?}"
+    );
+    let (status, _) = api
+        .call(reqwest::Method::GET, "/api/stream", ADMIN_KEY, None, None)
+        .await;
+    assert_eq!(status, 400, "the admin must say which tenant it follows");
+}
+
+/// On PostgreSQL, one process serves the API and another does the work:
+/// the API process streams the steps the worker recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_process_streams_the_steps_a_worker_process_recorded() {
+    if tok_store::testing::skip_postgres() {
+        eprintln!("TOK_TEST_SKIP_POSTGRES=1: the api/worker stream test is NOT run");
+        return;
+    }
+    run_on_fresh_db(tok_store::Backend::Postgres, async |db: &TestDb| {
+        let port = free_port();
+        let api = Api::new(port);
+        let _api_server = Server::start(
+            &db.url,
+            port,
+            &[],
+            &[("TOK_ROLE", "api"), ("TOK_NODE_ID", "api-node")],
+        );
+        api.wait_ready().await;
+        let (key, _, url) = tenant(&api, "Split").await;
+        let mut stream = Stream::open(&api, &key, None, None).await;
+        let worker_port = free_port();
+        let _worker = Server::start(
+            &db.url,
+            worker_port,
+            &[],
+            &[("TOK_ROLE", "worker"), ("TOK_NODE_ID", "worker-node")],
+        );
+        let event = order(&api, &url, "split-1").await;
+        let run = run_of(&api, &key, &event).await;
+        let events = stream.until_completed(&run).await;
+        let steps: Vec<String> = of_run(&events, &run)
+            .into_iter()
+            .filter(|e| e.starts_with("step"))
+            .collect();
+        assert_eq!(
+            steps,
+            ["step 0 completed", "step 1 completed", "step 2 completed"],
+            "the worker's steps, streamed by the api process: {events:#?}"
+        );
+    })
+    .await;
+}
