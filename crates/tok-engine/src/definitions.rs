@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use tok_core::definition::{Automation, Trigger};
 use tok_core::ids::{AutomationId, TenantId};
 use tok_core::validate::{ValidationError, validate};
-use tok_store::{NewVersion, Store};
+use tok_store::{DefinitionStore, NewVersion};
 
 use crate::registry::Registry;
 use crate::{EngineError, Result};
@@ -110,7 +110,7 @@ impl DefinitionCache {
     /// The parsed definition of a version, loaded from the store when not cached.
     pub async fn get(
         &self,
-        store: &dyn Store,
+        store: &dyn DefinitionStore,
         tenant: &TenantId,
         id: &AutomationId,
         version: i32,

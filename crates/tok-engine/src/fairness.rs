@@ -7,15 +7,18 @@
 //! - **Handing slots to a dispatch** ([`Offer`]): a dispatch may start the
 //!   runs it creates in free slots at once, general ones first, reserved ones
 //!   only for tenants holding no general slot.
-//! - **The backlog** ([`Backlog`]): while one tenant's events fill whole
-//!   dispatches, other tenants' new events are dispatched apart, in the
-//!   writer's urgent lane.
+//! - **The backlog** ([`Backlog`], [`filled_by`]): while one tenant's
+//!   events fill whole dispatches, other tenants' new events are dispatched
+//!   apart, in the writer's urgent lane.
+//! - **Crowding** ([`Crowding`]): a tenant with [`DISPATCH_CROWDING`] or
+//!   more of a dispatch's events waits for one dispatch of the others'.
 //! - **Chains** ([`Fairness`]): how many steps one claim may record, and run
 //!   back to back on one lease, before its job queues again like everyone
 //!   else's; and how many control steps a dispatch runs for a new run.
 //!
-//! (Fairness of the claim itself — round robin between tenants, one running
-//! job per queue key — is the store's claim query.)
+//! (Fairness of the selections themselves — round robin between tenants
+//! in the claim and the dispatch, one running job per queue key — is the
+//! store's claim and dispatch queries.)
 
 use std::collections::{HashMap, HashSet};
 
@@ -262,6 +265,71 @@ impl Backlog {
     }
 }
 
+/// A tenant with this many events in one dispatch's batch crowds it
+/// ([`Crowding`]).
+pub const DISPATCH_CROWDING: usize = 4;
+
+/// Others first: when one tenant has [`DISPATCH_CROWDING`] or more of the
+/// events a dispatch selected and other tenants have some too, that
+/// dispatch takes only the others' (a short transaction, so their runs do
+/// not wait behind the crowd's); the next bulk dispatch takes its batch in
+/// order, so the crowding tenant waits for at most one. (A dispatch that
+/// rolls back leaves the mark: the next one then goes in order, which is
+/// always safe.)
+#[derive(Debug, Default)]
+pub(crate) struct Crowding {
+    /// The last bulk dispatch left a crowding tenant's events for later.
+    others_went_first: bool,
+}
+
+impl Crowding {
+    /// The tenant whose events a dispatch that selected events of `owners`
+    /// (in order) leaves pending, if any. Only bulk dispatches alternate:
+    /// an urgent one takes other tenants' events out of turn anyway.
+    pub(crate) fn leave(&mut self, owners: &[&TenantId], bulk: bool) -> Option<TenantId> {
+        let crowd = match self.others_went_first {
+            true => None,
+            false => crowding(owners),
+        };
+        if bulk {
+            self.others_went_first = crowd.is_some();
+        }
+        crowd
+    }
+}
+
+/// The tenant with [`DISPATCH_CROWDING`] or more of `owners` while another
+/// tenant has some too.
+fn crowding(owners: &[&TenantId]) -> Option<TenantId> {
+    let (top, n, tenants) = busiest(owners)?;
+    (tenants >= 2 && n >= DISPATCH_CROWDING).then(|| top.clone())
+}
+
+/// The tenant whose events filled three quarters or more of a full batch
+/// (`owners` selected of `limit` asked for): it has a backlog
+/// ([`Backlog`]).
+pub(crate) fn filled_by(owners: &[&TenantId], limit: usize) -> Option<TenantId> {
+    if owners.len() != limit || limit == 0 {
+        return None;
+    }
+    let (top, n, _) = busiest(owners)?;
+    (n * 4 >= owners.len() * 3).then(|| top.clone())
+}
+
+/// The tenant with the most of `owners`, how many it has, and how many
+/// tenants there are.
+fn busiest<'a>(owners: &[&'a TenantId]) -> Option<(&'a TenantId, usize, usize)> {
+    let mut counts: HashMap<&TenantId, usize> = HashMap::new();
+    for owner in owners {
+        *counts.entry(owner).or_default() += 1;
+    }
+    let tenants = counts.len();
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(top, n)| (top, n, tenants))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,5 +428,55 @@ mod tests {
             backlog.waiting.is_empty() && !backlog.note(&small),
             "the backlog is gone: nothing is urgent"
         );
+    }
+
+    fn owners(spec: &str) -> Vec<TenantId> {
+        spec.chars().map(|c| tenant(&c.to_string())).collect()
+    }
+
+    #[test]
+    fn a_crowding_tenant_waits_for_one_bulk_dispatch_of_the_others() {
+        // (selected events by tenant, bulk?, the tenant left pending)
+        let table: [(&str, bool, Option<&str>); 7] = [
+            ("aaaaaaaabbcc", true, Some("a")), // a crowds: b and c go first
+            ("aaaaaaaabbcc", true, None),      // the next one goes in order
+            ("aaaaaaaabbcc", true, Some("a")), // and the one after alternates again
+            ("aaaabbcc", false, None),         // urgent: read the mark, leave it
+            ("aaaabbcc", true, None),          // the mark is still set
+            ("aaaa", true, None),              // nobody else: nobody to let first
+            ("aaabbb", true, None),            // three of each: nobody crowds
+        ];
+        let mut crowding = Crowding::default();
+        for (i, (spec, bulk, left)) in table.into_iter().enumerate() {
+            let owners = owners(spec);
+            let refs: Vec<&TenantId> = owners.iter().collect();
+            assert_eq!(
+                crowding.leave(&refs, bulk),
+                left.map(tenant),
+                "row {i}: {spec}, bulk {bulk}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_batch_three_quarters_of_one_tenants_names_its_backlog() {
+        // (selected events by tenant, batch asked for, the backlog)
+        let table: [(&str, usize, Option<&str>); 6] = [
+            ("aaaa", 4, Some("a")),
+            ("aaab", 4, Some("a")),
+            ("aabb", 4, None),
+            ("aaa", 4, None), // not full: everything pending was taken
+            ("aaaaaaab", 8, Some("a")),
+            ("", 0, None),
+        ];
+        for (spec, limit, backlog) in table {
+            let owners = owners(spec);
+            let refs: Vec<&TenantId> = owners.iter().collect();
+            assert_eq!(
+                filled_by(&refs, limit),
+                backlog.map(tenant),
+                "{spec} of {limit}"
+            );
+        }
     }
 }

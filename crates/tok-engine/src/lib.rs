@@ -121,6 +121,8 @@ pub(crate) struct Inner {
     /// Whose backlog fills the dispatches, and the other tenants with new
     /// events for the urgent dispatcher.
     pub(crate) backlog: std::sync::Mutex<fairness::Backlog>,
+    /// Whether the last bulk dispatch let other tenants' events go first.
+    pub(crate) crowding: std::sync::Mutex<fairness::Crowding>,
     /// Wakes the worker pool: a job may be ready or a slot came free.
     pub(crate) work: Notify,
     /// The worker pool's slots, which the dispatcher may fill directly.
@@ -181,6 +183,7 @@ impl Engine {
                 inbox: Notify::new(),
                 urgent: Notify::new(),
                 backlog: Default::default(),
+                crowding: Default::default(),
                 work: Notify::new(),
                 slots: Default::default(),
                 stream: Stream::default(),

@@ -100,7 +100,7 @@ impl Registry {
 
     /// The built-ins plus the connector steps (`http`, `mcp`), which need the
     /// store for their connections' limits.
-    pub fn with_connectors(store: Arc<dyn tok_store::Store>) -> Self {
+    pub fn with_connectors(store: Arc<dyn tok_store::ConnectionStore>) -> Self {
         let mut registry = Self::with_builtins();
         registry.add_connectors(store);
         registry
@@ -108,7 +108,7 @@ impl Registry {
 
     /// Adds the connector steps (`http`, `mcp`) where no handler of that
     /// name was registered already.
-    pub fn add_connectors(&mut self, store: Arc<dyn tok_store::Store>) -> &mut Self {
+    pub fn add_connectors(&mut self, store: Arc<dyn tok_store::ConnectionStore>) -> &mut Self {
         if !self.steps.contains_key("http") {
             self.register("http", crate::steps::http::Http::new(store.clone()));
         }

@@ -220,10 +220,9 @@ fn busiest<'a, K: Eq + Hash + ?Sized>(
         .map(|(tenant, n)| (tenant, n, distinct))
 }
 
-/// The tenant crowding a queue of writes (or a dispatch's events, given by
-/// their tenants): one with at least `at_least` of them while another
-/// tenant has some too.
-pub(crate) fn crowding<'a, K: Eq + Hash + ?Sized>(
+/// The tenant crowding a queue of writes (given by their tenants): one
+/// with at least `at_least` of them while another tenant has some too.
+fn crowding<'a, K: Eq + Hash + ?Sized>(
     tenants: impl IntoIterator<Item = &'a K>,
     at_least: usize,
 ) -> Option<&'a K> {
@@ -268,12 +267,6 @@ fn filled_by<T>(batch: &[T], tenant: impl Fn(&T) -> &TenantId) -> Option<TenantI
     three_quarters(batch.iter().map(tenant), batch.len())
         .filter(|(_, n)| *n >= CROWDING)
         .map(|(top, _)| top.clone())
-}
-
-/// The tenant with three quarters or more of a dispatch's events (given by
-/// their tenants), if any.
-pub(crate) fn filling(tenants: &[String]) -> Option<&String> {
-    three_quarters(tenants, tenants.len()).map(|(top, _)| top)
 }
 
 /// Takes out the writes of tenants other than `crowd` (in order, up to a

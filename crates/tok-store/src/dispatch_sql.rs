@@ -1,6 +1,6 @@
-//! The dispatcher's transaction for both backends: pending events of the
-//! inbox become runs and their first jobs (see `rows.rs` for why a macro
-//! per file).
+//! The dispatcher's transaction for both backends ([`crate::DispatchTx`]):
+//! its mechanisms, each a statement or a few; what a dispatch decides with
+//! them is the engine's (see `rows.rs` for why a macro per file).
 
 macro_rules! impl_dispatch {
     (
@@ -29,28 +29,6 @@ macro_rules! impl_dispatch {
             }
         }
 
-        /// Runs of an automation on a ticket started within the last minute.
-        async fn recent_runs(
-            tx: &mut sqlx::Transaction<'_, $db>,
-            tenant: &TenantId,
-            automation: &AutomationId,
-            ticket: &str,
-            now: i64,
-        ) -> Result<i64> {
-            let row = sqlx::query(
-                "SELECT COUNT(*) AS n FROM runs
-                 WHERE tenant_id = $1 AND subject_ticket_id = $2 AND automation_id = $3
-                   AND created_at > $4",
-            )
-            .bind(tenant.as_str())
-            .bind(ticket)
-            .bind(automation.as_str())
-            .bind(now - 60_000)
-            .fetch_one(&mut **tx)
-            .await?;
-            Ok(row.get("n"))
-        }
-
         /// Writes runs (with the steps the dispatch ran for them) and their
         /// first jobs, a statement for all runs, one for their steps and one
         /// for all jobs; returns the ids of the runs written (a run whose
@@ -65,7 +43,7 @@ macro_rules! impl_dispatch {
                 return Ok(Default::default());
             }
             let now = now_ms();
-            let is_handed = |run: &NewRun| handed.is_some_and(|h| h.runs.contains(run.id.as_str()));
+            let is_handed = |run: &NewRun| handed.is_some_and(|h| h.runs.contains(&run.id));
             let rows: Vec<$crate::rows::RunRow> = runs
                 .iter()
                 .map(|(tenant_id, event_id, run)| {
@@ -191,223 +169,159 @@ macro_rules! impl_dispatch {
             Ok((written, claimed))
         }
 
-        /// The dispatcher's transaction ([`InboxStore::dispatch_handing_off`]).
-        async fn dispatch_events(
+
+        /// The open dispatch transaction of some tenants.
+        pub(crate) struct OpenDispatch {
+            tx: sqlx::Transaction<'static, $db>,
+            tenants: Vec<TenantId>,
+            /// The writer's turn (SQLite), held until the transaction ends.
+            _turn: Option<$crate::gate::Turn>,
+        }
+
+        /// Opens a dispatch transaction of `tenants` in `lane`
+        /// ([`InboxStore::begin_dispatch`]).
+        async fn begin_dispatch_in(
             store: &$store,
             tenants: &[TenantId],
-            limit: u32,
-            planner: Planner<'_>,
-            mut handoff: Option<Handoff<'_>>,
             lane: Lane,
-        ) -> Result<Dispatched> {
-            if tenants.is_empty() {
-                return Ok(Dispatched::default());
-            }
+        ) -> Result<Box<dyn DispatchTx>> {
             let writer = store.writer_in(lane).await;
             let mut tx = writer.begin().await?;
             if !plan_prelude!().is_empty() {
                 sqlx::Executor::execute(&mut *tx, plan_prelude!()).await?;
             }
-            // Fair between tenants like the claim: each tenant's oldest
-            // events first, round robin (any tenant may fill the batch
-            // when the others have nothing), so a tenant with a backlog
-            // of thousands does not hold back another tenant's event.
-            let per_tenant = i64::from(limit);
-            let rows = sqlx::query(dispatch_select!())
-                .bind(list(tenants.iter().map(|t| t.as_str())))
-                .bind(i64::from(limit))
-                .bind(per_tenant)
-                .fetch_all(&mut *tx)
-                .await?;
-            // Others first: when one tenant has `DISPATCH_CROWDING` or
-            // more of the batch's events and other tenants have some too,
-            // this dispatch takes only the others' (a short transaction,
-            // so their runs do not wait behind the crowd's); the next one
-            // takes its batch in order, so the crowding tenant waits for
-            // at most one. (Rolled back, it leaves the flag set: the next
-            // dispatch then goes in order, which is always safe.)
-            let selected = rows.len();
-            let went_first = store.others_went_first.load(std::sync::atomic::Ordering::Relaxed);
-            let owners: Vec<String> = rows.iter().map(|row| row.get("tenant_id")).collect();
-            // A full batch mostly of one tenant's events: it has more waiting.
-            let backlog = match selected as u64 == u64::from(limit) {
-                true => $crate::batch::filling(&owners).map(|t| TenantId::from(t.clone())),
-                false => None,
-            };
-            let rows = match $crate::batch::crowding(&owners, $crate::rows::DISPATCH_CROWDING) {
-                Some(crowd) if !went_first => rows
-                    .into_iter()
-                    .zip(&owners)
-                    .filter(|(_, owner)| *owner != crowd)
-                    .map(|(row, _)| row)
-                    .collect(),
-                _ => rows,
-            };
-            if lane == Lane::Bulk {
-                // An urgent dispatch takes other tenants' events out of
-                // turn; the alternation is the bulk dispatches'.
-                store.others_went_first
-                    .store(rows.len() < selected, std::sync::atomic::Ordering::Relaxed);
+            Ok(Box::new(OpenDispatch {
+                tx,
+                tenants: tenants.to_vec(),
+                _turn: writer.into_turn(),
+            }))
+        }
+
+        #[async_trait::async_trait]
+        impl DispatchTx for OpenDispatch {
+            async fn pending_events(&mut self, limit: u32) -> Result<Vec<PendingEvent>> {
+                if self.tenants.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let rows = sqlx::query(PENDING_EVENTS)
+                    .bind(list(self.tenants.iter().map(|t| t.as_str())))
+                    .bind(i64::from(limit))
+                    .bind(i64::from(limit))
+                    .fetch_all(&mut *self.tx)
+                    .await?;
+                Ok(rows.iter().map(event_from_row).collect())
             }
-            let now = now_ms();
-            // Events of one batch mostly share their automations: each
-            // trigger is looked up once per batch.
-            let mut matching: std::collections::HashMap<(String, Option<String>, Option<String>, String), Vec<Candidate>> =
-                std::collections::HashMap::new();
-            // Runs planned earlier in this batch count for the loop
-            // protection like runs already written.
-            let mut planned_on_ticket: std::collections::HashMap<(String, String, String), i64> =
-                std::collections::HashMap::new();
-            let mut runs = Vec::new();
-            let mut dispatched = Vec::with_capacity(rows.len());
-            let mut received_at = Vec::with_capacity(rows.len());
-            for row in &rows {
-                received_at.push(row.get::<i64, _>("received_at"));
+
+            async fn candidates(&mut self, event: &PendingEvent) -> Result<Vec<Candidate>> {
                 // Webhooks are found by source, internal events by type.
-                let tenant: String = row.get("tenant_id");
-                let target: Option<String> = row.get("target_automation_id");
-                let source_kind: String = row.get("source_kind");
-                let key = row
-                    .get::<Option<String>, _>("event_type")
-                    .or_else(|| row.get::<Option<String>, _>("source_id"));
-                let lookup = (tenant, target, key, source_kind);
-                if !matching.contains_key(&lookup) {
-                    let (tenant, target, key, source_kind) = &lookup;
-                    let found = match target {
-                        Some(target) => {
-                            let sql = format!(
-                                "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2
-                                       AND a.status = 'active'"
-                            );
-                            sqlx::query(&sql)
-                                .bind(tenant)
-                                .bind(target)
-                                .fetch_all(&mut *tx)
-                                .await?
-                        }
-                        None => {
-                            let sql = format!(
-                                "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.trigger_kind = $2
-                                       AND a.trigger_key = $3 AND a.status = 'active'
-                                     ORDER BY a.id"
-                            );
-                            sqlx::query(&sql)
-                                .bind(tenant)
-                                .bind(source_kind)
-                                .bind(key.as_deref())
-                                .fetch_all(&mut *tx)
-                                .await?
-                        }
-                    };
-                    let found = found
-                        .iter()
-                        .map(|r| Candidate {
-                            automation_id: AutomationId::from(r.get::<String, _>("id")),
-                            name: r.get("name"),
-                            version: r.get("current_version"),
-                            definition: r.get::<Json<Value>, _>("definition").0,
-                            recent_runs_on_ticket: 0,
-                        })
-                        .collect();
-                    matching.insert(lookup.clone(), found);
-                }
-                let cached = &matching[&lookup];
-                let id: String = row.get("id");
-                if cached.is_empty() {
-                    // No automation listens: nothing to plan, and the
-                    // payload is never read.
-                    dispatched.push(id);
-                    continue;
-                }
-                let event = event_from_row(row);
-                let plan = match &event.subject_ticket_id {
-                    None => planner(&event, cached),
-                    Some(ticket) => {
-                        let mut found = cached.clone();
-                        for candidate in &mut found {
-                            let written = recent_runs(
-                                &mut tx,
-                                &event.tenant_id,
-                                &candidate.automation_id,
-                                ticket,
-                                now,
-                            )
-                            .await?;
-                            let planned = planned_on_ticket
-                                .get(&(
-                                    event.tenant_id.to_string(),
-                                    candidate.automation_id.to_string(),
-                                    ticket.clone(),
-                                ))
-                                .copied()
-                                .unwrap_or(0);
-                            candidate.recent_runs_on_ticket = written + planned;
-                        }
-                        let plan = planner(&event, &found);
-                        for run in &plan.runs {
-                            *planned_on_ticket
-                                .entry((
-                                    event.tenant_id.to_string(),
-                                    run.automation_id.to_string(),
-                                    ticket.clone(),
-                                ))
-                                .or_default() += 1;
-                        }
-                        plan
+                let found = match &event.target_automation_id {
+                    Some(target) => {
+                        let sql = format!(
+                            "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.id = $2
+                                   AND a.status = 'active'"
+                        );
+                        sqlx::query(&sql)
+                            .bind(event.tenant_id.as_str())
+                            .bind(target.as_str())
+                            .fetch_all(&mut *self.tx)
+                            .await?
+                    }
+                    None => {
+                        let sql = format!(
+                            "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND a.trigger_kind = $2
+                                   AND a.trigger_key = $3 AND a.status = 'active'
+                                 ORDER BY a.id"
+                        );
+                        sqlx::query(&sql)
+                            .bind(event.tenant_id.as_str())
+                            .bind(&event.source_kind)
+                            .bind(event.trigger_key())
+                            .fetch_all(&mut *self.tx)
+                            .await?
                     }
                 };
-                for note in &plan.notes {
-                    let cause = $crate::desk::Cause {
-                        automation_id: Some(note.automation_id.clone()),
-                        ..Default::default()
-                    };
-                    trace_in(&mut tx, &event.tenant_id, &note.ticket_id, &note.kind, &note.message, &cause)
-                        .await?;
-                }
-                for run in plan.runs {
-                    runs.push((event.tenant_id.clone(), event.id.clone(), run));
-                }
-                dispatched.push(id);
+                Ok(found
+                    .iter()
+                    .map(|r| Candidate {
+                        automation_id: AutomationId::from(r.get::<String, _>("id")),
+                        name: r.get("name"),
+                        version: r.get("current_version"),
+                        definition: r.get::<Json<Value>, _>("definition").0,
+                        recent_runs_on_ticket: 0,
+                    })
+                    .collect())
             }
-            // The runs the dispatching node starts itself: their first
-            // step is due now, and no queue key orders them behind
-            // another run's job.
-            let token = random_token();
-            let mut taken = std::collections::HashSet::new();
-            if let Some(handoff) = handoff.as_mut() {
-                for (tenant, _, run) in &runs {
-                    if run.first_path.is_some() && run.queue_key.is_none() && (handoff.take)(tenant) {
-                        taken.insert(run.id.as_str());
-                    }
+
+            async fn runs_on_ticket(
+                &mut self,
+                tenant: &TenantId,
+                automation: &AutomationId,
+                ticket: &str,
+                since: i64,
+            ) -> Result<i64> {
+                let row = sqlx::query(
+                    "SELECT COUNT(*) AS n FROM runs
+                     WHERE tenant_id = $1 AND subject_ticket_id = $2 AND automation_id = $3
+                       AND created_at > $4",
+                )
+                .bind(tenant.as_str())
+                .bind(ticket)
+                .bind(automation.as_str())
+                .bind(since)
+                .fetch_one(&mut *self.tx)
+                .await?;
+                Ok(row.get("n"))
+            }
+
+            async fn trace(
+                &mut self,
+                tenant: &TenantId,
+                ticket_id: &str,
+                kind: &str,
+                message: &str,
+                cause: &Cause,
+            ) -> Result<()> {
+                trace_in(&mut self.tx, tenant, ticket_id, kind, message, cause).await
+            }
+
+            async fn insert_runs(
+                &mut self,
+                runs: &[(TenantId, EventId, NewRun)],
+                claims: Option<Claims<'_>>,
+            ) -> Result<Vec<ClaimedJob>> {
+                let token = random_token();
+                let handed = claims.as_ref().map(|c| $crate::rows::HandedOff {
+                    node: c.node,
+                    lease_ms: c.lease_ms,
+                    token: &token,
+                    runs: c.runs,
+                });
+                let (written, claimed) = insert_runs(&mut self.tx, runs, handed.as_ref()).await?;
+                if written.len() > claimed.len() && !notify_work!().is_empty() {
+                    // Workers in other processes hear of the new jobs at commit.
+                    sqlx::query(notify_work!()).execute(&mut *self.tx).await?;
                 }
+                Ok(claimed)
             }
-            let handed = handoff.as_ref().map(|h| $crate::rows::HandedOff {
-                node: h.node,
-                lease_ms: h.lease_ms,
-                token: &token,
-                runs: &taken,
-            });
-            let (written, claimed) = insert_runs(&mut tx, &runs, handed.as_ref()).await?;
-            if written.len() > claimed.len() && !notify_work!().is_empty() {
-                // Workers in other processes hear of the new jobs at commit.
-                sqlx::query(notify_work!()).execute(&mut *tx).await?;
+
+            async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()> {
+                sqlx::query(concat!(
+                    "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
+                         WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
+                ))
+                .bind(list(self.tenants.iter().map(|t| t.as_str())))
+                .bind(list(events.iter().map(|e| e.as_str())))
+                .bind(now_ms())
+                .execute(&mut *self.tx)
+                .await?;
+                Ok(())
             }
-            sqlx::query(concat!(
-                "UPDATE event_inbox SET status = 'dispatched', dispatched_at = $3
-                     WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
-            ))
-            .bind(list(tenants.iter().map(|t| t.as_str())))
-            .bind(list(dispatched.iter().map(|e| e.as_str())))
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            Ok(Dispatched {
-                left: selected - rows.len(),
-                received_at,
-                claimed,
-                backlog,
-            })
+
+            async fn commit(self: Box<Self>) -> Result<()> {
+                let OpenDispatch { tx, _turn, .. } = *self;
+                tx.commit().await?;
+                Ok(())
+            }
         }
     };
 }

@@ -28,20 +28,25 @@
 //! - `claim_prelude!()`: the statements a claim's transaction begins with;
 //!   `plan_prelude!()`: those the dispatch's and the records' transactions
 //!   begin with (empty: none).
-//! - `claim_candidates!()`: the fair selection of claimable jobs: `$1` the
-//!   tenants, `$2` how many of each, `$3` how many in all.
-//! - `dispatch_select!()`: the fair selection of pending events: `$1` the
-//!   tenants, `$2` how many in all, `$3` how many of each.
 //! - `leases_of_node!()`: the jobs whose leases a node (`$1`) releases at
 //!   its start.
 //! - `notify_work!()`: a statement telling other processes that jobs are
 //!   ready (empty: nobody to tell).
+//!
+//! Two queries differ as a whole, and each backend's is a file of its own
+//! in `queries/`: `CLAIM_CANDIDATES` (`queries/claim.*.sql`), the claim's
+//! fair selection of claimable jobs, and `PENDING_EVENTS`
+//! (`queries/pending_events.*.sql`), the dispatch's fair selection of
+//! pending events; each file says what it binds.
 //!
 //! Besides these each backend has `list` (how a list is bound) and
 //! `UPDATE_STAYING_RUNS_APART` (whether a run whose status and ticket stay
 //! is updated by a statement that does not name them).
 
 pub(crate) mod postgres {
+    pub(crate) const CLAIM_CANDIDATES: &str = include_str!("queries/claim.postgres.sql");
+    pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.postgres.sql");
+
     macro_rules! db_now {
         () => {
             "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT"
@@ -145,59 +150,6 @@ pub(crate) mod postgres {
         };
     }
 
-    macro_rules! claim_candidates {
-        () => {
-            "SELECT id, tenant_id, queue_key FROM (
-            SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
-                row_number() OVER (PARTITION BY j.tenant_id
-                                   ORDER BY j.priority DESC, j.run_after, j.id) AS rk
-            FROM unnest($1::text[]) AS t(id)
-            CROSS JOIN LATERAL (
-                SELECT k.id, k.tenant_id, k.queue_key, k.priority, k.run_after
-                FROM jobs k
-                WHERE k.tenant_id = t.id
-                  AND k.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT
-                  AND (k.locked_until IS NULL
-                       OR k.locked_until < (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT)
-                  AND NOT k.held
-                  AND (k.queue_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM jobs q
-                        WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
-                          AND q.id <> k.id
-                          AND (q.locked_until >= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT
-                               OR (q.id < k.id AND NOT q.held
-                                   AND q.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT))))
-                ORDER BY k.priority DESC, k.run_after, k.id
-                LIMIT $2
-                FOR UPDATE SKIP LOCKED
-            ) j
-        ) c
-        ORDER BY rk, priority DESC, run_after, id
-        LIMIT $3"
-        };
-    }
-
-    macro_rules! dispatch_select {
-        () => {
-            "SELECT * FROM (
-            SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
-            FROM unnest($1::text[]) AS t(id)
-            CROSS JOIN LATERAL (
-                SELECT id, tenant_id, source_id, source_kind, payload, params, depth, cause_run_id,
-                origin_automation_id, target_automation_id, event_type, subject_ticket_id,
-                received_at
-                FROM event_inbox
-                WHERE status = 'pending' AND tenant_id = t.id
-                ORDER BY received_at, id
-                LIMIT $3
-                FOR UPDATE SKIP LOCKED
-            ) e
-        ) c
-        ORDER BY rk, received_at, id
-        LIMIT $2"
-        };
-    }
-
     macro_rules! leases_of_node {
         () => {
             "locked_by = $1"
@@ -212,13 +164,16 @@ pub(crate) mod postgres {
     }
 
     pub(crate) use {
-        any_of, batch_rows, claim_candidates, claim_prelude, db_now, dispatch_select,
-        leases_of_node, lock_group, lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked,
-        notify_work, plan_prelude, seek_keys, unindexed, unindexed_any_of,
+        any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
+        lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
+        unindexed, unindexed_any_of,
     };
 }
 
 pub(crate) mod sqlite {
+    pub(crate) const CLAIM_CANDIDATES: &str = include_str!("queries/claim.sqlite.sql");
+    pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.sqlite.sql");
+
     macro_rules! db_now {
         () => {
             "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
@@ -302,54 +257,6 @@ pub(crate) mod sqlite {
         };
     }
 
-    macro_rules! claim_candidates {
-        () => {
-            "SELECT id, tenant_id, queue_key FROM (
-            SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
-                row_number() OVER (PARTITION BY j.tenant_id
-                                   ORDER BY j.priority DESC, j.run_after, j.id) AS rk
-            FROM json_each($1) AS t
-            JOIN jobs j ON j.id IN (
-                SELECT k.id FROM jobs k
-                WHERE k.tenant_id = t.value
-                  AND k.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
-                  AND (k.locked_until IS NULL
-                       OR k.locked_until < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
-                  AND NOT k.held
-                  AND (k.queue_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM jobs q
-                        WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
-                          AND q.id <> k.id
-                          AND (q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
-                               OR (q.id < k.id AND NOT q.held
-                                   AND q.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))))
-                ORDER BY k.priority DESC, k.run_after, k.id
-                LIMIT $2)
-        )
-        ORDER BY rk, priority DESC, run_after, id
-        LIMIT $3"
-        };
-    }
-
-    macro_rules! dispatch_select {
-        () => {
-            "SELECT * FROM (
-            SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth, e.cause_run_id,
-                e.origin_automation_id, e.target_automation_id, e.event_type, e.subject_ticket_id,
-                e.received_at,
-                row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
-            FROM json_each($1) AS t
-            JOIN event_inbox e ON e.id IN (
-                SELECT k.id FROM event_inbox k
-                WHERE k.status = 'pending' AND k.tenant_id = t.value
-                ORDER BY k.received_at, k.id
-                LIMIT $3)
-        )
-        ORDER BY rk, received_at, id
-        LIMIT $2"
-        };
-    }
-
     // One process serves the file: at its start, every lease is its own
     // (`$1` is bound, and unused).
     macro_rules! leases_of_node {
@@ -365,8 +272,8 @@ pub(crate) mod sqlite {
     }
 
     pub(crate) use {
-        any_of, batch_rows, claim_candidates, claim_prelude, db_now, dispatch_select,
-        leases_of_node, lock_group, lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked,
-        notify_work, plan_prelude, seek_keys, unindexed, unindexed_any_of,
+        any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
+        lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
+        unindexed, unindexed_any_of,
     };
 }

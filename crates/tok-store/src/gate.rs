@@ -144,13 +144,13 @@ impl WriteGate {
 /// dropped. Bind it to a name that outlives the transaction begun on it.
 pub(crate) struct Writer<'a, DB: sqlx::Database> {
     pool: &'a sqlx::Pool<DB>,
-    _turn: Option<Turn>,
+    turn: Option<Turn>,
 }
 
 impl<'a, DB: sqlx::Database> Writer<'a, DB> {
     /// A pool that needs no gate (PostgreSQL: many writers).
     pub(crate) fn ungated(pool: &'a sqlx::Pool<DB>) -> Self {
-        Self { pool, _turn: None }
+        Self { pool, turn: None }
     }
 
     pub(crate) async fn gated(pool: &'a sqlx::Pool<DB>, gate: &WriteGate, lane: Lane) -> Self {
@@ -159,7 +159,13 @@ impl<'a, DB: sqlx::Database> Writer<'a, DB> {
 
     /// The pool for a turn already taken at its gate (or none: ungated).
     pub(crate) fn holding(pool: &'a sqlx::Pool<DB>, turn: Option<Turn>) -> Self {
-        Self { pool, _turn: turn }
+        Self { pool, turn }
+    }
+
+    /// The turn, for a transaction begun on the pool that outlives this
+    /// borrow of it (hold it until the transaction ends).
+    pub(crate) fn into_turn(self) -> Option<Turn> {
+        self.turn
     }
 }
 

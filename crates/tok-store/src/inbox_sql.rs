@@ -283,15 +283,12 @@ macro_rules! impl_inbox {
                 self.events.submit((tenant.clone(), event)).await
             }
 
-            async fn dispatch_handing_off(
+            async fn begin_dispatch(
                 &self,
                 tenants: &[TenantId],
-                limit: u32,
-                planner: Planner<'_>,
-                handoff: Option<Handoff<'_>>,
                 lane: Lane,
-            ) -> Result<Dispatched> {
-                dispatch_events(self, tenants, limit, planner, handoff, lane).await
+            ) -> Result<Box<dyn DispatchTx>> {
+                begin_dispatch_in(self, tenants, lane).await
             }
 
             async fn start_run(

@@ -20,6 +20,7 @@ mod connections_sql;
 mod definitions_sql;
 pub mod desk;
 mod desk_sql;
+pub mod dispatch;
 mod dispatch_sql;
 mod fragments;
 mod gate;
@@ -50,6 +51,7 @@ use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
+pub use dispatch::{Claims, DispatchTx};
 pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
@@ -93,44 +95,6 @@ pub enum StoreError {
     /// again fails the same way. The message says what is wrong.
     #[error("{0}")]
     Refused(String),
-}
-
-/// The dispatcher's pure decision for one event: given the event and the
-/// automations whose trigger matches, which runs to create.
-pub type Planner<'a> = &'a (dyn Fn(&PendingEvent, &[Candidate]) -> Plan + Send + Sync);
-
-/// A dispatching process's offer to run new jobs itself. It is asked once
-/// for each new run whose first step is due now and has no queue key, in
-/// the order the runs are written, whether it takes that run's job.
-pub struct Handoff<'a> {
-    /// The node the taken jobs are leased to.
-    pub node: &'a str,
-    pub lease_ms: i64,
-    pub take: &'a mut (dyn FnMut(&TenantId) -> bool + Send),
-}
-
-/// What one dispatch transaction did.
-#[derive(Debug, Default)]
-pub struct Dispatched {
-    /// Events selected but left pending for the next dispatch (a crowding
-    /// tenant's, while other tenants' went first).
-    pub left: usize,
-    /// When each event taken from the inbox was received (Unix ms), for the
-    /// inbox lag.
-    pub received_at: Vec<i64>,
-    /// Jobs written claimed by the [`Handoff`]'s node, for it to run now.
-    pub claimed: Vec<ClaimedJob>,
-    /// The tenant whose events filled most of a full batch: it has a
-    /// backlog, and other tenants' new events need not wait behind it
-    /// (the dispatcher takes those apart, in the urgent lane).
-    pub backlog: Option<TenantId>,
-}
-
-impl Dispatched {
-    /// Events taken from the inbox.
-    pub fn events(&self) -> usize {
-        self.received_at.len()
-    }
 }
 
 /// Tenants, API keys: the platform-level part.
@@ -190,37 +154,13 @@ pub trait InboxStore: Send + Sync {
     async fn accept_event(&self, tenant: &TenantId, event: NewEvent)
     -> Result<(EventId, Accepted)>;
 
-    /// Takes up to `limit` pending events of `tenants`, asks `planner` which
-    /// runs each one starts, and in one transaction per batch creates those
-    /// runs with their first jobs and marks the events dispatched. A run that
-    /// already exists for (event, automation) is left alone, so dispatching
-    /// the same event twice is harmless. Returns the number of events taken.
-    async fn dispatch(
-        &self,
-        tenants: &[TenantId],
-        limit: u32,
-        planner: Planner<'_>,
-    ) -> Result<usize> {
-        Ok(self
-            .dispatch_handing_off(tenants, limit, planner, None, Lane::Bulk)
-            .await?
-            .events())
-    }
-
-    /// [`dispatch`](Self::dispatch), and the jobs `handoff` takes are
-    /// written already claimed by its node, in the same transaction: the
-    /// dispatching process starts them at once, with no claim in between.
-    /// `lane` is where the transaction waits for a store with one writer
-    /// (SQLite): [`Lane::Urgent`] for the events of tenants that do not
-    /// crowd the queue, which then wait for no queued claim or dispatch.
-    async fn dispatch_handing_off(
-        &self,
-        tenants: &[TenantId],
-        limit: u32,
-        planner: Planner<'_>,
-        handoff: Option<Handoff<'_>>,
-        lane: Lane,
-    ) -> Result<Dispatched>;
+    /// Opens the dispatcher's transaction for the pending events of
+    /// `tenants` ([`DispatchTx`]). `lane` is where it waits for a store
+    /// with one writer (SQLite): [`Lane::Urgent`] for the events of tenants
+    /// that do not crowd the queue, which then wait for no queued claim or
+    /// dispatch.
+    async fn begin_dispatch(&self, tenants: &[TenantId], lane: Lane)
+    -> Result<Box<dyn DispatchTx>>;
 
     /// Starts one run directly (a manual start): writes its event, the run
     /// and its first job in one transaction. A repeated idempotency key

@@ -152,6 +152,16 @@ pub struct PendingEvent {
     pub received_at: i64,
 }
 
+impl PendingEvent {
+    /// What the triggers of the automations it starts name besides its
+    /// kind: an internal event's type, a webhook's source.
+    pub fn trigger_key(&self) -> Option<&str> {
+        self.event_type
+            .as_deref()
+            .or(self.source_id.as_ref().map(|s| s.as_str()))
+    }
+}
+
 /// An active automation whose trigger matches an event, with the definition of
 /// its current version.
 #[derive(Debug, Clone)]

@@ -54,8 +54,6 @@ pub struct PgStore {
     pool: PgPool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
-    /// The last dispatch took only other tenants' events (see `dispatch_handing_off`).
-    others_went_first: std::sync::atomic::AtomicBool,
 }
 
 impl PgStore {
@@ -103,7 +101,6 @@ impl PgStore {
             pool,
             events,
             records,
-            others_went_first: Default::default(),
         })
     }
 

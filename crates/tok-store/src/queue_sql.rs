@@ -37,7 +37,7 @@ macro_rules! impl_queue {
                 // Candidates come fairly ordered (each tenant's first job,
                 // then each tenant's second, …), over-fetched so that jobs
                 // sharing a queue key can be dropped here.
-                let candidates = sqlx::query(claim_candidates!())
+                let candidates = sqlx::query(CLAIM_CANDIDATES)
                     .bind(list(tenants.iter().map(|t| t.as_str())))
                     .bind(i64::from(limit))
                     .bind(i64::from(limit) * 2)

@@ -2,9 +2,11 @@
 //! process clock, and the layout of the queries for both backends.
 //!
 //! The SQL of PostgreSQL and SQLite differs in a handful of fragments (the
-//! database clock, how a list of ids is bound, row locking, the fair
-//! selection of events and jobs: `fragments.rs` defines them per backend,
-//! named for what they mean); everything else is the same text. Each
+//! database clock, how a list of ids is bound, row locking: `fragments.rs`
+//! defines them per backend, named for what they mean) and in two whole
+//! queries, the fair selections of jobs to claim and of events to
+//! dispatch (a file per backend each, in `queries/`); everything else is
+//! the same text. Each
 //! part of the store is one file with one macro (`admin_sql.rs` has
 //! `impl_admin!`, `inbox_sql.rs` `impl_inbox!`, …) that expands that part's
 //! trait implementation for one backend with its fragments spliced in at
@@ -28,10 +30,6 @@ pub fn now_ms() -> i64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or_default()
 }
-
-/// A tenant with this many events in one dispatch's batch crowds it: the
-/// other tenants' events in the batch are dispatched first, on their own.
-pub(crate) const DISPATCH_CROWDING: usize = 4;
 
 /// Events older than this no longer deduplicate a repeated idempotency key.
 pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
@@ -66,7 +64,7 @@ pub(crate) struct HandedOff<'a> {
     pub(crate) lease_ms: i64,
     pub(crate) token: &'a str,
     /// The runs, by id.
-    pub(crate) runs: &'a std::collections::HashSet<&'a str>,
+    pub(crate) runs: &'a std::collections::HashSet<tok_core::ids::RunId>,
 }
 
 pub(crate) struct JobRow<'a> {

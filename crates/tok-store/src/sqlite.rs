@@ -49,8 +49,6 @@ pub struct SqliteStore {
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
     _checkpointer: Checkpointer,
-    /// The last dispatch took only other tenants' events (see `dispatch_handing_off`).
-    others_went_first: std::sync::atomic::AtomicBool,
 }
 
 /// How often the background checkpoint copies the WAL into the database.
@@ -150,7 +148,6 @@ impl SqliteStore {
             events,
             records,
             _checkpointer: checkpointer,
-            others_went_first: Default::default(),
         })
     }
 

@@ -19,7 +19,10 @@ use tok_core::contract::{self, Param, ParamType};
 use tok_core::ids::TenantId;
 use tok_engine::Registry;
 use tok_engine::definitions::prepare;
-use tok_store::{NewGroup, NewSource, NewTicketType, Source, Store, hash_secret, random_token};
+use tok_store::{
+    AdminStore, DefinitionStore, DeskStore, NewGroup, NewSource, NewTicketType, Source, Store,
+    hash_secret, random_token,
+};
 
 /// The demo tenant's name: a tenant of this name means the demo is seeded.
 pub const TENANT_NAME: &str = "Demo";
@@ -124,7 +127,7 @@ pub async fn seed(
     })
 }
 
-async fn find_tenant(store: &dyn Store) -> anyhow::Result<Option<TenantId>> {
+async fn find_tenant(store: &dyn AdminStore) -> anyhow::Result<Option<TenantId>> {
     for id in store.tenant_ids().await? {
         if let Some(tenant) = store.tenant(&id).await?
             && tenant.name == TENANT_NAME
@@ -136,7 +139,7 @@ async fn find_tenant(store: &dyn Store) -> anyhow::Result<Option<TenantId>> {
 }
 
 async fn ensure_groups(
-    store: &dyn Store,
+    store: &dyn DeskStore,
     tenant: &TenantId,
     added: &mut Vec<String>,
 ) -> anyhow::Result<()> {
@@ -164,7 +167,7 @@ async fn ensure_groups(
 }
 
 async fn ensure_ticket_types(
-    store: &dyn Store,
+    store: &dyn DeskStore,
     tenant: &TenantId,
     added: &mut Vec<String>,
 ) -> anyhow::Result<()> {
@@ -213,7 +216,7 @@ fn converter_params() -> Vec<Param> {
 }
 
 async fn ensure_source(
-    store: &dyn Store,
+    store: &dyn DefinitionStore,
     tenant: &TenantId,
     name: &str,
     params: Vec<Param>,
@@ -314,7 +317,7 @@ fn converter_errors(converter: &Source) -> Value {
 }
 
 async fn ensure_automations(
-    store: &dyn Store,
+    store: &dyn DefinitionStore,
     registry: &Registry,
     tenant: &TenantId,
     definitions: &[Value],

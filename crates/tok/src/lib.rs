@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tok_engine::{Engine, EngineConfig, Registry};
 use tok_server::AppState;
-use tok_store::{Store, hash_secret, random_token};
+use tok_store::{AdminStore, Store, hash_secret, random_token};
 
 use crate::config::Config;
 
@@ -39,7 +39,7 @@ fn redact(url: &str) -> String {
 }
 
 /// Makes sure a platform admin key exists; prints a generated one once.
-async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<()> {
+async fn ensure_admin_key(store: &dyn AdminStore, config: &Config) -> anyhow::Result<()> {
     if let Some(key) = &config.admin_key {
         store.add_admin_key(&hash_secret(&key.0)).await?;
     } else if !store.has_admin_key().await? {

@@ -4,17 +4,21 @@
 //! tenant's backlog fills its dispatches ([`crate::fairness::Backlog`]), an
 //! urgent loop takes the other tenants' new events apart, in the writer's
 //! urgent lane. Each dispatch may start the runs it creates in this
-//! process's free slots at once ([`crate::fairness::Offer`]); [`plan`]
+//! process's free slots at once ([`crate::fairness::Offer`]). [`batch`]
+//! makes one dispatch transaction of the store's mechanisms; [`plan`]
 //! decides the runs, purely.
 
+mod batch;
 pub mod plan;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tok_core::ids::TenantId;
-use tok_store::Lane;
+use tok_store::{InboxStore, Lane};
 use tokio::sync::watch;
+
+pub use batch::Dispatched;
 
 use crate::execute::pool;
 use crate::{Inner, stopping};
@@ -29,7 +33,11 @@ async fn dispatch_once(
     lane: Lane,
     least: u32,
     all_reserved: bool,
-) -> tok_store::Result<(tok_store::Dispatched, u32)> {
+) -> tok_store::Result<(Dispatched, u32)> {
+    if tenants.is_empty() {
+        return Ok((Dispatched::default(), least));
+    }
+    let store: &dyn InboxStore = &*inner.store;
     let planned = crate::stream::Planned::default();
     let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
         let plan = plan::plan(
@@ -44,19 +52,22 @@ async fn dispatch_once(
     };
     let most = 4 * least;
     let mut offer = pool::offer(inner, most as usize, all_reserved);
-    let batch = offer
+    let size = offer
         .as_ref()
         .map_or(least, |o| (o.free() as u32).clamp(least, most));
     let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
-    let handoff = tok_store::Handoff {
+    let handoff = batch::Handoff {
         node: &inner.config.node_id,
         lease_ms: inner.lease_ms(),
         take: &mut take,
     };
-    let mut dispatched = inner
-        .store
-        .dispatch_handing_off(tenants, batch, &planner, Some(handoff), lane)
-        .await;
+    let mut dispatched = match store.begin_dispatch(tenants, lane).await {
+        Ok(tx) => {
+            let bulk = lane == Lane::Bulk;
+            batch::dispatch(tx, size, bulk, &inner.crowding, &planner, Some(handoff)).await
+        }
+        Err(e) => Err(e),
+    };
     let claimed = match &mut dispatched {
         Ok(d) => {
             // Before the handed-off jobs run: their steps come after.
@@ -77,7 +88,7 @@ async fn dispatch_once(
     if dispatched.events() > 0 {
         inner.work.notify_one();
     }
-    Ok((dispatched, batch))
+    Ok((dispatched, size))
 }
 
 pub(crate) async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {

@@ -14,6 +14,8 @@
 //! its first step that needs a worker — a run of control steps only is
 //! complete when its event is dispatched.
 
+use std::collections::HashMap;
+
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 use tok_core::advance::{Env, Input, RunState, StepClass, Then, Transition, advance};
@@ -21,7 +23,7 @@ use tok_core::condition::Condition;
 use tok_core::context::Context;
 use tok_core::definition::Automation;
 use tok_core::flow::{self, Next};
-use tok_core::ids::RunId;
+use tok_core::ids::{AutomationId, RunId, TenantId};
 use tok_core::path::FlowPath;
 use tok_core::run::ticket_queue_key;
 use tok_store::{Candidate, NewRun, NextJob, PendingEvent, Plan, PlanNote, RunStatus, StepRecord};
@@ -62,6 +64,40 @@ pub fn initial_context(event: &PendingEvent) -> Context {
 /// Most runs of one automation on one ticket per minute: past it, the
 /// dispatcher skips the automation and says so in the ticket's trace.
 pub const MAX_RUNS_PER_TICKET_PER_MINUTE: i64 = 5;
+
+/// The minute of [`MAX_RUNS_PER_TICKET_PER_MINUTE`], in milliseconds.
+pub const TICKET_WINDOW_MS: i64 = 60_000;
+
+/// The runs one dispatch planned on tickets, by tenant, automation and
+/// ticket: they count for the loop protection like runs already written
+/// (a batch with six events of one ticket starts five runs, not six).
+#[derive(Debug, Default)]
+pub(crate) struct PlannedOnTickets(HashMap<(TenantId, AutomationId, String), i64>);
+
+impl PlannedOnTickets {
+    /// Runs of `automation` this dispatch planned on `ticket` so far.
+    pub(crate) fn planned(
+        &self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        ticket: &str,
+    ) -> i64 {
+        let key = (tenant.clone(), automation.clone(), ticket.to_owned());
+        self.0.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Notes the runs `plan` starts on `ticket`.
+    pub(crate) fn add(&mut self, event: &PendingEvent, ticket: &str, plan: &Plan) {
+        for run in &plan.runs {
+            let key = (
+                event.tenant_id.clone(),
+                run.automation_id.clone(),
+                ticket.to_owned(),
+            );
+            *self.0.entry(key).or_default() += 1;
+        }
+    }
+}
 
 /// Which runs an event starts: one per candidate whose filter passes, less
 /// what loop protection forbids — a change made by an automation does not

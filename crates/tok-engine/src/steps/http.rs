@@ -20,7 +20,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tok_core::error::StepError;
 use tok_core::limits::MAX_OUTPUT_BYTES;
-use tok_store::{Admission, CallOutcome, Connection, Store};
+use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
 use crate::registry::{StepCall, StepHandler};
 
@@ -29,12 +29,12 @@ const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 const MAX_TIMEOUT_MS: u64 = 120_000;
 
 pub(crate) struct Http {
-    store: Arc<dyn Store>,
+    store: Arc<dyn ConnectionStore>,
     client: reqwest::Client,
 }
 
 impl Http {
-    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+    pub(crate) fn new(store: Arc<dyn ConnectionStore>) -> Self {
         // TLS uses rustls with the ring provider (a lighter build than the
         // default); installing it twice is harmless.
         let _ = rustls::crypto::ring::default_provider().install_default();

@@ -41,7 +41,7 @@ use rmcp::{ServiceError, ServiceExt};
 use serde_json::{Map, Value};
 use tok_core::error::StepError;
 use tok_core::limits::MAX_OUTPUT_BYTES;
-use tok_store::{Admission, CallOutcome, Connection, Store};
+use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
 use crate::registry::{StepCall, StepHandler};
 
@@ -57,12 +57,12 @@ const MAX_RESPONSE_BYTES: usize = 16 * MAX_OUTPUT_BYTES;
 type TransportError = StreamableHttpError<reqwest::Error>;
 
 pub(crate) struct Mcp {
-    store: Arc<dyn Store>,
+    store: Arc<dyn ConnectionStore>,
     client: reqwest::Client,
 }
 
 impl Mcp {
-    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+    pub(crate) fn new(store: Arc<dyn ConnectionStore>) -> Self {
         // reqwest is built without a TLS provider; installing ring twice is
         // harmless (see `Http::new`).
         let _ = rustls::crypto::ring::default_provider().install_default();

@@ -1,8 +1,9 @@
-//! The dispatcher's transaction (`InboxStore::dispatch`,
-//! `dispatch_handing_off`): one run per (event, automation) however often
-//! and however concurrently an event is dispatched, only the given tenants'
-//! events, fair between tenants, and the steps and claimed jobs written with
-//! the runs.
+//! The dispatcher's transaction (`InboxStore::begin_dispatch`,
+//! `DispatchTx`): one run per (event, automation) however often and however
+//! concurrently an event is dispatched, only the given tenants' events,
+//! selected fair between tenants, a ticket's recent runs counted, and the
+//! steps and claimed jobs written with the runs. (What a dispatch decides
+//! with these — crowding, loop protection — is the engine's, tested there.)
 
 use super::*;
 
@@ -12,9 +13,10 @@ backend_tests!(
     concurrent_dispatchers_create_one_run_per_event_and_automation,
     dispatch_takes_only_the_given_tenants_events,
     an_event_no_automation_listens_to_is_dispatched_without_planning,
-    a_crowding_tenants_events_wait_for_one_dispatch_of_the_others,
-    a_full_dispatch_names_the_tenant_whose_backlog_filled_it,
-    dispatch_takes_a_small_tenants_event_before_a_large_backlog,
+    pending_events_are_selected_round_robin_between_tenants,
+    a_small_tenants_event_is_selected_with_a_large_backlog,
+    an_urgent_dispatch_takes_only_its_tenants_events,
+    a_dispatch_counts_a_tickets_recent_runs_and_writes_its_trace,
     a_dispatch_writes_the_steps_its_runs_already_ran,
     a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed,
 );
@@ -33,8 +35,7 @@ async fn dispatching_an_event_again_creates_no_second_run(db: &TestDb) {
         .accept_event(&t, webhook_event(&src, "order-1"))
         .await
         .expect("accept");
-    let taken = store
-        .dispatch(&tenants, 10, &one_run_per_candidate)
+    let taken = dispatch(store, &tenants, 10, &one_run_per_candidate)
         .await
         .expect("dispatch");
     assert_eq!(taken, 1, "{backend:?}");
@@ -57,8 +58,7 @@ async fn dispatching_an_event_again_creates_no_second_run(db: &TestDb) {
     assert_eq!(marked, 1, "{backend:?}");
     let stats = store.queue_stats(&tenants).await.expect("stats");
     assert_eq!(stats.pending_events, 1, "{backend:?}");
-    let taken = store
-        .dispatch(&tenants, 10, &one_run_per_candidate)
+    let taken = dispatch(store, &tenants, 10, &one_run_per_candidate)
         .await
         .expect("dispatch");
     assert_eq!(taken, 1, "{backend:?}");
@@ -101,7 +101,7 @@ async fn concurrent_dispatchers_create_one_run_per_event_and_automation(db: &Tes
             tokio::spawn(async move {
                 let mut taken = 0;
                 loop {
-                    match store.dispatch(&tenants, 3, &one_run_per_candidate).await {
+                    match dispatch(&*store, &tenants, 3, &one_run_per_candidate).await {
                         Ok(0) => return Ok(taken),
                         Ok(n) => taken += n,
                         Err(e) => return Err(e),
@@ -160,8 +160,7 @@ async fn dispatch_takes_only_the_given_tenants_events(db: &TestDb) {
         seen.lock().unwrap().push(event.tenant_id.clone());
         one_run_per_candidate(event, candidates)
     };
-    let taken = store
-        .dispatch(std::slice::from_ref(&a), 10, &planner)
+    let taken = dispatch(store, std::slice::from_ref(&a), 10, &planner)
         .await
         .expect("dispatch");
     assert_eq!(taken, 1, "{backend:?}");
@@ -185,8 +184,7 @@ async fn dispatch_takes_only_the_given_tenants_events(db: &TestDb) {
         "{backend:?}"
     );
 
-    let taken = store
-        .dispatch(std::slice::from_ref(&b), 10, &planner)
+    let taken = dispatch(store, std::slice::from_ref(&b), 10, &planner)
         .await
         .expect("dispatch");
     assert_eq!(taken, 1, "{backend:?}");
@@ -216,8 +214,7 @@ async fn an_event_no_automation_listens_to_is_dispatched_without_planning(db: &T
         planned.lock().unwrap().push(event.source_id.clone());
         one_run_per_candidate(event, candidates)
     };
-    let taken = store
-        .dispatch(std::slice::from_ref(&t), 10, &planner)
+    let taken = dispatch(store, std::slice::from_ref(&t), 10, &planner)
         .await
         .expect("dispatch");
     assert_eq!(taken, 2, "{backend:?}: both events taken");
@@ -237,11 +234,11 @@ async fn an_event_no_automation_listens_to_is_dispatched_without_planning(db: &T
     assert_eq!(all_runs(store, &t).await.len(), 1, "{backend:?}");
 }
 
-async fn a_crowding_tenants_events_wait_for_one_dispatch_of_the_others(db: &TestDb) {
+async fn pending_events_are_selected_round_robin_between_tenants(db: &TestDb) {
     let backend = db.backend;
     let store = db.store().await;
     let store = &*store;
-    let mut tenants = Vec::new();
+    let mut ids = Vec::new();
     for (name, events) in [("big", 10), ("b", 2), ("c", 2)] {
         let t = tenant(store, name).await;
         let src = source(store, &t, "eshop").await;
@@ -252,92 +249,46 @@ async fn a_crowding_tenants_events_wait_for_one_dispatch_of_the_others(db: &Test
                 .await
                 .expect("accept");
         }
-        tenants.push((t, src));
+        ids.push(t);
     }
-    let ids: Vec<TenantId> = tenants.iter().map(|(t, _)| t.clone()).collect();
-    let runs_of = |i: usize| all_runs(store, &tenants[i].0);
+    let name = |t: &TenantId| ["big", "b", "c"][ids.iter().position(|i| i == t).unwrap()];
 
-    // Round robin picks 8 of big's events and all 4 of the others':
-    // big crowds the batch, so the others go first, alone.
-    let first = store
-        .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None, Lane::Bulk)
-        .await
-        .expect("dispatch");
-    assert_eq!((first.events(), first.left), (4, 8), "{backend:?}");
-    assert_eq!(runs_of(0).await.len(), 0, "{backend:?}: big waited");
-    assert_eq!(runs_of(1).await.len(), 2, "{backend:?}");
-    assert_eq!(runs_of(2).await.len(), 2, "{backend:?}");
+    // Every tenant's first event, then every tenant's second, …: big's
+    // fill the rest of the batch, oldest first.
+    let mut tx = store.begin_dispatch(&ids, Lane::Bulk).await.expect("begin");
+    let events = tx.pending_events(12).await.expect("select");
+    let owners: Vec<&str> = events.iter().map(|e| name(&e.tenant_id)).collect();
+    assert_eq!(
+        owners,
+        [
+            "big", "b", "c", "big", "b", "c", "big", "big", "big", "big", "big", "big"
+        ],
+        "{backend:?}"
+    );
+    let bigs: Vec<EventId> = events
+        .iter()
+        .filter(|e| name(&e.tenant_id) == "big")
+        .map(|e| e.id.clone())
+        .collect();
 
-    // The next dispatch takes the batch in order, another tenant's new
-    // event with it: big waits for one dispatch at most.
-    store
-        .accept_event(&tenants[1].0, webhook_event(&tenants[1].1, "b-late"))
-        .await
-        .expect("accept");
-    let second = store
-        .dispatch_handing_off(&ids, 12, &one_run_per_candidate, None, Lane::Bulk)
-        .await
-        .expect("dispatch");
-    assert_eq!((second.events(), second.left), (11, 0), "{backend:?}");
-    assert_eq!(runs_of(0).await.len(), 10, "{backend:?}");
-    assert_eq!(runs_of(1).await.len(), 3, "{backend:?}");
+    // They were big's oldest eight.
+    let all = tx.pending_events(100).await.expect("select again");
+    let all: Vec<&PendingEvent> = all.iter().filter(|e| name(&e.tenant_id) == "big").collect();
+    assert_eq!(all.len(), 10, "{backend:?}");
+    assert!(
+        all.windows(2).all(|w| w[0].received_at <= w[1].received_at),
+        "{backend:?}: oldest first"
+    );
+    let oldest: Vec<EventId> = all.iter().take(8).map(|e| e.id.clone()).collect();
+    assert_eq!(bigs, oldest, "{backend:?}");
+
+    // Dropped, the transaction leaves every event pending.
+    drop(tx);
+    let stats = store.queue_stats(&ids).await.expect("stats");
+    assert_eq!(stats.pending_events, 14, "{backend:?}");
 }
 
-async fn a_full_dispatch_names_the_tenant_whose_backlog_filled_it(db: &TestDb) {
-    let backend = db.backend;
-    let store = db.store().await;
-    let store = &*store;
-    let big = tenant(store, "big").await;
-    let big_src = source(store, &big, "eshop").await;
-    webhook_automation(store, &big, "orders", &big_src).await;
-    for i in 0..10 {
-        store
-            .accept_event(&big, webhook_event(&big_src, &format!("big-{i}")))
-            .await
-            .expect("accept");
-    }
-    let small = tenant(store, "small").await;
-    let small_src = source(store, &small, "eshop").await;
-    webhook_automation(store, &small, "orders", &small_src).await;
-    let both = [big.clone(), small.clone()];
-
-    let first = store
-        .dispatch_handing_off(&both, 4, &one_run_per_candidate, None, Lane::Bulk)
-        .await
-        .expect("dispatch");
-    assert_eq!(first.events(), 4, "{backend:?}");
-    assert_eq!(first.backlog.as_ref(), Some(&big), "{backend:?}");
-
-    // The small tenant's new event is dispatched apart, urgently.
-    store
-        .accept_event(&small, webhook_event(&small_src, "small-0"))
-        .await
-        .expect("accept");
-    let urgent = store
-        .dispatch_handing_off(
-            std::slice::from_ref(&small),
-            4,
-            &one_run_per_candidate,
-            None,
-            Lane::Urgent,
-        )
-        .await
-        .expect("urgent dispatch");
-    assert_eq!((urgent.events(), urgent.backlog), (1, None), "{backend:?}");
-    assert_eq!(all_runs(store, &small).await.len(), 1, "{backend:?}");
-    let stats = store.queue_stats(&both).await.expect("stats");
-    assert_eq!(stats.pending_events, 6, "{backend:?}: big's backlog waits");
-
-    // A batch that is not full leaves no backlog behind.
-    let rest = store
-        .dispatch_handing_off(&both, 10, &one_run_per_candidate, None, Lane::Bulk)
-        .await
-        .expect("dispatch");
-    assert_eq!((rest.events(), rest.backlog), (6, None), "{backend:?}");
-    assert_eq!(all_runs(store, &big).await.len(), 10, "{backend:?}");
-}
-
-async fn dispatch_takes_a_small_tenants_event_before_a_large_backlog(db: &TestDb) {
+async fn a_small_tenants_event_is_selected_with_a_large_backlog(db: &TestDb) {
     let backend = db.backend;
     let store = db.store().await;
     let store = &*store;
@@ -345,8 +296,6 @@ async fn dispatch_takes_a_small_tenants_event_before_a_large_backlog(db: &TestDb
     let small = tenant(store, "small").await;
     let src_big = source(store, &big, "eshop").await;
     let src_small = source(store, &small, "eshop").await;
-    webhook_automation(store, &big, "orders", &src_big).await;
-    webhook_automation(store, &small, "orders", &src_small).await;
     for n in 0..300 {
         store
             .accept_event(&big, webhook_event(&src_big, &format!("big-{n}")))
@@ -359,25 +308,136 @@ async fn dispatch_takes_a_small_tenants_event_before_a_large_backlog(db: &TestDb
         .await
         .expect("accept");
 
-    let seen = std::sync::Mutex::new(Vec::new());
-    let planner = |event: &PendingEvent, candidates: &[Candidate]| {
-        seen.lock().unwrap().push(event.tenant_id.clone());
-        one_run_per_candidate(event, candidates)
-    };
-    let tenants = [big.clone(), small.clone()];
-    let taken = store
-        .dispatch(&tenants, 8, &planner)
+    let mut tx = store
+        .begin_dispatch(&[big.clone(), small.clone()], Lane::Bulk)
         .await
-        .expect("dispatch");
-    // The large tenant crowds the batch (7 of its 8 events), so the
-    // small tenant's event is dispatched first, on its own.
-    assert_eq!(taken, 1, "{backend:?}");
-    assert_eq!(
-        *seen.lock().unwrap(),
-        vec![small.clone()],
-        "{backend:?}: the first dispatch did not take the small tenant's event alone"
+        .expect("begin");
+    let events = tx.pending_events(8).await.expect("select");
+    assert_eq!(events.len(), 8, "{backend:?}");
+    let small_at: Vec<usize> = (0..8).filter(|i| events[*i].tenant_id == small).collect();
+    assert!(
+        small_at == [0] || small_at == [1],
+        "{backend:?}: the small tenant's event is among the first: {small_at:?}"
     );
+}
+
+async fn an_urgent_dispatch_takes_only_its_tenants_events(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let big = tenant(store, "big").await;
+    let big_src = source(store, &big, "eshop").await;
+    webhook_automation(store, &big, "orders", &big_src).await;
+    for i in 0..6 {
+        store
+            .accept_event(&big, webhook_event(&big_src, &format!("big-{i}")))
+            .await
+            .expect("accept");
+    }
+    let small = tenant(store, "small").await;
+    let small_src = source(store, &small, "eshop").await;
+    webhook_automation(store, &small, "orders", &small_src).await;
+    store
+        .accept_event(&small, webhook_event(&small_src, "small-0"))
+        .await
+        .expect("accept");
+
+    let mut tx = store
+        .begin_dispatch(std::slice::from_ref(&small), Lane::Urgent)
+        .await
+        .expect("begin");
+    let events = tx.pending_events(4).await.expect("select");
+    assert_eq!(events.len(), 1, "{backend:?}");
+    let candidates = tx.candidates(&events[0]).await.expect("candidates");
+    let runs: Vec<_> = one_run_per_candidate(&events[0], &candidates)
+        .runs
+        .into_iter()
+        .map(|run| (small.clone(), events[0].id.clone(), run))
+        .collect();
+    tx.insert_runs(&runs, None).await.expect("insert");
+    tx.mark_dispatched(&[events[0].id.clone()])
+        .await
+        .expect("mark");
+    tx.commit().await.expect("commit");
     assert_eq!(all_runs(store, &small).await.len(), 1, "{backend:?}");
+    let stats = store
+        .queue_stats(&[big.clone(), small.clone()])
+        .await
+        .expect("stats");
+    assert_eq!(stats.pending_events, 6, "{backend:?}: big's events wait");
+}
+
+async fn a_dispatch_counts_a_tickets_recent_runs_and_writes_its_trace(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let other = tenant(store, "other").await;
+    let src = source(store, &t, "eshop").await;
+    let orders = webhook_automation(store, &t, "orders", &src).await;
+    let audit = webhook_automation(store, &t, "audit", &src).await;
+    // The trace has no need of the ticket's row.
+    let ticket_id = "tk_1".to_string();
+    // Two runs of `orders` on the ticket, one of `audit` on another ticket.
+    for (automation, on) in [(&orders, "mine"), (&orders, "mine"), (&audit, "elsewhere")] {
+        let mut run = new_run(automation, "webhook", None);
+        run.subject_ticket_id = Some(match on {
+            "mine" => ticket_id.clone(),
+            _ => "another".into(),
+        });
+        store
+            .start_run(&t, manual_event(automation), run)
+            .await
+            .expect("start");
+    }
+
+    let mut tx = store
+        .begin_dispatch(&[t.clone(), other.clone()], Lane::Bulk)
+        .await
+        .expect("begin");
+    let since = tok_store::now_ms() - 60_000;
+    let count = |a: &AutomationId| (t.clone(), a.clone());
+    let mut counts = Vec::new();
+    for (tenant, automation) in [
+        count(&orders),
+        count(&audit),
+        (other.clone(), orders.clone()),
+    ] {
+        counts.push(
+            tx.runs_on_ticket(&tenant, &automation, &ticket_id, since)
+                .await
+                .expect("count"),
+        );
+    }
+    assert_eq!(
+        counts,
+        [2, 0, 0],
+        "{backend:?}: by automation, ticket and tenant"
+    );
+    let later = tx
+        .runs_on_ticket(&t, &orders, &ticket_id, tok_store::now_ms() + 1_000)
+        .await
+        .expect("count");
+    assert_eq!(later, 0, "{backend:?}: only runs created after `since`");
+    let cause = tok_store::Cause {
+        automation_id: Some(orders.clone()),
+        ..Default::default()
+    };
+    tx.trace(&t, &ticket_id, "loop_protection", "not started", &cause)
+        .await
+        .expect("trace");
+    tx.commit().await.expect("commit");
+    let trace = store.ticket_trace(&t, &ticket_id).await.expect("trace");
+    let line = trace.last().expect("a line");
+    assert_eq!(
+        (
+            line.kind.as_str(),
+            line.message.as_str(),
+            line.automation_id.as_deref()
+        ),
+        ("loop_protection", "not started", Some(orders.as_str())),
+        "{backend:?}"
+    );
 }
 
 async fn a_dispatch_writes_the_steps_its_runs_already_ran(db: &TestDb) {
@@ -416,8 +476,7 @@ async fn a_dispatch_writes_the_steps_its_runs_already_ran(db: &TestDb) {
         }
         plan
     };
-    store
-        .dispatch(std::slice::from_ref(&t), 10, &planner)
+    dispatch(store, std::slice::from_ref(&t), 10, &planner)
         .await
         .expect("dispatch");
     let runs = all_runs(store, &t).await;
@@ -475,28 +534,21 @@ async fn a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed(db
         offered.push(tenant.clone());
         offered.len() <= 2
     };
-    let handoff = tok_store::Handoff {
-        node: "node-1",
-        lease_ms: LONG_LEASE_MS,
-        take: &mut take,
-    };
-    let dispatched = store
-        .dispatch_handing_off(
-            std::slice::from_ref(&t),
-            10,
-            &one_run_per_candidate,
-            Some(handoff),
-            Lane::Bulk,
-        )
-        .await
-        .expect("dispatch");
-    assert_eq!(dispatched.events(), 3, "{backend:?}");
+    let (taken, handed) = dispatch_claiming(
+        store,
+        std::slice::from_ref(&t),
+        10,
+        &one_run_per_candidate,
+        Some(("node-1", &mut take)),
+    )
+    .await
+    .expect("dispatch");
+    assert_eq!(taken, 3, "{backend:?}");
     assert_eq!(
         offered,
         vec![t.clone(); 3],
         "{backend:?}: asked once per new run"
     );
-    let handed = dispatched.claimed;
     assert_eq!(handed.len(), 2, "{backend:?}: the two runs it took");
     for job in &handed {
         assert_eq!((job.attempt, job.path.as_str()), (1, "0"), "{backend:?}");

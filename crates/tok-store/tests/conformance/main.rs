@@ -208,6 +208,69 @@ fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan
     }
 }
 
+/// A planner: the runs an event starts, given the automations it triggers.
+type Planner<'a> = &'a (dyn Fn(&PendingEvent, &[Candidate]) -> Plan + Sync);
+
+/// One dispatch transaction made of the store's mechanisms as the engine's
+/// dispatcher makes it, without its policy (every selected event is taken,
+/// nobody's runs are counted): each event with automations planned by
+/// `planner`, the runs written, the events marked dispatched. Returns the
+/// number of events taken.
+async fn dispatch(
+    store: &dyn Store,
+    tenants: &[TenantId],
+    limit: u32,
+    planner: Planner<'_>,
+) -> tok_store::Result<usize> {
+    let (taken, _) = dispatch_claiming(store, tenants, limit, planner, None).await?;
+    Ok(taken)
+}
+
+/// Whether a dispatch's node takes a new run of a tenant.
+type Take<'a> = &'a mut (dyn FnMut(&TenantId) -> bool + Send);
+
+/// [`dispatch`], the first jobs of the runs `claims` picks (by tenant,
+/// asked once per new run) written claimed by `claims`' node; returns them
+/// too.
+async fn dispatch_claiming(
+    store: &dyn Store,
+    tenants: &[TenantId],
+    limit: u32,
+    planner: Planner<'_>,
+    mut claims: Option<(&str, Take<'_>)>,
+) -> tok_store::Result<(usize, Vec<ClaimedJob>)> {
+    let mut tx = store.begin_dispatch(tenants, Lane::Bulk).await?;
+    let events = tx.pending_events(limit).await?;
+    let mut runs = Vec::new();
+    for event in &events {
+        let candidates = tx.candidates(event).await?;
+        if candidates.is_empty() {
+            continue;
+        }
+        for run in planner(event, &candidates).runs {
+            runs.push((event.tenant_id.clone(), event.id.clone(), run));
+        }
+    }
+    let mut taken = HashSet::new();
+    if let Some((_, take)) = claims.as_mut() {
+        for (tenant, _, run) in &runs {
+            if take(tenant) {
+                taken.insert(run.id.clone());
+            }
+        }
+    }
+    let claims = claims.map(|(node, _)| tok_store::Claims {
+        node,
+        lease_ms: LONG_LEASE_MS,
+        runs: &taken,
+    });
+    let claimed = tx.insert_runs(&runs, claims).await?;
+    let ids: Vec<EventId> = events.iter().map(|e| e.id.clone()).collect();
+    tx.mark_dispatched(&ids).await?;
+    tx.commit().await?;
+    Ok((events.len(), claimed))
+}
+
 fn step(path: &str, status: tok_store::StepStatus, output: Value) -> StepRecord {
     StepRecord {
         path: path.into(),

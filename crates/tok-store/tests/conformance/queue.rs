@@ -39,9 +39,13 @@ async fn a_small_tenant_is_not_starved_by_a_large_backlog(db: &TestDb) {
     }
     let mut taken = 0;
     loop {
-        let n = store
-            .dispatch(std::slice::from_ref(&big), 25, &one_run_per_candidate)
-            .await;
+        let n = dispatch(
+            store,
+            std::slice::from_ref(&big),
+            25,
+            &one_run_per_candidate,
+        )
+        .await;
         match n.expect("dispatch") {
             0 => break,
             n => taken += n,

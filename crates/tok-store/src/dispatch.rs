@@ -1,0 +1,83 @@
+//! [`DispatchTx`], the dispatcher's transaction: pending events of the inbox
+//! become runs and their first jobs, one transaction per batch of events.
+//!
+//! The store offers the mechanisms only — select the events, find the
+//! automations they trigger, count a ticket's recent runs, write the runs
+//! and mark the events — and the dispatcher (`tok-engine`'s `dispatch`)
+//! decides with them: which of the selected events a batch takes, which
+//! runs each one starts, which of them the dispatching process runs itself.
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
+
+use crate::{Candidate, Cause, ClaimedJob, NewRun, PendingEvent, Result};
+
+/// New runs whose first jobs [`DispatchTx::insert_runs`] writes already
+/// claimed by the dispatching node, which starts them at once.
+pub struct Claims<'a> {
+    /// The node the jobs are leased to.
+    pub node: &'a str,
+    pub lease_ms: i64,
+    /// The runs, by id; each has a first step due now and no queue key.
+    pub runs: &'a HashSet<RunId>,
+}
+
+/// The dispatcher's transaction, open, for the tenants it was begun with
+/// ([`crate::InboxStore::begin_dispatch`]). [`DispatchTx::commit`] commits
+/// everything written through it; dropping it rolls back, and the events
+/// stay pending for the next dispatch.
+#[async_trait]
+pub trait DispatchTx: Send {
+    /// Up to `limit` pending events of the tenants, fair between them: each
+    /// tenant's oldest first, round robin (every tenant's first event, then
+    /// every tenant's second, …), any tenant filling the batch when the
+    /// others have none. They stay locked until the transaction ends:
+    /// another dispatch skips them.
+    async fn pending_events(&mut self, limit: u32) -> Result<Vec<PendingEvent>>;
+
+    /// The active automations `event` triggers, with their current
+    /// definitions: its target automation when it has one, else those whose
+    /// trigger is its kind and [`PendingEvent::trigger_key`], by id.
+    /// (`recent_runs_on_ticket` is 0: counting is
+    /// [`DispatchTx::runs_on_ticket`].)
+    async fn candidates(&mut self, event: &PendingEvent) -> Result<Vec<Candidate>>;
+
+    /// Runs of `automation` on `ticket` created after `since` (Unix ms).
+    async fn runs_on_ticket(
+        &mut self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        ticket: &str,
+        since: i64,
+    ) -> Result<i64>;
+
+    /// Writes a line to a ticket's trace.
+    async fn trace(
+        &mut self,
+        tenant: &TenantId,
+        ticket_id: &str,
+        kind: &str,
+        message: &str,
+        cause: &Cause,
+    ) -> Result<()>;
+
+    /// Writes runs (with the steps the dispatch ran for them) and their
+    /// first jobs, each kind of row in one statement. A run whose (event,
+    /// automation) already has one is not written, nor its steps and job:
+    /// dispatching an event again creates nothing twice. The jobs of
+    /// `claims`' runs are written leased to its node and returned, in the
+    /// order of `runs`; the others are ready for any worker (and workers of
+    /// other processes hear of them when the transaction commits).
+    async fn insert_runs(
+        &mut self,
+        runs: &[(TenantId, EventId, NewRun)],
+        claims: Option<Claims<'_>>,
+    ) -> Result<Vec<ClaimedJob>>;
+
+    /// Marks events of the tenants dispatched.
+    async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()>;
+
+    async fn commit(self: Box<Self>) -> Result<()>;
+}

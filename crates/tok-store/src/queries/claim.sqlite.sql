@@ -1,0 +1,33 @@
+-- The claim's fair selection of claimable jobs (SQLite).
+--   $1  the tenants (a JSON array)
+--   $2  how many jobs of each tenant
+--   $3  how many jobs in all
+-- Each tenant's jobs in its own order (priority, then due time), the
+-- tenants round robin: every tenant's first job, then every tenant's
+-- second, and so on. A job is claimable when it is due, not leased, not
+-- held (a paused run), and no other job of its queue key is leased or
+-- older and due. (The one writer serializes claims: nothing to lock.)
+SELECT id, tenant_id, queue_key FROM (
+    SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
+        row_number() OVER (PARTITION BY j.tenant_id
+                           ORDER BY j.priority DESC, j.run_after, j.id) AS rk
+    FROM json_each($1) AS t
+    JOIN jobs j ON j.id IN (
+        SELECT k.id FROM jobs k
+        WHERE k.tenant_id = t.value
+          AND k.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+          AND (k.locked_until IS NULL
+               OR k.locked_until < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+          AND NOT k.held
+          AND (k.queue_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM jobs q
+                WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
+                  AND q.id <> k.id
+                  AND (q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+                       OR (q.id < k.id AND NOT q.held
+                           AND q.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))))
+        ORDER BY k.priority DESC, k.run_after, k.id
+        LIMIT $2)
+)
+ORDER BY rk, priority DESC, run_after, id
+LIMIT $3
