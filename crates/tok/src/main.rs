@@ -36,6 +36,8 @@ enum Command {
     /// bench` starts, or one for `tok bench --url` (docs/performance.md).
     #[command(name = tok::bench::SERVE_SUBCOMMAND, hide = true)]
     BenchServe,
+    #[command(flatten)]
+    Client(tok::cli::Command),
     /// A worker's script sandbox: runs the JavaScript requests it reads on
     /// stdin. Started by the worker's script pool, not by hand.
     #[command(name = tok_script::SANDBOX_SUBCOMMAND, hide = true)]
@@ -69,6 +71,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
         )
         .init();
+    if let Command::Client(command) = cli.command {
+        // A client needs only TOK_URL and TOK_API_KEY, not the server's configuration.
+        return tok::cli::run(command).await;
+    }
     let config = Config::from_env()?;
     match cli.command {
         Command::Serve { demo } => tok::serve(config, registry()?, ServeOptions { demo }).await,
@@ -84,5 +90,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(options) => tok::bench::run(options).await,
         Command::ScriptSandbox => unreachable!("the sandbox starts before the runtime"),
+        Command::Client(_) => unreachable!("client commands return above"),
     }
 }
