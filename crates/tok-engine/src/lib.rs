@@ -20,6 +20,7 @@ pub mod fairness;
 pub mod registry;
 mod steps;
 pub mod stream;
+pub mod widgets;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -37,6 +38,7 @@ pub use fairness::Fairness;
 pub use registry::{Registry, StepCall, StepHandler};
 pub use steps::script::ScriptStep;
 pub use stream::Stream;
+pub use widgets::{WidgetData, WidgetError, Widgets};
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 

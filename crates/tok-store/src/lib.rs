@@ -35,6 +35,8 @@ mod signals_sql;
 mod sqlite;
 pub mod storable;
 pub mod testing;
+pub mod widgets;
+mod widgets_sql;
 
 use std::sync::Arc;
 
@@ -51,6 +53,7 @@ pub use relay::{Heard, StreamRelay};
 pub use rows::now_ms;
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
+pub use widgets::{NewWidget, Widget, WidgetStore};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -290,6 +293,7 @@ pub trait Store:
     + RecordStore
     + ConnectionStore
     + SignalStore
+    + WidgetStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

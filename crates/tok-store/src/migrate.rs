@@ -32,6 +32,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     8 "0008_leave_room_for_job_updates_in_place",
     9 "0009_leave_room_for_run_updates_in_place",
     10 "0010_create_signals_and_resumes",
+    14 "0014_create_widgets",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -43,6 +44,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     6 "0006_create_connections",
     7 "0007_index_pending_events_in_dispatch_order",
     8 "0008_create_signals_and_resumes",
+    12 "0012_create_widgets",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

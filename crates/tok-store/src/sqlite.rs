@@ -26,6 +26,7 @@ use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::runs_sql::impl_runs;
 use crate::signals_sql::impl_signals;
+use crate::widgets_sql::impl_widgets;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -223,6 +224,11 @@ impl_connections! {
 }
 
 impl_signals! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_widgets! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -20,3 +20,4 @@ mod signals;
 mod signatures;
 mod waits;
 mod webhook;
+mod widgets;

@@ -4,7 +4,7 @@
 //! dropped even when the test fails. One module per part of the store:
 //! `queue` (claims, leases, fencing), `record` (the record transaction),
 //! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
-//! `tenancy` (scoping across all of them) and `migrations`; the setup
+//! `tenancy` (scoping across all of them), `widgets` and `migrations`; the setup
 //! helpers they share are here.
 //!
 //! Tests drive the store only through its public traits and assert on what a
@@ -24,6 +24,7 @@ mod queue;
 mod record;
 mod runs;
 mod tenancy;
+mod widgets;
 
 use std::collections::HashSet;
 use std::sync::Arc;
