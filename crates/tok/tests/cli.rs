@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tok_store::Backend;
-use tok_store::testing::run_on_fresh_db;
+use tok_store::testing::{TestDb, run_on_fresh_db};
 
 use support::{ADMIN_KEY, Api, Server, free_port};
 
@@ -89,54 +89,59 @@ async fn until_status(api: &Api, key: &str, run: &str, status: &str) {
     panic!("run {run} did not become {status} within 30 s");
 }
 
-#[tokio::test]
-async fn apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_one_as_version_2() {
-    run_on_fresh_db(Backend::Sqlite, async |db| {
-        let (_server, api, key) = server(&db.url).await;
-        let dir = db.url.trim_start_matches("sqlite://");
-        let dir = Path::new(dir).parent().unwrap().to_owned();
-        let first = write(&dir, "greeting.json", &greeting("hello"));
+// On both backends: "unchanged" compares the file with the definition as
+// each database gives it back.
+tok_store::backend_tests!(run_on_fresh_db;
+    apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_one_as_version_2,
+);
 
-        let created = ok(tok(&api.base, &key, &["apply", "-f", &first]));
-        assert!(
-            created.starts_with("created automation Greeting (") && created.contains("version 1"),
-            "{created}"
-        );
-        let again = ok(tok(&api.base, &key, &["apply", "-f", &first]));
-        assert!(
-            again.contains("Greeting") && again.contains("unchanged, version 1"),
-            "{again}"
-        );
+async fn apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_one_as_version_2(
+    db: &TestDb,
+) {
+    let (_server, api, key) = server(&db.url).await;
+    let dir = std::env::temp_dir().join(format!("tok-cli-{}", tok_store::random_token()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = write(&dir, "greeting.json", &greeting("hello"));
 
-        let mut changed = greeting("hello again");
-        changed["settings"] = json!({ "retry": { "max_attempts": 2, "backoff": ["7s"] } });
-        let second = write(&dir, "greeting2.json", &changed);
-        let saved = ok(tok(&api.base, &key, &["apply", "-f", &second]));
-        assert!(saved.contains("new version 2 (was 1)"), "{saved}");
-        assert!(saved.contains("~ steps: changed st_log"), "{saved}");
-        assert!(
-            saved.contains("+ settings: ") && saved.contains("max_attempts"),
-            "{saved}"
-        );
-        assert!(
-            !saved.contains("trigger"),
-            "the trigger did not change: {saved}"
-        );
+    let created = ok(tok(&api.base, &key, &["apply", "-f", &first]));
+    assert!(
+        created.starts_with("created automation Greeting (") && created.contains("version 1"),
+        "{created}"
+    );
+    let again = ok(tok(&api.base, &key, &["apply", "-f", &first]));
+    assert!(
+        again.contains("Greeting") && again.contains("unchanged, version 1"),
+        "{again}"
+    );
 
-        let listed = api.get("/api/automations", &key).await;
-        let items = listed["items"].as_array().unwrap();
-        assert_eq!(items.len(), 1, "one automation, by name: {listed}");
-        assert_eq!(items[0]["version"], 2);
+    let mut changed = greeting("hello again");
+    changed["settings"] = json!({ "retry": { "max_attempts": 2, "backoff": ["7s"] } });
+    let second = write(&dir, "greeting2.json", &changed);
+    let saved = ok(tok(&api.base, &key, &["apply", "-f", &second]));
+    assert!(saved.contains("new version 2 (was 1)"), "{saved}");
+    assert!(saved.contains("~ steps: changed st_log"), "{saved}");
+    assert!(
+        saved.contains("+ settings: ") && saved.contains("max_attempts"),
+        "{saved}"
+    );
+    assert!(
+        !saved.contains("trigger"),
+        "the trigger did not change: {saved}"
+    );
 
-        // A definition the server refuses: its code and message are shown.
-        let mut broken = greeting("x");
-        broken["steps"][0]["type"] = json!("no/such-step");
-        let broken = write(&dir, "broken.json", &broken);
-        let refused = failed(tok(&api.base, &key, &["apply", "-f", &broken]));
-        assert!(refused.contains("invalid_definition"), "{refused}");
-        assert!(refused.contains("no/such-step"), "{refused}");
-    })
-    .await;
+    let listed = api.get("/api/automations", &key).await;
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "one automation, by name: {listed}");
+    assert_eq!(items[0]["version"], 2);
+
+    // A definition the server refuses: its code and message are shown.
+    let mut broken = greeting("x");
+    broken["steps"][0]["type"] = json!("no/such-step");
+    let broken = write(&dir, "broken.json", &broken);
+    let refused = failed(tok(&api.base, &key, &["apply", "-f", &broken]));
+    assert!(refused.contains("invalid_definition"), "{refused}");
+    assert!(refused.contains("no/such-step"), "{refused}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

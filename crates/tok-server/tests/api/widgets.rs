@@ -1,8 +1,8 @@
 //! Dashboard widgets through the API, against a local service that counts
 //! the calls it gets: a fresh cache answers with no call, `refresh=true`
 //! makes one, an expired cache makes one; the calls carry the connection's
-//! credentials; a refresh that fails serves the cached answer with its
-//! error; bad widgets are refused with what was expected; and another
+//! credentials and are held back by its rate limit; a refresh that fails
+//! or is held back serves the cached answer with its error; bad widgets are refused with what was expected; and another
 //! tenant sees none of them.
 
 use std::net::SocketAddr;
@@ -22,6 +22,7 @@ backend_tests!(
     crate::helpers::run;
     a_fresh_cache_calls_nothing_and_a_refresh_or_an_expired_cache_calls_once,
     a_failed_refresh_serves_the_cached_answer_with_its_error,
+    the_connections_rate_limit_holds_a_refresh_back,
     bad_widgets_are_refused_with_what_was_expected,
     another_tenants_widgets_are_invisible,
 );
@@ -214,6 +215,44 @@ async fn a_failed_refresh_serves_the_cached_answer_with_its_error(app: &TestApp)
         error["message"].as_str().unwrap().contains("/orders/open"),
         "{error}"
     );
+}
+
+async fn the_connections_rate_limit_holds_a_refresh_back(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(service.clone()).await;
+    let tenant = app.create_tenant("Acme").await;
+    // One call now, then one per thousand seconds.
+    app.post(
+        &tenant.key,
+        "/api/connections",
+        &json!({ "name": "stats", "service": "http", "base_url": format!("http://{addr}"),
+                 "rate": 0.001, "burst": 1 }),
+    )
+    .await
+    .expect(StatusCode::CREATED);
+    let id = widget(app, &tenant, "Open orders", 3600).await;
+    let first = data(app, &tenant, &id, "").await;
+    assert_eq!(first["cached"], false);
+
+    let held = data(app, &tenant, &id, "?refresh=true").await;
+    assert_eq!(held["cached"], true, "{held}");
+    assert_eq!(held["data"], first["data"]);
+    let error = held["error"].as_str().unwrap();
+    assert!(
+        error.contains("connection `stats`") && error.contains("rate limit"),
+        "{error}"
+    );
+
+    let never = widget(app, &tenant, "Backlog", 3600).await;
+    let error = app
+        .get(&tenant.key, &format!("/api/widgets/{never}/data"))
+        .await
+        .expect_error(StatusCode::SERVICE_UNAVAILABLE, "widget_unavailable");
+    assert!(
+        error["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "{error}"
+    );
+    assert_eq!(service.calls(), 1, "the limit held both calls back");
 }
 
 async fn bad_widgets_are_refused_with_what_was_expected(app: &TestApp) {

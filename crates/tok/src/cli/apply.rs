@@ -38,6 +38,8 @@ pub(super) async fn apply(
         return Ok(());
     };
     let id = current["id"].as_str().unwrap_or_default().to_owned();
+    // The automation itself has its current definition, whatever a listing shows.
+    let current = client.get(&format!("/api/automations/{id}")).await?;
     let version = &current["version"];
     // The server keeps the definition as parsed, defaults filled in; the
     // file parsed the same way compares with it. A file the parser refuses
