@@ -2,8 +2,9 @@
 //! the calls it gets: a fresh cache answers with no call, `refresh=true`
 //! makes one, an expired cache makes one; the calls carry the connection's
 //! credentials and are held back by its rate limit; a refresh that fails
-//! or is held back serves the cached answer with its error; bad widgets are refused with what was expected; and another
-//! tenant sees none of them.
+//! or is held back serves the cached answer with its error; bad widgets
+//! are refused with what was expected; and another tenant sees none of
+//! them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
