@@ -1,7 +1,8 @@
 //! `http`: calls a URL, through a connection (credentials, rate limit,
 //! concurrency cap, circuit breaker) or directly. Runs with no database
 //! connection held; the connection's limits are checked in one short
-//! transaction before the call and updated in another after it.
+//! transaction before the call and updated in another after it. The same
+//! call ([`Http::call`]) fetches dashboard widgets' data (`crate::widgets`).
 //!
 //! Every attempt sends `Idempotency-Key: <run id>:<path>`, the same on every
 //! retry. What is retried (DESIGN §5): a connection error, 5xx, 408, 425,
