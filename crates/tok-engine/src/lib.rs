@@ -21,6 +21,7 @@ pub mod registry;
 pub mod scheduler;
 mod steps;
 pub mod stream;
+pub mod widgets;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -38,6 +39,7 @@ pub use fairness::Fairness;
 pub use registry::{Registry, StepCall, StepHandler};
 pub use steps::script::ScriptStep;
 pub use stream::Stream;
+pub use widgets::{WidgetData, WidgetError, Widgets};
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 

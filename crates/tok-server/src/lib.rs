@@ -39,12 +39,15 @@ pub struct AppState {
     pub(crate) sources: Arc<intake::SourceCache>,
     pub(crate) backpressure: Arc<intake::Backpressure>,
     pub(crate) ingest_metrics: Arc<intake::IngestMetrics>,
+    /// Widgets' data through their cache (`GET /api/widgets/{id}/data`).
+    pub(crate) widgets: Arc<tok_engine::Widgets>,
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl AppState {
     pub fn new(engine: Engine, public_url: &str) -> Self {
         Self {
+            widgets: Arc::new(tok_engine::Widgets::new(engine.store().clone())),
             engine,
             public_url: public_url.trim_end_matches('/').into(),
             ready: Arc::default(),
@@ -136,6 +139,7 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::automations::router())
         .merge(routes::runs::router())
         .merge(routes::signals::router())
+        .merge(routes::widgets::router())
         .merge(routes::ticket_types::router())
         .merge(routes::groups::router())
         .merge(routes::tickets::router())

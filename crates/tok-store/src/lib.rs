@@ -42,6 +42,8 @@ pub mod storable;
 pub mod testing;
 pub mod watch;
 mod watch_sql;
+pub mod widgets;
+mod widgets_sql;
 
 use std::sync::Arc;
 
@@ -63,6 +65,7 @@ pub use sqlite::SqliteStore;
 pub use watch::{
     ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, UnfinishedRun, WatchStore,
 };
+pub use widgets::{NewWidget, Widget, WidgetStore};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -242,6 +245,7 @@ pub trait Store:
     + SignalStore
     + ScheduleStore
     + WatchStore
+    + WidgetStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

@@ -27,6 +27,7 @@ use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
 use crate::watch_sql::impl_watch;
+use crate::widgets_sql::impl_widgets;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -201,6 +202,11 @@ impl_schedule! {
 }
 
 impl_watch! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_widgets! {
     store = PgStore,
     db = sqlx::Postgres,
 }

@@ -30,6 +30,7 @@ use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
 use crate::watch_sql::impl_watch;
+use crate::widgets_sql::impl_widgets;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -244,6 +245,11 @@ impl_schedule! {
 }
 
 impl_watch! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_widgets! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -1,7 +1,9 @@
 //! The `tok` binary's library half: configuration and the `serve`,
-//! `migrate` and `bench` commands, callable from tests.
+//! `migrate` and `bench` commands, and the API client behind `apply`,
+//! `runs` and `signal`, callable from tests.
 
 pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod demo;
 

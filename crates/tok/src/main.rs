@@ -36,6 +36,8 @@ enum Command {
     /// bench` starts, or one for `tok bench --url` (docs/performance.md).
     #[command(name = tok::bench::SERVE_SUBCOMMAND, hide = true)]
     BenchServe,
+    #[command(flatten)]
+    Client(tok::cli::Command),
     /// A worker's script sandbox: runs the JavaScript requests it reads on
     /// stdin. Started by the worker's script pool, not by hand.
     #[command(name = tok_script::SANDBOX_SUBCOMMAND, hide = true)]
@@ -83,6 +85,10 @@ fn init_logs(format: LogFormat) {
 #[tokio::main]
 async fn run(cli: Cli) -> anyhow::Result<()> {
     init_logs(LogFormat::from_env()?);
+    if let Command::Client(command) = cli.command {
+        // A client needs only TOK_URL and TOK_API_KEY, not the server's configuration.
+        return tok::cli::run(command).await;
+    }
     let config = Config::from_env()?;
     match cli.command {
         Command::Serve { demo } => tok::serve(config, registry()?, ServeOptions { demo }).await,
@@ -98,5 +104,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(options) => tok::bench::run(options).await,
         Command::ScriptSandbox => unreachable!("the sandbox starts before the runtime"),
+        Command::Client(_) => unreachable!("client commands return above"),
     }
 }

@@ -1,7 +1,8 @@
 //! `http`: calls a URL, through a connection (credentials, rate limit,
 //! concurrency cap, circuit breaker) or directly. Runs with no database
 //! connection held; the connection's limits are checked in one short
-//! transaction before the call and updated in another after it.
+//! transaction before the call and updated in another after it. The same
+//! call ([`Http::call`]) fetches dashboard widgets' data (`crate::widgets`).
 //!
 //! Every attempt sends `Idempotency-Key: <run id>:<path>`, the same on every
 //! retry. What is retried (DESIGN §5): a connection error, 5xx, 408, 425,
@@ -19,6 +20,7 @@ use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tok_core::error::StepError;
+use tok_core::ids::{JobId, TenantId};
 use tok_core::limits::MAX_OUTPUT_BYTES;
 use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
@@ -198,7 +200,7 @@ impl Http {
     /// Sends the request and maps the answer to outputs or a classified error.
     async fn send(
         &self,
-        call: &StepCall,
+        idempotency_key: Option<&str>,
         request: Request,
         connection: Option<&Connection>,
     ) -> (Result<Map<String, Value>, StepError>, CallOutcome) {
@@ -221,7 +223,7 @@ impl Http {
                 }
             }
         }
-        if let Ok(key) = HeaderValue::from_str(&call.idempotency_key) {
+        if let Some(Ok(key)) = idempotency_key.map(HeaderValue::from_str) {
             headers.insert("idempotency-key", key);
         }
         let mut builder = self
@@ -342,13 +344,24 @@ fn classify_send_error(e: &reqwest::Error, method: &Method, timeout: Duration) -
     }
 }
 
-#[async_trait]
-impl StepHandler for Http {
-    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
-        let connection = match call.config.get("connection").and_then(Value::as_str) {
+impl Http {
+    /// One call as `config` (an `http` step's config) describes it, through
+    /// its `connection` when it names one: the connection's limits are
+    /// checked in one short transaction before the call (holding a slot
+    /// under `slot`, for `lease_ms` at most) and fed its outcome in another
+    /// after it; no database connection is held while the call is out.
+    pub(crate) async fn call(
+        &self,
+        tenant: &TenantId,
+        config: &Value,
+        slot: JobId,
+        lease_ms: i64,
+        idempotency_key: Option<&str>,
+    ) -> Result<Map<String, Value>, StepError> {
+        let connection = match config.get("connection").and_then(Value::as_str) {
             Some(name) => Some(
                 self.store
-                    .connection(&call.tenant_id, name)
+                    .connection(tenant, name)
                     .await
                     .map_err(|e| {
                         StepError::retryable(format!("connection storage unavailable: {e}"))
@@ -360,14 +373,14 @@ impl StepHandler for Http {
             None => None,
         };
         let request = parse(
-            &call.config,
+            config,
             connection.as_ref().and_then(|c| c.base_url.as_deref()),
         )
         .map_err(StepError::terminal)?;
         if let Some(c) = &connection {
             let admission = self
                 .store
-                .admit(&call.tenant_id, &c.id, call.job_id, call.lease_ms)
+                .admit(tenant, &c.id, slot, lease_ms)
                 .await
                 .map_err(|e| {
                     StepError::retryable(format!("connection storage unavailable: {e}"))
@@ -382,7 +395,9 @@ impl StepHandler for Http {
             }
         }
         let started = Instant::now();
-        let (result, outcome) = self.send(&call, request, connection.as_ref()).await;
+        let (result, outcome) = self
+            .send(idempotency_key, request, connection.as_ref())
+            .await;
         let outcome_label = match &result {
             Ok(_) => "ok",
             Err(e) if e.is_retryable() => "retryable",
@@ -393,30 +408,46 @@ impl StepHandler for Http {
         metrics::histogram!("tok_connector_call_seconds", "connector" => "http")
             .record(started.elapsed().as_secs_f64());
         if let Some(c) = &connection
-            && let Err(e) = self
-                .store
-                .release(&call.tenant_id, &c.id, call.job_id, outcome)
-                .await
+            && let Err(e) = self.store.release(tenant, &c.id, slot, outcome).await
         {
             // The slot expires with the lease; the breaker misses one outcome.
             tracing::warn!(connection = %c.name, error = %e, "could not release a connection slot");
         }
         result
     }
+}
+
+/// Checks an `http` config as far as it can be before it is rendered (a
+/// templated URL is checked when it is).
+pub(crate) fn check(config: &Value) -> Result<(), String> {
+    let base = config
+        .get("connection")
+        .map(|_| "https://connection.invalid");
+    let url = config
+        .get("url")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if url.contains("{{") {
+        return Ok(());
+    }
+    parse(config, base).map(|_| ())
+}
+
+#[async_trait]
+impl StepHandler for Http {
+    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        self.call(
+            &call.tenant_id,
+            &call.config,
+            call.job_id,
+            call.lease_ms,
+            Some(&call.idempotency_key),
+        )
+        .await
+    }
 
     fn validate(&self, config: &Value) -> Result<(), String> {
-        let base = config
-            .get("connection")
-            .map(|_| "https://connection.invalid");
-        let url = config
-            .get("url")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if url.contains("{{") {
-            // Templated URLs are checked when rendered.
-            return Ok(());
-        }
-        parse(config, base).map(|_| ())
+        check(config)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The operator's dashboard at `/`: one HTML page, its stylesheet and its
-//! script, written by hand and compiled into the binary, so `tok serve` is
-//! the whole product with no web server or build step beside it.
+//! scripts (the app, and the widgets' page), written by hand and compiled
+//! into the binary, so `tok serve` is the whole product with no web server
+//! or build step beside it.
 //!
 //! The page signs in with an API key kept in the browser's session storage
 //! and uses the REST API like any other client (`X-Tok-Tenant` when the
@@ -17,12 +18,14 @@ use crate::AppState;
 const INDEX: &str = include_str!("index.html");
 const STYLE: &str = include_str!("app.css");
 const SCRIPT: &str = include_str!("app.js");
+const WIDGETS_SCRIPT: &str = include_str!("widgets.js");
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(index))
         .route("/dashboard/app.css", get(style))
         .route("/dashboard/app.js", get(script))
+        .route("/dashboard/widgets.js", get(widgets_script))
 }
 
 /// The page may run only its own script and talk only to this server.
@@ -51,11 +54,19 @@ async fn style() -> impl IntoResponse {
 }
 
 async fn script() -> impl IntoResponse {
+    javascript(SCRIPT)
+}
+
+async fn widgets_script() -> impl IntoResponse {
+    javascript(WIDGETS_SCRIPT)
+}
+
+fn javascript(text: &'static str) -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        SCRIPT,
+        text,
     )
 }

@@ -16,6 +16,7 @@ pub(crate) mod tenants;
 pub(crate) mod ticket_types;
 pub(crate) mod tickets;
 pub(crate) mod webhook;
+pub(crate) mod widgets;
 
 use serde::Deserialize;
 use serde_json::Value;

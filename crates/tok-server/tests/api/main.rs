@@ -25,3 +25,4 @@ mod signals;
 mod signatures;
 mod waits;
 mod webhook;
+mod widgets;

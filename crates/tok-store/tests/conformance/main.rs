@@ -6,7 +6,7 @@
 //! `children` (child runs and waits on runs), `branches` (parallel branches' jobs),
 //! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
-//! `tenancy` (scoping across all of them) and `migrations`; the setup
+//! `tenancy` (scoping across all of them), `widgets` and `migrations`; the setup
 //! helpers they share are here.
 //!
 //! Tests drive the store only through its public traits and assert on what a
@@ -30,6 +30,7 @@ mod runs;
 mod schedule;
 mod tenancy;
 mod watch;
+mod widgets;
 
 use std::collections::HashSet;
 use std::sync::Arc;

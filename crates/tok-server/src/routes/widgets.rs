@@ -1,0 +1,200 @@
+//! Dashboard widgets (DESIGN §14): `POST /api/widgets {name, connection,
+//! request, ttlSec}` saves a tile's request (an `http` step's config, sent
+//! through the connection); `GET /api/widgets/{id}/data` answers its data
+//! from the cache while it is fresh, else from one call
+//! (`?refresh=true` calls at once), as `{data, fetched_at, age_s, cached}`.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tok_engine::widgets::check_request;
+use tok_engine::{WidgetData, WidgetError};
+use tok_store::{NewWidget, Widget, now_ms};
+
+use crate::AppState;
+use crate::auth::Tenant;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::JsonBody;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/widgets", post(create).get(list))
+        .route("/api/widgets/{id}", get(show))
+        .route("/api/widgets/{id}/data", get(data))
+}
+
+/// Longest a cache may be kept: a week. A tile older than that shows
+/// nothing a person would act on.
+const MAX_TTL_SEC: i64 = 7 * 24 * 3600;
+
+const MAX_NAME_CHARS: usize = 200;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewWidgetBody {
+    name: String,
+    connection: Option<String>,
+    request: Value,
+    #[serde(rename = "ttlSec", alias = "ttl_sec")]
+    ttl_sec: i64,
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_body", message).with("field", field)
+}
+
+/// A time in the API's format (RFC 3339, UTC, milliseconds).
+fn time(ms: i64) -> Value {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| json!(t.to_string()))
+        .unwrap_or(Value::Null)
+}
+
+fn view(w: &Widget) -> Value {
+    json!({
+        "id": w.id,
+        "name": w.name,
+        "connection": w.connection,
+        "request": w.request,
+        "ttl_sec": w.ttl_ms / 1000,
+        "fetched_at": w.fetched_at.map(time),
+        "created_at": time(w.created_at),
+    })
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    JsonBody(body): JsonBody<NewWidgetBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let name = body.name.trim().to_owned();
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return Err(invalid(
+            "name",
+            format!("`name` must be 1 to {MAX_NAME_CHARS} characters"),
+        ));
+    }
+    if !(1..=MAX_TTL_SEC).contains(&body.ttl_sec) {
+        return Err(invalid(
+            "ttlSec",
+            format!(
+                "`ttlSec` is {}; it must be between 1 and {MAX_TTL_SEC} (a week): how many \
+                 seconds an answer is served from the cache",
+                body.ttl_sec
+            ),
+        ));
+    }
+    let connection = match body.connection.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(name) => {
+            if state
+                .engine
+                .store()
+                .connection(&tenant, name)
+                .await?
+                .is_none()
+            {
+                return Err(invalid(
+                    "connection",
+                    format!(
+                        "`{name}` is not a connection of this tenant; create it with POST \
+                         /api/connections"
+                    ),
+                ));
+            }
+            Some(name.to_owned())
+        }
+    };
+    check_request(&body.request, connection.as_deref()).map_err(|m| invalid("request", m))?;
+    crate::routes::storable_json("`request`", &body.request)?;
+    let widget = state
+        .engine
+        .store()
+        .create_widget(
+            &tenant,
+            NewWidget {
+                name,
+                connection,
+                request: body.request,
+                ttl_ms: body.ttl_sec * 1000,
+            },
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(view(&widget))))
+}
+
+async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
+    let widgets = state.engine.store().widgets(&tenant).await?;
+    let items: Vec<Value> = widgets.iter().map(view).collect();
+    Ok(Json(json!({ "items": items, "next_cursor": null })))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let widget = state
+        .engine
+        .store()
+        .widget(&tenant, &id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("widget"))?;
+    Ok(Json(view(&widget)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DataQuery {
+    #[serde(default)]
+    refresh: bool,
+}
+
+async fn data(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+    query: Result<Query<DataQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| {
+        ApiError::bad_request("bad_query", e.body_text()).with("expected", "refresh=true|false")
+    })?;
+    let data = state
+        .widgets
+        .data(&tenant, &id, query.refresh)
+        .await
+        .map_err(|e| match e {
+            WidgetError::NotFound => ApiError::not_found("widget"),
+            WidgetError::Store(e) => e.into(),
+            WidgetError::Fetch {
+                message,
+                retry_after_ms: Some(ms),
+            } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "widget_unavailable",
+                message,
+            )
+            .with("retry_after_ms", ms),
+            WidgetError::Fetch { message, .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "widget_fetch_failed", message)
+            }
+        })?;
+    Ok(Json(answer(&data)))
+}
+
+fn answer(d: &WidgetData) -> Value {
+    let age_ms = (now_ms() - d.fetched_at).max(0);
+    let mut answer = json!({
+        "data": d.data,
+        "fetched_at": time(d.fetched_at),
+        "age_s": age_ms / 1000,
+        "cached": d.cached,
+    });
+    if let Some(error) = &d.error {
+        answer["error"] = json!(error);
+    }
+    answer
+}

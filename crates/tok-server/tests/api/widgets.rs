@@ -1,0 +1,361 @@
+//! Dashboard widgets through the API, against a local service that counts
+//! the calls it gets: a fresh cache answers with no call, `refresh=true`
+//! makes one, an expired cache makes one; the calls carry the connection's
+//! credentials and are held back by its rate limit; a refresh that fails
+//! or is held back serves the cached answer with its error; bad widgets
+//! are refused with what was expected; and another tenant sees none of
+//! them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::helpers::{Tenant, TestApp, backend_tests};
+
+backend_tests!(
+    crate::helpers::run;
+    a_fresh_cache_calls_nothing_and_a_refresh_or_an_expired_cache_calls_once,
+    a_failed_refresh_serves_the_cached_answer_with_its_error,
+    the_connections_rate_limit_holds_a_refresh_back,
+    bad_widgets_are_refused_with_what_was_expected,
+    another_tenants_widgets_are_invisible,
+);
+
+const SECRET: &str = "sk_widget_secret";
+
+/// The outside service: counts calls, answers the count as JSON, and
+/// answers 500 while `failing`.
+#[derive(Default)]
+struct Service {
+    calls: AtomicUsize,
+    failing: AtomicBool,
+    authorized: AtomicUsize,
+}
+
+impl Service {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+async fn answer(
+    State(service): State<Arc<Service>>,
+    headers: HeaderMap,
+) -> (StatusCode, axum::Json<Value>) {
+    let n = service.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if headers.get("authorization").and_then(|v| v.to_str().ok())
+        == Some(&format!("Bearer {SECRET}"))
+    {
+        service.authorized.fetch_add(1, Ordering::SeqCst);
+    }
+    if service.failing.load(Ordering::SeqCst) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({ "down": true })),
+        );
+    }
+    (StatusCode::OK, axum::Json(json!({ "open_orders": n })))
+}
+
+async fn serve(service: Arc<Service>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/orders/open", get(answer))
+        .with_state(service);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A tenant with a connection `stats` to the service at `addr`.
+async fn tenant_with_connection(app: &TestApp, addr: SocketAddr) -> Tenant {
+    let tenant = app.create_tenant("Acme").await;
+    app.post(
+        &tenant.key,
+        "/api/connections",
+        &json!({
+            "name": "stats",
+            "service": "http",
+            "base_url": format!("http://{addr}"),
+            "credentials": { "bearer": SECRET },
+        }),
+    )
+    .await
+    .expect(StatusCode::CREATED);
+    tenant
+}
+
+async fn widget(app: &TestApp, tenant: &Tenant, name: &str, ttl_sec: i64) -> String {
+    let created = app
+        .post(
+            &tenant.key,
+            "/api/widgets",
+            &json!({
+                "name": name,
+                "connection": "stats",
+                "request": { "url": "/orders/open" },
+                "ttlSec": ttl_sec,
+            }),
+        )
+        .await
+        .expect(StatusCode::CREATED);
+    assert_eq!(created["name"], name);
+    assert_eq!(created["ttl_sec"], ttl_sec);
+    assert_eq!(created["fetched_at"], Value::Null);
+    created["id"].as_str().unwrap().to_owned()
+}
+
+async fn data(app: &TestApp, tenant: &Tenant, id: &str, query: &str) -> Value {
+    app.get(&tenant.key, &format!("/api/widgets/{id}/data{query}"))
+        .await
+        .expect(StatusCode::OK)
+}
+
+async fn a_fresh_cache_calls_nothing_and_a_refresh_or_an_expired_cache_calls_once(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let hourly = widget(app, &tenant, "Open orders", 3600).await;
+
+    let first = data(app, &tenant, &hourly, "").await;
+    assert_eq!(first["data"], json!({ "open_orders": 1 }));
+    assert_eq!(first["cached"], false);
+    assert_eq!(service.calls(), 1);
+    assert_eq!(
+        service.authorized.load(Ordering::SeqCst),
+        1,
+        "the connection's credentials"
+    );
+    let fetched_at = first["fetched_at"].as_str().unwrap().to_owned();
+    assert!(
+        fetched_at.parse::<jiff::Timestamp>().is_ok(),
+        "RFC 3339: {fetched_at}"
+    );
+
+    for _ in 0..3 {
+        let again = data(app, &tenant, &hourly, "").await;
+        assert_eq!(again["cached"], true);
+        assert_eq!(again["data"], json!({ "open_orders": 1 }));
+        assert_eq!(again["fetched_at"], fetched_at);
+        assert!(
+            again["age_s"].as_i64().is_some_and(|age| age >= 0),
+            "{again}"
+        );
+    }
+    assert_eq!(service.calls(), 1, "a fresh cache calls nothing");
+
+    let refreshed = data(app, &tenant, &hourly, "?refresh=true").await;
+    assert_eq!(refreshed["cached"], false);
+    assert_eq!(refreshed["data"], json!({ "open_orders": 2 }));
+    assert_eq!(service.calls(), 2, "a refresh calls once");
+    let after = data(app, &tenant, &hourly, "?refresh=false").await;
+    assert_eq!(
+        (after["cached"].clone(), after["data"].clone()),
+        (json!(true), json!({ "open_orders": 2 }))
+    );
+    assert_eq!(service.calls(), 2);
+
+    let brief = widget(app, &tenant, "Open orders, brief", 1).await;
+    assert_eq!(data(app, &tenant, &brief, "").await["cached"], false);
+    assert_eq!(service.calls(), 3);
+    // Well past its one second of life.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let expired = data(app, &tenant, &brief, "").await;
+    assert_eq!(expired["cached"], false);
+    assert_eq!(expired["data"], json!({ "open_orders": 4 }));
+    assert_eq!(service.calls(), 4, "an expired cache calls once");
+    assert_eq!(data(app, &tenant, &brief, "").await["cached"], true);
+    assert_eq!(service.calls(), 4);
+
+    let list = app
+        .get(&tenant.key, "/api/widgets")
+        .await
+        .expect(StatusCode::OK);
+    let items = list["items"].as_array().unwrap();
+    let names: Vec<&str> = items.iter().map(|w| w["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Open orders", "Open orders, brief"]);
+    assert!(items.iter().all(|w| w["fetched_at"].is_string()), "{list}");
+    assert!(!list.to_string().contains(SECRET));
+    assert_eq!(service.calls(), 4, "listing widgets calls nothing");
+}
+
+async fn a_failed_refresh_serves_the_cached_answer_with_its_error(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let id = widget(app, &tenant, "Open orders", 3600).await;
+    let first = data(app, &tenant, &id, "").await;
+
+    service.failing.store(true, Ordering::SeqCst);
+    let failed = data(app, &tenant, &id, "?refresh=true").await;
+    assert_eq!(failed["cached"], true);
+    assert_eq!(
+        failed["data"], first["data"],
+        "the last answer stays on the tile"
+    );
+    assert_eq!(failed["fetched_at"], first["fetched_at"]);
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.contains("500"),
+        "the error says what the service answered: {error}"
+    );
+
+    let never = widget(app, &tenant, "Never answered", 3600).await;
+    let error = app
+        .get(&tenant.key, &format!("/api/widgets/{never}/data"))
+        .await
+        .expect_error(StatusCode::BAD_GATEWAY, "widget_fetch_failed");
+    assert!(
+        error["message"].as_str().unwrap().contains("/orders/open"),
+        "{error}"
+    );
+}
+
+async fn the_connections_rate_limit_holds_a_refresh_back(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(service.clone()).await;
+    let tenant = app.create_tenant("Acme").await;
+    // One call now, then one per thousand seconds.
+    app.post(
+        &tenant.key,
+        "/api/connections",
+        &json!({ "name": "stats", "service": "http", "base_url": format!("http://{addr}"),
+                 "rate": 0.001, "burst": 1 }),
+    )
+    .await
+    .expect(StatusCode::CREATED);
+    let id = widget(app, &tenant, "Open orders", 3600).await;
+    let first = data(app, &tenant, &id, "").await;
+    assert_eq!(first["cached"], false);
+
+    let held = data(app, &tenant, &id, "?refresh=true").await;
+    assert_eq!(held["cached"], true, "{held}");
+    assert_eq!(held["data"], first["data"]);
+    let error = held["error"].as_str().unwrap();
+    assert!(
+        error.contains("connection `stats`") && error.contains("rate limit"),
+        "{error}"
+    );
+
+    let never = widget(app, &tenant, "Backlog", 3600).await;
+    let error = app
+        .get(&tenant.key, &format!("/api/widgets/{never}/data"))
+        .await
+        .expect_error(StatusCode::SERVICE_UNAVAILABLE, "widget_unavailable");
+    assert!(
+        error["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "{error}"
+    );
+    assert_eq!(service.calls(), 1, "the limit held both calls back");
+}
+
+async fn bad_widgets_are_refused_with_what_was_expected(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let good = json!({ "name": "w", "connection": "stats", "request": { "url": "/orders/open" }, "ttlSec": 60 });
+    let with = |field: &str, value: Value| {
+        let mut body = good.clone();
+        body[field] = value;
+        body
+    };
+    let cases = [
+        (
+            with("connection", json!("nope")),
+            "`nope` is not a connection of this tenant",
+        ),
+        (with("ttlSec", json!(0)), "between 1 and 604800"),
+        (with("request", json!("GET /x")), "must be an object"),
+        (
+            with("request", json!({ "url": "/x/{{id}}" })),
+            "sent as written",
+        ),
+        (
+            with("request", json!({ "method": "NOT A METHOD", "url": "/x" })),
+            "not an HTTP method",
+        ),
+        (
+            with("request", json!({ "url": "/x", "connection": "stats" })),
+            "widget's `connection`",
+        ),
+        (
+            with("name", json!(" ")),
+            "`name` must be 1 to 200 characters",
+        ),
+        (
+            json!({ "name": "w", "request": { "url": "/relative" }, "ttlSec": 60 }),
+            "must start with http:// or https://",
+        ),
+    ];
+    for (body, expected) in cases {
+        let error = app
+            .post(&tenant.key, "/api/widgets", &body)
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    app.post(&tenant.key, "/api/widgets", &good)
+        .await
+        .expect(StatusCode::CREATED);
+    app.post(&tenant.key, "/api/widgets", &good)
+        .await
+        .expect_error(StatusCode::CONFLICT, "conflict");
+    let id = app
+        .get(&tenant.key, "/api/widgets")
+        .await
+        .expect(StatusCode::OK)["items"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.get(
+        &tenant.key,
+        &format!("/api/widgets/{id}/data?refresh=maybe"),
+    )
+    .await
+    .expect_error(StatusCode::BAD_REQUEST, "bad_query");
+    assert_eq!(
+        service.calls(),
+        0,
+        "nothing was called for a refused request"
+    );
+}
+
+async fn another_tenants_widgets_are_invisible(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(service.clone()).await;
+    let acme = tenant_with_connection(app, addr).await;
+    let id = widget(app, &acme, "Open orders", 3600).await;
+    data(app, &acme, &id, "").await;
+    let other = app.create_tenant("Other").await;
+    for uri in [
+        format!("/api/widgets/{id}"),
+        format!("/api/widgets/{id}/data"),
+        format!("/api/widgets/{id}/data?refresh=true"),
+    ] {
+        app.get(&other.key, &uri)
+            .await
+            .expect_error(StatusCode::NOT_FOUND, "not_found");
+    }
+    let list = app
+        .get(&other.key, "/api/widgets")
+        .await
+        .expect(StatusCode::OK);
+    assert!(list["items"].as_array().unwrap().is_empty());
+    // The other tenant cannot point a widget at Acme's connection either.
+    app.post(
+        &other.key,
+        "/api/widgets",
+        &json!({ "name": "w", "connection": "stats", "request": { "url": "/orders/open" }, "ttlSec": 60 }),
+    )
+    .await
+    .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+    assert_eq!(service.calls(), 1);
+}

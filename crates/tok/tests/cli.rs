@@ -1,0 +1,309 @@
+//! The command-line client against a real `tok serve`: `tok apply` creates
+//! an automation, leaves an identical one alone and saves a changed one as
+//! version 2 saying what changed; `tok runs` prints the runs' table and
+//! filters it; `tok signal` resumes a waiting run; and with no server, or a
+//! key the server refuses, the client says so and exits non-zero.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc::channel;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tok_store::Backend;
+use tok_store::testing::{TestDb, run_on_fresh_db};
+
+use support::{ADMIN_KEY, Api, Server, free_port};
+
+/// `tok ARGS` as a client of `url` with `key`.
+fn tok(url: &str, key: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tok"))
+        .args(args)
+        .env("TOK_URL", url)
+        .env("TOK_API_KEY", key)
+        .env_remove("TOK_TENANT")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run tok")
+}
+
+/// Its stdout, after asserting it succeeded.
+fn ok(output: Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "tok failed ({}): stdout {stdout} stderr {stderr}",
+        output.status
+    );
+    stdout
+}
+
+/// Its stderr, after asserting it failed.
+fn failed(output: Output) -> String {
+    assert!(
+        !output.status.success(),
+        "tok succeeded: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A server on a fresh SQLite database and a tenant's key.
+async fn server(url: &str) -> (Server, Api, String) {
+    let port = free_port();
+    let server = Server::start(url, port, &[], &[]);
+    let api = Api::new(port);
+    api.wait_ready().await;
+    let tenant = api
+        .post("/api/tenants", ADMIN_KEY, json!({ "name": "Cli" }))
+        .await;
+    (server, api, tenant["api_key"].as_str().unwrap().to_owned())
+}
+
+fn write(dir: &Path, name: &str, definition: &Value) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_vec_pretty(definition).unwrap()).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn greeting(message: &str) -> Value {
+    json!({
+        "name": "Greeting",
+        "trigger": { "kind": "manual" },
+        "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": message } }]
+    })
+}
+
+/// Polls `GET /api/runs/{id}` until the run is in `status`.
+async fn until_status(api: &Api, key: &str, run: &str, status: &str) {
+    for _ in 0..600 {
+        if api.get(&format!("/api/runs/{run}"), key).await["status"] == status {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("run {run} did not become {status} within 30 s");
+}
+
+// On both backends: "unchanged" compares the file with the definition as
+// each database gives it back.
+tok_store::backend_tests!(run_on_fresh_db;
+    apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_one_as_version_2,
+);
+
+async fn apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_one_as_version_2(
+    db: &TestDb,
+) {
+    let (_server, api, key) = server(&db.url).await;
+    let dir = std::env::temp_dir().join(format!("tok-cli-{}", tok_store::random_token()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = write(&dir, "greeting.json", &greeting("hello"));
+
+    let created = ok(tok(&api.base, &key, &["apply", "-f", &first]));
+    assert!(
+        created.starts_with("created automation Greeting (") && created.contains("version 1"),
+        "{created}"
+    );
+    let again = ok(tok(&api.base, &key, &["apply", "-f", &first]));
+    assert!(
+        again.contains("Greeting") && again.contains("unchanged, version 1"),
+        "{again}"
+    );
+
+    let mut changed = greeting("hello again");
+    changed["settings"] = json!({ "retry": { "max_attempts": 2, "backoff": ["7s"] } });
+    let second = write(&dir, "greeting2.json", &changed);
+    let saved = ok(tok(&api.base, &key, &["apply", "-f", &second]));
+    assert!(saved.contains("new version 2 (was 1)"), "{saved}");
+    assert!(saved.contains("~ steps: changed st_log"), "{saved}");
+    assert!(
+        saved.contains("+ settings: ") && saved.contains("max_attempts"),
+        "{saved}"
+    );
+    assert!(
+        !saved.contains("trigger"),
+        "the trigger did not change: {saved}"
+    );
+
+    let listed = api.get("/api/automations", &key).await;
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "one automation, by name: {listed}");
+    assert_eq!(items[0]["version"], 2);
+
+    // A definition the server refuses: its code and message are shown.
+    let mut broken = greeting("x");
+    broken["steps"][0]["type"] = json!("no/such-step");
+    let broken = write(&dir, "broken.json", &broken);
+    let refused = failed(tok(&api.base, &key, &["apply", "-f", &broken]));
+    assert!(refused.contains("invalid_definition"), "{refused}");
+    assert!(refused.contains("no/such-step"), "{refused}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn runs_prints_the_table_and_filters_it_and_signal_resumes_a_waiting_run() {
+    run_on_fresh_db(Backend::Sqlite, async |db| {
+        let (_server, api, key) = server(&db.url).await;
+        let greeting = api.post("/api/automations", &key, greeting("hi")).await;
+        let greeting = greeting["id"].as_str().unwrap().to_owned();
+        let payment = api
+            .post(
+                "/api/automations",
+                &key,
+                json!({
+                    "name": "Payment",
+                    "trigger": { "kind": "manual" },
+                    "steps": [
+                        { "id": "st_paid", "type": "wait_for_event", "config": { "key": "order-7" } },
+                        { "id": "st_log", "type": "flow/log", "config": { "message": "paid {{st_paid.payload.amount}}" } }
+                    ]
+                }),
+            )
+            .await;
+        let payment = payment["id"].as_str().unwrap().to_owned();
+        let done = api
+            .post(&format!("/api/automations/{greeting}/runs"), &key, json!({}))
+            .await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let waiting = api
+            .post(&format!("/api/automations/{payment}/runs"), &key, json!({}))
+            .await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        until_status(&api, &key, &done, "completed").await;
+        until_status(&api, &key, &waiting, "waiting").await;
+
+        let table = ok(tok(&api.base, &key, &["runs"]));
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("RUN") && lines[0].contains("STATUS"), "{table}");
+        let line_of = |run: &str| {
+            lines
+                .iter()
+                .find(|l| l.starts_with(run))
+                .unwrap_or_else(|| panic!("no line for {run}: {table}"))
+                .to_string()
+        };
+        assert!(line_of(&done).contains("Greeting") && line_of(&done).contains("completed"));
+        assert!(line_of(&waiting).contains("Payment") && line_of(&waiting).contains("waiting"));
+
+        let only_waiting = ok(tok(&api.base, &key, &["runs", "--status", "waiting"]));
+        assert!(only_waiting.contains(&waiting) && !only_waiting.contains(&done), "{only_waiting}");
+        let by_name = ok(tok(&api.base, &key, &["runs", "--automation", "Greeting"]));
+        assert!(by_name.contains(&done) && !by_name.contains(&waiting), "{by_name}");
+        let by_id = ok(tok(&api.base, &key, &["runs", "--automation", &payment]));
+        assert!(by_id.contains(&waiting) && !by_id.contains(&done), "{by_id}");
+        let none = ok(tok(&api.base, &key, &["runs", "--status", "failed"]));
+        assert_eq!(none.trim(), "no runs");
+        let bad = failed(tok(&api.base, &key, &["runs", "--status", "broken"]));
+        assert!(bad.contains("bad_query") && bad.contains("`broken`"), "{bad}");
+
+        let sent = ok(tok(
+            &api.base,
+            &key,
+            &["signal", "order-7", "--payload", r#"{"amount": 42}"#],
+        ));
+        assert!(sent.contains(&format!("resumed 1 run(s): {waiting}")), "{sent}");
+        until_status(&api, &key, &waiting, "completed").await;
+        let nobody = ok(tok(&api.base, &key, &["signal", "order-8"]));
+        assert!(nobody.contains("no run waits for it"), "{nobody}");
+        let not_json = failed(tok(&api.base, &key, &["signal", "order-9", "--payload", "{nope"]));
+        assert!(not_json.contains("--payload is not JSON"), "{not_json}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_follow_prints_a_run_as_it_changes() {
+    run_on_fresh_db(Backend::Sqlite, async |db| {
+        let (_server, api, key) = server(&db.url).await;
+        let greeting = api.post("/api/automations", &key, greeting("hi")).await;
+        let greeting = greeting["id"].as_str().unwrap().to_owned();
+        let mut follow = Command::new(env!("CARGO_BIN_EXE_tok"))
+            .args(["runs", "--follow"])
+            .env("TOK_URL", &api.base)
+            .env("TOK_API_KEY", &key)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start tok runs --follow");
+        let (send, lines) = channel();
+        let stdout = follow.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        let header = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a header");
+        assert!(header.starts_with("RUN"), "{header}");
+        // The stream is open once the server counts it; a run started
+        // before could be missed, so start runs until one is printed.
+        let mut started = Vec::new();
+        let mut seen = Vec::new();
+        'wait: for _ in 0..60 {
+            let run = api
+                .post(
+                    &format!("/api/automations/{greeting}/runs"),
+                    &key,
+                    json!({}),
+                )
+                .await["run_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            started.push(run);
+            while let Ok(line) = lines.recv_timeout(Duration::from_millis(500)) {
+                seen.push(line.clone());
+                if line.contains("completed")
+                    && started.iter().any(|r| line.starts_with(r.as_str()))
+                {
+                    break 'wait;
+                }
+            }
+        }
+        let _ = follow.kill();
+        let _ = follow.wait();
+        assert!(
+            seen.iter()
+                .any(|l| l.contains("completed") && l.contains("Greeting")),
+            "no completed line for {started:?}: {seen:#?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn without_a_server_or_with_a_refused_key_the_client_says_so_and_fails() {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    for args in [
+        &["runs"][..],
+        &["signal", "k"],
+        &["apply", "-f", "/nonexistent.json"],
+    ] {
+        let said = failed(tok(&url, "some-key", args));
+        if args[0] == "apply" {
+            assert!(said.contains("could not read /nonexistent.json"), "{said}");
+        } else {
+            assert!(
+                said.contains(&format!("no tok server at {url}")),
+                "{args:?}: {said}"
+            );
+            assert!(said.contains("Connection refused"), "{said}");
+        }
+    }
+    run_on_fresh_db(Backend::Sqlite, async |db| {
+        let (_server, api, _key) = server(&db.url).await;
+        let said = failed(tok(&api.base, "not-a-key", &["runs"]));
+        assert!(said.contains("refused the API key (401"), "{said}");
+        assert!(said.contains("TOK_API_KEY"), "{said}");
+    })
+    .await;
+}
