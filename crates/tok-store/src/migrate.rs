@@ -34,6 +34,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     10 "0010_create_signals_and_resumes",
     11 "0011_create_the_schedulers_tables",
     12 "0012_child_runs_and_parallel_branches",
+    15 "0015_index_rows_by_age_for_expiry",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -47,6 +48,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     8 "0008_create_signals_and_resumes",
     9 "0009_create_the_schedulers_tables",
     10 "0010_child_runs_and_parallel_branches",
+    13 "0013_index_rows_by_age_for_expiry",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (
