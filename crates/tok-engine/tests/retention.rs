@@ -144,6 +144,18 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
     }
     raw.exec(&day(&short, 100, now - DAY_MS)).await;
     raw.exec(&day(&long, 100, now - DAY_MS)).await;
+    // Past `short`'s 30 days of step data, but in the month its cutoff
+    // falls in: PostgreSQL expires partitioned data by whole months.
+    let cutoff_month = jiff::Timestamp::from_millisecond(now - 30 * DAY_MS)
+        .unwrap()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .date()
+        .first_of_month()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .unwrap()
+        .timestamp()
+        .as_millisecond();
+    raw.exec(&day(&short, 200, cutoff_month + 1)).await;
     let old_months = |table: &str| {
         let table = table.to_owned();
         (0..6).map(move |m| {
@@ -176,14 +188,22 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
         .unwrap();
     assert!(!report.more, "{report:?}");
 
-    // Step data: `short`'s 30 days took its old steps; `long` keeps 200.
-    assert_eq!(raw.count("run_steps", &short).await, 10);
+    // Step data: `short`'s 30 days took its old steps (on PostgreSQL by
+    // whole months: the month its cutoff falls in stays); `long` keeps 200.
+    let cutoff_month_steps = match db.backend {
+        Backend::Postgres => 10,
+        Backend::Sqlite => 0,
+    };
+    assert_eq!(
+        raw.count("run_steps", &short).await,
+        10 + cutoff_month_steps
+    );
     assert_eq!(raw.count("run_steps", &long).await, 29 * 10);
     // Runs: `short` keeps 100 days, `long` a year.
-    assert_eq!(raw.count("runs", &short).await, 1);
+    assert_eq!(raw.count("runs", &short).await, 2);
     assert_eq!(raw.count("runs", &long).await, 29);
     // The ticket log (90 days) and events (30 days) of both.
-    assert_eq!(raw.count("ticket_trace", &short).await, 1);
+    assert_eq!(raw.count("ticket_trace", &short).await, 2);
     assert_eq!(raw.count("ticket_trace", &long).await, 1);
     assert_eq!(raw.count("event_inbox", &short).await, 1);
     assert_eq!(raw.count("event_inbox", &long).await, 1);
@@ -202,7 +222,7 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
             assert_eq!(report.pages, None);
         }
         Backend::Sqlite => {
-            assert_eq!(report.deleted("run_steps"), 28 * 10);
+            assert_eq!(report.deleted("run_steps"), 29 * 10);
             assert_eq!(report.deleted("ticket_trace"), 2 * 28);
             let pages_after = raw.number("PRAGMA page_count").await;
             assert!(

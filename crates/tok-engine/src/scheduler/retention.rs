@@ -17,7 +17,11 @@
 //!    [`SchedulerConfig::expiry_batch`] rows, each its own short
 //!    transaction, at most [`SchedulerConfig::expiry_batches`] per tenant
 //!    and kind in a pass; a pass that stopped at that bound says so, and
-//!    the next pass comes after a tick instead of an hour.
+//!    the next pass comes after a tick instead of an hour. On PostgreSQL a
+//!    partitioned table expires by whole months: a tenant's cutoff there
+//!    is the start of the month it falls in, so the batches only empty
+//!    months a longer-retention tenant still keeps (and the default
+//!    partition), never the current months a `DROP TABLE` will take.
 //! 4. On SQLite, freed pages are given back to the file system
 //!    (`PRAGMA incremental_vacuum`), so the file shrinks.
 
@@ -26,7 +30,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 use tok_core::ids::TenantId;
 use tok_core::retention::cutoff;
-use tok_store::{Expiring, NewPlatformIncident, PartitionProblem};
+use tok_store::{Backend, Expiring, NewPlatformIncident, PartitionProblem};
 
 use super::Scheduler;
 use crate::Result;
@@ -62,6 +66,18 @@ impl ExpiryReport {
     fn did_something(&self) -> bool {
         !self.deleted.values().all(|n| *n == 0) || !self.dropped.is_empty()
     }
+}
+
+/// The start of the UTC month `ms` falls in.
+fn month_start(ms: i64) -> i64 {
+    let Ok(at) = jiff::Timestamp::from_millisecond(ms) else {
+        return ms;
+    };
+    at.to_zoned(jiff::tz::TimeZone::UTC)
+        .date()
+        .first_of_month()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .map_or(ms, |z| z.timestamp().as_millisecond())
 }
 
 pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<ExpiryReport> {
@@ -100,6 +116,7 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
             retentions.push((tenant.clone(), retention));
         }
     }
+    let by_month = store.backend() == Backend::Postgres;
     for what in Expiring::ALL {
         let cutoffs: Vec<(TenantId, i64)> = retentions
             .iter()
@@ -109,6 +126,11 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
             .dropped
             .extend(store.drop_expired_partitions(what, &cutoffs).await?);
         for (tenant, before) in &cutoffs {
+            let before = if by_month && what.partitioned() {
+                &month_start(*before)
+            } else {
+                before
+            };
             let mut batches = 0;
             loop {
                 let deleted = store
