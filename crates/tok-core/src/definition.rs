@@ -238,11 +238,20 @@ pub struct Settings {
         with = "crate::duration::serde_optional_duration"
     )]
     pub run_timeout: Option<std::time::Duration>,
+    /// `keepStepData: true`: every step of this automation's runs is stored
+    /// with its whole input and output, not only the failed ones
+    /// (see [`crate::retention`]).
+    #[serde(
+        rename = "keepStepData",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub keep_step_data: bool,
 }
 
 impl Settings {
     fn is_empty(&self) -> bool {
-        self.retry.is_none() && self.run_timeout.is_none()
+        self.retry.is_none() && self.run_timeout.is_none() && !self.keep_step_data
     }
 }
 

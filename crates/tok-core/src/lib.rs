@@ -25,6 +25,7 @@ pub mod limits;
 pub mod parallel;
 pub mod path;
 pub mod repeat;
+pub mod retention;
 pub mod retry;
 pub mod run;
 pub mod schedule;

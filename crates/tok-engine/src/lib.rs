@@ -89,6 +89,11 @@ pub struct EngineConfig {
     pub signal_lookback: Duration,
     /// The wake's tick and lease ([`scheduler`]).
     pub scheduler: scheduler::SchedulerConfig,
+    /// The share of successful steps stored with their whole input and
+    /// output (0 to 1; `TOK_STEP_SAMPLE`). One in a hundred: enough to see
+    /// what a step's data look like, a hundredth of the volume
+    /// (see [`tok_core::retention`]).
+    pub step_sample: f64,
 }
 
 impl Default for EngineConfig {
@@ -106,6 +111,7 @@ impl Default for EngineConfig {
             fairness: Fairness::default(),
             signal_lookback: Duration::from_secs(10 * 60),
             scheduler: scheduler::SchedulerConfig::default(),
+            step_sample: 0.01,
         }
     }
 }
@@ -369,13 +375,10 @@ pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
     *shutdown.borrow() || shutdown.has_changed().is_err()
 }
 
-/// How often the store's upkeep runs (partitions created ahead).
-const MAINTENANCE_EVERY: Duration = Duration::from_secs(3600);
-
-/// Keeps the tenant list fresh for tenants created by other processes, and
-/// runs the store's upkeep now and then.
+/// Keeps the tenant list fresh for tenants created by other processes.
+/// (Partitions are created ahead by the scheduler's retention pass, on the
+/// node that holds the wake: see [`scheduler::retention`].)
 async fn upkeep(engine: Engine, mut shutdown: watch::Receiver<bool>) {
-    let mut last_maintenance = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
@@ -386,12 +389,6 @@ async fn upkeep(engine: Engine, mut shutdown: watch::Receiver<bool>) {
         }
         if let Err(e) = engine.refresh_tenants().await {
             tracing::warn!(error = %e, "could not refresh the tenant list");
-        }
-        if last_maintenance.elapsed() >= MAINTENANCE_EVERY {
-            last_maintenance = tokio::time::Instant::now();
-            if let Err(e) = engine.inner.store.maintain().await {
-                tracing::warn!(error = %e, "store upkeep failed; retrying in an hour");
-            }
         }
     }
 }

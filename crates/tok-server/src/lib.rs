@@ -92,12 +92,7 @@ impl AppState {
                 match stats {
                     Ok(s) => {
                         state.record_queue_depth(s.pending_events + s.ready);
-                        metrics::gauge!("tok_queue_ready_jobs").set(s.ready as f64);
-                        metrics::gauge!("tok_queue_scheduled_jobs").set(s.scheduled as f64);
-                        metrics::gauge!("tok_queue_running_jobs").set(s.running as f64);
-                        metrics::gauge!("tok_inbox_pending_events").set(s.pending_events as f64);
-                        let oldest = s.oldest_ready_ms.unwrap_or(0) as f64 / 1000.0;
-                        metrics::gauge!("tok_queue_oldest_ready_seconds").set(oldest);
+                        tok_engine::scheduler::sample::record_queue_gauges(&s);
                     }
                     Err(e) => tracing::warn!(error = %e, "could not sample the queue depth"),
                 }

@@ -27,10 +27,13 @@ mod gate;
 mod inbox_sql;
 mod migrate;
 pub mod model;
+mod partitions;
 mod postgres;
 mod queue_sql;
 mod record_sql;
 pub mod relay;
+pub mod retention;
+mod retention_sql;
 mod rows;
 mod runs_sql;
 pub mod schedule;
@@ -58,6 +61,7 @@ pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
 pub use relay::{Heard, StreamRelay};
+pub use retention::{Expiring, PartitionProblem, RetentionStore};
 pub use rows::now_ms;
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
@@ -246,6 +250,7 @@ pub trait Store:
     + ScheduleStore
     + WatchStore
     + WidgetStore
+    + RetentionStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 
 use crate::admin_sql::impl_admin;
@@ -26,6 +27,7 @@ use crate::inbox_sql::impl_inbox;
 use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
+use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::impl_signals;
@@ -110,7 +112,17 @@ impl SqliteStore {
             .min_connections(1)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone().pragma("wal_autocheckpoint", "0"))
+            .connect_with(
+                options
+                    .clone()
+                    .pragma("wal_autocheckpoint", "0")
+                    // A new file gives the pages freed by expiry back to
+                    // the file system (`reclaim_space`). A file made before
+                    // keeps `NONE` until a `VACUUM` (docs/operations.md):
+                    // it reuses its free pages, so it stops growing, but
+                    // does not shrink.
+                    .auto_vacuum(SqliteAutoVacuum::Incremental),
+            )
             .await?;
         let checkpointer = Checkpointer::start(&options).await?;
         let reader = SqlitePoolOptions::new()
@@ -252,6 +264,27 @@ impl_watch! {
 impl_widgets! {
     store = SqliteStore,
     db = sqlx::Sqlite,
+}
+
+impl_retention! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    set_retention = "UPDATE tenants SET settings = json_set(settings, '$.retention', json($2)) WHERE id = $1",
+    backend = {
+        async fn reclaim_space(&self, pages: u32) -> Result<Option<i64>> {
+            let writer = self.writer().await;
+            let mode: i64 = sqlx::query_scalar("PRAGMA auto_vacuum").fetch_one(&*writer).await?;
+            // 2 = INCREMENTAL; 0 (NONE) or 1 (FULL) have nothing to do here.
+            if mode != 2 {
+                return Ok(None);
+            }
+            sqlx::query(&format!("PRAGMA incremental_vacuum({pages})"))
+                .execute(&*writer)
+                .await?;
+            let count: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&*writer).await?;
+            Ok(Some(count))
+        }
+    },
 }
 
 #[async_trait]

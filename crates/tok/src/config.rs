@@ -105,6 +105,11 @@ pub struct Config {
     /// holds it without renewing (15 s): the longest the schedules wait
     /// after that node dies before another node takes over.
     pub scheduler_lease: Duration,
+    /// `TOK_STEP_SAMPLE`: the share of successful steps stored with their
+    /// whole input and output, 0 to 1 (0.01 by default: one in a hundred
+    /// shows what a step's data look like at a hundredth of the volume;
+    /// the others keep size, hash and the first 512 bytes).
+    pub step_sample: f64,
     /// `TOK_LOG_FORMAT`: `text` (default; colours only on a terminal) or
     /// `json` (one JSON object per line, for a log collector).
     pub log_format: LogFormat,
@@ -210,6 +215,19 @@ impl Config {
             shutdown_grace: duration_var("TOK_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE)?,
             scheduler_tick: duration_var("TOK_SCHEDULER_TICK", scheduler.tick)?,
             scheduler_lease: duration_var("TOK_SCHEDULER_LEASE", scheduler.lease)?,
+            step_sample: match var("TOK_STEP_SAMPLE") {
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|p| (0.0..=1.0).contains(p))
+                    .with_context(|| {
+                        format!(
+                            "TOK_STEP_SAMPLE must be a share from 0 to 1, like 0.01; it is `{v}`"
+                        )
+                    })?,
+                None => 0.01,
+            },
             log_format: LogFormat::from_env()?,
         };
         config.validate()?;

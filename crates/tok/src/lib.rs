@@ -85,6 +85,7 @@ pub async fn serve(
             heartbeat: config.lease / 3,
             signal_lookback: config.signal_lookback,
             shutdown_grace: config.shutdown_grace,
+            step_sample: config.step_sample,
             scheduler: tok_engine::scheduler::SchedulerConfig {
                 tick: config.scheduler_tick,
                 lease: config.scheduler_lease,

@@ -174,6 +174,12 @@ pub fn plan(
             }
         };
         count_steps(event, &steps, first_path.is_none());
+        // Stored like a worker's records (see `tok_core::retention`).
+        let keep = automation.settings.keep_step_data;
+        let steps: Vec<StepRecord> = steps
+            .into_iter()
+            .map(|step| tok_core::retention::for_storage(step, keep))
+            .collect();
         plan.runs.push(NewRun {
             id: RunId::generate(),
             automation_id: candidate.automation_id.clone(),

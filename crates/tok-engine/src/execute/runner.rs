@@ -171,7 +171,7 @@ async fn drive(
     );
     let needs_tx = claim.tx.is_some() || claim.too_deep || !claim.effects.is_empty();
     let record = Record {
-        steps: claim.records,
+        steps: stored(inner, automation, claim.records),
         context: claim.state.context.into_value(),
         actions: claim.state.actions,
         status: claim.status,
@@ -359,6 +359,22 @@ async fn run_claim(
     }
 }
 
+/// The claim's step records as they are stored: a successful step's long
+/// input and output truncated unless the automation keeps step data or
+/// the step is in the sample (`EngineConfig::step_sample`); see
+/// [`tok_core::retention`]. The run's context is recorded apart, whole.
+fn stored(inner: &Inner, automation: &Automation, records: Vec<StepRecord>) -> Vec<StepRecord> {
+    let keep_all = automation.settings.keep_step_data;
+    let sample = inner.config.step_sample;
+    records
+        .into_iter()
+        .map(|record| {
+            let keep = keep_all || (sample > 0.0 && rand::random::<f64>() < sample);
+            tok_core::retention::for_storage(record, keep)
+        })
+        .collect()
+}
+
 /// The steps and the run's end count in the metrics.
 fn count(job: &ClaimedJob, claim: &Claim) {
     for step in &claim.records {
@@ -368,6 +384,13 @@ fn count(job: &ClaimedJob, claim: &Claim) {
             "status" => step.status.as_str()
         )
         .increment(1);
+        // Per step type ("connector"): its count is the steps per second,
+        // its quantiles the p95 (a parked wait has no duration).
+        if step.status != tok_core::run::StepStatus::Waiting {
+            let seconds = (step.finished_at - step.started_at).max(0) as f64 / 1000.0;
+            metrics::histogram!("tok_step_duration_seconds", "type" => step.kind.clone())
+                .record(seconds);
+        }
     }
     if claim.status.is_final() {
         metrics::counter!("tok_runs_finished_total", "status" => claim.status.as_str())

@@ -10,7 +10,11 @@
 //! its run's first step, executed by the worker pool like any other.
 //!
 //! Every [`SchedulerConfig::watch_every`] the holder also looks for stuck
-//! runs and raises platform incidents for them ([`watch`]).
+//! runs and raises platform incidents for them ([`watch`]), and every
+//! [`SchedulerConfig::retention_every`], in a task of its own, expires
+//! data past each tenant's retention ([`retention`]). Every node running
+//! the engine, holder or not, samples the queue's gauges for `/metrics`
+//! ([`sample`]), so a worker-only node reports them too.
 //!
 //! Time comes from a [`Clock`] the scheduler is given, so tests drive
 //! polls, cron ticks and catch-up without sleeping. A tick is fired once
@@ -18,11 +22,13 @@
 //! automation's due time), so a holder that lost its lease mid-tick does
 //! no harm.
 
+pub mod retention;
+pub mod sample;
 mod triggers;
 pub mod watch;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tok_core::ids::TenantId;
@@ -30,6 +36,7 @@ use tok_store::Store;
 
 use crate::{DefinitionCache, Inner, Result};
 
+pub use retention::ExpiryReport;
 pub use triggers::sync_automation;
 
 /// Where the scheduler reads the time (Unix milliseconds).
@@ -82,6 +89,18 @@ pub struct SchedulerConfig {
     /// How often the holder looks for stuck runs ([`watch`]): 30 s, well
     /// under the shortest threshold (a wait a minute overdue).
     pub watch_every: Duration,
+    /// How often the holder expires data past its retention
+    /// ([`retention`]): hourly, as retention is counted in days; sooner
+    /// while a pass left work behind.
+    pub retention_every: Duration,
+    /// Rows one expiry transaction deletes at most: a thousand keeps each
+    /// transaction (and SQLite's one writer) short.
+    pub expiry_batch: u32,
+    /// Batches per tenant and kind of row in one pass: with 1000 rows
+    /// each, 100 k rows a pass, more than a busy tenant writes in an hour.
+    pub expiry_batches: u32,
+    /// How often every engine node samples the queue for its metrics.
+    pub sample_every: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -90,6 +109,10 @@ impl Default for SchedulerConfig {
             tick: Duration::from_secs(1),
             lease: Duration::from_secs(15),
             watch_every: Duration::from_secs(30),
+            retention_every: Duration::from_secs(3600),
+            expiry_batch: 1000,
+            expiry_batches: 100,
+            sample_every: Duration::from_secs(5),
         }
     }
 }
@@ -124,6 +147,9 @@ pub struct Scheduler {
     free_slots: Option<FreeSlots>,
     /// When the watch last looked.
     watched_at: AtomicI64,
+    /// Partitions that could not be created: not tried again by this
+    /// process (see [`retention`]).
+    partitions_failed: Mutex<Vec<String>>,
 }
 
 /// Counts a node's free worker slots.
@@ -145,6 +171,7 @@ impl Scheduler {
             clock,
             free_slots: None,
             watched_at: AtomicI64::new(i64::MIN),
+            partitions_failed: Mutex::default(),
         }
     }
 
@@ -195,6 +222,28 @@ impl Scheduler {
         Ok(report)
     }
 
+    /// Expires data past each tenant's retention now, lease or not (the
+    /// engine does every [`SchedulerConfig::retention_every`] on the
+    /// holder). `tenants` must be every tenant: a partition is dropped only
+    /// when none of them keeps its rows.
+    pub async fn expire(&self, tenants: &[TenantId]) -> Result<ExpiryReport> {
+        retention::pass(self, tenants).await
+    }
+
+    fn failed_partitions(&self) -> Vec<String> {
+        self.partitions_failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn partition_failed(&self, partition: &str) {
+        self.partitions_failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(partition.to_owned());
+    }
+
     /// Gives the lease up, so another node takes over at its next tick.
     pub async fn release(&self) -> Result<()> {
         Ok(self.store.release_wake(&self.incarnation).await?)
@@ -223,6 +272,15 @@ pub(crate) async fn wake_loop(
             })
         }));
     }
+    let scheduler = Arc::new(scheduler);
+    let holds = Arc::new(AtomicBool::new(false));
+    let expiry = tokio::spawn(retention_loop(
+        scheduler.clone(),
+        inner.clone(),
+        holds.clone(),
+        shutdown.clone(),
+    ));
+    let sampling = tokio::spawn(sample::sample_loop(inner.clone(), shutdown.clone()));
     let mut holding = false;
     loop {
         if crate::stopping(&shutdown) {
@@ -232,6 +290,7 @@ pub(crate) async fn wake_loop(
             Ok(report) => {
                 if report.held != holding {
                     holding = report.held;
+                    holds.store(holding, Ordering::SeqCst);
                     if holding {
                         tracing::info!(node = %inner.config.node_id, "this node runs the scheduler");
                     } else {
@@ -254,7 +313,47 @@ pub(crate) async fn wake_loop(
             _ = shutdown.changed() => {}
         }
     }
+    holds.store(false, Ordering::SeqCst);
+    // A pass in progress is cut short: each batch is its own transaction,
+    // and the next holder's pass goes on from where this one stopped.
+    expiry.abort();
+    sampling.abort();
     if holding && let Err(e) = scheduler.release().await {
         tracing::warn!(error = %e, "could not release the scheduler lease; it expires by itself");
+    }
+}
+
+/// The holder's expiry, beside the wake loop so that a long pass never
+/// delays a tick: every [`SchedulerConfig::retention_every`] while this
+/// node holds the lease, or a tick after a pass that left work behind.
+async fn retention_loop(
+    scheduler: Arc<Scheduler>,
+    inner: Arc<Inner>,
+    holds: Arc<AtomicBool>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let config = inner.config.scheduler.clone();
+    // The first pass comes soon after this node takes the lease.
+    let mut wait = config.tick;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {}
+        }
+        if crate::stopping(&shutdown) {
+            return;
+        }
+        if !holds.load(Ordering::SeqCst) {
+            wait = config.tick;
+            continue;
+        }
+        wait = match scheduler.expire(&inner.tenants()).await {
+            Ok(report) if report.more => config.tick,
+            Ok(_) => config.retention_every,
+            Err(e) => {
+                tracing::warn!(error = %e, "expiry failed; trying again at the next pass");
+                config.retention_every
+            }
+        };
     }
 }

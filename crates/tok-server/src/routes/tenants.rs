@@ -1,13 +1,18 @@
 //! `POST /api/tenants` (admin): creates a tenant and its first API key,
 //! which is shown once and stored only as a hash. `GET /api/tenants`
 //! (admin): every tenant, for the admin to pick one to act for.
+//! `PATCH /api/tenants/{id}` (admin): changes a tenant; each field of the
+//! body is optional and changes only what it names (`settings.retention`:
+//! how long the tenant's data is kept, DESIGN §10).
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::routing::{get, patch};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
+use tok_core::ids::TenantId;
+use tok_core::retention::Retention;
 use tok_store::{hash_secret, random_token};
 
 use crate::AppState;
@@ -16,7 +21,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::routes::JsonBody;
 
 pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/api/tenants", get(list).post(create))
+    Router::new()
+        .route("/api/tenants", get(list).post(create))
+        .route("/api/tenants/{id}", patch(update))
 }
 
 #[derive(Deserialize)]
@@ -58,4 +65,68 @@ async fn list(State(state): State<AppState>, _admin: Admin) -> ApiResult<Json<Va
         }
     }
     Ok(Json(json!({ "items": items, "next_cursor": null })))
+}
+
+/// What `PATCH /api/tenants/{id}` may change; every field is optional.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantChange {
+    #[serde(default)]
+    settings: Option<SettingsChange>,
+}
+
+/// `settings`: each setting named is changed, the others stay.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettingsChange {
+    /// Some of `stepDataDays`, `runsDays`, `traceDays`, `inboxDays`: the
+    /// ones given replace the tenant's, the others stay.
+    #[serde(default)]
+    retention: Option<Map<String, Value>>,
+}
+
+async fn update(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<TenantChange>,
+) -> ApiResult<Json<Value>> {
+    let store = state.engine.store();
+    let id = TenantId::from(id);
+    let Some(tenant) = store.tenant(&id).await? else {
+        return Err(ApiError::not_found("tenant"));
+    };
+    let mut retention = store.retention(&id).await?.unwrap_or_default();
+    if let Some(change) = body.settings.and_then(|s| s.retention) {
+        retention = changed_retention(retention, change)?;
+        if !store.set_retention(&id, &retention).await? {
+            return Err(ApiError::not_found("tenant"));
+        }
+    }
+    Ok(Json(json!({
+        "id": tenant.id,
+        "name": tenant.name,
+        "settings": { "retention": retention },
+    })))
+}
+
+/// `current` with the fields of `change`, checked.
+fn changed_retention(current: Retention, change: Map<String, Value>) -> ApiResult<Retention> {
+    let invalid = |message: String| {
+        ApiError::bad_request("invalid_settings", message).with("field", "settings.retention")
+    };
+    let mut merged = match serde_json::to_value(current) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    merged.extend(change);
+    let retention: Retention = serde_json::from_value(Value::Object(merged)).map_err(|e| {
+        invalid(format!(
+            "settings.retention: {e}; expected whole days in stepDataDays, runsDays, traceDays, inboxDays"
+        ))
+    })?;
+    retention
+        .validate()
+        .map_err(|e| invalid(format!("settings.{e}")))?;
+    Ok(retention)
 }

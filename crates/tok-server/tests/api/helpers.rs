@@ -77,6 +77,8 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
             concurrency: 4,
             poll_interval: Duration::from_millis(20),
             shutdown_grace: Duration::from_secs(5),
+            // No sampling: which steps are stored whole is then certain.
+            step_sample: 0.0,
             ..EngineConfig::default()
         },
     );

@@ -18,6 +18,7 @@ mod intake;
 mod isolation;
 mod platform_incidents;
 mod repeat;
+mod retention;
 mod run_control;
 mod runs;
 mod schedules;
