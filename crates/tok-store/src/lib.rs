@@ -131,9 +131,13 @@ pub trait AdminStore: Send + Sync {
     /// Creates a tenant together with its first API key (stored as a hash).
     async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant>;
     async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
+    /// Applies the admin's change to a tenant's settings; `None`: no such tenant.
+    async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>>;
     async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
     async fn has_admin_key(&self) -> Result<bool>;
     async fn add_admin_key(&self, key_hash: &str) -> Result<()>;
+    /// The id of the API key with this hash (a run's `actor`).
+    async fn key_id(&self, key_hash: &str) -> Result<Option<String>>;
     async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>>;
 }
 

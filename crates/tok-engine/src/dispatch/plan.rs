@@ -55,8 +55,18 @@ pub fn initial_context(event: &PendingEvent) -> Context {
             "source": event.source_id,
             "depth": event.depth,
             "causeRunId": event.cause_run_id,
+            "actor": actor(event),
         }),
     )
+}
+
+/// Who starts a run of an event: the run whose change raised it, or the
+/// system (a webhook, a poll, a schedule, a person's change to a ticket).
+fn actor(event: &PendingEvent) -> Value {
+    match &event.cause_run_id {
+        Some(run) => json!({ "kind": "automation", "runId": run }),
+        None => json!({ "kind": "system", "source": event.source_kind }),
+    }
 }
 
 /// Most runs of one automation on one ticket per minute: past it, the

@@ -25,6 +25,7 @@ use tok_store::{
 
 use super::effects;
 use crate::Inner;
+use crate::authorize::{self, StepToAuthorize};
 use crate::registry::StepCall;
 use crate::steps::{TxContext, TxError};
 
@@ -287,7 +288,20 @@ async fn run_claim(
             }
         };
         let started_at = now_ms();
+        let actor = state.context.as_value()["_event"]["actor"].clone();
+        let asked = StepToAuthorize {
+            tenant_id: &job.tenant_id,
+            run_id: &job.run_id,
+            automation_id: &job.automation_id,
+            step_id: &step.step_id,
+            kind: &step.kind,
+            path: &step.path.to_string(),
+            attempt: step.attempt,
+            actor: &actor,
+        };
+        let authorized = authorize::check(&*inner.authorizer, &asked).await;
         let outcome = match step.class {
+            _ if authorized.is_err() => authorized.map(|()| Map::new()),
             StepClass::InTransaction => {
                 if tx.is_none() {
                     tx = Some(inner.store.begin_record(job).await?);

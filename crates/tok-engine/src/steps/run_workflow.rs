@@ -104,6 +104,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             "runId": run_id,
             "parentRunId": parent,
             "parentStep": cx.step_id,
+            "actor": { "kind": "parent", "runId": parent },
         }),
     );
     let event = NewEvent {

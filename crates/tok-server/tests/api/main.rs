@@ -5,6 +5,7 @@
 
 mod helpers;
 
+mod authorization;
 mod automations;
 mod branches;
 mod children;
