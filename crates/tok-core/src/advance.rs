@@ -22,6 +22,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
+use crate::approval::{self, APPROVAL};
 use crate::builtin::{self, Outcome};
 use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::context::Context;
@@ -255,16 +256,13 @@ pub fn advance(
             input,
             started_at,
         } => match check_output_size(&step.id, &outputs) {
-            Ok(()) => match children::awaited_child(step, input.as_ref(), &outputs) {
+            Ok(()) => match approval::awaited_decision(step, input.as_ref(), &outputs, env.now) {
                 Some(wait) => {
                     let mut record = decider.record(step, input, started_at);
                     record.output = Some(Value::Object(outputs));
-                    decider.park_on_runs(record, wait)
+                    decider.park_on_decision(record, wait)
                 }
-                None => {
-                    let record = decider.record(step, input, started_at);
-                    decider.completed(step, record, outputs, log, env)
-                }
+                None => decider.step_done(step, input, outputs, log, started_at, env),
             },
             Err(error) => decider.step_failed(step, input, started_at, error, env),
         },
@@ -273,6 +271,15 @@ pub fn advance(
             input,
             started_at,
         } => decider.step_failed(step, input, started_at, error, env),
+        Input::Signal { signal_id, payload } if step.kind == APPROVAL => {
+            let now = decider.now_ms();
+            let mut record = decider.record(step, None, now);
+            let waiting = decider.waiting_output(step);
+            let outputs = approval::decided(&payload, waiting.get("approvalId"));
+            record.input = Some(json!({ "signalId": signal_id }));
+            let log = vec![approval::decided_line(&payload)];
+            decider.completed(step, record, outputs, log, env)
+        }
         Input::Signal { signal_id, payload } if step.kind == WAIT_FOR_EVENT => {
             let mut outputs = Map::new();
             outputs.insert("timedOut".into(), Value::Bool(false));
@@ -282,11 +289,17 @@ pub fn advance(
             let log = vec![format!("resumed by signal {signal_id}")];
             decider.completed(step, record, outputs, log, env)
         }
-        Input::TimedOut if step.kind == WAIT_FOR_EVENT => {
+        Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
             let mut outputs = Map::new();
+            if let Some(id) = decider.waiting_output(step).get("approvalId") {
+                outputs.insert("approvalId".into(), id.clone());
+            }
             outputs.insert("timedOut".into(), Value::Bool(true));
             let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec!["timed out: no matching signal came".to_owned()];
+            let log = vec![match step.kind == APPROVAL {
+                true => "timed out: nobody decided".to_owned(),
+                false => "timed out: no matching signal came".to_owned(),
+            }];
             decider.completed(step, record, outputs, log, env)
         }
         Input::RunsEnded { ended, timed_out }
@@ -713,6 +726,65 @@ impl Decider<'_> {
             {
                 Some(due) => format!("waiting for signal `{}` until {due}", wait.key),
                 None => format!("waiting for signal `{}`", wait.key),
+            },
+        );
+        let path = self.state.path.to_string();
+        self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// An executed step finished: a `run_workflow` that waits parks on its
+    /// child, any other step is published and the run chains on.
+    fn step_done(
+        self,
+        step: &Step,
+        input: Option<Value>,
+        outputs: Map<String, Value>,
+        log: Vec<String>,
+        started_at: i64,
+        env: &mut Env<'_>,
+    ) -> Transition {
+        match children::awaited_child(step, input.as_ref(), &outputs) {
+            Some(wait) => {
+                let mut record = self.record(step, input, started_at);
+                record.output = Some(Value::Object(outputs));
+                self.park_on_runs(record, wait)
+            }
+            None => {
+                let record = self.record(step, input, started_at);
+                self.completed(step, record, outputs, log, env)
+            }
+        }
+    }
+
+    /// What the waiting step at the state's path published when it parked
+    /// (an approval's id); empty when it published nothing.
+    fn waiting_output(&self, step: &Step) -> Map<String, Value> {
+        match self.state.context.as_value().get(&step.id) {
+            Some(Value::Object(map)) => map.clone(),
+            _ => Map::new(),
+        }
+    }
+
+    /// The run parks at an `approval` step until its decision (`record`
+    /// is that step's record, marked waiting here). What the step opened
+    /// (`approvalId`, `approvers`) is published at once.
+    fn park_on_decision(mut self, mut record: StepRecord, wait: SignalWait) -> Transition {
+        record.status = StepStatus::Waiting;
+        if let Some(Value::Object(outputs)) = &record.output {
+            self.state.context.publish(&record.step_id, outputs);
+        }
+        record.log.push(
+            match wait
+                .due_at
+                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            {
+                Some(due) => format!("waiting for a decision until {due}"),
+                None => "waiting for a decision".to_owned(),
             },
         );
         let path = self.state.path.to_string();

@@ -10,6 +10,7 @@
 //! context and the time, and gets back what happens next as data.
 
 pub mod advance;
+pub mod approval;
 pub mod builtin;
 pub mod children;
 pub mod condition;

@@ -123,6 +123,7 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::automations::router())
         .merge(routes::runs::router())
         .merge(routes::signals::router())
+        .merge(routes::approvals::router())
         .merge(routes::ticket_types::router())
         .merge(routes::groups::router())
         .merge(routes::tickets::router())

@@ -12,6 +12,8 @@
 //! the URL.
 
 mod admin_sql;
+pub mod approvals;
+mod approvals_sql;
 mod batch;
 mod branches_sql;
 mod children_sql;
@@ -44,6 +46,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
+pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
 pub use gate::Lane;
@@ -296,6 +299,7 @@ pub trait Store:
     + RecordStore
     + ConnectionStore
     + SignalStore
+    + ApprovalStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

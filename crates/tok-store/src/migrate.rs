@@ -33,6 +33,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     9 "0009_leave_room_for_run_updates_in_place",
     10 "0010_create_signals_and_resumes",
     12 "0012_child_runs_and_parallel_branches",
+    13 "0013_create_approvals",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -45,6 +46,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     7 "0007_index_pending_events_in_dispatch_order",
     8 "0008_create_signals_and_resumes",
     10 "0010_child_runs_and_parallel_branches",
+    11 "0011_create_approvals",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -14,6 +14,7 @@ use sqlx::sqlite::{
 };
 
 use crate::admin_sql::impl_admin;
+use crate::approvals_sql::impl_approvals;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
@@ -230,6 +231,11 @@ impl_signals! {
 }
 
 impl_children! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_approvals! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -7,6 +7,7 @@
 //! crash between them is impossible. So does `run_workflow`, whose effect is
 //! a new run of tok's own. Each lives in a file of its own.
 
+pub(crate) mod approval;
 pub(crate) mod emit;
 pub(crate) mod http;
 pub(crate) mod incident_create;

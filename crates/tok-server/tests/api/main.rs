@@ -5,6 +5,7 @@
 
 mod helpers;
 
+mod approvals;
 mod authorization;
 mod automations;
 mod branches;
