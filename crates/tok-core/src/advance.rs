@@ -28,6 +28,7 @@ use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::context::Context;
 use crate::definition::{Automation, Step};
 use crate::error::StepError;
+use crate::escalation;
 use crate::flow::{self, Next};
 use crate::ids::RunId;
 use crate::limits::{MAX_ACTIONS, MAX_NESTING_DEPTH, MAX_OUTPUT_BYTES};
@@ -248,6 +249,7 @@ pub fn advance(
         let error = format!("the run's version has no step at `{}`", decider.state.path);
         return decider.fail(error);
     };
+    let step_path = decider.state.path.clone();
     match input {
         Input::Start => decider.chain(env),
         Input::StepDone {
@@ -260,7 +262,7 @@ pub fn advance(
                 Some(wait) => {
                     let mut record = decider.record(step, input, started_at);
                     record.output = Some(Value::Object(outputs));
-                    decider.park_on_decision(record, wait)
+                    decider.park_on_decision(step, record, wait)
                 }
                 None => decider.step_done(step, input, outputs, log, started_at, env),
             },
@@ -272,6 +274,8 @@ pub fn advance(
             started_at,
         } => decider.step_failed(step, input, started_at, error, env),
         Input::Signal { signal_id, payload } if step.kind == APPROVAL => {
+            let mut decider = decider;
+            escalation::end(&step_path, &mut decider.state.context);
             let now = decider.now_ms();
             let mut record = decider.record(step, None, now);
             let waiting = decider.waiting_output(step);
@@ -281,6 +285,8 @@ pub fn advance(
             decider.completed(step, record, outputs, log, env)
         }
         Input::Signal { signal_id, payload } if step.kind == WAIT_FOR_EVENT => {
+            let mut decider = decider;
+            escalation::end(&step_path, &mut decider.state.context);
             let mut outputs = Map::new();
             outputs.insert("timedOut".into(), Value::Bool(false));
             outputs.insert("payload".into(), payload);
@@ -290,6 +296,15 @@ pub fn advance(
             decider.completed(step, record, outputs, log, env)
         }
         Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
+            let mut decider = decider;
+            let path = decider.state.path.clone();
+            if let Some(level) = escalation::fires(step, &path, &mut decider.state.context) {
+                // A side chain: the step keeps waiting, the level's steps run.
+                decider.state.path = path.child(Branch::Escalation(level), 0);
+                decider.state.attempt = 1;
+                return decider.chain(env);
+            }
+            escalation::end(&path, &mut decider.state.context);
             let mut outputs = Map::new();
             if let Some(id) = decider.waiting_output(step).get("approvalId") {
                 outputs.insert("approvalId".into(), id.clone());
@@ -663,6 +678,7 @@ impl Decider<'_> {
             Ok(Next::IterationDone { repeat, iteration }) => {
                 self.iteration_done(repeat, iteration, env)
             }
+            Ok(Next::EscalationDone { waiting, .. }) => Err(Box::new(self.wait_again(waiting))),
             Err(error) => Err(Box::new(self.fail(error))),
         }
     }
@@ -716,7 +732,7 @@ impl Decider<'_> {
     }
 
     /// The run parks at a `wait_for_event` step.
-    fn park(mut self, step: &Step, wait: SignalWait, config: Value) -> Transition {
+    fn park(mut self, step: &Step, mut wait: SignalWait, config: Value) -> Transition {
         let mut record = self.record(step, Some(config), self.now_ms());
         record.status = StepStatus::Waiting;
         record.log.push(
@@ -728,6 +744,7 @@ impl Decider<'_> {
                 None => format!("waiting for signal `{}`", wait.key),
             },
         );
+        wait.due_at = self.escalated_due(step, wait.due_at);
         let path = self.state.path.to_string();
         self.push(record);
         self.finish(
@@ -773,7 +790,12 @@ impl Decider<'_> {
     /// The run parks at an `approval` step until its decision (`record`
     /// is that step's record, marked waiting here). What the step opened
     /// (`approvalId`, `approvers`) is published at once.
-    fn park_on_decision(mut self, mut record: StepRecord, wait: SignalWait) -> Transition {
+    fn park_on_decision(
+        mut self,
+        step: &Step,
+        mut record: StepRecord,
+        mut wait: SignalWait,
+    ) -> Transition {
         record.status = StepStatus::Waiting;
         if let Some(Value::Object(outputs)) = &record.output {
             self.state.context.publish(&record.step_id, outputs);
@@ -787,8 +809,63 @@ impl Decider<'_> {
                 None => "waiting for a decision".to_owned(),
             },
         );
+        wait.due_at = self.escalated_due(step, wait.due_at);
         let path = self.state.path.to_string();
         self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// When the wait of `step` at the state's path is due, with its
+    /// escalations ([`escalation::due`]); `timeout_at` without any.
+    fn escalated_due(&mut self, step: &Step, timeout_at: Option<i64>) -> Option<i64> {
+        let now = self.now_ms();
+        let path = self.state.path.clone();
+        escalation::due(step, &path, &mut self.state.context, now, timeout_at)
+    }
+
+    /// An escalation level of the waiting step at `waiting` ran its steps: the step waits again, for what it waited for, until the same
+    /// timeout (or its next level), without a record of its own.
+    fn wait_again(mut self, waiting: FlowPath) -> Transition {
+        let automation = self.automation;
+        let Some(step) = flow::step_at(&automation.steps, &waiting) else {
+            return self.fail(format!("the run's version has no step at `{waiting}`"));
+        };
+        self.state.path = waiting.clone();
+        self.state.attempt = 1;
+        let wait = match step.kind.as_str() {
+            APPROVAL => {
+                let waiting_output = self.waiting_output(step);
+                let id = waiting_output
+                    .get("approvalId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                Ok(SignalWait {
+                    key: approval::decision_key(id),
+                    filter: None,
+                    lookback: false,
+                    due_at: None,
+                })
+            }
+            _ => {
+                let scope = flow::scope(&automation.steps, &waiting, self.state.context.as_value());
+                signal_wait(step, &scope, self.now).map(|(wait, _)| wait)
+            }
+        };
+        let mut wait = match wait {
+            Ok(wait) => wait,
+            Err(error) => {
+                let message = format!("step `{}` cannot wait again: {}", step.id, error.message());
+                return self.fail(message);
+            }
+        };
+        // The timeout is the one the wait began with, kept with its
+        // escalations; this only finds the next one due.
+        wait.due_at = self.escalated_due(step, None);
+        let path = waiting.to_string();
         self.finish(
             RunStatus::Waiting,
             None,

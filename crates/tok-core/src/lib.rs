@@ -19,6 +19,7 @@ pub mod contract;
 pub mod definition;
 pub mod duration;
 pub mod error;
+pub mod escalation;
 pub mod flow;
 pub mod ids;
 pub mod incident;

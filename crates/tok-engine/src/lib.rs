@@ -364,7 +364,10 @@ impl Engine {
             priority: 0,
             first_path: match flow::first(&automation.steps) {
                 Next::Step(path) => Some(path.to_string()),
-                Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
+                Next::Complete
+                | Next::BranchDone { .. }
+                | Next::IterationDone { .. }
+                | Next::EscalationDone { .. } => None,
             },
             idempotency_key,
             subject_ticket_id: None,

@@ -143,9 +143,10 @@ pub fn plan(
         let limit = fairness.dispatch_chain_limit;
         let (steps, first_path, run_context) = match flow::first(&automation.steps) {
             Next::Step(path) => begin(&automation, path, run_context, registry, limit),
-            Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => {
-                (Vec::new(), None, run_context)
-            }
+            Next::Complete
+            | Next::BranchDone { .. }
+            | Next::IterationDone { .. }
+            | Next::EscalationDone { .. } => (Vec::new(), None, run_context),
         };
         count_steps(event, &steps, first_path.is_none());
         plan.runs.push(NewRun {

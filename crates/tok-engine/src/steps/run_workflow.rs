@@ -129,7 +129,10 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         priority: 0,
         first_path: match flow::first(&automation.steps) {
             Next::Step(path) => Some(path.to_string()),
-            Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
+            Next::Complete
+            | Next::BranchDone { .. }
+            | Next::IterationDone { .. }
+            | Next::EscalationDone { .. } => None,
         },
         idempotency_key: Some(key),
         subject_ticket_id: None,

@@ -14,6 +14,7 @@ mod connections;
 mod dashboard;
 mod desk;
 mod errors;
+mod escalations;
 mod health;
 mod incidents;
 mod intake;
