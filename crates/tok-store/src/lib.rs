@@ -179,6 +179,13 @@ pub trait DefinitionStore: Send + Sync {
         id: &AutomationId,
         version: i32,
     ) -> Result<Option<Value>>;
+    /// The definition hash of one saved version.
+    async fn version_hash(
+        &self,
+        tenant: &TenantId,
+        id: &AutomationId,
+        version: i32,
+    ) -> Result<Option<String>>;
 }
 
 /// The event inbox and the dispatcher's transaction.

@@ -154,8 +154,13 @@ async fn version(
         .automation_version(&tenant, &id, version)
         .await?
         .ok_or_else(|| ApiError::not_found("automation version"))?;
+    let hash = state
+        .engine
+        .store()
+        .version_hash(&tenant, &id, version)
+        .await?;
     Ok(Json(
-        json!({ "id": id, "version": version, "definition": definition }),
+        json!({ "id": id, "version": version, "hash": hash, "definition": definition }),
     ))
 }
 

@@ -24,5 +24,6 @@ mod run_control;
 mod runs;
 mod signals;
 mod signatures;
+mod versions;
 mod waits;
 mod webhook;
