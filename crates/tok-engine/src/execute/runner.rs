@@ -316,6 +316,8 @@ async fn run_claim(
                     cause,
                     step_id: &step.step_id,
                     path: &path,
+                    attempt: step.attempt,
+                    run_input: state.context.as_value().get("_body"),
                     too_deep: false,
                     signal_lookback: inner.config.signal_lookback,
                 };
