@@ -68,6 +68,20 @@ impl Context {
         }
     }
 
+    /// A reserved entry of the context (a key starting with `_`).
+    pub fn reserved(&self, key: &str) -> Option<&Value> {
+        self.0.get(key)
+    }
+
+    /// Sets (or, with `None`, removes) a reserved entry of the context.
+    pub fn set_reserved(&mut self, key: &str, value: Option<Value>) {
+        let map = self.map_mut();
+        match value {
+            Some(value) => map.insert(key.to_owned(), value),
+            None => map.remove(key),
+        };
+    }
+
     /// Sets the run's output (the `output` of its `end` step), kept under
     /// the reserved `_output`.
     pub fn set_output(&mut self, output: Value) {

@@ -72,6 +72,10 @@ pub fn count_steps(steps: &[Step]) -> usize {
                 + count_steps(&s.else_)
                 + count_steps(&s.do_)
                 + s.branches.iter().map(|b| count_steps(b)).sum::<usize>()
+                + s.escalations
+                    .iter()
+                    .map(|e| count_steps(&e.steps))
+                    .sum::<usize>()
         })
         .sum()
 }
@@ -295,6 +299,19 @@ pub struct Step {
     /// Overrides the automation's retry policy for this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// What happens while a waiting step (`wait_for_event`, `approval`)
+    /// still waits: each level's steps run once, `after` the wait began,
+    /// without resuming the wait.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<Escalation>,
+}
+
+/// One level of a waiting step's escalations.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Escalation {
+    /// A duration (`"10m"`, `"4h"`) after the wait began.
+    pub after: String,
+    pub steps: Vec<Step>,
 }
 
 impl Step {
@@ -314,6 +331,7 @@ impl Step {
             else_: Vec::new(),
             do_: Vec::new(),
             branches: Vec::new(),
+            escalations: Vec::new(),
             retry: None,
         }
     }

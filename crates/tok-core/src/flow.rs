@@ -50,6 +50,9 @@ pub enum Next {
     /// last step: the repeat decides whether another one follows
     /// ([`crate::repeat::after_iteration`]).
     IterationDone { repeat: FlowPath, iteration: usize },
+    /// Escalation level `level` of the waiting step at `waiting` has run
+    /// its last step: the step waits again ([`crate::escalation`]).
+    EscalationDone { waiting: FlowPath, level: usize },
 }
 
 /// The step at `path`, following `then`/`else`/`do` lists as the path says
@@ -68,7 +71,13 @@ fn children(step: &Step, branch: Branch) -> &[Step] {
         Branch::Else => &step.else_,
         Branch::Do(_) => &step.do_,
         Branch::Parallel(b) => step.branches.get(b).map_or(&[], Vec::as_slice),
+        Branch::Escalation(l) => step.escalations.get(l).map_or(&[], |e| e.steps.as_slice()),
     }
+}
+
+/// The path of a run's first step, or `None` for an empty tree.
+pub fn first_path(steps: &[Step]) -> Option<FlowPath> {
+    (!steps.is_empty()).then(|| FlowPath::root(0))
 }
 
 /// Where a run starts: the first top-level step, or completion for an empty tree.
@@ -150,6 +159,12 @@ fn after(steps: &[Step], path: &FlowPath, ctx: &Value) -> Result<Next, FlowError
             return Ok(Next::BranchDone {
                 parallel: parent,
                 branch,
+            });
+        }
+        if let Some(Branch::Escalation(level)) = current.branch() {
+            return Ok(Next::EscalationDone {
+                waiting: parent,
+                level,
             });
         }
         if let Some(Branch::Do(iteration)) = current.branch() {

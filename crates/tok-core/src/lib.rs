@@ -10,6 +10,7 @@
 //! context and the time, and gets back what happens next as data.
 
 pub mod advance;
+pub mod approval;
 pub mod builtin;
 pub mod children;
 pub mod condition;
@@ -18,6 +19,7 @@ pub mod contract;
 pub mod definition;
 pub mod duration;
 pub mod error;
+pub mod escalation;
 pub mod flow;
 pub mod ids;
 pub mod incident;

@@ -34,6 +34,8 @@ pub enum Branch {
     Do(usize),
     /// Branch `b` (0-based) of a `parallel` step.
     Parallel(usize),
+    /// The steps of escalation level `l` (0-based) of a waiting step.
+    Escalation(usize),
 }
 
 /// The address of one step (on one loop iteration) in a tree.
@@ -152,6 +154,7 @@ impl fmt::Display for FlowPath {
                 Branch::Else => write!(f, ".else.{i}")?,
                 Branch::Do(iteration) => write!(f, ".do.{iteration}.{i}")?,
                 Branch::Parallel(b) => write!(f, ".branches.{b}.{i}")?,
+                Branch::Escalation(l) => write!(f, ".escalations.{l}.{i}")?,
             }
         }
         Ok(())
@@ -183,9 +186,14 @@ impl FromStr for FlowPath {
                         .map_err(invalid)?;
                     Branch::Parallel(b)
                 }
+                "escalations" => {
+                    let l = index(parts.next().unwrap_or(""), "the level after `escalations`")
+                        .map_err(invalid)?;
+                    Branch::Escalation(l)
+                }
                 other => {
                     return Err(invalid(format!(
-                        "`{other}` is not `then`, `else`, `do` or `branches`"
+                        "`{other}` is not `then`, `else`, `do`, `branches` or `escalations`"
                     )));
                 }
             };

@@ -293,11 +293,59 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
         );
     }
 
+    check_escalations(c, at, step);
     check_steps(c, &format!("{at}.then"), &step.then);
     check_steps(c, &format!("{at}.else"), &step.else_);
     check_steps(c, &format!("{at}.do"), &step.do_);
     for (b, branch) in step.branches.iter().enumerate() {
         check_steps(c, &format!("{at}.branches.{b}"), branch);
+    }
+}
+
+/// `escalations` only on a step that waits for a signal or a decision;
+/// each level `after` a duration, later than the level before, with steps
+/// (no `end`: a side chain does not end the run).
+fn check_escalations<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
+    if step.escalations.is_empty() {
+        return;
+    }
+    let kind = step.kind.as_str();
+    if kind != WAIT_FOR_EVENT && kind != crate::approval::APPROVAL {
+        c.error(
+            format!("{at}.escalations"),
+            format!(
+                "only a wait_for_event or approval step can have `escalations`; `{}` is a `{kind}` step",
+                step.id
+            ),
+        );
+    }
+    let mut previous = None;
+    for (l, level) in step.escalations.iter().enumerate() {
+        let level_at = format!("{at}.escalations.{l}");
+        match crate::duration::parse_duration(&level.after) {
+            Ok(after) if previous.is_some_and(|p| after <= p) => c.error(
+                format!("{level_at}.after"),
+                "each escalation level must come later than the one before it",
+            ),
+            Ok(after) => previous = Some(after),
+            Err(e) => c.error(
+                format!("{level_at}.after"),
+                format!("`after` must be a duration such as \"4h\": {e}"),
+            ),
+        }
+        if level.steps.is_empty() {
+            c.error(
+                format!("{level_at}.steps"),
+                "an escalation level needs `steps`: what to do when it fires",
+            );
+        }
+        if level.steps.iter().any(|s| s.kind == "end") {
+            c.error(
+                format!("{level_at}.steps"),
+                "an escalation cannot hold an `end` step: it runs beside the wait, not instead of it",
+            );
+        }
+        check_steps(c, &format!("{level_at}.steps"), &level.steps);
     }
 }
 
@@ -760,6 +808,31 @@ mod tests {
         assert_eq!(
             errs[1].message,
             "only a condition step can have `then`; `h` is a `http` step"
+        );
+    }
+
+    #[test]
+    fn escalations_only_on_waits_in_order_with_steps() {
+        let log = json!({"id": "l", "type": "flow/log", "config": {"message": "late"}});
+        let errs = errors(with_steps(&json!([
+            {"id": "w", "type": "wait_for_event", "config": {"key": "k"}, "escalations": [
+                {"after": "10m", "steps": [log]},
+                {"after": "5m", "steps": [{"id": "e", "type": "end"}]},
+                {"after": "soon", "steps": []}
+            ]},
+            {"id": "s", "type": "set", "config": {"values": {}},
+             "escalations": [{"after": "1h", "steps": [{"id": "m", "type": "flow/log", "config": {"message": "x"}}]}]}
+        ])));
+        assert_eq!(
+            paths(&errs),
+            [
+                "steps.0.escalations.1.after",
+                "steps.0.escalations.1.steps",
+                "steps.0.escalations.2.after",
+                "steps.0.escalations.2.steps",
+                "steps.1.escalations"
+            ],
+            "{errs:?}"
         );
     }
 

@@ -13,6 +13,7 @@
 //!
 //! This file starts and stops the phases.
 
+pub mod authorize;
 pub mod definitions;
 pub mod dispatch;
 mod execute;
@@ -28,12 +29,13 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tok_core::context::Context;
-use tok_core::flow::{self, Next};
+use tok_core::flow;
 use tok_core::ids::{AutomationId, RunId, TenantId};
 use tok_store::{AutomationStatus, NewEvent, NewRun, Store, StoreError};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+pub use authorize::{StepAuthorizer, StepToAuthorize, SuspendedTenants, Verdict};
 pub use definitions::DefinitionCache;
 pub use fairness::Fairness;
 pub use registry::{Registry, StepCall, StepHandler};
@@ -137,6 +139,8 @@ pub(crate) struct Inner {
     pub(crate) slots: std::sync::Mutex<fairness::Slots>,
     /// What committed, for the live stream.
     pub(crate) stream: Stream,
+    /// Asked before every step with side effects ([`authorize`]).
+    pub(crate) authorizer: Arc<dyn StepAuthorizer>,
     tenants: RwLock<Arc<Vec<TenantId>>>,
 }
 
@@ -181,7 +185,19 @@ impl Running {
 }
 
 impl Engine {
+    /// An engine with the built-in authorizer ([`SuspendedTenants`]).
     pub fn new(store: Arc<dyn Store>, registry: Registry, config: EngineConfig) -> Self {
+        let authorizer = Arc::new(SuspendedTenants::new(store.clone()));
+        Self::with_authorizer(store, registry, config, authorizer)
+    }
+
+    /// An engine whose steps with side effects `authorizer` allows or denies.
+    pub fn with_authorizer(
+        store: Arc<dyn Store>,
+        registry: Registry,
+        config: EngineConfig,
+        authorizer: Arc<dyn StepAuthorizer>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -195,6 +211,7 @@ impl Engine {
                 work: Notify::new(),
                 slots: Default::default(),
                 stream: Stream::default(),
+                authorizer,
                 tenants: RwLock::default(),
             }),
         }
@@ -304,6 +321,21 @@ impl Engine {
         input: Value,
         idempotency_key: Option<String>,
     ) -> Result<RunId> {
+        let actor = json!({ "kind": "system", "source": "manual" });
+        self.start_run_as(tenant, automation_id, input, idempotency_key, actor)
+            .await
+    }
+
+    /// [`Engine::start_run`] on behalf of `actor` (`{"kind": "key", "id"}`
+    /// for a start through the API), which the run records as its `actor`.
+    pub async fn start_run_as(
+        &self,
+        tenant: &TenantId,
+        automation_id: &AutomationId,
+        input: Value,
+        idempotency_key: Option<String>,
+        actor: Value,
+    ) -> Result<RunId> {
         let store = &self.inner.store;
         let row = store
             .automation(tenant, automation_id)
@@ -327,7 +359,7 @@ impl Engine {
         let context = Context::new(
             params.clone(),
             input.clone(),
-            json!({ "type": "manual", "depth": 0, "runId": run_id }),
+            json!({ "type": "manual", "depth": 0, "runId": run_id, "actor": actor }),
         );
         let event = NewEvent {
             source_id: None,
@@ -350,10 +382,7 @@ impl Engine {
             depth: 0,
             queue_key: None,
             priority: 0,
-            first_path: match flow::first(&automation.steps) {
-                Next::Step(path) => Some(path.to_string()),
-                Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
-            },
+            first_path: flow::first_path(&automation.steps).map(|path| path.to_string()),
             idempotency_key,
             subject_ticket_id: None,
             steps: Vec::new(),

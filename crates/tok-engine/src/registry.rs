@@ -89,6 +89,7 @@ impl Registry {
             ("incident/create", in_transaction!(incident_create)),
             ("emit", in_transaction!(emit)),
             ("run_workflow", in_transaction!(run_workflow)),
+            ("approval", in_transaction!(approval)),
         ] {
             registry
                 .steps

@@ -31,26 +31,50 @@ pub(crate) enum KeyKind {
 /// A caller holding the platform admin key.
 pub(crate) struct Admin;
 
+/// The key a request was made with, as a run's or a decision's `actor`:
+/// `{"kind": "key", "id": "key_…"}` (the key's id, never the key).
+pub(crate) struct KeyActor(pub(crate) serde_json::Value);
+
+/// The bearer key of a request. The scheme is case-insensitive (RFC 9110
+/// §11.1): `bearer` is `Bearer`.
+fn bearer(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim())
+        .filter(|key| !key.is_empty())
+}
+
+impl FromRequestParts<AppState> for KeyActor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let hash = hash_secret(bearer(parts).unwrap_or_default());
+        match state.engine.store().key_id(&hash).await? {
+            Some(id) => Ok(KeyActor(serde_json::json!({ "kind": "key", "id": id }))),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the API key is not valid",
+            )),
+        }
+    }
+}
+
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer` is `Bearer`.
-        let key = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, key)| key.trim())
-            .filter(|key| !key.is_empty())
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "send your API key as `Authorization: Bearer <key>`",
-                )
-            })?;
+        let key = bearer(parts).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "send your API key as `Authorization: Bearer <key>`",
+            )
+        })?;
         let owner = state.engine.store().key_owner(&hash_secret(key)).await?;
         owner.map(Caller).ok_or_else(|| {
             ApiError::new(

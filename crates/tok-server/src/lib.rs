@@ -135,6 +135,7 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::runs::router())
         .merge(routes::signals::router())
         .merge(routes::widgets::router())
+        .merge(routes::approvals::router())
         .merge(routes::ticket_types::router())
         .merge(routes::groups::router())
         .merge(routes::tickets::router())

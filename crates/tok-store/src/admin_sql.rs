@@ -11,6 +11,11 @@ macro_rules! impl_admin {
                 id: TenantId::from(row.get::<String, _>("id")),
                 name: row.get("name"),
                 created_at: row.get("created_at"),
+                suspended: row
+                    .try_get::<Json<Value>, _>("settings")
+                    .ok()
+                    .and_then(|s| s.0.get("suspended").and_then(Value::as_bool))
+                    .unwrap_or(false),
             }
         }
 
@@ -21,6 +26,7 @@ macro_rules! impl_admin {
                     id: TenantId::from(new_id("ten")),
                     name: name.to_owned(),
                     created_at: now_ms(),
+                    suspended: false,
                 };
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
@@ -47,11 +53,42 @@ macro_rules! impl_admin {
             }
 
             async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-                let row = sqlx::query("SELECT id, name, created_at FROM tenants WHERE id = $1")
+                let row = sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
                     .bind(id.as_str())
                     .fetch_optional(self.reader())
                     .await?;
                 Ok(row.as_ref().map(tenant_from_row))
+            }
+
+            async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let row = sqlx::query(concat!(
+                    "SELECT id, name, settings, created_at FROM tenants WHERE id = $1 ",
+                    lock_rows!()
+                ))
+                .bind(id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else {
+                    return Ok(None);
+                };
+                let mut settings = match row.try_get::<Json<Value>, _>("settings")?.0 {
+                    Value::Object(map) => map,
+                    _ => serde_json::Map::new(),
+                };
+                settings.extend(patch.settings());
+                sqlx::query("UPDATE tenants SET settings = $2 WHERE id = $1")
+                    .bind(id.as_str())
+                    .bind(Json(Value::Object(settings)))
+                    .execute(&mut *tx)
+                    .await?;
+                let row = sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
+                    .bind(id.as_str())
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(Some(tenant_from_row(&row)))
             }
 
             async fn tenant_ids(&self) -> Result<Vec<TenantId>> {
@@ -79,6 +116,14 @@ macro_rules! impl_admin {
                 .execute(&*self.writer().await)
                 .await?;
                 Ok(())
+            }
+
+            async fn key_id(&self, key_hash: &str) -> Result<Option<String>> {
+                let row = sqlx::query("SELECT id FROM api_keys WHERE hash = $1")
+                    .bind(key_hash)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(row.map(|r| r.get::<String, _>("id")))
             }
 
             async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>> {

@@ -256,6 +256,24 @@ macro_rules! impl_definitions {
                 .await?;
                 Ok(row.map(|r| r.get::<Json<Value>, _>("definition").0))
             }
+
+            async fn version_hash(
+                &self,
+                tenant: &TenantId,
+                id: &AutomationId,
+                version: i32,
+            ) -> Result<Option<String>> {
+                let row = sqlx::query(
+                    "SELECT hash FROM automation_versions
+                     WHERE tenant_id = $1 AND automation_id = $2 AND version = $3",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(version)
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.map(|r| r.get::<String, _>("hash")))
+            }
         }
     };
 }

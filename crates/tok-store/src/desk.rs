@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
 
 use crate::{
-    AutomationRow, ClaimedJob, NewEvent, NewRun, NewSignal, Page, Record, Result, RunEnded,
-    SignalSent, StepRow,
+    AutomationRow, ClaimedJob, NewApproval, NewEvent, NewRun, NewSignal, Page, Record, Result,
+    RunEnded, SignalSent, StepRow,
 };
 
 #[derive(Debug, Clone, Serialize)]
@@ -276,6 +276,10 @@ pub trait RecordTx: Send {
     /// This job's run ended: the waits on it learn how (a waiting parent
     /// is resumed when its wait is over), when the record commits.
     async fn run_ended(&mut self, ended: RunEnded) -> Result<()>;
+    /// The tenant's members with these ids (those that exist), in that order.
+    async fn members(&mut self, ids: &[String]) -> Result<Vec<Member>>;
+    /// Opens an approval for this run; returns its id.
+    async fn open_approval(&mut self, approval: NewApproval) -> Result<String>;
     async fn commit(self: Box<Self>, record: Record) -> Result<()>;
 }
 

@@ -670,6 +670,14 @@ macro_rules! impl_desk {
                 run_ended_in(&mut self.tx, &self.job.tenant_id, &ended).await
             }
 
+            async fn members(&mut self, ids: &[String]) -> Result<Vec<Member>> {
+                members_in(&mut self.tx, &self.job.tenant_id, ids).await
+            }
+
+            async fn open_approval(&mut self, approval: NewApproval) -> Result<String> {
+                open_approval_in(&mut self.tx, &self.job.tenant_id, &self.job.run_id, &approval).await
+            }
+
             async fn commit(mut self: Box<Self>, mut record: Record) -> Result<()> {
                 let OpenRecord { mut tx, job, status } = *self;
                 $crate::storable::mend_record(&mut record);

@@ -12,6 +12,8 @@
 //! the URL.
 
 mod admin_sql;
+pub mod approvals;
+mod approvals_sql;
 mod batch;
 mod branches_sql;
 mod children_sql;
@@ -54,6 +56,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
+pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
@@ -110,9 +113,13 @@ pub trait AdminStore: Send + Sync {
     /// Creates a tenant together with its first API key (stored as a hash).
     async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant>;
     async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
+    /// Applies the admin's change to a tenant's settings; `None`: no such tenant.
+    async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>>;
     async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
     async fn has_admin_key(&self) -> Result<bool>;
     async fn add_admin_key(&self, key_hash: &str) -> Result<()>;
+    /// The id of the API key with this hash (a run's `actor`).
+    async fn key_id(&self, key_hash: &str) -> Result<Option<String>>;
     async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>>;
 }
 
@@ -151,6 +158,13 @@ pub trait DefinitionStore: Send + Sync {
         id: &AutomationId,
         version: i32,
     ) -> Result<Option<Value>>;
+    /// The definition hash of one saved version.
+    async fn version_hash(
+        &self,
+        tenant: &TenantId,
+        id: &AutomationId,
+        version: i32,
+    ) -> Result<Option<String>>;
 }
 
 /// The event inbox and the dispatcher's transaction.
@@ -251,6 +265,7 @@ pub trait Store:
     + WatchStore
     + WidgetStore
     + RetentionStore
+    + ApprovalStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

@@ -25,6 +25,28 @@ pub struct Tenant {
     pub id: TenantId,
     pub name: String,
     pub created_at: i64,
+    /// Suspended by the platform admin: the built-in step authorizer denies
+    /// every step with side effects of its runs.
+    pub suspended: bool,
+}
+
+/// What the platform admin changes of a tenant (`PATCH /api/tenants/{id}`):
+/// each field left `None` stays as it is. The settings live in the tenant's
+/// `settings` object, so a new one needs no migration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantPatch {
+    pub suspended: Option<bool>,
+}
+
+impl TenantPatch {
+    /// The patch as the keys of `settings` it sets.
+    pub fn settings(&self) -> serde_json::Map<String, Value> {
+        let mut map = serde_json::Map::new();
+        if let Some(suspended) = self.suspended {
+            map.insert("suspended".into(), Value::Bool(suspended));
+        }
+        map
+    }
 }
 
 /// Who an API key belongs to.
@@ -264,6 +286,11 @@ pub struct RunDetail {
     pub context: Value,
     /// The `output` of the run's `end` step; `null` until then, or without one.
     pub output: Value,
+    /// Who started the run: `{"kind": "key", "id"}` (an API key, by hand),
+    /// `{"kind": "system", "source"}` (a webhook, poll, schedule or ticket
+    /// event), `{"kind": "automation", "runId"}` (an event a run raised),
+    /// `{"kind": "parent", "runId"}` (a child run); `null` for older runs.
+    pub actor: Value,
     pub steps: Vec<StepRow>,
     /// What a waiting run waits for; empty for every other run.
     pub waits: Vec<WaitRow>,

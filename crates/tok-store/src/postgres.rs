@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::admin_sql::impl_admin;
+use crate::approvals_sql::impl_approvals;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
@@ -188,6 +189,11 @@ impl_signals! {
 }
 
 impl_children! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_approvals! {
     store = PgStore,
     db = sqlx::Postgres,
 }

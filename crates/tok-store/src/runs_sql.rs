@@ -297,6 +297,7 @@ macro_rules! impl_runs {
                         .get(tok_core::context::OUTPUT_KEY)
                         .cloned()
                         .unwrap_or(Value::Null),
+                    actor: context["_event"]["actor"].clone(),
                     context,
                     steps,
                     waits,

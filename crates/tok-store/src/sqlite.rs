@@ -15,6 +15,7 @@ use sqlx::sqlite::{
 };
 
 use crate::admin_sql::impl_admin;
+use crate::approvals_sql::impl_approvals;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
@@ -242,6 +243,11 @@ impl_signals! {
 }
 
 impl_children! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_approvals! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

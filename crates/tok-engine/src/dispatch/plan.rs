@@ -57,8 +57,18 @@ pub fn initial_context(event: &PendingEvent) -> Context {
             "source": event.source_id,
             "depth": event.depth,
             "causeRunId": event.cause_run_id,
+            "actor": actor(event),
         }),
     )
+}
+
+/// Who starts a run of an event: the run whose change raised it, or the
+/// system (a webhook, a poll, a schedule, a person's change to a ticket).
+fn actor(event: &PendingEvent) -> Value {
+    match &event.cause_run_id {
+        Some(run) => json!({ "kind": "automation", "runId": run }),
+        None => json!({ "kind": "system", "source": event.source_kind }),
+    }
 }
 
 /// Most runs of one automation on one ticket per minute: past it, the
@@ -169,9 +179,10 @@ pub fn plan(
         let limit = fairness.dispatch_chain_limit;
         let (steps, first_path, run_context) = match flow::first(&automation.steps) {
             Next::Step(path) => begin(&automation, path, run_context, registry, limit),
-            Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => {
-                (Vec::new(), None, run_context)
-            }
+            Next::Complete
+            | Next::BranchDone { .. }
+            | Next::IterationDone { .. }
+            | Next::EscalationDone { .. } => (Vec::new(), None, run_context),
         };
         count_steps(event, &steps, first_path.is_none());
         // Stored like a worker's records (see `tok_core::retention`).

@@ -26,6 +26,7 @@ use tracing::Instrument as _;
 
 use super::effects;
 use crate::Inner;
+use crate::authorize::{self, StepToAuthorize};
 use crate::registry::StepCall;
 use crate::steps::{TxContext, TxError};
 
@@ -295,7 +296,20 @@ async fn run_claim(
             kind = %step.kind,
             attempt = step.attempt,
         );
+        let actor = state.context.as_value()["_event"]["actor"].clone();
+        let asked = StepToAuthorize {
+            tenant_id: &job.tenant_id,
+            run_id: &job.run_id,
+            automation_id: &job.automation_id,
+            step_id: &step.step_id,
+            kind: &step.kind,
+            path: &step.path.to_string(),
+            attempt: step.attempt,
+            actor: &actor,
+        };
+        let authorized = authorize::check(&*inner.authorizer, &asked).await;
         let outcome = match step.class {
+            _ if authorized.is_err() => authorized.map(|()| Map::new()),
             StepClass::InTransaction => {
                 if tx.is_none() {
                     tx = Some(inner.store.begin_record(job).await?);
@@ -310,6 +324,8 @@ async fn run_claim(
                     cause,
                     step_id: &step.step_id,
                     path: &path,
+                    attempt: step.attempt,
+                    run_input: state.context.as_value().get("_body"),
                     too_deep: false,
                     signal_lookback: inner.config.signal_lookback,
                 };

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use tok_core::condition::Condition;
 use tok_core::context::Context;
 use tok_core::definition::Trigger;
-use tok_core::flow::{self, Next};
+use tok_core::flow;
 use tok_core::ids::{RunId, TenantId};
 use tok_core::schedule::{Timing, instant};
 use tok_store::{AutomationRow, AutomationStatus, DueTrigger, NewEvent, NewRun, Store};
@@ -199,11 +199,7 @@ async fn start(
         depth: 0,
         queue_key: None,
         priority: 0,
-        first_path: match flow::first(&automation.steps) {
-            Next::Step(path) => Some(path.to_string()),
-            // A tree's first step is never inside a branch or an iteration.
-            Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
-        },
+        first_path: flow::first_path(&automation.steps).map(|path| path.to_string()),
         idempotency_key: Some(key),
         subject_ticket_id: None,
         steps: Vec::new(),

@@ -50,6 +50,15 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             ))
         })?),
     };
+    if let Some(key) = key
+        .as_deref()
+        .filter(|k| tok_core::approval::is_decision_key(k))
+    {
+        return Err(terminal(format!(
+            "step `{}`: `key` {key:?} is reserved for decisions on approvals",
+            cx.step_id
+        )));
+    }
     if event_type.is_none() && key.is_none() {
         return Err(terminal(format!(
             "step `{}`: `event` is empty and there is no `key`: nothing to emit",

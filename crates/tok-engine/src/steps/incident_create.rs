@@ -29,11 +29,39 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             .unwrap_or("");
         format!("{automation}:{}", cx.step_id)
     });
-    let detail = match config.get("detail") {
-        Some(Value::Null) | None => json!({}),
-        Some(Value::Object(map)) => Value::Object(map.clone()),
-        Some(other) => json!({ "message": other }),
-    };
+    // What every incident carries for the admin, whatever the step adds.
+    let mut detail = Map::from_iter([
+        (
+            "automation".to_owned(),
+            json!({ "id": cx.cause.automation_id }),
+        ),
+        ("run_id".to_owned(), json!(cx.cause.run_id)),
+        (
+            "step".to_owned(),
+            json!({ "id": cx.step_id, "path": cx.path, "type": "incident/create" }),
+        ),
+        ("attempt".to_owned(), json!(cx.attempt)),
+        ("error".to_owned(), Value::Null),
+        (
+            "input".to_owned(),
+            cx.run_input.cloned().unwrap_or(Value::Null),
+        ),
+    ]);
+    let base: Vec<String> = detail.keys().filter(|k| *k != "error").cloned().collect();
+    match config.get("detail") {
+        Some(Value::Null) | None => {}
+        Some(Value::Object(map)) => {
+            for (key, value) in map {
+                if !base.contains(key) {
+                    detail.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        Some(other) => {
+            detail.insert("message".into(), other.clone());
+        }
+    }
+    let detail = Value::Object(detail);
     let (id, created) = cx
         .tx
         .open_incident(NewIncident {

@@ -7,6 +7,7 @@
 //! crash between them is impossible. So does `run_workflow`, whose effect is
 //! a new run of tok's own. Each lives in a file of its own.
 
+pub(crate) mod approval;
 pub(crate) mod emit;
 pub(crate) mod http;
 pub(crate) mod incident_create;
@@ -70,6 +71,10 @@ pub(crate) struct TxContext<'a> {
     pub(crate) step_id: &'a str,
     /// The step's path in its tree (`2.then.0`).
     pub(crate) path: &'a str,
+    /// The attempt of the step (1 on the first).
+    pub(crate) attempt: u32,
+    /// The run's input (its `_body`), for an incident's detail.
+    pub(crate) run_input: Option<&'a Value>,
     /// Set when a write could not raise its event because the chain of
     /// automations is too deep; the worker raises an alert for it.
     pub(crate) too_deep: bool,

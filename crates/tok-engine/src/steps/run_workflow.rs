@@ -17,7 +17,7 @@
 use serde_json::{Map, Value, json};
 use tok_core::context::Context;
 use tok_core::definition::Automation;
-use tok_core::flow::{self, Next};
+use tok_core::flow;
 use tok_core::ids::RunId;
 use tok_store::{AutomationStatus, NewEvent, NewRun};
 
@@ -104,6 +104,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             "runId": run_id,
             "parentRunId": parent,
             "parentStep": cx.step_id,
+            "actor": { "kind": "parent", "runId": parent },
         }),
     );
     let event = NewEvent {
@@ -126,10 +127,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         depth,
         queue_key: None,
         priority: 0,
-        first_path: match flow::first(&automation.steps) {
-            Next::Step(path) => Some(path.to_string()),
-            Next::Complete | Next::BranchDone { .. } | Next::IterationDone { .. } => None,
-        },
+        first_path: flow::first_path(&automation.steps).map(|path| path.to_string()),
         idempotency_key: Some(key),
         subject_ticket_id: None,
         steps: Vec::new(),

@@ -16,7 +16,7 @@ use tok_engine::definitions::prepare;
 use tok_store::{AutomationRow, AutomationStatus, NewVersion};
 
 use crate::AppState;
-use crate::auth::Tenant;
+use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::JsonBody;
 
@@ -169,8 +169,13 @@ async fn version(
         .automation_version(&tenant, &id, version)
         .await?
         .ok_or_else(|| ApiError::not_found("automation version"))?;
+    let hash = state
+        .engine
+        .store()
+        .version_hash(&tenant, &id, version)
+        .await?;
     Ok(Json(
-        json!({ "id": id, "version": version, "definition": definition }),
+        json!({ "id": id, "version": version, "hash": hash, "definition": definition }),
     ))
 }
 
@@ -219,6 +224,7 @@ struct StartBody {
 async fn start_run(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
+    KeyActor(actor): KeyActor,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -251,7 +257,7 @@ async fn start_run(
     };
     let run_id = state
         .engine
-        .start_run(&tenant, &AutomationId::from(id), input, key)
+        .start_run_as(&tenant, &AutomationId::from(id), input, key, actor)
         .await?;
     Ok((StatusCode::CREATED, Json(json!({ "run_id": run_id }))))
 }

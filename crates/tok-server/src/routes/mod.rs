@@ -1,5 +1,6 @@
 //! One router per resource.
 
+pub(crate) mod approvals;
 pub(crate) mod automations;
 pub(crate) mod connections;
 pub(crate) mod dashboard;

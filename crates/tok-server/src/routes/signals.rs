@@ -104,6 +104,12 @@ fn key(body: &mut Map<String, Value>) -> ApiResult<String> {
             "key",
             format!("`key` is {} bytes; at most {MAX_KEY_BYTES}", key.len()),
         )),
+        Some(Value::String(key)) if tok_core::approval::is_decision_key(&key) => Err(invalid(
+            "key",
+            format!(
+                "`key` {key:?} is reserved for decisions on approvals; decide with POST /api/approvals/{{id}}"
+            ),
+        )),
         Some(Value::String(key)) => Ok(key),
         Some(other) => Err(invalid(
             "key",

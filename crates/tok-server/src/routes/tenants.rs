@@ -2,8 +2,10 @@
 //! which is shown once and stored only as a hash. `GET /api/tenants`
 //! (admin): every tenant, for the admin to pick one to act for.
 //! `PATCH /api/tenants/{id}` (admin): changes a tenant; each field of the
-//! body is optional and changes only what it names (`settings.retention`:
-//! how long the tenant's data is kept, DESIGN §10).
+//! body is optional and changes only what it names (`suspended`: the
+//! built-in step authorizer denies a suspended tenant's steps with side
+//! effects; `settings.retention`: how long the tenant's data is kept,
+//! DESIGN §10).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -13,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tok_core::ids::TenantId;
 use tok_core::retention::Retention;
-use tok_store::{hash_secret, random_token};
+use tok_store::{TenantPatch, hash_secret, random_token};
 
 use crate::AppState;
 use crate::auth::Admin;
@@ -61,16 +63,23 @@ async fn list(State(state): State<AppState>, _admin: Admin) -> ApiResult<Json<Va
     let mut items = Vec::new();
     for id in store.tenant_ids().await? {
         if let Some(tenant) = store.tenant(&id).await? {
-            items.push(json!({ "id": tenant.id, "name": tenant.name }));
+            items.push(shown(&tenant));
         }
     }
     Ok(Json(json!({ "items": items, "next_cursor": null })))
 }
 
-/// What `PATCH /api/tenants/{id}` may change; every field is optional.
+/// A tenant as the admin sees it.
+fn shown(tenant: &tok_store::Tenant) -> Value {
+    json!({ "id": tenant.id, "name": tenant.name, "suspended": tenant.suspended })
+}
+
+/// What `PATCH /api/tenants/{id}` may change; every field is optional, a
+/// field not listed here is refused by name.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TenantChange {
+    suspended: Option<bool>,
     #[serde(default)]
     settings: Option<SettingsChange>,
 }
@@ -96,18 +105,30 @@ async fn update(
     let Some(tenant) = store.tenant(&id).await? else {
         return Err(ApiError::not_found("tenant"));
     };
+    // Every change is checked before any is written.
     let mut retention = store.retention(&id).await?.unwrap_or_default();
-    if let Some(change) = body.settings.and_then(|s| s.retention) {
+    let retention_change = body.settings.and_then(|s| s.retention);
+    if let Some(change) = retention_change.clone() {
         retention = changed_retention(retention, change)?;
-        if !store.set_retention(&id, &retention).await? {
-            return Err(ApiError::not_found("tenant"));
-        }
     }
-    Ok(Json(json!({
-        "id": tenant.id,
-        "name": tenant.name,
-        "settings": { "retention": retention },
-    })))
+    let tenant = match body.suspended {
+        Some(suspended) => store
+            .update_tenant(
+                &id,
+                TenantPatch {
+                    suspended: Some(suspended),
+                },
+            )
+            .await?
+            .ok_or_else(|| ApiError::not_found("tenant"))?,
+        None => tenant,
+    };
+    if retention_change.is_some() && !store.set_retention(&id, &retention).await? {
+        return Err(ApiError::not_found("tenant"));
+    }
+    let mut shown = shown(&tenant);
+    shown["settings"] = json!({ "retention": retention });
+    Ok(Json(shown))
 }
 
 /// `current` with the fields of `change`, checked.

@@ -78,7 +78,10 @@ async fn a_key_learns_who_it_is_and_only_the_admin_lists_tenants(app: &TestApp) 
         .get(&app.admin_key, "/api/tenants")
         .await
         .expect(StatusCode::OK);
-    assert_eq!(tenants["items"], json!([{ "id": acme.id, "name": "Acme" }]));
+    assert_eq!(
+        tenants["items"],
+        json!([{ "id": acme.id, "name": "Acme", "suspended": false }])
+    );
     app.get(&acme.key, "/api/tenants")
         .await
         .expect_error(StatusCode::FORBIDDEN, "admin_only");

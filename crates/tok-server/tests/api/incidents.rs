@@ -259,7 +259,15 @@ async fn incident_create_step_opens_an_incident_with_a_hidden_detail(app: &TestA
     assert_eq!(listed[0]["occurrences"], 2);
     assert_tenant_view(&listed[0], &["E42", "toner"]);
     let admin = admin_incidents(app, &tenant).await;
-    assert_eq!(admin[0]["detail"], json!({ "message": "toner sensor E42" }));
+    let detail = &admin[0]["detail"];
+    assert_eq!(detail["message"], "toner sensor E42", "{detail:#}");
+    // What every incident carries, an `incident/create` step's too.
+    assert!(detail["automation"]["id"].is_string(), "{detail:#}");
+    assert!(detail["run_id"].is_string(), "{detail:#}");
+    assert_eq!(detail["step"]["path"], "0", "{detail:#}");
+    assert_eq!(detail["attempt"], 1);
+    assert_eq!(detail["error"], Value::Null);
+    assert_eq!(detail["input"], json!({ "code": "E42" }));
     assert_eq!(admin[0]["source"], "printer");
 }
 

@@ -5,6 +5,8 @@
 
 mod helpers;
 
+mod approvals;
+mod authorization;
 mod automations;
 mod branches;
 mod children;
@@ -12,6 +14,7 @@ mod connections;
 mod dashboard;
 mod desk;
 mod errors;
+mod escalations;
 mod health;
 mod incidents;
 mod intake;
@@ -24,6 +27,7 @@ mod runs;
 mod schedules;
 mod signals;
 mod signatures;
+mod versions;
 mod waits;
 mod webhook;
 mod widgets;

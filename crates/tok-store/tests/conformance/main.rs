@@ -19,6 +19,7 @@
 //! Timing: waits for a lease or delay to expire sleep well past it, and
 //! nothing asserts on how long an operation took.
 
+mod approvals;
 mod branches;
 mod children;
 mod dispatch;

@@ -2,11 +2,51 @@
 //! id or by listing, it never sees or touches another tenant's rows.
 
 use super::*;
+use tok_store::TenantPatch;
 
 backend_tests!(
     run_on_fresh_db;
     a_tenant_never_sees_another_tenants_rows,
+    suspending_a_tenant_changes_that_tenant_only_and_keeps_its_settings,
 );
+
+async fn suspending_a_tenant_changes_that_tenant_only_and_keeps_its_settings(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let a = tenant(store, "a").await;
+    let b = tenant(store, "b").await;
+    assert!(!store.tenant(&a).await.unwrap().unwrap().suspended);
+    let patch = TenantPatch {
+        suspended: Some(true),
+    };
+    let changed = store.update_tenant(&a, patch).await.unwrap().unwrap();
+    assert!(changed.suspended, "{backend:?}");
+    assert!(store.tenant(&a).await.unwrap().unwrap().suspended);
+    assert!(
+        !store.tenant(&b).await.unwrap().unwrap().suspended,
+        "{backend:?}"
+    );
+    // A patch that leaves `suspended` out keeps it.
+    let kept = store
+        .update_tenant(&a, TenantPatch::default())
+        .await
+        .unwrap();
+    assert!(kept.unwrap().suspended, "{backend:?}");
+    let resumed = TenantPatch {
+        suspended: Some(false),
+    };
+    let resumed = store.update_tenant(&a, resumed).await.unwrap().unwrap();
+    assert!(!resumed.suspended, "{backend:?}");
+    let missing = TenantId::from("ten_missing");
+    assert!(
+        store
+            .update_tenant(&missing, TenantPatch::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
 
 async fn a_tenant_never_sees_another_tenants_rows(db: &TestDb) {
     let backend = db.backend;

@@ -17,16 +17,20 @@
 //! retry jitter, so a test states a state and an input and compares the
 //! transition.
 
+mod waiting;
+
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
+use crate::approval::{self, APPROVAL};
 use crate::builtin::{self, Outcome};
 use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::context::Context;
 use crate::definition::{Automation, Step};
 use crate::error::StepError;
+use crate::escalation;
 use crate::flow::{self, Next};
 use crate::ids::RunId;
 use crate::limits::{MAX_ACTIONS, MAX_NESTING_DEPTH, MAX_OUTPUT_BYTES};
@@ -35,9 +39,7 @@ use crate::path::Branch;
 use crate::path::FlowPath;
 use crate::repeat::{self, Again, REPEAT};
 use crate::retry::{Decision, RetryPolicy, decide};
-use crate::run::{
-    NextJob, Resume, RunEnded, RunStatus, RunsWait, SignalWait, StepRecord, StepStatus,
-};
+use crate::run::{NextJob, Resume, RunEnded, RunStatus, StepRecord, StepStatus};
 use crate::template;
 use crate::waits::signal_wait;
 
@@ -247,6 +249,7 @@ pub fn advance(
         let error = format!("the run's version has no step at `{}`", decider.state.path);
         return decider.fail(error);
     };
+    let step_path = decider.state.path.clone();
     match input {
         Input::Start => decider.chain(env),
         Input::StepDone {
@@ -255,16 +258,13 @@ pub fn advance(
             input,
             started_at,
         } => match check_output_size(&step.id, &outputs) {
-            Ok(()) => match children::awaited_child(step, input.as_ref(), &outputs) {
+            Ok(()) => match approval::awaited_decision(step, input.as_ref(), &outputs, env.now) {
                 Some(wait) => {
                     let mut record = decider.record(step, input, started_at);
                     record.output = Some(Value::Object(outputs));
-                    decider.park_on_runs(record, wait)
+                    decider.park_on_decision(step, record, wait)
                 }
-                None => {
-                    let record = decider.record(step, input, started_at);
-                    decider.completed(step, record, outputs, log, env)
-                }
+                None => decider.step_done(step, input, outputs, log, started_at, env),
             },
             Err(error) => decider.step_failed(step, input, started_at, error, env),
         },
@@ -273,7 +273,20 @@ pub fn advance(
             input,
             started_at,
         } => decider.step_failed(step, input, started_at, error, env),
+        Input::Signal { signal_id, payload } if step.kind == APPROVAL => {
+            let mut decider = decider;
+            escalation::end(&step_path, &mut decider.state.context);
+            let now = decider.now_ms();
+            let mut record = decider.record(step, None, now);
+            let waiting = decider.waiting_output(step);
+            let outputs = approval::decided(&payload, waiting.get("approvalId"));
+            record.input = Some(json!({ "signalId": signal_id }));
+            let log = vec![approval::decided_line(&payload)];
+            decider.completed(step, record, outputs, log, env)
+        }
         Input::Signal { signal_id, payload } if step.kind == WAIT_FOR_EVENT => {
+            let mut decider = decider;
+            escalation::end(&step_path, &mut decider.state.context);
             let mut outputs = Map::new();
             outputs.insert("timedOut".into(), Value::Bool(false));
             outputs.insert("payload".into(), payload);
@@ -282,11 +295,26 @@ pub fn advance(
             let log = vec![format!("resumed by signal {signal_id}")];
             decider.completed(step, record, outputs, log, env)
         }
-        Input::TimedOut if step.kind == WAIT_FOR_EVENT => {
+        Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
+            let mut decider = decider;
+            let path = decider.state.path.clone();
+            if let Some(level) = escalation::fires(step, &path, &mut decider.state.context) {
+                // A side chain: the step keeps waiting, the level's steps run.
+                decider.state.path = path.child(Branch::Escalation(level), 0);
+                decider.state.attempt = 1;
+                return decider.chain(env);
+            }
+            escalation::end(&path, &mut decider.state.context);
             let mut outputs = Map::new();
+            if let Some(id) = decider.waiting_output(step).get("approvalId") {
+                outputs.insert("approvalId".into(), id.clone());
+            }
             outputs.insert("timedOut".into(), Value::Bool(true));
             let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec!["timed out: no matching signal came".to_owned()];
+            let log = vec![match step.kind == APPROVAL {
+                true => "timed out: nobody decided".to_owned(),
+                false => "timed out: no matching signal came".to_owned(),
+            }];
             decider.completed(step, record, outputs, log, env)
         }
         Input::RunsEnded { ended, timed_out }
@@ -650,6 +678,7 @@ impl Decider<'_> {
             Ok(Next::IterationDone { repeat, iteration }) => {
                 self.iteration_done(repeat, iteration, env)
             }
+            Ok(Next::EscalationDone { waiting, .. }) => Err(Box::new(self.wait_again(waiting))),
             Err(error) => Err(Box::new(self.fail(error))),
         }
     }
@@ -702,40 +731,28 @@ impl Decider<'_> {
         }
     }
 
-    /// The run parks at a `wait_for_event` step.
-    fn park(mut self, step: &Step, wait: SignalWait, config: Value) -> Transition {
-        let mut record = self.record(step, Some(config), self.now_ms());
-        record.status = StepStatus::Waiting;
-        record.log.push(
-            match wait
-                .due_at
-                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
-            {
-                Some(due) => format!("waiting for signal `{}` until {due}", wait.key),
-                None => format!("waiting for signal `{}`", wait.key),
-            },
-        );
-        let path = self.state.path.to_string();
-        self.push(record);
-        self.finish(
-            RunStatus::Waiting,
-            None,
-            Then::Record(NextJob::Wait { path, wait }),
-        )
-    }
-
-    /// The run parks at a step that waits on runs (`record` is that step's
-    /// record, marked waiting here).
-    fn park_on_runs(mut self, mut record: StepRecord, wait: RunsWait) -> Transition {
-        record.status = StepStatus::Waiting;
-        record.log.push(children::waiting_line(&wait));
-        let path = self.state.path.to_string();
-        self.push(record);
-        self.finish(
-            RunStatus::Waiting,
-            None,
-            Then::Record(NextJob::WaitForRuns { path, wait }),
-        )
+    /// An executed step finished: a `run_workflow` that waits parks on its
+    /// child, any other step is published and the run chains on.
+    fn step_done(
+        self,
+        step: &Step,
+        input: Option<Value>,
+        outputs: Map<String, Value>,
+        log: Vec<String>,
+        started_at: i64,
+        env: &mut Env<'_>,
+    ) -> Transition {
+        match children::awaited_child(step, input.as_ref(), &outputs) {
+            Some(wait) => {
+                let mut record = self.record(step, input, started_at);
+                record.output = Some(Value::Object(outputs));
+                self.park_on_runs(record, wait)
+            }
+            None => {
+                let record = self.record(step, input, started_at);
+                self.completed(step, record, outputs, log, env)
+            }
+        }
     }
 
     /// A step failed: another attempt later if its error and the policy

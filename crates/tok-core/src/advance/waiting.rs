@@ -1,0 +1,150 @@
+//! How the decider parks a run at a waiting step (a signal, a decision,
+//! other runs) and parks it again after an escalation level's steps.
+
+use jiff::Timestamp;
+use serde_json::{Map, Value};
+
+use super::{Decider, Then, Transition};
+use crate::approval::{self, APPROVAL};
+use crate::children;
+use crate::definition::Step;
+use crate::escalation;
+use crate::flow;
+use crate::path::FlowPath;
+use crate::run::{NextJob, RunStatus, RunsWait, SignalWait, StepRecord, StepStatus};
+use crate::waits::signal_wait;
+
+impl Decider<'_> {
+    /// The run parks at a `wait_for_event` step.
+    pub(super) fn park(mut self, step: &Step, mut wait: SignalWait, config: Value) -> Transition {
+        let mut record = self.record(step, Some(config), self.now_ms());
+        record.status = StepStatus::Waiting;
+        record.log.push(
+            match wait
+                .due_at
+                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            {
+                Some(due) => format!("waiting for signal `{}` until {due}", wait.key),
+                None => format!("waiting for signal `{}`", wait.key),
+            },
+        );
+        wait.due_at = self.escalated_due(step, wait.due_at);
+        let path = self.state.path.to_string();
+        self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// What the waiting step at the state's path published when it parked
+    /// (an approval's id); empty when it published nothing.
+    pub(super) fn waiting_output(&self, step: &Step) -> Map<String, Value> {
+        match self.state.context.as_value().get(&step.id) {
+            Some(Value::Object(map)) => map.clone(),
+            _ => Map::new(),
+        }
+    }
+
+    /// The run parks at an `approval` step until its decision (`record`
+    /// is that step's record, marked waiting here). What the step opened
+    /// (`approvalId`, `approvers`) is published at once.
+    pub(super) fn park_on_decision(
+        mut self,
+        step: &Step,
+        mut record: StepRecord,
+        mut wait: SignalWait,
+    ) -> Transition {
+        record.status = StepStatus::Waiting;
+        if let Some(Value::Object(outputs)) = &record.output {
+            self.state.context.publish(&record.step_id, outputs);
+        }
+        record.log.push(
+            match wait
+                .due_at
+                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            {
+                Some(due) => format!("waiting for a decision until {due}"),
+                None => "waiting for a decision".to_owned(),
+            },
+        );
+        wait.due_at = self.escalated_due(step, wait.due_at);
+        let path = self.state.path.to_string();
+        self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// When the wait of `step` at the state's path is due, with its
+    /// escalations ([`escalation::due`]); `timeout_at` without any.
+    fn escalated_due(&mut self, step: &Step, timeout_at: Option<i64>) -> Option<i64> {
+        let now = self.now_ms();
+        let path = self.state.path.clone();
+        escalation::due(step, &path, &mut self.state.context, now, timeout_at)
+    }
+
+    /// An escalation level of the waiting step at `waiting` ran its
+    /// steps: the step waits again, for what it waited for, until the same
+    /// timeout (or its next level), without a record of its own.
+    pub(super) fn wait_again(mut self, waiting: FlowPath) -> Transition {
+        let automation = self.automation;
+        let Some(step) = flow::step_at(&automation.steps, &waiting) else {
+            return self.fail(format!("the run's version has no step at `{waiting}`"));
+        };
+        self.state.path = waiting.clone();
+        self.state.attempt = 1;
+        let wait = match step.kind.as_str() {
+            APPROVAL => {
+                let waiting_output = self.waiting_output(step);
+                let id = waiting_output
+                    .get("approvalId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                Ok(SignalWait {
+                    key: approval::decision_key(id),
+                    filter: None,
+                    lookback: false,
+                    due_at: None,
+                })
+            }
+            _ => {
+                let scope = flow::scope(&automation.steps, &waiting, self.state.context.as_value());
+                signal_wait(step, &scope, self.now).map(|(wait, _)| wait)
+            }
+        };
+        let mut wait = match wait {
+            Ok(wait) => wait,
+            Err(error) => {
+                let message = format!("step `{}` cannot wait again: {}", step.id, error.message());
+                return self.fail(message);
+            }
+        };
+        // The timeout is the one the wait began with, kept with its
+        // escalations; this only finds the next one due.
+        wait.due_at = self.escalated_due(step, None);
+        let path = waiting.to_string();
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::Wait { path, wait }),
+        )
+    }
+
+    /// The run parks at a step that waits on runs (`record` is that step's
+    /// record, marked waiting here).
+    pub(super) fn park_on_runs(mut self, mut record: StepRecord, wait: RunsWait) -> Transition {
+        record.status = StepStatus::Waiting;
+        record.log.push(children::waiting_line(&wait));
+        let path = self.state.path.to_string();
+        self.push(record);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::WaitForRuns { path, wait }),
+        )
+    }
+}

@@ -1,0 +1,160 @@
+//! Who may run a step with side effects (DESIGN §5a, authorization).
+//!
+//! Before every step that an executor runs — the steps that run in the
+//! record transaction and the external ones alike; the decider's control
+//! steps change nothing outside the run — the worker asks the engine's
+//! [`StepAuthorizer`]. It fails closed: a denial, and an authorizer that
+//! could not answer, fail the step with `authorization_denied`, which is
+//! never retried (the run fails, with its incident). An embedder replaces
+//! the built-in [`SuspendedTenants`] with [`crate::Engine::with_authorizer`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tok_core::error::StepError;
+use tok_core::ids::{AutomationId, RunId, TenantId};
+use tok_store::Store;
+
+/// Step types an executor runs that change nothing outside the run: no
+/// authorization is asked for them.
+const WITHOUT_EFFECTS: &[&str] = &["flow/pause"];
+
+/// Whether a step type an executor runs has side effects to authorize.
+pub fn has_effects(kind: &str) -> bool {
+    !WITHOUT_EFFECTS.contains(&kind)
+}
+
+/// The step about to run, and whose run it is.
+#[derive(Debug, Clone)]
+pub struct StepToAuthorize<'a> {
+    pub tenant_id: &'a TenantId,
+    pub run_id: &'a RunId,
+    pub automation_id: &'a AutomationId,
+    pub step_id: &'a str,
+    pub kind: &'a str,
+    pub path: &'a str,
+    pub attempt: u32,
+    /// Who started the run (`{"kind": "key", "id"}`, `{"kind": "system", …}`,
+    /// `{"kind": "parent", "runId"}`); `null` for runs older than actors.
+    pub actor: &'a Value,
+}
+
+/// An authorizer's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Denied, and why (for the step's error and the incident).
+    Deny(String),
+}
+
+/// Decides whether a step may run. `Err` is an authorizer that could not
+/// decide (its store is away…): the step is denied all the same.
+#[async_trait]
+pub trait StepAuthorizer: Send + Sync + 'static {
+    async fn authorize(&self, step: &StepToAuthorize<'_>) -> Result<Verdict, String>;
+}
+
+/// The built-in authorizer: denies every step of a tenant that the
+/// platform admin suspended (`PATCH /api/tenants/{id} {"suspended": true}`).
+pub struct SuspendedTenants {
+    store: Arc<dyn Store>,
+}
+
+impl SuspendedTenants {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+}
+
+#[async_trait]
+impl StepAuthorizer for SuspendedTenants {
+    async fn authorize(&self, step: &StepToAuthorize<'_>) -> Result<Verdict, String> {
+        match self.store.tenant(step.tenant_id).await {
+            Ok(Some(tenant)) if tenant.suspended => Ok(Verdict::Deny(format!(
+                "tenant {} is suspended",
+                step.tenant_id
+            ))),
+            Ok(Some(_)) => Ok(Verdict::Allow),
+            Ok(None) => Ok(Verdict::Deny(format!(
+                "tenant {} does not exist",
+                step.tenant_id
+            ))),
+            Err(e) => Err(format!("could not read tenant {}: {e}", step.tenant_id)),
+        }
+    }
+}
+
+/// Asks `authorizer` about `step`: `Ok` when it may run, otherwise the
+/// terminal `authorization_denied` error that fails it.
+pub async fn check(
+    authorizer: &dyn StepAuthorizer,
+    step: &StepToAuthorize<'_>,
+) -> Result<(), StepError> {
+    if !has_effects(step.kind) {
+        return Ok(());
+    }
+    let why = match authorizer.authorize(step).await {
+        Ok(Verdict::Allow) => return Ok(()),
+        Ok(Verdict::Deny(why)) => why,
+        Err(e) => format!("the authorizer could not decide, so the step is denied: {e}"),
+    };
+    Err(StepError::terminal(format!(
+        "authorization_denied: step `{}` ({}) may not run: {why}",
+        step.step_id, step.kind
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Answers(Result<Verdict, String>);
+
+    #[async_trait]
+    impl StepAuthorizer for Answers {
+        async fn authorize(&self, _: &StepToAuthorize<'_>) -> Result<Verdict, String> {
+            self.0.clone()
+        }
+    }
+
+    async fn asked(authorizer: Answers, kind: &str) -> Result<(), StepError> {
+        let (tenant, run, automation) = (
+            TenantId::from("ten_a"),
+            RunId::from("run_a"),
+            AutomationId::from("aut_a"),
+        );
+        let step = StepToAuthorize {
+            tenant_id: &tenant,
+            run_id: &run,
+            automation_id: &automation,
+            step_id: "st_call",
+            kind,
+            path: "0",
+            attempt: 1,
+            actor: &Value::Null,
+        };
+        check(&authorizer, &step).await
+    }
+
+    #[tokio::test]
+    async fn a_denial_and_an_authorizer_error_both_deny_for_good() {
+        assert_eq!(asked(Answers(Ok(Verdict::Allow)), "http").await, Ok(()));
+        for answer in [Ok(Verdict::Deny("no".into())), Err("store away".into())] {
+            let error = asked(Answers(answer), "http").await.unwrap_err();
+            assert!(!error.is_retryable(), "{error:?}");
+            assert!(
+                error
+                    .message()
+                    .starts_with("authorization_denied: step `st_call` (http)"),
+                "{error:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_step_without_effects_is_not_asked_about() {
+        let denying = Answers(Err("never asked".into()));
+        assert_eq!(asked(denying, "flow/pause").await, Ok(()));
+    }
+}

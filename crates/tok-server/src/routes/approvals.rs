@@ -1,0 +1,129 @@
+//! Approvals (DESIGN §5a): `GET /api/approvals` lists the tenant's
+//! approvals (`?status=pending`, the default, or `all`); `GET
+//! /api/approvals/{id}` shows one; `POST /api/approvals/{id} {decision,
+//! member, comment}` decides one for a member who is one of its approvers
+//! (403 `not_an_approver` otherwise; 409 `already_decided` for a second
+//! decision, or once its run no longer waits for it), resuming its run.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tok_store::{Decided, Decision};
+
+use crate::AppState;
+use crate::auth::{KeyActor, Tenant};
+use crate::error::{ApiError, ApiResult};
+use crate::routes::JsonBody;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/approvals", get(list))
+        .route("/api/approvals/{id}", get(show).post(decide))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    let pending_only = match query.status.as_deref() {
+        None | Some("pending") => true,
+        Some("all") => false,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "bad_status",
+                format!("status is {other:?}; it must be `pending` or `all`"),
+            ));
+        }
+    };
+    let items = state
+        .engine
+        .store()
+        .approvals(&tenant, pending_only)
+        .await?;
+    Ok(Json(json!({ "items": items, "next_cursor": null })))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let approval = state.engine.store().approval(&tenant, &id).await?;
+    approval
+        .map(|a| Json(json!(a)))
+        .ok_or_else(|| ApiError::not_found("approval"))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    decision: String,
+    member: String,
+    comment: Option<String>,
+}
+
+async fn decide(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    KeyActor(actor): KeyActor,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<DecisionBody>,
+) -> ApiResult<Json<Value>> {
+    if body.decision != "approve" && body.decision != "reject" {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            format!(
+                "`decision` is {:?}; it must be \"approve\" or \"reject\"",
+                body.decision
+            ),
+        )
+        .with("field", "decision"));
+    }
+    if let Some(comment) = &body.comment {
+        crate::routes::storable_json("`comment`", &Value::String(comment.clone()))?;
+    }
+    let decision = Decision {
+        decision: body.decision,
+        member: body.member.clone(),
+        comment: body.comment,
+        actor,
+    };
+    let store = state.engine.store();
+    match store.decide_approval(&tenant, &id, decision).await? {
+        Decided::Done(approval) => {
+            state.engine.job_ready();
+            Ok(Json(json!(approval)))
+        }
+        Decided::NotFound => Err(ApiError::not_found("approval")),
+        Decided::NotAnApprover(approval) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "not_an_approver",
+            format!(
+                "member {:?} is not one of the approvers of approval {}",
+                body.member, approval.id
+            ),
+        )
+        .with("approvers", json!(approval.approvers))),
+        Decided::AlreadyDecided(approval) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_decided",
+            match approval.status.as_str() {
+                "closed" => format!(
+                    "approval {} is closed: its run no longer waits for a decision",
+                    approval.id
+                ),
+                status => format!("approval {} was already {status}", approval.id),
+            },
+        )
+        .with("approval", json!(approval))),
+    }
+}

@@ -1,0 +1,99 @@
+//! Escalations, as a user sees them: an approval nobody decides escalates
+//! to an incident after its level's `after`, while the run keeps waiting
+//! for the decision (the wait is not resumed); a level fires once; the
+//! decision that comes later resumes the run and leaves the later levels
+//! unfired. Short durations drive the time: no sleeps.
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, backend_tests, log_step, manual};
+
+backend_tests!(crate::helpers::run;
+    an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting,
+);
+
+async fn an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let group = app.create_group(&tenant, "Finance", &["Alice"]).await;
+    let alice = group["members"][0]["id"].as_str().unwrap().to_owned();
+    let automation = manual(
+        "Refund",
+        &json!([
+            { "id": "st_ok", "type": "approval",
+              "config": { "approvers": { "group": "Finance" }, "prompt": "Refund?", "timeout": "1h" },
+              "escalations": [
+                { "after": "200ms", "steps": [
+                    { "id": "st_late", "type": "incident/create",
+                      "config": { "title": "Refund waits for approval", "impact": "a customer waits" } } ] },
+                { "after": "50m", "steps": [ log_step("st_later", "still nobody") ] }
+              ] },
+            log_step("st_after", "{{st_ok.decision}}")
+        ]),
+    );
+    let automation = app.create_automation(&tenant, &automation).await;
+    let run = app
+        .start_run(&tenant, &automation, &json!({ "input": {} }))
+        .await;
+
+    // The first level fires, and the run waits again for the decision.
+    let escalated = app
+        .wait_for_run(&tenant, &run, |r| {
+            r["status"] == "waiting"
+                && r["waits"].as_array().is_some_and(|w| w.len() == 1)
+                && r["steps"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().any(|s| s["step_id"] == "st_late"))
+        })
+        .await;
+    let late = escalated["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step_id"] == "st_late")
+        .unwrap();
+    assert_eq!(late["path"], "0.escalations.0.0", "{escalated:#}");
+    assert_eq!(late["status"], "completed");
+    let waiting: Vec<&Value> = escalated["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["step_id"] == "st_ok")
+        .collect();
+    assert_eq!(waiting.len(), 1, "the wait was not resumed: {escalated:#}");
+    assert_eq!(waiting[0]["status"], "waiting");
+    let incidents = app
+        .get(&tenant.key, "/api/incidents")
+        .await
+        .expect(StatusCode::OK);
+    let items = incidents["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{incidents:#}");
+    assert_eq!(items[0]["title"], "Refund waits for approval");
+
+    // The decision still resumes it; the later level never fires.
+    let pending = app
+        .get(&tenant.key, "/api/approvals")
+        .await
+        .expect(StatusCode::OK);
+    let id = pending["items"][0]["id"].as_str().expect("still pending");
+    app.post(
+        &tenant.key,
+        &format!("/api/approvals/{id}"),
+        &json!({ "decision": "approve", "member": alice }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    let done = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let ids: Vec<&str> = done["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["st_ok", "st_late", "st_ok", "st_after"], "{done:#}");
+    assert!(
+        done["context"].get("_escalations").is_none(),
+        "the wait's escalations are over: {done:#}"
+    );
+}
