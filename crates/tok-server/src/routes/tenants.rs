@@ -19,11 +19,17 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/api/tenants", get(list).post(create))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 struct NewTenant {
     name: String,
 }
 
+#[utoipa::path(post, path = "/api/tenants", tag = "tenants", responses((status = 201)))]
 async fn create(
     State(state): State<AppState>,
     _admin: Admin,
@@ -49,6 +55,7 @@ async fn create(
     ))
 }
 
+#[utoipa::path(get, path = "/api/tenants", tag = "tenants", responses((status = 200)))]
 async fn list(State(state): State<AppState>, _admin: Admin) -> ApiResult<Json<Value>> {
     let store = state.engine.store();
     let mut items = Vec::new();
