@@ -124,8 +124,16 @@ impl Modify for Conventions {
                 &mut item.delete,
             ];
             for operation in operations.into_iter().flatten() {
-                let parameters = operation.parameters.get_or_insert_with(Vec::new);
+                // Handlers of different modules share names (`list`, `show`):
+                // the tag makes the id unique, `runs_list`.
+                if let (Some(tag), Some(id)) = (
+                    operation.tags.as_ref().and_then(|t| t.first()),
+                    operation.operation_id.as_mut(),
+                ) {
+                    *id = format!("{}_{id}", tag.replace('-', "_"));
+                }
                 for name in &names {
+                    let parameters = operation.parameters.get_or_insert_with(Vec::new);
                     if !parameters.iter().any(|p| p.name == *name) {
                         parameters.push(
                             ParameterBuilder::new()
@@ -140,23 +148,28 @@ impl Modify for Conventions {
                         );
                     }
                 }
-                let error = ResponseBuilder::new()
-                    .description("An error: what was wrong, where, and what was expected")
-                    .content(
-                        "application/json",
-                        ContentBuilder::new()
-                            .schema(Some(Ref::from_schema_name("ErrorBody")))
-                            .build(),
-                    )
-                    .build();
-                operation
-                    .responses
-                    .responses
-                    .entry("default".into())
-                    .or_insert(error.into());
+                with_errors(operation);
             }
         }
     }
+}
+
+/// Adds the error answer as the operation's `default` response.
+fn with_errors(operation: &mut utoipa::openapi::path::Operation) {
+    let error = ResponseBuilder::new()
+        .description("An error: what was wrong, where, and what was expected")
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
+    operation
+        .responses
+        .responses
+        .entry("default".into())
+        .or_insert(error.into());
 }
 
 pub(crate) mod schemas;

@@ -249,4 +249,63 @@ async fn served_document(app: &TestApp) {
         "id"
     );
     assert_eq!(&doc, document());
+    let mut ids: Vec<&str> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .flat_map(|item| item.as_object().expect("a path item").values())
+        .filter_map(|operation| operation["operationId"].as_str())
+        .collect();
+    let count = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "operation ids must be unique: {ids:?}");
+}
+
+/// The check bites: a body missing a documented field, a field of another
+/// type, and a success status the operation does not list all fail it.
+#[test]
+fn answers_that_differ_from_the_document_fail() {
+    let fails = |method: Method, path: &str, status: StatusCode, body: Value| {
+        std::panic::catch_unwind(|| check_reply(&method, path, status, &body)).is_err()
+    };
+    let widget = json!({
+        "id": "w1", "name": "Queue", "connection": null, "request": {"url": "https://x.test"},
+        "ttl_sec": 60, "fetched_at": null, "created_at": "2026-01-01T00:00:00Z",
+    });
+    assert!(!fails(
+        Method::GET,
+        "/api/widgets/w1",
+        StatusCode::OK,
+        widget.clone()
+    ));
+    let mut missing = widget.clone();
+    missing.as_object_mut().unwrap().remove("ttl_sec");
+    assert!(fails(
+        Method::GET,
+        "/api/widgets/w1",
+        StatusCode::OK,
+        missing
+    ));
+    let mut retyped = widget.clone();
+    retyped["created_at"] = json!(1_767_225_600_000_i64);
+    assert!(fails(
+        Method::GET,
+        "/api/widgets/w1",
+        StatusCode::OK,
+        retyped
+    ));
+    assert!(fails(Method::POST, "/api/widgets", StatusCode::OK, widget));
+    assert!(fails(
+        Method::GET,
+        "/api/runs/r1",
+        StatusCode::NOT_FOUND,
+        json!({ "message": "no code" })
+    ));
+    assert!(fails(
+        Method::GET,
+        "/api/runs",
+        StatusCode::OK,
+        json!({ "items": [{}] })
+    ));
 }
