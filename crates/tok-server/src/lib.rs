@@ -8,6 +8,7 @@ mod auth;
 mod dashboard;
 mod error;
 mod intake;
+pub mod openapi;
 mod routes;
 
 use std::sync::Arc;
@@ -145,6 +146,7 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::metrics::router())
         .merge(routes::stream::router())
         .merge(routes::dashboard::router())
+        .merge(openapi::router())
         .merge(dashboard::router())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)

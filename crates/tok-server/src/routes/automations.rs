@@ -30,6 +30,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/automations/{id}/versions/{version}", get(version))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create, show, update, pause, resume, start_run, version))]
+pub(crate) struct Api;
+
 fn invalid(errors: &[ValidationError]) -> ApiError {
     let summary = errors
         .iter()
@@ -98,6 +103,7 @@ fn view(row: &AutomationRow) -> Value {
     })
 }
 
+#[utoipa::path(post, path = "/api/automations", tag = "automations", responses((status = 201, body = crate::openapi::schemas::AutomationSaved)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -116,6 +122,7 @@ async fn create(
     ))
 }
 
+#[utoipa::path(put, path = "/api/automations/{id}", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationSaved)))]
 async fn update(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -132,12 +139,14 @@ async fn update(
     Ok(Json(json!({ "id": row.id, "version": row.version })))
 }
 
+#[utoipa::path(get, path = "/api/automations", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationPage)))]
 async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let rows = state.engine.store().automations(&tenant).await?;
     let items: Vec<Value> = rows.iter().map(view).collect();
     Ok(Json(json!({ "items": items, "next_cursor": null })))
 }
 
+#[utoipa::path(get, path = "/api/automations/{id}", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationDetail)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -157,6 +166,7 @@ async fn show(
 }
 
 /// One saved version's definition (the versions are 1 to the current one).
+#[utoipa::path(get, path = "/api/automations/{id}/versions/{version}", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationVersion)))]
 async fn version(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -197,6 +207,7 @@ async fn set_status(
     Ok(Json(json!({ "id": id, "status": status })))
 }
 
+#[utoipa::path(post, path = "/api/automations/{id}/pause", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationStatus)))]
 async fn pause(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -205,6 +216,7 @@ async fn pause(
     set_status(&state, &tenant, id, AutomationStatus::Paused).await
 }
 
+#[utoipa::path(post, path = "/api/automations/{id}/resume", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationStatus)))]
 async fn resume(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -221,6 +233,7 @@ struct StartBody {
     idempotency_key: Option<String>,
 }
 
+#[utoipa::path(post, path = "/api/automations/{id}/runs", tag = "automations", responses((status = 201, body = crate::openapi::schemas::RunStarted)))]
 async fn start_run(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

@@ -21,6 +21,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/connections/{id}", get(show))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create, show))]
+pub(crate) struct Api;
+
 const SERVICES: &[&str] = &["http", "mcp"];
 
 #[derive(Deserialize)]
@@ -70,6 +75,7 @@ fn view(c: &Connection) -> Value {
     })
 }
 
+#[utoipa::path(post, path = "/api/connections", tag = "connections", responses((status = 201)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -147,6 +153,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view(&connection))))
 }
 
+#[utoipa::path(get, path = "/api/connections", tag = "connections", responses((status = 200)))]
 async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let items: Vec<Value> = state
         .engine
@@ -159,6 +166,7 @@ async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiRe
     Ok(Json(json!({ "items": items, "next_cursor": null })))
 }
 
+#[utoipa::path(get, path = "/api/connections/{id}", tag = "connections", responses((status = 200)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

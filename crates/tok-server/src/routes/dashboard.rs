@@ -18,7 +18,13 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/dashboard/queue", get(queue))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(session, queue))]
+pub(crate) struct Api;
+
 /// What kind of key signed in, and the tenant of a tenant's key.
+#[utoipa::path(get, path = "/api/dashboard/session", tag = "dashboard", responses((status = 200)))]
 async fn session(State(state): State<AppState>, Caller(owner): Caller) -> ApiResult<Json<Value>> {
     Ok(Json(match owner {
         KeyOwner::Platform => json!({ "kind": "admin", "tenant": null }),
@@ -34,6 +40,7 @@ async fn session(State(state): State<AppState>, Caller(owner): Caller) -> ApiRes
 
 /// The tenant's jobs by state, the age of its oldest ready job and its
 /// events not yet dispatched.
+#[utoipa::path(get, path = "/api/dashboard/queue", tag = "dashboard", responses((status = 200)))]
 async fn queue(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let stats = state.engine.store().queue_stats(&[tenant]).await?;
     Ok(Json(json!({

@@ -24,6 +24,11 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/api/groups", get(list).post(create))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewGroupBody {
@@ -43,6 +48,7 @@ fn invalid(message: impl Into<String>) -> ApiError {
     ApiError::bad_request("invalid_body", message)
 }
 
+#[utoipa::path(post, path = "/api/groups", tag = "groups", responses((status = 201)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -84,6 +90,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(json!(group))))
 }
 
+#[utoipa::path(get, path = "/api/groups", tag = "groups", responses((status = 200)))]
 async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let groups = state.engine.store().groups(&tenant).await?;
     Ok(Json(json!({ "items": groups, "next_cursor": null })))

@@ -15,10 +15,17 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/readyz", get(readyz))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(healthz, readyz))]
+pub(crate) struct Api;
+
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200)))]
 async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
+#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200), (status = 503, description = "Starting, stopping, or the database does not answer")))]
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     if state.is_stopping() {
         return (

@@ -25,6 +25,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/incidents/{id}/resolve", post(resolve))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, resolve))]
+pub(crate) struct Api;
+
 /// An incident as `key` may see it.
 fn view(incident: &Incident, key: KeyKind) -> Value {
     let mut body = json!({
@@ -54,6 +59,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
+#[utoipa::path(get, path = "/api/incidents", tag = "incidents", responses((status = 200)))]
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, key): Tenant,
@@ -88,6 +94,7 @@ async fn list(
     ))
 }
 
+#[utoipa::path(post, path = "/api/incidents/{id}/resolve", tag = "incidents", responses((status = 200)))]
 async fn resolve(
     State(state): State<AppState>,
     Tenant(tenant, key): Tenant,

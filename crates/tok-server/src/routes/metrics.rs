@@ -15,6 +15,12 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/metrics", get(render))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(render))]
+pub(crate) struct Api;
+
+#[utoipa::path(get, path = "/metrics", tag = "metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 async fn render(State(state): State<AppState>) -> Response {
     match &state.metrics {
         Some(handle) => (

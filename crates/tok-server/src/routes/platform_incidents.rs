@@ -20,6 +20,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/platform/incidents/{id}/resolve", post(resolve))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, resolve))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
@@ -29,6 +34,7 @@ struct ListQuery {
 /// The newest this many; older ones stay in the table.
 const LIMIT: u32 = 500;
 
+#[utoipa::path(get, path = "/api/platform/incidents", tag = "platform-incidents", responses((status = 200)))]
 async fn list(
     State(state): State<AppState>,
     _admin: Admin,
@@ -51,6 +57,7 @@ async fn list(
     Ok(Json(json!({ "items": items })))
 }
 
+#[utoipa::path(post, path = "/api/platform/incidents/{id}/resolve", tag = "platform-incidents", responses((status = 200)))]
 async fn resolve(
     State(state): State<AppState>,
     _admin: Admin,

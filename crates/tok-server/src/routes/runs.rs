@@ -28,6 +28,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/runs/{id}/resume", post(resume))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, show, retry, cancel, pause, resume))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
@@ -42,6 +47,7 @@ struct ListQuery {
 
 const TRIGGERS: &[&str] = &["webhook", "event", "poll", "schedule", "manual", "parent"];
 
+#[utoipa::path(get, path = "/api/runs", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunPage)))]
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -84,6 +90,7 @@ async fn list(
     Ok(Json(json!(runs)))
 }
 
+#[utoipa::path(get, path = "/api/runs/{id}", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunDetail)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -134,6 +141,7 @@ async fn control(
     Ok(Json(json!(run)))
 }
 
+#[utoipa::path(post, path = "/api/runs/{id}/retry", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunSummary)))]
 async fn retry(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -142,6 +150,7 @@ async fn retry(
     control(&state, &tenant, id, Control::Retry).await
 }
 
+#[utoipa::path(post, path = "/api/runs/{id}/cancel", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunSummary)))]
 async fn cancel(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -150,6 +159,7 @@ async fn cancel(
     control(&state, &tenant, id, Control::Cancel).await
 }
 
+#[utoipa::path(post, path = "/api/runs/{id}/pause", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunSummary)))]
 async fn pause(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -158,6 +168,7 @@ async fn pause(
     control(&state, &tenant, id, Control::Pause).await
 }
 
+#[utoipa::path(post, path = "/api/runs/{id}/resume", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunSummary)))]
 async fn resume(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

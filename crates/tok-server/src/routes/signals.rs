@@ -21,6 +21,11 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/api/signals", post(send))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(send))]
+pub(crate) struct Api;
+
 /// Longest signal key, in bytes: keys name things (`order:123:paid`).
 const MAX_KEY_BYTES: usize = 200;
 
@@ -35,6 +40,7 @@ fn invalid(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad_request("invalid_body", message).with("field", field)
 }
 
+#[utoipa::path(post, path = "/api/signals", tag = "signals", responses((status = 202, body = crate::openapi::schemas::SignalSent)))]
 async fn send(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

@@ -22,6 +22,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/sources/{id}", get(show))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create, show))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewSourceBody {
@@ -48,6 +53,7 @@ fn view(state: &AppState, source: &Source) -> Value {
     })
 }
 
+#[utoipa::path(post, path = "/api/sources", tag = "sources", responses((status = 201)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -106,12 +112,14 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view(&state, &source))))
 }
 
+#[utoipa::path(get, path = "/api/sources", tag = "sources", responses((status = 200)))]
 async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let sources = state.engine.store().sources(&tenant).await?;
     let items: Vec<Value> = sources.iter().map(|s| view(&state, s)).collect();
     Ok(Json(json!({ "items": items, "next_cursor": null })))
 }
 
+#[utoipa::path(get, path = "/api/sources/{id}", tag = "sources", responses((status = 200)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

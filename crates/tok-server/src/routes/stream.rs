@@ -25,6 +25,12 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/api/stream", get(follow))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(follow))]
+pub(crate) struct Api;
+
+#[utoipa::path(get, path = "/api/stream", tag = "stream", responses((status = 200, description = "Server-sent events", content_type = "text/event-stream")))]
 async fn follow(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

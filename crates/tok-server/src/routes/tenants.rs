@@ -28,11 +28,17 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/tenants/{id}", patch(update))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 struct NewTenant {
     name: String,
 }
 
+#[utoipa::path(post, path = "/api/tenants", tag = "tenants", responses((status = 201)))]
 async fn create(
     State(state): State<AppState>,
     _admin: Admin,
@@ -58,6 +64,7 @@ async fn create(
     ))
 }
 
+#[utoipa::path(get, path = "/api/tenants", tag = "tenants", responses((status = 200)))]
 async fn list(State(state): State<AppState>, _admin: Admin) -> ApiResult<Json<Value>> {
     let store = state.engine.store();
     let mut items = Vec::new();

@@ -21,6 +21,11 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/api/ticket-types", get(list).post(create))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewType {
@@ -82,6 +87,7 @@ fn checked_fields(fields: Vec<Value>) -> ApiResult<Value> {
     Ok(Value::Array(fields))
 }
 
+#[utoipa::path(post, path = "/api/ticket-types", tag = "ticket-types", responses((status = 201)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -104,6 +110,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(json!(created))))
 }
 
+#[utoipa::path(get, path = "/api/ticket-types", tag = "ticket-types", responses((status = 200)))]
 async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let types = state.engine.store().ticket_types(&tenant).await?;
     Ok(Json(json!({ "items": types, "next_cursor": null })))

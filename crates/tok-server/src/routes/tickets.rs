@@ -35,6 +35,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/tickets/{id}", get(show).patch(update))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, create, show, update))]
+pub(crate) struct Api;
+
 /// A ticket as clients see it: the type and the assignee by name.
 fn view(t: &Ticket) -> Value {
     json!({
@@ -75,6 +80,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
+#[utoipa::path(get, path = "/api/tickets", tag = "tickets", responses((status = 200, body = crate::openapi::schemas::TicketPage)))]
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -115,6 +121,7 @@ async fn list(
     ))
 }
 
+#[utoipa::path(get, path = "/api/tickets/{id}", tag = "tickets", responses((status = 200, body = crate::openapi::schemas::TicketDetail)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -145,6 +152,7 @@ struct NewTicketBody {
     fields: Map<String, Value>,
 }
 
+#[utoipa::path(post, path = "/api/tickets", tag = "tickets", responses((status = 201, body = crate::openapi::schemas::Ticket)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -260,6 +268,7 @@ where
     T::deserialize(deserializer).map(Some)
 }
 
+#[utoipa::path(patch, path = "/api/tickets/{id}", tag = "tickets", responses((status = 200, body = crate::openapi::schemas::Ticket)))]
 async fn update(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

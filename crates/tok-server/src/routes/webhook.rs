@@ -24,6 +24,11 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/webhook/{token}", get(help).post(accept))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(help, accept))]
+pub(crate) struct Api;
+
 /// Longest `Idempotency-Key` header kept as is; a longer one is hashed.
 const MAX_KEY_LEN: usize = 200;
 
@@ -57,8 +62,10 @@ fn too_large() -> ApiError {
 }
 
 /// The 202's body.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookAccepted)]
 struct Answer {
+    #[schema(value_type = String)]
     event_id: EventId,
     duplicate: bool,
 }
@@ -73,6 +80,7 @@ fn sha256_key(prefix: &str, data: &[u8]) -> String {
     key
 }
 
+#[utoipa::path(post, path = "/webhook/{token}", tag = "webhook", responses((status = 202, body = Answer)))]
 async fn accept(
     State(state): State<AppState>,
     Path(token): Path<String>,
@@ -268,6 +276,7 @@ fn contract_error(e: ContractError) -> ApiError {
     }
 }
 
+#[utoipa::path(get, path = "/webhook/{token}", tag = "webhook", responses((status = 200)))]
 async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiResult<Json<Value>> {
     let cached = source(&state, &token).await?;
     let source = &cached.source;

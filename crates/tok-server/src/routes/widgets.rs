@@ -26,6 +26,11 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/widgets/{id}/data", get(data))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(create, list, show, data))]
+pub(crate) struct Api;
+
 /// Longest a cache may be kept: a week. A tile older than that shows
 /// nothing a person would act on.
 const MAX_TTL_SEC: i64 = 7 * 24 * 3600;
@@ -65,6 +70,7 @@ fn view(w: &Widget) -> Value {
     })
 }
 
+#[utoipa::path(post, path = "/api/widgets", tag = "widgets", responses((status = 201, body = crate::openapi::schemas::Widget)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -126,12 +132,14 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view(&widget))))
 }
 
+#[utoipa::path(get, path = "/api/widgets", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::WidgetPage)))]
 async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let widgets = state.engine.store().widgets(&tenant).await?;
     let items: Vec<Value> = widgets.iter().map(view).collect();
     Ok(Json(json!({ "items": items, "next_cursor": null })))
 }
 
+#[utoipa::path(get, path = "/api/widgets/{id}", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::Widget)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -153,6 +161,7 @@ struct DataQuery {
     refresh: bool,
 }
 
+#[utoipa::path(get, path = "/api/widgets/{id}/data", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::WidgetData)))]
 async fn data(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

@@ -459,6 +459,8 @@ impl TestApp {
 }
 
 async fn send(router: Router, request: Request<Body>) -> Reply {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
     let response = router
         .oneshot(request)
         .await
@@ -477,6 +479,12 @@ async fn send(router: Router, request: Request<Body>) -> Reply {
         serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
     };
+    let json = headers
+        .get("content-type")
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if json {
+        crate::openapi::check_reply(&method, &path, status, &body);
+    }
     Reply {
         status,
         headers,

@@ -1,0 +1,311 @@
+//! The OpenAPI document against the code: every route the routers declare is
+//! in it, and every JSON answer the API tests see matches the schema it
+//! documents for that path, method and status ([`check_reply`], called on
+//! each reply by the helpers).
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use axum::http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, backend_tests, run};
+
+/// The document as the server serves it.
+fn document() -> &'static Value {
+    static DOCUMENT: OnceLock<Value> = OnceLock::new();
+    DOCUMENT.get_or_init(|| {
+        serde_json::to_value(tok_server::openapi::document()).expect("the document serializes")
+    })
+}
+
+/// Every `.route("PATH", get(h).post(h2)…)` in the server's source, as
+/// (method, path). The dashboard's page and assets (`src/dashboard/`) are not
+/// part of the API and are left out.
+fn declared_routes() -> Vec<(String, String)> {
+    let mut routes = Vec::new();
+    let mut files = Vec::new();
+    collect_rs(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    for file in files {
+        if file.parent().is_some_and(|p| p.ends_with("src/dashboard")) {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read a source file");
+        routes.extend(routes_in(&source));
+    }
+    routes.sort();
+    routes.dedup();
+    routes
+}
+
+fn collect_rs(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read the source folder") {
+        let path = entry.expect("a folder entry").path();
+        if path.is_dir() {
+            collect_rs(&path, files);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// The routes of `.route(` calls in one file: the path literal, then each
+/// `get(`/`post(`/`put(`/`patch(`/`delete(` in the method router up to the
+/// call's closing parenthesis.
+fn routes_in(source: &str) -> Vec<(String, String)> {
+    let mut routes = Vec::new();
+    for (at, _) in source.match_indices(".route(") {
+        let rest = &source[at + ".route(".len()..];
+        let Some(open) = rest.find('"') else { continue };
+        if !rest[..open].trim().is_empty() {
+            continue;
+        }
+        let after = &rest[open + 1..];
+        let close = after.find('"').expect("a closed path literal");
+        let path = &after[..close];
+        let mut depth = 1;
+        let mut end = close + 1;
+        for (i, c) in after[close + 1..].char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = close + 1 + i;
+                break;
+            }
+        }
+        let methods = &after[close + 1..end];
+        for method in ["get", "post", "put", "patch", "delete"] {
+            let mut from = 0;
+            while let Some(i) = methods[from..].find(&format!("{method}(")) {
+                let i = from + i;
+                let before = methods[..i].chars().next_back();
+                if before.is_none_or(|c| !c.is_alphanumeric() && c != '_') {
+                    routes.push((method.to_uppercase(), path.to_string()));
+                }
+                from = i + method.len();
+            }
+        }
+    }
+    routes
+}
+
+#[test]
+fn every_route_is_documented() {
+    let declared = declared_routes();
+    assert!(
+        declared.len() > 40,
+        "the route scan found only {declared:?}; did the routers' form change?"
+    );
+    let paths = &document()["paths"];
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|(method, path)| paths[path][method.to_lowercase()].is_null())
+        .map(|(method, path)| format!("{method} {path}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from the OpenAPI document (annotate the handler with \
+         #[utoipa::path] and list it in its module's `Api`): {missing:#?}"
+    );
+    let documented: usize = paths
+        .as_object()
+        .expect("paths")
+        .values()
+        .map(|item| {
+            item.as_object()
+                .map_or(0, |ops| ops.len() - ops.contains_key("parameters") as usize)
+        })
+        .sum();
+    assert_eq!(
+        documented,
+        declared.len(),
+        "the document has operations no router declares"
+    );
+}
+
+#[test]
+fn the_route_scan_reads_method_routers() {
+    let source = r#"Router::new()
+        .route("/a/{id}", get(show).patch(update))
+        .route(
+            "/b",
+            post(create).get(list),
+        )"#;
+    assert_eq!(
+        routes_in(source),
+        [
+            ("GET".into(), "/a/{id}".into()),
+            ("PATCH".into(), "/a/{id}".into()),
+            ("GET".into(), "/b".into()),
+            ("POST".into(), "/b".into()),
+        ]
+    );
+}
+
+/// The document's template for a concrete path: segments equal, or a
+/// `{name}` segment; a template with fewer parameters wins.
+fn template_for(path: &str) -> Option<&'static str> {
+    let segments: Vec<&str> = path.split('/').collect();
+    document()["paths"]
+        .as_object()
+        .expect("paths")
+        .keys()
+        .filter(|template| {
+            let parts: Vec<&str> = template.split('/').collect();
+            parts.len() == segments.len()
+                && parts
+                    .iter()
+                    .zip(&segments)
+                    .all(|(t, s)| t == s || (t.starts_with('{') && t.ends_with('}')))
+        })
+        .min_by_key(|template| template.matches('{').count())
+        .map(String::as_str)
+}
+
+/// Fails when a JSON answer differs from the schema the document gives for
+/// its path, method and status (or `default`), or when a route that answered
+/// is not documented at all. Answers of the fallbacks (no such path, no such
+/// method) and answers that are not JSON are left alone.
+pub(crate) fn check_reply(method: &Method, path: &str, status: StatusCode, body: &Value) {
+    let Some(template) = template_for(path) else {
+        assert!(
+            matches!(
+                status,
+                StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+            ),
+            "{method} {path} answered {status} but no path of the OpenAPI document matches it"
+        );
+        return;
+    };
+    let operation = &document()["paths"][template][method.as_str().to_lowercase()];
+    if operation.is_null() {
+        assert!(
+            status == StatusCode::METHOD_NOT_ALLOWED || status == StatusCode::NOT_FOUND,
+            "{method} {path} answered {status} but the OpenAPI document has no {method} {template}"
+        );
+        return;
+    }
+    let responses = &operation["responses"];
+    let response = match &responses[status.as_str()] {
+        Value::Null if status.is_success() => panic!(
+            "{method} {template} answered {status}, which its OpenAPI responses do not list: {}",
+            responses
+        ),
+        Value::Null => &responses["default"],
+        r => r,
+    };
+    let Some(schema) = response["content"]["application/json"]["schema"].as_object() else {
+        return;
+    };
+    if body.is_string() && !schema.contains_key("type") && !schema.contains_key("$ref") {
+        return;
+    }
+    let root = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "components": document()["components"],
+        "allOf": [schema],
+    });
+    let validator = jsonschema::validator_for(&root).expect("the document's schemas compile");
+    let errors: Vec<String> = validator
+        .iter_errors(body)
+        .map(|e| format!("at `{}`: {e}", e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{method} {path} ({template}) answered {status} with a body that differs from its \
+         OpenAPI schema:\n{}\nbody: {body:#}",
+        errors.join("\n")
+    );
+}
+
+backend_tests!(run; served_document);
+
+/// `GET /api/openapi.json` needs no key and is an OpenAPI 3.1 document.
+async fn served_document(app: &TestApp) {
+    let doc = app
+        .request(
+            Method::GET,
+            "/api/openapi.json",
+            None,
+            &[],
+            axum::body::Body::empty(),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert!(
+        doc["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1")),
+        "{doc:#}"
+    );
+    assert_eq!(
+        doc["paths"]["/api/runs/{id}"]["get"]["parameters"][0]["name"],
+        "id"
+    );
+    assert_eq!(&doc, document());
+    let mut ids: Vec<&str> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .flat_map(|item| item.as_object().expect("a path item").values())
+        .filter_map(|operation| operation["operationId"].as_str())
+        .collect();
+    let count = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "operation ids must be unique: {ids:?}");
+}
+
+/// The check bites: a body missing a documented field, a field of another
+/// type, and a success status the operation does not list all fail it.
+#[test]
+fn answers_that_differ_from_the_document_fail() {
+    let fails = |method: Method, path: &str, status: StatusCode, body: Value| {
+        std::panic::catch_unwind(|| check_reply(&method, path, status, &body)).is_err()
+    };
+    let widget = json!({
+        "id": "w1", "name": "Queue", "connection": null, "request": {"url": "https://x.test"},
+        "ttl_sec": 60, "fetched_at": null, "created_at": "2026-01-01T00:00:00Z",
+    });
+    assert!(!fails(
+        Method::GET,
+        "/api/widgets/w1",
+        StatusCode::OK,
+        widget.clone()
+    ));
+    let mut missing = widget.clone();
+    missing.as_object_mut().unwrap().remove("ttl_sec");
+    assert!(fails(
+        Method::GET,
+        "/api/widgets/w1",
+        StatusCode::OK,
+        missing
+    ));
+    let mut retyped = widget.clone();
+    retyped["created_at"] = json!(1_767_225_600_000_i64);
+    assert!(fails(
+        Method::GET,
+        "/api/widgets/w1",
+        StatusCode::OK,
+        retyped
+    ));
+    assert!(fails(Method::POST, "/api/widgets", StatusCode::OK, widget));
+    assert!(fails(
+        Method::GET,
+        "/api/runs/r1",
+        StatusCode::NOT_FOUND,
+        json!({ "message": "no code" })
+    ));
+    assert!(fails(
+        Method::GET,
+        "/api/runs",
+        StatusCode::OK,
+        json!({ "items": [{}] })
+    ));
+}
