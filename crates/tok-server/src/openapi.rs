@@ -72,6 +72,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         routes::automations::Api::openapi(),
         routes::runs::Api::openapi(),
         routes::signals::Api::openapi(),
+        routes::approvals::Api::openapi(),
         routes::widgets::Api::openapi(),
         routes::ticket_types::Api::openapi(),
         routes::groups::Api::openapi(),

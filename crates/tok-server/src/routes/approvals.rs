@@ -24,11 +24,17 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/api/approvals/{id}", get(show).post(decide))
 }
 
+/// What these routes are, for the OpenAPI document (`crate::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, show, decide))]
+pub(crate) struct Api;
+
 #[derive(Deserialize)]
 struct ListQuery {
     status: Option<String>,
 }
 
+#[utoipa::path(get, path = "/api/approvals", tag = "approvals", responses((status = 200)))]
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -52,6 +58,7 @@ async fn list(
     Ok(Json(json!({ "items": items, "next_cursor": null })))
 }
 
+#[utoipa::path(get, path = "/api/approvals/{id}", tag = "approvals", responses((status = 200)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -71,6 +78,7 @@ struct DecisionBody {
     comment: Option<String>,
 }
 
+#[utoipa::path(post, path = "/api/approvals/{id}", tag = "approvals", responses((status = 200)))]
 async fn decide(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

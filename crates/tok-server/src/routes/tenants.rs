@@ -30,7 +30,7 @@ pub(crate) fn router() -> Router<AppState> {
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(list, create))]
+#[openapi(paths(list, create, update))]
 pub(crate) struct Api;
 
 #[derive(Deserialize)]
@@ -101,6 +101,7 @@ struct SettingsChange {
     retention: Option<Map<String, Value>>,
 }
 
+#[utoipa::path(patch, path = "/api/tenants/{id}", tag = "tenants", responses((status = 200)))]
 async fn update(
     State(state): State<AppState>,
     _admin: Admin,
