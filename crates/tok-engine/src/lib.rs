@@ -23,9 +23,11 @@ mod steps;
 pub mod stream;
 pub mod widgets;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use serde_json::{Map, Value, json};
 use tok_core::context::Context;
 use tok_core::flow::{self, Next};
@@ -263,27 +265,30 @@ impl Engine {
                 .await?;
         }
         let (stop, shutdown) = watch::channel(false);
+        let inner = &self.inner;
         let mut tasks = vec![
-            tokio::spawn(dispatch::dispatch_loop(
-                self.inner.clone(),
-                shutdown.clone(),
-            )),
-            tokio::spawn(dispatch::urgent_dispatch_loop(
-                self.inner.clone(),
-                shutdown.clone(),
-            )),
-            tokio::spawn(upkeep(self.clone(), shutdown.clone())),
-            tokio::spawn(scheduler::wake_loop(
-                self.inner.clone(),
-                workers,
-                shutdown.clone(),
-            )),
+            supervise("dispatch", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || dispatch::dispatch_loop(inner.clone(), shutdown.clone())
+            }),
+            supervise("urgent dispatch", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || dispatch::urgent_dispatch_loop(inner.clone(), shutdown.clone())
+            }),
+            supervise("upkeep", &shutdown, {
+                let (engine, shutdown) = (self.clone(), shutdown.clone());
+                move || upkeep(engine.clone(), shutdown.clone())
+            }),
+            supervise("scheduler", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || scheduler::wake_loop(inner.clone(), workers, shutdown.clone())
+            }),
         ];
         if workers {
-            tasks.push(tokio::spawn(execute::pool::run_pool(
-                self.inner.clone(),
-                shutdown,
-            )));
+            tasks.push(supervise("worker pool", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || execute::pool::run_pool(inner.clone(), shutdown.clone())
+            }));
         }
         Ok(Running { stop, tasks })
     }
@@ -367,6 +372,45 @@ impl Engine {
 /// [`Running`] handle was dropped.
 pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
     *shutdown.borrow() || shutdown.has_changed().is_err()
+}
+
+/// Runs one of the engine's loops in a task of its own; a loop that
+/// panics is logged and started again a second later, so a bug in one
+/// round never leaves a server that accepts events and dispatches nothing.
+/// (Its progress is in rows, so a fresh start loses nothing.)
+fn supervise<F, Fut>(
+    name: &'static str,
+    shutdown: &watch::Receiver<bool>,
+    mut start: F,
+) -> JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let Err(panic) = AssertUnwindSafe(start()).catch_unwind().await else {
+                return;
+            };
+            let panic = panic_message(&*panic);
+            tracing::error!(engine_loop = name, %panic, "an engine loop panicked; it starts again");
+            metrics::counter!("tok_loop_panics_total", "loop" => name).increment(1);
+            if stopping(&shutdown) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// The words of a panic's payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_owned(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".to_owned(),
+    }
 }
 
 /// How often the store's upkeep runs (partitions created ahead).
