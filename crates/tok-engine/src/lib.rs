@@ -60,8 +60,10 @@ pub enum EngineError {
 /// How a process runs its engine.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Stable per node (configuration or host name): leases are held under it,
-    /// and a restarted node releases its own old claims at start.
+    /// Stable per node (configuration or host name). Claims are held under
+    /// it and this process's incarnation (`node:incarnation`, see
+    /// [`Engine::holder`]), so two processes given one node id never take
+    /// or release each other's claims.
     pub node_id: String,
     /// Worker slots: steps that may run at once in this process.
     pub concurrency: usize,
@@ -134,6 +136,8 @@ pub(crate) struct Inner {
     /// What committed, for the live stream.
     pub(crate) stream: Stream,
     tenants: RwLock<Arc<Vec<TenantId>>>,
+    /// Whom this process's claims name: `node:incarnation`.
+    pub(crate) holder: String,
 }
 
 impl Inner {
@@ -182,7 +186,6 @@ impl Engine {
             inner: Arc::new(Inner {
                 store,
                 registry,
-                config,
                 defs: DefinitionCache::default(),
                 inbox: Notify::new(),
                 urgent: Notify::new(),
@@ -192,6 +195,8 @@ impl Engine {
                 slots: Default::default(),
                 stream: Stream::default(),
                 tenants: RwLock::default(),
+                holder: format!("{}:{}", config.node_id, &tok_store::random_token()[..12]),
+                config,
             }),
         }
     }
@@ -206,6 +211,12 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
+    }
+
+    /// Whom this process's claims name in `jobs.locked_by`: the node id
+    /// and a random incarnation, new at each [`Engine::new`].
+    pub fn holder(&self) -> &str {
+        &self.inner.holder
     }
 
     /// The live stream of this process: publish after a commit, subscribe
@@ -242,13 +253,13 @@ impl Engine {
     /// dispatcher. Releases this node's earlier claims first.
     pub async fn start(&self, workers: bool) -> Result<Running> {
         self.refresh_tenants().await?;
-        let released = self
-            .inner
-            .store
-            .release_claims(&self.inner.config.node_id)
-            .await?;
+        // Only claims no live process holds are released: on SQLite every
+        // claim (one process serves a file; `tok serve` refuses a second),
+        // on PostgreSQL this incarnation's (none yet): another process's
+        // claims, of this node id or not, end with its lease.
+        let released = self.inner.store.release_claims(&self.inner.holder).await?;
         if released > 0 {
-            tracing::info!(released, node = %self.inner.config.node_id, "released claims of an earlier start");
+            tracing::info!(released, holder = %self.inner.holder, "released claims of an earlier start");
         }
         if workers {
             // Weak: the listener ends with the engine, not the other way round.

@@ -28,8 +28,8 @@
 //! - `claim_prelude!()`: the statements a claim's transaction begins with;
 //!   `plan_prelude!()`: those the dispatch's and the records' transactions
 //!   begin with (empty: none).
-//! - `leases_of_node!()`: the jobs whose leases a node (`$1`) releases at
-//!   its start.
+//! - `leases_of_node!()`: the jobs whose leases a process (`$1`, its
+//!   `node:incarnation`) releases at its start and end.
 //! - `notify_work!()`: a statement telling other processes that jobs are
 //!   ready (empty: nobody to tell).
 //!
@@ -257,8 +257,10 @@ pub(crate) mod sqlite {
         };
     }
 
-    // One process serves the file: at its start, every lease is its own
-    // (`$1` is bound, and unused).
+    // One process serves the file (`tok serve` refuses to start on a file
+    // another process serves): at its start, every lease is a dead
+    // process's, and at its end every lease is its own (`$1` is bound, and
+    // unused).
     macro_rules! leases_of_node {
         () => {
             "locked_by IS NOT NULL OR $1 IS NULL"

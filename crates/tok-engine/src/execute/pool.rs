@@ -106,7 +106,7 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
     if left > 0 {
         // Their results will be discarded (the claim token no longer
         // matches): another worker runs them again now, not after a lease.
-        match inner.store.release_claims(&inner.config.node_id).await {
+        match inner.store.release_claims(&inner.holder).await {
             Ok(released) => tracing::warn!(
                 steps = left,
                 released,
@@ -130,7 +130,7 @@ async fn claim_and_start(
 ) -> usize {
     let jobs = match inner
         .store
-        .claim(tenants, &inner.config.node_id, limit as u32, inner.lease_ms())
+        .claim(tenants, &inner.holder, limit as u32, inner.lease_ms())
         .await
     {
         Ok(jobs) => jobs,
@@ -212,7 +212,7 @@ async fn heartbeat(inner: Arc<Inner>) {
         let ids: Vec<JobId> = slots(&inner).jobs.keys().copied().collect();
         if let Err(e) = inner
             .store
-            .heartbeat(&inner.config.node_id, &ids, inner.lease_ms())
+            .heartbeat(&inner.holder, &ids, inner.lease_ms())
             .await
         {
             tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed");
