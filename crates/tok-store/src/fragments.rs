@@ -137,9 +137,12 @@ pub(crate) mod postgres {
     // whole backlog (a bitmap scan and a sort) for a handful of rows. Both
     // are off in these transactions. Claims are also serialized by a
     // transaction advisory lock.
+    // One claim at a time (one global lock); a claim waiting for it gives
+    // up after 5 s and the pool tries again, and a stopped holder's idle
+    // transaction is cut off by the server (`PgStore::connect_options`).
     macro_rules! claim_prelude {
         () => {
-            "SELECT pg_advisory_xact_lock(1953459970);
+            "SET LOCAL lock_timeout = '5s'; SELECT pg_advisory_xact_lock(1953459970);
         SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
         };
     }
