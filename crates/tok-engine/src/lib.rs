@@ -24,9 +24,11 @@ mod steps;
 pub mod stream;
 pub mod widgets;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use serde_json::{Map, Value, json};
 use tok_core::context::Context;
 use tok_core::flow;
@@ -60,8 +62,10 @@ pub enum EngineError {
 /// How a process runs its engine.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Stable per node (configuration or host name): leases are held under it,
-    /// and a restarted node releases its own old claims at start.
+    /// Stable per node (configuration or host name). Claims are held under
+    /// it and this process's incarnation (`node:incarnation`, see
+    /// [`Engine::holder`]), so two processes given one node id never take
+    /// or release each other's claims.
     pub node_id: String,
     /// Worker slots: steps that may run at once in this process.
     pub concurrency: usize,
@@ -142,6 +146,8 @@ pub(crate) struct Inner {
     /// Asked before every step with side effects ([`authorize`]).
     pub(crate) authorizer: Arc<dyn StepAuthorizer>,
     tenants: RwLock<Arc<Vec<TenantId>>>,
+    /// Whom this process's claims name: `node:incarnation`.
+    pub(crate) holder: String,
 }
 
 impl Inner {
@@ -202,7 +208,6 @@ impl Engine {
             inner: Arc::new(Inner {
                 store,
                 registry,
-                config,
                 defs: DefinitionCache::default(),
                 inbox: Notify::new(),
                 urgent: Notify::new(),
@@ -213,6 +218,8 @@ impl Engine {
                 stream: Stream::default(),
                 authorizer,
                 tenants: RwLock::default(),
+                holder: format!("{}:{}", config.node_id, &tok_store::random_token()[..12]),
+                config,
             }),
         }
     }
@@ -227,6 +234,12 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
+    }
+
+    /// Whom this process's claims name in `jobs.locked_by`: the node id
+    /// and a random incarnation, new at each [`Engine::new`].
+    pub fn holder(&self) -> &str {
+        &self.inner.holder
     }
 
     /// The live stream of this process: publish after a commit, subscribe
@@ -263,13 +276,13 @@ impl Engine {
     /// dispatcher. Releases this node's earlier claims first.
     pub async fn start(&self, workers: bool) -> Result<Running> {
         self.refresh_tenants().await?;
-        let released = self
-            .inner
-            .store
-            .release_claims(&self.inner.config.node_id)
-            .await?;
+        // Only claims no live process holds are released: on SQLite every
+        // claim (one process serves a file; `tok serve` refuses a second),
+        // on PostgreSQL this incarnation's (none yet): another process's
+        // claims, of this node id or not, end with its lease.
+        let released = self.inner.store.release_claims(&self.inner.holder).await?;
         if released > 0 {
-            tracing::info!(released, node = %self.inner.config.node_id, "released claims of an earlier start");
+            tracing::info!(released, holder = %self.inner.holder, "released claims of an earlier start");
         }
         if workers {
             // Weak: the listener ends with the engine, not the other way round.
@@ -286,27 +299,30 @@ impl Engine {
                 .await?;
         }
         let (stop, shutdown) = watch::channel(false);
+        let inner = &self.inner;
         let mut tasks = vec![
-            tokio::spawn(dispatch::dispatch_loop(
-                self.inner.clone(),
-                shutdown.clone(),
-            )),
-            tokio::spawn(dispatch::urgent_dispatch_loop(
-                self.inner.clone(),
-                shutdown.clone(),
-            )),
-            tokio::spawn(upkeep(self.clone(), shutdown.clone())),
-            tokio::spawn(scheduler::wake_loop(
-                self.inner.clone(),
-                workers,
-                shutdown.clone(),
-            )),
+            supervise("dispatch", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || dispatch::dispatch_loop(inner.clone(), shutdown.clone())
+            }),
+            supervise("urgent dispatch", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || dispatch::urgent_dispatch_loop(inner.clone(), shutdown.clone())
+            }),
+            supervise("upkeep", &shutdown, {
+                let (engine, shutdown) = (self.clone(), shutdown.clone());
+                move || upkeep(engine.clone(), shutdown.clone())
+            }),
+            supervise("scheduler", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || scheduler::wake_loop(inner.clone(), workers, shutdown.clone())
+            }),
         ];
         if workers {
-            tasks.push(tokio::spawn(execute::pool::run_pool(
-                self.inner.clone(),
-                shutdown,
-            )));
+            tasks.push(supervise("worker pool", &shutdown, {
+                let (inner, shutdown) = (inner.clone(), shutdown.clone());
+                move || execute::pool::run_pool(inner.clone(), shutdown.clone())
+            }));
         }
         Ok(Running { stop, tasks })
     }
@@ -402,6 +418,45 @@ impl Engine {
 /// [`Running`] handle was dropped.
 pub(crate) fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
     *shutdown.borrow() || shutdown.has_changed().is_err()
+}
+
+/// Runs one of the engine's loops in a task of its own; a loop that
+/// panics is logged and started again a second later, so a bug in one
+/// round never leaves a server that accepts events and dispatches nothing.
+/// (Its progress is in rows, so a fresh start loses nothing.)
+fn supervise<F, Fut>(
+    name: &'static str,
+    shutdown: &watch::Receiver<bool>,
+    mut start: F,
+) -> JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let Err(panic) = AssertUnwindSafe(start()).catch_unwind().await else {
+                return;
+            };
+            let panic = panic_message(&*panic);
+            tracing::error!(engine_loop = name, %panic, "an engine loop panicked; it starts again");
+            metrics::counter!("tok_loop_panics_total", "loop" => name).increment(1);
+            if stopping(&shutdown) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// The words of a panic's payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_owned(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".to_owned(),
+    }
 }
 
 /// Keeps the tenant list fresh for tenants created by other processes.

@@ -131,6 +131,14 @@ impl Registry {
         self
     }
 
+    /// Registers a step type that runs in the record transaction (the
+    /// engine's own tests add one that misbehaves).
+    #[cfg(test)]
+    pub(crate) fn register_in_transaction(&mut self, kind: &str, step: Arc<dyn TxStep>) {
+        self.steps
+            .insert(kind.to_owned(), Entry::InTransaction(step));
+    }
+
     pub fn handler(&self, kind: &str) -> Option<Arc<dyn StepHandler>> {
         match self.steps.get(kind) {
             Some(Entry::External(handler)) => Some(handler.clone()),

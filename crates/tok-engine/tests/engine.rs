@@ -666,3 +666,51 @@ async fn a_tenant_holding_every_slot_does_not_keep_another_tenant_waiting() {
         h.cleanup().await;
     }
 }
+
+/// Two processes given one node id (a copied configuration, a host name
+/// shared by two containers) on PostgreSQL: the second one's start does
+/// not release the first one's claim, so a step in flight runs once.
+#[tokio::test]
+async fn a_second_process_with_the_same_node_id_leaves_the_first_ones_claims() {
+    for backend in backends() {
+        if backend != Backend::Postgres {
+            // On SQLite a second `tok serve` on one file refuses to start.
+            continue;
+        }
+        let (registry, started, open) = gated_registry();
+        let h = Harness::new(backend, registry).await;
+        let gated = h
+            .automation(manual(json!([{ "id": "st_gate", "type": "acme/gate" }])))
+            .await;
+        let first = h.engine("same-host", quick());
+        let first_running = first.start(true).await.unwrap();
+        let run = first
+            .start_run(&h.tenant, &gated, json!({}), None)
+            .await
+            .unwrap();
+        while started.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let second = h.engine("same-host", quick());
+        assert_ne!(first.holder(), second.holder(), "{backend:?}");
+        let second_running = second.start(true).await.unwrap();
+        // Were the claim released, the second process would take the job
+        // at its next poll and start the step again.
+        for _ in 0..10 {
+            second.job_ready();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        open.add_permits(10);
+        let detail = h.finished(&run).await;
+        second_running.shutdown().await;
+        first_running.shutdown().await;
+
+        assert_eq!(detail.run.status, "completed", "{backend:?}");
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "{backend:?}: the step ran once"
+        );
+        h.cleanup().await;
+    }
+}

@@ -28,8 +28,8 @@
 //! - `claim_prelude!()`: the statements a claim's transaction begins with;
 //!   `plan_prelude!()`: those the dispatch's and the records' transactions
 //!   begin with (empty: none).
-//! - `leases_of_node!()`: the jobs whose leases a node (`$1`) releases at
-//!   its start.
+//! - `leases_of_node!()`: the jobs whose leases a process (`$1`, its
+//!   `node:incarnation`) releases at its start and end.
 //! - `notify_work!()`: a statement telling other processes that jobs are
 //!   ready (empty: nobody to tell).
 //!
@@ -137,9 +137,12 @@ pub(crate) mod postgres {
     // whole backlog (a bitmap scan and a sort) for a handful of rows. Both
     // are off in these transactions. Claims are also serialized by a
     // transaction advisory lock.
+    // One claim at a time (one global lock); a claim waiting for it gives
+    // up after 5 s and the pool tries again, and a stopped holder's idle
+    // transaction is cut off by the server (`PgStore::connect_options`).
     macro_rules! claim_prelude {
         () => {
-            "SELECT pg_advisory_xact_lock(1953459970);
+            "SET LOCAL lock_timeout = '5s'; SELECT pg_advisory_xact_lock(1953459970);
         SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
         };
     }
@@ -257,8 +260,10 @@ pub(crate) mod sqlite {
         };
     }
 
-    // One process serves the file: at its start, every lease is its own
-    // (`$1` is bound, and unused).
+    // One process serves the file (`tok serve` refuses to start on a file
+    // another process serves): at its start, every lease is a dead
+    // process's, and at its end every lease is its own (`$1` is bound, and
+    // unused).
     macro_rules! leases_of_node {
         () => {
             "locked_by IS NOT NULL OR $1 IS NULL"

@@ -243,7 +243,10 @@ pub trait QueueStore: Send + Sync {
     /// then the job was released and held back like any paused run's).
     async fn record_and_continue(&self, job: &ClaimedJob, record: Record) -> Result<bool>;
 
-    /// Releases every lease held under `node` (at start, after a restart).
+    /// Releases the leases no live process holds but `holder`
+    /// (`node:incarnation`): on PostgreSQL those held under `holder`; on
+    /// SQLite, which one process serves, every lease. Called at a start
+    /// and after the shutdown grace.
     async fn release_claims(&self, node: &str) -> Result<u64>;
 
     async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats>;

@@ -59,11 +59,25 @@ pub struct PgStore {
     records: Batcher<(ClaimedJob, Record), bool>,
 }
 
+/// How long the server lets a transaction of the store sit idle: none of
+/// tok's waits for anything but the database inside one.
+pub(crate) const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
+
 impl PgStore {
+    /// The options of every connection of the store. A transaction left
+    /// idle (its process stopped, SIGSTOP or a hung host) is cut off after
+    /// `IDLE_IN_TRANSACTION` (10 s) by the server, so the locks it holds (the
+    /// claim's among them) do not stop every other process for ever.
+    pub fn connect_options(url: &str) -> crate::Result<PgConnectOptions> {
+        let options: PgConnectOptions = url.parse()?;
+        let idle = format!("{}ms", IDLE_IN_TRANSACTION.as_millis());
+        Ok(options.options([("idle_in_transaction_session_timeout", idle.as_str())]))
+    }
+
     /// Connects a pool of at most `max_connections`. Steps never hold a
     /// connection while they call out, so a handful serves many slots.
     pub async fn connect(url: &str, max_connections: u32) -> crate::Result<Self> {
-        let options: PgConnectOptions = url.parse()?;
+        let options = Self::connect_options(url)?;
         // A connection in steady use is not pinged before each use (a round
         // trip per transaction); one idle for a while is, so a server
         // restart is noticed before a statement fails on it.

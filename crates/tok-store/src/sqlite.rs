@@ -314,3 +314,27 @@ impl Store for SqliteStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A commit answered is on disk: the writer syncs every commit
+    /// (`synchronous=FULL`, in WAL mode), which the SIGKILL tests rely on.
+    #[tokio::test]
+    async fn the_writer_syncs_every_commit_to_disk() {
+        let dir = std::env::temp_dir().join(format!("tok-sync-{}", crate::random_token()));
+        let url = format!("sqlite://{}/tok.db", dir.display());
+        let store = super::SqliteStore::open(&url).await.unwrap();
+        let (journal,): (String,) = sqlx::query_as("PRAGMA journal_mode")
+            .fetch_one(&store.writer)
+            .await
+            .unwrap();
+        let (synchronous,): (i64,) = sqlx::query_as("PRAGMA synchronous")
+            .fetch_one(&store.writer)
+            .await
+            .unwrap();
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(journal, "wal");
+        assert_eq!(synchronous, 2, "synchronous=FULL (2), not NORMAL (1)");
+    }
+}

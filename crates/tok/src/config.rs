@@ -72,8 +72,9 @@ pub struct Config {
     pub role: Role,
     /// `TOK_CONCURRENCY`: worker slots, [`DEFAULT_CONCURRENCY`] by default.
     pub concurrency: usize,
-    /// `TOK_NODE_ID`: stable per node (leases are held under it); defaults to
-    /// the host name, so a restarted node finds and releases its own claims.
+    /// `TOK_NODE_ID`: names the node in logs and leases (claims are held
+    /// under it and a random incarnation per process, so two processes given
+    /// one id never touch each other's claims); defaults to the host name.
     pub node_id: String,
     /// `TOK_DB_MAX_CONNECTIONS`: PostgreSQL pool size. Small on purpose: no
     /// step holds a connection while it calls out.

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod file_lock;
 
 use std::sync::Arc;
 
@@ -68,6 +69,7 @@ pub async fn serve(
     registry: Registry,
     options: ServeOptions,
 ) -> anyhow::Result<()> {
+    let _serving = file_lock::lock_sqlite(&config.database_url)?;
     let store = open_store(&config).await?;
     let mut registry = registry;
     registry.add_connectors(store.clone());

@@ -5,7 +5,10 @@
 //! The sender behaves like a real one: each event carries an
 //! `Idempotency-Key`, and a request that got no answer (the server was
 //! dead) is sent again until it does. Events answered before the kill must
-//! not be lost; events sent again must not run twice.
+//! not be lost; events sent again must not run twice. Every run recorded
+//! each of its steps once (one row per step and attempt, all seven steps).
+//! That a commit answered is on disk (`synchronous=FULL`) is asserted by
+//! the SQLite store's own test.
 
 mod support;
 
@@ -184,10 +187,26 @@ async fn crash_and_recover(backend: Backend) {
     );
     assert_eq!(runs.len(), EVENTS, "{backend:?}");
 
-    // Each run did all its steps once: 1 set + 1 pause + 1 loop + 3 lines + 1 log.
-    let sample = runs[0]["id"].as_str().unwrap();
-    let detail = api.get(&format!("/api/runs/{sample}"), &key).await;
-    assert_eq!(detail["actions"], 7, "{backend:?}: {detail}");
+    // Every run recorded each of its steps once: 1 set + 1 pause + 1 loop +
+    // 3 lines + 1 log, one completed row per (path, attempt), whatever
+    // attempt the kill left it at.
+    for run in &runs {
+        let id = run["id"].as_str().unwrap();
+        let detail = api.get(&format!("/api/runs/{id}"), &key).await;
+        assert_eq!(detail["actions"], 7, "{backend:?}: {detail}");
+        let steps = detail["steps"].as_array().expect("steps");
+        let mut rows: HashMap<(String, i64), usize> = HashMap::new();
+        for step in steps {
+            assert_eq!(step["status"], "completed", "{backend:?}: run {id}: {step}");
+            let key = (step["path"].to_string(), step["attempt"].as_i64().unwrap());
+            *rows.entry(key).or_default() += 1;
+        }
+        assert_eq!(steps.len(), 7, "{backend:?}: run {id} recorded {steps:#?}");
+        assert!(
+            rows.values().all(|n| *n == 1),
+            "{backend:?}: run {id} recorded a (path, attempt) twice: {rows:?}"
+        );
+    }
 
     server.kill();
     db.cleanup().await;

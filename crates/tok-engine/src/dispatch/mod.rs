@@ -57,7 +57,7 @@ async fn dispatch_once(
         .map_or(least, |o| (o.free() as u32).clamp(least, most));
     let mut take = |tenant: &TenantId| offer.as_mut().is_some_and(|o| o.take(tenant));
     let handoff = batch::Handoff {
-        node: &inner.config.node_id,
+        node: &inner.holder,
         lease_ms: inner.lease_ms(),
         take: &mut take,
     };

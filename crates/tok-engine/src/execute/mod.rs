@@ -1,7 +1,8 @@
 //! Executing runs: the worker pool's slots and claims ([`pool`]), and the
 //! runner that carries out one claim's transition ([`runner`]) with its
-//! effects.
+//! effects. A panic anywhere in a claim fails its step ([`panics`]).
 
 mod effects;
+mod panics;
 pub(crate) mod pool;
 mod runner;

@@ -8,9 +8,11 @@
 //! with the runs it creates ([`Offer`]). A heartbeat extends the leases of
 //! the jobs in flight.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use tok_core::ids::{JobId, TenantId};
 use tok_store::ClaimedJob;
 use tokio::sync::watch;
@@ -45,7 +47,9 @@ pub(crate) fn accept(inner: &Arc<Inner>, offer: Offer, jobs: Vec<ClaimedJob>) {
 
 pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     slots(&inner).open = true;
-    let heartbeat = tokio::spawn(heartbeat(inner.clone()));
+    // Aborted however the pool ends (a panic included): a pool started
+    // again has one heartbeat, not two.
+    let heartbeat = AbortOnDrop(tokio::spawn(heartbeat(inner.clone())));
     let concurrency = inner.config.concurrency.max(1);
     let reserved = reserved_slots(concurrency);
     let general = concurrency - reserved;
@@ -97,12 +101,12 @@ pub(crate) async fn run_pool(inner: Arc<Inner>, mut shutdown: watch::Receiver<bo
     while !slots(&inner).idle() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    heartbeat.abort();
+    drop(heartbeat);
     let left = slots(&inner).jobs.len();
     if left > 0 {
         // Their results will be discarded (the claim token no longer
         // matches): another worker runs them again now, not after a lease.
-        match inner.store.release_claims(&inner.config.node_id).await {
+        match inner.store.release_claims(&inner.holder).await {
             Ok(released) => tracing::warn!(
                 steps = left,
                 released,
@@ -126,12 +130,7 @@ async fn claim_and_start(
 ) -> usize {
     let jobs = match inner
         .store
-        .claim(
-            tenants,
-            &inner.config.node_id,
-            limit as u32,
-            inner.lease_ms(),
-        )
+        .claim(tenants, &inner.holder, limit as u32, inner.lease_ms())
         .await
     {
         Ok(jobs) => jobs,
@@ -164,13 +163,45 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
     );
     tokio::spawn(
         async move {
-            let id = job.id;
-            super::runner::execute(&inner, job).await;
-            slots(&inner).jobs.remove(&id);
-            inner.work.notify_one();
+            // Freed however the claim ends, a panic included: no slot is
+            // lost and no lease heartbeated for a job nobody runs.
+            let _slot = Slot {
+                inner: &inner,
+                job: job.id,
+            };
+            let job_id = job.id;
+            let executed = AssertUnwindSafe(super::runner::execute(&inner, job))
+                .catch_unwind()
+                .await;
+            if let Err(panic) = executed {
+                let panic = crate::panic_message(&*panic);
+                tracing::error!(job = %job_id, %panic, "a claim panicked before its step began; the job returns after its lease");
+            }
         }
         .instrument(span),
     );
+}
+
+/// A job's place in the slot map, freed when dropped.
+struct Slot<'a> {
+    inner: &'a Arc<Inner>,
+    job: JobId,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        slots(self.inner).jobs.remove(&self.job);
+        self.inner.work.notify_one();
+    }
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Extends the leases of the jobs in flight until the pool aborts it (after
@@ -181,7 +212,7 @@ async fn heartbeat(inner: Arc<Inner>) {
         let ids: Vec<JobId> = slots(&inner).jobs.keys().copied().collect();
         if let Err(e) = inner
             .store
-            .heartbeat(&inner.config.node_id, &ids, inner.lease_ms())
+            .heartbeat(&inner.holder, &ids, inner.lease_ms())
             .await
         {
             tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed");

@@ -11,6 +11,9 @@
 //! (`NextJob::Continue`) without a claim in between. A record with nothing
 //! else to write joins the store's group commit with other claims' records.
 
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt as _;
 use jiff::Timestamp;
 use serde_json::{Map, Value};
 use tok_core::advance::{Effect, Env, Execute, Input, RunState, StepClass, Then, advance};
@@ -25,6 +28,7 @@ use tok_store::{
 use tracing::Instrument as _;
 
 use super::effects;
+use super::panics::{self, Running};
 use crate::Inner;
 use crate::authorize::{self, StepToAuthorize};
 use crate::registry::StepCall;
@@ -65,7 +69,31 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
         // The job's context moves into the claim; the store needs the
         // rest of the job (its key and token) to fence the record.
         let context = std::mem::take(&mut job.context);
-        match drive(inner, &job, context, &automation, budget > 0).await {
+        // Kept for the failure of a panic, which loses the claim's state.
+        let before = context.clone();
+        let mut running = Running::of_job(&job, &automation);
+        let driven = AssertUnwindSafe(drive(
+            inner,
+            &job,
+            context,
+            &automation,
+            budget > 0,
+            &mut running,
+        ))
+        .catch_unwind()
+        .await;
+        let driven = match driven {
+            Ok(driven) => driven,
+            Err(panic) => {
+                let panic = crate::panic_message(&*panic);
+                if let Err(e) = panics::fail(inner, &job, &automation, before, running, panic).await
+                {
+                    tracing::error!(job = %job.id, error = %e, "could not record a panicked claim; the job returns after its lease");
+                }
+                return;
+            }
+        };
+        match driven {
             Ok(Driven::Continue(next)) => {
                 job = *next;
                 budget = budget.saturating_sub(1);
@@ -132,6 +160,7 @@ async fn drive(
     context: Value,
     automation: &Automation,
     may_continue: bool,
+    running: &mut Running,
 ) -> Result<Driven, StoreError> {
     let path = match job.path.parse::<FlowPath>() {
         Ok(path) => path,
@@ -156,7 +185,7 @@ async fn drive(
         job.actions,
     )
     .chaining(inner.config.fairness.chain_limit);
-    let claim = run_claim(inner, job, automation, state, &cause).await?;
+    let claim = run_claim(inner, job, automation, state, &cause, running).await?;
     count(job, &claim);
     // A wait may take a buffered signal (or find its runs ended) as it is
     // recorded: its job is then ready at once, like a next step due now;
@@ -251,6 +280,7 @@ async fn run_claim(
     automation: &Automation,
     mut state: RunState,
     cause: &Cause,
+    running: &mut Running,
 ) -> Result<Claim, StoreError> {
     let kinds = |kind: &str| inner.registry.class(kind);
     let mut input = Input::from(job.resume.clone());
@@ -289,6 +319,13 @@ async fn run_claim(
             }
         };
         let started_at = now_ms();
+        *running = Running {
+            path: step.path.to_string(),
+            step_id: step.step_id.clone(),
+            kind: step.kind.clone(),
+            attempt: step.attempt,
+            started_at,
+        };
         let span = tracing::info_span!(
             "step",
             step = %step.step_id,

@@ -16,6 +16,8 @@ backend_tests!(
     an_expired_lease_is_taken_over_by_another_node,
     a_heartbeat_keeps_a_lease_alive_past_its_first_expiry,
     a_stale_worker_cannot_record_after_a_takeover,
+    two_incarnations_of_one_node_keep_each_others_claims,
+    a_stopped_process_holding_the_claim_lock_stops_claims_for_a_while_only,
 );
 
 async fn a_small_tenant_is_not_starved_by_a_large_backlog(db: &TestDb) {
@@ -560,4 +562,107 @@ async fn a_stale_worker_cannot_record_after_a_takeover(db: &TestDb) {
         ("completed", 1),
         "{backend:?}"
     );
+}
+
+/// Two processes given one node id hold their claims under
+/// `node:incarnation`: neither's heartbeat extends the other's lease, and a
+/// start releases on PostgreSQL only its own incarnation's claims. On
+/// SQLite one process serves a file (a second `tok serve` refuses to
+/// start), so at a start every claim is a dead process's and is released.
+async fn two_incarnations_of_one_node_keep_each_others_claims(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    start(&*store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let held = store
+        .claim(&tenants, "host:first", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(held.len(), 1, "{backend:?}");
+    let ids: Vec<_> = held.iter().map(|j| j.id).collect();
+    let extended = store
+        .heartbeat("host:second", &ids, LONG_LEASE_MS)
+        .await
+        .expect("heartbeat");
+    assert_eq!(
+        extended, 0,
+        "{backend:?}: a heartbeat extends only its holder's leases"
+    );
+    assert_eq!(
+        store
+            .heartbeat("host:first", &ids, LONG_LEASE_MS)
+            .await
+            .expect("heartbeat"),
+        1,
+        "{backend:?}"
+    );
+
+    let released = store.release_claims("host:second").await.expect("release");
+    let again = store
+        .claim(&tenants, "host:second", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    match backend {
+        Backend::Postgres => {
+            assert_eq!(
+                released, 0,
+                "{backend:?}: another incarnation's claim is kept"
+            );
+            assert!(again.is_empty(), "{backend:?}: the live claim is not taken");
+            store
+                .record(&held[0], finish(&held[0], RunStatus::Completed))
+                .await
+                .expect("the first incarnation records");
+        }
+        Backend::Sqlite => {
+            assert_eq!(released, 1, "{backend:?}: one process per file");
+            assert_eq!(again.len(), 1, "{backend:?}");
+        }
+    }
+}
+
+/// PostgreSQL: a process stopped (SIGSTOP) inside a claim's transaction
+/// holds the claim's lock; the server cuts its idle transaction off after
+/// `IDLE_IN_TRANSACTION`, and a claim waiting meanwhile gives up after its
+/// `lock_timeout` and is tried again, so claims go on. (SQLite: one process.)
+async fn a_stopped_process_holding_the_claim_lock_stops_claims_for_a_while_only(db: &TestDb) {
+    if db.backend != Backend::Postgres {
+        return;
+    }
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    start(&*store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    // A connection like the store's, stopped inside a claim: the claim's
+    // lock (`claim_prelude!` in fragments.rs) held in an idle transaction.
+    let options = tok_store::PgStore::connect_options(&db.url).expect("options");
+    let mut stopped = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect("connect");
+    sqlx::Executor::execute(
+        &mut stopped,
+        "BEGIN; SELECT pg_advisory_xact_lock(1953459970)",
+    )
+    .await
+    .expect("take the claim lock");
+
+    let claimed = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match store.claim(&tenants, "host:live", 10, LONG_LEASE_MS).await {
+                Ok(jobs) if !jobs.is_empty() => return jobs,
+                Ok(_) => {}
+                Err(e) => assert!(e.to_string().contains("lock timeout"), "{e}"),
+            }
+        }
+    })
+    .await
+    .expect("claims go on once the stopped transaction is cut off");
+    assert_eq!(claimed.len(), 1);
+    let cut = sqlx::Executor::execute(&mut stopped, "SELECT 1").await;
+    assert!(cut.is_err(), "the idle transaction was cut off");
 }
