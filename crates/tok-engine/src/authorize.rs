@@ -8,7 +8,9 @@
 //! never retried (the run fails, with its incident). An embedder replaces
 //! the built-in [`SuspendedTenants`] with [`crate::Engine::with_authorizer`].
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -53,35 +55,71 @@ pub enum Verdict {
 #[async_trait]
 pub trait StepAuthorizer: Send + Sync + 'static {
     async fn authorize(&self, step: &StepToAuthorize<'_>) -> Result<Verdict, String>;
+
+    /// The tenant's settings changed in this process (the admin's `PATCH`):
+    /// an authorizer that keeps answers forgets the tenant's.
+    fn tenant_changed(&self, tenant: &TenantId) {
+        let _ = tenant;
+    }
 }
+
+/// How long [`SuspendedTenants`] keeps a tenant's answer: a suspension made
+/// through another process's API denies this process's steps at most this
+/// late (through this process's API, at once).
+const KEPT_FOR: Duration = Duration::from_secs(1);
 
 /// The built-in authorizer: denies every step of a tenant that the
 /// platform admin suspended (`PATCH /api/tenants/{id} {"suspended": true}`).
+///
+/// It keeps each tenant's answer for [`KEPT_FOR`], so a busy tenant's steps
+/// cost one read of its row a second, not one each; an answer it could not
+/// get (the store away) is not kept.
 pub struct SuspendedTenants {
     store: Arc<dyn Store>,
+    kept: RwLock<HashMap<TenantId, (Verdict, Instant)>>,
 }
 
 impl SuspendedTenants {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
+        Self {
+            store,
+            kept: RwLock::default(),
+        }
+    }
+
+    fn kept(&self, tenant: &TenantId) -> Option<Verdict> {
+        let kept = self.kept.read().unwrap_or_else(|e| e.into_inner());
+        let (verdict, at) = kept.get(tenant)?;
+        (at.elapsed() < KEPT_FOR).then(|| verdict.clone())
     }
 }
 
 #[async_trait]
 impl StepAuthorizer for SuspendedTenants {
     async fn authorize(&self, step: &StepToAuthorize<'_>) -> Result<Verdict, String> {
-        match self.store.tenant(step.tenant_id).await {
-            Ok(Some(tenant)) if tenant.suspended => Ok(Verdict::Deny(format!(
-                "tenant {} is suspended",
-                step.tenant_id
-            ))),
-            Ok(Some(_)) => Ok(Verdict::Allow),
-            Ok(None) => Ok(Verdict::Deny(format!(
-                "tenant {} does not exist",
-                step.tenant_id
-            ))),
-            Err(e) => Err(format!("could not read tenant {}: {e}", step.tenant_id)),
+        if let Some(verdict) = self.kept(step.tenant_id) {
+            return Ok(verdict);
         }
+        let verdict = match self.store.tenant(step.tenant_id).await {
+            Ok(Some(tenant)) if tenant.suspended => {
+                Verdict::Deny(format!("tenant {} is suspended", step.tenant_id))
+            }
+            Ok(Some(_)) => Verdict::Allow,
+            Ok(None) => Verdict::Deny(format!("tenant {} does not exist", step.tenant_id)),
+            Err(e) => return Err(format!("could not read tenant {}: {e}", step.tenant_id)),
+        };
+        self.kept
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(step.tenant_id.clone(), (verdict.clone(), Instant::now()));
+        Ok(verdict)
+    }
+
+    fn tenant_changed(&self, tenant: &TenantId) {
+        self.kept
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(tenant);
     }
 }
 

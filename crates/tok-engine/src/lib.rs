@@ -228,6 +228,12 @@ impl Engine {
         &self.inner.store
     }
 
+    /// The admin changed a tenant through this process: what the engine
+    /// keeps of its settings (the authorizer's answer) is read again.
+    pub fn tenant_changed(&self, tenant: &TenantId) {
+        self.inner.authorizer.tenant_changed(tenant);
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.inner.registry
     }

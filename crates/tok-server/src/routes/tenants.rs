@@ -134,6 +134,7 @@ async fn update(
     if retention_change.is_some() && !store.set_retention(&id, &retention).await? {
         return Err(ApiError::not_found("tenant"));
     }
+    state.engine.tenant_changed(&id);
     let mut shown = shown(&tenant);
     shown["settings"] = json!({ "retention": retention });
     Ok(Json(shown))
