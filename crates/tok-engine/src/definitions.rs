@@ -118,13 +118,13 @@ impl DefinitionCache {
         if let Some(found) = self.cached(id, version) {
             return Ok(found);
         }
-        let json = store
+        let saved = store
             .automation_version(tenant, id, version)
             .await?
             .ok_or_else(|| {
                 EngineError::Definition(format!("automation {id} has no version {version}"))
             })?;
-        self.parse(id, version, &json)
+        self.parse(id, version, &saved.definition)
     }
 
     fn cached(&self, id: &AutomationId, version: i32) -> Option<Arc<Automation>> {

@@ -244,9 +244,9 @@ macro_rules! impl_definitions {
                 tenant: &TenantId,
                 id: &AutomationId,
                 version: i32,
-            ) -> Result<Option<Value>> {
+            ) -> Result<Option<SavedVersion>> {
                 let row = sqlx::query(
-                    "SELECT definition FROM automation_versions
+                    "SELECT definition, hash FROM automation_versions
                      WHERE tenant_id = $1 AND automation_id = $2 AND version = $3",
                 )
                 .bind(tenant.as_str())
@@ -254,25 +254,10 @@ macro_rules! impl_definitions {
                 .bind(version)
                 .fetch_optional(self.reader())
                 .await?;
-                Ok(row.map(|r| r.get::<Json<Value>, _>("definition").0))
-            }
-
-            async fn version_hash(
-                &self,
-                tenant: &TenantId,
-                id: &AutomationId,
-                version: i32,
-            ) -> Result<Option<String>> {
-                let row = sqlx::query(
-                    "SELECT hash FROM automation_versions
-                     WHERE tenant_id = $1 AND automation_id = $2 AND version = $3",
-                )
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .bind(version)
-                .fetch_optional(self.reader())
-                .await?;
-                Ok(row.map(|r| r.get::<String, _>("hash")))
+                Ok(row.map(|r| SavedVersion {
+                    definition: r.get::<Json<Value>, _>("definition").0,
+                    hash: r.get("hash"),
+                }))
             }
         }
     };

@@ -53,7 +53,6 @@ mod widgets_sql;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
@@ -157,14 +156,7 @@ pub trait DefinitionStore: Send + Sync {
         tenant: &TenantId,
         id: &AutomationId,
         version: i32,
-    ) -> Result<Option<Value>>;
-    /// The definition hash of one saved version.
-    async fn version_hash(
-        &self,
-        tenant: &TenantId,
-        id: &AutomationId,
-        version: i32,
-    ) -> Result<Option<String>>;
+    ) -> Result<Option<SavedVersion>>;
 }
 
 /// The event inbox and the dispatcher's transaction.

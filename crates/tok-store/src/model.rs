@@ -117,6 +117,13 @@ impl AutomationStatus {
     }
 }
 
+/// One saved version of an automation: its definition and the hash of it.
+#[derive(Debug, Clone)]
+pub struct SavedVersion {
+    pub definition: Value,
+    pub hash: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct AutomationRow {
     pub id: AutomationId,

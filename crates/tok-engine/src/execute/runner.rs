@@ -333,18 +333,19 @@ async fn run_claim(
             kind = %step.kind,
             attempt = step.attempt,
         );
-        let actor = state.context.as_value()["_event"]["actor"].clone();
-        let asked = StepToAuthorize {
-            tenant_id: &job.tenant_id,
-            run_id: &job.run_id,
-            automation_id: &job.automation_id,
-            step_id: &step.step_id,
-            kind: &step.kind,
-            path: &step.path.to_string(),
-            attempt: step.attempt,
-            actor: &actor,
+        let authorized = {
+            let asked = StepToAuthorize {
+                tenant_id: &job.tenant_id,
+                run_id: &job.run_id,
+                automation_id: &job.automation_id,
+                step_id: &step.step_id,
+                kind: &step.kind,
+                path: &step.path.to_string(),
+                attempt: step.attempt,
+                actor: &state.context.as_value()["_event"]["actor"],
+            };
+            authorize::check(&*inner.authorizer, &asked).await
         };
-        let authorized = authorize::check(&*inner.authorizer, &asked).await;
         let outcome = match step.class {
             _ if authorized.is_err() => authorized.map(|()| Map::new()),
             StepClass::InTransaction => {

@@ -173,20 +173,18 @@ async fn version(
     Path((id, version)): Path<(String, i32)>,
 ) -> ApiResult<Json<Value>> {
     let id = AutomationId::from(id);
-    let definition = state
+    let saved = state
         .engine
         .store()
         .automation_version(&tenant, &id, version)
         .await?
         .ok_or_else(|| ApiError::not_found("automation version"))?;
-    let hash = state
-        .engine
-        .store()
-        .version_hash(&tenant, &id, version)
-        .await?;
-    Ok(Json(
-        json!({ "id": id, "version": version, "hash": hash, "definition": definition }),
-    ))
+    Ok(Json(json!({
+        "id": id,
+        "version": version,
+        "hash": saved.hash,
+        "definition": saved.definition,
+    })))
 }
 
 async fn set_status(
