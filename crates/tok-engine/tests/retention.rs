@@ -276,7 +276,11 @@ async fn a_partition_that_cannot_be_created_is_raised_once_and_not_retried(db: &
     let clock = Arc::new(ManualClock::at(now));
     let scheduler = Scheduler::new(store.clone(), "n1", SchedulerConfig::default(), clock);
     let first = scheduler.expire(std::slice::from_ref(&t)).await.unwrap();
-    let incidents = store.platform_incidents(Some("open"), 100).await.unwrap();
+    let incidents = store
+        .platform_incidents(Some("open"), 100, None)
+        .await
+        .unwrap()
+        .items;
     match db.backend {
         Backend::Postgres => {
             let problems: Vec<_> = first.problems.iter().map(|p| &p.partition).collect();

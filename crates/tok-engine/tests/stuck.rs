@@ -58,7 +58,11 @@ fn watcher(store: &Arc<dyn Store>, clock: &Arc<ManualClock>) -> Scheduler {
 }
 
 async fn open_incidents(store: &dyn Store) -> Vec<PlatformIncident> {
-    store.platform_incidents(Some("open"), 100).await.unwrap()
+    store
+        .platform_incidents(Some("open"), 100, None)
+        .await
+        .unwrap()
+        .items
 }
 
 async fn a_run_past_its_timeout_fails_with_a_run_timeout_incident(db: &TestDb) {

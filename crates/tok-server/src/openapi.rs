@@ -34,7 +34,7 @@ pub(crate) fn router() -> Router<AppState> {
 }
 
 /// This document.
-#[utoipa::path(get, path = "/api/openapi.json", tag = "openapi", responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+#[utoipa::path(get, path = "/api/openapi.json", tag = "openapi", responses((status = 200, description = "The OpenAPI 3.1 document", body = schemas::OpenApiDocument)))]
 async fn serve() -> Json<Value> {
     static DOCUMENT: OnceLock<Value> = OnceLock::new();
     Json(

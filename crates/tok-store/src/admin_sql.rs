@@ -91,6 +91,20 @@ macro_rules! impl_admin {
                 Ok(Some(tenant_from_row(&row)))
             }
 
+            async fn tenants(&self, limit: u32, after: Option<&str>) -> Result<Page<Tenant>> {
+                let rows = sqlx::query(
+                    "SELECT id, name, settings, created_at FROM tenants
+                     WHERE CAST($1 AS TEXT) IS NULL OR id > $1
+                     ORDER BY id LIMIT $2",
+                )
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(self.reader())
+                .await?;
+                let items = rows.iter().map(tenant_from_row).collect();
+                Ok(Page::of(items, limit, |t: &Tenant| t.id.to_string()))
+            }
+
             async fn tenant_ids(&self) -> Result<Vec<TenantId>> {
                 let rows = sqlx::query("SELECT id FROM tenants ORDER BY id")
                     .fetch_all(self.reader())

@@ -44,7 +44,9 @@ pub struct Approval {
     pub status: String,
     pub decided_by: Option<Approver>,
     pub comment: Option<String>,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub decided_at: Option<i64>,
 }
 
@@ -76,7 +78,14 @@ pub enum Decided {
 #[async_trait]
 pub trait ApprovalStore: Send + Sync {
     /// The tenant's approvals, newest first: only the pending ones, or all.
-    async fn approvals(&self, tenant: &TenantId, pending_only: bool) -> Result<Vec<Approval>>;
+    /// A page of approvals, newest first, before the approval id `before`.
+    async fn approvals(
+        &self,
+        tenant: &TenantId,
+        pending_only: bool,
+        limit: u32,
+        before: Option<&str>,
+    ) -> Result<crate::Page<Approval>>;
     async fn approval(&self, tenant: &TenantId, id: &str) -> Result<Option<Approval>>;
     /// Decides a pending approval, in one transaction with the resume of
     /// its run and the line in its ticket's trace.

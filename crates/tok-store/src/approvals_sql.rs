@@ -89,18 +89,28 @@ macro_rules! impl_approvals {
 
         #[async_trait::async_trait]
         impl ApprovalStore for $store {
-            async fn approvals(&self, tenant: &TenantId, pending_only: bool) -> Result<Vec<Approval>> {
+            async fn approvals(
+                &self,
+                tenant: &TenantId,
+                pending_only: bool,
+                limit: u32,
+                before: Option<&str>,
+            ) -> Result<$crate::Page<Approval>> {
                 let sql = format!(
                     "SELECT * FROM ({APPROVAL_SELECT} WHERE a.tenant_id = $1) x
                      WHERE (CAST($2 AS INTEGER) = 0 OR x.shown_status = 'pending')
-                     ORDER BY x.id DESC LIMIT 500"
+                       AND (CAST($3 AS TEXT) IS NULL OR x.id < $3)
+                     ORDER BY x.id DESC LIMIT $4"
                 );
                 let rows = sqlx::query(&sql)
                     .bind(tenant.as_str())
                     .bind(i32::from(pending_only))
+                    .bind(before)
+                    .bind(i64::from(limit) + 1)
                     .fetch_all(self.reader())
                     .await?;
-                rows.iter().map(approval_from_row).collect()
+                let items = rows.iter().map(approval_from_row).collect::<Result<Vec<_>>>()?;
+                Ok($crate::Page::of(items, limit, |a: &Approval| a.id.clone()))
             }
 
             async fn approval(&self, tenant: &TenantId, id: &str) -> Result<Option<Approval>> {

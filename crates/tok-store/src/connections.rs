@@ -44,6 +44,7 @@ pub struct Connection {
     pub breaker_cooldown_ms: i64,
     pub breaker_state: String,
     pub failures: i32,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
 }
 
@@ -68,7 +69,13 @@ pub enum CallOutcome {
 #[async_trait]
 pub trait ConnectionStore: Send + Sync {
     async fn create_connection(&self, tenant: &TenantId, new: NewConnection) -> Result<Connection>;
-    async fn connections(&self, tenant: &TenantId) -> Result<Vec<Connection>>;
+    /// A page of connections by name, after the name `after`.
+    async fn connections(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<crate::Page<Connection>>;
     /// A connection by name or id, with its credentials (for the worker).
     async fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
     /// Checks the breaker, the concurrency cap and the token bucket, in that

@@ -65,12 +65,24 @@ macro_rules! impl_connections {
                 self.connection(tenant, &id).await?.ok_or(StoreError::NotFound("connection"))
             }
 
-            async fn connections(&self, tenant: &TenantId) -> Result<Vec<Connection>> {
-                let rows = sqlx::query("SELECT * FROM connections WHERE tenant_id = $1 ORDER BY name")
-                    .bind(tenant.as_str())
-                    .fetch_all(self.reader())
-                    .await?;
-                Ok(rows.iter().map(connection_from_row).collect())
+            async fn connections(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<Page<Connection>> {
+                let rows = sqlx::query(
+                    "SELECT * FROM connections
+                     WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR name > $2)
+                     ORDER BY name LIMIT $3",
+                )
+                .bind(tenant.as_str())
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(self.reader())
+                .await?;
+                let items = rows.iter().map(connection_from_row).collect();
+                Ok($crate::Page::of(items, limit, |c: &Connection| c.name.clone()))
             }
 
             async fn connection(

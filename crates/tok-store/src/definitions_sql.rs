@@ -31,13 +31,15 @@ macro_rules! impl_definitions {
                 hash: row.get("hash"),
                 created_at: row.get("created_at"),
                 updated_at: row.get("updated_at"),
+                next_run_at: row.get("next_run_at"),
             }
         }
 
         const AUTOMATION_SELECT: &str = "SELECT a.id, a.tenant_id, a.name, a.status, a.current_version,
-                a.created_at, a.updated_at, v.definition, v.hash
+                a.created_at, a.updated_at, v.definition, v.hash, s.next_run_at
             FROM automations a
-            JOIN automation_versions v ON v.automation_id = a.id AND v.version = a.current_version";
+            JOIN automation_versions v ON v.automation_id = a.id AND v.version = a.current_version
+            LEFT JOIN trigger_schedules s ON s.tenant_id = a.tenant_id AND s.automation_id = a.id";
 
         #[async_trait::async_trait]
         impl DefinitionStore for $store {
@@ -87,6 +89,26 @@ macro_rules! impl_definitions {
                     .fetch_all(self.reader())
                     .await?;
                 Ok(rows.iter().map(source_from_row).collect())
+            }
+
+            async fn sources_page(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<Page<Source>> {
+                let rows = sqlx::query(
+                    "SELECT * FROM sources
+                     WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR id > $2)
+                     ORDER BY id LIMIT $3",
+                )
+                .bind(tenant.as_str())
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(self.reader())
+                .await?;
+                let items = rows.iter().map(source_from_row).collect();
+                Ok(Page::of(items, limit, |s: &Source| s.id.to_string()))
             }
 
             async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
@@ -142,6 +164,7 @@ macro_rules! impl_definitions {
                     hash: def.hash,
                     created_at: now,
                     updated_at: now,
+                    next_run_at: None,
                 })
             }
 
@@ -194,6 +217,7 @@ macro_rules! impl_definitions {
                     hash: def.hash,
                     created_at: row.get("created_at"),
                     updated_at: now,
+                    next_run_at: None,
                 })
             }
 
@@ -237,6 +261,27 @@ macro_rules! impl_definitions {
                     .fetch_all(self.reader())
                     .await?;
                 Ok(rows.iter().map(automation_from_row).collect())
+            }
+
+            async fn automations_page(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<Page<AutomationRow>> {
+                let sql = format!(
+                    "{AUTOMATION_SELECT}
+                     WHERE a.tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR a.id > $2)
+                     ORDER BY a.id LIMIT $3"
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(after)
+                    .bind(i64::from(limit) + 1)
+                    .fetch_all(self.reader())
+                    .await?;
+                let items = rows.iter().map(automation_from_row).collect();
+                Ok(Page::of(items, limit, |a: &AutomationRow| a.id.to_string()))
             }
 
             async fn automation_version(

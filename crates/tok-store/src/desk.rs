@@ -25,6 +25,7 @@ pub struct TicketType {
     pub name: String,
     pub statuses: Vec<String>,
     pub fields: Value,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
 }
 
@@ -79,7 +80,9 @@ pub struct Ticket {
     pub assignee_id: Option<String>,
     /// The assignee's name, read with the ticket (not stored on it).
     pub assignee_name: Option<String>,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub updated_at: i64,
 }
 
@@ -134,6 +137,7 @@ pub struct Written {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceLine {
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub at: i64,
     pub kind: String,
     pub message: String,
@@ -162,8 +166,11 @@ pub struct Incident {
     pub run_id: Option<String>,
     pub ticket_id: Option<String>,
     pub occurrences: i32,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub updated_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub resolved_at: Option<i64>,
 }
 
@@ -192,9 +199,26 @@ pub struct NewInternalEvent {
 pub trait DeskStore: Send + Sync {
     async fn create_ticket_type(&self, tenant: &TenantId, new: NewTicketType)
     -> Result<TicketType>;
+    /// Every ticket type of the tenant, by name (what a ticket is checked
+    /// against).
     async fn ticket_types(&self, tenant: &TenantId) -> Result<Vec<TicketType>>;
+    /// A page of ticket types by name, after the name `after`.
+    async fn ticket_types_page(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<TicketType>>;
     async fn create_group(&self, tenant: &TenantId, new: NewGroup) -> Result<Group>;
+    /// Every group of the tenant with its members, by name.
     async fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>>;
+    /// A page of groups with their members, by name, after the name `after`.
+    async fn groups_page(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<Group>>;
 
     async fn tickets(
         &self,

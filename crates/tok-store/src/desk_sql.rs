@@ -362,6 +362,26 @@ macro_rules! impl_desk {
                 Ok(rows.iter().map(ticket_type_from_row).collect())
             }
 
+            async fn ticket_types_page(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<Page<TicketType>> {
+                let rows = sqlx::query(
+                    "SELECT id, name, statuses, fields, created_at FROM ticket_types
+                     WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR name > $2)
+                     ORDER BY name LIMIT $3",
+                )
+                .bind(tenant.as_str())
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(self.reader())
+                .await?;
+                let items = rows.iter().map(ticket_type_from_row).collect();
+                Ok(Page::of(items, limit, |t: &TicketType| t.name.clone()))
+            }
+
             async fn create_group(&self, tenant: &TenantId, new: NewGroup) -> Result<Group> {
                 let now = now_ms();
                 let group = Group {
@@ -414,6 +434,33 @@ macro_rules! impl_desk {
             async fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>> {
                 let mut conn = self.reader().acquire().await?;
                 group_in(&mut conn, tenant, None).await
+            }
+
+            async fn groups_page(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<Page<Group>> {
+                let mut conn = self.reader().acquire().await?;
+                let names: Vec<String> = sqlx::query(
+                    "SELECT name FROM groups
+                     WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR name > $2)
+                     ORDER BY name LIMIT $3",
+                )
+                .bind(tenant.as_str())
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(&mut *conn)
+                .await?
+                .iter()
+                .map(|r| r.get("name"))
+                .collect();
+                let mut items = Vec::with_capacity(names.len());
+                for name in &names {
+                    items.extend(group_in(&mut conn, tenant, Some(name)).await?);
+                }
+                Ok(Page::of(items, limit, |g: &Group| g.name.clone()))
             }
 
             async fn tickets(

@@ -36,6 +36,7 @@ mod record_sql;
 pub mod relay;
 pub mod retention;
 mod retention_sql;
+pub mod rfc3339;
 mod rows;
 mod runs_sql;
 pub mod schedule;
@@ -114,6 +115,8 @@ pub trait AdminStore: Send + Sync {
     async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
     /// Applies the admin's change to a tenant's settings; `None`: no such tenant.
     async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>>;
+    /// A page of tenants, oldest first, after the tenant id `after`.
+    async fn tenants(&self, limit: u32, after: Option<&str>) -> Result<Page<Tenant>>;
     async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
     async fn has_admin_key(&self) -> Result<bool>;
     async fn add_admin_key(&self, key_hash: &str) -> Result<()>;
@@ -128,6 +131,13 @@ pub trait DefinitionStore: Send + Sync {
     async fn create_source(&self, tenant: &TenantId, source: NewSource) -> Result<Source>;
     async fn source(&self, tenant: &TenantId, id: &SourceId) -> Result<Option<Source>>;
     async fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>>;
+    /// A page of sources, oldest first, after the source id `after`.
+    async fn sources_page(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<Source>>;
     /// The source a webhook token belongs to; the token is what names the tenant.
     async fn source_by_token(&self, token: &str) -> Result<Option<Source>>;
 
@@ -151,6 +161,13 @@ pub trait DefinitionStore: Send + Sync {
         id: &AutomationId,
     ) -> Result<Option<AutomationRow>>;
     async fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
+    /// A page of automations, oldest first, after the automation id `after`.
+    async fn automations_page(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<AutomationRow>>;
     async fn automation_version(
         &self,
         tenant: &TenantId,

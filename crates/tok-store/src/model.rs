@@ -1,6 +1,7 @@
 //! Rows the store reads and the inputs it writes, shared by both backends.
 //!
-//! Times are unix milliseconds (`i64`) on both backends. JSON columns travel as
+//! Times are unix milliseconds (`i64`) on both backends; rows a client sees
+//! serialize them as RFC 3339 (`crate::rfc3339`). JSON columns travel as
 //! `serde_json::Value`; the engine parses them into `tok-core` types where it
 //! needs to.
 
@@ -24,6 +25,7 @@ pub enum Backend {
 pub struct Tenant {
     pub id: TenantId,
     pub name: String,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
     /// Suspended by the platform admin: the built-in step authorizer denies
     /// every step with side effects of its runs.
@@ -78,6 +80,7 @@ pub struct Source {
     pub rate_limit: Option<i32>,
     #[serde(skip)]
     pub secret: Option<String>,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
 }
 
@@ -133,8 +136,15 @@ pub struct AutomationRow {
     pub version: i32,
     pub definition: Value,
     pub hash: String,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub updated_at: i64,
+    /// When its poll or schedule trigger is due next; `None` for other
+    /// triggers (and on the row a create or a new version answers, before
+    /// the scheduler's row is written).
+    #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
+    pub next_run_at: Option<i64>,
 }
 
 /// An event to put in the inbox.
@@ -264,8 +274,11 @@ pub struct RunSummary {
     pub subject_ticket_id: Option<String>,
     /// The run that started this one (trigger type `parent`).
     pub parent_run_id: Option<RunId>,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub started_at: Option<i64>,
+    #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub finished_at: Option<i64>,
     pub error: Option<String>,
 }
@@ -282,7 +295,9 @@ pub struct StepRow {
     pub output: Option<Value>,
     pub error: Option<String>,
     pub log: Value,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub started_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub finished_at: i64,
 }
 
@@ -310,6 +325,7 @@ pub struct WaitRow {
     pub path: String,
     pub kind: String,
     pub key: String,
+    #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub due_at: Option<i64>,
 }
 
@@ -318,6 +334,22 @@ pub struct WaitRow {
 pub struct Page<T> {
     pub items: Vec<T>,
     pub next_cursor: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// The page of rows read with `LIMIT limit + 1` in the listing's order:
+    /// the row past `limit` only says that another page follows, and the
+    /// cursor is the `key` of the last row kept (the listing's next query
+    /// reads the rows after it: keyset pages, stable while rows are added).
+    pub fn of(mut items: Vec<T>, limit: u32, key: impl Fn(&T) -> String) -> Self {
+        let next_cursor = if items.len() > limit as usize {
+            items.truncate(limit as usize);
+            items.last().map(key)
+        } else {
+            None
+        };
+        Self { items, next_cursor }
+    }
 }
 
 /// How many jobs wait and how old the oldest ready one is.

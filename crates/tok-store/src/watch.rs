@@ -64,8 +64,11 @@ pub struct PlatformIncident {
     pub detail: Value,
     pub status: String,
     pub occurrences: i32,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub updated_at: i64,
+    #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub resolved_at: Option<i64>,
 }
 
@@ -123,7 +126,8 @@ pub trait WatchStore: Send + Sync {
         &self,
         status: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<PlatformIncident>>;
+        before: Option<&str>,
+    ) -> Result<crate::Page<PlatformIncident>>;
 
     async fn resolve_platform_incident(&self, id: &str, now: i64) -> Result<bool>;
 }

@@ -201,20 +201,28 @@ macro_rules! impl_watch {
                 &self,
                 status: Option<&str>,
                 limit: u32,
-            ) -> Result<Vec<$crate::watch::PlatformIncident>> {
+                before: Option<&str>,
+            ) -> Result<$crate::Page<$crate::watch::PlatformIncident>> {
                 let rows = sqlx::query(
                     "SELECT id, reason, source, tenant_id, run_id, title, detail, status,
                         occurrences, created_at, updated_at, resolved_at
                      FROM platform_incidents
-                     WHERE ($1 IS NULL OR status = $1)
+                     WHERE (CAST($1 AS TEXT) IS NULL OR status = $1)
+                       AND (CAST($3 AS TEXT) IS NULL OR id < $3)
                      ORDER BY id DESC
                      LIMIT $2",
                 )
                 .bind(status)
-                .bind(i64::from(limit))
+                .bind(i64::from(limit) + 1)
+                .bind(before)
                 .fetch_all(self.reader())
                 .await?;
-                Ok(rows.iter().map(platform_incident_from_row).collect())
+                let items = rows.iter().map(platform_incident_from_row).collect();
+                Ok($crate::Page::of(
+                    items,
+                    limit,
+                    |i: &$crate::watch::PlatformIncident| i.id.clone(),
+                ))
             }
 
             async fn resolve_platform_incident(&self, id: &str, now: i64) -> Result<bool> {

@@ -43,7 +43,13 @@ pub trait WidgetStore: Send + Sync {
     /// widget of that name.
     async fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget>;
     /// The tenant's widgets by name, each with its cached answer.
-    async fn widgets(&self, tenant: &TenantId) -> Result<Vec<Widget>>;
+    /// A page of widgets by name, after the name `after`.
+    async fn widgets(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<crate::Page<Widget>>;
     async fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
     /// Keeps `data` as the widget's answer fetched at `fetched_at`, unless
     /// a fetch that began later was kept first (then it answers false, and

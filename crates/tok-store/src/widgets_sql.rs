@@ -45,12 +45,24 @@ macro_rules! impl_widgets {
                 self.widget(tenant, &id).await?.ok_or(StoreError::NotFound("widget"))
             }
 
-            async fn widgets(&self, tenant: &TenantId) -> Result<Vec<Widget>> {
-                let rows = sqlx::query("SELECT * FROM widgets WHERE tenant_id = $1 ORDER BY name, id")
-                    .bind(tenant.as_str())
-                    .fetch_all(self.reader())
-                    .await?;
-                Ok(rows.iter().map(widget_from_row).collect())
+            async fn widgets(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<$crate::Page<Widget>> {
+                let rows = sqlx::query(
+                    "SELECT * FROM widgets
+                     WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR name > $2)
+                     ORDER BY name LIMIT $3",
+                )
+                .bind(tenant.as_str())
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(self.reader())
+                .await?;
+                let items = rows.iter().map(widget_from_row).collect();
+                Ok($crate::Page::of(items, limit, |w: &Widget| w.name.clone()))
             }
 
             async fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>> {

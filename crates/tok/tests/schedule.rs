@@ -34,7 +34,12 @@ async fn runs_by_tick(api: &Api, key: &str) -> BTreeMap<i64, (usize, i64)> {
             .unwrap();
         let entry = ticks.entry(at.as_millisecond()).or_insert((0, i64::MAX));
         entry.0 += 1;
-        entry.1 = entry.1.min(detail["created_at"].as_i64().unwrap());
+        let created: jiff::Timestamp = detail["created_at"]
+            .as_str()
+            .expect("created_at, RFC 3339")
+            .parse()
+            .unwrap();
+        entry.1 = entry.1.min(created.as_millisecond());
     }
     ticks
 }

@@ -112,6 +112,29 @@ async function api(path, options = {}) {
   return body;
 }
 
+/** Every item of a listing, page after page (500 a page, the most it takes). */
+async function all(path) {
+  const items = [];
+  let cursor = null;
+  do {
+    const sep = path.includes("?") ? "&" : "?";
+    const page = await api(`${path}${sep}limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    items.push(...page.items);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return items;
+}
+
+/** A time to come: "in 5m", with the exact time as its title. */
+function until(v) {
+  const d = toDate(v);
+  if (!d) return h("span.muted", null, "—");
+  const s = Math.round((d.getTime() - Date.now()) / 1000);
+  const text = s <= 0 ? "due now" : s < 60 ? `in ${s}s` : s < 3600 ? `in ${Math.floor(s / 60)}m`
+    : s < 86400 ? `in ${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m` : d.toLocaleString();
+  return h("span.next-run", { title: d.toISOString() }, text);
+}
+
 // ---------- sign-in ----------
 
 async function signIn(key) {
@@ -121,7 +144,7 @@ async function signIn(key) {
   sessionStorage.setItem("tok.key", key);
   const pick = $("#tenant-pick");
   if (me.kind === "admin") {
-    const tenants = (await api("/api/tenants")).items;
+    const tenants = await all("/api/tenants");
     fill(pick,
       h("option", { value: "" }, tenants.length ? "Pick a tenant…" : "No tenants yet"),
       ...tenants.map((t) => h("option", { value: t.id }, t.name)),
@@ -282,7 +305,7 @@ const TRIGGERS = ["webhook", "event", "poll", "schedule", "manual"];
 let automationNames = new Map();
 
 async function loadAutomations() {
-  const list = (await api("/api/automations")).items;
+  const list = await all("/api/automations");
   automationNames = new Map(list.map((a) => [a.id, a.name]));
   return list;
 }
@@ -467,14 +490,14 @@ pages.runs = (view, id) => (id ? runDetail(view, id) : runList(view));
 pages.automations = async (view, id) => {
   if (id) return pages.automation_detail(view, id);
   $("#title").textContent = "Automations";
-  const [list, sources] = await Promise.all([loadAutomations(), api("/api/sources").then((s) => s.items)]);
+  const [list, sources] = await Promise.all([loadAutomations(), all("/api/sources")]);
   const bySource = new Map(sources.map((s) => [s.id, s]));
   if (!list.length) {
     view.append(h("div.card.empty", null, "No automations yet: POST one to /api/automations."));
     return;
   }
   view.append(h("div.card.table-card", null, h("table", { id: "automations" },
-    h("thead", null, h("tr", null, ["Name", "Status", "Trigger", "Version", "Updated"].map((c) => h("th", null, c)))),
+    h("thead", null, h("tr", null, ["Name", "Status", "Trigger", "Next run", "Version", "Updated"].map((c) => h("th", null, c)))),
     h("tbody", null, list.map((a) => {
       const trigger = a.definition.trigger || {};
       const source = trigger.source && bySource.get(trigger.source);
@@ -482,6 +505,7 @@ pages.automations = async (view, id) => {
         h("td", null, h("strong", null, a.name)),
         h("td", null, pill(a.status)),
         h("td", null, trigger.kind, source ? h("span.muted", null, ` · ${source.name}`) : trigger.event ? h("span.muted", null, ` · ${trigger.event}`) : ""),
+        h("td.next-run-cell", null, a.next_run_at ? until(a.next_run_at) : h("span.muted", null, "—")),
         h("td", null, `v${a.version}`),
         h("td", null, when(a.updated_at || a.created_at)));
     })))));
@@ -491,8 +515,8 @@ function triggerText(trigger) {
   switch (trigger.kind) {
     case "webhook": return "a webhook from its source";
     case "event": return `the event ${trigger.event}`;
-    case "poll": return `a poll every ${trigger.intervalSec} s (the next poll time comes with the scheduler)`;
-    case "schedule": return `the schedule ${trigger.cron} (the next time comes with the scheduler)`;
+    case "poll": return `a poll every ${trigger.intervalSec || 60} s`;
+    case "schedule": return `the schedule ${trigger.cron}${trigger.timezone ? ` (${trigger.timezone})` : ""}`;
     default: return trigger.kind;
   }
 }
@@ -522,6 +546,7 @@ pages.automation_detail = async (view, id) => {
         h("a.button", { href: `#/runs`, onclick: () => { runFilters.automation = a.id; } }, "Its runs"))),
     h("dl.kv", null,
       h("dt", null, "Runs on"), h("dd", null, triggerText(trigger)),
+      a.next_run_at ? [h("dt", null, "Next run"), h("dd", { id: "next-run" }, until(a.next_run_at), h("span.muted", null, ` · ${toDate(a.next_run_at).toLocaleString()}`))] : null,
       h("dt", null, "Version"), h("dd", null, `v${a.version}`, h("span.muted", null, ` · hash ${String(a.hash || "").slice(0, 12)}`)),
       h("dt", null, "Updated"), h("dd", null, when(a.updated_at || a.created_at))));
 
@@ -589,7 +614,7 @@ pages.tickets = async (view, id) => {
   async function load() {
     const query = new URLSearchParams({ limit: "200" });
     if (state.closed) query.set("closed", state.closed);
-    const [tickets, groups] = await Promise.all([api(`/api/tickets?${query}`).then((t) => t.items), api("/api/groups").then((g) => g.items)]);
+    const [tickets, groups] = await Promise.all([api(`/api/tickets?${query}`).then((t) => t.items), all("/api/groups")]);
     const count = new Map();
     for (const t of tickets) if (t.assignee) count.set(t.assignee.id, (count.get(t.assignee.id) || 0) + 1);
     const unassigned = tickets.filter((t) => !t.assignee).length;
@@ -674,6 +699,58 @@ pages.incidents = async (view) => {
   onLive((type) => (type === "incident.opened" || type === "reload") && refresh());
 };
 
+// ---------- Approvals ----------
+
+pages.approvals = async (view) => {
+  $("#title").textContent = "Approvals";
+  const filter = h("select", { id: "approvals-filter", onchange: () => load().catch((e) => flash(e.message)) },
+    h("option", { value: "pending" }, "Waiting for a decision"), h("option", { value: "all" }, "All"));
+  const list = h("div.stack", { id: "approvals" });
+  view.append(h("div.stack", null, h("div.toolbar", null, h("div.field", null, h("label", { for: "approvals-filter" }, "Show"), filter)), list));
+
+  function decisionForm(a) {
+    const member = h("select", { name: "member", "aria-label": "Decide as" },
+      a.approvers.map((p) => h("option", { value: p.id }, p.name)));
+    const comment = h("input", { name: "comment", type: "text", placeholder: "Comment (optional)", "aria-label": "Comment" });
+    const decide = async (decision, button) => {
+      button.disabled = true;
+      try {
+        const body = { decision, member: member.value };
+        if (comment.value.trim()) body.comment = comment.value.trim();
+        await api(`/api/approvals/${encodeURIComponent(a.id)}`, { method: "POST", body });
+        flash(decision === "approve" ? "Approved: the run goes on." : "Rejected: the run goes on with the rejection.", true);
+        await load();
+      } catch (e) {
+        button.disabled = false;
+        flash(e.message);
+      }
+    };
+    const approve = h("button.button.primary", { type: "button", dataset: { decide: "approve" }, onclick: () => decide("approve", approve) }, "Approve");
+    const reject = h("button.button", { type: "button", dataset: { decide: "reject" }, onclick: () => decide("reject", reject) }, "Reject");
+    return h("div.decide", null, h("label", null, "As ", member), comment, approve, reject);
+  }
+
+  async function load() {
+    const items = await all(`/api/approvals?status=${filter.value}`);
+    fill(list, items.length ? items.map((a) => h("div.card.stack.approval", { dataset: { approval: a.id } },
+      h("div.attempt-head", null, pill(a.status), h("strong", null, a.prompt), h("span.muted", null, when(a.created_at)),
+        h("div.actions", null, h("a.button.small", { href: `#/runs/${a.run_id}` }, "Its run"))),
+      h("dl.kv", null,
+        h("dt", null, "Automation"), h("dd", null, automationNames.get(a.automation_id) || a.automation_id, h("span.muted", null, ` · step ${a.step_id}`)),
+        h("dt", null, "Approvers"), h("dd", null, a.approvers.map((p) => p.name).join(", ")),
+        a.decided_by ? [h("dt", null, "Decided"), h("dd.decided", null, `${a.status} by ${a.decided_by.name} `, when(a.decided_at),
+          a.comment ? h("span.muted", null, ` · “${a.comment}”`) : null)] : null),
+      a.status === "pending" ? decisionForm(a) : null))
+      : h("div.card.empty", null, filter.value === "pending"
+        ? "Nothing waits for a decision. A run's approval step shows here until an approver decides."
+        : "No approvals yet."));
+  }
+  await loadAutomations();
+  await load();
+  const refresh = debounce(() => load().catch(() => {}), 300);
+  onLive((type) => (type === "run.updated" || type === "reload") && refresh());
+};
+
 // ---------- Queue health ----------
 
 /** Samples kept while the page is open (one every 5 s, the last hour). */
@@ -702,9 +779,9 @@ pages.queue = async (view) => {
   const tiles = h("div.tiles", { id: "queue-tiles" });
   const recent = h("div.tiles");
   view.append(h("div.stack", null, tiles, h("h3", null, "Runs in the last hour"), recent,
-    h("p.note", null, "The charts draw what this page sampled since it was opened (every 5 seconds). " +
-      "History over the whole last hour, steps per second and each tenant's share come with the scheduler's metrics; " +
-      "the platform's Prometheus figures are at /metrics.")));
+    h("p.note", null, "The charts draw what this page sampled since it was opened (every 5 seconds, up to the last hour): " +
+      "the scheduler samples the queue for /metrics as platform-wide gauges and keeps no history per tenant, " +
+      "so a chart starts when the page opens.")));
 
   async function sample() {
     const q = await api("/api/dashboard/queue");

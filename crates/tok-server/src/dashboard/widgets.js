@@ -34,7 +34,7 @@ function ageText(seconds) {
 
 pages.widgets = async (view) => {
   $("#title").textContent = "Widgets";
-  const widgets = (await api("/api/widgets")).items;
+  const widgets = await all("/api/widgets");
   if (!widgets.length) {
     view.append(h("div.card.empty", null,
       "No widgets yet. A widget shows what one request to a connection answers, cached for its ttlSec: ",

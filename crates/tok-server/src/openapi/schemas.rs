@@ -1,7 +1,7 @@
 //! The shapes of answers that handlers build as JSON, for the document.
 //! The API tests validate every answer against them, so a field that a
-//! handler renames, drops or retypes fails there. Times are what handlers
-//! answer today: epoch milliseconds (`i64`) or RFC 3339 strings.
+//! handler renames, drops or retypes fails there. Every time is an RFC 3339
+//! string in UTC (`format: date-time`).
 
 #![allow(dead_code)]
 
@@ -27,11 +27,12 @@ pub(crate) struct RunSummary {
     /// The run that started this one (trigger type `parent`).
     #[schema(required = true)]
     parent_run_id: Option<String>,
-    created_at: i64,
-    #[schema(required = true)]
-    started_at: Option<i64>,
-    #[schema(required = true)]
-    finished_at: Option<i64>,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(required = true, format = DateTime)]
+    started_at: Option<String>,
+    #[schema(required = true, format = DateTime)]
+    finished_at: Option<String>,
     #[schema(required = true)]
     error: Option<String>,
 }
@@ -72,8 +73,10 @@ pub(crate) struct StepRow {
     error: Option<String>,
     /// The step's log lines.
     log: Value,
-    started_at: i64,
-    finished_at: i64,
+    #[schema(format = DateTime)]
+    started_at: String,
+    #[schema(format = DateTime)]
+    finished_at: String,
 }
 
 /// A parked wait: `kind` `event` (the signal `key`) or `runs` (`run:<id>`).
@@ -83,8 +86,8 @@ pub(crate) struct WaitRow {
     kind: String,
     key: String,
     /// When it times out; null: never.
-    #[schema(required = true)]
-    due_at: Option<i64>,
+    #[schema(required = true, format = DateTime)]
+    due_at: Option<String>,
 }
 
 /// An automation and its current version.
@@ -97,18 +100,13 @@ pub(crate) struct Automation {
     version: i32,
     hash: String,
     definition: Value,
-    created_at: i64,
-    updated_at: i64,
-}
-
-/// An automation, and when a poll or schedule trigger is due next.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct AutomationDetail {
-    #[serde(flatten)]
-    automation: Automation,
-    /// Epoch milliseconds; null for other triggers.
-    #[schema(required = true)]
-    next_run_at: Option<i64>,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(format = DateTime)]
+    updated_at: String,
+    /// When a poll or schedule trigger is due next; null for other triggers.
+    #[schema(required = true, format = DateTime)]
+    next_run_at: Option<String>,
 }
 
 /// A page of automations.
@@ -164,8 +162,10 @@ pub(crate) struct Ticket {
     title: Option<String>,
     #[schema(required = true)]
     assignee: Option<Assignee>,
-    created_at: i64,
-    updated_at: i64,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(format = DateTime)]
+    updated_at: String,
 }
 
 /// A ticket's assignee.
@@ -240,4 +240,323 @@ pub(crate) struct WidgetData {
     cached: bool,
     /// Why a refresh failed, when the cached answer is served in its place.
     error: Option<String>,
+}
+
+/// The process's state: `ok` (`/healthz`); `ready`, `starting`, `stopping`
+/// or `database unavailable` (`/readyz`).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Health {
+    status: String,
+}
+
+/// A webhook source: its contract and the full URL to send to.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Source {
+    id: String,
+    name: String,
+    token: String,
+    /// The full URL (`TOK_PUBLIC_URL` and the token).
+    url: String,
+    /// `[{name, path, type, required}]`.
+    params: Vec<Value>,
+    critical: bool,
+    /// Events a second; null: no limit.
+    #[schema(required = true)]
+    rate_limit: Option<i32>,
+    /// Sends must carry a Standard Webhooks signature.
+    signed: bool,
+    #[schema(format = DateTime)]
+    created_at: String,
+}
+
+/// A page of sources, oldest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SourcePage {
+    items: Vec<Source>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// How `GET /webhook/{token}` tells a sender what to send.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WebhookHelp {
+    method: String,
+    content_type: String,
+    url: String,
+    source: String,
+    /// `[{name, path, type, required}]`.
+    params: Vec<Value>,
+    /// A body with every param at its path.
+    example: Value,
+    max_body_bytes: i64,
+    idempotency: String,
+    /// Present when sends must be signed: what the headers must be.
+    signature: Option<String>,
+}
+
+/// A ticket type: its statuses, in order, and its custom fields.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TicketType {
+    id: String,
+    name: String,
+    statuses: Vec<String>,
+    /// `[{name, type?, …}]`.
+    fields: Vec<Value>,
+    #[schema(format = DateTime)]
+    created_at: String,
+}
+
+/// A page of ticket types, by name.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TicketTypePage {
+    items: Vec<TicketType>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// A member of a group: how many open tickets suit them.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Member {
+    id: String,
+    name: String,
+    capacity: i32,
+}
+
+/// A group of people tickets are assigned to.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Group {
+    id: String,
+    name: String,
+    members: Vec<Member>,
+}
+
+/// A page of groups, by name.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct GroupPage {
+    items: Vec<Group>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// A connection's circuit breaker.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Breaker {
+    threshold: i32,
+    cooldown_ms: i64,
+    /// closed, open or half_open.
+    state: String,
+    failures: i32,
+}
+
+/// A connection to an outside service; its credentials are never shown.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Connection {
+    id: String,
+    name: String,
+    /// http or mcp.
+    service: String,
+    #[schema(required = true)]
+    base_url: Option<String>,
+    has_credentials: bool,
+    /// Calls a second; null: no rate limit.
+    #[schema(required = true)]
+    rate: Option<f64>,
+    burst: i32,
+    #[schema(required = true)]
+    max_concurrency: Option<i32>,
+    breaker: Breaker,
+    #[schema(format = DateTime)]
+    created_at: String,
+}
+
+/// A page of connections, by name.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ConnectionPage {
+    items: Vec<Connection>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// An incident of a tenant. `detail`, `source` and `run_id` are shown to
+/// the platform admin only.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Incident {
+    id: String,
+    title: String,
+    impact: String,
+    /// open or resolved.
+    status: String,
+    occurrences: i32,
+    #[schema(required = true)]
+    ticket_id: Option<String>,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(format = DateTime)]
+    updated_at: String,
+    #[schema(required = true, format = DateTime)]
+    resolved_at: Option<String>,
+    /// Admin only: automation, run, failed step, message, steps, input.
+    detail: Option<Value>,
+    /// Admin only: the cause an open incident is deduplicated on.
+    source: Option<String>,
+    /// Admin only.
+    run_id: Option<String>,
+}
+
+/// A page of incidents, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct IncidentPage {
+    items: Vec<Incident>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// An incident of the platform (a stuck run, a failing scheduler), for the
+/// platform admin.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PlatformIncident {
+    id: String,
+    reason: String,
+    source: String,
+    #[schema(required = true)]
+    tenant_id: Option<String>,
+    #[schema(required = true)]
+    run_id: Option<String>,
+    title: String,
+    detail: Value,
+    /// open or resolved.
+    status: String,
+    occurrences: i32,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(format = DateTime)]
+    updated_at: String,
+    #[schema(required = true, format = DateTime)]
+    resolved_at: Option<String>,
+}
+
+/// A page of platform incidents, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PlatformIncidentPage {
+    items: Vec<PlatformIncident>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// A resolved platform incident.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PlatformIncidentResolved {
+    id: String,
+    status: String,
+}
+
+/// A tenant as the platform admin sees it.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Tenant {
+    id: String,
+    name: String,
+    suspended: bool,
+    #[schema(format = DateTime)]
+    created_at: String,
+}
+
+/// A page of tenants, oldest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TenantPage {
+    items: Vec<Tenant>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// A new tenant and its first API key (shown once).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TenantCreated {
+    id: String,
+    name: String,
+    api_key: String,
+}
+
+/// A tenant after a change, with its settings.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TenantChanged {
+    #[serde(flatten)]
+    tenant: Tenant,
+    /// `{retention: {stepDataDays, runsDays, traceDays, inboxDays}}`.
+    settings: Value,
+}
+
+/// Someone who may decide an approval.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Approver {
+    id: String,
+    name: String,
+}
+
+/// An approval a run waits for (DESIGN §5a).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Approval {
+    id: String,
+    run_id: String,
+    automation_id: String,
+    step_id: String,
+    path: String,
+    prompt: String,
+    approvers: Vec<Approver>,
+    /// pending, approved, rejected, timed_out or closed.
+    status: String,
+    #[schema(required = true)]
+    decided_by: Option<Approver>,
+    #[schema(required = true)]
+    comment: Option<String>,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(required = true, format = DateTime)]
+    decided_at: Option<String>,
+}
+
+/// A page of approvals, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ApprovalPage {
+    items: Vec<Approval>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
+/// The tenant a dashboard session acts for.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SessionTenant {
+    id: String,
+    #[schema(required = true)]
+    name: Option<String>,
+}
+
+/// Who signed in to the dashboard: `admin` (the platform key) or `tenant`.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Session {
+    kind: String,
+    #[schema(required = true)]
+    tenant: Option<SessionTenant>,
+}
+
+/// The tenant's queue now.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct QueueHealth {
+    ready: i64,
+    scheduled: i64,
+    running: i64,
+    /// Events received and not yet dispatched.
+    pending_events: i64,
+    /// How long the oldest ready job has waited; null: none waits.
+    #[schema(required = true)]
+    oldest_ready_s: Option<f64>,
+    #[schema(format = DateTime)]
+    sampled_at: String,
+}
+
+/// An OpenAPI 3.1 document (`GET /api/openapi.json`).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct OpenApiDocument {
+    openapi: String,
+    info: Value,
+    paths: Value,
 }

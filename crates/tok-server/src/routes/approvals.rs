@@ -30,16 +30,20 @@ pub(crate) fn router() -> Router<AppState> {
 pub(crate) struct Api;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ListQuery {
     status: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
 }
 
-#[utoipa::path(get, path = "/api/approvals", tag = "approvals", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/approvals", tag = "approvals", responses((status = 200, body = crate::openapi::schemas::ApprovalPage)))]
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    Query(query): Query<ListQuery>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<Value>> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
     let pending_only = match query.status.as_deref() {
         None | Some("pending") => true,
         Some("all") => false,
@@ -50,15 +54,29 @@ async fn list(
             ));
         }
     };
-    let items = state
+    let page = crate::routes::PageQuery {
+        limit: query.limit,
+        cursor: query.cursor,
+    };
+    let approvals = state
         .engine
         .store()
-        .approvals(&tenant, pending_only)
+        .approvals(
+            &tenant,
+            pending_only,
+            page.limit()?,
+            page.after("approvals")?.as_deref(),
+        )
         .await?;
-    Ok(Json(json!({ "items": items, "next_cursor": null })))
+    let items = approvals.items.iter().map(|a| json!(a)).collect();
+    Ok(Json(crate::routes::page(
+        "approvals",
+        items,
+        approvals.next_cursor.as_deref(),
+    )))
 }
 
-#[utoipa::path(get, path = "/api/approvals/{id}", tag = "approvals", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/approvals/{id}", tag = "approvals", responses((status = 200, body = crate::openapi::schemas::Approval)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -78,7 +96,7 @@ struct DecisionBody {
     comment: Option<String>,
 }
 
-#[utoipa::path(post, path = "/api/approvals/{id}", tag = "approvals", responses((status = 200)))]
+#[utoipa::path(post, path = "/api/approvals/{id}", tag = "approvals", responses((status = 200, body = crate::openapi::schemas::Approval)))]
 async fn decide(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

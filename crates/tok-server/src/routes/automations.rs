@@ -3,7 +3,7 @@
 //! problem comes back at once, each with the place it concerns.
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -13,7 +13,7 @@ use tok_core::definition::{Automation, Trigger};
 use tok_core::ids::{AutomationId, SourceId, TenantId};
 use tok_core::validate::ValidationError;
 use tok_engine::definitions::prepare;
-use tok_store::{AutomationRow, AutomationStatus, NewVersion};
+use tok_store::{AutomationRow, AutomationStatus, NewVersion, rfc3339};
 
 use crate::AppState;
 use crate::auth::{KeyActor, Tenant};
@@ -98,8 +98,11 @@ fn view(row: &AutomationRow) -> Value {
         "version": row.version,
         "hash": row.hash,
         "definition": row.definition,
-        "created_at": row.created_at,
-        "updated_at": row.updated_at,
+        "created_at": rfc3339::format(row.created_at),
+        "updated_at": rfc3339::format(row.updated_at),
+        // When a poll or schedule trigger is due next; null for other
+        // triggers.
+        "next_run_at": rfc3339::format_opt(row.next_run_at),
     })
 }
 
@@ -140,13 +143,30 @@ async fn update(
 }
 
 #[utoipa::path(get, path = "/api/automations", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationPage)))]
-async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
-    let rows = state.engine.store().automations(&tenant).await?;
-    let items: Vec<Value> = rows.iter().map(view).collect();
-    Ok(Json(json!({ "items": items, "next_cursor": null })))
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let page = super::page_query(query)?;
+    let rows = state
+        .engine
+        .store()
+        .automations_page(
+            &tenant,
+            page.limit()?,
+            page.after("automations")?.as_deref(),
+        )
+        .await?;
+    let items: Vec<Value> = rows.items.iter().map(view).collect();
+    Ok(Json(super::page(
+        "automations",
+        items,
+        rows.next_cursor.as_deref(),
+    )))
 }
 
-#[utoipa::path(get, path = "/api/automations/{id}", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationDetail)))]
+#[utoipa::path(get, path = "/api/automations/{id}", tag = "automations", responses((status = 200, body = crate::openapi::schemas::Automation)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -158,11 +178,7 @@ async fn show(
         .automation(&tenant, &AutomationId::from(id))
         .await?
         .ok_or_else(|| ApiError::not_found("automation"))?;
-    let mut view = view(&row);
-    // When a poll or schedule trigger is due next (Unix ms; null for
-    // other triggers).
-    view["next_run_at"] = json!(state.engine.store().next_run_at(&tenant, &row.id).await?);
-    Ok(Json(view))
+    Ok(Json(view(&row)))
 }
 
 /// One saved version's definition (the versions are 1 to the current one).

@@ -2,7 +2,7 @@
 //! per tenant and service. Credentials are write-only: stored, applied to
 //! calls, never returned.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -71,11 +71,11 @@ fn view(c: &Connection) -> Value {
             "state": c.breaker_state,
             "failures": c.failures,
         },
-        "created_at": c.created_at,
+        "created_at": tok_store::rfc3339::format(c.created_at),
     })
 }
 
-#[utoipa::path(post, path = "/api/connections", tag = "connections", responses((status = 201)))]
+#[utoipa::path(post, path = "/api/connections", tag = "connections", responses((status = 201, body = crate::openapi::schemas::Connection)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -153,20 +153,31 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view(&connection))))
 }
 
-#[utoipa::path(get, path = "/api/connections", tag = "connections", responses((status = 200)))]
-async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
-    let items: Vec<Value> = state
+#[utoipa::path(get, path = "/api/connections", tag = "connections", responses((status = 200, body = crate::openapi::schemas::ConnectionPage)))]
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let page = super::page_query(query)?;
+    let found = state
         .engine
         .store()
-        .connections(&tenant)
-        .await?
-        .iter()
-        .map(view)
-        .collect();
-    Ok(Json(json!({ "items": items, "next_cursor": null })))
+        .connections(
+            &tenant,
+            page.limit()?,
+            page.after("connections")?.as_deref(),
+        )
+        .await?;
+    let items: Vec<Value> = found.items.iter().map(view).collect();
+    Ok(Json(super::page(
+        "connections",
+        items,
+        found.next_cursor.as_deref(),
+    )))
 }
 
-#[utoipa::path(get, path = "/api/connections/{id}", tag = "connections", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/connections/{id}", tag = "connections", responses((status = 200, body = crate::openapi::schemas::Connection)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

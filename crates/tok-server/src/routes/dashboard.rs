@@ -24,7 +24,7 @@ pub(crate) fn router() -> Router<AppState> {
 pub(crate) struct Api;
 
 /// What kind of key signed in, and the tenant of a tenant's key.
-#[utoipa::path(get, path = "/api/dashboard/session", tag = "dashboard", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/dashboard/session", tag = "dashboard", responses((status = 200, body = crate::openapi::schemas::Session)))]
 async fn session(State(state): State<AppState>, Caller(owner): Caller) -> ApiResult<Json<Value>> {
     Ok(Json(match owner {
         KeyOwner::Platform => json!({ "kind": "admin", "tenant": null }),
@@ -40,7 +40,7 @@ async fn session(State(state): State<AppState>, Caller(owner): Caller) -> ApiRes
 
 /// The tenant's jobs by state, the age of its oldest ready job and its
 /// events not yet dispatched.
-#[utoipa::path(get, path = "/api/dashboard/queue", tag = "dashboard", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/dashboard/queue", tag = "dashboard", responses((status = 200, body = crate::openapi::schemas::QueueHealth)))]
 async fn queue(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
     let stats = state.engine.store().queue_stats(&[tenant]).await?;
     Ok(Json(json!({

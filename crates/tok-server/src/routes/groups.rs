@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -48,7 +48,7 @@ fn invalid(message: impl Into<String>) -> ApiError {
     ApiError::bad_request("invalid_body", message)
 }
 
-#[utoipa::path(post, path = "/api/groups", tag = "groups", responses((status = 201)))]
+#[utoipa::path(post, path = "/api/groups", tag = "groups", responses((status = 201, body = crate::openapi::schemas::Group)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -90,8 +90,22 @@ async fn create(
     Ok((StatusCode::CREATED, Json(json!(group))))
 }
 
-#[utoipa::path(get, path = "/api/groups", tag = "groups", responses((status = 200)))]
-async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
-    let groups = state.engine.store().groups(&tenant).await?;
-    Ok(Json(json!({ "items": groups, "next_cursor": null })))
+#[utoipa::path(get, path = "/api/groups", tag = "groups", responses((status = 200, body = crate::openapi::schemas::GroupPage)))]
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let page = super::page_query(query)?;
+    let found = state
+        .engine
+        .store()
+        .groups_page(&tenant, page.limit()?, page.after("groups")?.as_deref())
+        .await?;
+    let items: Vec<Value> = found.items.iter().map(|g| json!(g)).collect();
+    Ok(Json(super::page(
+        "groups",
+        items,
+        found.next_cursor.as_deref(),
+    )))
 }

@@ -20,12 +20,12 @@ pub(crate) fn router() -> Router<AppState> {
 #[openapi(paths(healthz, readyz))]
 pub(crate) struct Api;
 
-#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200)))]
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = crate::openapi::schemas::Health)))]
 async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200), (status = 503, description = "Starting, stopping, or the database does not answer")))]
+#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, body = crate::openapi::schemas::Health), (status = 503, description = "Starting, stopping, or the database does not answer", body = crate::openapi::schemas::Health)))]
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     if state.is_stopping() {
         return (

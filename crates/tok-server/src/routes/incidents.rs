@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::ids::TenantId;
-use tok_store::Incident;
+use tok_store::{Incident, rfc3339};
 
 use crate::AppState;
 use crate::auth::{KeyKind, Tenant};
@@ -39,9 +39,9 @@ fn view(incident: &Incident, key: KeyKind) -> Value {
         "status": incident.status,
         "occurrences": incident.occurrences,
         "ticket_id": incident.ticket_id,
-        "created_at": incident.created_at,
-        "updated_at": incident.updated_at,
-        "resolved_at": incident.resolved_at,
+        "created_at": rfc3339::format(incident.created_at),
+        "updated_at": rfc3339::format(incident.updated_at),
+        "resolved_at": rfc3339::format_opt(incident.resolved_at),
     });
     if key == KeyKind::Platform {
         body["detail"] = incident.detail.clone();
@@ -59,7 +59,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-#[utoipa::path(get, path = "/api/incidents", tag = "incidents", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/incidents", tag = "incidents", responses((status = 200, body = crate::openapi::schemas::IncidentPage)))]
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, key): Tenant,
@@ -85,16 +85,18 @@ async fn list(
             &tenant,
             query.status.as_deref(),
             page.limit()?,
-            page.cursor.as_deref(),
+            page.after("incidents")?.as_deref(),
         )
         .await?;
     let items: Vec<Value> = incidents.items.iter().map(|i| view(i, key)).collect();
-    Ok(Json(
-        json!({ "items": items, "next_cursor": incidents.next_cursor }),
-    ))
+    Ok(Json(crate::routes::page(
+        "incidents",
+        items,
+        incidents.next_cursor.as_deref(),
+    )))
 }
 
-#[utoipa::path(post, path = "/api/incidents/{id}/resolve", tag = "incidents", responses((status = 200)))]
+#[utoipa::path(post, path = "/api/incidents/{id}/resolve", tag = "incidents", responses((status = 200, body = crate::openapi::schemas::Incident)))]
 async fn resolve(
     State(state): State<AppState>,
     Tenant(tenant, key): Tenant,

@@ -39,24 +39,91 @@ pub(crate) fn storable_json(what: &str, value: &Value) -> Result<(), ApiError> {
 }
 
 /// `limit` and `cursor` of every listing.
+///
+/// Every listing answers `{items, next_cursor}` and reads keyset pages: the
+/// cursor names the last row of the page before, so a page stays right while
+/// rows are added. The cursor is opaque to clients: the listing's name and the
+/// row's key, base64url-encoded, so a cursor that this API did not give out,
+/// or that another listing gave out, is a 400 that says so rather than a
+/// silently empty page.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct PageQuery {
     pub(crate) limit: Option<u32>,
     pub(crate) cursor: Option<String>,
 }
 
+/// The page size when a listing is asked without `limit`.
+pub(crate) const DEFAULT_LIMIT: u32 = 50;
+/// The largest `limit` a listing takes.
+pub(crate) const MAX_LIMIT: u32 = 500;
+
 impl PageQuery {
     /// The page size: 50 by default, at most 500.
     pub(crate) fn limit(&self) -> Result<u32, ApiError> {
         match self.limit {
-            None => Ok(50),
-            Some(n @ 1..=500) => Ok(n),
+            None => Ok(DEFAULT_LIMIT),
+            Some(n @ 1..=MAX_LIMIT) => Ok(n),
             Some(n) => Err(ApiError::bad_request(
                 "bad_limit",
-                format!("limit is {n}; it must be between 1 and 500"),
-            )),
+                format!("limit is {n}; it must be between 1 and {MAX_LIMIT}"),
+            )
+            .with("param", "limit")),
         }
     }
+
+    /// The key of the row the page starts after, from the cursor `listing`
+    /// gave out; `None` for the first page.
+    pub(crate) fn after(&self, listing: &str) -> Result<Option<String>, ApiError> {
+        let Some(cursor) = self.cursor.as_deref() else {
+            return Ok(None);
+        };
+        let bad = |why: String| {
+            ApiError::bad_request(
+                "bad_cursor",
+                format!(
+                    "cursor `{cursor}` {why}; pass the `next_cursor` of the page before as it is, \
+                     or no cursor for the first page"
+                ),
+            )
+            .with("param", "cursor")
+        };
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(cursor)
+            .map_err(|_| bad("is not a cursor this API gave out".into()))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| bad("is not a cursor this API gave out".into()))?;
+        match text.split_once(':') {
+            Some((from, key)) if from == listing && !key.is_empty() => Ok(Some(key.to_owned())),
+            Some((from, _)) if !from.is_empty() && from != listing => Err(bad(format!(
+                "is from the {from} listing, not the {listing} listing"
+            ))),
+            _ => Err(bad("is not a cursor this API gave out".into())),
+        }
+    }
+}
+
+/// The opaque cursor of `listing` for the row key `key` (see [`PageQuery`]).
+pub(crate) fn cursor(listing: &str, key: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{listing}:{key}"))
+}
+
+/// A listing's answer: `items` and the cursor of the next page (`null` on
+/// the last one).
+pub(crate) fn page(listing: &str, items: Vec<Value>, next: Option<&str>) -> Value {
+    serde_json::json!({ "items": items, "next_cursor": next.map(|key| cursor(listing, key)) })
+}
+
+/// The query of a listing without filters: a query it does not know is a
+/// 400 that names it.
+pub(crate) fn page_query(
+    query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<PageQuery, ApiError> {
+    query
+        .map(|q| q.0)
+        .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
 }
 
 /// A JSON body whose rejection is an [`ApiError`] saying what was wrong.

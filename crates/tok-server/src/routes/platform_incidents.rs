@@ -29,12 +29,11 @@ pub(crate) struct Api;
 #[serde(deny_unknown_fields)]
 struct ListQuery {
     status: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
 }
 
-/// The newest this many; older ones stay in the table.
-const LIMIT: u32 = 500;
-
-#[utoipa::path(get, path = "/api/platform/incidents", tag = "platform-incidents", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/platform/incidents", tag = "platform-incidents", responses((status = 200, body = crate::openapi::schemas::PlatformIncidentPage)))]
 async fn list(
     State(state): State<AppState>,
     _admin: Admin,
@@ -49,15 +48,28 @@ async fn list(
             format!("`status` is `{status}`; expected open or resolved"),
         ));
     }
-    let items = state
+    let page = crate::routes::PageQuery {
+        limit: query.limit,
+        cursor: query.cursor,
+    };
+    let found = state
         .engine
         .store()
-        .platform_incidents(query.status.as_deref(), LIMIT)
+        .platform_incidents(
+            query.status.as_deref(),
+            page.limit()?,
+            page.after("platform_incidents")?.as_deref(),
+        )
         .await?;
-    Ok(Json(json!({ "items": items })))
+    let items = found.items.iter().map(|i| json!(i)).collect();
+    Ok(Json(crate::routes::page(
+        "platform_incidents",
+        items,
+        found.next_cursor.as_deref(),
+    )))
 }
 
-#[utoipa::path(post, path = "/api/platform/incidents/{id}/resolve", tag = "platform-incidents", responses((status = 200)))]
+#[utoipa::path(post, path = "/api/platform/incidents/{id}/resolve", tag = "platform-incidents", responses((status = 200, body = crate::openapi::schemas::PlatformIncidentResolved)))]
 async fn resolve(
     State(state): State<AppState>,
     _admin: Admin,

@@ -85,9 +85,19 @@ async fn list(
     let runs = state
         .engine
         .store()
-        .runs(&tenant, &filter, page.limit()?, page.cursor.as_deref())
+        .runs(
+            &tenant,
+            &filter,
+            page.limit()?,
+            page.after("runs")?.as_deref(),
+        )
         .await?;
-    Ok(Json(json!(runs)))
+    let items = runs.items.iter().map(|r| json!(r)).collect();
+    Ok(Json(super::page(
+        "runs",
+        items,
+        runs.next_cursor.as_deref(),
+    )))
 }
 
 #[utoipa::path(get, path = "/api/runs/{id}", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunDetail)))]

@@ -1,7 +1,7 @@
 //! Webhook sources: a name, a contract (params with the dot paths where the
 //! sender puts them) and a token that makes the URL.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -49,11 +49,11 @@ fn view(state: &AppState, source: &Source) -> Value {
         "critical": source.critical,
         "rate_limit": source.rate_limit,
         "signed": source.secret.is_some(),
-        "created_at": source.created_at,
+        "created_at": tok_store::rfc3339::format(source.created_at),
     })
 }
 
-#[utoipa::path(post, path = "/api/sources", tag = "sources", responses((status = 201)))]
+#[utoipa::path(post, path = "/api/sources", tag = "sources", responses((status = 201, body = crate::openapi::schemas::Source)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -112,14 +112,27 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view(&state, &source))))
 }
 
-#[utoipa::path(get, path = "/api/sources", tag = "sources", responses((status = 200)))]
-async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
-    let sources = state.engine.store().sources(&tenant).await?;
-    let items: Vec<Value> = sources.iter().map(|s| view(&state, s)).collect();
-    Ok(Json(json!({ "items": items, "next_cursor": null })))
+#[utoipa::path(get, path = "/api/sources", tag = "sources", responses((status = 200, body = crate::openapi::schemas::SourcePage)))]
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let page = super::page_query(query)?;
+    let sources = state
+        .engine
+        .store()
+        .sources_page(&tenant, page.limit()?, page.after("sources")?.as_deref())
+        .await?;
+    let items: Vec<Value> = sources.items.iter().map(|s| view(&state, s)).collect();
+    Ok(Json(super::page(
+        "sources",
+        items,
+        sources.next_cursor.as_deref(),
+    )))
 }
 
-#[utoipa::path(get, path = "/api/sources/{id}", tag = "sources", responses((status = 200)))]
+#[utoipa::path(get, path = "/api/sources/{id}", tag = "sources", responses((status = 200, body = crate::openapi::schemas::Source)))]
 async fn show(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

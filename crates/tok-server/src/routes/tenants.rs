@@ -7,7 +7,7 @@
 //! effects; `settings.retention`: how long the tenant's data is kept,
 //! DESIGN §10).
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, patch};
 use axum::{Json, Router};
@@ -38,7 +38,7 @@ struct NewTenant {
     name: String,
 }
 
-#[utoipa::path(post, path = "/api/tenants", tag = "tenants", responses((status = 201)))]
+#[utoipa::path(post, path = "/api/tenants", tag = "tenants", responses((status = 201, body = crate::openapi::schemas::TenantCreated)))]
 async fn create(
     State(state): State<AppState>,
     _admin: Admin,
@@ -64,21 +64,34 @@ async fn create(
     ))
 }
 
-#[utoipa::path(get, path = "/api/tenants", tag = "tenants", responses((status = 200)))]
-async fn list(State(state): State<AppState>, _admin: Admin) -> ApiResult<Json<Value>> {
-    let store = state.engine.store();
-    let mut items = Vec::new();
-    for id in store.tenant_ids().await? {
-        if let Some(tenant) = store.tenant(&id).await? {
-            items.push(shown(&tenant));
-        }
-    }
-    Ok(Json(json!({ "items": items, "next_cursor": null })))
+#[utoipa::path(get, path = "/api/tenants", tag = "tenants", responses((status = 200, body = crate::openapi::schemas::TenantPage)))]
+async fn list(
+    State(state): State<AppState>,
+    _admin: Admin,
+    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let page = super::page_query(query)?;
+    let found = state
+        .engine
+        .store()
+        .tenants(page.limit()?, page.after("tenants")?.as_deref())
+        .await?;
+    let items: Vec<Value> = found.items.iter().map(shown).collect();
+    Ok(Json(super::page(
+        "tenants",
+        items,
+        found.next_cursor.as_deref(),
+    )))
 }
 
 /// A tenant as the admin sees it.
 fn shown(tenant: &tok_store::Tenant) -> Value {
-    json!({ "id": tenant.id, "name": tenant.name, "suspended": tenant.suspended })
+    json!({
+        "id": tenant.id,
+        "name": tenant.name,
+        "suspended": tenant.suspended,
+        "created_at": tok_store::rfc3339::format(tenant.created_at),
+    })
 }
 
 /// What `PATCH /api/tenants/{id}` may change; every field is optional, a
@@ -101,7 +114,7 @@ struct SettingsChange {
     retention: Option<Map<String, Value>>,
 }
 
-#[utoipa::path(patch, path = "/api/tenants/{id}", tag = "tenants", responses((status = 200)))]
+#[utoipa::path(patch, path = "/api/tenants/{id}", tag = "tenants", responses((status = 200, body = crate::openapi::schemas::TenantChanged)))]
 async fn update(
     State(state): State<AppState>,
     _admin: Admin,

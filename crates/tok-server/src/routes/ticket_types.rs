@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -87,7 +87,7 @@ fn checked_fields(fields: Vec<Value>) -> ApiResult<Value> {
     Ok(Value::Array(fields))
 }
 
-#[utoipa::path(post, path = "/api/ticket-types", tag = "ticket-types", responses((status = 201)))]
+#[utoipa::path(post, path = "/api/ticket-types", tag = "ticket-types", responses((status = 201, body = crate::openapi::schemas::TicketType)))]
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -110,8 +110,26 @@ async fn create(
     Ok((StatusCode::CREATED, Json(json!(created))))
 }
 
-#[utoipa::path(get, path = "/api/ticket-types", tag = "ticket-types", responses((status = 200)))]
-async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
-    let types = state.engine.store().ticket_types(&tenant).await?;
-    Ok(Json(json!({ "items": types, "next_cursor": null })))
+#[utoipa::path(get, path = "/api/ticket-types", tag = "ticket-types", responses((status = 200, body = crate::openapi::schemas::TicketTypePage)))]
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let page = super::page_query(query)?;
+    let found = state
+        .engine
+        .store()
+        .ticket_types_page(
+            &tenant,
+            page.limit()?,
+            page.after("ticket_types")?.as_deref(),
+        )
+        .await?;
+    let items: Vec<Value> = found.items.iter().map(|t| json!(t)).collect();
+    Ok(Json(super::page(
+        "ticket_types",
+        items,
+        found.next_cursor.as_deref(),
+    )))
 }

@@ -19,7 +19,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value, json};
 use tok_core::ids::{TenantId, new_id};
 use tok_engine::stream::Kind;
-use tok_store::{Cause, Member, StoreError, Ticket, TicketFilter, TicketType, TicketWrite};
+use tok_store::{
+    Cause, Member, StoreError, Ticket, TicketFilter, TicketType, TicketWrite, rfc3339,
+};
 
 use crate::AppState;
 use crate::auth::Tenant;
@@ -52,8 +54,8 @@ fn view(t: &Ticket) -> Value {
         "fields": t.fields,
         "title": t.title,
         "assignee": t.assignee_id.as_ref().map(|id| json!({ "id": id, "name": t.assignee_name })),
-        "created_at": t.created_at,
-        "updated_at": t.updated_at,
+        "created_at": rfc3339::format(t.created_at),
+        "updated_at": rfc3339::format(t.updated_at),
     })
 }
 
@@ -113,12 +115,19 @@ async fn list(
     let tickets = state
         .engine
         .store()
-        .tickets(&tenant, &filter, page.limit()?, page.cursor.as_deref())
+        .tickets(
+            &tenant,
+            &filter,
+            page.limit()?,
+            page.after("tickets")?.as_deref(),
+        )
         .await?;
     let items: Vec<Value> = tickets.items.iter().map(view).collect();
-    Ok(Json(
-        json!({ "items": items, "next_cursor": tickets.next_cursor }),
-    ))
+    Ok(Json(crate::routes::page(
+        "tickets",
+        items,
+        tickets.next_cursor.as_deref(),
+    )))
 }
 
 #[utoipa::path(get, path = "/api/tickets/{id}", tag = "tickets", responses((status = 200, body = crate::openapi::schemas::TicketDetail)))]

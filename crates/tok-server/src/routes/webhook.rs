@@ -276,7 +276,7 @@ fn contract_error(e: ContractError) -> ApiError {
     }
 }
 
-#[utoipa::path(get, path = "/webhook/{token}", tag = "webhook", responses((status = 200)))]
+#[utoipa::path(get, path = "/webhook/{token}", tag = "webhook", responses((status = 200, body = crate::openapi::schemas::WebhookHelp)))]
 async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiResult<Json<Value>> {
     let cached = source(&state, &token).await?;
     let source = &cached.source;

@@ -53,9 +53,7 @@ fn invalid(field: &str, message: impl Into<String>) -> ApiError {
 
 /// A time in the API's format (RFC 3339, UTC, milliseconds).
 fn time(ms: i64) -> Value {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| json!(t.to_string()))
-        .unwrap_or(Value::Null)
+    json!(tok_store::rfc3339::format(ms))
 }
 
 fn view(w: &Widget) -> Value {
@@ -133,10 +131,23 @@ async fn create(
 }
 
 #[utoipa::path(get, path = "/api/widgets", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::WidgetPage)))]
-async fn list(State(state): State<AppState>, Tenant(tenant, _): Tenant) -> ApiResult<Json<Value>> {
-    let widgets = state.engine.store().widgets(&tenant).await?;
-    let items: Vec<Value> = widgets.iter().map(view).collect();
-    Ok(Json(json!({ "items": items, "next_cursor": null })))
+async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let page = super::page_query(query)?;
+    let found = state
+        .engine
+        .store()
+        .widgets(&tenant, page.limit()?, page.after("widgets")?.as_deref())
+        .await?;
+    let items: Vec<Value> = found.items.iter().map(view).collect();
+    Ok(Json(super::page(
+        "widgets",
+        items,
+        found.next_cursor.as_deref(),
+    )))
 }
 
 #[utoipa::path(get, path = "/api/widgets/{id}", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::Widget)))]

@@ -561,3 +561,13 @@ pub(crate) fn trace_messages(ticket: &Value) -> Vec<String> {
         .map(|line| line["message"].as_str().expect("a message").to_owned())
         .collect()
 }
+
+/// A time as the API answers it (an RFC 3339 string), in unix milliseconds;
+/// `None` for anything else, a number of milliseconds included.
+pub(crate) fn ms(value: &Value) -> Option<i64> {
+    value
+        .as_str()?
+        .parse::<jiff::Timestamp>()
+        .ok()
+        .map(|at| at.as_millisecond())
+}

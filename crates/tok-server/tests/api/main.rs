@@ -20,6 +20,7 @@ mod incidents;
 mod intake;
 mod isolation;
 mod openapi;
+mod pages;
 mod platform_incidents;
 mod repeat;
 mod retention;

@@ -66,8 +66,8 @@ async fn webhook_run_completes_with_steps_and_log_lines(app: &TestApp) {
     assert_eq!(summary["version"], 1, "{summary:#}");
     assert!(summary["error"].is_null(), "{summary:#}");
     let (started, finished) = (
-        summary["started_at"].as_i64(),
-        summary["finished_at"].as_i64(),
+        crate::helpers::ms(&summary["started_at"]),
+        crate::helpers::ms(&summary["finished_at"]),
     );
     assert!(
         started.is_some() && finished.is_some() && started <= finished,

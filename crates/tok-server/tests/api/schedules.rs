@@ -75,7 +75,7 @@ async fn saved_schedules_show_when_they_are_due_next(app: &TestApp) {
         .get(&tenant.key, &format!("/api/automations/{cron}"))
         .await
         .expect(StatusCode::OK);
-    let next = shown["next_run_at"].as_i64().expect("next_run_at");
+    let next = crate::helpers::ms(&shown["next_run_at"]).expect("next_run_at, RFC 3339");
     let expected = tok_core::schedule::CronSchedule::parse("0 8 1 1 *", Some("Europe/Prague"))
         .unwrap()
         .next_after(before)
@@ -129,7 +129,7 @@ async fn a_poll_automation_gets_poll_runs(app: &TestApp) {
         .await
         .expect(StatusCode::OK);
     assert_eq!(
-        shown["next_run_at"].as_i64(),
+        crate::helpers::ms(&shown["next_run_at"]),
         Some(scheduled_at.as_millisecond() + 60_000),
         "mail polls every 60 s by default: {shown:#}"
     );

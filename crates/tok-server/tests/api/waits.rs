@@ -100,8 +100,8 @@ async fn a_signal_resumes_a_waiting_run_with_its_payload_when_where_holds(app: &
     assert_eq!(waits.len(), 1, "what the run waits for: {parked:#}");
     assert_eq!(waits[0]["key"], "order-5001");
     assert!(
-        waits[0]["due_at"].is_i64(),
-        "due in unix ms like the route's other times: {parked:#}"
+        crate::helpers::ms(&waits[0]["due_at"]).is_some(),
+        "due as RFC 3339 like the route's other times: {parked:#}"
     );
     assert!(step(&parked, "st_paid", "waiting").is_some(), "{parked:#}");
 

@@ -94,11 +94,18 @@ async fn a_decision_resumes_the_wait_once_and_only_from_an_approver(db: &TestDb)
     let t = tenant(store, "acme").await;
     let other = tenant(store, "other").await;
     let (run, id, approvers) = waiting(store, &t).await;
-    let pending = store.approvals(&t, true).await.unwrap();
+    let pending = store.approvals(&t, true, 50, None).await.unwrap().items;
     assert_eq!(pending.len(), 1, "{backend:?}");
     assert_eq!(pending[0].status, "pending");
     assert_eq!(pending[0].approvers, approvers);
-    assert!(store.approvals(&other, false).await.unwrap().is_empty());
+    assert!(
+        store
+            .approvals(&other, false, 50, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     assert_eq!(
         store
             .decide_approval(&other, &id, decision("approve", &approvers[0].id))
@@ -131,7 +138,14 @@ async fn a_decision_resumes_the_wait_once_and_only_from_an_approver(db: &TestDb)
         panic!("{backend:?}: a second decision was taken")
     };
     assert_eq!(again.status, "rejected", "{backend:?}");
-    assert!(store.approvals(&t, true).await.unwrap().is_empty());
+    assert!(
+        store
+            .approvals(&t, true, 50, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     let resumed = store
         .claim(std::slice::from_ref(&t), "node-1", 10, LONG_LEASE_MS)
         .await
@@ -154,10 +168,15 @@ async fn an_approval_whose_run_no_longer_waits_is_closed(db: &TestDb) {
     let (run, id, approvers) = waiting(store, &t).await;
     store.cancel_run(&t, &run).await.expect("cancel");
     assert!(
-        store.approvals(&t, true).await.unwrap().is_empty(),
+        store
+            .approvals(&t, true, 50, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
         "{backend:?}"
     );
-    let all = store.approvals(&t, false).await.unwrap();
+    let all = store.approvals(&t, false, 50, None).await.unwrap().items;
     assert_eq!(all[0].status, "closed", "{backend:?}");
     assert!(matches!(
         store.decide_approval(&t, &id, decision("approve", &approvers[0].id)).await.unwrap(),

@@ -25,6 +25,7 @@ mod children;
 mod dispatch;
 mod inbox;
 mod migrations;
+mod pages;
 mod queue;
 mod record;
 mod runs;

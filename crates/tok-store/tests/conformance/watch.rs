@@ -91,7 +91,11 @@ async fn platform_incidents_are_one_per_open_cause(db: &TestDb) {
         .open_platform_incident(incident("wait_overdue:run_2"), 2_000)
         .await
         .unwrap();
-    let open = store.platform_incidents(Some("open"), 10).await.unwrap();
+    let open = store
+        .platform_incidents(Some("open"), 10, None)
+        .await
+        .unwrap()
+        .items;
     assert_eq!(open.len(), 2);
     let one = open.iter().find(|i| i.id == first).unwrap();
     assert_eq!((one.occurrences, one.updated_at), (2, 2_000));
@@ -114,12 +118,21 @@ async fn platform_incidents_are_one_per_open_cause(db: &TestDb) {
         .await
         .unwrap();
     assert!(new && reopened != first);
-    assert_eq!(store.platform_incidents(None, 10).await.unwrap().len(), 3);
     assert_eq!(
         store
-            .platform_incidents(Some("resolved"), 10)
+            .platform_incidents(None, 10, None)
             .await
-            .unwrap()[0]
+            .unwrap()
+            .items
+            .len(),
+        3
+    );
+    assert_eq!(
+        store
+            .platform_incidents(Some("resolved"), 10, None)
+            .await
+            .unwrap()
+            .items[0]
             .resolved_at,
         Some(3_000)
     );

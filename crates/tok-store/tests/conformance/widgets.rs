@@ -77,9 +77,10 @@ async fn a_widget_keeps_its_request_and_its_latest_answer(db: &TestDb) {
         .await
         .unwrap();
     let names: Vec<String> = store
-        .widgets(&acme)
+        .widgets(&acme, 50, None)
         .await
         .unwrap()
+        .items
         .into_iter()
         .map(|w| w.name)
         .collect();
@@ -123,9 +124,10 @@ async fn a_name_is_one_widget_per_tenant_and_tenants_never_share_widgets(db: &Te
         None
     );
     let ids: Vec<String> = store
-        .widgets(&other)
+        .widgets(&other, 50, None)
         .await
         .unwrap()
+        .items
         .into_iter()
         .map(|w| w.id)
         .collect();
