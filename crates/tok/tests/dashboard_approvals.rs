@@ -143,6 +143,7 @@ async fn an_approver_decides_on_the_approvals_page_and_the_run_goes_on() {
             .as_array()
             .unwrap()
             .iter()
+            .rev()
             .find(|s| s["step_id"] == "st_ok")
             .map(|s| s["output"].clone())
             .unwrap();

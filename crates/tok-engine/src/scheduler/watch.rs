@@ -66,7 +66,7 @@ pub(super) async fn look(
                     wait.run_id,
                     (now - wait.due_at) / 1000
                 ),
-                detail: json!({ "path": wait.path, "due_at": wait.due_at }),
+                detail: json!({ "path": wait.path, "due_at": tok_store::rfc3339::format(wait.due_at) }),
             };
             open(store, incident, now).await?;
         }
@@ -146,7 +146,7 @@ async fn time_out_runs(
                     "Run {} of \u{201c}{}\u{201d} passed its timeout of {limit_text} and was failed",
                     run.id, row.name
                 ),
-                detail: json!({ "automation_id": row.id, "created_at": run.created_at }),
+                detail: json!({ "automation_id": row.id, "created_at": tok_store::rfc3339::format(run.created_at) }),
             };
             open(store, incident, now).await?;
         }
