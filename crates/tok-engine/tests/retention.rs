@@ -3,8 +3,9 @@
 //! by each tenant's retention — on PostgreSQL the monthly partitions
 //! nobody keeps are dropped and the one a tenant with a longer retention
 //! still needs stays, emptied of the other tenant's rows; on SQLite the
-//! file's page count falls. A partition that cannot be created is raised
-//! once and not tried again.
+//! file's page count falls. Rows in PostgreSQL's default partition are
+//! moved into a partition of their month; a month that cannot be moved is
+//! raised once and not tried again.
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use tok_store::{Backend, Store, backend_tests, now_ms};
 backend_tests!(
     run_on_fresh_db;
     a_month_of_old_rows_expires_by_each_tenants_retention,
-    a_partition_that_cannot_be_created_is_raised_once_and_not_retried,
+    rows_in_the_default_partition_move_to_a_month_of_their_own,
 );
 
 /// The test's own connection, for what the API cannot do on purpose:
@@ -142,6 +143,13 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
         raw.exec(&day(&short, n, at)).await;
         raw.exec(&day(&long, n, at)).await;
     }
+    // An event of `long` from then still pending: it never expires.
+    raw.exec(&format!(
+        "INSERT INTO event_inbox (id, tenant_id, source_kind, idempotency_key, payload,
+             received_at, status)
+         VALUES ('evt_pending', '{long}', 'webhook', 'k_pending', '{{}}', {first}, 'pending')"
+    ))
+    .await;
     raw.exec(&day(&short, 100, now - DAY_MS)).await;
     raw.exec(&day(&long, 100, now - DAY_MS)).await;
     // Past `short`'s 30 days of step data, but in the month its cutoff
@@ -166,6 +174,7 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
         })
     };
     let old_trace: std::collections::BTreeSet<String> = old_months("ticket_trace").collect();
+    let old_inbox: std::collections::BTreeSet<String> = old_months("event_inbox").collect();
     let old_steps: std::collections::BTreeSet<String> = old_months("run_steps").collect();
     if db.backend == Backend::Postgres {
         let trace = raw.partitions("ticket_trace").await;
@@ -205,8 +214,17 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
     // The ticket log (90 days) and events (30 days) of both.
     assert_eq!(raw.count("ticket_trace", &short).await, 2);
     assert_eq!(raw.count("ticket_trace", &long).await, 1);
-    assert_eq!(raw.count("event_inbox", &short).await, 1);
-    assert_eq!(raw.count("event_inbox", &long).await, 1);
+    // Events by whole months on PostgreSQL too: `short`'s event in the
+    // month its cutoff falls in stays there.
+    assert_eq!(
+        raw.count("event_inbox", &short).await,
+        1 + cutoff_month_steps / 10
+    );
+    assert_eq!(
+        raw.count("event_inbox", &long).await,
+        2,
+        "the pending one stays"
+    );
 
     match db.backend {
         Backend::Postgres => {
@@ -215,6 +233,19 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
             let trace = raw.partitions("ticket_trace").await;
             assert!(old_trace.iter().all(|p| !trace.contains(p)), "{trace:?}");
             assert!(old_trace.iter().all(|p| report.dropped.contains(p)));
+            // So did the old inbox months, but the one with a pending
+            // event: it stays, emptied of the dispatched ones by batches.
+            let pending_month = old_months("event_inbox").next().unwrap();
+            let inbox = raw.partitions("event_inbox").await;
+            assert!(inbox.contains(&pending_month), "{inbox:?}");
+            assert!(
+                old_inbox
+                    .iter()
+                    .filter(|p| **p != pending_month)
+                    .all(|p| !inbox.contains(p) && report.dropped.contains(p)),
+                "{inbox:?}"
+            );
+            assert!(report.deleted("event_inbox") > 0);
             let steps = raw.partitions("run_steps").await;
             assert!(old_steps.iter().all(|p| steps.contains(p)), "{steps:?}");
             assert_eq!(report.deleted("run_steps"), 28 * 10);
@@ -242,7 +273,12 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
     assert!(again.dropped.is_empty());
 }
 
-async fn a_partition_that_cannot_be_created_is_raised_once_and_not_retried(db: &TestDb) {
+/// A row of a month whose partition is missing goes to the default
+/// partition. A scheduler allowed to move no rows at once raises the month
+/// once and does not try again; after a restart with the default bound the
+/// expiry moves the row into a partition of its month, and it reads as
+/// before.
+async fn rows_in_the_default_partition_move_to_a_month_of_their_own(db: &TestDb) {
     let store: Arc<dyn Store> = db.store().await;
     let raw = Raw::open(db).await;
     let t = tenant(&*store, "acme").await;
@@ -274,7 +310,11 @@ async fn a_partition_that_cannot_be_created_is_raised_once_and_not_retried(db: &
     .await;
 
     let clock = Arc::new(ManualClock::at(now));
-    let scheduler = Scheduler::new(store.clone(), "n1", SchedulerConfig::default(), clock);
+    let bounded = SchedulerConfig {
+        partition_move_rows: 0,
+        ..SchedulerConfig::default()
+    };
+    let scheduler = Scheduler::new(store.clone(), "n1", bounded, clock.clone());
     let first = scheduler.expire(std::slice::from_ref(&t)).await.unwrap();
     let incidents = store
         .platform_incidents(Some("open"), 100, None)
@@ -285,6 +325,11 @@ async fn a_partition_that_cannot_be_created_is_raised_once_and_not_retried(db: &
         Backend::Postgres => {
             let problems: Vec<_> = first.problems.iter().map(|p| &p.partition).collect();
             assert_eq!(problems, [&partition]);
+            assert!(
+                first.problems[0].error.contains("more than the 0 moved"),
+                "{}",
+                first.problems[0].error
+            );
             assert_eq!(incidents.len(), 1, "{incidents:?}");
             assert_eq!(incidents[0].reason, "partition_not_created");
             assert!(
@@ -292,14 +337,61 @@ async fn a_partition_that_cannot_be_created_is_raised_once_and_not_retried(db: &
                 "{}",
                 incidents[0].title
             );
+            assert_eq!(
+                raw.number("SELECT COUNT(*) FROM ticket_trace_default")
+                    .await,
+                1
+            );
         }
         Backend::Sqlite => {
             assert!(first.problems.is_empty());
+            assert!(first.moved.is_empty());
             assert!(incidents.is_empty());
         }
     }
-    // Not tried again; the row stays where it is and is readable.
+    // Not tried again by this process; the row stays where it is and is readable.
     let second = scheduler.expire(std::slice::from_ref(&t)).await.unwrap();
     assert!(second.problems.is_empty(), "{second:?}");
+    assert!(second.moved.is_empty(), "{second:?}");
     assert_eq!(raw.count("ticket_trace", &t).await, 1);
+
+    // Restarted with the default bound: the row moves to its month.
+    let restarted = Scheduler::new(store.clone(), "n1", SchedulerConfig::default(), clock);
+    let third = restarted.expire(std::slice::from_ref(&t)).await.unwrap();
+    assert!(third.problems.is_empty(), "{third:?}");
+    assert_eq!(raw.count("ticket_trace", &t).await, 1);
+    if db.backend == Backend::Postgres {
+        let moved: Vec<_> = third
+            .moved
+            .iter()
+            .map(|m| (m.partition.as_str(), m.rows))
+            .collect();
+        assert_eq!(moved, [(partition.as_str(), 1)]);
+        assert!(raw.partitions("ticket_trace").await.contains(&partition));
+        assert_eq!(
+            raw.number(&format!("SELECT COUNT(*) FROM {partition}"))
+                .await,
+            1
+        );
+        assert_eq!(
+            raw.number("SELECT COUNT(*) FROM ticket_trace_default")
+                .await,
+            0
+        );
+        // New rows of that month go to its partition from now on.
+        raw.exec(&format!(
+            "INSERT INTO ticket_trace (tenant_id, ticket_id, at, kind, message)
+             VALUES ('{t}', 'tkt_1', {}, 'note', 'later')",
+            at + 1
+        ))
+        .await;
+        assert_eq!(
+            raw.number(&format!("SELECT COUNT(*) FROM {partition}"))
+                .await,
+            2
+        );
+        // Nothing is left to move.
+        let fourth = restarted.expire(std::slice::from_ref(&t)).await.unwrap();
+        assert!(fourth.moved.is_empty(), "{fourth:?}");
+    }
 }

@@ -316,3 +316,94 @@ async fn the_wake_moves_to_another_node_when_its_holder_stops(db: &TestDb) {
     b.release().await.unwrap();
     assert!(a.wake(&tenants).await.unwrap().held);
 }
+
+/// Counts the statements sqlx runs (its `sqlx::query` events) in the
+/// future it is given to, whatever thread polls it.
+#[derive(Default)]
+struct Statements(std::sync::atomic::AtomicUsize);
+
+impl tracing::Subscriber for Statements {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "sqlx::query"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if event.metadata().target() == "sqlx::query" {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// How many statements `future` runs (PostgreSQL: sqlx runs them in the
+/// caller's task; SQLite's run on a thread of their own, out of sight).
+async fn statements<F: std::future::Future>(
+    counter: &Arc<Statements>,
+    future: F,
+) -> (F::Output, usize) {
+    use tracing::instrument::WithSubscriber as _;
+    // Other tests' threads may have registered sqlx's callsite while no
+    // subscriber wanted it: make tracing ask again.
+    tracing::callsite::rebuild_interest_cache();
+    counter.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    let out = future
+        .with_subscriber(tracing::Dispatch::from(counter.clone()))
+        .await;
+    (out, counter.0.swap(0, std::sync::atomic::Ordering::SeqCst))
+}
+
+/// A tick reads the schedule rows of every tenant together: with 100
+/// tenants of a cron automation each, a quiet tick is three statements
+/// (stale rows, rows to remove, due rows), not three per tenant; a tick
+/// with every tenant due still reads them once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_reads_for_every_tenant_at_once_postgres() {
+    run_on_fresh_db(tok_store::Backend::Postgres, async |db: &TestDb| {
+        let store = db.store().await;
+        let mut tenants = Vec::new();
+        for _ in 0..100 {
+            let t = tenant(&*store).await;
+            automation(
+                &*store,
+                &t,
+                json!({"kind": "schedule", "cron": "0 * * * *", "timezone": "UTC"}),
+            )
+            .await;
+            tenants.push(t);
+        }
+        let clock = Arc::new(ManualClock::at(at("2026-12-01T10:00:30Z")));
+        let s = scheduler(&store, "n1", &clock);
+        let counter = Arc::new(Statements::default());
+        let _registered = tracing::Dispatch::from(counter.clone());
+        // The first tick writes the 100 schedule rows (due at 11:00).
+        let (report, first) = statements(&counter, s.fire_due(&tenants)).await;
+        assert_eq!(report.unwrap().schedules, 0);
+        assert!(first > 100, "{first} statements: each row written");
+        let (report, quiet) = statements(&counter, s.fire_due(&tenants)).await;
+        assert_eq!(report.unwrap(), WakeReport::default());
+        assert_eq!(quiet, 3, "a quiet tick with 100 tenants");
+
+        clock.set(at("2026-12-01T11:00:00Z"));
+        let (report, due) = statements(&counter, s.fire_due(&tenants)).await;
+        assert_eq!(report.unwrap().schedules, 100);
+        // Three reads, then each run's own writes.
+        let (_, after) = statements(&counter, s.fire_due(&tenants)).await;
+        assert_eq!(after, 3);
+        assert!(due > 3, "{due}");
+        for t in &tenants {
+            assert_eq!(runs(&*store, t).await.len(), 1);
+        }
+    })
+    .await;
+}

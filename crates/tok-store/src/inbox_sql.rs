@@ -8,6 +8,41 @@ macro_rules! impl_inbox {
         store = $store:ty,
         db = $db:ty,
     ) => {
+        /// Claims an event's idempotency key for `id` (`event_keys`, see
+        /// `InboxStore`): true when the key was free, or last taken outside
+        /// the window (its earlier event stays, a new one is written).
+        async fn claim_key(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            event: &NewEvent,
+            source: &str,
+            id: &str,
+            now: i64,
+        ) -> Result<bool> {
+            let claimed = sqlx::query(
+                "INSERT INTO event_keys (tenant_id, source_kind, source_id, idempotency_key,
+                    event_id, received_at)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO UPDATE SET
+                    event_id = excluded.event_id, received_at = excluded.received_at
+                 WHERE event_keys.received_at < $7
+                 RETURNING event_id",
+            )
+            .bind(tenant.as_str())
+            .bind(&event.source_kind)
+            .bind(source)
+            .bind(&event.idempotency_key)
+            .bind(id)
+            .bind(now)
+            .bind(now - IDEMPOTENCY_WINDOW_MS)
+            .fetch_optional(&mut **tx)
+            .await?;
+            Ok(claimed.is_some())
+        }
+
+        /// Writes an event, unless its source's idempotency key is taken
+        /// within the window (`None`). An event of no source (internal)
+        /// has no key to deduplicate by.
         async fn insert_event(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
@@ -16,13 +51,16 @@ macro_rules! impl_inbox {
         ) -> Result<Option<EventId>> {
             let id = new_id("evt");
             let now = now_ms();
-            let inserted = sqlx::query(
+            if let Some(source) = &event.source_id
+                && !claim_key(tx, tenant, event, source.as_str(), &id, now).await?
+            {
+                return Ok(None);
+            }
+            sqlx::query(
                 "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
                     payload, params, received_at, status, dispatched_at, cause_run_id, depth,
                     origin_automation_id, target_automation_id, event_type, subject_ticket_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
-                 RETURNING id",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             )
             .bind(&id)
             .bind(tenant.as_str())
@@ -40,9 +78,9 @@ macro_rules! impl_inbox {
             .bind(event.target_automation_id.as_ref().map(|a| a.as_str()))
             .bind(event.event_type.as_deref())
             .bind(event.subject_ticket_id.as_deref())
-            .fetch_optional(&mut **tx)
+            .execute(&mut **tx)
             .await?;
-            Ok(inserted.map(|_| EventId::from(id)))
+            Ok(Some(EventId::from(id)))
         }
 
         async fn run_by_key(
@@ -73,8 +111,8 @@ macro_rules! impl_inbox {
             if let Some(id) = insert_event(tx, tenant, event, "pending").await? {
                 return Ok((id, Accepted { duplicate: false }));
             }
-            let existing = sqlx::query(
-                "SELECT id, received_at FROM event_inbox
+            let existing: String = sqlx::query(
+                "SELECT event_id FROM event_keys
                  WHERE tenant_id = $1 AND source_kind = $2 AND source_id = $3
                    AND idempotency_key = $4",
             )
@@ -83,25 +121,9 @@ macro_rules! impl_inbox {
             .bind(event.source_id.as_ref().map(|s| s.as_str()))
             .bind(&event.idempotency_key)
             .fetch_one(&mut **tx)
-            .await?;
-            let existing_id: String = existing.get("id");
-            if existing.get::<i64, _>("received_at") >= now_ms() - IDEMPOTENCY_WINDOW_MS {
-                return Ok((EventId::from(existing_id), Accepted { duplicate: true }));
-            }
-            // The earlier event is outside the window: retire its key so
-            // this one is a new event.
-            sqlx::query(
-                "UPDATE event_inbox SET idempotency_key = idempotency_key || ':' || id
-                 WHERE tenant_id = $1 AND id = $2",
-            )
-            .bind(tenant.as_str())
-            .bind(&existing_id)
-            .execute(&mut **tx)
-            .await?;
-            let id = insert_event(tx, tenant, event, "pending")
-                .await?
-                .ok_or_else(|| StoreError::Conflict("idempotency key taken twice".into()))?;
-            Ok((id, Accepted { duplicate: false }))
+            .await?
+            .get("event_id");
+            Ok((EventId::from(existing), Accepted { duplicate: true }))
         }
 
         /// The inbox's group commit: every event of the batch in one
@@ -144,13 +166,13 @@ macro_rules! impl_inbox {
             if items.is_empty() {
                 return Ok(Vec::new());
             }
-            // One statement writes every new event, committed on its own
-            // (a statement outside a transaction is one: no `BEGIN` and
-            // `COMMIT` round trips); an event whose key is already taken (a
-            // duplicate, or a key outside the window) then goes the
-            // one-by-one way in a transaction. Nobody is answered before
-            // both committed; a crash between them loses nothing answered,
-            // and the retried webhooks find their rows as duplicates.
+            // One transaction writes the batch: one statement claims the
+            // keys that are free, one writes the events of those keys and
+            // of no source, and each of the rest (a duplicate, a key last
+            // taken outside the window, a key sent twice in the batch)
+            // goes the one-by-one way. Nobody is answered before it
+            // committed; a crash before loses nothing answered, and the
+            // retried webhooks write their events then.
             let ids: Vec<String> = items.iter().map(|_| new_id("evt")).collect();
             let now = now_ms();
             let rows: Vec<$crate::rows::EventRow> = items
@@ -158,90 +180,76 @@ macro_rules! impl_inbox {
                 .zip(&ids)
                 .map(|(&(tenant_id, event), id)| $crate::rows::EventRow { id, tenant_id, event })
                 .collect();
-            let inserted = sqlx::query(concat!(
-                "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
-                    payload, params, received_at, status, cause_run_id, depth,
-                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
-                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
-                    x.value ->> 3, x.value ->> 4,
-                    x.value -> 5, x.value -> 6, $2, 'pending',
-                    x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
-                    x.value ->> 9, x.value ->> 10,
-                    x.value ->> 11, x.value ->> 12
-                 FROM ", batch_rows!(1), "
-                 WHERE true
-                 ORDER BY x.key
-                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
-                 RETURNING id"
-            ))
-            .bind(Json(&rows))
-            .bind(now)
-            .fetch_all(pool)
-            .await
-            .map_err(StoreError::from);
-            let written: std::collections::HashSet<String> = match inserted {
-                Ok(rows) => rows.iter().map(|r| r.get::<String, _>("id")).collect(),
-                // The statement wrote nothing: each event alone, so that
-                // only the one at fault is refused.
-                Err(e) if $crate::storable::refused_row(&e) => {
-                    let mut out = Vec::with_capacity(items.len());
-                    for (tenant, event) in items {
-                        out.push(accept_alone(pool, tenant, event).await?);
-                    }
-                    return Ok(out);
-                }
-                Err(e) => return Err(e),
-            };
-            if written.len() == items.len() {
-                return Ok(ids
-                    .into_iter()
-                    .map(|id| Ok((EventId::from(id), Accepted { duplicate: false })))
-                    .collect());
-            }
-            let rest: Vec<usize> = ids
-                .iter()
-                .enumerate()
-                .filter(|(_, id)| !written.contains(*id))
-                .map(|(i, _)| i)
-                .collect();
             let together = async {
                 let mut tx = pool.begin().await?;
-                let mut out = Vec::with_capacity(rest.len());
-                for &i in &rest {
-                    let (tenant, event) = items[i];
-                    out.push(accept_in(&mut tx, tenant, event).await?);
+                let claimed: std::collections::HashSet<String> = sqlx::query(concat!(
+                    "INSERT INTO event_keys (tenant_id, source_kind, source_id, idempotency_key,
+                        event_id, received_at)
+                     SELECT x.value ->> 1, x.value ->> 3, x.value ->> 2, x.value ->> 4,
+                        x.value ->> 0, $2
+                     FROM ", batch_rows!(1), "
+                     WHERE x.value ->> 2 IS NOT NULL
+                     ORDER BY x.key
+                     ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
+                     RETURNING event_id"
+                ))
+                .bind(Json(&rows))
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.get::<String, _>("event_id"))
+                .collect();
+                let new: Vec<&str> = items
+                    .iter()
+                    .zip(&ids)
+                    .filter(|((_, event), id)| event.source_id.is_none() || claimed.contains(*id))
+                    .map(|(_, id)| id.as_str())
+                    .collect();
+                sqlx::query(concat!(
+                    "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                        payload, params, received_at, status, cause_run_id, depth,
+                        origin_automation_id, target_automation_id, event_type, subject_ticket_id)
+                     SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
+                        x.value ->> 3, x.value ->> 4,
+                        x.value -> 5, x.value -> 6, $2, 'pending',
+                        x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
+                        x.value ->> 9, x.value ->> 10,
+                        x.value ->> 11, x.value ->> 12
+                     FROM ", batch_rows!(1), "
+                     WHERE x.value ->> 0 ", any_of!(3), "
+                     ORDER BY x.key"
+                ))
+                .bind(Json(&rows))
+                .bind(now)
+                .bind(list(new.iter().copied()))
+                .execute(&mut *tx)
+                .await?;
+                let mut out = Vec::with_capacity(items.len());
+                for ((tenant, event), id) in items.iter().zip(&ids) {
+                    if event.source_id.is_none() || claimed.contains(id) {
+                        out.push(Ok((EventId::from(id.clone()), Accepted { duplicate: false })));
+                    } else {
+                        out.push(Ok(accept_in(&mut tx, tenant, event).await?));
+                    }
                 }
                 tx.commit().await?;
                 Result::Ok(out)
             }
             .await;
-            let mut rest_answers = match together {
-                Ok(out) => out.into_iter().map(Ok).collect::<Vec<_>>(),
-                // The events written by the statement above stay; the rest
-                // go alone.
+            match together {
+                Ok(out) => Ok(out),
+                // The database refused one row's data: each event alone, so
+                // that only the one at fault is refused.
                 Err(e) if $crate::storable::refused_row(&e) => {
-                    let mut out = Vec::with_capacity(rest.len());
-                    for &i in &rest {
-                        let (tenant, event) = items[i];
+                    let mut out = Vec::with_capacity(items.len());
+                    for (tenant, event) in items {
                         out.push(accept_alone(pool, tenant, event).await?);
                     }
-                    out
+                    Ok(out)
                 }
-                Err(e) => return Err(e),
+                Err(e) => Err(e),
             }
-            .into_iter();
-            Ok(ids
-                .into_iter()
-                .map(|id| {
-                    if written.contains(&id) {
-                        Ok((EventId::from(id), Accepted { duplicate: false }))
-                    } else {
-                        rest_answers.next().unwrap_or_else(|| {
-                            Err(StoreError::Conflict("an event of the batch was not answered".into()))
-                        })
-                    }
-                })
-                .collect())
         }
 
         /// One event in a transaction of its own: the answer, or its own

@@ -253,6 +253,14 @@ impl_retention! {
         ) -> Result<Vec<PartitionProblem>> {
             crate::partitions::create(&self.pool, MIGRATION_LOCK, now_ms, ahead, skip).await
         }
+
+        async fn move_default_rows(
+            &self,
+            max_rows: u64,
+            skip: &[String],
+        ) -> Result<(Vec<crate::MovedRows>, Vec<PartitionProblem>)> {
+            crate::partitions::move_default_rows(&self.pool, MIGRATION_LOCK, max_rows, skip).await
+        }
     },
 }
 

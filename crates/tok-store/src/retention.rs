@@ -26,7 +26,7 @@ pub enum Expiring {
     /// `ticket_trace` by `at` (`traceDays`); partitioned on PostgreSQL.
     Trace,
     /// Dispatched `event_inbox` rows by `received_at` (`inboxDays`);
-    /// pending events stay.
+    /// pending events stay. Partitioned on PostgreSQL.
     Inbox,
 }
 
@@ -55,12 +55,29 @@ impl Expiring {
 
     /// Whether PostgreSQL keeps the table in monthly partitions.
     pub fn partitioned(self) -> bool {
-        matches!(self, Self::StepData | Self::Trace)
+        matches!(self, Self::StepData | Self::Trace | Self::Inbox)
     }
 }
 
 /// The tables PostgreSQL keeps in monthly partitions.
-pub const PARTITIONED: [&str; 2] = ["run_steps", "ticket_trace"];
+pub const PARTITIONED: [&str; 3] = ["run_steps", "ticket_trace", "event_inbox"];
+
+/// The column a partitioned table is split by months of.
+pub fn partition_key(table: &str) -> &'static str {
+    match table {
+        "run_steps" => "created_at",
+        "ticket_trace" => "at",
+        _ => "received_at",
+    }
+}
+
+/// A month's rows moved out of the default partition into a partition of
+/// their own (PostgreSQL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovedRows {
+    pub partition: String,
+    pub rows: u64,
+}
 
 /// A monthly partition that could not be created (PostgreSQL): its rows go
 /// to the table's default partition meanwhile, and expire from there by
@@ -95,9 +112,16 @@ pub trait RetentionStore: Send + Sync {
         limit: u32,
     ) -> Result<u64>;
 
+    /// Deletes at most `limit` of the tenant's idempotency keys
+    /// (`event_keys`) taken before `before_ms`, in one short transaction;
+    /// returns how many. A key older than the idempotency window no longer
+    /// deduplicates anything.
+    async fn expire_keys(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64>;
+
     /// PostgreSQL: drops each monthly partition of `what` that ends at or
     /// before the latest of `cutoffs` and holds no row of a tenant whose
-    /// cutoff is after the partition's end (a partition still holding a
+    /// cutoff is after the partition's end (nor, of the inbox, a pending
+    /// event) (a partition still holding a
     /// tenant with a longer retention stays, and its other rows go by
     /// [`expire`](Self::expire)). `cutoffs` has every tenant's. Returns the
     /// partitions dropped; a drop that would wait on a lock is given up
@@ -124,6 +148,21 @@ pub trait RetentionStore: Send + Sync {
     ) -> Result<Vec<PartitionProblem>> {
         let _ = (now_ms, ahead, skip);
         Ok(Vec::new())
+    }
+
+    /// PostgreSQL: moves the rows of each month that has no partition out
+    /// of the default partition into a partition of that month, one month
+    /// per transaction, a month of at most `max_rows` rows (one with more
+    /// is reported, not moved), except the partitions named in `skip`.
+    /// Returns the partitions made so and the months that could not be
+    /// moved. SQLite: none.
+    async fn move_default_rows(
+        &self,
+        max_rows: u64,
+        skip: &[String],
+    ) -> Result<(Vec<MovedRows>, Vec<PartitionProblem>)> {
+        let _ = (max_rows, skip);
+        Ok((Vec::new(), Vec::new()))
     }
 
     /// SQLite: gives up to `pages` free pages back to the file system

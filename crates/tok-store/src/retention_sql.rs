@@ -30,7 +30,7 @@ macro_rules! impl_retention {
                          SELECT id FROM ticket_trace WHERE tenant_id = $1 AND at < $2 LIMIT $3)"
                 }
                 Expiring::Inbox => {
-                    "DELETE FROM event_inbox WHERE tenant_id = $1 AND id IN (
+                    "DELETE FROM event_inbox WHERE tenant_id = $1 AND received_at < $2 AND id IN (
                          SELECT id FROM event_inbox WHERE tenant_id = $1 AND received_at < $2
                            AND status <> 'pending' LIMIT $3)"
                 }
@@ -89,6 +89,21 @@ macro_rules! impl_retention {
                     .bind(i64::from(limit))
                     .execute(&*self.writer_in(crate::Lane::Bulk).await)
                     .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn expire_keys(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64> {
+                let done = sqlx::query(
+                    "DELETE FROM event_keys WHERE tenant_id = $1
+                       AND (source_kind, source_id, idempotency_key) IN (
+                         SELECT source_kind, source_id, idempotency_key FROM event_keys
+                          WHERE tenant_id = $1 AND received_at < $2 LIMIT $3)",
+                )
+                .bind(tenant.as_str())
+                .bind(before_ms)
+                .bind(i64::from(limit))
+                .execute(&*self.writer_in(crate::Lane::Bulk).await)
+                .await?;
                 Ok(done.rows_affected())
             }
 

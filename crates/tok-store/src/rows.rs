@@ -34,6 +34,11 @@ pub fn now_ms() -> i64 {
 /// Events older than this no longer deduplicate a repeated idempotency key.
 pub(crate) const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
 
+/// [`IDEMPOTENCY_WINDOW_MS`] for callers outside the store (the expiry of
+/// the keys).
+pub const IDEMPOTENCY_WINDOW: std::time::Duration =
+    std::time::Duration::from_millis(IDEMPOTENCY_WINDOW_MS as u64);
+
 /// The rows of a batch statement, bound as one JSON array (`batch_rows!`).
 /// They borrow what they write: a payload or a context is serialized once
 /// into the statement's parameter, never copied first.

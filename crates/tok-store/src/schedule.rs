@@ -23,6 +23,7 @@ use crate::{AutomationStatus, Result, RunStatus};
 /// from an older version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StaleSchedule {
+    pub tenant_id: TenantId,
     pub automation_id: AutomationId,
     /// The automation's current version.
     pub version: i32,
@@ -33,6 +34,7 @@ pub struct StaleSchedule {
 /// A schedule row due at the time asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DueTrigger {
+    pub tenant_id: TenantId,
     pub automation_id: AutomationId,
     /// The version the row was read from (the run starts on the current one).
     pub version: i32,
@@ -63,13 +65,14 @@ pub trait ScheduleStore: Send + Sync {
     /// Gives the lease up (a clean shutdown), if this incarnation holds it.
     async fn release_wake(&self, incarnation: &str) -> Result<()>;
 
-    /// The tenant's poll and schedule automations whose schedule row is
-    /// missing or older than their current version, and the automations
-    /// whose rows no longer have such a trigger (to be removed).
+    /// The poll and schedule automations of `tenants` whose schedule row
+    /// is missing or older than their current version, and the automations
+    /// whose rows no longer have such a trigger (to be removed), each with
+    /// its tenant: two statements however many tenants are asked for.
     async fn stale_schedules(
         &self,
-        tenant: &TenantId,
-    ) -> Result<(Vec<StaleSchedule>, Vec<AutomationId>)>;
+        tenants: &[TenantId],
+    ) -> Result<(Vec<StaleSchedule>, Vec<(TenantId, AutomationId)>)>;
 
     /// Writes an automation's schedule row: `spec` and `version` as read,
     /// and `next_run_at`, or keeps the row's due time when `keep_due` (an
@@ -86,8 +89,9 @@ pub trait ScheduleStore: Send + Sync {
 
     async fn remove_schedule(&self, tenant: &TenantId, automation: &AutomationId) -> Result<()>;
 
-    /// Up to `limit` rows of the tenant due at `now`, earliest first.
-    async fn due(&self, tenant: &TenantId, now: i64, limit: u32) -> Result<Vec<DueTrigger>>;
+    /// Up to `limit` rows of `tenants` due at `now`, earliest first whoever
+    /// their tenant: one statement however many tenants are asked for.
+    async fn due(&self, tenants: &[TenantId], now: i64, limit: u32) -> Result<Vec<DueTrigger>>;
 
     /// Moves a row's due time from `from` to `next`, recording `run` (when
     /// one was started) as its last; false when the row was not at `from`

@@ -56,39 +56,48 @@ macro_rules! impl_schedule {
 
             async fn stale_schedules(
                 &self,
-                tenant: &TenantId,
-            ) -> Result<(Vec<$crate::schedule::StaleSchedule>, Vec<AutomationId>)> {
-                let stale = sqlx::query(
-                    "SELECT a.id, a.current_version, s.spec
+                tenants: &[TenantId],
+            ) -> Result<(Vec<$crate::schedule::StaleSchedule>, Vec<(TenantId, AutomationId)>)> {
+                if tenants.is_empty() {
+                    return Ok((Vec::new(), Vec::new()));
+                }
+                let stale = sqlx::query(concat!(
+                    "SELECT a.tenant_id, a.id, a.current_version, s.spec
                      FROM automations a
                      LEFT JOIN trigger_schedules s
                         ON s.tenant_id = a.tenant_id AND s.automation_id = a.id
-                     WHERE a.tenant_id = $1 AND a.trigger_kind IN ('poll', 'schedule')
+                     WHERE a.tenant_id ", any_of!(1), " AND a.trigger_kind IN ('poll', 'schedule')
                        AND (s.automation_id IS NULL OR s.version <> a.current_version)
-                     ORDER BY a.id",
-                )
-                .bind(tenant.as_str())
+                     ORDER BY a.tenant_id, a.id"
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
                 .fetch_all(self.reader())
                 .await?
                 .iter()
                 .map(|r| $crate::schedule::StaleSchedule {
+                    tenant_id: TenantId::from(r.get::<String, _>("tenant_id")),
                     automation_id: AutomationId::from(r.get::<String, _>("id")),
                     version: r.get("current_version"),
                     spec: r.get("spec"),
                 })
                 .collect();
-                let gone = sqlx::query(
-                    "SELECT s.automation_id FROM trigger_schedules s
+                let gone = sqlx::query(concat!(
+                    "SELECT s.tenant_id, s.automation_id FROM trigger_schedules s
                      LEFT JOIN automations a ON a.tenant_id = s.tenant_id AND a.id = s.automation_id
-                     WHERE s.tenant_id = $1
+                     WHERE s.tenant_id ", any_of!(1), "
                        AND (a.id IS NULL OR a.trigger_kind NOT IN ('poll', 'schedule'))
-                     ORDER BY s.automation_id",
-                )
-                .bind(tenant.as_str())
+                     ORDER BY s.tenant_id, s.automation_id"
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
                 .fetch_all(self.reader())
                 .await?
                 .iter()
-                .map(|r| AutomationId::from(r.get::<String, _>("automation_id")))
+                .map(|r| {
+                    (
+                        TenantId::from(r.get::<String, _>("tenant_id")),
+                        AutomationId::from(r.get::<String, _>("automation_id")),
+                    )
+                })
                 .collect();
                 Ok((stale, gone))
             }
@@ -143,21 +152,24 @@ macro_rules! impl_schedule {
 
             async fn due(
                 &self,
-                tenant: &TenantId,
+                tenants: &[TenantId],
                 now: i64,
                 limit: u32,
             ) -> Result<Vec<$crate::schedule::DueTrigger>> {
-                let rows = sqlx::query(
-                    "SELECT s.automation_id, s.version, s.spec, s.next_run_at, a.status,
+                if tenants.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let rows = sqlx::query(concat!(
+                    "SELECT s.tenant_id, s.automation_id, s.version, s.spec, s.next_run_at, a.status,
                         r.status AS last_run_status
                      FROM trigger_schedules s
                      JOIN automations a ON a.tenant_id = s.tenant_id AND a.id = s.automation_id
                      LEFT JOIN runs r ON r.tenant_id = s.tenant_id AND r.id = s.last_run_id
-                     WHERE s.tenant_id = $1 AND s.next_run_at <= $2
-                     ORDER BY s.next_run_at, s.automation_id
-                     LIMIT $3",
-                )
-                .bind(tenant.as_str())
+                     WHERE s.tenant_id ", any_of!(1), " AND s.next_run_at <= $2
+                     ORDER BY s.next_run_at, s.tenant_id, s.automation_id
+                     LIMIT $3"
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
                 .bind(now)
                 .bind(i64::from(limit))
                 .fetch_all(self.reader())
@@ -165,6 +177,7 @@ macro_rules! impl_schedule {
                 Ok(rows
                     .iter()
                     .map(|r| $crate::schedule::DueTrigger {
+                        tenant_id: TenantId::from(r.get::<String, _>("tenant_id")),
                         automation_id: AutomationId::from(r.get::<String, _>("automation_id")),
                         version: r.get("version"),
                         spec: r.get("spec"),

@@ -81,7 +81,8 @@ impl Clock for ManualClock {
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// Between two ticks. One second: a cron with seconds (`*/2 * * * * *`)
-    /// fires on time, and a tick with nothing due is three small reads.
+    /// fires on time, and a tick with nothing due is the lease's write and
+    /// three small reads for every tenant together.
     pub tick: Duration,
     /// How long the lease lives without renewal: the longest a dead
     /// holder's schedules stay unfired before another node takes over.
@@ -101,6 +102,11 @@ pub struct SchedulerConfig {
     pub expiry_batches: u32,
     /// How often every engine node samples the queue for its metrics.
     pub sample_every: Duration,
+    /// Rows of one month the expiry moves out of a default partition in
+    /// one transaction at most (PostgreSQL): 50,000 step rows of a few kB
+    /// are a short transaction; a month with more is raised as an
+    /// incident and moved by hand.
+    pub partition_move_rows: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -113,6 +119,7 @@ impl Default for SchedulerConfig {
             expiry_batch: 1000,
             expiry_batches: 100,
             sample_every: Duration::from_secs(5),
+            partition_move_rows: 50_000,
         }
     }
 }
@@ -212,13 +219,14 @@ impl Scheduler {
     }
 
     /// Brings the schedule rows of `tenants` up to date and fires what is
-    /// due, lease or not (the wake calls it once it holds the lease).
+    /// due, lease or not (the wake calls it once it holds the lease). A
+    /// tick with nothing to change or fire is three reads however many
+    /// tenants there are (two for the rows to bring up to date, one for
+    /// the due rows), each row read with its tenant.
     pub async fn fire_due(&self, tenants: &[TenantId]) -> Result<WakeReport> {
         let mut report = WakeReport::default();
-        for tenant in tenants {
-            triggers::reconcile(self, tenant).await?;
-            triggers::fire(self, tenant, &mut report).await?;
-        }
+        triggers::reconcile(self, tenants).await?;
+        triggers::fire(self, tenants, &mut report).await?;
         Ok(report)
     }
 

@@ -4,9 +4,13 @@
 //!
 //! One pass, in a task of its own so that it never delays a tick:
 //!
-//! 1. On PostgreSQL, the monthly partitions of this month and the next two
-//!    are created if missing. One that cannot be created (rows of its
-//!    month already in the default partition) is logged, raised as a
+//! 1. On PostgreSQL, the rows of months without a partition are moved out
+//!    of the default partition into partitions of their own, a month per
+//!    short transaction (`tok_store::partitions`), and then the monthly
+//!    partitions of this month and the next two are created if missing. A
+//!    month that cannot be moved (more rows than
+//!    [`SchedulerConfig::partition_move_rows`](super::SchedulerConfig::partition_move_rows))
+//!    or a partition that cannot be created is logged, raised as a
 //!    `partition_not_created` platform incident and not tried again by
 //!    this process; its rows stay in the default partition meanwhile and
 //!    expire from there with the rest.
@@ -30,7 +34,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 use tok_core::ids::TenantId;
 use tok_core::retention::cutoff;
-use tok_store::{Backend, Expiring, NewPlatformIncident, PartitionProblem};
+use tok_store::{Backend, Expiring, MovedRows, NewPlatformIncident, PartitionProblem};
 
 use super::Scheduler;
 use crate::Result;
@@ -50,6 +54,9 @@ pub struct ExpiryReport {
     pub deleted: BTreeMap<&'static str, u64>,
     /// Monthly partitions dropped (PostgreSQL).
     pub dropped: Vec<String>,
+    /// Months moved out of the default partition into partitions of their
+    /// own (PostgreSQL).
+    pub moved: Vec<MovedRows>,
     /// Partitions that could not be created in this pass (PostgreSQL).
     pub problems: Vec<PartitionProblem>,
     /// The SQLite file's page count after the pass (`None` on PostgreSQL).
@@ -64,7 +71,9 @@ impl ExpiryReport {
     }
 
     fn did_something(&self) -> bool {
-        !self.deleted.values().all(|n| *n == 0) || !self.dropped.is_empty()
+        !self.deleted.values().all(|n| *n == 0)
+            || !self.dropped.is_empty()
+            || !self.moved.is_empty()
     }
 }
 
@@ -86,8 +95,15 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
     let config = &scheduler.config;
     let mut report = ExpiryReport::default();
 
-    let skip = scheduler.failed_partitions();
-    for problem in store.create_partitions(now, MONTHS_AHEAD, &skip).await? {
+    let mut skip = scheduler.failed_partitions();
+    let (moved, not_moved) = store
+        .move_default_rows(config.partition_move_rows, &skip)
+        .await?;
+    report.moved = moved;
+    // A month whose rows could not be moved cannot be created either.
+    skip.extend(not_moved.iter().map(|p| p.partition.clone()));
+    let created = store.create_partitions(now, MONTHS_AHEAD, &skip).await?;
+    for problem in not_moved.into_iter().chain(created) {
         tracing::error!(
             partition = %problem.partition,
             error = %problem.error,
@@ -148,11 +164,31 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
             }
         }
     }
+    // Idempotency keys past their window deduplicate nothing any more.
+    let keys_before = now - tok_store::IDEMPOTENCY_WINDOW.as_millis() as i64;
+    for (tenant, _) in &retentions {
+        let mut batches = 0;
+        loop {
+            let deleted = store
+                .expire_keys(tenant, keys_before, config.expiry_batch)
+                .await?;
+            *report.deleted.entry("event_keys").or_default() += deleted;
+            batches += 1;
+            if deleted < u64::from(config.expiry_batch) {
+                break;
+            }
+            if batches >= config.expiry_batches {
+                report.more = true;
+                break;
+            }
+        }
+    }
     report.pages = store.reclaim_space(RECLAIM_PAGES).await?;
     if report.did_something() {
         tracing::info!(
             deleted = ?report.deleted,
             dropped = ?report.dropped,
+            moved = ?report.moved,
             more = report.more,
             "expired data past its retention"
         );

@@ -24,8 +24,9 @@ use tok_store::{AutomationRow, AutomationStatus, DueTrigger, NewEvent, NewRun, S
 use super::{Scheduler, WakeReport};
 use crate::Result;
 
-/// Due rows one tick fires per tenant; the rest wait for the next tick.
-const DUE_PER_TICK: u32 = 100;
+/// Due rows one tick fires, earliest first whatever their tenant; the rest
+/// wait for the next tick.
+const DUE_PER_TICK: u32 = 500;
 
 /// The timing of a saved trigger (JSON text); `None` for other kinds or a
 /// trigger that no longer reads (validation keeps those out).
@@ -45,7 +46,7 @@ pub async fn sync_automation(store: &dyn Store, row: &AutomationRow, now: i64) -
     match timing(&spec) {
         Some(timing) => {
             let kept = store
-                .stale_schedules(&row.tenant_id)
+                .stale_schedules(std::slice::from_ref(&row.tenant_id))
                 .await?
                 .0
                 .into_iter()
@@ -68,15 +69,17 @@ pub async fn sync_automation(store: &dyn Store, row: &AutomationRow, now: i64) -
     Ok(())
 }
 
-/// Brings the tenant's schedule rows in step with its automations.
-pub(super) async fn reconcile(scheduler: &Scheduler, tenant: &TenantId) -> Result<()> {
+/// Brings the schedule rows of `tenants` in step with their automations:
+/// two reads for all of them; only a row to write costs more.
+pub(super) async fn reconcile(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<()> {
     let store = &*scheduler.store;
-    let (stale, gone) = store.stale_schedules(tenant).await?;
-    for id in gone {
-        store.remove_schedule(tenant, &id).await?;
+    let (stale, gone) = store.stale_schedules(tenants).await?;
+    for (tenant, id) in gone {
+        store.remove_schedule(&tenant, &id).await?;
     }
     let now = scheduler.clock.now_ms();
     for s in stale {
+        let tenant = &s.tenant_id;
         let Some(row) = store.automation(tenant, &s.automation_id).await? else {
             continue;
         };
@@ -94,15 +97,17 @@ pub(super) async fn reconcile(scheduler: &Scheduler, tenant: &TenantId) -> Resul
     Ok(())
 }
 
-/// Fires the tenant's due rows.
+/// Fires the due rows of `tenants`: one read for all of them, then each
+/// due row's own writes under its tenant.
 pub(super) async fn fire(
     scheduler: &Scheduler,
-    tenant: &TenantId,
+    tenants: &[TenantId],
     report: &mut WakeReport,
 ) -> Result<()> {
     let store = &*scheduler.store;
     let now = scheduler.clock.now_ms();
-    for due in store.due(tenant, now, DUE_PER_TICK).await? {
+    for due in store.due(tenants, now, DUE_PER_TICK).await? {
+        let tenant = &due.tenant_id;
         let Some(timing) = timing(&due.spec) else {
             // Not a poll or schedule any more: the next reconcile removes it.
             continue;

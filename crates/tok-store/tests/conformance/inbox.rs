@@ -13,7 +13,137 @@ backend_tests!(
     a_manual_start_with_a_repeated_key_returns_the_first_run,
     an_event_with_nul_in_its_json_is_refused_and_its_batch_mates_are_accepted,
     an_event_the_database_refuses_fails_alone,
+    a_key_repeated_across_a_partition_boundary_is_one_event,
+    old_idempotency_keys_expire_and_recent_ones_stay,
 );
+
+/// On PostgreSQL the inbox is kept in monthly partitions, and no unique
+/// index spans two of them: here the current month is split so that the
+/// first event is in one partition and its retry lands in the next, as at
+/// midnight on a month's last day. The retry is still the first event.
+async fn a_key_repeated_across_a_partition_boundary_is_one_event(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let eshop = source(&*store, &t, "eshop").await;
+    let (first, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k-boundary"))
+        .await
+        .unwrap();
+    assert!(!accepted.duplicate);
+    if backend == Backend::Postgres {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let (partition, start, end): (String, i64, i64) = sqlx::query_as(
+            "SELECT c.relname::text, e.received_at,
+                    (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \\(''?(\\d+)'))[1]::bigint
+               FROM event_inbox e JOIN pg_class c ON c.oid = e.tableoid WHERE e.id = $1",
+        )
+        .bind(first.as_str())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let (boundary, month_start): (i64, i64) = (start + 1, month_start_of(start));
+        for sql in [
+            format!("ALTER TABLE event_inbox DETACH PARTITION {partition}"),
+            format!(
+                "ALTER TABLE event_inbox ATTACH PARTITION {partition}
+                 FOR VALUES FROM ({month_start}) TO ({boundary})"
+            ),
+            format!(
+                "CREATE TABLE event_inbox_after PARTITION OF event_inbox
+                 FOR VALUES FROM ({boundary}) TO ({end})"
+            ),
+        ] {
+            sqlx::raw_sql(&sql).execute(&mut conn).await.expect(&sql);
+        }
+        conn.close().await.unwrap();
+    }
+    let (again, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k-boundary"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again, accepted.duplicate),
+        (first.clone(), true),
+        "{backend:?}"
+    );
+    // A new key after the boundary is written to the next partition.
+    let (other, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "k-after"))
+        .await
+        .unwrap();
+    assert!(!accepted.duplicate);
+    if backend == Backend::Postgres {
+        let sql = format!(
+            "UPDATE event_inbox_after SET status = status WHERE id IN ('{first}', '{other}')"
+        );
+        assert_eq!(
+            raw_sql(db, &sql).await,
+            1,
+            "only the new event is after the boundary"
+        );
+    }
+    let stats = store.queue_stats(std::slice::from_ref(&t)).await.unwrap();
+    assert_eq!(
+        stats.pending_events, 2,
+        "{backend:?}: the retry wrote no row"
+    );
+}
+
+fn month_start_of(ms: i64) -> i64 {
+    jiff::Timestamp::from_millisecond(ms)
+        .unwrap()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .date()
+        .first_of_month()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .unwrap()
+        .timestamp()
+        .as_millisecond()
+}
+
+/// The expiry deletes idempotency keys older than the window (a day):
+/// they no longer deduplicate anything; keys within it stay.
+async fn old_idempotency_keys_expire_and_recent_ones_stay(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let other = tenant(&*store, "other").await;
+    let eshop = source(&*store, &t, "eshop").await;
+    let theirs = source(&*store, &other, "eshop").await;
+    let (old, _) = store
+        .accept_event(&t, webhook_event(&eshop, "old"))
+        .await
+        .unwrap();
+    store
+        .accept_event(&t, webhook_event(&eshop, "new"))
+        .await
+        .unwrap();
+    let (their_old, _) = store
+        .accept_event(&other, webhook_event(&theirs, "old"))
+        .await
+        .unwrap();
+    let two_days = 2 * 24 * 60 * 60 * 1000;
+    let sql = format!(
+        "UPDATE event_keys SET received_at = received_at - {two_days}
+         WHERE event_id IN ('{old}', '{their_old}')"
+    );
+    assert_eq!(raw_sql(db, &sql).await, 2);
+    let before = tok_store::now_ms() - 24 * 60 * 60 * 1000;
+    assert_eq!(store.expire_keys(&t, before, 10).await.unwrap(), 1);
+    assert_eq!(store.expire_keys(&t, before, 10).await.unwrap(), 0);
+    let left = raw_sql(db, "UPDATE event_keys SET received_at = received_at").await;
+    assert_eq!(
+        left, 2,
+        "t's recent key and the other tenant's old one stay"
+    );
+    // The expired key is a new event now.
+    let (again, accepted) = store
+        .accept_event(&t, webhook_event(&eshop, "old"))
+        .await
+        .unwrap();
+    assert!(!accepted.duplicate);
+    assert_ne!(again, old);
+}
 
 async fn a_repeated_idempotency_key_finds_the_first_event_within_a_day(db: &TestDb) {
     let backend = db.backend;
@@ -72,6 +202,10 @@ async fn a_repeated_idempotency_key_finds_the_first_event_within_a_day(db: &Test
     let day_and_hour = 25 * 60 * 60 * 1000;
     let sql = format!(
         "UPDATE event_inbox SET received_at = received_at - {day_and_hour} WHERE id = '{first}'"
+    );
+    assert_eq!(raw_sql(db, &sql).await, 1, "{backend:?}");
+    let sql = format!(
+        "UPDATE event_keys SET received_at = received_at - {day_and_hour} WHERE event_id = '{first}'"
     );
     assert_eq!(raw_sql(db, &sql).await, 1, "{backend:?}");
     let (late, accepted) = store

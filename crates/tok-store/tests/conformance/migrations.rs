@@ -76,3 +76,99 @@ async fn concurrent_migrations_on_a_fresh_postgres_database_all_succeed() {
         db.cleanup().await;
     }
 }
+
+/// PostgreSQL's migration that partitions the event inbox, applied to a
+/// database whose inbox is still one table with rows (as every database
+/// made before it): every row comes over into a partition of its month
+/// (none into the default partition), and a key taken within the window
+/// still deduplicates its retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_is_partitioned_with_its_rows_and_keys_kept_postgres() {
+    run_on_fresh_db(Backend::Postgres, async |db: &TestDb| {
+        let store = db.store().await;
+        let t = tenant(&*store, "acme").await;
+        let eshop = source(&*store, &t, "eshop").await;
+        let now = tok_store::now_ms();
+        let forty_days_ago = now - 40 * 24 * 60 * 60 * 1000;
+        // The inbox as it was before the migration.
+        let old_shape = format!(
+            "DELETE FROM tok_migrations WHERE version = 19;
+             DROP TABLE event_keys;
+             DROP TABLE event_inbox;
+             CREATE TABLE event_inbox (
+                 id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, source_id TEXT,
+                 source_kind TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+                 payload JSONB NOT NULL, params JSONB NOT NULL DEFAULT '{{}}',
+                 received_at BIGINT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+                 dispatched_at BIGINT, cause_run_id TEXT, depth INTEGER NOT NULL DEFAULT 0,
+                 origin_automation_id TEXT, target_automation_id TEXT,
+                 event_type TEXT, subject_ticket_id TEXT);
+             CREATE UNIQUE INDEX event_inbox_idempotency
+                 ON event_inbox (tenant_id, source_kind, source_id, idempotency_key);
+             CREATE INDEX event_inbox_pending ON event_inbox (tenant_id, received_at, id)
+                 WHERE status = 'pending';
+             CREATE INDEX event_inbox_expiry ON event_inbox (tenant_id, received_at)
+                 WHERE status <> 'pending';
+             INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                 payload, received_at, status, dispatched_at) VALUES
+                 ('evt_old', '{t}', '{eshop}', 'webhook', 'k-old', '{{}}', {forty_days_ago},
+                  'dispatched', {forty_days_ago}),
+                 ('evt_recent', '{t}', '{eshop}', 'webhook', 'k-recent', '{{}}', {now},
+                  'pending', NULL),
+                 ('evt_internal', '{t}', NULL, 'event', 'evt_internal', '{{}}', {now},
+                  'pending', NULL);"
+        );
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::raw_sql(&old_shape).execute(&mut conn).await.unwrap();
+
+        store
+            .migrate()
+            .await
+            .expect("the migration runs on the old table");
+
+        let number = async |conn: &mut sqlx::PgConnection, sql: &str| -> i64 {
+            sqlx::query_scalar(sql).fetch_one(conn).await.unwrap()
+        };
+        assert_eq!(
+            number(&mut conn, "SELECT COUNT(*) FROM event_inbox").await,
+            3
+        );
+        assert_eq!(
+            number(&mut conn, "SELECT COUNT(*) FROM event_inbox_default").await,
+            0,
+            "every row is in a partition of its month"
+        );
+        let month = |ms: i64| {
+            let at = jiff::Timestamp::from_millisecond(ms)
+                .unwrap()
+                .to_zoned(jiff::tz::TimeZone::UTC);
+            format!("event_inbox_{:04}_{:02}", at.year(), at.month())
+        };
+        let in_old_month: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM {} WHERE id = 'evt_old'",
+            month(forty_days_ago)
+        ))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(in_old_month, 1);
+        assert_eq!(
+            number(&mut conn, "SELECT COUNT(*) FROM event_keys").await,
+            1,
+            "only the key within the window comes over"
+        );
+        conn.close().await.unwrap();
+
+        let (again, accepted) = store
+            .accept_event(&t, webhook_event(&eshop, "k-recent"))
+            .await
+            .unwrap();
+        assert_eq!((again.as_str(), accepted.duplicate), ("evt_recent", true));
+        let (new, accepted) = store
+            .accept_event(&t, webhook_event(&eshop, "k-old"))
+            .await
+            .unwrap();
+        assert!(!accepted.duplicate && new.as_str() != "evt_old");
+    })
+    .await;
+}

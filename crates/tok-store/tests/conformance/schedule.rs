@@ -15,7 +15,74 @@ backend_tests!(
     a_due_time_moves_on_once_from_the_value_read,
     due_rows_say_whether_the_automation_is_paused_and_its_last_run_done,
     one_ticks_run_started_twice_is_one_run,
+    one_read_finds_the_rows_of_every_tenant_asked_for_and_no_other,
 );
+
+fn one(t: &TenantId) -> &[TenantId] {
+    std::slice::from_ref(t)
+}
+
+/// The wake reads for every tenant at once: each row comes with its
+/// tenant, a tenant not asked for is not read, and the due rows of all
+/// come earliest first whoever their tenant.
+async fn one_read_finds_the_rows_of_every_tenant_asked_for_and_no_other(db: &TestDb) {
+    let store = db.store().await;
+    let a = tenant(&*store, "a").await;
+    let b = tenant(&*store, "b").await;
+    let c = tenant(&*store, "c").await;
+    let pa = poll_automation(&*store, &a, "pa").await;
+    let pb = poll_automation(&*store, &b, "pb").await;
+    let pc = poll_automation(&*store, &c, "pc").await;
+    let asked = [a.clone(), b.clone()];
+
+    let (stale, gone) = store.stale_schedules(&asked).await.unwrap();
+    let mut stale: Vec<_> = stale
+        .into_iter()
+        .map(|s| (s.tenant_id, s.automation_id))
+        .collect();
+    stale.sort();
+    let mut expected = vec![(a.clone(), pa.clone()), (b.clone(), pb.clone())];
+    expected.sort();
+    assert_eq!(stale, expected, "c was not asked for");
+    assert!(gone.is_empty());
+
+    store
+        .set_schedule(&a, &pa, 1, "{}", Some(3_000), false)
+        .await
+        .unwrap();
+    store
+        .set_schedule(&b, &pb, 1, "{}", Some(1_000), false)
+        .await
+        .unwrap();
+    store
+        .set_schedule(&c, &pc, 1, "{}", Some(500), false)
+        .await
+        .unwrap();
+    let due: Vec<_> = store
+        .due(&asked, 5_000, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.tenant_id, d.automation_id, d.due_at))
+        .collect();
+    assert_eq!(
+        due,
+        [
+            (b.clone(), pb.clone(), 1_000),
+            (a.clone(), pa.clone(), 3_000)
+        ],
+        "earliest first across tenants; c's row is not read"
+    );
+    assert!(store.due(&[], 5_000, 10).await.unwrap().is_empty());
+
+    // A row whose automation went is to be removed, under its own tenant.
+    store
+        .save_version(&b, &pb, version("pb", "manual", None))
+        .await
+        .unwrap();
+    let (_, gone) = store.stale_schedules(&asked).await.unwrap();
+    assert_eq!(gone, [(b.clone(), pb.clone())]);
+}
 
 const LEASE: i64 = 10_000;
 
@@ -88,7 +155,7 @@ async fn schedule_rows_follow_the_automations_versions(db: &TestDb) {
     manual_automation(&*store, &t, "manual").await;
     poll_automation(&*store, &other, "theirs").await;
 
-    let (stale, gone) = store.stale_schedules(&t).await.unwrap();
+    let (stale, gone) = store.stale_schedules(one(&t)).await.unwrap();
     assert_eq!(
         stale
             .iter()
@@ -103,7 +170,7 @@ async fn schedule_rows_follow_the_automations_versions(db: &TestDb) {
         .set_schedule(&t, &poll, 1, "{\"kind\":\"poll\"}", Some(5_000), false)
         .await
         .unwrap();
-    assert!(store.stale_schedules(&t).await.unwrap().0.is_empty());
+    assert!(store.stale_schedules(one(&t)).await.unwrap().0.is_empty());
     assert_eq!(store.next_run_at(&t, &poll).await.unwrap(), Some(5_000));
     assert_eq!(store.next_run_at(&other, &poll).await.unwrap(), None);
 
@@ -112,7 +179,7 @@ async fn schedule_rows_follow_the_automations_versions(db: &TestDb) {
         .save_version(&t, &poll, version("poll", "poll", None))
         .await
         .unwrap();
-    let (stale, _) = store.stale_schedules(&t).await.unwrap();
+    let (stale, _) = store.stale_schedules(one(&t)).await.unwrap();
     assert_eq!(stale[0].version, 2);
     assert_eq!(stale[0].spec.as_deref(), Some("{\"kind\":\"poll\"}"));
     // The trigger stayed: the due time too.
@@ -127,11 +194,11 @@ async fn schedule_rows_follow_the_automations_versions(db: &TestDb) {
         .save_version(&t, &poll, version("poll", "manual", None))
         .await
         .unwrap();
-    let (stale, gone) = store.stale_schedules(&t).await.unwrap();
+    let (stale, gone) = store.stale_schedules(one(&t)).await.unwrap();
     assert!(stale.is_empty());
-    assert_eq!(gone, std::slice::from_ref(&poll));
+    assert_eq!(gone, [(t.clone(), poll.clone())]);
     store.remove_schedule(&t, &poll).await.unwrap();
-    assert_eq!(store.stale_schedules(&t).await.unwrap().1, []);
+    assert_eq!(store.stale_schedules(one(&t)).await.unwrap().1, []);
     assert_eq!(store.next_run_at(&t, &poll).await.unwrap(), None);
 }
 
@@ -154,13 +221,13 @@ async fn a_due_time_moves_on_once_from_the_value_read(db: &TestDb) {
             .map(|d| (d.automation_id, d.due_at))
             .collect::<Vec<_>>()
     };
-    assert_eq!(due_at(store.due(&t, 999, 10).await.unwrap()), []);
+    assert_eq!(due_at(store.due(one(&t), 999, 10).await.unwrap()), []);
     assert_eq!(
-        due_at(store.due(&t, 5_000, 10).await.unwrap()),
+        due_at(store.due(one(&t), 5_000, 10).await.unwrap()),
         [(early.clone(), 1_000), (late.clone(), 3_000)],
         "earliest first"
     );
-    assert_eq!(due_at(store.due(&t, 5_000, 1).await.unwrap()).len(), 1);
+    assert_eq!(due_at(store.due(one(&t), 5_000, 1).await.unwrap()).len(), 1);
 
     let run = start(&*store, &t, &early, "poll", None).await;
     assert!(
@@ -178,7 +245,7 @@ async fn a_due_time_moves_on_once_from_the_value_read(db: &TestDb) {
     );
     assert_eq!(store.next_run_at(&t, &early).await.unwrap(), Some(61_000));
     assert_eq!(
-        due_at(store.due(&t, 5_000, 10).await.unwrap()),
+        due_at(store.due(one(&t), 5_000, 10).await.unwrap()),
         [(late, 3_000)]
     );
 }
@@ -191,7 +258,7 @@ async fn due_rows_say_whether_the_automation_is_paused_and_its_last_run_done(db:
         .set_schedule(&t, &poll, 1, "{}", Some(1_000), false)
         .await
         .unwrap();
-    let due = store.due(&t, 1_000, 10).await.unwrap();
+    let due = store.due(one(&t), 1_000, 10).await.unwrap();
     assert_eq!(due[0].status, AutomationStatus::Active);
     assert_eq!(due[0].last_run_status, None);
 
@@ -204,12 +271,12 @@ async fn due_rows_say_whether_the_automation_is_paused_and_its_last_run_done(db:
         .set_automation_status(&t, &poll, AutomationStatus::Paused)
         .await
         .unwrap();
-    let due = store.due(&t, 2_000, 10).await.unwrap();
+    let due = store.due(one(&t), 2_000, 10).await.unwrap();
     assert_eq!(due[0].status, AutomationStatus::Paused);
     assert_eq!(due[0].last_run_status, Some(RunStatus::Queued));
 
     store.cancel_run(&t, &run).await.unwrap();
-    let due = store.due(&t, 2_000, 10).await.unwrap();
+    let due = store.due(one(&t), 2_000, 10).await.unwrap();
     assert_eq!(due[0].last_run_status, Some(RunStatus::Cancelled));
 }
 
