@@ -33,7 +33,7 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,7 +97,7 @@ struct PgCluster {
 
 /// Runs a PostgreSQL tool as the `postgres` user when this is root
 /// (`initdb` refuses root), as this user otherwise.
-fn pg_tool(bin: &PathBuf, tool: &str, args: &[&str]) -> std::process::Output {
+fn pg_tool(bin: &Path, tool: &str, args: &[&str]) -> std::process::Output {
     let path = bin.join(tool);
     let root = Command::new("id")
         .arg("-u")
