@@ -70,6 +70,22 @@ pub fn chain_too_deep(automation_id: &AutomationId, automation_name: &str) -> In
     }
 }
 
+/// A run could not start (or go on): its automation's stored definition
+/// no longer parses (a row changed outside tok, or written by a version
+/// that read it differently). One incident per automation version.
+pub fn definition_invalid(automation_id: &AutomationId, version: i32) -> IncidentText {
+    IncidentText {
+        source: format!("definition-invalid:{automation_id}:{version}"),
+        title: format!(
+            "An automation's saved definition cannot be read (automation {automation_id}, version {version})"
+        ),
+        impact: "An event started this automation, but its saved definition is not valid, so \
+                 the run failed before its first step; no data was lost. Save the automation \
+                 again, then retry the failed runs."
+            .to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,8 +65,11 @@ pub fn reserved_slots(concurrency: usize) -> usize {
 pub(crate) struct Slots {
     /// Whether the pool runs (and a dispatch may hand it jobs).
     pub(crate) open: bool,
-    /// By job: its tenant, and whether it holds a reserved slot.
-    pub(crate) jobs: HashMap<JobId, (TenantId, bool)>,
+    /// By claim (the job and the token it was claimed under): its tenant,
+    /// and whether it holds a reserved slot. Keyed by the claim, not the
+    /// job alone: an execution whose lease was lost may still be running
+    /// when its job is claimed again, and each frees its own slot.
+    pub(crate) jobs: HashMap<(JobId, String), (TenantId, bool)>,
     pub(crate) promised_general: usize,
     pub(crate) promised_reserved: usize,
 }
@@ -93,6 +96,14 @@ impl Slots {
             .filter(|(_, reserved)| !reserved)
             .map(|(t, _)| t.clone())
             .collect()
+    }
+
+    /// The jobs running in this process, each once.
+    pub(crate) fn job_ids(&self) -> Vec<JobId> {
+        let mut ids: Vec<JobId> = self.jobs.keys().map(|(id, _)| *id).collect();
+        ids.sort_unstable_by_key(|id| id.0);
+        ids.dedup();
+        ids
     }
 
     /// Whether nothing runs and nothing is promised.
@@ -344,7 +355,9 @@ mod tests {
             ..Slots::default()
         };
         for (t, id) in general_jobs {
-            slots.jobs.insert(JobId(*id), (tenant(t), false));
+            slots
+                .jobs
+                .insert((JobId(*id), format!("token-{id}")), (tenant(t), false));
         }
         slots
     }

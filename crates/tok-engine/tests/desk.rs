@@ -286,6 +286,77 @@ async fn two_automations_ping_ponging_stop_at_the_depth_limit_with_an_alert() {
     }
 }
 
+/// A stored definition that no longer parses (changed in the database by
+/// hand here) does not make its automation vanish from dispatch: each event
+/// still starts a run, which fails with `definition_invalid` and the parse
+/// error, and the tenant gets one incident.
+#[tokio::test]
+async fn an_automation_whose_stored_definition_no_longer_parses_fails_its_runs_visibly() {
+    for backend in backends() {
+        let desk = Desk::new(backend, Registry::with_builtins()).await;
+        let broken = desk
+            .automation(json!({
+                "name": "Watcher",
+                "trigger": { "kind": "event", "event": "ticket.updated" },
+                "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": "saw {{ticket.title}}" } }]
+            }))
+            .await;
+        let sql = format!(
+            "UPDATE automation_versions SET definition = '{{\"name\": \"Watcher\", \"steps\": \"none\"}}' \
+             WHERE automation_id = '{broken}'"
+        );
+        match backend {
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&desk.db.url).await.unwrap();
+                sqlx::raw_sql(&sql).execute(&pool).await.map(|_| ())
+            }
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&desk.db.url).await.unwrap();
+                sqlx::raw_sql(&sql).execute(&pool).await.map(|_| ())
+            }
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let (_engine, running) = desk.start().await;
+        let ticket = desk.person_creates("T-9", "a").await;
+        desk.person_retitles(&ticket.id, "first").await;
+        desk.person_retitles(&ticket.id, "second").await;
+        desk.settle().await;
+        running.shutdown().await;
+
+        let runs = desk.runs_of(&broken).await;
+        assert_eq!(runs.len(), 2, "{backend:?}: one run per event: {runs:?}");
+        for run in &runs {
+            assert_eq!(run.status, "failed", "{backend:?}");
+            let error = run.error.as_deref().unwrap_or_default();
+            assert!(
+                error.starts_with("definition_invalid: ")
+                    && error.contains("does not parse: invalid type"),
+                "{backend:?}: the error names the code and the parse error: {error}"
+            );
+        }
+        let incidents = desk
+            .store
+            .incidents(&desk.tenant, None, 50, None)
+            .await
+            .unwrap()
+            .items;
+        assert_eq!(incidents.len(), 1, "{backend:?}: {incidents:?}");
+        assert_eq!(incidents[0].occurrences, 2, "{backend:?}");
+        assert!(
+            incidents[0]
+                .title
+                .contains("saved definition cannot be read"),
+            "{backend:?}: {}",
+            incidents[0].title
+        );
+        assert_eq!(
+            incidents[0].detail["code"], "definition_invalid",
+            "{backend:?}"
+        );
+        desk.cleanup().await;
+    }
+}
+
 #[tokio::test]
 async fn one_automation_runs_at_most_five_times_per_ticket_per_minute() {
     for backend in backends() {

@@ -550,6 +550,57 @@ async fn heartbeats_keep_a_long_step_from_running_twice() {
     }
 }
 
+/// A process whose heartbeats did not reach the database for a whole lease
+/// (here: none is sent before the step ends) finds its own job claimable
+/// again while it still runs it. It must not claim it a second time: the
+/// step runs once, and its record, the only claim there is, is written.
+#[tokio::test]
+async fn a_process_never_claims_a_job_it_is_still_running() {
+    for backend in backends() {
+        let started = Arc::new(AtomicU32::new(0));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/slow",
+            Slow {
+                started: started.clone(),
+                for_ms: 2000,
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([{ "id": "st_slow", "type": "acme/slow" }])))
+            .await;
+        // The lease expires several times over while the step runs, and
+        // the pool polls the queue all along.
+        let no_heartbeat = EngineConfig {
+            lease: Duration::from_millis(300),
+            heartbeat: Duration::from_secs(3600),
+            ..quick()
+        };
+        let engine = h.engine("node-a", no_heartbeat);
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({}), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "{backend:?}: the step ran once in the process that held it"
+        );
+        assert_eq!(
+            detail.run.status, "completed",
+            "{backend:?}: {:?}",
+            detail.run.error
+        );
+        assert_eq!(detail.steps.len(), 1, "{backend:?}");
+        h.cleanup().await;
+    }
+}
+
 /// PostgreSQL serves several processes: a worker whose poll is an hour away
 /// still takes a job another process made ready, woken by LISTEN/NOTIFY.
 /// (SQLite serves one process, whose own wake-ups are in-process.)

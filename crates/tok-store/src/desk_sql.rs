@@ -743,7 +743,7 @@ macro_rules! impl_desk {
                 // before it writes anything.
                 let status = fenced_statuses(&mut tx, std::iter::once(job))
                     .await?
-                    .remove(&job.id.0)
+                    .remove(&(job.id.0, job.claim_token.clone()))
                     .ok_or(StoreError::LeaseLost(job.id))?;
                 Ok(Box::new(OpenRecord { tx, job: job.clone(), status }))
             }

@@ -24,6 +24,7 @@ pub mod desk;
 mod desk_sql;
 pub mod dispatch;
 mod dispatch_sql;
+mod fault;
 mod fragments;
 mod gate;
 mod inbox_sql;
@@ -236,6 +237,22 @@ pub trait QueueStore: Send + Sync {
         node: &str,
         limit: u32,
         lease_ms: i64,
+    ) -> Result<Vec<ClaimedJob>> {
+        self.claim_except(tenants, node, limit, lease_ms, &[]).await
+    }
+
+    /// [`QueueStore::claim`], passing over the jobs in `running`: those the
+    /// caller still runs itself, whose leases may have expired while its
+    /// heartbeats failed (the database away for longer than a lease).
+    /// Another process may take them over; the caller must not, or one
+    /// process would run one job twice at once.
+    async fn claim_except(
+        &self,
+        tenants: &[TenantId],
+        node: &str,
+        limit: u32,
+        lease_ms: i64,
+        running: &[JobId],
     ) -> Result<Vec<ClaimedJob>>;
 
     /// Extends the leases `node` still holds on `jobs`; returns how many it extended.

@@ -99,7 +99,12 @@ impl PgStore {
         let events = Batcher::spawn(
             Arc::new(move |items, _lane, _turn| {
                 let pool = events_pool.clone();
-                Box::pin(async move { accept_batch(&pool, items).await })
+                Box::pin(async move {
+                    crate::fault::after_commit(
+                        crate::fault::Site::Inbox,
+                        accept_batch(&pool, items).await,
+                    )
+                })
             }),
             WRITERS,
             |(tenant, _)| tenant,
@@ -108,7 +113,12 @@ impl PgStore {
         let records = Batcher::spawn(
             Arc::new(move |items, _lane, _turn| {
                 let pool = records_pool.clone();
-                Box::pin(async move { record_batch(&pool, items).await })
+                Box::pin(async move {
+                    crate::fault::after_commit(
+                        crate::fault::Site::Record,
+                        record_batch(&pool, items).await,
+                    )
+                })
             }),
             WRITERS,
             |(job, _)| &job.tenant_id,

@@ -21,12 +21,13 @@ macro_rules! impl_queue {
 
         #[async_trait::async_trait]
         impl QueueStore for $store {
-            async fn claim(
+            async fn claim_except(
                 &self,
                 tenants: &[TenantId],
                 node: &str,
                 limit: u32,
                 lease_ms: i64,
+                running: &[JobId],
             ) -> Result<Vec<ClaimedJob>> {
                 if tenants.is_empty() || limit == 0 {
                     return Ok(Vec::new());
@@ -48,6 +49,9 @@ macro_rules! impl_queue {
                 for row in &candidates {
                     if ids.len() == limit as usize {
                         break;
+                    }
+                    if running.contains(&JobId(row.get::<i64, _>("id"))) {
+                        continue;
                     }
                     let key: Option<String> = row.get("queue_key");
                     let tenant: String = row.get("tenant_id");

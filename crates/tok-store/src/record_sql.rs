@@ -68,7 +68,10 @@ macro_rules! impl_record {
             let mut lost = Vec::new();
             let mut kept = Vec::with_capacity(items.len());
             for (job, record) in items {
-                match held.get(&job.id.0) {
+                // By claim, not by job: two executions of one job (the
+                // first one's lease lost while it ran) may share a batch, and
+                // only the one holding the current token is written.
+                match held.get(&(job.id.0, job.claim_token.clone())) {
                     Some(status) => {
                         kept.push(true);
                         fenced.push((job, record, status.clone()));
@@ -144,11 +147,11 @@ macro_rules! impl_record {
         /// The fence of a batch of claims and their runs' statuses in one
         /// statement (the rows locked on PostgreSQL): the jobs whose claim
         /// token still holds, with their run's status. A job missing from
-        /// the answer has lost its lease.
+        /// the answer has lost its lease. Keyed by (job, claim token).
         async fn fenced_statuses<'j>(
             tx: &mut sqlx::Transaction<'_, $db>,
             jobs: impl Iterator<Item = &'j ClaimedJob>,
-        ) -> Result<std::collections::HashMap<i64, String>> {
+        ) -> Result<std::collections::HashMap<(i64, String), String>> {
             let jobs: Vec<&ClaimedJob> = jobs.collect();
             let rows: Vec<$crate::rows::FenceRow> = jobs
                 .iter()
@@ -164,7 +167,7 @@ macro_rules! impl_record {
             // PostgreSQL the run is found by its key alone (a plan that
             // seeks by tenant reads all of the tenant's runs).
             Ok(sqlx::query(concat!(
-                "SELECT j.id, r.status, r.actions FROM ", batch_rows!(1), "
+                "SELECT j.id, j.claim_token, r.status, r.actions FROM ", batch_rows!(1), "
                  JOIN jobs j ON j.id = CAST(x.value ->> 0 AS BIGINT)
                     AND j.tenant_id = x.value ->> 1
                     AND j.claim_token = x.value ->> 2
@@ -178,7 +181,10 @@ macro_rules! impl_record {
             .fetch_all(&mut **tx)
             .await?
             .iter()
-            .map(|r| (r.get::<i64, _>("id"), r.get::<String, _>("status")))
+            .map(|r| {
+                let claim = (r.get::<i64, _>("id"), r.get::<String, _>("claim_token"));
+                (claim, r.get::<String, _>("status"))
+            })
             .collect())
         }
 

@@ -139,7 +139,12 @@ impl SqliteStore {
         let events = Batcher::spawn(
             Arc::new(move |items, _lane, turn| {
                 let pool = events_pool.clone();
-                Box::pin(async move { accept_batch(&Writer::holding(&pool, turn), items).await })
+                Box::pin(async move {
+                    crate::fault::after_commit(
+                        crate::fault::Site::Inbox,
+                        accept_batch(&Writer::holding(&pool, turn), items).await,
+                    )
+                })
             }),
             1,
             |(tenant, _)| tenant,
@@ -149,7 +154,12 @@ impl SqliteStore {
         let records = Batcher::spawn(
             Arc::new(move |items, _lane, turn| {
                 let pool = records_pool.clone();
-                Box::pin(async move { record_batch(&Writer::holding(&pool, turn), items).await })
+                Box::pin(async move {
+                    crate::fault::after_commit(
+                        crate::fault::Site::Record,
+                        record_batch(&Writer::holding(&pool, turn), items).await,
+                    )
+                })
             }),
             1,
             |(job, _)| &job.tenant_id,

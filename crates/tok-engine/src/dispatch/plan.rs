@@ -134,7 +134,26 @@ pub fn plan(
         ) {
             Ok(a) => a,
             Err(e) => {
-                tracing::error!(event = %event.id, error = %e, "skipping an automation that does not parse");
+                // Not dropped without a trace: the run is written, and the
+                // worker that claims it fails it with `definition_invalid`
+                // and an incident (`execute::runner`).
+                tracing::error!(event = %event.id, automation = %candidate.automation_id, error = %e,
+                    "an automation's definition does not parse; its run fails");
+                plan.runs.push(NewRun {
+                    id: RunId::generate(),
+                    automation_id: candidate.automation_id.clone(),
+                    version: candidate.version,
+                    trigger_type: event.source_kind.clone(),
+                    context: context.clone(),
+                    depth: event.depth,
+                    queue_key: event.subject_ticket_id.as_deref().map(ticket_queue_key),
+                    priority: 0,
+                    first_path: Some(FlowPath::root(0).to_string()),
+                    idempotency_key: None,
+                    subject_ticket_id: event.subject_ticket_id.clone(),
+                    actions: 0,
+                    steps: Vec::new(),
+                });
                 continue;
             }
         };

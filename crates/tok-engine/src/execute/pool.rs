@@ -128,9 +128,19 @@ async fn claim_and_start(
     limit: usize,
     reserved: bool,
 ) -> usize {
+    // A job still running here is never claimed again here, even when its
+    // lease expired while the heartbeats failed: its slot is taken, and a
+    // second execution would race the first to record.
+    let running = slots(inner).job_ids();
     let jobs = match inner
         .store
-        .claim(tenants, &inner.holder, limit as u32, inner.lease_ms())
+        .claim_except(
+            tenants,
+            &inner.holder,
+            limit as u32,
+            inner.lease_ms(),
+            &running,
+        )
         .await
     {
         Ok(jobs) => jobs,
@@ -150,9 +160,10 @@ async fn claim_and_start(
 /// Runs a job claimed for this pool in its own task, in a general or a
 /// reserved slot.
 fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
+    let claim = (job.id, job.claim_token.clone());
     slots(inner)
         .jobs
-        .insert(job.id, (job.tenant_id.clone(), reserved));
+        .insert(claim.clone(), (job.tenant_id.clone(), reserved));
     let inner = inner.clone();
     // One span per run's claim: every line the run's steps log carries it.
     let span = tracing::info_span!(
@@ -167,7 +178,7 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
             // lost and no lease heartbeated for a job nobody runs.
             let _slot = Slot {
                 inner: &inner,
-                job: job.id,
+                claim,
             };
             let job_id = job.id;
             let executed = AssertUnwindSafe(super::runner::execute(&inner, job))
@@ -182,15 +193,15 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
     );
 }
 
-/// A job's place in the slot map, freed when dropped.
+/// A claim's place in the slot map, freed when dropped.
 struct Slot<'a> {
     inner: &'a Arc<Inner>,
-    job: JobId,
+    claim: (JobId, String),
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        slots(self.inner).jobs.remove(&self.job);
+        slots(self.inner).jobs.remove(&self.claim);
         self.inner.work.notify_one();
     }
 }
@@ -209,7 +220,7 @@ impl Drop for AbortOnDrop {
 async fn heartbeat(inner: Arc<Inner>) {
     loop {
         tokio::time::sleep(inner.config.heartbeat).await;
-        let ids: Vec<JobId> = slots(&inner).jobs.keys().copied().collect();
+        let ids: Vec<JobId> = slots(&inner).job_ids();
         if let Err(e) = inner
             .store
             .heartbeat(&inner.holder, &ids, inner.lease_ms())

@@ -53,8 +53,11 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
             return;
         }
         Err(e) => {
-            let record = failed_without_step(&job, e.to_string());
-            if let Err(e) = inner.store.record(&job, record).await {
+            // The stored definition does not parse (or its version is
+            // gone): the run fails at once, visibly, with an incident.
+            let error = format!("{DEFINITION_INVALID}: {e}");
+            tracing::error!(job = %job.id, run = %job.run_id, %error, "the run's definition is not valid; the run fails");
+            if let Err(e) = definition_invalid(inner, &job, error).await {
                 tracing::error!(job = %job.id, error = %e, "could not record a broken definition");
             }
             return;
@@ -105,7 +108,11 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
                 return;
             }
             Err(StoreError::LeaseLost(id)) => {
-                tracing::warn!(job = %id, run = %job.run_id, "lease lost while the step ran; result discarded");
+                // A stale execution: its job was claimed again (by another
+                // process, or after this one's heartbeats failed for a
+                // lease) and only the current claim's record counts.
+                metrics::counter!("tok_stale_completions_total").increment(1);
+                tracing::warn!(job = %id, run = %job.run_id, "lease lost while the step ran; result discarded (stale completion rejected)");
                 return;
             }
             Err(e) => {
@@ -114,6 +121,21 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
             }
         }
     }
+}
+
+/// The error code a run fails with when its stored definition does not parse.
+pub(crate) const DEFINITION_INVALID: &str = "definition_invalid";
+
+/// Fails a run whose definition does not parse, with its incident, in one
+/// record transaction.
+async fn definition_invalid(
+    inner: &Inner,
+    job: &ClaimedJob,
+    error: String,
+) -> Result<(), StoreError> {
+    let mut tx = inner.store.begin_record(job).await?;
+    effects::definition_invalid(&mut *tx, job, &error).await?;
+    tx.commit(failed_without_step(job, error)).await
 }
 
 /// How a claim's record ended.

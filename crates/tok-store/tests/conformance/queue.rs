@@ -16,6 +16,7 @@ backend_tests!(
     an_expired_lease_is_taken_over_by_another_node,
     a_heartbeat_keeps_a_lease_alive_past_its_first_expiry,
     a_stale_worker_cannot_record_after_a_takeover,
+    two_executions_of_one_job_in_one_record_batch_record_once,
     two_incarnations_of_one_node_keep_each_others_claims,
     a_stopped_process_holding_the_claim_lock_stops_claims_for_a_while_only,
 );
@@ -665,4 +666,75 @@ async fn a_stopped_process_holding_the_claim_lock_stops_claims_for_a_while_only(
     assert_eq!(claimed.len(), 1);
     let cut = sqlx::Executor::execute(&mut stopped, "SELECT 1").await;
     assert!(cut.is_err(), "the idle transaction was cut off");
+}
+
+/// A process whose heartbeats failed for a lease (the database away) may
+/// still be running a job when it is claimed again; both executions may
+/// then finish together and their records share a group commit. The fence
+/// is by claim (job and token), not by job: only the current claim is
+/// written, the stale one is told it lost its lease, and a third record in
+/// the same batch is written as usual.
+async fn two_executions_of_one_job_in_one_record_batch_record_once(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let run = start(store, &t, &aut, "manual", None).await;
+    let other_run = start(store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    let first = store
+        .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(first.len(), 2, "{backend:?}");
+    let stale = first
+        .iter()
+        .find(|j| j.run_id == run)
+        .expect("the run's job")
+        .clone();
+    let other = first
+        .iter()
+        .find(|j| j.run_id == other_run)
+        .expect("the other job")
+        .clone();
+    store
+        .heartbeat("node-1", &[other.id], LONG_LEASE_MS)
+        .await
+        .expect("heartbeat");
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let current = store
+        .claim(&tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim again");
+    assert_eq!(
+        current.len(),
+        1,
+        "{backend:?}: only the expired lease is claimable"
+    );
+    let current = current[0].clone();
+    assert_eq!((current.id, current.attempt), (stale.id, 2), "{backend:?}");
+
+    // All three records are submitted before the group commit takes any.
+    let (stale_answer, current_answer, other_answer) = tokio::join!(
+        store.record(&stale, finish(&stale, RunStatus::Failed)),
+        store.record(&current, finish(&current, RunStatus::Completed)),
+        store.record(&other, finish(&other, RunStatus::Completed)),
+    );
+    assert!(
+        matches!(stale_answer, Err(StoreError::LeaseLost(id)) if id == stale.id),
+        "{backend:?}: the stale execution is rejected: {stale_answer:?}"
+    );
+    current_answer.expect("the current claim records");
+    other_answer.expect("a batch-mate records");
+    for id in [&run, &other_run] {
+        let detail = store.run(&t, id).await.expect("run").expect("run exists");
+        assert_eq!(detail.run.status, "completed", "{backend:?}: run {id}");
+        assert_eq!(
+            detail.steps.len(),
+            1,
+            "{backend:?}: run {id} has one step row"
+        );
+    }
 }

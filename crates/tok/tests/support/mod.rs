@@ -65,6 +65,26 @@ impl Server {
         Server { child, lines }
     }
 
+    /// The process id (for signals a test sends itself).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, …) to the process.
+    pub(crate) fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} failed");
+    }
+
+    /// The stdout lines printed since the last call (none are waited for).
+    pub(crate) fn take_lines(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+
     /// Kills the process with SIGKILL and waits for it to end.
     pub(crate) fn kill(&mut self) {
         self.child.kill().expect("SIGKILL tok serve");
