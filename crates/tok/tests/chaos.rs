@@ -874,8 +874,11 @@ async fn scenario(backend: Backend, fault: Fault) {
     let what = format!("{fault:?} on {backend:?}");
     let db = Db::new(backend).await;
     let delay = match fault {
-        // Steps in flight in the stopped worker for all of its stop.
-        Fault::SigStop => Duration::from_millis(300),
+        // Steps in flight in the stopped worker for all of its stop: at
+        // 15 events a second spread over three workers, calls of 1.5 s
+        // keep several in each worker at any moment (300 ms kept one or
+        // two, and the scenario's "some were rejected" then hung on one).
+        Fault::SigStop => Duration::from_millis(1_500),
         _ => Duration::from_millis(20),
     };
     let stub = stub(delay).await;
