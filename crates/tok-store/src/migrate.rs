@@ -37,6 +37,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     13 "0013_create_approvals",
     14 "0014_create_widgets",
     15 "0015_index_rows_by_age_for_expiry",
+    17 "0017_store_effects_once_and_count_starts",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -53,6 +54,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     11 "0011_create_approvals",
     12 "0012_create_widgets",
     13 "0013_index_rows_by_age_for_expiry",
+    15 "0015_store_effects_once_and_count_starts",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

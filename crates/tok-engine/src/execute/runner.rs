@@ -53,8 +53,27 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
             return;
         }
         Err(e) => {
-            let record = failed_without_step(&job, e.to_string());
-            if let Err(e) = inner.store.record(&job, record).await {
+            // Failed from outside the decider, which cannot read the tree:
+            // with the incident, `run.failed` and parent's notice of any
+            // failed run.
+            let name = match inner
+                .store
+                .automation(&job.tenant_id, &job.automation_id)
+                .await
+            {
+                Ok(Some(row)) => row.name,
+                _ => job.automation_id.to_string(),
+            };
+            let failed = crate::failure::fail_run(
+                &*inner.store,
+                &job.tenant_id,
+                &job.run_id,
+                &name,
+                e.to_string(),
+                now_ms(),
+            )
+            .await;
+            if let Err(e) = failed {
                 tracing::error!(job = %job.id, error = %e, "could not record a broken definition");
             }
             return;
@@ -478,6 +497,7 @@ async fn call_handler(
         lease_ms: inner.lease_ms(),
         config: step.config.clone(),
         context: scope,
+        effects: crate::registry::Effects::in_store(inner.store.clone()),
     };
     let handled = async move { handler.run(call).await }.instrument(tracing::Span::current());
     match tokio::spawn(handled).await {

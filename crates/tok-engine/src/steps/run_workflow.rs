@@ -132,6 +132,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         subject_ticket_id: None,
         steps: Vec::new(),
         actions: 0,
+        refused: None,
     };
     let started = cx.tx.start_child(event, run).await?;
     let mut out = Map::new();

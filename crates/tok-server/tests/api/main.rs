@@ -19,6 +19,7 @@ mod health;
 mod incidents;
 mod intake;
 mod isolation;
+mod limits;
 mod openapi;
 mod platform_incidents;
 mod repeat;
