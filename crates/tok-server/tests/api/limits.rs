@@ -3,7 +3,8 @@
 //! 429 `start_rate_exceeded` with `Retry-After`, and starts nothing; an
 //! event over it creates a `refused` run (no step runs, its error says
 //! `start_rate_exceeded`), listed with the other runs and opening no
-//! incident.
+//! incident; a child run over it is refused too, and its waiting parent's
+//! step fails with `child_failed`.
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
@@ -14,6 +15,7 @@ backend_tests!(crate::helpers::run;
     a_start_limit_of_zero_is_refused_at_save,
     a_manual_start_over_the_limit_answers_429_with_retry_after,
     an_event_over_the_limit_creates_a_refused_run,
+    a_child_over_its_limit_is_refused_and_fails_the_parent_waiting_for_it,
 );
 
 fn limited(mut definition: Value, per_minute: u32) -> Value {
@@ -121,4 +123,40 @@ async fn an_event_over_the_limit_creates_a_refused_run(app: &TestApp) {
         json!([]),
         "a refused start opens no incident"
     );
+}
+
+async fn a_child_over_its_limit_is_refused_and_fails_the_parent_waiting_for_it(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let child = limited(manual("Child", &json!([log_step("st_log", "child")])), 1);
+    let child = app.create_automation(&tenant, &child).await;
+    let parent = manual(
+        "Parent",
+        &json!([{ "id": "st_child", "type": "run_workflow",
+                  "config": { "automation": child, "input": {} } }]),
+    );
+    let parent = app.create_automation(&tenant, &parent).await;
+    let first = app
+        .start_run(&tenant, &parent, &json!({ "input": {} }))
+        .await;
+    let first = app.wait_for_final(&tenant, &first).await;
+    assert_eq!(first["status"], "completed", "{first:#}");
+
+    let second = app
+        .start_run(&tenant, &parent, &json!({ "input": {} }))
+        .await;
+    let second = app.wait_for_final(&tenant, &second).await;
+    assert_eq!(second["status"], "failed", "{second:#}");
+    let error = second["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("child_failed") && error.contains("start_rate_exceeded"),
+        "{second:#}"
+    );
+    let refused = app
+        .get(
+            &tenant.key,
+            &format!("/api/runs?status=refused&automation={child}"),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(refused["items"].as_array().unwrap().len(), 1, "{refused:#}");
 }
