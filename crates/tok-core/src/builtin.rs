@@ -17,7 +17,10 @@ use crate::limits::MAX_LOOP_ITEMS;
 use crate::template::{self, TemplateError};
 
 /// The step types [`evaluate`] handles.
-pub const INTERNAL_TYPES: &[&str] = &["condition", "loop", "set", "flow/log", "wait", "end"];
+pub const INTERNAL_TYPES: &[&str] = &["condition", "loop", "set", "flow/log", WAIT, "end"];
+
+/// The timer step type.
+pub const WAIT: &str = "wait";
 
 /// Whether `kind` is one of [`INTERNAL_TYPES`].
 pub fn is_internal(kind: &str) -> bool {

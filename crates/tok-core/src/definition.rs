@@ -251,11 +251,38 @@ pub struct Settings {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub keep_step_data: bool,
+    /// `limits`: how often the automation may start (DESIGN §5a, "Start
+    /// limits").
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
 }
 
 impl Settings {
     fn is_empty(&self) -> bool {
-        self.retry.is_none() && self.run_timeout.is_none() && !self.keep_step_data
+        self.retry.is_none()
+            && self.run_timeout.is_none()
+            && !self.keep_step_data
+            && self.limits.is_empty()
+    }
+}
+
+/// `settings.limits`; an absent limit is no limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// `startsPerMinute`: at most this many runs start in any 60 seconds.
+    /// A manual start over it is refused (`429`, `Retry-After`); an event
+    /// over it creates a `refused` run with `start_rate_exceeded`.
+    #[serde(
+        rename = "startsPerMinute",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub starts_per_minute: Option<u32>,
+}
+
+impl Limits {
+    fn is_empty(&self) -> bool {
+        self.starts_per_minute.is_none()
     }
 }
 

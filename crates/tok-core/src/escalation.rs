@@ -1,5 +1,7 @@
 //! Escalations of a waiting step (DESIGN §5a): `escalations: [{after, steps}]`
-//! on a `wait_for_event` or `approval` step. While the step still waits
+//! on a `wait`, `wait_for_event`, `wait_for_runs` or `approval` step. A
+//! `wait` with escalations parks at its own path (a plain one parks at the
+//! next step) until its end. While the step still waits
 //! `after` its wait began, the level's steps run — on the waiting step's
 //! own job, as a side chain at paths `<step>.escalations.<level>.<i>` —
 //! and then the step waits again, for the same signal and until the same
@@ -107,6 +109,24 @@ pub fn fires(step: &Step, path: &FlowPath, context: &mut Context) -> Option<usiz
     next_level(step, since, timeout_at, fired)?;
     set_entry(context, path, Some((since, timeout_at, fired + 1)));
     Some(fired)
+}
+
+/// [`fires`] for a timer (`wait`) claimed at `now`, which may be before
+/// its next level (a paused run resumed early): a level fires only once
+/// it is due.
+pub fn fires_by(step: &Step, path: &FlowPath, context: &mut Context, now: i64) -> Option<usize> {
+    let (since, timeout_at, fired) = entry(context, path)?;
+    if next_level(step, since, timeout_at, fired)? > now {
+        return None;
+    }
+    set_entry(context, path, Some((since, timeout_at, fired + 1)));
+    Some(fired)
+}
+
+/// When the wait at `path` began to wait and when it times out, if it
+/// has escalations and began.
+pub fn began(path: &FlowPath, context: &Context) -> Option<(i64, Option<i64>)> {
+    entry(context, path).map(|(since, timeout_at, _)| (since, timeout_at))
 }
 
 /// The wait at `path` is over: its levels not fired yet never will.

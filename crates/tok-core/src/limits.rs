@@ -23,3 +23,54 @@ pub const MAX_PAUSE_SECS: f64 = 60.0;
 pub const MAX_LOOP_ITEMS: usize = 1000;
 /// Ceiling of any retry policy's `max_attempts`.
 pub const MAX_ATTEMPTS_CAP: u32 = 10;
+
+/// The window `settings.limits.startsPerMinute` counts starts in.
+pub const START_WINDOW_MS: i64 = 60_000;
+
+/// Whether an automation limited to `per_minute` starts may start once
+/// more at `now`, given the creation times of its latest starts (Unix ms,
+/// newest first; refused runs are no starts): `Ok`, or `Err` with the
+/// milliseconds until a start frees up (the oldest of the last
+/// `per_minute` starts leaves the sliding minute).
+pub fn start_allowed(recent: &[i64], per_minute: u32, now: i64) -> Result<(), i64> {
+    let in_window: Vec<i64> = recent
+        .iter()
+        .copied()
+        .filter(|at| *at > now - START_WINDOW_MS)
+        .collect();
+    let Some(last) = (per_minute as usize).checked_sub(1) else {
+        return Err(START_WINDOW_MS);
+    };
+    match in_window.get(last) {
+        Some(oldest) => Err((oldest + START_WINDOW_MS - now).max(1)),
+        None => Ok(()),
+    }
+}
+
+/// The error of a run an event would have started over its limit.
+pub fn start_rate_exceeded(per_minute: u32) -> String {
+    format!(
+        "start_rate_exceeded: the automation may start {per_minute} runs per minute \
+         (settings.limits.startsPerMinute); this one was not started"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_count_in_a_sliding_minute() {
+        let now = 1_000_000;
+        assert_eq!(start_allowed(&[], 2, now), Ok(()));
+        assert_eq!(start_allowed(&[now - 10], 2, now), Ok(()));
+        // The second start of the window was 20 s ago: it leaves in 40 s.
+        assert_eq!(
+            start_allowed(&[now - 10, now - 20_000], 2, now),
+            Err(40_000)
+        );
+        // Starts older than a minute do not count.
+        assert_eq!(start_allowed(&[now - 10, now - 60_000], 2, now), Ok(()));
+        assert_eq!(start_allowed(&[now], 1, now), Err(60_000));
+    }
+}

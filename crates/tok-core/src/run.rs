@@ -22,6 +22,10 @@ pub enum RunStatus {
     Completed,
     Failed,
     Cancelled,
+    /// Never started: an event would have started it over its automation's
+    /// `settings.limits.startsPerMinute` (its error says
+    /// `start_rate_exceeded`). No step runs; nothing moves it.
+    Refused,
 }
 
 impl RunStatus {
@@ -34,6 +38,7 @@ impl RunStatus {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
+            Self::Refused => "refused",
         }
     }
 
@@ -46,14 +51,18 @@ impl RunStatus {
             "completed" => Self::Completed,
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,
+            "refused" => Self::Refused,
             _ => return None,
         })
     }
 
-    /// Completed, failed or cancelled: nothing moves the run any more
-    /// (but a retry of a failed one).
+    /// Completed, failed, cancelled or refused: nothing moves the run any
+    /// more (but a retry of a failed one).
     pub fn is_final(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Cancelled | Self::Refused
+        )
     }
 }
 
@@ -280,6 +289,10 @@ pub struct NewRun {
     pub steps: Vec<StepRecord>,
     /// Steps executed so far (`steps` among them), toward `MAX_ACTIONS`.
     pub actions: i32,
+    /// Why the run was refused rather than started (`start_rate_exceeded:
+    /// …`): it is written `refused` with this error, no steps and no job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// What the dispatcher's planner decided for one event.

@@ -85,6 +85,12 @@ pub fn validate(
     if let Some(retry) = &def.settings.retry {
         check_retry(&mut c, "settings.retry", retry);
     }
+    if def.settings.limits.starts_per_minute == Some(0) {
+        c.error(
+            "settings.limits.startsPerMinute",
+            "`startsPerMinute` must be at least 1 (leave it out for no limit)",
+        );
+    }
     check_steps(&mut c, "steps", &def.steps);
     if c.errors.is_empty() {
         Ok(())
@@ -302,7 +308,8 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     }
 }
 
-/// `escalations` only on a step that waits for a signal or a decision;
+/// `escalations` only on a step that waits (a timer, a signal, runs, a
+/// decision);
 /// each level `after` a duration, later than the level before, with steps
 /// (no `end`: a side chain does not end the run).
 fn check_escalations<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
@@ -310,11 +317,18 @@ fn check_escalations<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
         return;
     }
     let kind = step.kind.as_str();
-    if kind != WAIT_FOR_EVENT && kind != crate::approval::APPROVAL {
+    if ![
+        crate::builtin::WAIT,
+        WAIT_FOR_EVENT,
+        crate::children::WAIT_FOR_RUNS,
+        crate::approval::APPROVAL,
+    ]
+    .contains(&kind)
+    {
         c.error(
             format!("{at}.escalations"),
             format!(
-                "only a wait_for_event or approval step can have `escalations`; `{}` is a `{kind}` step",
+                "only a wait, wait_for_event, wait_for_runs or approval step can have `escalations`; `{}` is a `{kind}` step",
                 step.id
             ),
         );
@@ -934,5 +948,23 @@ mod tests {
             )),
             ["trigger.source"]
         );
+    }
+
+    #[test]
+    fn a_start_limit_is_at_least_one_start_per_minute() {
+        let limited = |n: u32| {
+            errors(
+                json!({"name": "n", "trigger": {"kind": "manual"}, "steps": [],
+                "settings": {"limits": {"startsPerMinute": n}}}),
+            )
+        };
+        let errs = limited(0);
+        assert_eq!(paths(&errs), ["settings.limits.startsPerMinute"]);
+        assert!(
+            errs[0].message.contains("at least 1"),
+            "{}",
+            errs[0].message
+        );
+        assert!(limited(5).is_empty());
     }
 }

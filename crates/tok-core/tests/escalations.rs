@@ -218,3 +218,166 @@ fn a_level_due_after_the_timeout_never_fires() {
         Some(json!({ "timedOut": true }))
     );
 }
+
+/// The state of a job claimed again at the path its record named.
+fn claimed_at(t: &Transition) -> RunState {
+    let path = match &t.then {
+        Then::Record(NextJob::Step { path, .. } | NextJob::WaitForRuns { path, .. }) => {
+            path.parse().unwrap()
+        }
+        other => panic!("{other:?}"),
+    };
+    RunState::at(path, 1, t.state.context.clone(), t.state.actions)
+}
+
+fn note(message: &str) -> serde_json::Value {
+    json!({ "id": "st_note", "type": "flow/log", "config": { "message": message } })
+}
+
+#[test]
+fn a_wait_for_runs_escalates_while_its_runs_go_on_and_ends_when_they_end() {
+    let automation = Automation::from_json(
+        &json!({ "name": "Orders", "trigger": { "kind": "manual" }, "steps": [
+            { "id": "st_runs", "type": "wait_for_runs",
+              "config": { "runs": ["run_child"], "timeout": "1h" },
+              "escalations": [ { "after": "10m", "steps": [ note("child is slow") ] } ] },
+            { "id": "st_after", "type": "flow/log", "config": { "message": "done" } }
+        ] })
+        .to_string(),
+    )
+    .unwrap();
+    let parked = run(&automation, start(), Input::Start, NOW_MS);
+    let Then::Record(NextJob::WaitForRuns { path, wait }) = &parked.then else {
+        panic!("{parked:?}")
+    };
+    assert_eq!((path.as_str(), wait.due_at), ("0", Some(NOW_MS + 10 * MIN)));
+
+    // Due at the level: its steps run, and the step waits on the same runs
+    // again, until its own timeout.
+    let level = Input::RunsEnded {
+        ended: Vec::new(),
+        timed_out: true,
+    };
+    let escalated = run(&automation, claimed_at(&parked), level, NOW_MS + 10 * MIN);
+    assert_eq!(escalated.status, RunStatus::Waiting);
+    assert_eq!(
+        records(&escalated),
+        [(
+            "st_note".into(),
+            "0.escalations.0.0".into(),
+            StepStatus::Completed
+        )]
+    );
+    let Then::Record(NextJob::WaitForRuns { path, wait }) = &escalated.then else {
+        panic!("{escalated:?}")
+    };
+    assert_eq!(path, "0");
+    assert_eq!(wait.runs, ["run_child"]);
+    assert_eq!(
+        wait.due_at,
+        Some(NOW_MS + 60 * MIN),
+        "the timeout it began with"
+    );
+
+    // The child ends: the wait resumes, its pending levels are gone.
+    let ended = Input::RunsEnded {
+        ended: vec![tok_core::run::RunEnded {
+            run_id: "run_child".into(),
+            status: RunStatus::Completed,
+            output: json!({ "ok": true }),
+            error: None,
+        }],
+        timed_out: false,
+    };
+    let done = run(
+        &automation,
+        claimed_at(&escalated),
+        ended,
+        NOW_MS + 20 * MIN,
+    );
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(
+        records(&done),
+        [
+            ("st_runs".into(), "0".into(), StepStatus::Completed),
+            ("st_after".into(), "1".into(), StepStatus::Completed)
+        ]
+    );
+    assert!(done.state.context.reserved("_escalations").is_none());
+}
+
+#[test]
+fn a_wait_with_escalations_parks_at_itself_fires_its_level_and_ends_on_time() {
+    let automation = Automation::from_json(
+        &json!({ "name": "Orders", "trigger": { "kind": "manual" }, "steps": [
+            { "id": "st_wait", "type": "wait", "config": { "duration": "1h" },
+              "escalations": [ { "after": "10m", "steps": [ note("still waiting") ] } ] },
+            { "id": "st_after", "type": "flow/log", "config": { "message": "done" } }
+        ] })
+        .to_string(),
+    )
+    .unwrap();
+    let parked = run(&automation, start(), Input::Start, NOW_MS);
+    assert_eq!(parked.status, RunStatus::Waiting);
+    assert_eq!(
+        records(&parked),
+        [("st_wait".into(), "0".into(), StepStatus::Waiting)]
+    );
+    let Then::Record(NextJob::Step { path, delay_ms }) = &parked.then else {
+        panic!("{parked:?}")
+    };
+    assert_eq!(
+        (path.as_str(), *delay_ms),
+        ("0", 10 * MIN),
+        "due at its level"
+    );
+
+    // Claimed early (a paused run resumed): it only waits on.
+    let early = run(&automation, claimed_at(&parked), Input::Start, NOW_MS + MIN);
+    assert!(early.records.is_empty(), "{early:?}");
+    let Then::Record(NextJob::Step { delay_ms, .. }) = &early.then else {
+        panic!("{early:?}")
+    };
+    assert_eq!(*delay_ms, 9 * MIN);
+
+    let escalated = run(
+        &automation,
+        claimed_at(&parked),
+        Input::Start,
+        NOW_MS + 10 * MIN,
+    );
+    assert_eq!(escalated.status, RunStatus::Waiting);
+    assert_eq!(
+        records(&escalated),
+        [(
+            "st_note".into(),
+            "0.escalations.0.0".into(),
+            StepStatus::Completed
+        )]
+    );
+    let Then::Record(NextJob::Step { path, delay_ms }) = &escalated.then else {
+        panic!("{escalated:?}")
+    };
+    assert_eq!((path.as_str(), *delay_ms), ("0", 50 * MIN), "then its end");
+
+    let done = run(
+        &automation,
+        claimed_at(&escalated),
+        Input::Start,
+        NOW_MS + 60 * MIN,
+    );
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(
+        records(&done),
+        [
+            ("st_wait".into(), "0".into(), StepStatus::Completed),
+            ("st_after".into(), "1".into(), StepStatus::Completed)
+        ]
+    );
+    let until = Timestamp::from_millisecond(NOW_MS + 60 * MIN).unwrap();
+    assert_eq!(
+        done.records[0].output,
+        Some(json!({ "until": until.to_string() }))
+    );
+    assert!(done.state.context.reserved("_escalations").is_none());
+}

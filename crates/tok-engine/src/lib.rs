@@ -17,6 +17,7 @@ pub mod authorize;
 pub mod definitions;
 pub mod dispatch;
 mod execute;
+mod failure;
 pub mod fairness;
 pub mod registry;
 pub mod scheduler;
@@ -40,7 +41,7 @@ use tokio::task::JoinHandle;
 pub use authorize::{StepAuthorizer, StepToAuthorize, SuspendedTenants, Verdict};
 pub use definitions::DefinitionCache;
 pub use fairness::Fairness;
-pub use registry::{Registry, StepCall, StepHandler};
+pub use registry::{Effects, Registry, StepCall, StepHandler};
 pub use steps::script::ScriptStep;
 pub use stream::Stream;
 pub use widgets::{WidgetData, WidgetError, Widgets};
@@ -57,6 +58,22 @@ pub enum EngineError {
     AutomationNotFound(AutomationId),
     #[error("automation {0} is paused; resume it before starting runs")]
     AutomationPaused(AutomationId),
+    /// A manual start over the automation's `settings.limits.startsPerMinute`.
+    #[error(
+        "start_rate_exceeded: automation {automation} may start {per_minute} runs per minute \
+         (settings.limits.startsPerMinute); retry in {} s",
+        whole_seconds(*.retry_after_ms)
+    )]
+    StartRateExceeded {
+        automation: AutomationId,
+        per_minute: u32,
+        retry_after_ms: i64,
+    },
+}
+
+/// Milliseconds as whole seconds, rounded up (at least 1), as `Retry-After`.
+fn whole_seconds(ms: i64) -> u64 {
+    (ms.max(1) as u64).div_ceil(1000)
 }
 
 /// How a process runs its engine.
@@ -409,8 +426,22 @@ impl Engine {
             subject_ticket_id: None,
             steps: Vec::new(),
             actions: 0,
+            refused: None,
         };
-        let id = store.start_run(tenant, event, run).await?;
+        let per_minute = automation.settings.limits.starts_per_minute;
+        let id = match store
+            .start_run_limited(tenant, event, run, per_minute)
+            .await?
+        {
+            tok_store::Started::Run(id) => id,
+            tok_store::Started::Limited { retry_after_ms } => {
+                return Err(EngineError::StartRateExceeded {
+                    automation: automation_id.clone(),
+                    per_minute: per_minute.unwrap_or_default(),
+                    retry_after_ms,
+                });
+            }
+        };
         let data = json!({ "run_id": id, "automation_id": automation_id, "status": "queued" });
         self.inner
             .stream

@@ -10,9 +10,12 @@
 //! [`Registry::with_builtins`] (or one [`Registry::register`] call).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use tok_core::advance::{StepClass, is_control};
 use tok_core::error::StepError;
@@ -41,6 +44,103 @@ pub struct StepCall {
     pub config: Value,
     /// The context as this step sees it (loop variables included).
     pub context: Value,
+    /// Where [`StepCall::once`] keeps its results.
+    pub effects: Effects,
+}
+
+/// Where [`StepCall::once`] keeps the results of a step's effects: the
+/// engine's store, or nowhere ([`Effects::none`], for a handler called
+/// outside the engine, whose effects then run every time).
+#[derive(Clone, Default)]
+pub struct Effects(Option<Arc<dyn tok_store::EffectStore>>);
+
+impl Effects {
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    pub fn in_store(store: Arc<dyn tok_store::EffectStore>) -> Self {
+        Self(Some(store))
+    }
+}
+
+impl std::fmt::Debug for Effects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Some(_) => "Effects(store)",
+            None => "Effects(none)",
+        })
+    }
+}
+
+impl StepCall {
+    /// Runs `effect` at most once for this step, whatever its attempts:
+    /// its result is stored under the step's idempotency key and `name`,
+    /// and a later attempt (a retry after a failure further on) gets the
+    /// stored result back without running `effect` again. Name each effect
+    /// of a step apart (`"charge"`, `"receipt"`).
+    ///
+    /// No database connection is held while `effect` runs: the stored
+    /// result is read, the connection released, the effect run, and its
+    /// result written. An effect that fails stores nothing (the next
+    /// attempt runs it again); so does one whose attempt dies between the
+    /// effect and the write, which is why an effect should still send
+    /// [`StepCall::idempotency_key`] to a service that accepts one.
+    pub async fn once<T, F>(&self, name: &str, effect: F) -> Result<T, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: Future<Output = Result<T, StepError>>,
+    {
+        let Some(store) = &self.effects.0 else {
+            return effect.await;
+        };
+        let unavailable = |what: &str, e: tok_store::StoreError| {
+            StepError::retryable(format!(
+                "could not {what} the result of effect `{name}` of step `{}`: {e}",
+                self.step_id
+            ))
+        };
+        let read = |value: Value| {
+            serde_json::from_value(value).map_err(|e| {
+                StepError::terminal(format!(
+                    "the stored result of effect `{name}` of step `{}` does not read as the \
+                     type the step asks for: {e}",
+                    self.step_id
+                ))
+            })
+        };
+        let stored = store
+            .effect_result(&self.tenant_id, &self.idempotency_key, name)
+            .await
+            .map_err(|e| unavailable("read", e))?;
+        if let Some(value) = stored {
+            tracing::debug!(step = %self.step_id, effect = name, "effect ran before; its stored result is used");
+            return read(value);
+        }
+        let result = effect.await?;
+        let value = serde_json::to_value(&result).map_err(|e| {
+            StepError::terminal(format!(
+                "the result of effect `{name}` of step `{}` cannot be stored as JSON: {e}",
+                self.step_id
+            ))
+        })?;
+        let kept = store
+            .store_effect_result(
+                &self.tenant_id,
+                &self.run_id,
+                &self.idempotency_key,
+                name,
+                &value,
+            )
+            .await
+            .map_err(|e| unavailable("store", e))?;
+        // Two attempts that raced agree on the result stored first.
+        if kept == value {
+            Ok(result)
+        } else {
+            read(kept)
+        }
+    }
 }
 
 /// A step type. Return the outputs to publish under the step's id, or a

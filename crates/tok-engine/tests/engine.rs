@@ -765,3 +765,83 @@ async fn a_second_process_with_the_same_node_id_leaves_the_first_ones_claims() {
         h.cleanup().await;
     }
 }
+
+/// Charges once through `call.once("charge", …)`, then fails retryably on
+/// its first attempt: the charge must not run again on the second.
+struct Charging {
+    charges: Arc<AtomicU32>,
+    results: Arc<Mutex<Vec<(u32, Value)>>>,
+}
+
+#[async_trait]
+impl StepHandler for Charging {
+    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        let charges = self.charges.clone();
+        let charge: Value = call
+            .once("charge", async move {
+                let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok(json!({ "chargeId": format!("ch_{n}"), "amount": 120 }))
+            })
+            .await?;
+        self.results
+            .lock()
+            .unwrap()
+            .push((call.attempt, charge.clone()));
+        if call.attempt == 1 {
+            return Err(StepError::retryable("the receipt service answered 503"));
+        }
+        Ok(Map::from_iter([("charge".to_owned(), charge)]))
+    }
+}
+
+#[tokio::test]
+async fn an_effect_in_once_runs_once_and_a_retry_gets_its_stored_result() {
+    for backend in backends() {
+        let charges = Arc::new(AtomicU32::new(0));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/charge",
+            Charging {
+                charges: charges.clone(),
+                results: results.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(
+                json!([{ "id": "st_charge", "type": "acme/charge" }]),
+            ))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({}), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+
+        assert_eq!(
+            detail.run.status, "completed",
+            "{backend:?}: {:?}",
+            detail.run.error
+        );
+        assert_eq!(
+            charges.load(Ordering::SeqCst),
+            1,
+            "{backend:?}: charged once"
+        );
+        let charged = json!({ "chargeId": "ch_1", "amount": 120 });
+        assert_eq!(
+            *results.lock().unwrap(),
+            vec![(1, charged.clone()), (2, charged.clone())],
+            "{backend:?}: the second attempt got the first one's charge back"
+        );
+        assert_eq!(
+            detail.context["st_charge"]["charge"], charged,
+            "{backend:?}"
+        );
+        h.cleanup().await;
+    }
+}

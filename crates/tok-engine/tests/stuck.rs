@@ -3,7 +3,9 @@
 //! `run_timeout` platform incident, a wait a minute past its due time and
 //! untaken gives `wait_overdue`, a job whose lease expired three times
 //! gives `lease_expired_repeatedly`, and a ready job older than five minutes
-//! while workers are free gives `queue_stalled`; one incident per cause.
+//! while workers are free gives `queue_stalled`; one incident per cause. A
+//! child run failed from outside the decider (its timeout, a definition
+//! that no longer reads) fails the parent that waits for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +21,8 @@ use tok_store::{Backend, PlatformIncident, Store, backend_tests, now_ms};
 backend_tests!(
     run_on_fresh_db;
     a_run_past_its_timeout_fails_with_a_run_timeout_incident,
+    a_child_failed_by_its_timeout_fails_the_parent_that_waits_for_it,
+    a_child_whose_definition_no_longer_reads_fails_the_parent_that_waits_for_it,
     a_wait_overdue_and_untaken_gives_a_wait_overdue_incident,
     a_ready_job_waiting_while_workers_are_free_gives_queue_stalled,
     a_job_whose_lease_expired_three_times_gives_lease_expired_repeatedly,
@@ -117,6 +121,148 @@ async fn a_run_past_its_timeout_fails_with_a_run_timeout_incident(db: &TestDb) {
     let kept = store.run(&t, &other).await.unwrap().unwrap().run;
     assert_eq!(kept.status, "queued");
     assert_eq!(open_incidents(&*store).await.len(), 1);
+}
+
+async fn a_child_failed_by_its_timeout_fails_the_parent_that_waits_for_it(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store).await;
+    let child = automation(
+        &*store,
+        &t,
+        json!({ "name": "Slow child", "trigger": { "kind": "manual" },
+                "steps": [{ "id": "st_wait", "type": "wait_for_event", "config": { "key": "never" } }],
+                "settings": { "runTimeout": "1h" } }),
+    )
+    .await;
+    let parent = automation(
+        &*store,
+        &t,
+        json!({ "name": "Parent", "trigger": { "kind": "manual" },
+                "steps": [{ "id": "st_child", "type": "run_workflow",
+                            "config": { "automation": child.as_str(), "input": {} } }] }),
+    )
+    .await;
+    let engine = engine(&store);
+    engine.refresh_tenants().await.unwrap();
+    let running = engine.start(true).await.unwrap();
+    let run = engine
+        .start_run(&t, &parent, json!({}), None)
+        .await
+        .unwrap();
+    wait_for_status(&*store, &t, &run, "waiting").await;
+    let detail = store.run(&t, &run).await.unwrap().unwrap();
+    let child_run = RunId::from(
+        detail.waits[0]
+            .key
+            .strip_prefix("run:")
+            .expect("the parent waits on its child")
+            .to_owned(),
+    );
+    wait_for_status(&*store, &t, &child_run, "waiting").await;
+
+    let clock = Arc::new(ManualClock::at(now_ms() + 61 * MINUTE.as_millis() as i64));
+    let s = watcher(&store, &clock);
+    assert_eq!(s.watch(std::slice::from_ref(&t)).await.unwrap().stuck, 1);
+    wait_for_status(&*store, &t, &run, "failed").await;
+    running.shutdown().await;
+
+    let failed = store.run(&t, &run).await.unwrap().unwrap();
+    let error = failed.run.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("child_failed") && error.contains("run_timeout"),
+        "the parent's step fails with the child's error: {error}"
+    );
+    // The child failed like a run the decider fails: a tenant incident.
+    let incidents = store.incidents(&t, None, 10, None).await.unwrap().items;
+    let of_child: Vec<_> = incidents
+        .iter()
+        .filter(|i| i.run_id.as_deref() == Some(child_run.as_str()))
+        .collect();
+    assert_eq!(of_child.len(), 1, "{incidents:?}");
+    assert!(
+        of_child[0].title.contains("\u{201c}Slow child\u{201d}"),
+        "{incidents:?}"
+    );
+    assert_eq!(
+        of_child[0].detail["message"],
+        json!(error_of(&*store, &t, &child_run).await)
+    );
+}
+
+async fn a_child_whose_definition_no_longer_reads_fails_the_parent_that_waits_for_it(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store).await;
+    let child = automation(
+        &*store,
+        &t,
+        json!({ "name": "Child", "trigger": { "kind": "manual" },
+                "steps": [{ "id": "st_wait", "type": "wait_for_event", "config": { "key": "go" } }] }),
+    )
+    .await;
+    let parent = automation(
+        &*store,
+        &t,
+        json!({ "name": "Parent", "trigger": { "kind": "manual" },
+                "steps": [{ "id": "st_child", "type": "run_workflow",
+                            "config": { "automation": child.as_str(), "input": {} } }] }),
+    )
+    .await;
+    let first = engine(&store);
+    first.refresh_tenants().await.unwrap();
+    let running = first.start(true).await.unwrap();
+    let run = first.start_run(&t, &parent, json!({}), None).await.unwrap();
+    wait_for_status(&*store, &t, &run, "waiting").await;
+    let detail = store.run(&t, &run).await.unwrap().unwrap();
+    let child_run = RunId::from(detail.waits[0].key.strip_prefix("run:").unwrap().to_owned());
+    wait_for_status(&*store, &t, &child_run, "waiting").await;
+    running.shutdown().await;
+
+    // The child's stored version stops reading (written by hand); a new
+    // process, which has not read it yet, claims the child when it resumes.
+    raw(
+        db,
+        &format!(
+            "UPDATE automation_versions SET definition = '{{\"steps\": 5}}' \
+             WHERE automation_id = '{child}'"
+        ),
+    )
+    .await;
+    let second = engine(&store);
+    second.refresh_tenants().await.unwrap();
+    let running = second.start(true).await.unwrap();
+    let signal = tok_store::NewSignal {
+        key: "go".into(),
+        payload: json!({}),
+        idempotency_key: None,
+        lookback_ms: 0,
+    };
+    store.send_signal(&t, signal).await.unwrap();
+    wait_for_status(&*store, &t, &run, "failed").await;
+    running.shutdown().await;
+
+    let child_error = error_of(&*store, &t, &child_run).await;
+    assert!(child_error.contains("does not parse"), "{child_error}");
+    assert_eq!(
+        store.run(&t, &child_run).await.unwrap().unwrap().run.status,
+        "failed"
+    );
+    let error = error_of(&*store, &t, &run).await;
+    assert!(
+        error.contains("child_failed") && error.contains(&child_error),
+        "the parent's step fails with the child's error: {error}"
+    );
+    let incidents = store.incidents(&t, None, 10, None).await.unwrap().items;
+    assert!(
+        incidents
+            .iter()
+            .any(|i| i.run_id.as_deref() == Some(child_run.as_str())),
+        "the child's failure opened an incident: {incidents:?}"
+    );
+}
+
+async fn error_of(store: &dyn Store, t: &TenantId, run: &RunId) -> String {
+    let detail = store.run(t, run).await.unwrap().unwrap();
+    detail.run.error.unwrap_or_default()
 }
 
 async fn a_wait_overdue_and_untaken_gives_a_wait_overdue_incident(db: &TestDb) {

@@ -120,6 +120,12 @@ impl From<EngineError> for ApiError {
             EngineError::AutomationPaused(_) => {
                 Self::new(StatusCode::CONFLICT, "automation_paused", e.to_string())
             }
+            EngineError::StartRateExceeded { retry_after_ms, .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "start_rate_exceeded",
+                e.to_string(),
+            )
+            .with("retry_after_ms", retry_after_ms.max(1) as u64),
             EngineError::Definition(message) => {
                 tracing::error!(%message, "stored definition unusable");
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)

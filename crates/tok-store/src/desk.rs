@@ -297,6 +297,16 @@ pub trait RecordTx: Send {
     /// repeated idempotency key of the run's automation answers the run
     /// the key started, and writes nothing.
     async fn start_child(&mut self, event: NewEvent, run: NewRun) -> Result<ChildStart>;
+    /// The creation times of the latest `limit` starts of `automation`
+    /// after `since`, newest first, refused runs left out, its starts locked
+    /// until the record commits (a child's start limit,
+    /// `settings.limits.startsPerMinute`).
+    async fn recent_starts(
+        &mut self,
+        automation: &AutomationId,
+        since: i64,
+        limit: u32,
+    ) -> Result<Vec<i64>>;
     /// This job's run ended: the waits on it learn how (a waiting parent
     /// is resumed when its wait is over), when the record commits.
     async fn run_ended(&mut self, ended: RunEnded) -> Result<()>;

@@ -713,6 +713,15 @@ macro_rules! impl_desk {
                 start_child_in(&mut self.tx, &self.job.tenant_id, &self.job.run_id, &event, &run).await
             }
 
+            async fn recent_starts(
+                &mut self,
+                automation: &AutomationId,
+                since: i64,
+                limit: u32,
+            ) -> Result<Vec<i64>> {
+                recent_starts_in(&mut self.tx, &self.job.tenant_id, automation, since, limit).await
+            }
+
             async fn run_ended(&mut self, ended: RunEnded) -> Result<()> {
                 run_ended_in(&mut self.tx, &self.job.tenant_id, &ended).await
             }

@@ -53,6 +53,19 @@ pub trait DispatchTx: Send {
         since: i64,
     ) -> Result<i64>;
 
+    /// The creation times (Unix ms) of the latest `limit` runs of
+    /// `automation` created after `since`, newest first, refused runs left
+    /// out: what `settings.limits.startsPerMinute` counts. The
+    /// automation's starts stay locked until the transaction ends (a
+    /// manual start of it waits).
+    async fn recent_starts(
+        &mut self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        since: i64,
+        limit: u32,
+    ) -> Result<Vec<i64>>;
+
     /// Writes a line to a ticket's trace.
     async fn trace(
         &mut self,

@@ -34,6 +34,36 @@ macro_rules! impl_dispatch {
         /// for all jobs; returns the ids of the runs written (a run whose
         /// (event, automation) already had one is not) and the jobs written
         /// claimed for `handed`'s node.
+        /// The creation times of the automation's latest `limit` starts
+        /// after `since`, newest first (refused runs are no starts), with
+        /// the automation's starts locked until the transaction ends, so
+        /// that two transactions starting its runs count one after the
+        /// other.
+        async fn recent_starts_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            automation: &AutomationId,
+            since: i64,
+            limit: u32,
+        ) -> Result<Vec<i64>> {
+            let lock = key_lock(tenant, &format!("starts:{automation}"));
+            lock_names(tx, vec![lock]).await?;
+            let rows = sqlx::query(
+                "SELECT created_at FROM runs
+                 WHERE tenant_id = $1 AND automation_id = $2 AND created_at > $3
+                   AND status <> 'refused'
+                 ORDER BY created_at DESC
+                 LIMIT $4",
+            )
+            .bind(tenant.as_str())
+            .bind(automation.as_str())
+            .bind(since)
+            .bind(i64::from(limit))
+            .fetch_all(&mut **tx)
+            .await?;
+            Ok(rows.iter().map(|r| r.get::<i64, _>("created_at")).collect())
+        }
+
         async fn insert_runs(
             tx: &mut sqlx::Transaction<'_, $db>,
             runs: &[(TenantId, EventId, NewRun)],
@@ -50,6 +80,7 @@ macro_rules! impl_dispatch {
                     // A run whose first steps ran in the dispatch has started.
                     let started = !run.steps.is_empty();
                     let (status, started_at, finished_at) = match run.first_path {
+                        _ if run.refused.is_some() => (RunStatus::Refused, None, Some(now)),
                         Some(_) if is_handed(run) || started => (RunStatus::Running, Some(now), None),
                         Some(_) => (RunStatus::Queued, None, None),
                         None => (RunStatus::Completed, started.then_some(now), Some(now)),
@@ -67,14 +98,14 @@ macro_rules! impl_dispatch {
             let written: std::collections::HashSet<String> = sqlx::query(concat!(
                 "INSERT INTO runs (id, tenant_id, automation_id, version, event_id, trigger_type,
                     status, depth, queue_key, context, actions, created_at, started_at,
-                    finished_at, idempotency_key, subject_ticket_id)
+                    finished_at, idempotency_key, subject_ticket_id, error)
                  SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
                     CAST(x.value ->> 3 AS INTEGER), x.value ->> 4,
                     x.value ->> 5, x.value ->> 6,
                     CAST(x.value ->> 7 AS INTEGER), x.value ->> 8,
                     x.value -> 9, CAST(x.value ->> 14 AS INTEGER), $2, CAST(x.value ->> 10 AS BIGINT),
                     CAST(x.value ->> 11 AS BIGINT),
-                    x.value ->> 12, x.value ->> 13
+                    x.value ->> 12, x.value ->> 13, x.value ->> 15
                  FROM ", batch_rows!(1), "
                  WHERE true
                  ORDER BY x.key
@@ -103,6 +134,7 @@ macro_rules! impl_dispatch {
             let jobs: Vec<$crate::rows::JobRow> = runs
                 .iter()
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))
+                .filter(|(_, _, run)| run.refused.is_none())
                 .filter_map(|(tenant_id, _, run)| {
                     let path = run.first_path.as_deref()?;
                     let claim = handed.filter(|_| is_handed(run));
@@ -271,6 +303,16 @@ macro_rules! impl_dispatch {
                 .fetch_one(&mut *self.tx)
                 .await?;
                 Ok(row.get("n"))
+            }
+
+            async fn recent_starts(
+                &mut self,
+                tenant: &TenantId,
+                automation: &AutomationId,
+                since: i64,
+                limit: u32,
+            ) -> Result<Vec<i64>> {
+                recent_starts_in(&mut self.tx, tenant, automation, since, limit).await
             }
 
             async fn trace(

@@ -305,15 +305,39 @@ macro_rules! impl_inbox {
                 event: NewEvent,
                 run: NewRun,
             ) -> Result<RunId> {
+                match self.start_run_limited(tenant, event, run, None).await? {
+                    Started::Run(id) => Ok(id),
+                    Started::Limited { .. } => Err(StoreError::Conflict("a start without a limit was limited".into())),
+                }
+            }
+
+            async fn start_run_limited(
+                &self,
+                tenant: &TenantId,
+                event: NewEvent,
+                run: NewRun,
+                starts_per_minute: Option<u32>,
+            ) -> Result<Started> {
                 // The run's context holds the event's payload.
                 $crate::storable::check_event(&event)?;
                 if let Some(key) = &run.idempotency_key {
                     if let Some(existing) = run_by_key(self.reader(), tenant, &run.automation_id, key).await? {
-                        return Ok(existing);
+                        return Ok(Started::Run(existing));
                     }
                 }
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
+                if let Some(per_minute) = starts_per_minute {
+                    let now = now_ms();
+                    let since = now - tok_core::limits::START_WINDOW_MS;
+                    let recent =
+                        recent_starts_in(&mut tx, tenant, &run.automation_id, since, per_minute).await?;
+                    if let Err(retry_after_ms) =
+                        tok_core::limits::start_allowed(&recent, per_minute, now)
+                    {
+                        return Ok(Started::Limited { retry_after_ms });
+                    }
+                }
                 let event_id = insert_event(&mut tx, tenant, &event, "dispatched")
                     .await?
                     .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
@@ -323,7 +347,7 @@ macro_rules! impl_inbox {
                             sqlx::query(notify_work!()).execute(&mut *tx).await?;
                         }
                         tx.commit().await?;
-                        Ok(run.id.clone())
+                        Ok(Started::Run(run.id.clone()))
                     }
                     Err(StoreError::Database(sqlx::Error::Database(e)))
                         if e.is_unique_violation() && run.idempotency_key.is_some() =>
@@ -332,6 +356,7 @@ macro_rules! impl_inbox {
                         let key = run.idempotency_key.clone().unwrap_or_default();
                         run_by_key(self.reader(), tenant, &run.automation_id, &key)
                             .await?
+                            .map(Started::Run)
                             .ok_or(StoreError::NotFound("run"))
                     }
                     Err(e) => Err(e),

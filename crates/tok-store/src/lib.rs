@@ -24,6 +24,8 @@ pub mod desk;
 mod desk_sql;
 pub mod dispatch;
 mod dispatch_sql;
+pub mod effects;
+mod effects_sql;
 mod fault;
 mod fragments;
 mod gate;
@@ -61,6 +63,7 @@ pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApp
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
+pub use effects::EffectStore;
 pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
@@ -71,7 +74,8 @@ pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
 pub use watch::{
-    ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, UnfinishedRun, WatchStore,
+    ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, UnfinishedRun,
+    WatchStore,
 };
 pub use widgets::{NewWidget, Widget, WidgetStore};
 
@@ -197,6 +201,28 @@ pub trait InboxStore: Send + Sync {
     /// and its first job in one transaction. A repeated idempotency key
     /// returns the run the first call created.
     async fn start_run(&self, tenant: &TenantId, event: NewEvent, run: NewRun) -> Result<RunId>;
+
+    /// [`InboxStore::start_run`] under the automation's
+    /// `settings.limits.startsPerMinute`: when the starts of the last
+    /// minute reached it, nothing is written and the answer says when a
+    /// start frees up. A repeated idempotency key still answers its run.
+    async fn start_run_limited(
+        &self,
+        tenant: &TenantId,
+        event: NewEvent,
+        run: NewRun,
+        starts_per_minute: Option<u32>,
+    ) -> Result<Started>;
+}
+
+/// What [`InboxStore::start_run_limited`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Started {
+    Run(RunId),
+    /// Over the limit: a start frees up in this many milliseconds.
+    Limited {
+        retry_after_ms: i64,
+    },
 }
 
 /// Reading runs.
@@ -295,6 +321,7 @@ pub trait Store:
     + WidgetStore
     + RetentionStore
     + ApprovalStore
+    + EffectStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on PostgreSQL).

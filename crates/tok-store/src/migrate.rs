@@ -37,6 +37,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     13 "0013_create_approvals",
     14 "0014_create_widgets",
     15 "0015_index_rows_by_age_for_expiry",
+    17 "0017_store_effects_once_and_count_starts",
     19 "0019_partition_the_event_inbox_by_month",
 );
 
@@ -54,6 +55,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     11 "0011_create_approvals",
     12 "0012_create_widgets",
     13 "0013_index_rows_by_age_for_expiry",
+    15 "0015_store_effects_once_and_count_starts",
     17 "0017_keep_idempotency_keys_apart",
 );
 

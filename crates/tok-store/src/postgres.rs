@@ -19,6 +19,7 @@ use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
+use crate::effects_sql::impl_effects;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
 use crate::migrate;
@@ -233,6 +234,11 @@ impl_schedule! {
 }
 
 impl_watch! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_effects! {
     store = PgStore,
     db = sqlx::Postgres,
 }

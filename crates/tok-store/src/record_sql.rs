@@ -84,6 +84,7 @@ macro_rules! impl_record {
             }
             let written = async {
                 let continued = write_records(&mut tx, &fenced).await?;
+                ended_outside_the_decider(&mut tx, &fenced).await?;
                 tx.commit().await?;
                 Result::Ok(continued)
             }
@@ -113,6 +114,31 @@ macro_rules! impl_record {
                     )),
                 })
                 .collect()))
+        }
+
+        /// A record of the group commit carries no effects, so a run it fails
+        /// failed outside the decider (a job path that no longer reads, a
+        /// record the database refused) and no `NotifyParent` effect told
+        /// the run waiting on it: it learns it here, the same way.
+        async fn ended_outside_the_decider(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            items: &[(ClaimedJob, Record, String)],
+        ) -> Result<()> {
+            for (job, record, _) in items {
+                if record.status != RunStatus::Failed
+                    || tok_core::children::parent_of(&record.context).is_none()
+                {
+                    continue;
+                }
+                let ended = RunEnded {
+                    run_id: job.run_id.to_string(),
+                    status: record.status,
+                    output: Value::Null,
+                    error: record.error.clone(),
+                };
+                run_ended_in(tx, &job.tenant_id, &ended).await?;
+            }
+            Ok(())
         }
 
         /// Writes step rows, one statement for all of them.

@@ -28,10 +28,19 @@ pub enum Expiring {
     /// Dispatched `event_inbox` rows by `received_at` (`inboxDays`);
     /// pending events stay. Partitioned on PostgreSQL.
     Inbox,
+    /// Effects once's stored results (`step_effects`) by `created_at`,
+    /// with the step data (`stepDataDays`).
+    Effects,
 }
 
 impl Expiring {
-    pub const ALL: [Expiring; 4] = [Self::StepData, Self::Runs, Self::Trace, Self::Inbox];
+    pub const ALL: [Expiring; 5] = [
+        Self::StepData,
+        Self::Runs,
+        Self::Trace,
+        Self::Inbox,
+        Self::Effects,
+    ];
 
     /// The table its rows are in.
     pub fn table(self) -> &'static str {
@@ -40,13 +49,14 @@ impl Expiring {
             Self::Runs => "runs",
             Self::Trace => "ticket_trace",
             Self::Inbox => "event_inbox",
+            Self::Effects => "step_effects",
         }
     }
 
     /// How many days a tenant keeps these rows.
     pub fn days(self, retention: &Retention) -> u32 {
         match self {
-            Self::StepData => retention.step_data_days,
+            Self::StepData | Self::Effects => retention.step_data_days,
             Self::Runs => retention.runs_days,
             Self::Trace => retention.trace_days,
             Self::Inbox => retention.inbox_days,

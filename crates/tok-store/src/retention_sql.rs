@@ -23,11 +23,17 @@ macro_rules! impl_retention {
                 Expiring::Runs => {
                     "DELETE FROM runs WHERE tenant_id = $1 AND id IN (
                          SELECT id FROM runs WHERE tenant_id = $1 AND finished_at < $2
-                           AND status IN ('completed', 'failed', 'cancelled') LIMIT $3)"
+                           AND status IN ('completed', 'failed', 'cancelled', 'refused') LIMIT $3)"
                 }
                 Expiring::Trace => {
                     "DELETE FROM ticket_trace WHERE tenant_id = $1 AND at < $2 AND id IN (
                          SELECT id FROM ticket_trace WHERE tenant_id = $1 AND at < $2 LIMIT $3)"
+                }
+                Expiring::Effects => {
+                    "DELETE FROM step_effects WHERE tenant_id = $1 AND created_at < $2
+                       AND idempotency_key IN (
+                         SELECT idempotency_key FROM step_effects
+                         WHERE tenant_id = $1 AND created_at < $2 LIMIT $3)"
                 }
                 Expiring::Inbox => {
                     "DELETE FROM event_inbox WHERE tenant_id = $1 AND received_at < $2 AND id IN (

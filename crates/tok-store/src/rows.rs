@@ -181,6 +181,7 @@ array_row!(RunRow, |r| [
     r.run.idempotency_key,   // 12
     r.run.subject_ticket_id, // 13
     r.run.actions,           // 14
+    r.run.refused,           // 15
 ]);
 
 array_row!(JobRow, |r| [

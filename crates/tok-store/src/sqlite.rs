@@ -23,6 +23,7 @@ use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
+use crate::effects_sql::impl_effects;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
 use crate::migrate;
@@ -273,6 +274,11 @@ impl_schedule! {
 }
 
 impl_watch! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_effects! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, RunId, TenantId};
 
-use crate::Result;
+use crate::{Cause, NewIncident, NewInternalEvent, Result};
 
 /// How often a job's lease may expire before the watch calls it stuck
 /// (the partial index `jobs_lease_expired_repeatedly` holds the same 3).
@@ -39,6 +39,17 @@ pub struct ExpiringJob {
 pub struct UnfinishedRun {
     pub id: RunId,
     pub created_at: i64,
+}
+
+/// How [`WatchStore::fail_run`] fails a run: its error, and the tenant's
+/// incident and the `run.failed` event a run failed by the decider gets.
+#[derive(Debug, Clone)]
+pub struct RunFailure {
+    pub error: String,
+    pub incident: Option<NewIncident>,
+    pub event: Option<NewInternalEvent>,
+    /// Who raises the event (the failed run).
+    pub cause: Cause,
 }
 
 /// A platform incident to open: one per `source` while it is open.
@@ -102,14 +113,19 @@ pub trait WatchStore: Send + Sync {
         limit: u32,
     ) -> Result<Vec<UnfinishedRun>>;
 
-    /// Fails a queued, running or waiting run with `error`: its job and
-    /// waits go (a step in flight has its result discarded). False when
-    /// the run had finished or was paused meanwhile.
-    async fn time_out_run(
+    /// Fails a queued, running or waiting run from outside the decider
+    /// (its `settings.runTimeout` passed, its definition no longer reads),
+    /// all in one transaction: the run fails with `failure.error`, its job
+    /// and waits go (a step in flight has its result discarded), the runs
+    /// waiting on it learn it ended (as the decider's `NotifyParent` effect
+    /// tells them), and `failure`'s incident and event are written. False,
+    /// and nothing written, when the run had finished or was paused
+    /// meanwhile.
+    async fn fail_run(
         &self,
         tenant: &TenantId,
         run: &RunId,
-        error: &str,
+        failure: RunFailure,
         now: i64,
     ) -> Result<bool>;
 

@@ -114,11 +114,11 @@ macro_rules! impl_watch {
                     .collect())
             }
 
-            async fn time_out_run(
+            async fn fail_run(
                 &self,
                 tenant: &TenantId,
                 run: &RunId,
-                error: &str,
+                failure: $crate::watch::RunFailure,
                 now: i64,
             ) -> Result<bool> {
                 let writer = self.writer().await;
@@ -130,26 +130,40 @@ macro_rules! impl_watch {
                 )
                 .bind(tenant.as_str())
                 .bind(run.as_str())
-                .bind(error)
+                .bind(&failure.error)
                 .bind(now)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()
                     > 0;
-                if failed {
-                    for sql in [
-                        "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
-                        "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
-                    ] {
-                        sqlx::query(sql)
-                            .bind(tenant.as_str())
-                            .bind(run.as_str())
-                            .execute(&mut *tx)
-                            .await?;
-                    }
+                if !failed {
+                    return Ok(false);
+                }
+                for sql in [
+                    "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
+                    "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
+                ] {
+                    sqlx::query(sql)
+                        .bind(tenant.as_str())
+                        .bind(run.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                let ended = RunEnded {
+                    run_id: run.to_string(),
+                    status: RunStatus::Failed,
+                    output: Value::Null,
+                    error: Some(failure.error.clone()),
+                };
+                run_ended_in(&mut tx, tenant, &ended).await?;
+                if let Some(incident) = failure.incident {
+                    open_incident_in(&mut *tx, tenant, incident).await?;
+                }
+                if let Some(event) = failure.event {
+                    emit_in(&mut *tx, tenant, event, &failure.cause).await?;
                 }
                 tx.commit().await?;
-                Ok(failed)
+                Ok(true)
             }
 
             async fn open_platform_incident(

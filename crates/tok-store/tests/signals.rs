@@ -227,6 +227,7 @@ impl Fixture {
                 subject_ticket_id: None,
                 steps: Vec::new(),
                 actions: 0,
+                refused: None,
             };
             let event = NewEvent {
                 source_kind: "manual".into(),

@@ -25,7 +25,7 @@ use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use crate::approval::{self, APPROVAL};
-use crate::builtin::{self, Outcome};
+use crate::builtin::{self, Outcome, WAIT};
 use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::context::Context;
 use crate::definition::{Automation, Step};
@@ -320,6 +320,17 @@ pub fn advance(
         Input::RunsEnded { ended, timed_out }
             if step.kind == RUN_WORKFLOW || step.kind == WAIT_FOR_RUNS =>
         {
+            let mut decider = decider;
+            let path = decider.state.path.clone();
+            if timed_out
+                && let Some(level) = escalation::fires(step, &path, &mut decider.state.context)
+            {
+                // A side chain: the step keeps waiting, the level's steps run.
+                decider.state.path = path.child(Branch::Escalation(level), 0);
+                decider.state.attempt = 1;
+                return decider.chain(env);
+            }
+            escalation::end(&path, &mut decider.state.context);
             let now = decider.now_ms();
             match children::outcome(step, &ended, timed_out) {
                 Ok((outputs, log)) => {
@@ -480,6 +491,34 @@ impl Decider<'_> {
                     return self.step_failed(step, None, now, error, env);
                 }
             }
+            if step.kind == WAIT
+                && let Some((_, timeout_at)) = escalation::began(&path, &self.state.context)
+            {
+                // A `wait` with escalations, claimed again while it waits:
+                // for a level, or at its end.
+                let now = self.now_ms();
+                if let Some(level) = escalation::fires_by(step, &path, &mut self.state.context, now)
+                {
+                    self.state.path = path.child(Branch::Escalation(level), 0);
+                    self.state.attempt = 1;
+                    continue;
+                }
+                let until = timeout_at.unwrap_or(now);
+                if until > now {
+                    return self.wait_again(path);
+                }
+                escalation::end(&path, &mut self.state.context);
+                let until = Timestamp::from_millisecond(until).unwrap_or(self.now);
+                let outputs = Map::from_iter([("until".to_owned(), json!(until.to_string()))]);
+                let record = self.record(step, None, now);
+                let log = vec![format!("waited until {until}")];
+                let next = self.publish(step, record, outputs, log);
+                self = match self.follow(next, env) {
+                    Ok(decider) => decider,
+                    Err(transition) => return *transition,
+                };
+                continue;
+            }
             let scope = flow::scope(&automation.steps, &path, self.state.context.as_value());
             if class != StepClass::Control {
                 let rendered = template::render_value(&step.config, &scope);
@@ -565,7 +604,7 @@ impl Decider<'_> {
                 return match wait {
                     Ok((wait, config)) => {
                         let record = self.record(step, Some(config), now);
-                        self.park_on_runs(record, wait)
+                        self.park_on_runs(step, record, wait)
                     }
                     Err(error) => self.step_failed(step, None, now, error, env),
                 };
@@ -573,6 +612,12 @@ impl Decider<'_> {
             let outcome = builtin::evaluate(step, &scope, self.now);
             drop(scope);
             let started_at = self.now_ms();
+            if let Ok(Outcome::WaitUntil { until, log }) = &outcome
+                && !step.escalations.is_empty()
+                && until.as_millisecond() > started_at
+            {
+                return self.park_on_timer(step, *until, log.clone());
+            }
             match outcome {
                 Ok(Outcome::Done { outputs, log }) => {
                     if let Err(error) = check_output_size(&step.id, &outputs) {
@@ -746,7 +791,7 @@ impl Decider<'_> {
             Some(wait) => {
                 let mut record = self.record(step, input, started_at);
                 record.output = Some(Value::Object(outputs));
-                self.park_on_runs(record, wait)
+                self.park_on_runs(step, record, wait)
             }
             None => {
                 let record = self.record(step, input, started_at);

@@ -1,12 +1,14 @@
 //! How the decider parks a run at a waiting step (a signal, a decision,
-//! other runs) and parks it again after an escalation level's steps.
+//! other runs, a timer with escalations) and parks it again after an
+//! escalation level's steps.
 
 use jiff::Timestamp;
 use serde_json::{Map, Value};
 
 use super::{Decider, Then, Transition};
 use crate::approval::{self, APPROVAL};
-use crate::children;
+use crate::builtin::WAIT;
+use crate::children::{self, WAIT_FOR_RUNS};
 use crate::definition::Step;
 use crate::escalation;
 use crate::flow;
@@ -97,6 +99,33 @@ impl Decider<'_> {
         };
         self.state.path = waiting.clone();
         self.state.attempt = 1;
+        let path = waiting.to_string();
+        match step.kind.as_str() {
+            WAIT_FOR_RUNS => {
+                let scope = flow::scope(&automation.steps, &waiting, self.state.context.as_value());
+                let wait = children::runs_wait(step, &scope, self.now);
+                drop(scope);
+                let mut wait = match wait {
+                    Ok((wait, _)) => wait,
+                    Err(error) => {
+                        let message =
+                            format!("step `{}` cannot wait again: {}", step.id, error.message());
+                        return self.fail(message);
+                    }
+                };
+                wait.due_at = self.escalated_due(step, None);
+                let next = NextJob::WaitForRuns { path, wait };
+                return self.finish(RunStatus::Waiting, None, Then::Record(next));
+            }
+            WAIT => {
+                let now = self.now_ms();
+                let due = self.escalated_due(step, None).unwrap_or(now);
+                let delay_ms = (due - now).max(0);
+                let next = NextJob::Step { path, delay_ms };
+                return self.finish(RunStatus::Waiting, None, Then::Record(next));
+            }
+            _ => {}
+        }
         let wait = match step.kind.as_str() {
             APPROVAL => {
                 let waiting_output = self.waiting_output(step);
@@ -126,7 +155,6 @@ impl Decider<'_> {
         // The timeout is the one the wait began with, kept with its
         // escalations; this only finds the next one due.
         wait.due_at = self.escalated_due(step, None);
-        let path = waiting.to_string();
         self.finish(
             RunStatus::Waiting,
             None,
@@ -134,11 +162,41 @@ impl Decider<'_> {
         )
     }
 
+    /// The run parks at a `wait` step with escalations until `until`: at
+    /// the step itself (a plain `wait` parks at the next step), due at its
+    /// first level, so that the levels fire while it waits.
+    pub(super) fn park_on_timer(
+        mut self,
+        step: &Step,
+        until: Timestamp,
+        log: Vec<String>,
+    ) -> Transition {
+        let now = self.now_ms();
+        let mut record = self.record(step, None, now);
+        record.status = StepStatus::Waiting;
+        record.log = log;
+        let due = self.escalated_due(step, Some(until.as_millisecond()));
+        let path = self.state.path.to_string();
+        self.push(record);
+        let delay_ms = (due.unwrap_or(now) - now).max(0);
+        self.finish(
+            RunStatus::Waiting,
+            None,
+            Then::Record(NextJob::Step { path, delay_ms }),
+        )
+    }
+
     /// The run parks at a step that waits on runs (`record` is that step's
     /// record, marked waiting here).
-    pub(super) fn park_on_runs(mut self, mut record: StepRecord, wait: RunsWait) -> Transition {
+    pub(super) fn park_on_runs(
+        mut self,
+        step: &Step,
+        mut record: StepRecord,
+        mut wait: RunsWait,
+    ) -> Transition {
         record.status = StepStatus::Waiting;
         record.log.push(children::waiting_line(&wait));
+        wait.due_at = self.escalated_due(step, wait.due_at);
         let path = self.state.path.to_string();
         self.push(record);
         self.finish(

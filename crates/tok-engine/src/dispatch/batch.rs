@@ -19,6 +19,8 @@ use tok_store::{
     Candidate, Cause, ClaimedJob, Claims, DispatchTx, PendingEvent, Plan, Result, now_ms,
 };
 
+use tok_core::limits::{START_WINDOW_MS, start_allowed, start_rate_exceeded};
+
 use super::plan::{PlannedOnTickets, TICKET_WINDOW_MS};
 use crate::fairness::{self, Crowding};
 
@@ -107,6 +109,9 @@ pub(crate) async fn dispatch(
     // looked up once per batch.
     let mut matching: HashMap<Trigger, Vec<Candidate>> = HashMap::new();
     let mut on_tickets = PlannedOnTickets::default();
+    // Start limits: an automation's starts of the last minute, read (and
+    // locked) once per batch, with the runs this batch starts added.
+    let mut starts: HashMap<(TenantId, AutomationId), Vec<i64>> = HashMap::new();
     let mut runs = Vec::new();
     let mut dispatched: Vec<EventId> = Vec::with_capacity(events.len());
     let mut received_at = Vec::with_capacity(events.len());
@@ -159,7 +164,22 @@ pub(crate) async fn dispatch(
             )
             .await?;
         }
-        for run in plan.runs {
+        for mut run in plan.runs {
+            if let Some(per_minute) = starts_per_minute(cached, &run.automation_id) {
+                let key = (event.tenant_id.clone(), run.automation_id.clone());
+                if !starts.contains_key(&key) {
+                    let since = now - START_WINDOW_MS;
+                    let recent = tx
+                        .recent_starts(&event.tenant_id, &run.automation_id, since, per_minute)
+                        .await?;
+                    starts.insert(key.clone(), recent);
+                }
+                let recent = starts.entry(key).or_default();
+                match start_allowed(recent, per_minute, now) {
+                    Ok(()) => recent.insert(0, now),
+                    Err(_) => refuse(&mut run, per_minute),
+                }
+            }
             runs.push((event.tenant_id.clone(), event.id.clone(), run));
         }
     }
@@ -189,6 +209,25 @@ pub(crate) async fn dispatch(
         claimed,
         backlog,
     })
+}
+
+/// The `settings.limits.startsPerMinute` of a candidate automation.
+fn starts_per_minute(candidates: &[Candidate], automation: &AutomationId) -> Option<u32> {
+    let candidate = candidates.iter().find(|c| &c.automation_id == automation)?;
+    let limit = candidate.definition["settings"]["limits"]["startsPerMinute"].as_u64()?;
+    Some(u32::try_from(limit).unwrap_or(u32::MAX))
+}
+
+/// A run over its automation's start limit is written `refused`: no step
+/// ran or runs (the pure steps the plan ran for it are dropped), and no
+/// incident is opened for it — a burst of events would open one per run;
+/// the runs listing shows them, with the error.
+fn refuse(run: &mut tok_store::NewRun, per_minute: u32) {
+    tracing::info!(run = %run.id, automation = %run.automation_id, per_minute, "start refused: over the automation's start limit");
+    run.refused = Some(start_rate_exceeded(per_minute));
+    run.first_path = None;
+    run.steps.clear();
+    run.actions = 0;
 }
 
 #[cfg(test)]
@@ -258,6 +297,16 @@ mod tests {
         ) -> Result<i64> {
             assert!(now_ms() - since >= TICKET_WINDOW_MS, "the last minute");
             Ok(self.earlier)
+        }
+
+        async fn recent_starts(
+            &mut self,
+            _tenant: &TenantId,
+            _automation: &AutomationId,
+            _since: i64,
+            _limit: u32,
+        ) -> Result<Vec<i64>> {
+            Ok(Vec::new())
         }
 
         async fn trace(

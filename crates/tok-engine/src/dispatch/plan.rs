@@ -223,6 +223,7 @@ pub fn plan(
             idempotency_key: None,
             subject_ticket_id: event.subject_ticket_id.clone(),
             actions: steps.len() as i32,
+            refused: None,
             steps,
         });
     }

@@ -104,28 +104,3 @@ pub(super) async fn chain_too_deep(
     .await?;
     Ok(())
 }
-
-/// A run whose stored definition does not parse fails before any step: an
-/// incident for the tenant, with the parse error in its detail.
-pub(super) async fn definition_invalid(
-    tx: &mut dyn RecordTx,
-    job: &ClaimedJob,
-    error: &str,
-) -> Result<(), StoreError> {
-    let text = incident::definition_invalid(&job.automation_id, job.version);
-    tx.open_incident(NewIncident {
-        source: text.source,
-        title: text.title,
-        impact: text.impact,
-        detail: json!({
-            "automation": { "id": job.automation_id, "version": job.version },
-            "run_id": job.run_id,
-            "code": "definition_invalid",
-            "message": error,
-        }),
-        run_id: Some(job.run_id.clone()),
-        ticket_id: job.subject_ticket_id.clone(),
-    })
-    .await?;
-    Ok(())
-}

@@ -54,10 +54,30 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
         }
         Err(e) => {
             // The stored definition does not parse (or its version is
-            // gone): the run fails at once, visibly, with an incident.
+            // gone): the run fails at once, visibly, from outside the
+            // decider (which cannot read the tree), with one incident per
+            // broken version, `run.failed` and its waiting parent told.
             let error = format!("{DEFINITION_INVALID}: {e}");
             tracing::error!(job = %job.id, run = %job.run_id, %error, "the run's definition is not valid; the run fails");
-            if let Err(e) = definition_invalid(inner, &job, error).await {
+            let name = match inner
+                .store
+                .automation(&job.tenant_id, &job.automation_id)
+                .await
+            {
+                Ok(Some(row)) => row.name,
+                _ => job.automation_id.to_string(),
+            };
+            let failed = crate::failure::fail_run(
+                &*inner.store,
+                &job.tenant_id,
+                &job.run_id,
+                &name,
+                error,
+                crate::failure::Why::DefinitionInvalid,
+                now_ms(),
+            )
+            .await;
+            if let Err(e) = failed {
                 tracing::error!(job = %job.id, error = %e, "could not record a broken definition");
             }
             return;
@@ -125,18 +145,6 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
 
 /// The error code a run fails with when its stored definition does not parse.
 pub(crate) const DEFINITION_INVALID: &str = "definition_invalid";
-
-/// Fails a run whose definition does not parse, with its incident, in one
-/// record transaction.
-async fn definition_invalid(
-    inner: &Inner,
-    job: &ClaimedJob,
-    error: String,
-) -> Result<(), StoreError> {
-    let mut tx = inner.store.begin_record(job).await?;
-    effects::definition_invalid(&mut *tx, job, &error).await?;
-    tx.commit(failed_without_step(job, error)).await
-}
 
 /// How a claim's record ended.
 enum Driven {
@@ -500,6 +508,7 @@ async fn call_handler(
         lease_ms: inner.lease_ms(),
         config: step.config.clone(),
         context: scope,
+        effects: crate::registry::Effects::in_store(inner.store.clone()),
     };
     let handled = async move { handler.run(call).await }.instrument(tracing::Span::current());
     match tokio::spawn(handled).await {

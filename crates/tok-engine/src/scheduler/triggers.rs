@@ -209,6 +209,7 @@ async fn start(
         subject_ticket_id: None,
         steps: Vec::new(),
         actions: 0,
+        refused: None,
     };
     Ok(Some(store.start_run(tenant, new_event, run).await?))
 }

@@ -9,7 +9,9 @@
 //! - `queue_stalled`: the oldest ready job older than [`QUEUE_STALLED`]
 //!   while this node's workers have free slots;
 //! - `run_timeout`: a run unfinished past its automation's
-//!   `settings.runTimeout`, which is then failed.
+//!   `settings.runTimeout`, which is then failed like a run the decider
+//!   fails (the tenant's incident, `run.failed`, its parent told:
+//!   [`crate::failure`]).
 
 use std::time::Duration;
 
@@ -133,7 +135,16 @@ async fn time_out_runs(
             let error = format!(
                 "run_timeout: the run did not finish within {limit_text} (settings.runTimeout)"
             );
-            if !store.time_out_run(tenant, &run.id, &error, now).await? {
+            if !crate::failure::fail_run(
+                store,
+                tenant,
+                &run.id,
+                &row.name,
+                error,
+                crate::failure::Why::TimedOut,
+                now,
+            )
+            .await? {
                 continue;
             }
             report.stuck += 1;

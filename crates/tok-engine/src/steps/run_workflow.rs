@@ -132,7 +132,20 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         subject_ticket_id: None,
         steps: Vec::new(),
         actions: 0,
+        refused: None,
     };
+    let mut run = run;
+    if let Some(per_minute) = automation.settings.limits.starts_per_minute {
+        // Over the child's start limit, the child is written `refused`:
+        // the parent that waits for it fails its step with `child_failed`.
+        let now = tok_store::now_ms();
+        let since = now - tok_core::limits::START_WINDOW_MS;
+        let recent = cx.tx.recent_starts(&row.id, since, per_minute).await?;
+        if tok_core::limits::start_allowed(&recent, per_minute, now).is_err() {
+            run.refused = Some(tok_core::limits::start_rate_exceeded(per_minute));
+            run.first_path = None;
+        }
+    }
     let started = cx.tx.start_child(event, run).await?;
     let mut out = Map::new();
     out.insert("runId".into(), json!(started.run_id));

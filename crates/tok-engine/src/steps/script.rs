@@ -193,6 +193,7 @@ mod tests {
             lease_ms: 30_000,
             config,
             context: json!({}),
+            effects: crate::registry::Effects::none(),
         };
         let e = step
             .run(call(json!({"source": "function main() { return {} }"})))

@@ -300,7 +300,7 @@ const onLive = (fn) => live.listeners.add(fn);
 
 // ---------- Runs ----------
 
-const STATUSES = ["queued", "running", "waiting", "paused", "completed", "failed", "cancelled"];
+const STATUSES = ["queued", "running", "waiting", "paused", "completed", "failed", "cancelled", "refused"];
 const TRIGGERS = ["webhook", "event", "poll", "schedule", "manual"];
 let automationNames = new Map();
 
@@ -386,7 +386,7 @@ async function runList(view) {
 function controlsFor(status) {
   return {
     retry: status === "failed",
-    cancel: !["completed", "failed", "cancelled"].includes(status),
+    cancel: !["completed", "failed", "cancelled", "refused"].includes(status),
     pause: ["queued", "running", "waiting"].includes(status),
     resume: status === "paused",
   };

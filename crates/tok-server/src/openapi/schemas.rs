@@ -9,6 +9,22 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
+/// A run's status. `refused`: an event would have started the run over
+/// its automation's `settings.limits.startsPerMinute`; no step ran.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub(crate) enum RunStatusName {
+    Queued,
+    Running,
+    Waiting,
+    Paused,
+    Completed,
+    Failed,
+    Cancelled,
+    Refused,
+}
+
 /// One run as listings show it.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct RunSummary {
@@ -16,7 +32,7 @@ pub(crate) struct RunSummary {
     automation_id: String,
     version: i32,
     event_id: String,
-    /// queued, running, waiting, paused, completed, failed or cancelled.
+    #[schema(value_type = RunStatusName)]
     status: String,
     /// webhook, event, poll, schedule, manual or parent.
     trigger_type: String,

@@ -247,7 +247,7 @@ struct StartBody {
     idempotency_key: Option<String>,
 }
 
-#[utoipa::path(post, path = "/api/automations/{id}/runs", tag = "automations", responses((status = 201, body = crate::openapi::schemas::RunStarted)))]
+#[utoipa::path(post, path = "/api/automations/{id}/runs", tag = "automations", responses((status = 201, body = crate::openapi::schemas::RunStarted), (status = 429, description = "over the automation's `settings.limits.startsPerMinute` (`start_rate_exceeded`; `Retry-After` says when a start frees up)", body = crate::openapi::ErrorBody)))]
 async fn start_run(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,

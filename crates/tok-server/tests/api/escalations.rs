@@ -11,6 +11,7 @@ use crate::helpers::{TestApp, backend_tests, log_step, manual};
 
 backend_tests!(crate::helpers::run;
     an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting,
+    a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends,
 );
 
 async fn an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting(app: &TestApp) {
@@ -92,6 +93,88 @@ async fn an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting(a
         .map(|s| s["step_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["st_ok", "st_late", "st_ok", "st_after"], "{done:#}");
+    assert!(
+        done["context"].get("_escalations").is_none(),
+        "the wait's escalations are over: {done:#}"
+    );
+}
+
+async fn a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let child = manual(
+        "Ship order",
+        &json!([
+            { "id": "st_shipped", "type": "wait_for_event", "config": { "key": "order:shipped" } },
+            { "id": "st_end", "type": "end", "config": { "output": { "shipped": true } } }
+        ]),
+    );
+    let child = app.create_automation(&tenant, &child).await;
+    let parent = manual(
+        "Order",
+        &json!([
+            { "id": "st_start", "type": "run_workflow",
+              "config": { "automation": child, "input": {}, "wait": false } },
+            { "id": "st_runs", "type": "wait_for_runs",
+              "config": { "runs": ["{{st_start.runId}}"] },
+              "escalations": [
+                { "after": "200ms", "steps": [
+                    { "id": "st_late", "type": "incident/create",
+                      "config": { "title": "Shipping is late", "impact": "a customer waits" } } ] },
+                { "after": "50m", "steps": [ log_step("st_later", "still not shipped") ] }
+              ] },
+            log_step("st_after", "shipped")
+        ]),
+    );
+    let parent = app.create_automation(&tenant, &parent).await;
+    let run = app
+        .start_run(&tenant, &parent, &json!({ "input": {} }))
+        .await;
+
+    // The first level fires while the child still waits; the parent waits on.
+    let escalated = app
+        .wait_for_run(&tenant, &run, |r| {
+            r["status"] == "waiting"
+                && r["waits"].as_array().is_some_and(|w| w.len() == 1)
+                && r["steps"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().any(|s| s["step_id"] == "st_late"))
+        })
+        .await;
+    assert_eq!(escalated["waits"][0]["kind"], "runs", "{escalated:#}");
+    let incidents = app
+        .get(&tenant.key, "/api/incidents")
+        .await
+        .expect(StatusCode::OK);
+    let items = incidents["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{incidents:#}");
+    assert_eq!(items[0]["title"], "Shipping is late");
+
+    // The child ends: the wait resumes with its output; the later level never fires.
+    app.post(
+        &tenant.key,
+        "/api/signals",
+        &json!({ "key": "order:shipped", "payload": {} }),
+    )
+    .await
+    .expect(StatusCode::ACCEPTED);
+    let done = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let ids: Vec<&str> = done["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["st_start", "st_runs", "st_late", "st_runs", "st_after"],
+        "{done:#}"
+    );
+    assert_eq!(
+        done["context"]["st_runs"]["runs"][0]["output"],
+        json!({ "shipped": true }),
+        "{done:#}"
+    );
     assert!(
         done["context"].get("_escalations").is_none(),
         "the wait's escalations are over: {done:#}"

@@ -19,6 +19,7 @@ mod health;
 mod incidents;
 mod intake;
 mod isolation;
+mod limits;
 mod openapi;
 mod pages;
 mod platform_incidents;

@@ -4,9 +4,11 @@
 //! how each ended, and is due at once when they ended before it parked; a
 //! run's end resumes the waits on it in its own record; a timeout hands the
 //! job out with what ended so far; a signal on a run's key resumes no wait
-//! on runs; a cancel takes the runs a run waits for with it.
+//! on runs; a cancel takes the runs a run waits for with it; a run failed
+//! outside the decider (a record of the group commit, `fail_run`) resumes
+//! the run parked on it too.
 
-use tok_store::{ChildStart, Resume, RunEnded, RunsMode, RunsWait};
+use tok_store::{Cause, ChildStart, Resume, RunEnded, RunFailure, RunsMode, RunsWait, now_ms};
 
 use super::*;
 
@@ -17,6 +19,7 @@ backend_tests!(
     a_wait_for_all_runs_counts_each_end_and_takes_ended_runs_at_once,
     a_wait_on_runs_times_out_with_what_ended_so_far,
     a_cancel_takes_the_runs_a_run_waits_for_with_it,
+    a_run_failed_outside_the_decider_resumes_the_run_parked_on_it,
 );
 
 fn wait_on(runs: &[&RunId], mode: RunsMode, due_at: Option<i64>) -> NextJob {
@@ -328,5 +331,60 @@ async fn a_cancel_takes_the_runs_a_run_waits_for_with_it(db: &TestDb) {
     assert!(
         claimable(store, &t).await.is_empty(),
         "{backend:?}: no job is left"
+    );
+}
+
+async fn a_run_failed_outside_the_decider_resumes_the_run_parked_on_it(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let (parent_a, child_a) = parent_waiting_on_child(store, &t, &aut, "k-a").await;
+    let failed = |run: &RunId, error: &str| {
+        Some(Resume::Runs {
+            ended: vec![RunEnded {
+                run_id: run.to_string(),
+                status: RunStatus::Failed,
+                output: Value::Null,
+                error: Some(error.to_owned()),
+            }],
+            timed_out: false,
+        })
+    };
+
+    // A record with no effects that fails the child (its job's path no
+    // longer reads, say): written by the group commit.
+    let job = claim_one(store, &t, &child_a.run_id).await;
+    let mut record = finish(&job, RunStatus::Failed);
+    record.error = Some("job path `x` is not valid".into());
+    record.context["_event"] = json!({ "parentRunId": parent_a });
+    store.record(&job, record).await.expect("record");
+    let resumed = claim_one(store, &t, &parent_a).await;
+    assert_eq!(
+        resumed.resume,
+        failed(&child_a.run_id, "job path `x` is not valid"),
+        "{backend:?}"
+    );
+
+    // The scheduler's run_timeout.
+    let (parent_b, child_b) = parent_waiting_on_child(store, &t, &aut, "k-b").await;
+    let failure = RunFailure {
+        error: "run_timeout: too long".into(),
+        incident: None,
+        event: None,
+        cause: Cause::default(),
+    };
+    assert!(
+        store
+            .fail_run(&t, &child_b.run_id, failure, now_ms())
+            .await
+            .unwrap()
+    );
+    let resumed = claim_one(store, &t, &parent_b).await;
+    assert_eq!(
+        resumed.resume,
+        failed(&child_b.run_id, "run_timeout: too long"),
+        "{backend:?}"
     );
 }

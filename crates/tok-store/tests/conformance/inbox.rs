@@ -15,6 +15,8 @@ backend_tests!(
     an_event_the_database_refuses_fails_alone,
     a_key_repeated_across_a_partition_boundary_is_one_event,
     old_idempotency_keys_expire_and_recent_ones_stay,
+    manual_starts_over_the_limit_are_refused_until_one_frees_up,
+    refused_runs_are_written_without_a_job_and_are_no_starts,
 );
 
 /// On PostgreSQL the inbox is kept in monthly partitions, and no unique
@@ -143,6 +145,85 @@ async fn old_idempotency_keys_expire_and_recent_ones_stay(db: &TestDb) {
         .unwrap();
     assert!(!accepted.duplicate);
     assert_ne!(again, old);
+}
+
+async fn manual_starts_over_the_limit_are_refused_until_one_frees_up(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let a = manual_automation(&*store, &t, "a").await;
+    let b = manual_automation(&*store, &t, "b").await;
+    let limited = |aut: &AutomationId, key: Option<&str>| {
+        let mut run = new_run(aut, "manual", None);
+        run.idempotency_key = key.map(str::to_owned);
+        store.start_run_limited(&t, manual_event(aut), run, Some(2))
+    };
+    let first = match limited(&a, Some("k1")).await.unwrap() {
+        tok_store::Started::Run(id) => id,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        limited(&a, None).await.unwrap(),
+        tok_store::Started::Run(_)
+    ));
+    match limited(&a, None).await.unwrap() {
+        tok_store::Started::Limited { retry_after_ms } => assert!(
+            (1..=60_000).contains(&retry_after_ms),
+            "a start frees up within the minute: {retry_after_ms}"
+        ),
+        other => panic!("the third start in a minute: {other:?}"),
+    }
+    assert_eq!(
+        limited(&a, Some("k1")).await.unwrap(),
+        tok_store::Started::Run(first),
+        "a repeated key answers its run, over the limit or not"
+    );
+    assert!(
+        matches!(limited(&b, None).await.unwrap(), tok_store::Started::Run(_)),
+        "another automation's starts are its own"
+    );
+    let listed = store
+        .runs(&t, &RunFilter::default(), 10, None)
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(listed.len(), 3, "nothing was written for the refused start");
+}
+
+async fn refused_runs_are_written_without_a_job_and_are_no_starts(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let a = manual_automation(&*store, &t, "a").await;
+    let mut refused = new_run(&a, "manual", None);
+    refused.refused = Some("start_rate_exceeded: over the limit".into());
+    let id = store
+        .start_run(&t, manual_event(&a), refused)
+        .await
+        .unwrap();
+    let run = store.run(&t, &id).await.unwrap().unwrap();
+    assert_eq!(run.run.status, "refused");
+    assert_eq!(
+        run.run.error.as_deref(),
+        Some("start_rate_exceeded: over the limit")
+    );
+    assert!(run.run.finished_at.is_some());
+    assert!(
+        store
+            .claim(std::slice::from_ref(&t), "n", 10, LONG_LEASE_MS)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a refused run has no job"
+    );
+    assert!(
+        matches!(
+            store
+                .start_run_limited(&t, manual_event(&a), new_run(&a, "manual", None), Some(1))
+                .await
+                .unwrap(),
+            tok_store::Started::Run(_)
+        ),
+        "a refused run is no start"
+    );
 }
 
 async fn a_repeated_idempotency_key_finds_the_first_event_within_a_day(db: &TestDb) {

@@ -23,6 +23,7 @@ mod approvals;
 mod branches;
 mod children;
 mod dispatch;
+mod effects;
 mod inbox;
 mod migrations;
 mod pages;
@@ -158,6 +159,7 @@ fn new_run(automation: &AutomationId, trigger: &str, queue_key: Option<&str>) ->
         subject_ticket_id: None,
         steps: Vec::new(),
         actions: 0,
+        refused: None,
         id: RunId::generate(),
         automation_id: automation.clone(),
         version: 1,
@@ -196,6 +198,7 @@ fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan
                 subject_ticket_id: None,
                 steps: Vec::new(),
                 actions: 0,
+                refused: None,
                 id: RunId::generate(),
                 automation_id: c.automation_id.clone(),
                 version: c.version,

@@ -5,7 +5,7 @@
 //! while open.
 
 use serde_json::json;
-use tok_store::{NewPlatformIncident, now_ms};
+use tok_store::{Cause, NewIncident, NewPlatformIncident, RunFailure, now_ms};
 
 use super::*;
 
@@ -15,6 +15,23 @@ backend_tests!(
     a_job_whose_lease_expired_three_times_is_found,
     platform_incidents_are_one_per_open_cause,
 );
+
+/// A failure with its incident (no event).
+fn failure(error: &str) -> RunFailure {
+    RunFailure {
+        error: error.into(),
+        incident: Some(NewIncident {
+            source: format!("run-failed:{error}"),
+            title: format!("failed: {error}"),
+            impact: "none".into(),
+            detail: json!({}),
+            run_id: None,
+            ticket_id: None,
+        }),
+        event: None,
+        cause: Cause::default(),
+    }
+}
 
 async fn a_timed_out_run_fails_and_its_job_goes(db: &TestDb) {
     let store = db.store().await;
@@ -44,7 +61,7 @@ async fn a_timed_out_run_fails_and_its_job_goes(db: &TestDb) {
 
     assert!(
         store
-            .time_out_run(&t, &old, "run_timeout: too long", later)
+            .fail_run(&t, &old, failure("run_timeout: too long"), later)
             .await
             .unwrap()
     );
@@ -52,10 +69,27 @@ async fn a_timed_out_run_fails_and_its_job_goes(db: &TestDb) {
     assert_eq!(failed.status, "failed");
     assert_eq!(failed.error.as_deref(), Some("run_timeout: too long"));
     assert!(
-        !store.time_out_run(&t, &old, "again", later).await.unwrap(),
+        !store
+            .fail_run(&t, &old, failure("again"), later)
+            .await
+            .unwrap(),
         "a failed run is not failed twice"
     );
-    assert!(!store.time_out_run(&t, &done, "no", later).await.unwrap());
+    assert!(
+        !store
+            .fail_run(&t, &done, failure("no"), later)
+            .await
+            .unwrap()
+    );
+    let incidents = store.incidents(&t, None, 10, None).await.unwrap().items;
+    assert_eq!(
+        incidents
+            .iter()
+            .map(|i| i.title.as_str())
+            .collect::<Vec<_>>(),
+        ["failed: run_timeout: too long"],
+        "one incident, of the run that failed"
+    );
     let claimed = store
         .claim(std::slice::from_ref(&t), "n", 10, LONG_LEASE_MS)
         .await
