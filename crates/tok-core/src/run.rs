@@ -19,6 +19,9 @@ pub enum RunStatus {
     Running,
     Waiting,
     Paused,
+    /// Cancelled or failed, and undoing its completed steps
+    /// ([`crate::compensation`]); then `cancelled` or `failed`.
+    Compensating,
     Completed,
     Failed,
     Cancelled,
@@ -31,6 +34,7 @@ impl RunStatus {
             Self::Running => "running",
             Self::Waiting => "waiting",
             Self::Paused => "paused",
+            Self::Compensating => "compensating",
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -43,6 +47,7 @@ impl RunStatus {
             "running" => Self::Running,
             "waiting" => Self::Waiting,
             "paused" => Self::Paused,
+            "compensating" => Self::Compensating,
             "completed" => Self::Completed,
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,
@@ -201,6 +206,9 @@ pub enum Resume {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         failed: Option<String>,
     },
+    /// The run was cancelled: the job undoes its completed steps
+    /// ([`crate::compensation`]).
+    Cancel,
 }
 
 /// What happens to the claimed job when its result is recorded.

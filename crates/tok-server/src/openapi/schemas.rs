@@ -9,6 +9,22 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
+/// Where a run is in its life: `compensating` while a cancelled (or
+/// failed, with `settings.compensateOnFailure`) run undoes its completed
+/// steps; it ends `cancelled` or `failed`.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RunStatusName {
+    Queued,
+    Running,
+    Waiting,
+    Paused,
+    Compensating,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
 /// One run as listings show it.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct RunSummary {
@@ -16,8 +32,7 @@ pub(crate) struct RunSummary {
     automation_id: String,
     version: i32,
     event_id: String,
-    /// queued, running, waiting, paused, completed, failed or cancelled.
-    status: String,
+    status: RunStatusName,
     /// webhook, event, poll, schedule, manual or parent.
     trigger_type: String,
     depth: i32,
