@@ -133,8 +133,8 @@ pub fn failed(context: &mut Context, message: &str) {
 }
 
 /// The compensation is over: how the run ends and its error. A failed run
-/// keeps the error it failed with; a cancelled run whose compensations
-/// failed says which.
+/// keeps the error it failed with; a cancelled run keeps why it was
+/// cancelled, and says which of its compensations failed.
 pub fn end(context: &mut Context) -> (RunStatus, Option<String>) {
     let entry = context.reserved(COMPENSATING_KEY).cloned();
     context.set_reserved(COMPENSATING_KEY, None);
@@ -159,11 +159,14 @@ pub fn end(context: &mut Context) -> (RunStatus, Option<String>) {
                 .collect()
         })
         .unwrap_or_default();
-    let error = match (error, failures.is_empty()) {
-        (Some(error), _) => Some(error),
-        (None, true) => None,
-        (None, false) => Some(format!(
+    let error = match (ends, error, failures.is_empty()) {
+        (_, error, true) | (RunStatus::Failed, error, false) => error,
+        (_, None, false) => Some(format!(
             "the run was cancelled, but not all of it was undone: {}",
+            failures.join("; ")
+        )),
+        (_, Some(error), false) => Some(format!(
+            "{error}; not all of it was undone: {}",
             failures.join("; ")
         )),
     };

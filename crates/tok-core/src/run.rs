@@ -207,8 +207,13 @@ pub enum Resume {
         failed: Option<String>,
     },
     /// The run was cancelled: the job undoes its completed steps
-    /// ([`crate::compensation`]).
-    Cancel,
+    /// ([`crate::compensation`]). `error` says why when another run's
+    /// cancel took it along.
+    #[serde(rename_all = "camelCase")]
+    Cancel {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
 }
 
 /// What happens to the claimed job when its result is recorded.

@@ -149,12 +149,45 @@ fn strings(items: &[&str]) -> Vec<String> {
 #[test]
 fn a_cancel_with_nothing_to_undo_ends_the_run_cancelled() {
     let automation = booking(json!({}));
-    let t = run(&automation, state("4", context(&[])), Input::Cancel);
+    let t = run(
+        &automation,
+        state("4", context(&[])),
+        Input::Cancel { error: None },
+    );
     assert_eq!(
         seen(&t),
         (vec![], RunStatus::Cancelled, None, "done".into())
     );
     assert!(t.effects.is_empty());
+
+    // Taken along by its parent's cancel: it says so, and tells the parent.
+    let mut child = context(&[]);
+    child.set_reserved(
+        "_event",
+        Some(json!({ "type": "parent", "parentRunId": "run_parent" })),
+    );
+    let why = "cancelled with the run run_parent that waited for it";
+    let t = run(
+        &automation,
+        state("4", child),
+        Input::Cancel {
+            error: Some(why.into()),
+        },
+    );
+    assert_eq!(
+        seen(&t),
+        (
+            vec![],
+            RunStatus::Cancelled,
+            Some(why.into()),
+            "done".into()
+        )
+    );
+    let [Effect::NotifyParent(notice)] = &t.effects[..] else {
+        panic!("the parent learns how its child ended: {:?}", t.effects);
+    };
+    assert_eq!(notice.status, RunStatus::Cancelled);
+    assert_eq!(notice.error.as_deref(), Some(why));
 }
 
 #[test]
@@ -164,7 +197,7 @@ fn a_cancel_with_one_completed_step_undoes_it_and_ends_cancelled() {
         (
             "the cancel moves the job to the compensation of the one completed step",
             state("2", context(&["0"])),
-            Input::Cancel,
+            Input::Cancel { error: None },
             (
                 vec![],
                 RunStatus::Compensating,
@@ -197,7 +230,11 @@ fn a_cancel_with_one_completed_step_undoes_it_and_ends_cancelled() {
         );
     }
     // Driven on: the undo done, the run is cancelled, nothing left.
-    let t = run(&automation, state("2", context(&["0"])), Input::Cancel);
+    let t = run(
+        &automation,
+        state("2", context(&["0"])),
+        Input::Cancel { error: None },
+    );
     let t = run(&automation, next_claim(&t), Input::Start);
     let t = run(&automation, executing(&t), done());
     assert_eq!(
@@ -233,7 +270,7 @@ fn a_cancel_undoes_three_completed_steps_most_recent_first() {
     let waiting = t.state.clone();
 
     let mut seen_all = Vec::new();
-    let mut t = run(&automation, waiting, Input::Cancel);
+    let mut t = run(&automation, waiting, Input::Cancel { error: None });
     seen_all.push(seen(&t));
     while t.status == RunStatus::Compensating {
         t = match &t.then {
@@ -359,7 +396,11 @@ fn a_compensation_that_fails_is_retried_then_reported_and_the_others_still_run()
         ]),
         json!({ "retry": { "max_attempts": 2, "backoff": ["30s"] } }),
     );
-    let t = run(&automation, state("2", context(&["0", "1"])), Input::Cancel);
+    let t = run(
+        &automation,
+        state("2", context(&["0", "1"])),
+        Input::Cancel { error: None },
+    );
     let t = run(&automation, next_claim(&t), Input::Start);
     let t = run(
         &automation,
@@ -443,7 +484,7 @@ fn control_compensations_chain_and_a_cancel_clears_the_waits_escalations() {
     let t = run(&automation, state("0", context(&[])), Input::Start);
     assert_eq!(seen(&t).3, "wait at 1 for confirm");
     assert!(t.state.context.reserved("_escalations").is_some());
-    let t = run(&automation, t.state.clone(), Input::Cancel);
+    let t = run(&automation, t.state.clone(), Input::Cancel { error: None });
     assert!(t.state.context.reserved("_escalations").is_none());
     let t = run(&automation, next_claim(&t), Input::Start);
     assert_eq!(
@@ -507,7 +548,7 @@ fn each_completed_iteration_of_a_loop_or_repeat_is_undone_with_its_own_item() {
         ["1.do.1.0", "1.do.0.0", "0.do.2.0", "0.do.1.0", "0.do.0.0"],
         "every iteration's step, the last first"
     );
-    let mut t = run(&automation, t.state.clone(), Input::Cancel);
+    let mut t = run(&automation, t.state.clone(), Input::Cancel { error: None });
     let mut calls = Vec::new();
     while t.status == RunStatus::Compensating {
         t = match &t.then {
@@ -580,7 +621,11 @@ fn steps_in_branches_are_undone_in_the_order_their_records_reached_the_run() {
         compensation::pending(&joined.state.context),
         ["0.branches.0.0", "0.branches.1.0"]
     );
-    let t = run(&automation, joined.state.clone(), Input::Cancel);
+    let t = run(
+        &automation,
+        joined.state.clone(),
+        Input::Cancel { error: None },
+    );
     assert_eq!(seen(&t).3, "step 0.branches.0.0.compensate.0 in 0 ms");
     let t = run(&automation, next_claim(&t), Input::Start);
     assert_eq!(

@@ -118,7 +118,7 @@ macro_rules! impl_runs {
                         .bind(run.as_str())
                         .bind(&path)
                         .bind(now_ms())
-                        .bind(Json(&Resume::Cancel))
+                        .bind(Json(&Resume::Cancel { error: error.clone() }))
                         .execute(&mut *tx)
                         .await?;
                         sqlx::query(
@@ -249,6 +249,22 @@ macro_rules! impl_runs {
                     )
                 })?;
                 let path: String = failed.get("path");
+                let compensated = sqlx::query(
+                    "SELECT 1 FROM run_steps
+                     WHERE tenant_id = $1 AND run_id = $2 AND path LIKE '%.compensate.%'
+                     LIMIT 1",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                if compensated.is_some() {
+                    return Err(StoreError::Conflict(
+                        "the run undid its completed steps when it failed \
+                         (settings.compensateOnFailure); start a new run instead"
+                            .into(),
+                    ));
+                }
                 let run = summary_in(&mut tx, tenant, id).await?;
                 sqlx::query(concat!(
                     "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,

@@ -150,7 +150,8 @@ pub enum Input {
     },
     /// The run was cancelled: its jobs and waits are gone, and this claim
     /// undoes its completed steps ([`crate::compensation`]) or ends it.
-    Cancel,
+    /// `error` says why when another run's cancel took it along.
+    Cancel { error: Option<String> },
 }
 
 impl From<Option<Resume>> for Input {
@@ -162,7 +163,7 @@ impl From<Option<Resume>> for Input {
             Some(Resume::TimedOut) => Input::TimedOut,
             Some(Resume::Runs { ended, timed_out }) => Input::RunsEnded { ended, timed_out },
             Some(Resume::Branches { total, failed, .. }) => Input::BranchesJoined { total, failed },
-            Some(Resume::Cancel) => Input::Cancel,
+            Some(Resume::Cancel { error }) => Input::Cancel { error },
         }
     }
 }
@@ -254,8 +255,8 @@ pub fn advance(
         effects: Vec::new(),
         now: env.now,
     };
-    if matches!(input, Input::Cancel) {
-        return decider.cancel();
+    if let Input::Cancel { error } = input {
+        return decider.cancel(error);
     }
     let Some(step) = flow::step_at(&automation.steps, &decider.state.path) else {
         let error = format!("the run's version has no step at `{}`", decider.state.path);
@@ -361,7 +362,7 @@ pub fn advance(
         | Input::TimedOut
         | Input::RunsEnded { .. }
         | Input::BranchesJoined { .. } => decider.chain(env),
-        Input::Cancel => unreachable!("a cancel is decided before the step is looked up"),
+        Input::Cancel { .. } => unreachable!("a cancel is decided before the step is looked up"),
     }
 }
 
@@ -390,7 +391,9 @@ impl Decider<'_> {
                 parent_run_id,
                 status,
                 output: self.state.context.output(),
-                error: error.clone(),
+                error: error.clone().or_else(|| {
+                    (status == RunStatus::Cancelled).then(|| "the run was cancelled".to_owned())
+                }),
             }));
         }
         Transition {
@@ -431,10 +434,10 @@ impl Decider<'_> {
 
     /// The run was cancelled: what its waits kept in the context goes, and
     /// its completed steps are undone, the last first; with none, it ends.
-    fn cancel(mut self) -> Transition {
+    fn cancel(mut self, error: Option<String>) -> Transition {
         let context = &mut self.state.context;
         context.set_reserved(escalation::ESCALATIONS_KEY, None);
-        compensation::begin(context, RunStatus::Cancelled, None);
+        compensation::begin(context, RunStatus::Cancelled, error);
         self.compensate_next()
     }
 

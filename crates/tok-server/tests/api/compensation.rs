@@ -6,7 +6,9 @@
 //! the undo steps at `…compensate.0`. A run that fails with
 //! `settings.compensateOnFailure` undoes its completed steps and ends
 //! `failed` with the error it failed with; an undo that fails after its
-//! retries raises an incident naming it and the run still ends.
+//! retries raises an incident naming it and the run still ends. A cancel
+//! still takes the children a run waits for along, and each undoes its own
+//! completed steps.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -24,6 +26,7 @@ backend_tests!(crate::helpers::run;
     a_cancelled_waiting_run_undoes_its_three_completed_steps_last_first,
     a_failed_run_with_compensate_on_failure_undoes_its_steps_and_keeps_its_error,
     an_undo_that_fails_raises_an_incident_and_the_run_still_ends_cancelled,
+    a_parent_cancelled_while_its_child_waits_undoes_both,
 );
 
 /// The service the steps call: the calls it received, in order. A call to
@@ -300,4 +303,67 @@ async fn an_undo_that_fails_raises_an_incident_and_the_run_still_ends_cancelled(
     );
     let impact = items[0]["impact"].as_str().unwrap_or_default();
     assert!(impact.contains("undo_hotel"), "{incidents:#}");
+}
+
+async fn a_parent_cancelled_while_its_child_waits_undoes_both(app: &TestApp) {
+    let (service, addr) = serve(None).await;
+    let tenant = app.create_tenant("Acme").await;
+    let child = manual(
+        "Stock",
+        &json!([
+            undoable("reserve", addr, None),
+            { "id": "picked", "type": "wait_for_event", "config": { "key": "picked" } }
+        ]),
+    );
+    app.create_automation(&tenant, &child).await;
+    let parent = manual(
+        "Order",
+        &json!([
+            undoable("charge", addr, None),
+            { "id": "stock", "type": "run_workflow",
+              "config": { "automation": "Stock", "input": {}, "wait": true } }
+        ]),
+    );
+    let parent = app.create_automation(&tenant, &parent).await;
+    let run = app
+        .start_run(&tenant, &parent, &json!({ "input": {} }))
+        .await;
+    let parked = app
+        .wait_for_run(&tenant, &run, |r| r["status"] == "waiting")
+        .await;
+    let child = parked["waits"][0]["key"]
+        .as_str()
+        .and_then(|k| k.strip_prefix("run:"))
+        .expect("the parent waits for its child")
+        .to_owned();
+    app.wait_for_run(&tenant, &child, |r| r["status"] == "waiting")
+        .await;
+
+    let cancelled = cancel(app, &tenant, &run).await;
+    assert_eq!(cancelled["status"], "compensating", "{cancelled:#}");
+    let parent_done = app.wait_for_final(&tenant, &run).await;
+    let child_done = app.wait_for_final(&tenant, &child).await;
+    assert_eq!(parent_done["status"], "cancelled", "{parent_done:#}");
+    assert_eq!(child_done["status"], "cancelled", "{child_done:#}");
+    assert!(
+        child_done["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&run)),
+        "the child says why it was cancelled: {child_done:#}"
+    );
+    let mut undone: Vec<String> = calls(&service)
+        .into_iter()
+        .filter(|c| c.ends_with("/undo"))
+        .collect();
+    undone.sort();
+    assert_eq!(undone, ["/charge/undo", "/reserve/undo"]);
+    let paths = |run: &Value| -> Vec<String> {
+        steps_at(run)
+            .into_iter()
+            .filter(|(path, _, _)| path.contains(".compensate."))
+            .map(|(path, _, _)| path)
+            .collect()
+    };
+    assert_eq!(paths(&parent_done), ["0.compensate.0"]);
+    assert_eq!(paths(&child_done), ["0.compensate.0"]);
 }
