@@ -267,7 +267,7 @@ fn a_cancel_undoes_three_completed_steps_most_recent_first() {
         ["3", "1", "0"],
         "the completed steps that have compensations, the last first"
     );
-    let waiting = t.state.clone();
+    let waiting = t.state;
 
     let mut seen_all = Vec::new();
     let mut t = run(&automation, waiting, Input::Cancel { error: None });
@@ -484,7 +484,7 @@ fn control_compensations_chain_and_a_cancel_clears_the_waits_escalations() {
     let t = run(&automation, state("0", context(&[])), Input::Start);
     assert_eq!(seen(&t).3, "wait at 1 for confirm");
     assert!(t.state.context.reserved("_escalations").is_some());
-    let t = run(&automation, t.state.clone(), Input::Cancel { error: None });
+    let t = run(&automation, t.state, Input::Cancel { error: None });
     assert!(t.state.context.reserved("_escalations").is_none());
     let t = run(&automation, next_claim(&t), Input::Start);
     assert_eq!(
@@ -548,7 +548,7 @@ fn each_completed_iteration_of_a_loop_or_repeat_is_undone_with_its_own_item() {
         ["1.do.1.0", "1.do.0.0", "0.do.2.0", "0.do.1.0", "0.do.0.0"],
         "every iteration's step, the last first"
     );
-    let mut t = run(&automation, t.state.clone(), Input::Cancel { error: None });
+    let mut t = run(&automation, t.state, Input::Cancel { error: None });
     let mut calls = Vec::new();
     while t.status == RunStatus::Compensating {
         t = match &t.then {
@@ -589,7 +589,7 @@ fn steps_in_branches_are_undone_in_the_order_their_records_reached_the_run() {
         json!({}),
     );
     let forked = run(&automation, state("0", context(&[])), Input::Start);
-    let run_context = forked.state.context.clone();
+    let run_context = forked.state.context;
     let branch = |path: &str| {
         let t = run(&automation, state(path, run_context.clone()), Input::Start);
         let t = run(&automation, executing(&t), done());
@@ -621,11 +621,7 @@ fn steps_in_branches_are_undone_in_the_order_their_records_reached_the_run() {
         compensation::pending(&joined.state.context),
         ["0.branches.0.0", "0.branches.1.0"]
     );
-    let t = run(
-        &automation,
-        joined.state.clone(),
-        Input::Cancel { error: None },
-    );
+    let t = run(&automation, joined.state, Input::Cancel { error: None });
     assert_eq!(seen(&t).3, "step 0.branches.0.0.compensate.0 in 0 ms");
     let t = run(&automation, next_claim(&t), Input::Start);
     assert_eq!(
