@@ -4,7 +4,8 @@
 //! Everything that moves a run forward is an [`Input`]: the start of a claim,
 //! a step that an executor ran (in the record transaction or outside it), a
 //! signal or a timeout that resumed a wait, the end of runs it waited for
-//! ([`crate::children`]). The decider publishes outputs,
+//! ([`crate::children`]), a cancel (which undoes the run's completed steps,
+//! [`crate::compensation`]). The decider publishes outputs,
 //! chains the control steps it can decide by itself (conditions, loops,
 //! `set`, log lines, waits, `end`), and stops at the first step it cannot:
 //! one that an executor must run ([`Then::Execute`]), or the end of the claim
