@@ -76,6 +76,7 @@ pub fn count_steps(steps: &[Step]) -> usize {
                     .iter()
                     .map(|e| count_steps(&e.steps))
                     .sum::<usize>()
+                + count_steps(&s.compensate)
         })
         .sum()
 }
@@ -255,6 +256,15 @@ pub struct Settings {
     /// limits").
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub limits: Limits,
+    /// `compensateOnFailure: true`: a run that fails runs the `compensate`
+    /// steps of its completed steps before it ends `failed`, as a
+    /// cancelled run always does ([`crate::compensation`]).
+    #[serde(
+        rename = "compensateOnFailure",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub compensate_on_failure: bool,
 }
 
 impl Settings {
@@ -263,6 +273,7 @@ impl Settings {
             && self.run_timeout.is_none()
             && !self.keep_step_data
             && self.limits.is_empty()
+            && !self.compensate_on_failure
     }
 }
 
@@ -331,6 +342,11 @@ pub struct Step {
     /// without resuming the wait.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub escalations: Vec<Escalation>,
+    /// What undoes this step: run when the run is cancelled (or fails,
+    /// with `settings.compensateOnFailure`) after this step completed,
+    /// most recently completed first ([`crate::compensation`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compensate: Vec<Step>,
 }
 
 /// One level of a waiting step's escalations.
@@ -359,6 +375,7 @@ impl Step {
             do_: Vec::new(),
             branches: Vec::new(),
             escalations: Vec::new(),
+            compensate: Vec::new(),
             retry: None,
         }
     }

@@ -53,6 +53,10 @@ pub enum Next {
     /// Escalation level `level` of the waiting step at `waiting` has run
     /// its last step: the step waits again ([`crate::escalation`]).
     EscalationDone { waiting: FlowPath, level: usize },
+    /// The `compensate` steps of the step at `step` have run: the next
+    /// completed step is compensated, or the run ends
+    /// ([`crate::compensation`]).
+    CompensationDone { step: FlowPath },
 }
 
 /// The step at `path`, following `then`/`else`/`do` lists as the path says
@@ -72,6 +76,7 @@ fn children(step: &Step, branch: Branch) -> &[Step] {
         Branch::Do(_) => &step.do_,
         Branch::Parallel(b) => step.branches.get(b).map_or(&[], Vec::as_slice),
         Branch::Escalation(l) => step.escalations.get(l).map_or(&[], |e| e.steps.as_slice()),
+        Branch::Compensate => &step.compensate,
     }
 }
 
@@ -160,6 +165,9 @@ fn after(steps: &[Step], path: &FlowPath, ctx: &Value) -> Result<Next, FlowError
                 parallel: parent,
                 branch,
             });
+        }
+        if let Some(Branch::Compensate) = current.branch() {
+            return Ok(Next::CompensationDone { step: parent });
         }
         if let Some(Branch::Escalation(level)) = current.branch() {
             return Ok(Next::EscalationDone {
@@ -367,6 +375,24 @@ mod tests {
         let ctx = json!({"outer": {"count": 2}, "inner": {"count": 1}});
         assert_eq!(go(&t, "0.do.0.0.do.0.0", &ctx), Next::Step(p("0.do.1.0")));
         assert_eq!(go(&t, "0.do.1.0.do.0.0", &ctx), Next::Complete);
+    }
+
+    #[test]
+    fn a_compensation_list_ends_in_its_own_step_not_after_it() {
+        let mut t = tree();
+        t[2].do_[1].compensate = vec![step("u0", "set"), step("u1", "set")];
+        let ctx = json!({"lp": {"count": 2}});
+        assert_eq!(step_at(&t, &p("2.do.1.1.compensate.1")).unwrap().id, "u1");
+        assert_eq!(
+            go(&t, "2.do.1.1.compensate.0", &ctx),
+            Next::Step(p("2.do.1.1.compensate.1"))
+        );
+        assert_eq!(
+            go(&t, "2.do.1.1.compensate.1", &ctx),
+            Next::CompensationDone {
+                step: p("2.do.1.1")
+            }
+        );
     }
 
     #[test]

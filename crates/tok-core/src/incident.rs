@@ -46,6 +46,35 @@ pub fn run_failed(
     }
 }
 
+/// A compensation step failed for good (`failure.message` names the step
+/// it was undoing): what the run did is not all undone.
+pub fn compensation_failed(
+    automation_id: &AutomationId,
+    automation_name: &str,
+    ticket: Option<&str>,
+    failure: &Failure,
+) -> IncidentText {
+    let source = format!("compensation-failed:{automation_id}:{}", failure.step_id);
+    let what = match ticket {
+        Some(ticket) => format!("for ticket {ticket} "),
+        None => String::new(),
+    };
+    IncidentText {
+        source,
+        title: format!(
+            "The automation \u{201c}{automation_name}\u{201d} could not undo all it did {what}"
+        )
+        .trim_end()
+        .to_owned(),
+        impact: format!(
+            "A run {what}was stopped and began to undo its steps, but one undo did not \
+             succeed after its retries; what it should have undone may still be in place. \
+             Check it by hand ({}).",
+            failure.message
+        ),
+    }
+}
+
 /// The line a failed run writes to its ticket's trace.
 pub fn run_failed_trace(automation_name: &str, failure: &Failure) -> String {
     format!(

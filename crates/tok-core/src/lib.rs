@@ -13,6 +13,7 @@ pub mod advance;
 pub mod approval;
 pub mod builtin;
 pub mod children;
+pub mod compensation;
 pub mod condition;
 pub mod context;
 pub mod contract;

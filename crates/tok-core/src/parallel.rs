@@ -51,7 +51,9 @@ pub fn joined(total: usize) -> Map<String, Value> {
 }
 
 /// Whether a job's path runs inside a branch of a `parallel` step (the
-/// store merges such a job's publications into the run's context).
+/// store merges such a job's publications into the run's context). The
+/// compensation of a branch's step is not: it runs on the run's one job,
+/// after the branches.
 pub fn in_branch(path: &str) -> bool {
-    path.contains(".branches.")
+    path.contains(".branches.") && !path.contains(".compensate.")
 }

@@ -5,8 +5,11 @@
 //! an index into the top-level list and continues with zero or more branch
 //! hops: `then.<i>` / `else.<i>` into a condition's branches, or
 //! `do.<iteration>.<i>` into a loop's body on a given iteration, or
-//! `branches.<b>.<i>` into branch `b` of a `parallel` step. Loop iterations
-//! are part of the address, so every executed step of a run has its own path.
+//! `branches.<b>.<i>` into branch `b` of a `parallel` step, or
+//! `escalations.<l>.<i>` into a waiting step's escalation level, or
+//! `compensate.<i>` into what undoes a step. Loop iterations are part of
+//! the address, so every executed step of a run has its own path (and the
+//! compensation of a step in a loop says which iteration it undoes).
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,7 +21,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PathError {
     #[error(
-        "invalid step path `{input}`: {reason}; expected an index followed by `then.<i>`, `else.<i>`, `do.<iteration>.<i>` or `branches.<b>.<i>` hops, like `2.then.0`, `3.do.5.0` or `1.branches.0.2`"
+        "invalid step path `{input}`: {reason}; expected an index followed by `then.<i>`, `else.<i>`, `do.<iteration>.<i>`, `branches.<b>.<i>`, `escalations.<l>.<i>` or `compensate.<i>` hops, like `2.then.0`, `3.do.5.0`, `1.branches.0.2` or `4.compensate.0`"
     )]
     Invalid { input: String, reason: String },
 }
@@ -36,6 +39,8 @@ pub enum Branch {
     Parallel(usize),
     /// The steps of escalation level `l` (0-based) of a waiting step.
     Escalation(usize),
+    /// A step's `compensate` steps: what undoes it.
+    Compensate,
 }
 
 /// The address of one step (on one loop iteration) in a tree.
@@ -111,6 +116,10 @@ impl FlowPath {
     /// The innermost `parallel` step this step runs in a branch of, and
     /// that branch; `None` outside every branch.
     pub fn innermost_branch(&self) -> Option<(FlowPath, usize)> {
+        if self.compensated().is_some() {
+            // Compensation runs on the run's one job, after its branches.
+            return None;
+        }
         let k = self
             .hops
             .iter()
@@ -123,6 +132,19 @@ impl FlowPath {
             hops: self.hops[..k].to_vec(),
         };
         Some((parallel, b))
+    }
+
+    /// The step whose `compensate` steps this one is (or runs inside),
+    /// or `None` outside every compensation.
+    pub fn compensated(&self) -> Option<FlowPath> {
+        let k = self
+            .hops
+            .iter()
+            .position(|(branch, _)| *branch == Branch::Compensate)?;
+        Some(FlowPath {
+            first: self.first,
+            hops: self.hops[..k].to_vec(),
+        })
     }
 
     /// Whether this step is `ancestor` or runs inside it.
@@ -155,6 +177,7 @@ impl fmt::Display for FlowPath {
                 Branch::Do(iteration) => write!(f, ".do.{iteration}.{i}")?,
                 Branch::Parallel(b) => write!(f, ".branches.{b}.{i}")?,
                 Branch::Escalation(l) => write!(f, ".escalations.{l}.{i}")?,
+                Branch::Compensate => write!(f, ".compensate.{i}")?,
             }
         }
         Ok(())
@@ -191,9 +214,10 @@ impl FromStr for FlowPath {
                         .map_err(invalid)?;
                     Branch::Escalation(l)
                 }
+                "compensate" => Branch::Compensate,
                 other => {
                     return Err(invalid(format!(
-                        "`{other}` is not `then`, `else`, `do`, `branches` or `escalations`"
+                        "`{other}` is not `then`, `else`, `do`, `branches`, `escalations` or `compensate`"
                     )));
                 }
             };
@@ -245,6 +269,9 @@ mod tests {
             "3.do.5.0.then.1",
             "2.branches.1.0",
             "2.branches.0.1.branches.3.0",
+            "4.compensate.0",
+            "3.do.2.1.compensate.1",
+            "1.branches.0.2.compensate.0.then.0",
         ] {
             let p: FlowPath = text.parse().unwrap();
             assert_eq!(p.to_string(), text);
@@ -269,6 +296,8 @@ mod tests {
             "1..0",
             "1.branches.0",
             "1.branches.x.0",
+            "1.compensate",
+            "1.compensate.x",
         ] {
             let err = bad.parse::<FlowPath>().unwrap_err();
             assert!(
@@ -296,6 +325,16 @@ mod tests {
             .map(|(a, b)| format!("{a}:{b:?}"))
             .collect();
         assert_eq!(enclosing, ["3:Do(5)", "3.do.5.0:Then"]);
+    }
+
+    #[test]
+    fn a_compensation_names_the_step_it_undoes_and_is_in_no_branch() {
+        let p: FlowPath = "1.branches.0.2.compensate.0.then.0".parse().unwrap();
+        assert_eq!(p.compensated().unwrap().to_string(), "1.branches.0.2");
+        assert_eq!(p.innermost_branch(), None);
+        let q: FlowPath = "1.branches.0.2".parse().unwrap();
+        assert_eq!(q.compensated(), None);
+        assert_eq!(q.innermost_branch().unwrap().0.to_string(), "1");
     }
 
     #[test]

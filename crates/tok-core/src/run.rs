@@ -19,6 +19,9 @@ pub enum RunStatus {
     Running,
     Waiting,
     Paused,
+    /// Cancelled or failed, and undoing its completed steps
+    /// ([`crate::compensation`]); then `cancelled` or `failed`.
+    Compensating,
     Completed,
     Failed,
     Cancelled,
@@ -35,6 +38,7 @@ impl RunStatus {
             Self::Running => "running",
             Self::Waiting => "waiting",
             Self::Paused => "paused",
+            Self::Compensating => "compensating",
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -48,6 +52,7 @@ impl RunStatus {
             "running" => Self::Running,
             "waiting" => Self::Waiting,
             "paused" => Self::Paused,
+            "compensating" => Self::Compensating,
             "completed" => Self::Completed,
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,
@@ -209,6 +214,14 @@ pub enum Resume {
         done: Vec<usize>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         failed: Option<String>,
+    },
+    /// The run was cancelled: the job undoes its completed steps
+    /// ([`crate::compensation`]). `error` says why when another run's
+    /// cancel took it along.
+    #[serde(rename_all = "camelCase")]
+    Cancel {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
     },
 }
 

@@ -300,6 +300,7 @@ fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     }
 
     check_escalations(c, at, step);
+    check_compensation(c, at, step);
     check_steps(c, &format!("{at}.then"), &step.then);
     check_steps(c, &format!("{at}.else"), &step.else_);
     check_steps(c, &format!("{at}.do"), &step.do_);
@@ -361,6 +362,44 @@ fn check_escalations<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
         }
         check_steps(c, &format!("{level_at}.steps"), &level.steps);
     }
+}
+
+/// `compensate` on any step, but not on a step of a compensation; inside
+/// one, no step that would leave the run waiting on someone (a compensating
+/// run cannot be cancelled), no `parallel` (a compensation runs as one
+/// chain) and no `end`.
+fn check_compensation<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
+    let inside = at.contains(".compensate.");
+    if !step.compensate.is_empty() {
+        if inside {
+            c.error(
+                format!("{at}.compensate"),
+                format!(
+                    "step `{}` is itself part of a compensation and cannot have `compensate`:                      what undoes an undo is never run",
+                    step.id
+                ),
+            );
+        }
+        check_steps(c, &format!("{at}.compensate"), &step.compensate);
+    }
+    if !inside {
+        return;
+    }
+    let kind = step.kind.as_str();
+    let why = match kind {
+        "end" => "it would end the run in the middle of undoing it",
+        crate::parallel::PARALLEL => {
+            "a compensation runs as one chain, the last completed step first"
+        }
+        WAIT_FOR_EVENT | crate::approval::APPROVAL | crate::children::WAIT_FOR_RUNS => {
+            "a compensating run cannot be cancelled, so it must not wait on a signal, a              decision or other runs"
+        }
+        _ => return,
+    };
+    c.error(
+        format!("{at}.type"),
+        format!("a compensation cannot hold a `{kind}` step: {why}"),
+    );
 }
 
 fn check_id<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
@@ -847,6 +886,59 @@ mod tests {
                 "steps.1.escalations"
             ],
             "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn compensations_are_checked_counted_and_kept_to_one_chain() {
+        let undo = json!({"id": "u", "type": "flow/log", "config": {"message": "undo"}});
+        let errs = errors(with_steps(&json!([
+            {"id": "a", "type": "flow/log", "config": {"message": "x"}, "compensate": [
+                undo,
+                {"id": "u2", "type": "nope"},
+                {"id": "u3", "type": "flow/log", "config": {"message": "y"},
+                 "compensate": [{"id": "u4", "type": "flow/log", "config": {"message": "z"}}]},
+                {"id": "u5", "type": "wait_for_event", "config": {"key": "k"}},
+                {"id": "u6", "type": "parallel", "branches": [[]]},
+                {"id": "u7", "type": "end"}
+            ]},
+            {"id": "l", "type": "loop", "config": {"items": "{{list}}"}, "do": [
+                {"id": "b", "type": "flow/log", "config": {"message": "x"},
+                 "compensate": [{"id": "a", "type": "flow/log", "config": {"message": "again"}}]}
+            ]}
+        ])));
+        assert_eq!(
+            paths(&errs),
+            [
+                "steps.0.compensate.1.type",
+                "steps.0.compensate.2.compensate",
+                "steps.0.compensate.3.type",
+                "steps.0.compensate.4.type",
+                "steps.0.compensate.5.type",
+                "steps.1.do.0.compensate.0.id"
+            ],
+            "{errs:#?}"
+        );
+        let nested = &errs[1].message;
+        assert!(nested.contains("`u3`") && nested.contains("cannot have `compensate`"));
+        assert!(errs[2].message.contains("cannot be cancelled"), "{errs:#?}");
+        assert!(
+            errs[5].message.contains("already used at steps.0"),
+            "{errs:#?}"
+        );
+
+        // Compensation steps count toward MAX_STEPS.
+        let many: Vec<Value> = (0..MAX_STEPS)
+            .map(|i| json!({"id": format!("u{i}"), "type": "flow/log", "config": {"message": "x"}}))
+            .collect();
+        let errs = errors(with_steps(&json!([
+            {"id": "a", "type": "flow/log", "config": {"message": "x"}, "compensate": many}
+        ])));
+        assert_eq!(paths(&errs), ["steps"], "{errs:#?}");
+        assert!(
+            errs[0]
+                .message
+                .contains(&format!("{} steps", MAX_STEPS + 1))
         );
     }
 

@@ -73,6 +73,8 @@ macro_rules! impl_branches {
                             context.publish(&step.step_id, outputs);
                         }
                     }
+                    // The steps it completed that have compensations, too.
+                    tok_core::compensation::merge(context, &record.context);
                     *actions += record.actions - job.actions;
                 }
                 of_run.push(Some(key));

@@ -67,6 +67,14 @@ macro_rules! impl_runs {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
+                if status == RunStatus::Compensating {
+                    return Err(StoreError::Conflict(
+                        "the run is compensating: it is undoing its completed steps after a \
+                         cancel or a failure, which a cancel does not interrupt; it ends \
+                         cancelled or failed when they are undone"
+                            .into(),
+                    ));
+                }
                 if status.is_final() {
                     return Err(StoreError::Conflict(format!(
                         "the run is already {}; only an unfinished run can be cancelled",
@@ -80,14 +88,49 @@ macro_rules! impl_runs {
                 for run in tree.iter().rev() {
                     let error = match run == id {
                         true => None,
-                        false if run_status(&mut tx, tenant, run).await?.is_final() => continue,
-                        false => Some(format!("cancelled with the run {id} that waited for it")),
+                        false => match run_status(&mut tx, tenant, run).await? {
+                            RunStatus::Compensating => continue,
+                            status if status.is_final() => continue,
+                            _ => Some(format!("cancelled with the run {id} that waited for it")),
+                        },
                     };
                     for sql in [
                         "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
                         "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
                     ] {
                         for_run(&mut tx, sql, tenant, run).await?;
+                    }
+                    // A run with completed steps to undo goes on compensating:
+                    // one job hands the cancel to the decider, which runs
+                    // the compensations and ends the run (and tells its
+                    // parent) when they are done.
+                    if let Some(path) = compensation_start(&mut tx, tenant, run).await? {
+                        sqlx::query(concat!(
+                            "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
+                                priority, created_at, resume)
+                             SELECT id, tenant_id, $3, ",
+                            db_now!(),
+                            ", 0, CASE WHEN subject_ticket_id IS NULL THEN NULL
+                                ELSE 'ticket:' || subject_ticket_id END, 0, $4, $5
+                             FROM runs WHERE tenant_id = $1 AND id = $2"
+                        ))
+                        .bind(tenant.as_str())
+                        .bind(run.as_str())
+                        .bind(&path)
+                        .bind(now_ms())
+                        .bind(Json(&Resume::Cancel { error: error.clone() }))
+                        .execute(&mut *tx)
+                        .await?;
+                        sqlx::query(
+                            "UPDATE runs SET status = 'compensating', error = COALESCE($3, error)
+                             WHERE tenant_id = $1 AND id = $2",
+                        )
+                        .bind(tenant.as_str())
+                        .bind(run.as_str())
+                        .bind(error.as_deref())
+                        .execute(&mut *tx)
+                        .await?;
+                        continue;
                     }
                     sqlx::query(
                         "UPDATE runs SET status = 'cancelled', finished_at = $3,
@@ -206,6 +249,22 @@ macro_rules! impl_runs {
                     )
                 })?;
                 let path: String = failed.get("path");
+                let compensated = sqlx::query(
+                    "SELECT 1 FROM run_steps
+                     WHERE tenant_id = $1 AND run_id = $2 AND path LIKE '%.compensate.%'
+                     LIMIT 1",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                if compensated.is_some() {
+                    return Err(StoreError::Conflict(
+                        "the run undid its completed steps when it failed \
+                         (settings.compensateOnFailure); start a new run instead"
+                            .into(),
+                    ));
+                }
                 let run = summary_in(&mut tx, tenant, id).await?;
                 sqlx::query(concat!(
                     "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
@@ -303,6 +362,25 @@ macro_rules! impl_runs {
                     waits,
                 }))
             }
+        }
+
+        /// Where a cancelled run's compensation starts (the step it undoes
+        /// first, as `tok_core::compensation` reads the run's context), or
+        /// `None` when it has nothing to undo.
+        async fn compensation_start(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<Option<String>> {
+            let row = sqlx::query("SELECT context FROM runs WHERE tenant_id = $1 AND id = $2")
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_one(&mut **tx)
+                .await?;
+            let context = row.get::<Json<Value>, _>("context").0;
+            Ok(tok_core::compensation::cancel_at(
+                &tok_core::context::Context::from_value(context),
+            ))
         }
 
         async fn run_status(

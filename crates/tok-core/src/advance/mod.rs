@@ -4,7 +4,8 @@
 //! Everything that moves a run forward is an [`Input`]: the start of a claim,
 //! a step that an executor ran (in the record transaction or outside it), a
 //! signal or a timeout that resumed a wait, the end of runs it waited for
-//! ([`crate::children`]). The decider publishes outputs,
+//! ([`crate::children`]), a cancel (which undoes the run's completed steps,
+//! [`crate::compensation`]). The decider publishes outputs,
 //! chains the control steps it can decide by itself (conditions, loops,
 //! `set`, log lines, waits, `end`), and stops at the first step it cannot:
 //! one that an executor must run ([`Then::Execute`]), or the end of the claim
@@ -27,6 +28,7 @@ use serde_json::{Map, Value, json};
 use crate::approval::{self, APPROVAL};
 use crate::builtin::{self, Outcome, WAIT};
 use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
+use crate::compensation;
 use crate::context::Context;
 use crate::definition::{Automation, Step};
 use crate::error::StepError;
@@ -147,6 +149,10 @@ pub enum Input {
         total: usize,
         failed: Option<String>,
     },
+    /// The run was cancelled: its jobs and waits are gone, and this claim
+    /// undoes its completed steps ([`crate::compensation`]) or ends it.
+    /// `error` says why when another run's cancel took it along.
+    Cancel { error: Option<String> },
 }
 
 impl From<Option<Resume>> for Input {
@@ -158,6 +164,7 @@ impl From<Option<Resume>> for Input {
             Some(Resume::TimedOut) => Input::TimedOut,
             Some(Resume::Runs { ended, timed_out }) => Input::RunsEnded { ended, timed_out },
             Some(Resume::Branches { total, failed, .. }) => Input::BranchesJoined { total, failed },
+            Some(Resume::Cancel { error }) => Input::Cancel { error },
         }
     }
 }
@@ -205,6 +212,10 @@ pub enum Effect {
     /// The run ended and a run started it: the parent's wait on it, if the
     /// parent waits, learns how it ended, in this run's record transaction.
     NotifyParent(ParentNotice),
+    /// A compensation step failed for good (`message` names the step it
+    /// was undoing): an incident for the tenant; the run goes on with the
+    /// next compensation.
+    CompensationFailed(Failure),
 }
 
 /// How a child run ended, for its parent.
@@ -245,6 +256,9 @@ pub fn advance(
         effects: Vec::new(),
         now: env.now,
     };
+    if let Input::Cancel { error } = input {
+        return decider.cancel(error);
+    }
     let Some(step) = flow::step_at(&automation.steps, &decider.state.path) else {
         let error = format!("the run's version has no step at `{}`", decider.state.path);
         return decider.fail(error);
@@ -360,6 +374,7 @@ pub fn advance(
         | Input::TimedOut
         | Input::RunsEnded { .. }
         | Input::BranchesJoined { .. } => decider.chain(env),
+        Input::Cancel { .. } => unreachable!("a cancel is decided before the step is looked up"),
     }
 }
 
@@ -374,6 +389,13 @@ struct Decider<'a> {
 
 impl Decider<'_> {
     fn finish(mut self, status: RunStatus, error: Option<String>, then: Then) -> Transition {
+        let (status, error) = match compensation::is_compensating(&self.state.context) {
+            true if !status.is_final() => (
+                RunStatus::Compensating,
+                compensation::error(&self.state.context),
+            ),
+            _ => (status, error),
+        };
         if status.is_final()
             && let Some(parent_run_id) = children::parent_of(self.state.context.as_value())
         {
@@ -381,7 +403,9 @@ impl Decider<'_> {
                 parent_run_id,
                 status,
                 output: self.state.context.output(),
-                error: error.clone(),
+                error: error.clone().or_else(|| {
+                    (status == RunStatus::Cancelled).then(|| "the run was cancelled".to_owned())
+                }),
             }));
         }
         Transition {
@@ -395,8 +419,14 @@ impl Decider<'_> {
     }
 
     /// The run fails; inside a branch of a `parallel` step, the branch
-    /// fails, and with it that step.
-    fn fail(self, error: String) -> Transition {
+    /// fails, and with it that step. With `settings.compensateOnFailure`,
+    /// its completed steps are undone first; a compensation that cannot
+    /// go on ends the run as it was to end.
+    fn fail(mut self, error: String) -> Transition {
+        if compensation::is_compensating(&self.state.context) {
+            compensation::failed(&mut self.state.context, &error);
+            return self.compensated();
+        }
         if let Some((parallel, branch)) = self.state.path.innermost_branch() {
             let next = NextJob::BranchDone {
                 parallel: parallel.to_string(),
@@ -405,7 +435,59 @@ impl Decider<'_> {
             };
             return self.finish(RunStatus::Running, None, Then::Record(next));
         }
+        if self.automation.settings.compensate_on_failure
+            && !compensation::pending(&self.state.context).is_empty()
+        {
+            compensation::begin(&mut self.state.context, RunStatus::Failed, Some(error));
+            return self.compensate_next();
+        }
         self.finish(RunStatus::Failed, Some(error), Then::Record(NextJob::Done))
+    }
+
+    /// The run was cancelled: what its waits kept in the context goes, and
+    /// its completed steps are undone, the last first; with none, it ends.
+    fn cancel(mut self, error: Option<String>) -> Transition {
+        let context = &mut self.state.context;
+        context.set_reserved(escalation::ESCALATIONS_KEY, None);
+        compensation::begin(context, RunStatus::Cancelled, error);
+        self.compensate_next()
+    }
+
+    /// The job goes on at the compensation of the next completed step, or
+    /// the run ends.
+    fn compensate_next(mut self) -> Transition {
+        match self.next_compensation() {
+            true => {
+                let next = NextJob::Step {
+                    path: self.state.path.to_string(),
+                    delay_ms: 0,
+                };
+                self.finish(RunStatus::Compensating, None, Then::Record(next))
+            }
+            false => self.compensated(),
+        }
+    }
+
+    /// Moves the state to the first compensation step of the next
+    /// completed step; `false` when none is left.
+    fn next_compensation(&mut self) -> bool {
+        let automation = self.automation;
+        while let Some(undone) = compensation::take_next(&mut self.state.context) {
+            let has_steps = flow::step_at(&automation.steps, &undone)
+                .is_some_and(|step| !step.compensate.is_empty());
+            if has_steps {
+                self.state.path = undone.child(Branch::Compensate, 0);
+                self.state.attempt = 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Every compensation has run: the run ends cancelled or failed.
+    fn compensated(mut self) -> Transition {
+        let (status, error) = compensation::end(&mut self.state.context);
+        self.finish(status, error, Then::Record(NextJob::Done))
     }
 
     /// The branch this claim ran in is done: its job ends, and the
@@ -471,7 +553,9 @@ impl Decider<'_> {
                 };
                 return self.finish(RunStatus::Running, None, Then::Record(next));
             }
-            if self.state.actions >= MAX_ACTIONS as i32 {
+            // A compensation runs whatever the run executed before it: a
+            // cancelled run must be able to undo what it did.
+            if self.state.actions >= MAX_ACTIONS as i32 && path.compensated().is_none() {
                 return self.fail(format!(
                     "the run was stopped before step `{}`: it had executed {MAX_ACTIONS} steps, \
                      the most one run may execute (loop iterations count)",
@@ -679,6 +763,7 @@ impl Decider<'_> {
         record.log = log;
         self.push(record);
         self.state.attempt = 1;
+        compensation::completed(step, &self.state.path, &mut self.state.context);
         flow::next(
             &self.automation.steps,
             &self.state.path,
@@ -724,6 +809,10 @@ impl Decider<'_> {
                 self.iteration_done(repeat, iteration, env)
             }
             Ok(Next::EscalationDone { waiting, .. }) => Err(Box::new(self.wait_again(waiting))),
+            Ok(Next::CompensationDone { .. }) => match self.next_compensation() {
+                true => Ok(self),
+                false => Err(Box::new(self.compensated())),
+            },
             Err(error) => Err(Box::new(self.fail(error))),
         }
     }
@@ -855,6 +944,25 @@ impl Decider<'_> {
                     .log
                     .push(format!("failed ({why}): {}", error.message()));
                 self.push(record);
+                if let Some(undone) = self.state.path.compensated() {
+                    // The run goes on undoing; an incident says what was not.
+                    let undone_id = flow::step_at(&self.automation.steps, &undone)
+                        .map_or_else(|| undone.to_string(), |s| s.id.clone());
+                    let message = format!(
+                        "compensation `{}` of step `{undone_id}` failed: {}",
+                        step.id,
+                        error.message()
+                    );
+                    compensation::failed(&mut self.state.context, &message);
+                    self.effects.push(Effect::CompensationFailed(Failure {
+                        step_id: step.id.clone(),
+                        path,
+                        kind: step.kind.clone(),
+                        attempt,
+                        message,
+                    }));
+                    return self.compensate_next();
+                }
                 if self.state.path.innermost_branch().is_some() {
                     // The parallel step fails for it, and raises the incident.
                     let message = format!("step `{}` failed: {}", step.id, error.message());

@@ -201,7 +201,8 @@ pub fn plan(
             Next::Complete
             | Next::BranchDone { .. }
             | Next::IterationDone { .. }
-            | Next::EscalationDone { .. } => (Vec::new(), None, run_context),
+            | Next::EscalationDone { .. }
+            | Next::CompensationDone { .. } => (Vec::new(), None, run_context),
         };
         count_steps(event, &steps, first_path.is_none());
         // Stored like a worker's records (see `tok_core::retention`).

@@ -79,6 +79,50 @@ pub(super) async fn run_failed(
     Ok(())
 }
 
+/// A compensation step failed for good: an incident for the tenant that
+/// says which undo failed (the run goes on with the next one), and a line
+/// in its ticket's trace.
+pub(super) async fn compensation_failed(
+    tx: &mut dyn RecordTx,
+    job: &ClaimedJob,
+    automation: &Automation,
+    subject: Option<&str>,
+    failure: &Failure,
+    cause: &Cause,
+) -> Result<(), StoreError> {
+    let ticket = match subject {
+        Some(id) => tx.ticket(id).await?,
+        None => None,
+    };
+    let text = incident::compensation_failed(
+        &job.automation_id,
+        &automation.name,
+        ticket.as_ref().map(|t| t.external_id.as_str()),
+        failure,
+    );
+    let detail = json!({
+        "automation": { "id": job.automation_id, "name": automation.name, "version": job.version },
+        "run_id": job.run_id,
+        "failed_step": { "id": failure.step_id, "path": failure.path, "type": failure.kind },
+        "attempts": failure.attempt,
+        "message": failure.message,
+    });
+    tx.open_incident(NewIncident {
+        source: text.source,
+        title: text.title,
+        impact: text.impact,
+        detail,
+        run_id: Some(job.run_id.clone()),
+        ticket_id: ticket.as_ref().map(|t| t.id.clone()),
+    })
+    .await?;
+    if let Some(t) = &ticket {
+        tx.trace(&t.id, "compensation_failed", &failure.message, cause)
+            .await?;
+    }
+    Ok(())
+}
+
 /// A change could not raise its event because the chain of automations
 /// that led to it is too deep: alert the tenant (the trace says it too).
 pub(super) async fn chain_too_deep(

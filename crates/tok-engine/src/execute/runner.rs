@@ -286,6 +286,10 @@ async fn drive(
                 effects::run_failed(&mut *tx, job, automation, subject, context, failure, &cause)
                     .await?;
             }
+            Effect::CompensationFailed(failure) => {
+                effects::compensation_failed(&mut *tx, job, automation, subject, failure, &cause)
+                    .await?;
+            }
             Effect::NotifyParent(notice) => {
                 let ended = RunEnded {
                     run_id: job.run_id.to_string(),

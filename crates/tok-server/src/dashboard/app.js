@@ -300,7 +300,7 @@ const onLive = (fn) => live.listeners.add(fn);
 
 // ---------- Runs ----------
 
-const STATUSES = ["queued", "running", "waiting", "paused", "completed", "failed", "cancelled", "refused"];
+const STATUSES = ["queued", "running", "waiting", "paused", "compensating", "completed", "failed", "cancelled", "refused"];
 const TRIGGERS = ["webhook", "event", "poll", "schedule", "manual"];
 let automationNames = new Map();
 
@@ -386,7 +386,8 @@ async function runList(view) {
 function controlsFor(status) {
   return {
     retry: status === "failed",
-    cancel: !["completed", "failed", "cancelled", "refused"].includes(status),
+    // A compensating run undoes its steps; a cancel does not interrupt that.
+    cancel: !["compensating", "completed", "failed", "cancelled", "refused"].includes(status),
     pause: ["queued", "running", "waiting"].includes(status),
     resume: status === "paused",
   };
@@ -401,7 +402,7 @@ function tree(steps, taken, prefix = "") {
     const node = h(`span.node.${record ? "taken" : "not-taken"}`, { dataset: { path } },
       h(`span.dot.${status || "none"}`), h("span", null, step.id || path), h("span.type", null, step.type));
     const branches = [];
-    for (const key of ["then", "else", "steps", "do"]) {
+    for (const key of ["then", "else", "steps", "do", "compensate"]) {
       if (Array.isArray(step[key])) {
         branches.push(h("div.branch", null, key), tree(step[key], taken, `${path}.${key}`));
       }

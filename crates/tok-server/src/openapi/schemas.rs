@@ -9,16 +9,19 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-/// A run's status. `refused`: an event would have started the run over
-/// its automation's `settings.limits.startsPerMinute`; no step ran.
+/// Where a run is in its life: `compensating` while a cancelled (or
+/// failed, with `settings.compensateOnFailure`) run undoes its completed
+/// steps; it ends `cancelled` or `failed`. `refused`: an event would have
+/// started the run over its automation's `settings.limits.startsPerMinute`;
+/// no step ran.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
-#[allow(dead_code)]
 pub(crate) enum RunStatusName {
     Queued,
     Running,
     Waiting,
     Paused,
+    Compensating,
     Completed,
     Failed,
     Cancelled,
@@ -32,8 +35,7 @@ pub(crate) struct RunSummary {
     automation_id: String,
     version: i32,
     event_id: String,
-    #[schema(value_type = RunStatusName)]
-    status: String,
+    status: RunStatusName,
     /// webhook, event, poll, schedule, manual or parent.
     trigger_type: String,
     depth: i32,

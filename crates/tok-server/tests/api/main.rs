@@ -10,6 +10,7 @@ mod authorization;
 mod automations;
 mod branches;
 mod children;
+mod compensation;
 mod connections;
 mod dashboard;
 mod desk;

@@ -22,6 +22,7 @@
 mod approvals;
 mod branches;
 mod children;
+mod compensation;
 mod dispatch;
 mod effects;
 mod inbox;
