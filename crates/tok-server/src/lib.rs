@@ -19,6 +19,8 @@ use axum::http::{Method, StatusCode, Uri};
 use tok_engine::Engine;
 
 pub use error::{ApiError, ApiResult};
+pub use routes::Route;
+use routes::Routes;
 
 /// Largest webhook body accepted; larger bodies get 413.
 pub const MAX_WEBHOOK_BYTES: usize = 256 * 1024;
@@ -125,9 +127,9 @@ impl AppState {
     }
 }
 
-/// The whole HTTP application.
-pub fn app(state: AppState) -> Router {
-    Router::new()
+/// Every route of the application, each router's in turn.
+fn routes() -> Routes {
+    Routes::new()
         .merge(routes::health::router())
         .merge(routes::webhook::router())
         .merge(routes::tenants::router())
@@ -148,6 +150,19 @@ pub fn app(state: AppState) -> Router {
         .merge(routes::dashboard::router())
         .merge(openapi::router())
         .merge(dashboard::router())
+}
+
+/// What [`app`] serves: every method and path of its router, from the
+/// table the router is built from.
+pub fn route_table() -> Vec<Route> {
+    routes().into_parts().1
+}
+
+/// The whole HTTP application.
+pub fn app(state: AppState) -> Router {
+    routes()
+        .into_parts()
+        .0
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(state)

@@ -7,9 +7,10 @@
 //! Adding a route to the document is one line: the attribute on its handler,
 //! plus the handler's name in its module's `Api` (a new module: one line in
 //! [`document`]). The API test `openapi::every_route_is_documented` reads the
-//! routers' `.route(…)` calls and fails on any route the document lacks; the
-//! API tests validate every JSON answer against the schema documented for its
-//! path, method and status, so a shape that drifts from its schema fails them.
+//! router's route table (`crate::route_table`) and fails on any route the
+//! document lacks; the API tests validate every JSON answer against the
+//! schema documented for its path, method and status, so a shape that drifts
+//! from its schema fails them.
 //!
 //! Every operation also answers errors as [`ErrorBody`] (`default`), and
 //! every `{name}` in a path is a string path parameter; [`Conventions`] adds
@@ -17,8 +18,7 @@
 
 use std::sync::OnceLock;
 
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::Value;
 use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
 use utoipa::openapi::{
@@ -26,11 +26,10 @@ use utoipa::openapi::{
 };
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::AppState;
-use crate::routes;
+use crate::routes::{self, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/api/openapi.json", get(serve))
+pub(crate) fn router() -> Routes {
+    Routes::new().get("/api/openapi.json", serve)
 }
 
 /// This document.

@@ -8,24 +8,22 @@
 //! admin picks a tenant); it follows `GET /api/stream` to update what it
 //! shows as runs move. Nothing here reads the database.
 
-use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
 
-use crate::AppState;
+use crate::routes::Routes;
 
 const INDEX: &str = include_str!("index.html");
 const STYLE: &str = include_str!("app.css");
 const SCRIPT: &str = include_str!("app.js");
 const WIDGETS_SCRIPT: &str = include_str!("widgets.js");
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/", get(index))
-        .route("/dashboard/app.css", get(style))
-        .route("/dashboard/app.js", get(script))
-        .route("/dashboard/widgets.js", get(widgets_script))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/", index)
+        .get("/dashboard/app.css", style)
+        .get("/dashboard/app.js", script)
+        .get("/dashboard/widgets.js", widgets_script)
 }
 
 /// The page may run only its own script and talk only to this server.

@@ -5,10 +5,9 @@
 //! (403 `not_an_approver` otherwise; 409 `already_decided` for a second
 //! decision, or once its run no longer waits for it), resuming its run.
 
-use axum::extract::{Path, Query, State};
+use axum::Json;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_store::{Decided, Decision};
@@ -16,12 +15,13 @@ use tok_store::{Decided, Decision};
 use crate::AppState;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/approvals", get(list))
-        .route("/api/approvals/{id}", get(show).post(decide))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/approvals", list)
+        .get("/api/approvals/{id}", show)
+        .post("/api/approvals/{id}", decide)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

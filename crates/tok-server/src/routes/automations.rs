@@ -2,11 +2,10 @@
 //! show, and start a run by hand. Definitions are validated at save; every
 //! problem comes back at once, each with the place it concerns.
 
+use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::definition::{Automation, Trigger};
@@ -18,16 +17,18 @@ use tok_store::{AutomationRow, AutomationStatus, NewVersion, rfc3339};
 use crate::AppState;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/automations", get(list).post(create))
-        .route("/api/automations/{id}", get(show).put(update))
-        .route("/api/automations/{id}/pause", post(pause))
-        .route("/api/automations/{id}/resume", post(resume))
-        .route("/api/automations/{id}/runs", post(start_run))
-        .route("/api/automations/{id}/versions/{version}", get(version))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/automations", list)
+        .post("/api/automations", create)
+        .get("/api/automations/{id}", show)
+        .put("/api/automations/{id}", update)
+        .post("/api/automations/{id}/pause", pause)
+        .post("/api/automations/{id}/resume", resume)
+        .post("/api/automations/{id}/runs", start_run)
+        .get("/api/automations/{id}/versions/{version}", version)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -2,10 +2,9 @@
 //! per tenant and service. Credentials are write-only: stored, applied to
 //! calls, never returned.
 
-use axum::extract::{Path, Query, State};
+use axum::Json;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_store::{Connection, NewConnection};
@@ -13,12 +12,13 @@ use tok_store::{Connection, NewConnection};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/connections", get(list).post(create))
-        .route("/api/connections/{id}", get(show))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/connections", list)
+        .post("/api/connections", create)
+        .get("/api/connections/{id}", show)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

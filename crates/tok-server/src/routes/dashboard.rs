@@ -2,20 +2,20 @@
 //! (`GET /api/dashboard/session`) and the tenant's queue right now
 //! (`GET /api/dashboard/queue`). The runs listing is `runs.rs`'s.
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::{Value, json};
 use tok_store::KeyOwner;
 
 use crate::AppState;
 use crate::auth::{Caller, Tenant};
 use crate::error::ApiResult;
+use crate::routes::Routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/dashboard/session", get(session))
-        .route("/api/dashboard/queue", get(queue))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/dashboard/session", session)
+        .get("/api/dashboard/queue", queue)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -4,10 +4,9 @@
 
 use std::collections::HashSet;
 
+use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_store::NewGroup;
@@ -15,13 +14,15 @@ use tok_store::NewGroup;
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Routes};
 
 /// A member's capacity when the request gives none.
 const DEFAULT_CAPACITY: i64 = 10;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/api/groups", get(list).post(create))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/groups", list)
+        .post("/api/groups", create)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

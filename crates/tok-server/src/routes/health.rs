@@ -1,18 +1,18 @@
 //! `/healthz` answers as soon as the server listens; `/readyz` once the
 //! migrations ran and while the database answers, until a shutdown began.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use crate::AppState;
+use crate::routes::Routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/healthz", healthz)
+        .get("/readyz", readyz)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -4,11 +4,10 @@
 //! source; the platform admin acting for the tenant (`X-Tok-Tenant`) sees
 //! those too. Resolving an incident lets the same cause open a new one.
 
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::ids::TenantId;
@@ -17,12 +16,12 @@ use tok_store::{Incident, rfc3339};
 use crate::AppState;
 use crate::auth::{KeyKind, Tenant};
 use crate::error::{ApiError, ApiResult};
-use crate::routes::PageQuery;
+use crate::routes::{PageQuery, Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/incidents", get(list))
-        .route("/api/incidents/{id}/resolve", post(resolve))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/incidents", list)
+        .post("/api/incidents/{id}/resolve", resolve)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

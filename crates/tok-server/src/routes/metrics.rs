@@ -2,17 +2,16 @@
 //! ready job (busy versus stuck), steps per tenant (the noisy neighbour) and
 //! by outcome, runs by outcome, inbox lag, connector calls and latency.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::routes::Routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/metrics", get(render))
+pub(crate) fn router() -> Routes {
+    Routes::new().get("/metrics", render)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -1,4 +1,10 @@
-//! One router per resource.
+//! One router per resource, each built as a [`Routes`]: the axum router and
+//! the table of what it serves, made together. axum cannot list a router's
+//! routes, and a list kept beside the router would drift from it; a route
+//! added any other way than through [`Routes`] is not served at all. The
+//! tests read the table (`tok_server::route_table`): the OpenAPI document
+//! must have every route, and every route must be covered by the tenant
+//! isolation test.
 
 pub(crate) mod approvals;
 pub(crate) mod automations;
@@ -19,10 +25,94 @@ pub(crate) mod tickets;
 pub(crate) mod webhook;
 pub(crate) mod widgets;
 
+use axum::Router;
+use axum::handler::Handler;
+use axum::http::Method;
+use axum::routing::{self, MethodRouter};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::AppState;
 use crate::error::ApiError;
+
+/// One route the router serves: a method on a path (axum's template, with
+/// `{name}` for a path parameter).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+}
+
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.method, self.path)
+    }
+}
+
+/// A router and the table of its routes, added one method at a time.
+pub(crate) struct Routes {
+    router: Router<AppState>,
+    table: Vec<Route>,
+}
+
+impl Routes {
+    pub(crate) fn new() -> Self {
+        Self {
+            router: Router::new(),
+            table: Vec::new(),
+        }
+    }
+
+    pub(crate) fn get<H: Handler<T, AppState>, T: 'static>(
+        self,
+        path: &'static str,
+        handler: H,
+    ) -> Self {
+        self.on(Method::GET, path, routing::get(handler))
+    }
+
+    pub(crate) fn post<H: Handler<T, AppState>, T: 'static>(
+        self,
+        path: &'static str,
+        handler: H,
+    ) -> Self {
+        self.on(Method::POST, path, routing::post(handler))
+    }
+
+    pub(crate) fn put<H: Handler<T, AppState>, T: 'static>(
+        self,
+        path: &'static str,
+        handler: H,
+    ) -> Self {
+        self.on(Method::PUT, path, routing::put(handler))
+    }
+
+    pub(crate) fn patch<H: Handler<T, AppState>, T: 'static>(
+        self,
+        path: &'static str,
+        handler: H,
+    ) -> Self {
+        self.on(Method::PATCH, path, routing::patch(handler))
+    }
+
+    /// Adds `method` on `path`; axum merges the methods of one path.
+    fn on(mut self, method: Method, path: &'static str, handler: MethodRouter<AppState>) -> Self {
+        self.router = self.router.route(path, handler);
+        self.table.push(Route { method, path });
+        self
+    }
+
+    pub(crate) fn merge(mut self, other: Routes) -> Self {
+        self.router = self.router.merge(other.router);
+        self.table.extend(other.table);
+        self
+    }
+
+    /// The router and the table of what it serves.
+    pub(crate) fn into_parts(self) -> (Router<AppState>, Vec<Route>) {
+        (self.router, self.table)
+    }
+}
 
 /// Refuses JSON (`what`: "the body", "`input`") with U+0000 in a string or
 /// key: PostgreSQL cannot store it, and both backends answer alike, with a
@@ -124,6 +214,42 @@ pub(crate) fn page_query(
     query
         .map(|q| q.0)
         .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
+}
+
+/// Path parameters whose rejection is an [`ApiError`]. A parameter that is
+/// not UTF-8 once decoded, is not of the expected type, or has U+0000 names
+/// nothing, so it answers 404 like an id that does not exist — on both
+/// backends alike: PostgreSQL cannot even compare text with U+0000, and
+/// would fail the lookup instead of finding nothing.
+pub(crate) struct Path<T>(pub(crate) T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Path<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let path = parts.uri.path().to_owned();
+        let names_nothing = |why: &str| {
+            ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_found",
+                format!("nothing is served at `{path}`: {why}"),
+            )
+        };
+        if path.contains("%00") {
+            return Err(names_nothing("no id has the character U+0000 (%00)"));
+        }
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(names_nothing(&rejection.body_text())),
+        }
+    }
 }
 
 /// A JSON body whose rejection is an [`ApiError`] saying what was wrong.

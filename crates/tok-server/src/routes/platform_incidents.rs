@@ -3,21 +3,21 @@
 //! `GET /api/platform/incidents?status=open|resolved`, and
 //! `POST /api/platform/incidents/{id}/resolve`.
 
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::extract::{Query, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult};
+use crate::routes::{Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/platform/incidents", get(list))
-        .route("/api/platform/incidents/{id}/resolve", post(resolve))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/platform/incidents", list)
+        .post("/api/platform/incidents/{id}/resolve", resolve)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

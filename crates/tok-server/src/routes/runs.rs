@@ -4,9 +4,8 @@
 //! store's decision, taken under the run's row lock; its refusal is a 409
 //! that says which states would.
 
-use axum::extract::{Path, Query, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
+use axum::extract::{Query, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::ids::{RunId, TenantId};
@@ -16,16 +15,17 @@ use tok_store::{RunFilter, RunStatus};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
+use crate::routes::{Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/dashboard/runs", get(list))
-        .route("/api/runs", get(list))
-        .route("/api/runs/{id}", get(show))
-        .route("/api/runs/{id}/retry", post(retry))
-        .route("/api/runs/{id}/cancel", post(cancel))
-        .route("/api/runs/{id}/pause", post(pause))
-        .route("/api/runs/{id}/resume", post(resume))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/dashboard/runs", list)
+        .get("/api/runs", list)
+        .get("/api/runs/{id}", show)
+        .post("/api/runs/{id}/retry", retry)
+        .post("/api/runs/{id}/cancel", cancel)
+        .post("/api/runs/{id}/pause", pause)
+        .post("/api/runs/{id}/resume", resume)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

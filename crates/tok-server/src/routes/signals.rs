@@ -4,10 +4,9 @@
 //! lookback window (`TOK_SIGNAL_LOOKBACK`) when none does. An
 //! `Idempotency-Key` header makes a repeat answer the first send's answer.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::{Json, Router};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tok_store::NewSignal;
@@ -15,10 +14,10 @@ use tok_store::NewSignal;
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/api/signals", post(send))
+pub(crate) fn router() -> Routes {
+    Routes::new().post("/api/signals", send)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -1,10 +1,9 @@
 //! Webhook sources: a name, a contract (params with the dot paths where the
 //! sender puts them) and a token that makes the URL.
 
-use axum::extract::{Path, Query, State};
+use axum::Json;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::contract::{self, Param};
@@ -14,12 +13,13 @@ use tok_store::{NewSource, Source, random_token};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/sources", get(list).post(create))
-        .route("/api/sources/{id}", get(show))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/sources", list)
+        .post("/api/sources", create)
+        .get("/api/sources/{id}", show)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -8,11 +8,9 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::routing::get;
 use futures_util::Stream;
 use serde_json::json;
 use tok_engine::stream::{self, Kind, Subscription};
@@ -20,9 +18,10 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::AppState;
 use crate::auth::Tenant;
+use crate::routes::Routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/api/stream", get(follow))
+pub(crate) fn router() -> Routes {
+    Routes::new().get("/api/stream", follow)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

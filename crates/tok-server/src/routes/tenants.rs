@@ -7,10 +7,9 @@
 //! effects; `settings.retention`: how long the tenant's data is kept,
 //! DESIGN §10).
 
-use axum::extract::{Path, Query, State};
+use axum::Json;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::{get, patch};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tok_core::ids::TenantId;
@@ -20,12 +19,13 @@ use tok_store::{TenantPatch, hash_secret, random_token};
 use crate::AppState;
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/tenants", get(list).post(create))
-        .route("/api/tenants/{id}", patch(update))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/tenants", list)
+        .post("/api/tenants", create)
+        .patch("/api/tenants/{id}", update)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

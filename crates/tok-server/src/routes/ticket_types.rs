@@ -4,10 +4,9 @@
 
 use std::collections::HashSet;
 
+use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_store::NewTicketType;
@@ -15,10 +14,12 @@ use tok_store::NewTicketType;
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/api/ticket-types", get(list).post(create))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/ticket-types", list)
+        .post("/api/ticket-types", create)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

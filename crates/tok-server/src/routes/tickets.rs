@@ -10,11 +10,10 @@
 
 use std::collections::HashSet;
 
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value, json};
 use tok_core::ids::{TenantId, new_id};
@@ -26,15 +25,17 @@ use tok_store::{
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, PageQuery};
+use crate::routes::{JsonBody, PageQuery, Path, Routes};
 
 /// Who a person's change is by, in the ticket's trace.
 const BY_PERSON: &str = "by a person (API)";
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/tickets", get(list).post(create))
-        .route("/api/tickets/{id}", get(show).patch(update))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/api/tickets", list)
+        .post("/api/tickets", create)
+        .get("/api/tickets/{id}", show)
+        .patch("/api/tickets/{id}", update)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

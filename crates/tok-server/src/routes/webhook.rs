@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
+use axum::Json;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -18,10 +17,13 @@ use tok_store::NewEvent;
 
 use crate::error::{ApiError, ApiResult};
 use crate::intake::WebhookSource;
+use crate::routes::{Path, Routes};
 use crate::{AppState, MAX_WEBHOOK_BYTES};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/webhook/{token}", get(help).post(accept))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .get("/webhook/{token}", help)
+        .post("/webhook/{token}", accept)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
@@ -179,7 +181,7 @@ async fn accept(
 }
 
 /// How far a signed webhook's timestamp may be from our clock.
-const SIGNATURE_TOLERANCE_SECS: i64 = 300;
+const SIGNATURE_TOLERANCE_SECS: u64 = 300;
 
 fn unsigned(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "bad_signature", message)
@@ -214,10 +216,11 @@ fn verify_signature(secret: &str, headers: &HeaderMap, body: &[u8], now: i64) ->
     let sent_at: i64 = timestamp
         .parse()
         .map_err(|_| unsigned("webhook-timestamp must be unix seconds"))?;
-    if (now - sent_at).abs() > SIGNATURE_TOLERANCE_SECS {
+    // Any i64 may be sent: the distance is taken without overflow.
+    let away = now.abs_diff(sent_at);
+    if away > SIGNATURE_TOLERANCE_SECS {
         return Err(unsigned(format!(
-            "webhook-timestamp is {} s away from the server's clock; at most {SIGNATURE_TOLERANCE_SECS} s are accepted",
-            (now - sent_at).abs()
+            "webhook-timestamp is {away} s away from the server's clock; at most {SIGNATURE_TOLERANCE_SECS} s are accepted"
         )));
     }
     let key = match secret.strip_prefix("whsec_") {

@@ -4,10 +4,9 @@
 //! from the cache while it is fresh, else from one call
 //! (`?refresh=true` calls at once), as `{data, fetched_at, age_s, cached}`.
 
-use axum::extract::{Path, Query, State};
+use axum::Json;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_engine::widgets::check_request;
@@ -17,13 +16,14 @@ use tok_store::{NewWidget, Widget, now_ms};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::JsonBody;
+use crate::routes::{JsonBody, Path, Routes};
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/widgets", post(create).get(list))
-        .route("/api/widgets/{id}", get(show))
-        .route("/api/widgets/{id}/data", get(data))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .post("/api/widgets", create)
+        .get("/api/widgets", list)
+        .get("/api/widgets/{id}", show)
+        .get("/api/widgets/{id}/data", data)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -458,7 +458,9 @@ impl TestApp {
     }
 }
 
-async fn send(router: Router, request: Request<Body>) -> Reply {
+/// Sends one request through `router`, checking a JSON answer against the
+/// OpenAPI document.
+pub(crate) async fn send(router: Router, request: Request<Body>) -> Reply {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let response = router

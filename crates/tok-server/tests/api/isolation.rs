@@ -4,8 +4,10 @@
 //! admin acts for a tenant only with `X-Tok-Tenant`.
 
 use axum::body::Body;
-use axum::http::{Method, StatusCode};
-use serde_json::json;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
 
 use crate::helpers::{
     Tenant, TestApp, backend_tests, ids, log_step, manual, on_webhook, plain_source,
@@ -18,6 +20,7 @@ backend_tests!(
     missing_or_invalid_key_is_401,
     tenant_key_cannot_create_tenants,
     admin_acts_for_a_tenant_with_x_tok_tenant,
+    every_route_keeps_tenants_apart,
 );
 
 /// Tenant A with a source, a webhook automation and one finished run.
@@ -285,4 +288,528 @@ async fn admin_acts_for_a_tenant_with_x_tok_tenant(app: &TestApp) {
         )
         .await;
     assert_eq!(sneaky.expect(StatusCode::OK)["items"], json!([]));
+}
+
+/// Everything a tenant can own, made through the API: the ids of each.
+struct Estate {
+    tenant: Tenant,
+    ids: Vec<String>,
+    source: String,
+    automation: String,
+    manual: String,
+    run: String,
+    waiting_run: String,
+    approval: String,
+    member: String,
+    incident: String,
+    ticket: String,
+    connection: String,
+    connection_name: String,
+    widget: String,
+}
+
+async fn estate(app: &TestApp, name: &str) -> Estate {
+    let owned = tenant_with_a_run(app, name).await;
+    let tenant = owned.tenant.clone();
+    let ticket_type = app
+        .create_ticket_type(&tenant, &format!("order-{name}"), &["new", "done"])
+        .await;
+    let group = app
+        .create_group(&tenant, &format!("Desk {name}"), &["Ann"])
+        .await;
+    let member = group["members"][0]["id"].as_str().unwrap().to_owned();
+    let approve = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Approve",
+                &json!([{ "id": "st_ok", "type": "approval",
+                          "config": { "approvers": { "members": [member] }, "prompt": "ok?" } }]),
+            ),
+        )
+        .await;
+    let waiting_run = app
+        .start_run(&tenant, &approve, &json!({ "input": {} }))
+        .await;
+    app.wait_for_run(&tenant, &waiting_run, |r| r["status"] == "waiting")
+        .await;
+    let approvals = app
+        .get(&tenant.key, "/api/approvals")
+        .await
+        .expect(StatusCode::OK);
+    let approval = approvals["items"][0]["id"].as_str().unwrap().to_owned();
+    let alert = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Alert",
+                &json!([{ "id": "st_alert", "type": "incident/create",
+                          "config": { "title": format!("{name} is down"), "impact": "none", "source": "probe" } }]),
+            ),
+        )
+        .await;
+    let run = app
+        .start_run(&tenant, &alert, &json!({ "input": {} }))
+        .await;
+    app.wait_for_final(&tenant, &run).await;
+    let incidents = app
+        .get(&tenant.key, "/api/incidents")
+        .await
+        .expect(StatusCode::OK);
+    let incident = incidents["items"][0]["id"].as_str().unwrap().to_owned();
+    let ticket = app
+        .create_ticket(
+            &tenant,
+            &json!({ "external_id": format!("T-{name}"), "type": format!("order-{name}") }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let connection_name = format!("stats-{name}");
+    let connection = app
+        .post(
+            &tenant.key,
+            "/api/connections",
+            &json!({ "name": connection_name, "service": "http",
+                     "base_url": "http://127.0.0.1:9", "credentials": { "bearer": "sk_x" } }),
+        )
+        .await
+        .expect(StatusCode::CREATED)["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let widget = app
+        .post(
+            &tenant.key,
+            "/api/widgets",
+            &json!({ "name": "w", "connection": connection_name,
+                     "request": { "url": "/x" }, "ttlSec": 60 }),
+        )
+        .await
+        .expect(StatusCode::CREATED)["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ids = vec![
+        tenant.id.clone(),
+        owned.source.clone(),
+        owned.automation.clone(),
+        owned.run.clone(),
+        approve.clone(),
+        waiting_run.clone(),
+        approval.clone(),
+        group["id"].as_str().unwrap().to_owned(),
+        ticket_type["id"].as_str().unwrap().to_owned(),
+        member.clone(),
+        alert.clone(),
+        run.clone(),
+        incident.clone(),
+        ticket.clone(),
+        connection.clone(),
+        widget.clone(),
+    ];
+    Estate {
+        tenant,
+        ids,
+        source: owned.source,
+        automation: owned.automation,
+        manual: approve,
+        run,
+        waiting_run,
+        approval,
+        member,
+        incident,
+        ticket,
+        connection,
+        connection_name,
+        widget,
+    }
+}
+
+/// How a route is tried with tenant B's key.
+enum Probe {
+    /// Served to anyone (health, documents, the dashboard's files, a
+    /// webhook, whose token is its credential): B's answer shows none of
+    /// A's ids.
+    Open(String),
+    /// The platform admin's: a tenant key gets 403.
+    AdminOnly(Method, String, Value),
+    /// A's record by its id: 404 `not_found`, as an id that does not exist.
+    Theirs(Method, String, Value),
+    /// A listing: B's rows only (some of B's ids, none of A's).
+    Listing(String),
+    /// A write without an id, naming A's rows in its body where it can: it
+    /// does not reach them (a 4xx when `refused`, else a 4xx or B's own row).
+    Write(String, Value, bool),
+}
+
+fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
+    use Probe::*;
+    let m = route.method.clone();
+    let empty = json!({});
+    Some(match (route.method.as_str(), route.path) {
+        ("GET", "/healthz" | "/readyz" | "/metrics" | "/api/openapi.json" | "/") => {
+            Open(route.path.into())
+        }
+        ("GET", p) if p.starts_with("/dashboard/") => Open(p.into()),
+        ("GET" | "POST", "/webhook/{token}") => Open("/webhook/no-such-token".into()),
+        ("GET" | "POST", "/api/tenants") => {
+            AdminOnly(m, "/api/tenants".into(), json!({ "name": "x" }))
+        }
+        ("PATCH", "/api/tenants/{id}") => AdminOnly(
+            m,
+            format!("/api/tenants/{}", a.tenant.id),
+            json!({ "name": "x" }),
+        ),
+        ("GET", "/api/platform/incidents") => AdminOnly(m, route.path.into(), empty),
+        ("POST", "/api/platform/incidents/{id}/resolve") => AdminOnly(
+            m,
+            format!("/api/platform/incidents/{}/resolve", a.incident),
+            empty,
+        ),
+        ("GET", "/api/approvals/{id}") => {
+            Theirs(m, format!("/api/approvals/{}", a.approval), empty)
+        }
+        ("POST", "/api/approvals/{id}") => Theirs(
+            m,
+            format!("/api/approvals/{}", a.approval),
+            json!({ "decision": "approve", "member": a.member }),
+        ),
+        ("GET", "/api/automations/{id}") => {
+            Theirs(m, format!("/api/automations/{}", a.automation), empty)
+        }
+        ("PUT", "/api/automations/{id}") => Theirs(
+            m,
+            format!("/api/automations/{}", a.automation),
+            manual("Hijack", &json!([log_step("st_x", "x")])),
+        ),
+        ("POST", "/api/automations/{id}/pause" | "/api/automations/{id}/resume") => {
+            Theirs(m, route.path.replace("{id}", &a.automation), empty)
+        }
+        ("POST", "/api/automations/{id}/runs") => Theirs(
+            m,
+            format!("/api/automations/{}/runs", a.manual),
+            json!({ "input": {} }),
+        ),
+        ("GET", "/api/automations/{id}/versions/{version}") => Theirs(
+            m,
+            format!("/api/automations/{}/versions/1", a.automation),
+            empty,
+        ),
+        ("GET", "/api/connections/{id}") => {
+            Theirs(m, format!("/api/connections/{}", a.connection), empty)
+        }
+        ("POST", "/api/incidents/{id}/resolve") => {
+            Theirs(m, format!("/api/incidents/{}/resolve", a.incident), empty)
+        }
+        ("GET", "/api/runs/{id}") => Theirs(m, format!("/api/runs/{}", a.run), empty),
+        ("POST", "/api/runs/{id}/retry") => Theirs(m, format!("/api/runs/{}/retry", a.run), empty),
+        ("POST", "/api/runs/{id}/cancel" | "/api/runs/{id}/pause" | "/api/runs/{id}/resume") => {
+            Theirs(m, route.path.replace("{id}", &a.waiting_run), empty)
+        }
+        ("GET", "/api/sources/{id}") => Theirs(m, format!("/api/sources/{}", a.source), empty),
+        ("GET", "/api/tickets/{id}") => Theirs(m, format!("/api/tickets/{}", a.ticket), empty),
+        ("PATCH", "/api/tickets/{id}") => Theirs(
+            m,
+            format!("/api/tickets/{}", a.ticket),
+            json!({ "title": "taken over" }),
+        ),
+        ("GET", "/api/widgets/{id}") => Theirs(m, format!("/api/widgets/{}", a.widget), empty),
+        ("GET", "/api/widgets/{id}/data") => Theirs(
+            m,
+            format!("/api/widgets/{}/data?refresh=true", a.widget),
+            empty,
+        ),
+        ("GET", "/api/approvals") => Listing("/api/approvals?status=all".into()),
+        (
+            "GET",
+            "/api/automations"
+            | "/api/connections"
+            | "/api/dashboard/runs"
+            | "/api/runs"
+            | "/api/dashboard/session"
+            | "/api/dashboard/queue"
+            | "/api/groups"
+            | "/api/incidents"
+            | "/api/sources"
+            | "/api/ticket-types"
+            | "/api/tickets"
+            | "/api/widgets"
+            | "/api/stream",
+        ) => Listing(route.path.into()),
+        ("POST", "/api/automations") => Write(
+            route.path.into(),
+            on_webhook(
+                "On their source",
+                &a.source,
+                &json!([log_step("st_x", "x")]),
+            ),
+            true,
+        ),
+        ("POST", "/api/connections") => Write(
+            route.path.into(),
+            json!({ "name": a.connection_name, "service": "http",
+                    "base_url": "http://127.0.0.1:9", "credentials": { "bearer": "sk_y" } }),
+            false,
+        ),
+        ("POST", "/api/groups") => Write(
+            route.path.into(),
+            json!({ "name": "B's desk", "members": [{ "name": "Bo" }] }),
+            false,
+        ),
+        ("POST", "/api/signals") => Write(
+            route.path.into(),
+            json!({ "key": format!("approval-like-{}", a.waiting_run), "payload": {} }),
+            false,
+        ),
+        ("POST", "/api/sources") => Write(route.path.into(), plain_source("B's"), false),
+        ("POST", "/api/ticket-types") => Write(
+            route.path.into(),
+            json!({ "name": "B's type", "statuses": ["open"], "fields": [] }),
+            false,
+        ),
+        ("POST", "/api/tickets") => Write(
+            route.path.into(),
+            json!({ "external_id": "B-1", "assignee_id": a.member }),
+            true,
+        ),
+        ("POST", "/api/widgets") => Write(
+            route.path.into(),
+            json!({ "name": "w", "connection": a.connection_name,
+                    "request": { "url": "/x" }, "ttlSec": 60 }),
+            false,
+        ),
+        _ => return None,
+    })
+}
+
+/// The text of an answer, with whatever ids it holds.
+fn text_of(body: &Value) -> String {
+    match body {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn leaks<'a>(text: &str, ids: &'a [String]) -> Vec<&'a String> {
+    ids.iter().filter(|id| text.contains(id.as_str())).collect()
+}
+
+/// Every route of the router, tried by tenant B (with its own key, and as
+/// the platform admin acting for B) on tenant A's records: 404 for A's
+/// ids, only B's rows in listings and the live stream, A's rows out of
+/// reach of B's writes, and A's records unchanged afterwards. A route
+/// this test does not know fails it.
+async fn every_route_keeps_tenants_apart(app: &TestApp) {
+    app.state.set_ready();
+    let a = estate(app, "Acme").await;
+    let b = estate(app, "Beta").await;
+    let routes = tok_server::route_table();
+    let uncovered: Vec<String> = routes
+        .iter()
+        .filter(|r| probe(r, &a).is_none())
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        uncovered.is_empty(),
+        "routes the tenant isolation test does not try (add each to `probe`): {uncovered:#?}"
+    );
+    let details = [
+        format!("/api/runs/{}", a.run),
+        format!("/api/runs/{}", a.waiting_run),
+        format!("/api/automations/{}", a.automation),
+        format!("/api/approvals/{}", a.approval),
+        format!("/api/tickets/{}", a.ticket),
+        format!("/api/widgets/{}", a.widget),
+        format!("/api/connections/{}", a.connection),
+        format!("/api/sources/{}", a.source),
+        "/api/incidents".to_owned(),
+    ];
+    let mut before = Vec::new();
+    for uri in &details {
+        before.push(app.get(&a.tenant.key, uri).await.expect(StatusCode::OK));
+    }
+
+    let as_b = format!("Bearer {}", b.tenant.key);
+    let admin = format!("Bearer {}", app.admin_key);
+    let callers: [(&str, Vec<(&str, &str)>); 2] = [
+        ("B's key", vec![("authorization", as_b.as_str())]),
+        (
+            "the admin acting for B",
+            vec![
+                ("authorization", admin.as_str()),
+                ("x-tok-tenant", b.tenant.id.as_str()),
+            ],
+        ),
+    ];
+    let mut made_by_b = Vec::new();
+    for route in &routes {
+        for (caller, headers) in &callers {
+            let probe = probe(route, &a).unwrap();
+            let context = format!("{route} by {caller}");
+            match probe {
+                Probe::Open(uri) => {
+                    let reply = app
+                        .request(route.method.clone(), &uri, None, headers, Body::empty())
+                        .await;
+                    assert!(
+                        !reply.status.is_server_error(),
+                        "{context}: {:?}",
+                        reply.status
+                    );
+                    let text = text_of(&reply.body);
+                    assert!(leaks(&text, &a.ids).is_empty(), "{context} shows A's ids");
+                }
+                // The admin key is the platform's, not B's to try there.
+                Probe::AdminOnly(..) if *caller != "B's key" => {}
+                Probe::AdminOnly(method, uri, body) => {
+                    send_json(app, method, &uri, headers, &body)
+                        .await
+                        .expect_error(StatusCode::FORBIDDEN, "admin_only");
+                }
+                Probe::Theirs(method, uri, body) => {
+                    let theirs = send_json(app, method.clone(), &uri, headers, &body).await;
+                    let error = theirs
+                        .clone()
+                        .expect_error(StatusCode::NOT_FOUND, "not_found");
+                    let missing = uri.replacen(&format!("/{}", id_in(&uri, &a)), "/nope_0", 1);
+                    let gone = send_json(app, method, &missing, headers, &body).await;
+                    assert_eq!(
+                        error,
+                        gone.expect_error(StatusCode::NOT_FOUND, "not_found"),
+                        "{context}: A's id must answer as one that does not exist"
+                    );
+                }
+                Probe::Listing(uri) if uri == "/api/stream" => {
+                    let text = stream_until_own_run(app, &b, headers).await;
+                    assert!(
+                        leaks(&text, &a.ids).is_empty(),
+                        "{context} streams A's events: {text}"
+                    );
+                }
+                Probe::Listing(uri) => {
+                    let reply = send_json(app, Method::GET, &uri, headers, &Value::Null).await;
+                    let text = text_of(&reply.expect(StatusCode::OK));
+                    assert!(
+                        leaks(&text, &a.ids).is_empty(),
+                        "{context} lists A's rows: {text}"
+                    );
+                    if uri != "/api/dashboard/queue" && *caller == "B's key" {
+                        assert!(
+                            !leaks(&text, &b.ids).is_empty(),
+                            "{context} lists none of B's own rows: {text}"
+                        );
+                    }
+                }
+                Probe::Write(uri, body, refused) => {
+                    let reply = send_json(app, Method::POST, &uri, headers, &body).await;
+                    assert!(
+                        reply.status.is_client_error() || (!refused && reply.status.is_success()),
+                        "{context}: {:?} {:#}",
+                        reply.status,
+                        reply.body
+                    );
+                    // Naming back what B sent is no leak; any other id of A's is.
+                    let sent = body.to_string();
+                    let text = text_of(&reply.body);
+                    let leaked: Vec<_> = leaks(&text, &a.ids)
+                        .into_iter()
+                        .filter(|id| !sent.contains(id.as_str()))
+                        .collect();
+                    assert!(leaked.is_empty(), "{context} reached A's rows: {text}");
+                    for key in ["id", "signal_id"] {
+                        if let Some(id) = reply.body[key].as_str() {
+                            made_by_b.push(id.to_owned());
+                        }
+                    }
+                    if uri == "/api/signals" {
+                        assert_eq!(reply.body["resumed"], json!([]), "{context}");
+                    }
+                }
+            }
+        }
+    }
+
+    // A's records are as they were, and A sees nothing B made.
+    for (uri, was) in details.iter().zip(before) {
+        let now = app.get(&a.tenant.key, uri).await.expect(StatusCode::OK);
+        assert_eq!(now, was, "{uri} changed while B tried it");
+    }
+    let mut theirs = b.ids.clone();
+    theirs.extend(made_by_b);
+    for route in &routes {
+        if let Some(Probe::Listing(uri)) = probe(route, &b)
+            && uri != "/api/stream"
+        {
+            let text = text_of(&app.get(&a.tenant.key, &uri).await.expect(StatusCode::OK));
+            assert!(
+                leaks(&text, &theirs).is_empty(),
+                "A's {uri} shows B's rows: {text}"
+            );
+        }
+    }
+}
+
+/// The id of A's in `uri`.
+fn id_in<'a>(uri: &str, a: &'a Estate) -> &'a str {
+    a.ids
+        .iter()
+        .find(|id| uri.contains(&format!("/{id}")))
+        .unwrap_or_else(|| panic!("{uri} has none of A's ids"))
+}
+
+async fn send_json(
+    app: &TestApp,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> crate::helpers::Reply {
+    let mut all = headers.to_vec();
+    all.push(("content-type", "application/json"));
+    let body = if body.is_null() {
+        Body::empty()
+    } else {
+        Body::from(body.to_string())
+    };
+    app.request(method, uri, None, &all, body).await
+}
+
+/// Follows `GET /api/stream` as `headers` say while B's run goes from
+/// start to finish (A's runs have all finished before it starts): the text
+/// streamed until B's run completed.
+async fn stream_until_own_run(app: &TestApp, b: &Estate, headers: &[(&str, &str)]) -> String {
+    let mut request = Request::builder().method(Method::GET).uri("/api/stream");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = app
+        .router
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let run = app
+        .start_run(&b.tenant, &b.manual, &json!({ "input": {} }))
+        .await;
+    let mut text = String::new();
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                text.push_str(&String::from_utf8_lossy(&data));
+            }
+            if text.contains(&run) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        seen.is_ok(),
+        "B's stream never showed B's run {run}: {text}"
+    );
+    text
 }

@@ -16,6 +16,7 @@ mod dashboard;
 mod desk;
 mod errors;
 mod escalations;
+mod fuzz;
 mod health;
 mod incidents;
 mod intake;

@@ -1,10 +1,10 @@
-//! The OpenAPI document against the code: every route the routers declare is
-//! in it, and every JSON answer the API tests see matches the schema it
+//! The OpenAPI document against the code: every route of the router's table
+//! is in it, and every JSON answer the API tests see matches the schema it
 //! documents for that path, method and status ([`check_reply`], called on
 //! each reply by the helpers).
 
-use std::path::Path;
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -19,89 +19,24 @@ fn document() -> &'static Value {
     })
 }
 
-/// Every `.route("PATH", get(h).post(h2)…)` in the server's source, as
-/// (method, path). The dashboard's page and assets (`src/dashboard/`) are not
-/// part of the API and are left out.
+/// Every route the router serves, as (method, path), from the table it is
+/// built from. The dashboard's page and assets (`/`, `/dashboard/…`) are
+/// not part of the API and are left out.
 fn declared_routes() -> Vec<(String, String)> {
-    let mut routes = Vec::new();
-    let mut files = Vec::new();
-    collect_rs(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut files,
-    );
-    for file in files {
-        if file.parent().is_some_and(|p| p.ends_with("src/dashboard")) {
-            continue;
-        }
-        let source = std::fs::read_to_string(&file).expect("read a source file");
-        routes.extend(routes_in(&source));
-    }
+    let mut routes: Vec<(String, String)> = tok_server::route_table()
+        .into_iter()
+        .filter(|r| r.path != "/" && !r.path.starts_with("/dashboard/"))
+        .map(|r| (r.method.to_string(), r.path.to_owned()))
+        .collect();
     routes.sort();
     routes.dedup();
-    routes
-}
-
-fn collect_rs(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read the source folder") {
-        let path = entry.expect("a folder entry").path();
-        if path.is_dir() {
-            collect_rs(&path, files);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            files.push(path);
-        }
-    }
-}
-
-/// The routes of `.route(` calls in one file: the path literal, then each
-/// `get(`/`post(`/`put(`/`patch(`/`delete(` in the method router up to the
-/// call's closing parenthesis.
-fn routes_in(source: &str) -> Vec<(String, String)> {
-    let mut routes = Vec::new();
-    for (at, _) in source.match_indices(".route(") {
-        let rest = &source[at + ".route(".len()..];
-        let Some(open) = rest.find('"') else { continue };
-        if !rest[..open].trim().is_empty() {
-            continue;
-        }
-        let after = &rest[open + 1..];
-        let close = after.find('"').expect("a closed path literal");
-        let path = &after[..close];
-        let mut depth = 1;
-        let mut end = close + 1;
-        for (i, c) in after[close + 1..].char_indices() {
-            match c {
-                '(' => depth += 1,
-                ')' => depth -= 1,
-                _ => {}
-            }
-            if depth == 0 {
-                end = close + 1 + i;
-                break;
-            }
-        }
-        let methods = &after[close + 1..end];
-        for method in ["get", "post", "put", "patch", "delete"] {
-            let mut from = 0;
-            while let Some(i) = methods[from..].find(&format!("{method}(")) {
-                let i = from + i;
-                let before = methods[..i].chars().next_back();
-                if before.is_none_or(|c| !c.is_alphanumeric() && c != '_') {
-                    routes.push((method.to_uppercase(), path.to_string()));
-                }
-                from = i + method.len();
-            }
-        }
-    }
     routes
 }
 
 #[test]
 fn every_route_is_documented() {
     let declared = declared_routes();
-    assert!(
-        declared.len() > 40,
-        "the route scan found only {declared:?}; did the routers' form change?"
-    );
+    assert!(declared.len() > 40, "the route table has only {declared:?}");
     let paths = &document()["paths"];
     let missing: Vec<String> = declared
         .iter()
@@ -162,25 +97,6 @@ fn every_success_answer_documents_its_body() {
     );
 }
 
-#[test]
-fn the_route_scan_reads_method_routers() {
-    let source = r#"Router::new()
-        .route("/a/{id}", get(show).patch(update))
-        .route(
-            "/b",
-            post(create).get(list),
-        )"#;
-    assert_eq!(
-        routes_in(source),
-        [
-            ("GET".into(), "/a/{id}".into()),
-            ("PATCH".into(), "/a/{id}".into()),
-            ("GET".into(), "/b".into()),
-            ("POST".into(), "/b".into()),
-        ]
-    );
-}
-
 /// The document's template for a concrete path: segments equal, or a
 /// `{name}` segment; a template with fewer parameters wins.
 fn template_for(path: &str) -> Option<&'static str> {
@@ -199,6 +115,32 @@ fn template_for(path: &str) -> Option<&'static str> {
         })
         .min_by_key(|template| template.matches('{').count())
         .map(String::as_str)
+}
+
+/// The compiled schema of one operation's answer, compiled once per test
+/// binary: compiling it with all the document's components costs far more
+/// than checking an answer.
+fn validator(
+    template: &str,
+    method: &Method,
+    status: StatusCode,
+    schema: &serde_json::Map<String, Value>,
+) -> Arc<jsonschema::Validator> {
+    static COMPILED: OnceLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> = OnceLock::new();
+    let key = format!("{method} {template} {status}");
+    let compiled = COMPILED.get_or_init(Mutex::default);
+    if let Some(validator) = compiled.lock().unwrap().get(&key) {
+        return Arc::clone(validator);
+    }
+    let root = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "components": document()["components"],
+        "allOf": [schema],
+    });
+    let validator =
+        Arc::new(jsonschema::validator_for(&root).expect("the document's schemas compile"));
+    compiled.lock().unwrap().insert(key, Arc::clone(&validator));
+    validator
 }
 
 /// Fails when a JSON answer differs from the schema the document gives for
@@ -240,12 +182,7 @@ pub(crate) fn check_reply(method: &Method, path: &str, status: StatusCode, body:
              `body = …`): {body:#}"
         );
     };
-    let root = json!({
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "components": document()["components"],
-        "allOf": [schema],
-    });
-    let validator = jsonschema::validator_for(&root).expect("the document's schemas compile");
+    let validator = validator(template, method, status, schema);
     let errors: Vec<String> = validator
         .iter_errors(body)
         .map(|e| format!("at `{}`: {e}", e.instance_path))

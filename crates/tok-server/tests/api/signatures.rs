@@ -31,6 +31,16 @@ fn sign(secret: &str, id: &str, timestamp: i64, body: &str) -> String {
     format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
 }
 
+/// A signature of `body` as message `msg_2` sent at `timestamp` (any text).
+fn sign_at(timestamp: &str, body: &str) -> String {
+    let key = STANDARD
+        .decode(secret().strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("msg_2.{timestamp}.{body}").as_bytes());
+    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+}
+
 fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -139,6 +149,21 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
             "unix seconds",
         ),
     ];
+    // A timestamp at either end of i64 is far from now, not an overflow.
+    let (min, max) = (i64::MIN.to_string(), i64::MAX.to_string());
+    let at_min = sign_at(&min, &text);
+    let at_max = sign_at(&max, &text);
+    let mut cases = cases;
+    for (ts, signature) in [(&min, &at_min), (&max, &at_max)] {
+        cases.push((
+            vec![
+                ("webhook-id", "msg_2"),
+                ("webhook-timestamp", ts.as_str()),
+                ("webhook-signature", signature.as_str()),
+            ],
+            "away from the server's clock",
+        ));
+    }
     for (headers, expected) in cases {
         let error = app
             .webhook_with(&token, &headers, &body)

@@ -338,6 +338,23 @@ async fn unknown_token_is_404(app: &TestApp) {
         )
         .await;
     help.expect_error(StatusCode::NOT_FOUND, "unknown_webhook");
+    // A token no webhook can have (U+0000, which PostgreSQL cannot even
+    // compare, or bytes that are not UTF-8) names nothing, on both backends.
+    let (_, source) = tenant_and_source(app, &plain_source("shop")).await;
+    for bad in ["%00", "%FF%FE"] {
+        for uri in [
+            format!("/webhook/{}{bad}", token(&source)),
+            format!("/webhook/{bad}{}", token(&source)),
+        ] {
+            let body = Body::from(json!({ "kind": "x" }).to_string());
+            let reply = app.request(Method::POST, &uri, None, &[], body).await;
+            let error = reply.expect_error(StatusCode::NOT_FOUND, "not_found");
+            assert!(
+                error["message"].as_str().unwrap().contains("/webhook/"),
+                "{error:#}"
+            );
+        }
+    }
 }
 
 async fn get_explains_method_params_and_an_example_body(app: &TestApp) {
