@@ -153,6 +153,7 @@ pub fn plan(
                     subject_ticket_id: event.subject_ticket_id.clone(),
                     actions: 0,
                     steps: Vec::new(),
+                    refused: None,
                 });
                 continue;
             }

@@ -144,7 +144,8 @@ async fn time_out_runs(
                 crate::failure::Why::TimedOut,
                 now,
             )
-            .await? {
+            .await?
+            {
                 continue;
             }
             report.stuck += 1;
