@@ -42,7 +42,19 @@ pub(crate) struct RunRow {
     pub(crate) id: String,
     pub(crate) event_id: String,
     pub(crate) status: String,
+    /// Milliseconds since the Unix epoch (the API answers RFC 3339).
+    #[serde(deserialize_with = "epoch_ms_of_rfc3339")]
     pub(crate) finished_at: Option<i64>,
+}
+
+/// An optional RFC 3339 time of the API as milliseconds since the epoch,
+/// the bench's own clock.
+fn epoch_ms_of_rfc3339<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<i64>, D::Error> {
+    Option::<String>::deserialize(deserializer)?
+        .map(|text| tok_store::rfc3339::parse(&text).map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 /// Milliseconds since the Unix epoch, like the store's timestamps.
