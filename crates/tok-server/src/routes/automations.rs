@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -147,24 +147,15 @@ async fn update(
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: super::ListingQuery,
 ) -> ApiResult<Json<Value>> {
-    let page = super::page_query(query)?;
-    let rows = state
+    let asked = super::Asked::of("automations", query)?;
+    let found = state
         .engine
         .store()
-        .automations_page(
-            &tenant,
-            page.limit()?,
-            page.after("automations")?.as_deref(),
-        )
+        .automations_page(&tenant, asked.limit, asked.after())
         .await?;
-    let items: Vec<Value> = rows.items.iter().map(view).collect();
-    Ok(Json(super::page(
-        "automations",
-        items,
-        rows.next_cursor.as_deref(),
-    )))
+    Ok(asked.answer(found, view))
 }
 
 #[utoipa::path(get, path = "/api/automations/{id}", tag = "automations", responses((status = 200, body = crate::openapi::schemas::Automation)))]

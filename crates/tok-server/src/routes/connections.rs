@@ -3,7 +3,7 @@
 //! calls, never returned.
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -157,24 +157,15 @@ async fn create(
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: super::ListingQuery,
 ) -> ApiResult<Json<Value>> {
-    let page = super::page_query(query)?;
+    let asked = super::Asked::of("connections", query)?;
     let found = state
         .engine
         .store()
-        .connections(
-            &tenant,
-            page.limit()?,
-            page.after("connections")?.as_deref(),
-        )
+        .connections(&tenant, asked.limit, asked.after())
         .await?;
-    let items: Vec<Value> = found.items.iter().map(view).collect();
-    Ok(Json(super::page(
-        "connections",
-        items,
-        found.next_cursor.as_deref(),
-    )))
+    Ok(asked.answer(found, view))
 }
 
 #[utoipa::path(get, path = "/api/connections/{id}", tag = "connections", responses((status = 200, body = crate::openapi::schemas::Connection)))]

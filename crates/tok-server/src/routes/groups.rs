@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -95,18 +95,13 @@ async fn create(
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: super::ListingQuery,
 ) -> ApiResult<Json<Value>> {
-    let page = super::page_query(query)?;
+    let asked = super::Asked::of("groups", query)?;
     let found = state
         .engine
         .store()
-        .groups_page(&tenant, page.limit()?, page.after("groups")?.as_deref())
+        .groups_page(&tenant, asked.limit, asked.after())
         .await?;
-    let items: Vec<Value> = found.items.iter().map(|g| json!(g)).collect();
-    Ok(Json(super::page(
-        "groups",
-        items,
-        found.next_cursor.as_deref(),
-    )))
+    Ok(asked.answer(found, |g| json!(g)))
 }

@@ -206,14 +206,50 @@ pub(crate) fn page(listing: &str, items: Vec<Value>, next: Option<&str>) -> Valu
     serde_json::json!({ "items": items, "next_cursor": next.map(|key| cursor(listing, key)) })
 }
 
-/// The query of a listing without filters: a query it does not know is a
-/// 400 that names it.
-pub(crate) fn page_query(
-    query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<PageQuery, ApiError> {
-    query
-        .map(|q| q.0)
-        .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
+/// The query of a listing without filters, as its handler takes it (a
+/// rejection is turned into a 400 by [`Asked::of`]).
+pub(crate) type ListingQuery =
+    Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>;
+
+/// What a listing without filters was asked for: how many rows, after which
+/// key. Its handler reads the page with these and answers with
+/// [`Asked::answer`].
+pub(crate) struct Asked {
+    listing: &'static str,
+    pub(crate) limit: u32,
+    after: Option<String>,
+}
+
+impl Asked {
+    /// The page asked of `listing`: a query it does not know (`bad_query`),
+    /// a bad `limit` (`bad_limit`) or a cursor it did not give out
+    /// (`bad_cursor`) is a 400 that names it.
+    pub(crate) fn of(listing: &'static str, query: ListingQuery) -> Result<Self, ApiError> {
+        let query = query
+            .map(|q| q.0)
+            .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
+        Ok(Self {
+            listing,
+            limit: query.limit()?,
+            after: query.after(listing)?,
+        })
+    }
+
+    /// The key of the row the page starts after (none: the first page).
+    pub(crate) fn after(&self) -> Option<&str> {
+        self.after.as_deref()
+    }
+
+    /// The listing's answer: each row of `found` as `view` shows it, and the
+    /// cursor of the next page.
+    pub(crate) fn answer<T>(
+        &self,
+        found: tok_store::Page<T>,
+        view: impl Fn(&T) -> Value,
+    ) -> axum::Json<Value> {
+        let items: Vec<Value> = found.items.iter().map(view).collect();
+        axum::Json(page(self.listing, items, found.next_cursor.as_deref()))
+    }
 }
 
 /// Path parameters whose rejection is an [`ApiError`]. A parameter that is

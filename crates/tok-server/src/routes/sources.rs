@@ -2,7 +2,7 @@
 //! sender puts them) and a token that makes the URL.
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -116,20 +116,15 @@ async fn create(
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: super::ListingQuery,
 ) -> ApiResult<Json<Value>> {
-    let page = super::page_query(query)?;
-    let sources = state
+    let asked = super::Asked::of("sources", query)?;
+    let found = state
         .engine
         .store()
-        .sources_page(&tenant, page.limit()?, page.after("sources")?.as_deref())
+        .sources_page(&tenant, asked.limit, asked.after())
         .await?;
-    let items: Vec<Value> = sources.items.iter().map(|s| view(&state, s)).collect();
-    Ok(Json(super::page(
-        "sources",
-        items,
-        sources.next_cursor.as_deref(),
-    )))
+    Ok(asked.answer(found, |s| view(&state, s)))
 }
 
 #[utoipa::path(get, path = "/api/sources/{id}", tag = "sources", responses((status = 200, body = crate::openapi::schemas::Source)))]

@@ -8,7 +8,7 @@
 //! DESIGN §10).
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -68,20 +68,15 @@ async fn create(
 async fn list(
     State(state): State<AppState>,
     _admin: Admin,
-    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: super::ListingQuery,
 ) -> ApiResult<Json<Value>> {
-    let page = super::page_query(query)?;
+    let asked = super::Asked::of("tenants", query)?;
     let found = state
         .engine
         .store()
-        .tenants(page.limit()?, page.after("tenants")?.as_deref())
+        .tenants(asked.limit, asked.after())
         .await?;
-    let items: Vec<Value> = found.items.iter().map(shown).collect();
-    Ok(Json(super::page(
-        "tenants",
-        items,
-        found.next_cursor.as_deref(),
-    )))
+    Ok(asked.answer(found, shown))
 }
 
 /// A tenant as the admin sees it.

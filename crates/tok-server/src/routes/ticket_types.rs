@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -115,22 +115,13 @@ async fn create(
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: super::ListingQuery,
 ) -> ApiResult<Json<Value>> {
-    let page = super::page_query(query)?;
+    let asked = super::Asked::of("ticket_types", query)?;
     let found = state
         .engine
         .store()
-        .ticket_types_page(
-            &tenant,
-            page.limit()?,
-            page.after("ticket_types")?.as_deref(),
-        )
+        .ticket_types_page(&tenant, asked.limit, asked.after())
         .await?;
-    let items: Vec<Value> = found.items.iter().map(|t| json!(t)).collect();
-    Ok(Json(super::page(
-        "ticket_types",
-        items,
-        found.next_cursor.as_deref(),
-    )))
+    Ok(asked.answer(found, |t| json!(t)))
 }

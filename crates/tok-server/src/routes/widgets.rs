@@ -134,20 +134,15 @@ async fn create(
 async fn list(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    query: Result<Query<super::PageQuery>, axum::extract::rejection::QueryRejection>,
+    query: super::ListingQuery,
 ) -> ApiResult<Json<Value>> {
-    let page = super::page_query(query)?;
+    let asked = super::Asked::of("widgets", query)?;
     let found = state
         .engine
         .store()
-        .widgets(&tenant, page.limit()?, page.after("widgets")?.as_deref())
+        .widgets(&tenant, asked.limit, asked.after())
         .await?;
-    let items: Vec<Value> = found.items.iter().map(view).collect();
-    Ok(Json(super::page(
-        "widgets",
-        items,
-        found.next_cursor.as_deref(),
-    )))
+    Ok(asked.answer(found, view))
 }
 
 #[utoipa::path(get, path = "/api/widgets/{id}", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::Widget)))]
