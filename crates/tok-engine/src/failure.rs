@@ -7,11 +7,11 @@
 //! words are `tok-core`'s ([`tok_core::incident`]); the step it failed at is
 //! the last one it recorded.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use tok_core::advance::Failure;
 use tok_core::ids::{AutomationId, RunId, TenantId};
 use tok_core::incident;
-use tok_store::{Cause, NewIncident, NewInternalEvent, RunFailure, Store, StoreError};
+use tok_store::{Cause, NewIncident, NewInternalEvent, RunFailure, Store, StoreError, Ticket};
 
 /// Why a run is failed from outside the decider: it decides the incident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,37 +65,32 @@ pub(crate) async fn fail_run(
         source: text.source,
         title: text.title,
         impact: text.impact,
-        detail: json!({
-            "code": match why {
+        detail: {
+            let mut detail = failed_run_detail(
+                run,
+                automation_id,
+                automation_name,
+                detail.run.version,
+                &failure,
+                &detail.steps,
+                &detail.context,
+            );
+            detail["code"] = json!(match why {
                 Why::TimedOut => "run_timeout",
                 Why::DefinitionInvalid => "definition_invalid",
-            },
-            "automation": { "id": automation_id, "name": automation_name, "version": detail.run.version },
-            "run_id": run,
-            "failed_step": { "id": failure.step_id, "path": failure.path, "type": failure.kind },
-            "attempts": failure.attempt,
-            "message": failure.message,
-            "steps_before": detail.steps,
-            "input": detail.context.get("_body"),
-            "event": detail.context.get("_event"),
-        }),
+            });
+            detail
+        },
         run_id: Some(run.clone()),
         ticket_id: ticket.as_ref().map(|t| t.id.clone()),
     };
-    let event = NewInternalEvent {
-        event_type: "run.failed".into(),
-        payload: json!({
-            "run": {
-                "id": run,
-                "automationId": automation_id,
-                "automationName": automation_name,
-                "failedStep": failure.step_id,
-                "error": failure.message,
-            },
-            "ticket": ticket.as_ref().map(|t| t.event_view()),
-        }),
-        subject_ticket_id: ticket.as_ref().map(|t| t.id.clone()),
-    };
+    let event = run_failed_event(
+        run,
+        automation_id,
+        automation_name,
+        &failure,
+        ticket.as_ref(),
+    );
     let cause = Cause {
         run_id: Some(run.clone()),
         automation_id: Some(automation_id.clone()),
@@ -109,4 +104,54 @@ pub(crate) async fn fail_run(
         cause,
     };
     store.fail_run(tenant, run, failure, now).await
+}
+
+/// The incident detail of a failed run, for the platform admin: the
+/// automation, the run, the step it failed at with its attempts and error,
+/// the steps before it, and what the run started from.
+pub(crate) fn failed_run_detail(
+    run: &RunId,
+    automation_id: &AutomationId,
+    automation_name: &str,
+    version: i32,
+    failure: &Failure,
+    steps_before: &impl serde::Serialize,
+    context: &Value,
+) -> Value {
+    json!({
+        "automation": { "id": automation_id, "name": automation_name, "version": version },
+        "run_id": run,
+        "failed_step": { "id": failure.step_id, "path": failure.path, "type": failure.kind },
+        "attempts": failure.attempt,
+        "message": failure.message,
+        "steps_before": steps_before,
+        "input": context.get("_body"),
+        "event": context.get("_event"),
+    })
+}
+
+/// The `run.failed` event of a failed run, for automations that react to
+/// failures (the depth limit and the own-change rule keep a failing
+/// reaction from looping).
+pub(crate) fn run_failed_event(
+    run: &RunId,
+    automation_id: &AutomationId,
+    automation_name: &str,
+    failure: &Failure,
+    ticket: Option<&Ticket>,
+) -> NewInternalEvent {
+    NewInternalEvent {
+        event_type: "run.failed".into(),
+        payload: json!({
+            "run": {
+                "id": run,
+                "automationId": automation_id,
+                "automationName": automation_name,
+                "failedStep": failure.step_id,
+                "error": failure.message,
+            },
+            "ticket": ticket.map(|t| t.event_view()),
+        }),
+        subject_ticket_id: ticket.map(|t| t.id.clone()),
+    }
 }

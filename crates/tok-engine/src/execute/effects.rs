@@ -8,9 +8,7 @@ use serde_json::{Value, json};
 use tok_core::advance::Failure;
 use tok_core::definition::Automation;
 use tok_core::incident;
-use tok_store::{
-    Cause, ClaimedJob, NewIncident, NewInternalEvent, RecordTx, StepStatus, StoreError,
-};
+use tok_store::{Cause, ClaimedJob, NewIncident, RecordTx, StepStatus, StoreError};
 
 /// A run failed for good: an incident for the tenant (title and impact in
 /// their words, the detail for the platform admin), a line in its ticket's
@@ -36,16 +34,15 @@ pub(super) async fn run_failed(
     );
     let mut all_steps = tx.run_steps().await?;
     all_steps.retain(|s| s.path != failure.path || s.status != StepStatus::Failed.as_str());
-    let detail = json!({
-        "automation": { "id": job.automation_id, "name": automation.name, "version": job.version },
-        "run_id": job.run_id,
-        "failed_step": { "id": failure.step_id, "path": failure.path, "type": failure.kind },
-        "attempts": failure.attempt,
-        "message": failure.message,
-        "steps_before": all_steps,
-        "input": context.get("_body"),
-        "event": context.get("_event"),
-    });
+    let detail = crate::failure::failed_run_detail(
+        &job.run_id,
+        &job.automation_id,
+        &automation.name,
+        job.version,
+        failure,
+        &all_steps,
+        context,
+    );
     tx.open_incident(NewIncident {
         source: text.source,
         title: text.title,
@@ -59,22 +56,13 @@ pub(super) async fn run_failed(
         let message = incident::run_failed_trace(&automation.name, failure);
         tx.trace(&t.id, "run_failed", &message, cause).await?;
     }
-    // Automations may react to failures (`run.failed`); the depth limit and
-    // the own-change rule keep a failing reaction from looping.
-    let event = NewInternalEvent {
-        event_type: "run.failed".into(),
-        payload: json!({
-            "run": {
-                "id": job.run_id,
-                "automationId": job.automation_id,
-                "automationName": automation.name,
-                "failedStep": failure.step_id,
-                "error": failure.message,
-            },
-            "ticket": ticket.as_ref().map(|t| t.event_view()),
-        }),
-        subject_ticket_id: ticket.as_ref().map(|t| t.id.clone()),
-    };
+    let event = crate::failure::run_failed_event(
+        &job.run_id,
+        &job.automation_id,
+        &automation.name,
+        failure,
+        ticket.as_ref(),
+    );
     tx.emit(event, cause).await?;
     Ok(())
 }
