@@ -106,6 +106,13 @@ impl Slots {
         ids
     }
 
+    /// The claims running in this process: each job with its claim token.
+    pub(crate) fn claims(&self) -> Vec<(JobId, String)> {
+        let mut claims: Vec<(JobId, String)> = self.jobs.keys().cloned().collect();
+        claims.sort_unstable_by(|a, b| (a.0.0, &a.1).cmp(&(b.0.0, &b.1)));
+        claims
+    }
+
     /// Whether nothing runs and nothing is promised.
     pub(crate) fn idle(&self) -> bool {
         self.jobs.is_empty() && self.promised_general + self.promised_reserved == 0

@@ -19,7 +19,7 @@
 //! - `lock_rows!()`: locks the rows a `SELECT` reads until the transaction
 //!   ends; `lock_rows_of!(a, b)` only those of the tables aliased `a`, `b`;
 //!   `lock_rows_skip_locked!()` locks them but skips rows another
-//!   transaction holds.
+//!   transaction holds (`lock_rows_skip_locked!(a)`: of the table `a`).
 //! - `lock_names!(n)`: a statement that takes the locks named by the list
 //!   bound at `$n` until the transaction ends, in one order; empty where
 //!   nothing needs locking.
@@ -107,6 +107,9 @@ pub(crate) mod postgres {
     macro_rules! lock_rows_skip_locked {
         () => {
             "FOR UPDATE SKIP LOCKED"
+        };
+        ($alias:ident) => {
+            concat!("FOR UPDATE OF ", stringify!($alias), " SKIP LOCKED")
         };
     }
 
@@ -232,6 +235,9 @@ pub(crate) mod sqlite {
 
     macro_rules! lock_rows_skip_locked {
         () => {
+            ""
+        };
+        ($alias:ident) => {
             ""
         };
     }

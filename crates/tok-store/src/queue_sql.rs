@@ -132,36 +132,57 @@ macro_rules! impl_queue {
                     .collect())
             }
 
-            async fn heartbeat(&self, node: &str, jobs: &[JobId], lease_ms: i64) -> Result<u64> {
-                if jobs.is_empty() {
+            async fn heartbeat(
+                &self,
+                node: &str,
+                claims: &[(JobId, String)],
+                lease_ms: i64,
+            ) -> Result<u64> {
+                if claims.is_empty() {
                     return Ok(0);
                 }
-                // Rows are locked in id order, like a record batch's fence,
-                // and a row a record holds right now is skipped (that record
-                // moves the lease on itself): the heartbeat never deadlocks
-                // with a record. Both updates go in one turn at the writer.
+                let rows: Vec<$crate::rows::LeaseRow> = claims
+                    .iter()
+                    .map(|(job, token)| $crate::rows::LeaseRow { id: job.0, token })
+                    .collect();
+                // A lease is extended only under the token it was claimed
+                // with. Rows are locked in id order, like a record batch's
+                // fence, and a row a record holds right now is skipped (that
+                // record moves the lease on itself): the heartbeat never
+                // deadlocks with a record. Both updates go in one turn at
+                // the writer.
                 let writer = self.writer().await;
-                let done = sqlx::query(concat!(
-                    "UPDATE jobs SET locked_until = ", db_now!(), " + $3
-                     WHERE id IN (SELECT id FROM jobs
-                                  WHERE id ", any_of!(2), " AND locked_by = $1
-                                  ORDER BY id ", lock_rows_skip_locked!(), ")"
+                let extended: Vec<i64> = sqlx::query(concat!(
+                    "UPDATE jobs SET locked_until = ", db_now!(), " + $4
+                     WHERE id IN (SELECT j.id FROM ", batch_rows!(2), "
+                                  JOIN jobs j ON j.id = CAST(x.value ->> 0 AS BIGINT)
+                                     AND j.claim_token = x.value ->> 1
+                                  WHERE j.id ", any_of!(3), " AND j.locked_by = $1
+                                  ORDER BY j.id ", lock_rows_skip_locked!(j), ")
+                     RETURNING id"
                 ))
                 .bind(node)
-                .bind(list(jobs.iter().map(|j| j.0)))
+                .bind(Json(&rows))
+                .bind(list(claims.iter().map(|(job, _)| job.0)))
                 .bind(lease_ms)
-                .execute(&*writer)
-                .await?;
+                .fetch_all(&*writer)
+                .await?
+                .iter()
+                .map(|r| r.get::<i64, _>("id"))
+                .collect();
+                if extended.is_empty() {
+                    return Ok(0);
+                }
                 // Connection slots held by these jobs live as long as their leases.
                 sqlx::query(concat!(
                     "UPDATE connection_slots SET expires_at = ", db_now!(), " + $2
                      WHERE job_id ", any_of!(1)
                 ))
-                .bind(list(jobs.iter().map(|j| j.0)))
+                .bind(list(extended.iter().copied()))
                 .bind(lease_ms)
                 .execute(&*writer)
                 .await?;
-                Ok(done.rows_affected())
+                Ok(extended.len() as u64)
             }
 
             async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {

@@ -90,6 +90,12 @@ pub(crate) struct FenceRow<'a> {
     pub(crate) token: &'a str,
 }
 
+/// A lease to extend: the job and the token it was claimed under.
+pub(crate) struct LeaseRow<'a> {
+    pub(crate) id: i64,
+    pub(crate) token: &'a str,
+}
+
 /// A recorded job that stays: where it goes next, and whether it keeps its
 /// lease (`token`) or is released.
 pub(crate) struct JobMove<'a> {
@@ -196,6 +202,7 @@ array_row!(JobRow, |r| [
 ]);
 
 array_row!(FenceRow, |r| [r.id, r.tenant_id, r.token]);
+array_row!(LeaseRow, |r| [r.id, r.token]);
 
 array_row!(JobMove, |r| [
     r.id,        // 0

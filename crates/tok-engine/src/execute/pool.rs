@@ -220,13 +220,13 @@ impl Drop for AbortOnDrop {
 async fn heartbeat(inner: Arc<Inner>) {
     loop {
         tokio::time::sleep(inner.config.heartbeat).await;
-        let ids: Vec<JobId> = slots(&inner).job_ids();
+        let claims = slots(&inner).claims();
         if let Err(e) = inner
             .store
-            .heartbeat(&inner.holder, &ids, inner.lease_ms())
+            .heartbeat(&inner.holder, &claims, inner.lease_ms())
             .await
         {
-            tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed");
+            tracing::warn!(error = %e, jobs = claims.len(), "heartbeat failed");
         }
     }
 }

@@ -86,12 +86,34 @@ enum Kind {
     Signed,
 }
 
+/// Which 429 a target may answer, once its token is known (the size
+/// checks and the token lookup come first).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Gate {
+    /// No rate limit, not critical: 429 `overloaded` while the queue is
+    /// deeper than the backpressure threshold.
+    Open,
+    /// A rate limit of its own as well: 429 `rate_limited` past it.
+    RateLimited,
+    /// A critical source: accepted whatever the queue's depth.
+    Critical,
+}
+
 /// A webhook the cases aim at, and the tenant that owns it.
 struct Target {
     token: String,
     kind: Kind,
     tenant: usize,
+    gate: Gate,
 }
+
+/// The rate limit of the rate-limited source, in requests per second: low
+/// enough that the cases go past it, high enough that many pass.
+const RATE_LIMIT: u64 = 100;
+
+/// Cases sent between two changes of the queue depth the backpressure
+/// reads: the depth is over the threshold for one block in five.
+const BACKPRESSURE_BLOCK: u64 = 500;
 
 /// The answer a case must get, when the case knows it.
 #[derive(Clone, Debug)]
@@ -109,6 +131,8 @@ struct Case {
     body: Vec<u8>,
     /// The tenant whose inbox a 202 adds to (`None`: the token is not one).
     tenant: Option<usize>,
+    /// The 429s the target may answer.
+    gate: Gate,
     expect: Expect,
     /// What kind of case this is, for a failure's message.
     what: String,
@@ -119,6 +143,8 @@ struct Outcome {
     index: u64,
     status: StatusCode,
     accepted: Option<(usize, String)>,
+    /// The error's code, of a 4xx.
+    code: Option<String>,
     failure: Option<String>,
 }
 
@@ -130,26 +156,35 @@ async fn hostile_webhooks_are_answered_2xx_or_4xx_and_every_202_is_in_the_inbox(
     let tenants = [fuzz.clone(), signer.clone()];
     let plain = app.create_source(&fuzz, &plain_source("any")).await;
     let contract = app.create_source(&fuzz, &contract_source()).await;
+    let limited = app
+        .create_source(
+            &fuzz,
+            &json!({ "name": "limited", "params": [], "rate_limit": RATE_LIMIT }),
+        )
+        .await;
     let signed = app
         .create_source(
             &signer,
-            &json!({ "name": "signed", "params": [], "secret": secret() }),
+            &json!({ "name": "signed", "params": [], "secret": secret(), "critical": true }),
         )
         .await;
-    let target = |source: &Value, kind, tenant| Target {
+    let target = |source: &Value, kind, tenant, gate| Target {
         token: source["token"].as_str().unwrap().to_owned(),
         kind,
         tenant,
+        gate,
     };
     let targets = Arc::new(vec![
-        target(&plain, Kind::Plain, 0),
-        target(&contract, Kind::Contract, 0),
-        target(&signed, Kind::Signed, 1),
+        target(&plain, Kind::Plain, 0, Gate::Open),
+        target(&contract, Kind::Contract, 0, Gate::Open),
+        target(&limited, Kind::Plain, 0, Gate::RateLimited),
+        target(&signed, Kind::Signed, 1, Gate::Critical),
     ]);
     // Nothing is dispatched: every accepted event stays pending.
     app.stop_engine().await;
 
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut codes: BTreeMap<String, u64> = BTreeMap::new();
     let mut accepted: Vec<HashSet<String>> = vec![HashSet::new(); tenants.len()];
     let mut failures: Vec<(u64, String)> = Vec::new();
     let mut in_flight = JoinSet::new();
@@ -170,6 +205,9 @@ async fn hostile_webhooks_are_answered_2xx_or_4xx_and_every_202_is_in_the_inbox(
                 Err(e) => panicked(&mut sending, e),
             };
             *statuses.entry(outcome.status.as_u16()).or_default() += 1;
+            if let Some(code) = outcome.code {
+                *codes.entry(code).or_default() += 1;
+            }
             if let Some((tenant, id)) = outcome.accepted {
                 accepted[tenant].insert(id);
             }
@@ -179,6 +217,16 @@ async fn hostile_webhooks_are_answered_2xx_or_4xx_and_every_202_is_in_the_inbox(
         }
         if index == cases {
             break;
+        }
+        // Backpressure on and off, a block of cases at a time: the cases
+        // in flight across a change may see either.
+        if index % BACKPRESSURE_BLOCK == 0 {
+            let overloaded = (index / BACKPRESSURE_BLOCK) % 5 == 4;
+            app.state.record_queue_depth(if overloaded {
+                tok_server::DEFAULT_BACKPRESSURE_DEPTH + 1
+            } else {
+                0
+            });
         }
         let now = jiff::Timestamp::now().as_second();
         let case = make_case(
@@ -192,6 +240,7 @@ async fn hostile_webhooks_are_answered_2xx_or_4xx_and_every_202_is_in_the_inbox(
         sending.insert(task.id(), (index, what));
     }
     let elapsed = started.elapsed();
+    app.state.record_queue_depth(0);
     failures.sort_by_key(|(index, _)| *index);
     let shown: Vec<String> = failures
         .iter()
@@ -222,18 +271,29 @@ async fn hostile_webhooks_are_answered_2xx_or_4xx_and_every_202_is_in_the_inbox(
         );
     }
     if cases >= 1_000 {
-        for status in [202, 400, 401, 404, 405, 413] {
+        for status in [202, 400, 401, 404, 405, 413, 429] {
             assert!(
                 statuses.contains_key(&status),
                 "no case was answered {status}: the cases no longer reach it ({statuses:?})"
             );
         }
+        for code in ["rate_limited", "overloaded", "bad_signature", "nul_in_json"] {
+            assert!(
+                codes.contains_key(code),
+                "no case was answered `{code}`: the cases no longer reach it ({codes:?})"
+            );
+        }
     }
     eprintln!(
         "webhook fuzzing on {:?}: {cases} cases (seed {seed}) in {:.1} s; answers by status {statuses:?}; \
-         events accepted {}; panics 0; 5xx 0",
+         429s {}; events accepted {}; panics 0; 5xx 0",
         app.backend,
         elapsed.as_secs_f64(),
+        format_args!(
+            "rate_limited {}, overloaded {}",
+            codes.get("rate_limited").unwrap_or(&0),
+            codes.get("overloaded").unwrap_or(&0)
+        ),
         accepted.iter().map(HashSet::len).sum::<usize>()
     );
 }
@@ -259,6 +319,7 @@ fn panicked(
         index,
         status: StatusCode::INTERNAL_SERVER_ERROR,
         accepted: None,
+        code: None,
         failure: Some(format!("{what}: panicked: {message}")),
     }
 }
@@ -275,7 +336,7 @@ async fn answer(router: axum::Router, index: u64, case: Case) -> Outcome {
         .body(Body::from(case.body))
         .expect("a valid request");
     let reply = crate::helpers::send(router, request).await;
-    let failure = check(&case.expect, case.tenant, &reply).map(|problem| {
+    let failure = check(&case.expect, case.tenant, case.gate, &reply).map(|problem| {
         let mut body = reply.body.to_string();
         body.truncate(300);
         format!(
@@ -296,6 +357,7 @@ async fn answer(router: axum::Router, index: u64, case: Case) -> Outcome {
         index,
         status: reply.status,
         accepted,
+        code: reply.body["error"]["code"].as_str().map(str::to_owned),
         failure,
     }
 }
@@ -314,7 +376,7 @@ fn short(text: &str) -> String {
 }
 
 /// What is wrong with an answer, if anything.
-fn check(expect: &Expect, tenant: Option<usize>, reply: &Reply) -> Option<String> {
+fn check(expect: &Expect, tenant: Option<usize>, gate: Gate, reply: &Reply) -> Option<String> {
     let status = reply.status;
     if !(status.is_success() || status.is_client_error()) {
         return Some("not a 2xx or 4xx answer".into());
@@ -337,12 +399,50 @@ fn check(expect: &Expect, tenant: Option<usize>, reply: &Reply) -> Option<String
     {
         return Some("an error that is not JSON saying what was wrong".into());
     }
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        return too_many(expect, tenant, gate, reply);
+    }
     match expect {
         Expect::Any => None,
         Expect::Accepted => (status != StatusCode::ACCEPTED).then(|| "expected 202".into()),
         Expect::Refused(want, code) => (status != *want || reply.body["error"]["code"] != *code)
             .then(|| format!("expected {want} {code}")),
     }
+}
+
+/// What is wrong with a 429, if anything: a webhook's token is looked up
+/// after the size checks and before everything else (signature, JSON,
+/// contract), so a case aimed at a webhook that would not be refused by
+/// those first checks may instead be told to come back, with when.
+fn too_many(expect: &Expect, tenant: Option<usize>, gate: Gate, reply: &Reply) -> Option<String> {
+    let before_the_gate = matches!(
+        expect,
+        Expect::Refused(
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED,
+            _
+        )
+    );
+    if tenant.is_none() || before_the_gate {
+        return Some("429 for a request refused before a webhook's limits are read".into());
+    }
+    let error = &reply.body["error"];
+    let allowed = match error["code"].as_str() {
+        Some("rate_limited") => gate == Gate::RateLimited,
+        Some("overloaded") => gate != Gate::Critical,
+        _ => false,
+    };
+    if !allowed {
+        return Some(format!("a 429 this webhook ({gate:?}) may not answer"));
+    }
+    let retry = reply
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if error["retry_after_ms"].as_u64().is_none() || retry.is_none() {
+        return Some("a 429 that does not say when to retry".into());
+    }
+    None
 }
 
 /// The `i`-th case: a webhook for one of the targets, mutated.
@@ -483,6 +583,7 @@ fn make_case(rng: &mut StdRng, targets: &[Target], now: i64) -> Case {
         headers,
         body,
         tenant,
+        gate: t.gate,
         expect,
         what,
     }

@@ -15,6 +15,7 @@ backend_tests!(
     a_live_lease_keeps_other_nodes_away,
     an_expired_lease_is_taken_over_by_another_node,
     a_heartbeat_keeps_a_lease_alive_past_its_first_expiry,
+    a_heartbeat_extends_only_the_claim_it_names,
     a_stale_worker_cannot_record_after_a_takeover,
     two_executions_of_one_job_in_one_record_batch_record_once,
     two_incarnations_of_one_node_keep_each_others_claims,
@@ -395,7 +396,7 @@ async fn an_expired_lease_is_taken_over_by_another_node(db: &TestDb) {
     // The original node no longer holds anything to extend, and the new
     // holder's lease keeps a third node away.
     let extended = store
-        .heartbeat("node-1", &[first[0].id], LONG_LEASE_MS)
+        .heartbeat("node-1", &[lease(&first[0])], LONG_LEASE_MS)
         .await
         .expect("hb");
     assert_eq!(extended, 0, "{backend:?}: node-1 extended node-2's lease");
@@ -405,6 +406,71 @@ async fn an_expired_lease_is_taken_over_by_another_node(db: &TestDb) {
         .expect("claim");
     assert!(third.is_empty(), "{backend:?}");
     drop(store);
+}
+
+/// The lease a heartbeat names: the job and its claim token.
+fn lease(job: &ClaimedJob) -> (tok_core::ids::JobId, String) {
+    (job.id, job.claim_token.clone())
+}
+
+async fn a_heartbeat_extends_only_the_claim_it_names(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    start(&*store, &t, &aut, "manual", None).await;
+    let tenants = [t.clone()];
+
+    // One process claims the job, loses its lease (its heartbeats failed
+    // for longer than a lease), and claims the same job again: a second
+    // execution under a new token.
+    let first = store
+        .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(first.len(), 1, "{backend:?}");
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let second = store
+        .claim(&tenants, "node-1", 10, SHORT_LEASE_MS)
+        .await
+        .expect("claim again");
+    assert_eq!(second.len(), 1, "{backend:?}: the expired job is claimable");
+    assert_eq!(second[0].id, first[0].id, "{backend:?}: the same job");
+
+    // The first execution's heartbeat extends nothing: the job's lease is
+    // the second's, and it still expires when the second's does.
+    let stale = store
+        .heartbeat("node-1", &[lease(&first[0])], LONG_LEASE_MS)
+        .await
+        .expect("hb");
+    assert_eq!(
+        stale, 0,
+        "{backend:?}: a stale claim's heartbeat extended the new lease"
+    );
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let third = store
+        .claim(&tenants, "node-2", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(
+        third.len(),
+        1,
+        "{backend:?}: the lease nobody extended under its own token expired"
+    );
+    // The second execution's token no longer holds it either.
+    let current = store
+        .heartbeat("node-1", &[lease(&second[0])], LONG_LEASE_MS)
+        .await
+        .expect("hb");
+    assert_eq!(current, 0, "{backend:?}");
+    assert_eq!(
+        store
+            .heartbeat("node-2", &[lease(&third[0])], LONG_LEASE_MS)
+            .await
+            .expect("hb"),
+        1,
+        "{backend:?}: the holder's heartbeat under its token extends its lease"
+    );
 }
 
 async fn a_heartbeat_keeps_a_lease_alive_past_its_first_expiry(db: &TestDb) {
@@ -422,12 +488,12 @@ async fn a_heartbeat_keeps_a_lease_alive_past_its_first_expiry(db: &TestDb) {
     assert_eq!(held.len(), 1, "{backend:?}");
     // Another node cannot extend a lease it does not hold.
     let foreign = store
-        .heartbeat("node-2", &[held[0].id], LONG_LEASE_MS)
+        .heartbeat("node-2", &[lease(&held[0])], LONG_LEASE_MS)
         .await
         .expect("hb");
     assert_eq!(foreign, 0, "{backend:?}");
     let extended = store
-        .heartbeat("node-1", &[held[0].id], LONG_LEASE_MS)
+        .heartbeat("node-1", &[lease(&held[0])], LONG_LEASE_MS)
         .await
         .expect("hb");
     assert_eq!(extended, 1, "{backend:?}");
@@ -583,7 +649,7 @@ async fn two_incarnations_of_one_node_keep_each_others_claims(db: &TestDb) {
         .await
         .expect("claim");
     assert_eq!(held.len(), 1, "{backend:?}");
-    let ids: Vec<_> = held.iter().map(|j| j.id).collect();
+    let ids: Vec<_> = held.iter().map(lease).collect();
     let extended = store
         .heartbeat("host:second", &ids, LONG_LEASE_MS)
         .await
@@ -700,7 +766,7 @@ async fn two_executions_of_one_job_in_one_record_batch_record_once(db: &TestDb) 
         .expect("the other job")
         .clone();
     store
-        .heartbeat("node-1", &[other.id], LONG_LEASE_MS)
+        .heartbeat("node-1", &[lease(&other)], LONG_LEASE_MS)
         .await
         .expect("heartbeat");
     tokio::time::sleep(PAST_SHORT_LEASE).await;
