@@ -140,7 +140,7 @@ pub fn simulate(costs: &Costs, options: &CapacityOptions) -> (String, Value) {
         name: format!("{}×B", options.fleet),
         events_per_day: options.events_per_day * options.fleet,
         tenants: ((options.tenants as f64) * options.fleet).round() as usize,
-        ..b.clone()
+        ..b
     };
     let one = model::simulate_node(
         costs,
