@@ -57,9 +57,10 @@ pub struct CapacityOptions {
     /// A node's sustained WAL write bandwidth, MB/s.
     #[arg(long, default_value_t = 200.0)]
     pub wal_mb_per_sec: f64,
-    /// A node's ceiling in steps/s besides CPU and WAL: main's claim is
-    /// serialized by one advisory lock. Default: the steps/s the bench
-    /// measured (`steps-b`); 0 leaves it out (a claim that scales).
+    /// A node's ceiling in steps/s besides CPU and WAL, such as main's
+    /// claim, serialized by one advisory lock per database (4,000-8,000
+    /// `steps-queued` steps/s on the project's 2 cores, docs/performance.md).
+    /// Default: none (a claim that scales with the cores).
     #[arg(long)]
     pub claim_steps_per_sec: Option<f64>,
     /// Days kept of step data, runs and inbox events (DESIGN §10).
@@ -110,11 +111,7 @@ pub fn run(options: CapacityOptions) -> anyhow::Result<()> {
 
 /// The report and its JSON.
 pub fn simulate(costs: &Costs, options: &CapacityOptions) -> (String, Value) {
-    let claim = match options.claim_steps_per_sec {
-        Some(v) if v > 0.0 => Some(v),
-        Some(_) => None,
-        None => costs.measured_steps_per_sec,
-    };
+    let claim = options.claim_steps_per_sec.filter(|v| *v > 0.0);
     let node = Node {
         cores: options.cores,
         max_utilisation: options.max_utilisation,
@@ -186,6 +183,12 @@ pub fn simulate(costs: &Costs, options: &CapacityOptions) -> (String, Value) {
         "  kept: {:.0} B per run_steps row, {:.0} B per run (its context included), {:.0} B per inbox row, {:.0} B per idempotency key",
         costs.step_row_bytes, costs.run_row_bytes, costs.inbox_row_bytes, costs.key_row_bytes
     );
+    if let Some(rate) = costs.measured_steps_per_sec {
+        let _ = writeln!(
+            out,
+            "  the bench's machine drained {rate:.0} such steps/s (2 cores shared with the server and other work)"
+        );
+    }
     let _ = writeln!(
         out,
         "\nA node: {} cores (PostgreSQL at most {:.0} % of them at the peak minute), {:.0} GB of disk, {:.0} MB/s of WAL",
@@ -201,7 +204,7 @@ pub fn simulate(costs: &Costs, options: &CapacityOptions) -> (String, Value) {
         bounds.wal_steps_per_sec,
         bounds
             .claim_steps_per_sec
-            .map(|c| format!("{c:.0} (main's serialized claim, as measured)"))
+            .map(|c| format!("{c:.0} (given)"))
             .unwrap_or_else(|| "not a bound".into()),
         bounds.steps_per_sec,
         bounds.bound
@@ -305,7 +308,7 @@ fn describe_fleet(out: &mut String, fleet: &Fleet) {
         fleet.largest_tenant_peak_steps_per_sec,
         if fleet.tenants_too_large > 0 {
             format!(
-                "; {} tenant(s) larger than one node alone, left out of the nodes and totals below (a tenant is never split)",
+                "; {} tenant(s) larger than one node alone, each on a node of its own that does not hold it (the first rows; a tenant is never split: a bigger node or a shorter retention for them)",
                 fleet.tenants_too_large
             )
         } else {
@@ -314,7 +317,7 @@ fn describe_fleet(out: &mut String, fleet: &Fleet) {
     );
     let _ = writeln!(
         out,
-        "  {:>4}  {:>7}  {:>10}  {:>9}  {:>6}  {:>8}  {:>9}  {:>10}",
+        "  {:>4}  {:>7}  {:>10}  {:>9}  {:>6}  {:>8}  {:>9}  {:>10}  fits",
         "node", "tenants", "M steps/d", "peak st/s", "CPU %", "WAL GB/d", "M rows/d", "storage GB"
     );
     let shown: Vec<(usize, &NodeDay)> = if nodes.len() <= 12 {
@@ -332,7 +335,7 @@ fn describe_fleet(out: &mut String, fleet: &Fleet) {
         last = Some(i);
         let _ = writeln!(
             out,
-            "  {:>4}  {:>7}  {:>10.1}  {:>9.0}  {:>6.1}  {:>8.1}  {:>9.1}  {:>10.0}",
+            "  {:>4}  {:>7}  {:>10.1}  {:>9.0}  {:>6.1}  {:>8.1}  {:>9.1}  {:>10.0}  {}",
             i + 1,
             n.tenants,
             n.steps_per_day / 1e6,
@@ -340,7 +343,8 @@ fn describe_fleet(out: &mut String, fleet: &Fleet) {
             n.peak_utilisation * 100.0,
             n.wal_gb_per_day,
             n.rows_per_day / 1e6,
-            n.storage_gb_steady
+            n.storage_gb_steady,
+            if n.fits { "yes" } else { "NO" }
         );
     }
     let total = |f: fn(&NodeDay) -> f64| nodes.iter().map(f).sum::<f64>();
