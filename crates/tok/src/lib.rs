@@ -1,8 +1,9 @@
 //! The `tok` binary's library half: configuration and the `serve`,
-//! `migrate` and `bench` commands, and the API client behind `apply`,
+//! `migrate`, `bench` and `capacity` commands, and the API client behind `apply`,
 //! `runs` and `signal`, callable from tests.
 
 pub mod bench;
+pub mod capacity;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -29,9 +29,12 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
-    /// Measure ingest, steps, io, fairness, memory and workers on a server
+    /// Measure ingest, steps, io, fairness, memory, workers and db-cost on a server
     /// of its own (or `--url`); prints a table and writes a JSON file.
     Bench(tok::bench::BenchOptions),
+    /// The capacity model (docs/capacity.md): scenario B on one PostgreSQL
+    /// node and a multiple of it on a fleet, from the measured costs.
+    Capacity(tok::capacity::CapacityOptions),
     /// `serve` with the bench's step types registered too: the server `tok
     /// bench` starts, or one for `tok bench --url` (docs/performance.md).
     #[command(name = tok::bench::SERVE_SUBCOMMAND, hide = true)]
@@ -89,6 +92,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         // A client needs only TOK_URL and TOK_API_KEY, not the server's configuration.
         return tok::cli::run(command).await;
     }
+    if let Command::Capacity(options) = cli.command {
+        // Arithmetic: no configuration, no database.
+        return tok::capacity::run(options);
+    }
     let config = Config::from_env()?;
     match cli.command {
         Command::Serve { demo } => tok::serve(config, registry()?, ServeOptions { demo }).await,
@@ -105,5 +112,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(options) => tok::bench::run(options).await,
         Command::ScriptSandbox => unreachable!("the sandbox starts before the runtime"),
         Command::Client(_) => unreachable!("client commands return above"),
+        Command::Capacity(_) => unreachable!("capacity returns above"),
     }
 }

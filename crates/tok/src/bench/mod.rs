@@ -16,6 +16,7 @@
 //! asserts on speed.
 
 mod api;
+mod db_cost;
 mod fairness;
 mod ingest;
 mod io;
@@ -85,16 +86,20 @@ pub enum FigureKind {
     Fairness,
     Memory,
     Workers,
+    /// PostgreSQL only: CPU, WAL and rows per event and per step, the
+    /// inputs of `tok capacity`.
+    DbCost,
 }
 
 impl FigureKind {
-    const LOADS: [FigureKind; 6] = [
+    const LOADS: [FigureKind; 7] = [
         FigureKind::Ingest,
         FigureKind::Steps,
         FigureKind::StepsQueued,
         FigureKind::Io,
         FigureKind::Fairness,
         FigureKind::Workers,
+        FigureKind::DbCost,
     ];
 
     fn name(self) -> &'static str {
@@ -106,6 +111,7 @@ impl FigureKind {
             FigureKind::Fairness => "fairness",
             FigureKind::Memory => "memory",
             FigureKind::Workers => "workers",
+            FigureKind::DbCost => "db-cost",
         }
     }
 }
@@ -164,6 +170,14 @@ impl Server {
 
     pub(crate) fn postgres_url(&self) -> Option<&str> {
         self.postgres_url.as_deref()
+    }
+
+    /// Stops the server process and keeps its database, to read what it
+    /// wrote once every backend has flushed its counts.
+    pub(crate) fn stop_child(&mut self, bench: &Bench, figure: &str) {
+        if let Some(child) = self.child.take() {
+            bench.keep_report(figure, child.stop());
+        }
     }
 
     pub(crate) fn is_external(&self) -> bool {
@@ -442,6 +456,7 @@ async fn run_figures(bench: &Bench) -> anyhow::Result<()> {
             FigureKind::Io => io::run(bench).await,
             FigureKind::Fairness => fairness::run(bench).await,
             FigureKind::Workers => workers::run(bench).await,
+            FigureKind::DbCost => db_cost::run(bench).await,
             FigureKind::Memory => unreachable!("memory is not a load"),
         };
         match measured {

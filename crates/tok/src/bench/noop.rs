@@ -31,12 +31,69 @@ pub(crate) fn not_registered() -> String {
     )
 }
 
-/// Returns no outputs, at once.
+/// Returns no outputs, at once; with `config.outputBytes` an output of
+/// about that many bytes of JSON, like a service's answer (`db-cost`'s
+/// scenario-B shape).
 pub struct Noop;
 
 #[async_trait]
 impl StepHandler for Noop {
-    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
-        Ok(Map::new())
+    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        Ok(
+            match call.config.get("outputBytes").and_then(Value::as_u64) {
+                Some(bytes) => answer(usize::try_from(bytes).unwrap_or(usize::MAX).min(1 << 20)),
+                None => Map::new(),
+            },
+        )
+    }
+}
+
+const WORDS: [&str; 16] = [
+    "order", "customer", "shipped", "invoice", "Prague", "pending", "status", "item", "quantity",
+    "price", "delivery", "address", "ticket", "reply", "agent", "note",
+];
+
+/// `{"status": 200, "body": {"items": [...]}}` of about `bytes` bytes of
+/// JSON: items with an id, a random 16-hex-digit reference (as little
+/// compressible as a real one), a few words and an amount — the shape of
+/// the storage measurement's outputs (`docs/operations.md`).
+fn answer(bytes: usize) -> Map<String, Value> {
+    let mut items = Vec::new();
+    let mut size = 40;
+    let mut n = 0usize;
+    while size < bytes {
+        let random = tok_store::random_token();
+        let reference = &random[..16];
+        let text: Vec<&str> = (0..3 + (n * 7 + usize::from(random.as_bytes()[0])) % 6)
+            .map(|k| WORDS[(n * 5 + k * 3 + usize::from(random.as_bytes()[1])) % WORDS.len()])
+            .collect();
+        let item = serde_json::json!({
+            "id": 100_000 + (usize::from(random.as_bytes()[2]) * 3_517 + n) % 900_000,
+            "ref": reference,
+            "text": text.join(" "),
+            "amount": (usize::from(random.as_bytes()[3]) * 39 + n) as f64 / 100.0,
+        });
+        size += item.to_string().len() + 1;
+        items.push(item);
+        n += 1;
+    }
+    let mut out = Map::new();
+    out.insert("status".into(), Value::from(200));
+    out.insert("body".into(), serde_json::json!({ "items": items }));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_answer_is_about_the_size_asked() {
+        for bytes in [1_000, 2_000, 3_000] {
+            let text = serde_json::Value::Object(super::answer(bytes)).to_string();
+            assert!(
+                text.len() + 100 >= bytes && text.len() < bytes + 200,
+                "{bytes}: {}",
+                text.len()
+            );
+        }
     }
 }

@@ -46,7 +46,7 @@ pub(crate) struct Database {
 
 /// A PostgreSQL connection of the bench's own, which does not log its slow
 /// statements (a `DROP DATABASE` may take a second; that is no news).
-async fn pg_connect(url: &str) -> Result<sqlx::PgConnection, sqlx::Error> {
+pub(crate) async fn pg_connect(url: &str) -> Result<sqlx::PgConnection, sqlx::Error> {
     url.parse::<sqlx::postgres::PgConnectOptions>()?
         .disable_statement_logging()
         .connect()

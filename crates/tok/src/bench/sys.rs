@@ -258,3 +258,82 @@ pub(crate) async fn background_load(window: Duration) -> Option<f64> {
     let busy = machine_busy_ticks()?.saturating_sub(before);
     Some(busy as f64 / TICKS_PER_SEC / window.as_secs_f64())
 }
+
+/// The `postgres` processes serving one database, by their process title
+/// (`postgres: 15/main: user <database> host(port) state`, and
+/// `autovacuum worker <database>`), with their CPU ticks.
+fn database_backends(database: &str, except: Option<u32>) -> Vec<(u32, u64)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok()?.parse::<u32>().ok())
+        .filter(|pid| Some(*pid) != except)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|title| {
+                String::from_utf8_lossy(&title)
+                    .split(|c: char| c.is_whitespace() || c == '\0')
+                    .any(|word| word == database)
+            })
+        })
+        .filter_map(|pid| Some((pid, process_ticks(&pid.to_string())?)))
+        .collect()
+}
+
+/// CPU time of the PostgreSQL processes of one database (its backends and
+/// autovacuum workers), sampled every 100 ms so that a backend which exits
+/// within the interval is counted up to its last sample. The server's
+/// shared processes (WAL writer, checkpointer, background writer) serve
+/// every database and are not in it.
+pub(crate) struct DatabaseCpu {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: std::thread::JoinHandle<HashMap<u32, (u64, u64)>>,
+    started: Instant,
+}
+
+impl DatabaseCpu {
+    /// Starts counting; `except` is a backend not to count (the bench's own).
+    pub(crate) fn start(database: &str, except: Option<u32>) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let first: HashMap<u32, (u64, u64)> = database_backends(database, except)
+            .into_iter()
+            .map(|(pid, ticks)| (pid, (ticks, ticks)))
+            .collect();
+        let (stopping, database) = (stop.clone(), database.to_owned());
+        let task = std::thread::spawn(move || {
+            let mut seen = first;
+            loop {
+                let done = stopping.load(Ordering::SeqCst);
+                for (pid, ticks) in database_backends(&database, except) {
+                    // A process born within the interval started at zero.
+                    seen.entry(pid).or_insert((0, 0)).1 = ticks;
+                }
+                if done {
+                    return seen;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Self {
+            stop,
+            task,
+            started: Instant::now(),
+        }
+    }
+
+    /// CPU seconds of the database's processes since the start, the
+    /// interval's length in seconds, and how many processes were seen.
+    pub(crate) fn finish(self) -> (f64, f64, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let seconds = self.started.elapsed().as_secs_f64();
+        let seen = self.task.join().unwrap_or_default();
+        let ticks: u64 = seen.values().map(|(a, b)| b.saturating_sub(*a)).sum();
+        (ticks as f64 / TICKS_PER_SEC, seconds, seen.len())
+    }
+}
