@@ -697,7 +697,7 @@ pages.incidents = async (view) => {
   }
   await load();
   const refresh = debounce(() => load().catch(() => {}), 300);
-  onLive((type) => (type === "incident.opened" || type === "reload") && refresh());
+  onLive((type) => (type === "incident.opened" || type === "incident.updated" || type === "reload") && refresh());
 };
 
 // ---------- Approvals ----------
