@@ -229,7 +229,9 @@ impl Stream {
         let (missed, gap) = match after {
             Some(at) => (channel.ring.iter().skip(at + 1).collect(), false),
             // Its last event left the ring, and everything since is in it.
-            None if channel.evicted.as_deref() == Some(last) => (channel.ring.iter().collect(), false),
+            None if channel.evicted.as_deref() == Some(last) => {
+                (channel.ring.iter().collect(), false)
+            }
             None => (Vec::new(), true),
         };
         Subscription {
@@ -258,7 +260,9 @@ impl Stream {
             data: pending.data.to_string().into(),
         });
         let channel = tenants.entry(pending.tenant).or_insert_with(Channel::new);
-        channel.ring.push_back((Instant::now(), arrived, event.clone()));
+        channel
+            .ring
+            .push_back((Instant::now(), arrived, event.clone()));
         if channel.ring.len() > RING_CAP
             && let Some((_, _, old)) = channel.ring.pop_front()
         {
@@ -429,8 +433,12 @@ impl Recorded {
                     // The step's output says which incident, and whether
                     // it is new or a repeat of the open one.
                     let output = step.output.as_ref();
-                    let id = output.and_then(|o| o.get("incidentId")).and_then(Value::as_str);
-                    let created = output.and_then(|o| o.get("created")).and_then(Value::as_bool);
+                    let id = output
+                        .and_then(|o| o.get("incidentId"))
+                        .and_then(Value::as_str);
+                    let created = output
+                        .and_then(|o| o.get("created"))
+                        .and_then(Value::as_bool);
                     events.push(incident(&job.run_id, id, created != Some(false)));
                 } else if step.kind.starts_with("ticket/") {
                     events.push((
@@ -609,7 +617,10 @@ mod tests {
         let expected: Vec<&str> = seen[2..].iter().map(|e| e.id.as_str()).collect();
         assert_eq!(missed, expected);
         // An id `two` never received is a gap.
-        assert!(two.subscribe(&tenant, Some(&format!("{}-99", sender.hub.boot))).gap);
+        assert!(
+            two.subscribe(&tenant, Some(&format!("{}-99", sender.hub.boot)))
+                .gap
+        );
     }
 
     #[test]

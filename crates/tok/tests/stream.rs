@@ -380,7 +380,12 @@ fn incidents_of(events: &[Event], run: &str) -> Vec<(String, String)> {
     events
         .iter()
         .filter(|e| e.kind.starts_with("incident.") && e.data["run_id"] == run)
-        .map(|e| (e.kind.clone(), e.data["incident_id"].as_str().unwrap().to_owned()))
+        .map(|e| {
+            (
+                e.kind.clone(),
+                e.data["incident_id"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -446,7 +451,11 @@ async fn a_repeated_incident_is_updated_not_opened_again(db: &TestDb) {
     );
     let listed = api.get("/api/incidents", &key).await;
     assert!(
-        listed["items"].as_array().unwrap().iter().all(|i| i["occurrences"] == 2),
+        listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["occurrences"] == 2),
         "{listed:#}"
     );
 }

@@ -286,8 +286,10 @@ async fn drive(
             Effect::RunFailed(failure) => {
                 let context = &record.context;
                 incidents.push(
-                    effects::run_failed(&mut *tx, job, automation, subject, context, failure, &cause)
-                        .await?,
+                    effects::run_failed(
+                        &mut *tx, job, automation, subject, context, failure, &cause,
+                    )
+                    .await?,
                 );
             }
             Effect::CompensationFailed(failure) => {

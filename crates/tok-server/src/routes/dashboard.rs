@@ -116,7 +116,13 @@ async fn history(
 
 fn sample_view(s: &QueueSample) -> Value {
     let window_s = s.window_ms as f64 / 1000.0;
-    let per_s = |n: i64| if s.window_ms > 0 { n as f64 / window_s } else { 0.0 };
+    let per_s = |n: i64| {
+        if s.window_ms > 0 {
+            n as f64 / window_s
+        } else {
+            0.0
+        }
+    };
     json!({
         "at": tok_store::rfc3339::format(s.at),
         "ready": s.ready,

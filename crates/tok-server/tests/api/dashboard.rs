@@ -147,7 +147,10 @@ async fn the_queue_history_answers_the_tenants_stored_samples(app: &TestApp) {
 
     // Samples as the scheduler's holder keeps them, both tenants at once.
     let store = app.state.engine.store();
-    let tenants = [TenantId::from(acme.id.as_str()), TenantId::from(other.id.as_str())];
+    let tenants = [
+        TenantId::from(acme.id.as_str()),
+        TenantId::from(other.id.as_str()),
+    ];
     let now = tok_store::now_ms();
     let times = [now - 2 * 3600 * 1000, now - 10 * 60 * 1000, now];
     for at in times {
@@ -175,13 +178,18 @@ async fn the_queue_history_answers_the_tenants_stored_samples(app: &TestApp) {
     assert_eq!(crate::helpers::ms(&hour[0]["at"]), Some(times[1]));
     let last = &hour[1];
     assert_eq!(
-        (last["ready"].clone(), last["running"].clone(), last["oldest_ready_s"].clone()),
+        (
+            last["ready"].clone(),
+            last["running"].clone(),
+            last["oldest_ready_s"].clone()
+        ),
         (json!(0), json!(0), json!(null)),
         "{last:#}"
     );
     assert_eq!(last["window_s"], 60.0);
     assert!(
-        last["steps_completed"].as_i64().unwrap() >= 1 && last["steps_per_s"].as_f64().unwrap() > 0.0,
+        last["steps_completed"].as_i64().unwrap() >= 1
+            && last["steps_per_s"].as_f64().unwrap() > 0.0,
         "the run's step is counted: {last:#}"
     );
     let day = app
@@ -201,7 +209,13 @@ async fn the_queue_history_answers_the_tenants_stored_samples(app: &TestApp) {
         "another tenant's steps are not counted: {theirs:#?}"
     );
 
-    for bad in ["minutes=0", "minutes=1441", "minutes=-5", "minutes=an-hour", "hours=1"] {
+    for bad in [
+        "minutes=0",
+        "minutes=1441",
+        "minutes=-5",
+        "minutes=an-hour",
+        "hours=1",
+    ] {
         let error = app
             .get(&acme.key, &format!("/api/dashboard/queue/history?{bad}"))
             .await

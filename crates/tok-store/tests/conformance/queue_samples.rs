@@ -22,7 +22,10 @@ fn end_with(job: &ClaimedJob, step_status: StepStatus, status: RunStatus) -> Rec
 }
 
 async fn samples(store: &dyn Store, tenant: &TenantId, since: i64) -> Vec<QueueSample> {
-    store.queue_samples(tenant, since, 100).await.expect("samples")
+    store
+        .queue_samples(tenant, since, 100)
+        .await
+        .expect("samples")
 }
 
 async fn one_statement_samples_every_tenants_queue_and_the_steps_since_its_sample_before(
@@ -46,11 +49,17 @@ async fn one_statement_samples_every_tenants_queue_and_the_steps_since_its_sampl
         .unwrap();
     assert_eq!(jobs.len(), 2);
     store
-        .record(&jobs[0], end_with(&jobs[0], StepStatus::Completed, RunStatus::Completed))
+        .record(
+            &jobs[0],
+            end_with(&jobs[0], StepStatus::Completed, RunStatus::Completed),
+        )
         .await
         .unwrap();
     store
-        .record(&jobs[1], end_with(&jobs[1], StepStatus::Failed, RunStatus::Failed))
+        .record(
+            &jobs[1],
+            end_with(&jobs[1], StepStatus::Failed, RunStatus::Failed),
+        )
         .await
         .unwrap();
     // Globex: a ready run and an event not dispatched yet.
@@ -67,7 +76,10 @@ async fn one_statement_samples_every_tenants_queue_and_the_steps_since_its_sampl
     let written = store.sample_queue(&all, first, 60_000).await.unwrap();
     assert_eq!(written, 3, "{backend:?}: one row per tenant");
     let again = store.sample_queue(&all, first, 60_000).await.unwrap();
-    assert_eq!(again, 0, "{backend:?}: a tenant's sample at a time is kept once");
+    assert_eq!(
+        again, 0,
+        "{backend:?}: a tenant's sample at a time is kept once"
+    );
 
     let a = samples(&*store, &acme, 0).await;
     assert_eq!(a.len(), 1, "{backend:?}");
@@ -77,7 +89,10 @@ async fn one_statement_samples_every_tenants_queue_and_the_steps_since_its_sampl
         (first, 1, 0, 0, 0),
         "{backend:?}: {a0:?}"
     );
-    assert!(a0.oldest_ready_ms.is_some_and(|ms| ms >= 0), "{backend:?}: {a0:?}");
+    assert!(
+        a0.oldest_ready_ms.is_some_and(|ms| ms >= 0),
+        "{backend:?}: {a0:?}"
+    );
     assert_eq!(
         (a0.steps_completed, a0.steps_failed, a0.window_ms),
         (1, 1, 60_000),
@@ -116,7 +131,10 @@ async fn one_statement_samples_every_tenants_queue_and_the_steps_since_its_sampl
         .unwrap();
     assert_eq!(jobs.len(), 1);
     store
-        .record(&jobs[0], end_with(&jobs[0], StepStatus::Completed, RunStatus::Completed))
+        .record(
+            &jobs[0],
+            end_with(&jobs[0], StepStatus::Completed, RunStatus::Completed),
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -125,7 +143,16 @@ async fn one_statement_samples_every_tenants_queue_and_the_steps_since_its_sampl
     let a = samples(&*store, &acme, 0).await;
     let counted: Vec<_> = a
         .iter()
-        .map(|s| (s.at, s.ready, s.oldest_ready_ms, s.steps_completed, s.steps_failed, s.window_ms))
+        .map(|s| {
+            (
+                s.at,
+                s.ready,
+                s.oldest_ready_ms,
+                s.steps_completed,
+                s.steps_failed,
+                s.window_ms,
+            )
+        })
         .collect();
     assert_eq!(
         counted,
@@ -186,22 +213,35 @@ async fn the_expiry_deletes_a_tenants_old_samples_only(db: &TestDb) {
     );
 
     assert_eq!(
-        store.expire_queue_samples(&acme, now - day, 1).await.unwrap(),
+        store
+            .expire_queue_samples(&acme, now - day, 1)
+            .await
+            .unwrap(),
         1,
         "{backend:?}: at most the limit"
     );
     assert_eq!(
-        store.expire_queue_samples(&acme, now - day, 1000).await.unwrap(),
+        store
+            .expire_queue_samples(&acme, now - day, 1000)
+            .await
+            .unwrap(),
         1,
         "{backend:?}"
     );
     assert_eq!(
-        store.expire_queue_samples(&acme, now - day, 1000).await.unwrap(),
+        store
+            .expire_queue_samples(&acme, now - day, 1000)
+            .await
+            .unwrap(),
         0,
         "{backend:?}"
     );
     let left = |s: Vec<QueueSample>| s.iter().map(|s| s.at).collect::<Vec<_>>();
-    assert_eq!(left(samples(&*store, &acme, 0).await), &times[2..], "{backend:?}");
+    assert_eq!(
+        left(samples(&*store, &acme, 0).await),
+        &times[2..],
+        "{backend:?}"
+    );
     assert_eq!(
         left(samples(&*store, &globex, 0).await),
         times,
