@@ -50,8 +50,13 @@ pub enum Kind {
     StepRecorded,
     #[serde(rename = "ticket.updated")]
     TicketUpdated,
+    /// A new incident was opened.
     #[serde(rename = "incident.opened")]
     IncidentOpened,
+    /// The open incident of the same source happened again: its
+    /// occurrences went up.
+    #[serde(rename = "incident.updated")]
+    IncidentUpdated,
     /// Events were lost to this client (it fell behind, or what it asked to
     /// replay is gone): it should load its view again.
     #[serde(rename = "reload")]
@@ -65,6 +70,7 @@ impl Kind {
             Kind::StepRecorded => "step.recorded",
             Kind::TicketUpdated => "ticket.updated",
             Kind::IncidentOpened => "incident.opened",
+            Kind::IncidentUpdated => "incident.updated",
             Kind::Reload => "reload",
         }
     }
@@ -73,8 +79,10 @@ impl Kind {
 /// One event as a client receives it.
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// `<process start>-<sequence>`: increasing within one process; an id
-    /// of another process (or an earlier start) cannot be replayed from.
+    /// `<process start>-<sequence>` of the process that published it,
+    /// increasing within that process. Every process that follows a relay
+    /// gives an event the id its publisher gave it, so a client may
+    /// reconnect to another API process with its `Last-Event-ID`.
     pub id: String,
     pub kind: Kind,
     /// The event's JSON, written once for every client that follows.
@@ -93,9 +101,12 @@ pub struct Subscription {
     pub closed: watch::Receiver<bool>,
 }
 
-/// An event before it has an id, as it travels between processes.
+/// An event as it travels between processes: its id is given as it
+/// leaves its publisher (`None` before).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Pending {
+    #[serde(rename = "i", default, skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
     #[serde(rename = "t")]
     tenant: TenantId,
     #[serde(rename = "k")]
@@ -112,7 +123,10 @@ pub struct Stream {
 
 struct Hub {
     boot: String,
+    /// The sequence of the ids this process gives.
     seq: AtomicU64,
+    /// The order events arrive in this process's hub (the rings' order).
+    arrived: AtomicU64,
     tenants: Mutex<HashMap<TenantId, Channel>>,
     /// `Some` while a relay carries events between processes.
     outbox: Mutex<Option<Outbox>>,
@@ -121,9 +135,10 @@ struct Hub {
 
 struct Channel {
     live: broadcast::Sender<Arc<Event>>,
+    /// Recent events, with when and in which order they arrived.
     ring: VecDeque<(Instant, u64, Arc<Event>)>,
-    /// The id of the newest event that left the ring (0: none yet).
-    evicted: u64,
+    /// The id of the newest event that left the ring.
+    evicted: Option<String>,
 }
 
 #[derive(Default)]
@@ -142,6 +157,7 @@ impl Default for Stream {
             hub: Arc::new(Hub {
                 boot: format!("{boot:08x}"),
                 seq: AtomicU64::new(0),
+                arrived: AtomicU64::new(0),
                 tenants: Mutex::default(),
                 outbox: Mutex::default(),
                 closed: watch::channel(false).0,
@@ -158,6 +174,7 @@ impl Stream {
     /// Publishes an event of `tenant` that has committed. Never waits.
     pub fn publish(&self, tenant: &TenantId, kind: Kind, data: Value) {
         let pending = Pending {
+            id: None,
             tenant: tenant.clone(),
             kind,
             data,
@@ -186,63 +203,70 @@ impl Stream {
     }
 
     /// Subscribes to `tenant`'s events, with those after `last_event_id`.
+    ///
+    /// What the client missed is what followed its last event in the
+    /// tenant's ring: every process following a relay received the same
+    /// events in the same order (PostgreSQL delivers notifications in
+    /// commit order), under the ids their publishers gave them, so the id
+    /// of another API process is found as well as one of this process.
+    /// An id not in the ring (too old, from an earlier start, or from a
+    /// process whose events this one did not receive) is a gap: reload.
     pub fn subscribe(&self, tenant: &TenantId, last_event_id: Option<&str>) -> Subscription {
         let mut tenants = lock(&self.hub.tenants);
         let channel = tenants.entry(tenant.clone()).or_insert_with(Channel::new);
         let live = channel.live.subscribe();
+        let closed = self.hub.closed.subscribe();
         let Some(last) = last_event_id.map(str::trim).filter(|s| !s.is_empty()) else {
             return Subscription {
                 missed: Vec::new(),
                 gap: false,
                 live,
-                closed: self.hub.closed.subscribe(),
-            };
-        };
-        let seq = last
-            .split_once('-')
-            .filter(|(boot, _)| *boot == self.hub.boot)
-            .and_then(|(_, seq)| seq.parse::<u64>().ok());
-        let Some(seq) = seq else {
-            return Subscription {
-                missed: Vec::new(),
-                gap: true,
-                live,
-                closed: self.hub.closed.subscribe(),
+                closed,
             };
         };
         channel.expire();
-        // Ids are shared by all tenants: what this tenant's client missed is
-        // gone only when an event after its last one left the ring.
-        let gap = seq < channel.evicted || seq > self.hub.seq.load(Ordering::SeqCst);
-        let missed = channel
-            .ring
-            .iter()
-            .filter(|(_, s, _)| *s > seq)
-            .map(|(_, _, e)| e.clone())
-            .collect();
+        let after = channel.ring.iter().position(|(_, _, e)| e.id == last);
+        let (missed, gap) = match after {
+            Some(at) => (channel.ring.iter().skip(at + 1).collect(), false),
+            // Its last event left the ring, and everything since is in it.
+            None if channel.evicted.as_deref() == Some(last) => {
+                (channel.ring.iter().collect(), false)
+            }
+            None => (Vec::new(), true),
+        };
         Subscription {
-            missed,
+            missed: missed.into_iter().map(|(_, _, e)| e.clone()).collect(),
             gap,
             live,
-            closed: self.hub.closed.subscribe(),
+            closed,
         }
     }
 
-    /// Gives `pending` its id and sends it to the tenant's clients.
+    /// The next id of this process.
+    fn next_id(&self) -> String {
+        let seq = self.hub.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        format!("{}-{seq}", self.hub.boot)
+    }
+
+    /// Sends `pending` to the tenant's clients, with the id its publisher
+    /// gave it (or one of this process's).
     fn deliver(&self, pending: Pending) {
         let mut tenants = lock(&self.hub.tenants);
-        let seq = self.hub.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let id = pending.id.unwrap_or_else(|| self.next_id());
+        let arrived = self.hub.arrived.fetch_add(1, Ordering::SeqCst) + 1;
         let event = Arc::new(Event {
-            id: format!("{}-{seq}", self.hub.boot),
+            id,
             kind: pending.kind,
             data: pending.data.to_string().into(),
         });
         let channel = tenants.entry(pending.tenant).or_insert_with(Channel::new);
-        channel.ring.push_back((Instant::now(), seq, event.clone()));
+        channel
+            .ring
+            .push_back((Instant::now(), arrived, event.clone()));
         if channel.ring.len() > RING_CAP
-            && let Some((_, old, _)) = channel.ring.pop_front()
+            && let Some((_, _, old)) = channel.ring.pop_front()
         {
-            channel.evicted = old;
+            channel.evicted = Some(old.id.clone());
         }
         channel.expire();
         // No receiver is fine: nobody follows this tenant now.
@@ -311,13 +335,16 @@ impl Stream {
             )
         };
         let reloads = dropped.into_iter().map(|tenant| Pending {
+            id: None,
             tenant,
             kind: Kind::Reload,
             data: json!({ "reason": "events were dropped" }),
         });
         let mut payloads = Vec::new();
         let mut current = String::new();
-        for event in reloads.chain(events) {
+        for mut event in reloads.chain(events) {
+            // The id every process that receives it gives it.
+            event.id = Some(self.next_id());
             let mut line = serde_json::to_string(&event).unwrap_or_default();
             if line.len() + 24 > MAX_PAYLOAD {
                 // Too large to send whole: the kind and the tenant still
@@ -349,6 +376,7 @@ impl Stream {
         let tenants: Vec<TenantId> = lock(&self.hub.tenants).keys().cloned().collect();
         for tenant in tenants {
             self.deliver(Pending {
+                id: None,
                 tenant,
                 kind: Kind::Reload,
                 data: json!({ "reason": reason }),
@@ -372,17 +400,18 @@ impl Channel {
         Self {
             live: broadcast::channel(CHANNEL_CAP).0,
             ring: VecDeque::new(),
-            evicted: 0,
+            evicted: None,
         }
     }
 
     fn expire(&mut self) {
-        while let Some((at, seq, _)) = self.ring.front() {
+        while let Some((at, _, _)) = self.ring.front() {
             if at.elapsed() <= RING_AGE {
                 break;
             }
-            self.evicted = *seq;
-            self.ring.pop_front();
+            if let Some((_, _, old)) = self.ring.pop_front() {
+                self.evicted = Some(old.id.clone());
+            }
         }
     }
 }
@@ -401,7 +430,16 @@ impl Recorded {
             events.push((Kind::StepRecorded, step_recorded(&job.run_id, step)));
             if step.status == StepStatus::Completed {
                 if step.kind == "incident/create" {
-                    events.push((Kind::IncidentOpened, json!({ "run_id": job.run_id })));
+                    // The step's output says which incident, and whether
+                    // it is new or a repeat of the open one.
+                    let output = step.output.as_ref();
+                    let id = output
+                        .and_then(|o| o.get("incidentId"))
+                        .and_then(Value::as_str);
+                    let created = output
+                        .and_then(|o| o.get("created"))
+                        .and_then(Value::as_bool);
+                    events.push(incident(&job.run_id, id, created != Some(false)));
                 } else if step.kind.starts_with("ticket/") {
                     events.push((
                         Kind::TicketUpdated,
@@ -411,14 +449,16 @@ impl Recorded {
             }
         }
         events.push((Kind::RunUpdated, run_updated(job, record.status)));
-        if record.status == RunStatus::Failed {
-            // A run that fails for good opens (or joins) its incident.
-            events.push((Kind::IncidentOpened, json!({ "run_id": job.run_id })));
-        }
         Self {
             tenant: job.tenant_id.clone(),
             events,
         }
+    }
+
+    /// The record's transaction opened the incident `id` (`created`), or
+    /// counted one more occurrence of it: a failed run's, a failed undo's.
+    pub(crate) fn incident(&mut self, run_id: &RunId, id: &str, created: bool) {
+        self.events.push(incident(run_id, Some(id), created));
     }
 
     pub(crate) fn publish(self, stream: &Stream) {
@@ -426,6 +466,16 @@ impl Recorded {
             stream.publish(&self.tenant, kind, data);
         }
     }
+}
+
+/// `incident.opened` for a new incident, `incident.updated` for another
+/// occurrence of an open one.
+fn incident(run_id: &RunId, id: Option<&str>, created: bool) -> (Kind, Value) {
+    let kind = match created {
+        true => Kind::IncidentOpened,
+        false => Kind::IncidentUpdated,
+    };
+    (kind, json!({ "run_id": run_id, "incident_id": id }))
 }
 
 fn step_recorded(run_id: &RunId, step: &StepRecord) -> Value {
@@ -541,6 +591,36 @@ mod tests {
         let last = got.last().unwrap();
         assert_eq!(last.kind, Kind::RunUpdated);
         assert_eq!(data(last), json!({ "truncated": true }));
+    }
+
+    #[test]
+    fn every_receiver_gives_an_event_its_publishers_id_so_another_one_replays_it() {
+        let sender = relaying();
+        let tenant = TenantId::from("t1");
+        for n in 0..5 {
+            sender.publish(&tenant, Kind::RunUpdated, json!({ "n": n }));
+        }
+        let payloads = sender.take_payloads(&mut 0);
+        let (one, two) = (Stream::default(), Stream::default());
+        let mut live = one.subscribe(&tenant, None).live;
+        for payload in &payloads {
+            one.received(payload);
+            two.received(payload);
+        }
+        let seen: Vec<Arc<Event>> = std::iter::from_fn(|| live.try_recv().ok()).collect();
+        assert_eq!(seen.len(), 5);
+        assert!(seen.iter().all(|e| e.id.starts_with(&sender.hub.boot)));
+        // A client of `one` that saw two events reconnects to `two`.
+        let again = two.subscribe(&tenant, Some(&seen[1].id));
+        assert!(!again.gap);
+        let missed: Vec<&str> = again.missed.iter().map(|e| e.id.as_str()).collect();
+        let expected: Vec<&str> = seen[2..].iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(missed, expected);
+        // An id `two` never received is a gap.
+        assert!(
+            two.subscribe(&tenant, Some(&format!("{}-99", sender.hub.boot)))
+                .gap
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! by each tenant's retention — on PostgreSQL the monthly partitions
 //! nobody keeps are dropped and the one a tenant with a longer retention
 //! still needs stays, emptied of the other tenant's rows; on SQLite the
-//! file's page count falls. Rows in PostgreSQL's default partition are
+//! file's page count falls; the queue's samples go after a day. Rows in PostgreSQL's default partition are
 //! moved into a partition of their month; a month that cannot be moved is
 //! raised once and not tried again.
 
@@ -191,11 +191,23 @@ async fn a_month_of_old_rows_expires_by_each_tenants_retention(db: &TestDb) {
         ..SchedulerConfig::default()
     };
     let scheduler = Scheduler::new(store.clone(), "n1", config, clock.clone());
+    // The queue's samples of two days ago and of now: kept a day, whatever
+    // the tenant's retention.
+    let both = [short.clone(), long.clone()];
+    clock.set(now - 2 * DAY_MS);
+    assert_eq!(scheduler.sample_queues(&both).await.unwrap(), 2);
+    clock.set(now);
+    assert_eq!(scheduler.sample_queues(&both).await.unwrap(), 2);
     let report = scheduler
         .expire(&[short.clone(), long.clone()])
         .await
         .unwrap();
     assert!(!report.more, "{report:?}");
+    assert_eq!(report.deleted("queue_samples"), 2);
+    for tenant in &both {
+        let kept = store.queue_samples(tenant, 0, 10).await.unwrap();
+        assert_eq!(kept.iter().map(|s| s.at).collect::<Vec<_>>(), [now]);
+    }
 
     // Step data: `short`'s 30 days took its old steps (on PostgreSQL by
     // whole months: the month its cutoff falls in stays); `long` keeps 200.

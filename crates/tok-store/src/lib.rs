@@ -34,6 +34,8 @@ mod migrate;
 pub mod model;
 mod partitions;
 mod postgres;
+pub mod queue_samples;
+mod queue_samples_sql;
 mod queue_sql;
 mod record_sql;
 pub mod relay;
@@ -67,6 +69,7 @@ pub use effects::EffectStore;
 pub use gate::Lane;
 pub use model::*;
 pub use postgres::PgStore;
+pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
 pub use relay::{Heard, StreamRelay};
 pub use retention::{Expiring, MovedRows, PartitionProblem, RetentionStore};
 pub use rows::{IDEMPOTENCY_WINDOW, now_ms};
@@ -316,6 +319,7 @@ pub trait Store:
     + InboxStore
     + RunStore
     + QueueStore
+    + QueueSampleStore
     + DeskStore
     + RecordStore
     + ConnectionStore

@@ -39,6 +39,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     15 "0015_index_rows_by_age_for_expiry",
     17 "0017_store_effects_once_and_count_starts",
     19 "0019_partition_the_event_inbox_by_month",
+    20 "0020_create_queue_samples",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -57,6 +58,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     13 "0013_index_rows_by_age_for_expiry",
     15 "0015_store_effects_once_and_count_starts",
     17 "0017_keep_idempotency_keys_apart",
+    18 "0018_create_queue_samples",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

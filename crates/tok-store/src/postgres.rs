@@ -23,6 +23,7 @@ use crate::effects_sql::impl_effects;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
 use crate::migrate;
+use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::retention_sql::impl_retention;
@@ -193,6 +194,11 @@ impl_runs! {
 }
 
 impl_queue! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_queue_samples! {
     store = PgStore,
     db = sqlx::Postgres,
 }

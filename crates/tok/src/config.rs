@@ -106,6 +106,11 @@ pub struct Config {
     /// holds it without renewing (15 s): the longest the schedules wait
     /// after that node dies before another node takes over.
     pub scheduler_lease: Duration,
+    /// `TOK_QUEUE_SAMPLE_EVERY`: how often the node running the scheduler
+    /// keeps a sample of every tenant's queue for the dashboard's charts
+    /// (30 s: 120 points an hour, one statement for all tenants each time;
+    /// samples are kept a day).
+    pub queue_sample_every: Duration,
     /// `TOK_STEP_SAMPLE`: the share of successful steps stored with their
     /// whole input and output, 0 to 1 (0.01 by default: one in a hundred
     /// shows what a step's data look like at a hundredth of the volume;
@@ -216,6 +221,10 @@ impl Config {
             shutdown_grace: duration_var("TOK_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE)?,
             scheduler_tick: duration_var("TOK_SCHEDULER_TICK", scheduler.tick)?,
             scheduler_lease: duration_var("TOK_SCHEDULER_LEASE", scheduler.lease)?,
+            queue_sample_every: duration_var(
+                "TOK_QUEUE_SAMPLE_EVERY",
+                scheduler.queue_sample_every,
+            )?,
             step_sample: match var("TOK_STEP_SAMPLE") {
                 Some(v) => v
                     .trim()
@@ -246,6 +255,9 @@ impl Config {
             bail!(
                 "TOK_SCHEDULER_LEASE must be longer than TOK_SCHEDULER_TICK (it is renewed each tick)"
             );
+        }
+        if self.queue_sample_every < Duration::from_millis(100) {
+            bail!("TOK_QUEUE_SAMPLE_EVERY must be at least 100ms");
         }
         if self.lease < Duration::from_secs(3) {
             bail!("TOK_LEASE_SECS must be at least 3");

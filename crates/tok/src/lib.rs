@@ -92,6 +92,7 @@ pub async fn serve(
             scheduler: tok_engine::scheduler::SchedulerConfig {
                 tick: config.scheduler_tick,
                 lease: config.scheduler_lease,
+                queue_sample_every: config.queue_sample_every,
                 ..Default::default()
             },
             ..EngineConfig::default()

@@ -2,7 +2,8 @@
 //! an operator signs in, a webhook's run appears and completes without a
 //! reload, a failed run shows what its condition compared and its error and
 //! runs again on Retry, the webhook's full URL is copied, and one tenant's
-//! session shows nothing of another's.
+//! session shows nothing of another's; the queue page charts the samples
+//! the scheduler kept before it opened, and keeps adding points.
 //!
 //! `TOK_DASHBOARD_SCREENSHOTS=<dir>` also saves the pages as PNG files
 //! (the pictures in docs/dashboard.md are made so).
@@ -465,7 +466,6 @@ async fn the_service_desk_pages_show_queues_traces_incidents_and_the_queue() {
         browser.open(&format!("{base}/#/queue")).await;
         let tiles = browser.text("#queue-tiles").await;
         assert!(tiles.contains("Ready jobs") && tiles.contains("Oldest ready job"), "{tiles}");
-        picture(&browser, "queue").await;
 
         // The admin, acting for the demo tenant, sees the incident's detail.
         browser.click("#signout").await;
@@ -480,6 +480,113 @@ async fn the_service_desk_pages_show_queues_traces_incidents_and_the_queue() {
         let detail = browser.text("#incidents").await;
         assert!(detail.contains("Detail (platform admin)") && detail.contains("OCR_FAIL"), "{detail}");
         picture(&browser, "incidents-admin").await;
+    })
+    .await;
+}
+
+/// The last hour of one tenant's queue as the scheduler would have kept
+/// it, a sample every 30 s from 58 to 1.5 minutes ago, with a burst of work
+/// half an hour ago: raw rows, as the API cannot write the past.
+async fn past_hour_of_samples(db: &TestDb, tenant: &str) -> usize {
+    use sqlx::Connection as _;
+    let now = tok_store::now_ms();
+    let rows: Vec<String> = (0..114)
+        .map(|i| {
+            let at = now - 90_000 - (113 - i) * 30_000;
+            let minutes_ago = (now - at) as f64 / 60_000.0;
+            let burst = (-((minutes_ago - 32.0) / 6.0).powi(2)).exp();
+            let ready = (38.0 * burst).round() as i64;
+            let running = (4.0 * burst.sqrt()).round() as i64;
+            let oldest = if ready > 0 { format!("{}", (burst * 95_000.0) as i64) } else { "NULL".into() };
+            let completed = 90 + (700.0 * burst.sqrt()) as i64 + (i * 37 % 40);
+            let failed = if i % 17 == 5 || (burst > 0.5 && i % 3 == 0) { 1 + i % 4 } else { 0 };
+            format!(
+                "('{tenant}', {at}, {ready}, {}, {running}, {}, {oldest}, {completed}, {failed}, 30000)",
+                i % 5 / 3,
+                (6.0 * burst) as i64,
+            )
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO queue_samples (tenant_id, at, ready, scheduled, running, pending_events, \
+         oldest_ready_ms, steps_completed, steps_failed, window_ms) VALUES {}",
+        rows.join(", ")
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&sql).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    rows.len()
+}
+
+const READY_LINE: &str = "const p = document.querySelector('svg[data-chart=depth] path[data-series=ready]'); \
+     return p ? [+p.dataset.points, p.getAttribute('d')] : null";
+
+/// Queue health over the last hour: the samples kept before the page
+/// opened are drawn (the first one at the chart's left edge), and points
+/// keep coming while it is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_page_charts_the_samples_kept_before_it_opened() {
+    run_on_fresh_db(Backend::Sqlite, async |db: &TestDb| {
+        let port = free_port();
+        let api = Api::new(port);
+        let _server = Server::start(&db.url, port, &[], &[("TOK_QUEUE_SAMPLE_EVERY", "1s")]);
+        api.wait_ready().await;
+        let (invoicing, _) = invoicing_stub().await;
+        let shop = shop(&api, "Acme", &invoicing).await;
+        let session = api.get("/api/dashboard/session", &shop.key).await;
+        let tenant = session["tenant"]["id"].as_str().unwrap().to_owned();
+        let kept = past_hour_of_samples(db, &tenant).await;
+        for n in 0..6 {
+            send(&api, &shop.order_url, json!({ "order": { "id": format!("70{n}") } })).await;
+        }
+
+        let browser = Browser::start().await;
+        let base = format!("http://localhost:{port}");
+        sign_in(&browser, &base, &shop.key).await;
+        browser.open(&format!("{base}/#/queue")).await;
+        let drawn = browser
+            .wait_for(
+                "the depth chart with the kept samples",
+                &format!("const r = (() => {{ {READY_LINE} }})(); return r && r[0] >= {kept} ? r : null"),
+                json!([]),
+            )
+            .await;
+        let points = drawn[0].as_u64().unwrap();
+        // The first point is 58 minutes back: near the left edge of the
+        // 600-wide chart, whose plot starts at x = 44 (62 when the page
+        // draws at once).
+        let d = drawn[1].as_str().unwrap();
+        let first_x: f64 = d[1..d.find(',').unwrap()].parse().unwrap();
+        assert!((44.0..80.0).contains(&first_x), "the first point at x = {first_x}: {d}");
+        let charts = browser
+            .eval(
+                "return [...document.querySelectorAll('svg[data-chart]')].map(c => c.dataset.chart)",
+                json!([]),
+            )
+            .await;
+        assert_eq!(charts, json!(["depth", "oldest", "throughput", "failures"]));
+        let throughput = browser
+            .eval(
+                "return +document.querySelector('svg[data-chart=throughput] path[data-series=steps_per_s]').dataset.points",
+                json!([]),
+            )
+            .await;
+        assert!(throughput.as_u64().unwrap() >= kept as u64, "{throughput}");
+
+        // The server keeps sampling (every second here): the chart grows.
+        browser
+            .wait_for(
+                "more points than at first",
+                &format!("const r = (() => {{ {READY_LINE} }})(); return r && r[0] > {points}"),
+                json!([]),
+            )
+            .await;
+        let history = api.get("/api/dashboard/queue/history", &shop.key).await;
+        assert!(
+            history["samples"].as_array().unwrap().len() > kept,
+            "the server's own samples: {history:#}"
+        );
+        picture(&browser, "queue-health").await;
     })
     .await;
 }

@@ -5,7 +5,8 @@
 //! the approval out of the pending list without a reload. The automations
 //! page shows when a schedule trigger runs next (`next_run_at`).
 //!
-//! `TOK_DASHBOARD_SCREENSHOTS=<dir>` also saves the page as `approvals.png`.
+//! `TOK_DASHBOARD_SCREENSHOTS=<dir>` also saves the pages as `approvals.png`
+//! and `automations.png`.
 
 mod support;
 #[path = "support/webdriver.rs"]
@@ -195,6 +196,9 @@ async fn an_approver_decides_on_the_approvals_page_and_the_run_goes_on() {
             shown[1].as_str().is_some_and(|t| !t.is_empty() && t != "—"),
             "{shown}"
         );
+        if let Ok(dir) = std::env::var("TOK_DASHBOARD_SCREENSHOTS") {
+            std::fs::write(format!("{dir}/automations.png"), browser.screenshot().await).unwrap();
+        }
     })
     .await;
 }

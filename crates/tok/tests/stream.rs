@@ -1,8 +1,10 @@
 //! The live stream (`GET /api/stream`) on real processes: a run's events
 //! arrive in the order they committed, a client that reconnects with
 //! `Last-Event-ID` is given what it missed, a tenant never sees another
-//! tenant's events, and on PostgreSQL an `api` process streams the steps a
-//! separate `worker` process recorded.
+//! tenant's events, an incident that happens again is `incident.updated`
+//! (`incident.opened` only for a new one), and on PostgreSQL an `api`
+//! process streams the steps a separate `worker` process recorded and a
+//! client reconnecting to another `api` process is given what it missed.
 
 mod support;
 
@@ -16,6 +18,7 @@ use support::{ADMIN_KEY, Api, Server, free_port};
 tok_store::backend_tests!(run_on_fresh_db;
     a_runs_events_arrive_in_commit_order_and_a_reconnect_gets_what_it_missed,
     a_tenant_sees_only_its_own_events_and_the_admin_follows_one,
+    a_repeated_incident_is_updated_not_opened_again,
 );
 
 /// One server-sent event.
@@ -76,14 +79,26 @@ impl Stream {
 
     /// Events up to and including the `run.updated` that says `run` completed.
     async fn until_completed(&mut self, run: &str) -> Vec<Event> {
+        self.until_status(run, "completed").await
+    }
+
+    /// Events up to and including the `run.updated` that says `run` is
+    /// `status`, and what follows it at once (the events the same
+    /// record published after it).
+    async fn until_status(&mut self, run: &str, status: &str) -> Vec<Event> {
         let mut seen = Vec::new();
         loop {
             let event = self.next().await;
             let done = event.kind == "run.updated"
                 && event.data["run_id"] == run
-                && event.data["status"] == "completed";
+                && event.data["status"] == status;
             seen.push(event);
             if done {
+                while let Ok(event) =
+                    tokio::time::timeout(Duration::from_millis(500), self.next()).await
+                {
+                    seen.push(event);
+                }
                 return seen;
             }
         }
@@ -339,6 +354,181 @@ async fn an_api_process_streams_the_steps_a_worker_process_recorded() {
             ["step 0 completed", "step 1 completed", "step 2 completed"],
             "the worker's steps, streamed by the api process: {events:#?}"
         );
+    })
+    .await;
+}
+
+/// A service that refuses everything with 422 (terminal: the run fails).
+async fn refusing_service() -> String {
+    let app = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(|| async {
+            (
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                axum::Json(json!({ "error": "order is locked" })),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/orders", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// The incident events of one run: (kind, incident id).
+fn incidents_of(events: &[Event], run: &str) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter(|e| e.kind.starts_with("incident.") && e.data["run_id"] == run)
+        .map(|e| {
+            (
+                e.kind.clone(),
+                e.data["incident_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn a_repeated_incident_is_updated_not_opened_again(db: &TestDb) {
+    let port = free_port();
+    let api = Api::new(port);
+    let _server = Server::start(&db.url, port, &[], &[]);
+    api.wait_ready().await;
+    let refusing = refusing_service().await;
+    let tenant = api
+        .post("/api/tenants", ADMIN_KEY, json!({ "name": "Desk" }))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_owned();
+    let source = api
+        .post(
+            "/api/sources",
+            &key,
+            json!({ "name": "shop", "params": [
+                { "name": "orderId", "path": "order", "type": "string", "required": true }
+            ]}),
+        )
+        .await;
+    // An incident step (one source for every order), then a call the
+    // service refuses: the failed run opens (or joins) its incident too.
+    api.post(
+        "/api/automations",
+        &key,
+        json!({
+            "name": "Review",
+            "trigger": { "kind": "webhook", "source": source["id"] },
+            "steps": [
+                { "id": "st_flag", "type": "incident/create",
+                  "config": { "title": "Orders need a look", "source": "orders-review" } },
+                { "id": "st_send", "type": "http",
+                  "config": { "method": "POST", "url": refusing, "body": { "order": "{{orderId}}" } } }
+            ]
+        }),
+    )
+    .await;
+    let url = source["url"].as_str().unwrap();
+
+    let mut stream = Stream::open(&api, &key, None, None).await;
+    let first = run_of(&api, &key, &order(&api, url, "R-1").await).await;
+    let events = stream.until_status(&first, "failed").await;
+    let opened = incidents_of(&events, &first);
+    assert_eq!(
+        opened.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["incident.opened", "incident.opened"],
+        "the step's incident and the failed run's, both new: {events:#?}"
+    );
+    assert_ne!(opened[0].1, opened[1].1);
+
+    let second = run_of(&api, &key, &order(&api, url, "R-2").await).await;
+    let events = stream.until_status(&second, "failed").await;
+    let again = incidents_of(&events, &second);
+    assert_eq!(
+        again,
+        opened
+            .iter()
+            .map(|(_, id)| ("incident.updated".to_owned(), id.clone()))
+            .collect::<Vec<_>>(),
+        "the same two incidents happened again: {events:#?}"
+    );
+    let listed = api.get("/api/incidents", &key).await;
+    assert!(
+        listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["occurrences"] == 2),
+        "{listed:#}"
+    );
+}
+
+/// On PostgreSQL, behind a load balancer: a client that followed one `api`
+/// process reconnects to another with its `Last-Event-ID` and is given
+/// what it missed, not told to reload; an id neither process gave still
+/// says reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reconnecting_to_another_api_process_gets_what_it_missed() {
+    if tok_store::testing::skip_postgres() {
+        eprintln!("TOK_TEST_SKIP_POSTGRES=1: the two-api-process stream test is NOT run");
+        return;
+    }
+    run_on_fresh_db(tok_store::Backend::Postgres, async |db: &TestDb| {
+        let (port_a, port_b) = (free_port(), free_port());
+        let (api_a, api_b) = (Api::new(port_a), Api::new(port_b));
+        let _a = Server::start(&db.url, port_a, &[], &[("TOK_NODE_ID", "node-a")]);
+        let _b = Server::start(
+            &db.url,
+            port_b,
+            &[],
+            &[("TOK_ROLE", "api"), ("TOK_NODE_ID", "node-b")],
+        );
+        api_a.wait_ready().await;
+        api_b.wait_ready().await;
+        let (key, _, url) = tenant(&api_a, "Balanced").await;
+
+        let mut on_a = Stream::open(&api_a, &key, None, None).await;
+        // B follows too, so it has received what A sends from now on.
+        let mut on_b = Stream::open(&api_b, &key, None, None).await;
+        let run = run_of(&api_a, &key, &order(&api_a, &url, "LB-1").await).await;
+        let seen = on_a.until_completed(&run).await;
+        let seen_on_b = on_b.until_completed(&run).await;
+        let ids = |events: &[Event]| events.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&seen_on_b)[..seen.len().min(seen_on_b.len())],
+            ids(&seen)[..seen.len().min(seen_on_b.len())],
+            "both processes give the same events the same ids"
+        );
+        let last_seen = seen
+            .iter()
+            .rev()
+            .find(|e| e.data["run_id"] == run.as_str())
+            .and_then(|e| e.id.clone())
+            .unwrap();
+        drop((on_a, on_b));
+
+        let missed = run_of(&api_a, &key, &order(&api_a, &url, "LB-2").await).await;
+        for _ in 0..1200 {
+            if run_status(&api_a, &key, &missed).await == "completed" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut again = Stream::open(&api_b, &key, None, Some(&last_seen)).await;
+        let replayed = again.until_completed(&missed).await;
+        assert_ne!(replayed[0].kind, "reload", "{replayed:#?}");
+        assert!(
+            replayed.iter().all(|e| e.data["run_id"] != run.as_str()),
+            "nothing seen before is sent again: {replayed:#?}"
+        );
+        let steps: Vec<String> = of_run(&replayed, &missed)
+            .into_iter()
+            .filter(|e| e.starts_with("step"))
+            .collect();
+        assert_eq!(
+            steps,
+            ["step 0 completed", "step 1 completed", "step 2 completed"],
+            "the missed run's steps, from the other process: {replayed:#?}"
+        );
+        let mut stale = Stream::open(&api_b, &key, None, Some("00000000-5")).await;
+        assert_eq!(stale.next().await.kind, "reload");
     })
     .await;
 }

@@ -12,7 +12,8 @@ use tok_store::{Cause, ClaimedJob, NewIncident, RecordTx, StepStatus, StoreError
 
 /// A run failed for good: an incident for the tenant (title and impact in
 /// their words, the detail for the platform admin), a line in its ticket's
-/// trace, and a `run.failed` event.
+/// trace, and a `run.failed` event. Returns the incident's id and whether
+/// it is new (else one more occurrence of the open one).
 pub(super) async fn run_failed(
     tx: &mut dyn RecordTx,
     job: &ClaimedJob,
@@ -21,7 +22,7 @@ pub(super) async fn run_failed(
     context: &Value,
     failure: &Failure,
     cause: &Cause,
-) -> Result<(), StoreError> {
+) -> Result<(String, bool), StoreError> {
     let ticket = match subject {
         Some(id) => tx.ticket(id).await?,
         None => None,
@@ -43,15 +44,16 @@ pub(super) async fn run_failed(
         &all_steps,
         context,
     );
-    tx.open_incident(NewIncident {
-        source: text.source,
-        title: text.title,
-        impact: text.impact,
-        detail,
-        run_id: Some(job.run_id.clone()),
-        ticket_id: ticket.as_ref().map(|t| t.id.clone()),
-    })
-    .await?;
+    let opened = tx
+        .open_incident(NewIncident {
+            source: text.source,
+            title: text.title,
+            impact: text.impact,
+            detail,
+            run_id: Some(job.run_id.clone()),
+            ticket_id: ticket.as_ref().map(|t| t.id.clone()),
+        })
+        .await?;
     if let Some(t) = &ticket {
         let message = incident::run_failed_trace(&automation.name, failure);
         tx.trace(&t.id, "run_failed", &message, cause).await?;
@@ -64,7 +66,7 @@ pub(super) async fn run_failed(
         ticket.as_ref(),
     );
     tx.emit(event, cause).await?;
-    Ok(())
+    Ok(opened)
 }
 
 /// A compensation step failed for good: an incident for the tenant that
@@ -77,7 +79,7 @@ pub(super) async fn compensation_failed(
     subject: Option<&str>,
     failure: &Failure,
     cause: &Cause,
-) -> Result<(), StoreError> {
+) -> Result<(String, bool), StoreError> {
     let ticket = match subject {
         Some(id) => tx.ticket(id).await?,
         None => None,
@@ -95,20 +97,21 @@ pub(super) async fn compensation_failed(
         "attempts": failure.attempt,
         "message": failure.message,
     });
-    tx.open_incident(NewIncident {
-        source: text.source,
-        title: text.title,
-        impact: text.impact,
-        detail,
-        run_id: Some(job.run_id.clone()),
-        ticket_id: ticket.as_ref().map(|t| t.id.clone()),
-    })
-    .await?;
+    let opened = tx
+        .open_incident(NewIncident {
+            source: text.source,
+            title: text.title,
+            impact: text.impact,
+            detail,
+            run_id: Some(job.run_id.clone()),
+            ticket_id: ticket.as_ref().map(|t| t.id.clone()),
+        })
+        .await?;
     if let Some(t) = &ticket {
         tx.trace(&t.id, "compensation_failed", &failure.message, cause)
             .await?;
     }
-    Ok(())
+    Ok(opened)
 }
 
 /// A change could not raise its event because the chain of automations
@@ -118,7 +121,7 @@ pub(super) async fn chain_too_deep(
     job: &ClaimedJob,
     automation: &Automation,
     subject: Option<&str>,
-) -> Result<(), StoreError> {
+) -> Result<(String, bool), StoreError> {
     tracing::warn!(run = %job.run_id, automation = %job.automation_id, depth = job.depth, "event chain too deep; event dropped");
     let text = incident::chain_too_deep(&job.automation_id, &automation.name);
     tx.open_incident(NewIncident {
@@ -133,6 +136,5 @@ pub(super) async fn chain_too_deep(
         run_id: Some(job.run_id.clone()),
         ticket_id: subject.map(str::to_owned),
     })
-    .await?;
-    Ok(())
+    .await
 }

@@ -239,7 +239,7 @@ async fn drive(
         next: claim.next,
         subject_ticket_id: claim.subject,
     };
-    let published = crate::stream::Recorded::of(job, &record);
+    let mut published = crate::stream::Recorded::of(job, &record);
     if !needs_tx {
         // Nothing else to write with it: the record joins the store's group
         // commit with other claims' records.
@@ -276,19 +276,29 @@ async fn drive(
         None => inner.store.begin_record(job).await?,
     };
     let subject = record.subject_ticket_id.as_deref();
+    // The incidents this record opens (or counts again), for the stream.
+    let mut incidents = Vec::new();
     if claim.too_deep {
-        effects::chain_too_deep(&mut *tx, job, automation, subject).await?;
+        incidents.push(effects::chain_too_deep(&mut *tx, job, automation, subject).await?);
     }
     for effect in &claim.effects {
         match effect {
             Effect::RunFailed(failure) => {
                 let context = &record.context;
-                effects::run_failed(&mut *tx, job, automation, subject, context, failure, &cause)
-                    .await?;
+                incidents.push(
+                    effects::run_failed(
+                        &mut *tx, job, automation, subject, context, failure, &cause,
+                    )
+                    .await?,
+                );
             }
             Effect::CompensationFailed(failure) => {
-                effects::compensation_failed(&mut *tx, job, automation, subject, failure, &cause)
-                    .await?;
+                incidents.push(
+                    effects::compensation_failed(
+                        &mut *tx, job, automation, subject, failure, &cause,
+                    )
+                    .await?,
+                );
             }
             Effect::NotifyParent(notice) => {
                 let ended = RunEnded {
@@ -302,6 +312,9 @@ async fn drive(
         }
     }
     tx.commit(record).await?;
+    for (id, created) in &incidents {
+        published.incident(&job.run_id, id, *created);
+    }
     published.publish(&inner.stream);
     Ok(Driven::Recorded { advanced })
 }

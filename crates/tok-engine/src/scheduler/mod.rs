@@ -14,7 +14,9 @@
 //! [`SchedulerConfig::retention_every`], in a task of its own, expires
 //! data past each tenant's retention ([`retention`]). Every node running
 //! the engine, holder or not, samples the queue's gauges for `/metrics`
-//! ([`sample`]), so a worker-only node reports them too.
+//! ([`sample`]), so a worker-only node reports them too; the holder alone
+//! also keeps every tenant's queue as a sample row every
+//! [`SchedulerConfig::queue_sample_every`], for the dashboard's charts.
 //!
 //! Time comes from a [`Clock`] the scheduler is given, so tests drive
 //! polls, cron ticks and catch-up without sleeping. A tick is fired once
@@ -102,6 +104,10 @@ pub struct SchedulerConfig {
     pub expiry_batches: u32,
     /// How often every engine node samples the queue for its metrics.
     pub sample_every: Duration,
+    /// How often the holder keeps a sample of every tenant's queue
+    /// (`queue_samples`, the dashboard's charts of the last hour): 30 s,
+    /// 120 points an hour, one statement for all tenants each time.
+    pub queue_sample_every: Duration,
     /// Rows of one month the expiry moves out of a default partition in
     /// one transaction at most (PostgreSQL): 50,000 step rows of a few kB
     /// are a short transaction; a month with more is raised as an
@@ -119,6 +125,7 @@ impl Default for SchedulerConfig {
             expiry_batch: 1000,
             expiry_batches: 100,
             sample_every: Duration::from_secs(5),
+            queue_sample_every: Duration::from_secs(30),
             partition_move_rows: 50_000,
         }
     }
@@ -252,6 +259,13 @@ impl Scheduler {
             .push(partition.to_owned());
     }
 
+    /// Keeps a sample of each of `tenants`' queue now, lease or not (the
+    /// holder does every [`SchedulerConfig::queue_sample_every`]); returns
+    /// how many rows it wrote.
+    pub async fn sample_queues(&self, tenants: &[TenantId]) -> Result<u64> {
+        sample::keep(&*self.store, tenants, self.clock.now_ms(), &self.config).await
+    }
+
     /// Gives the lease up, so another node takes over at its next tick.
     pub async fn release(&self) -> Result<()> {
         Ok(self.store.release_wake(&self.incarnation).await?)
@@ -289,6 +303,11 @@ pub(crate) async fn wake_loop(
         shutdown.clone(),
     ));
     let sampling = tokio::spawn(sample::sample_loop(inner.clone(), shutdown.clone()));
+    let history = tokio::spawn(sample::history_loop(
+        inner.clone(),
+        holds.clone(),
+        shutdown.clone(),
+    ));
     let mut holding = false;
     loop {
         if crate::stopping(&shutdown) {
@@ -326,6 +345,7 @@ pub(crate) async fn wake_loop(
     // and the next holder's pass goes on from where this one stopped.
     expiry.abort();
     sampling.abort();
+    history.abort();
     if holding && let Err(e) = scheduler.release().await {
         tracing::warn!(error = %e, "could not release the scheduler lease; it expires by itself");
     }

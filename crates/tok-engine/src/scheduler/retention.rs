@@ -26,6 +26,8 @@
 //!    is the start of the month it falls in, so the batches only empty
 //!    months a longer-retention tenant still keeps (and the default
 //!    partition), never the current months a `DROP TABLE` will take.
+//!    Idempotency keys past their window and the queue's samples older
+//!    than a day ([`tok_store::QUEUE_SAMPLES_KEPT`]) go the same way.
 //! 4. On SQLite, freed pages are given back to the file system
 //!    (`PRAGMA incremental_vacuum`), so the file shrinks.
 
@@ -164,22 +166,35 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
             }
         }
     }
-    // Idempotency keys past their window deduplicate nothing any more.
+    // Idempotency keys past their window deduplicate nothing any more, and
+    // the queue's samples are charted over a day at most.
     let keys_before = now - tok_store::IDEMPOTENCY_WINDOW.as_millis() as i64;
+    let samples_before = now - tok_store::QUEUE_SAMPLES_KEPT.as_millis() as i64;
     for (tenant, _) in &retentions {
-        let mut batches = 0;
-        loop {
-            let deleted = store
-                .expire_keys(tenant, keys_before, config.expiry_batch)
-                .await?;
-            *report.deleted.entry("event_keys").or_default() += deleted;
-            batches += 1;
-            if deleted < u64::from(config.expiry_batch) {
-                break;
-            }
-            if batches >= config.expiry_batches {
-                report.more = true;
-                break;
+        for table in ["event_keys", "queue_samples"] {
+            let mut batches = 0;
+            loop {
+                let deleted = match table {
+                    "event_keys" => {
+                        store
+                            .expire_keys(tenant, keys_before, config.expiry_batch)
+                            .await?
+                    }
+                    _ => {
+                        store
+                            .expire_queue_samples(tenant, samples_before, config.expiry_batch)
+                            .await?
+                    }
+                };
+                *report.deleted.entry(table).or_default() += deleted;
+                batches += 1;
+                if deleted < u64::from(config.expiry_batch) {
+                    break;
+                }
+                if batches >= config.expiry_batches {
+                    report.more = true;
+                    break;
+                }
             }
         }
     }

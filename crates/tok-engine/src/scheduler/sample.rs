@@ -5,12 +5,21 @@
 //! and summaries (steps, runs, step and connector latency, inbox lag) are
 //! counted where the work happens: see `docs/operations.md` for each
 //! metric and the question it answers.
+//!
+//! The queue's history per tenant (DESIGN §14, "Queue health") is the
+//! holder's alone: every [`SchedulerConfig::queue_sample_every`] the node
+//! holding the wake writes one sample row per tenant, all tenants in one
+//! statement (`tok_store::QueueSampleStore`), for the dashboard's charts
+//! of the last hour; the expiry deletes them after a day.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use tok_store::QueueStats;
+use tok_core::ids::TenantId;
+use tok_store::{QueueStats, Store};
 
-use crate::Inner;
+use super::SchedulerConfig;
+use crate::{Inner, Result};
 
 /// Sets the queue's gauges from one sample.
 pub fn record_queue_gauges(stats: &QueueStats) {
@@ -40,6 +49,45 @@ pub(crate) async fn sample_loop(
         }
         if crate::stopping(&shutdown) {
             return;
+        }
+    }
+}
+
+/// Writes one sample of each of `tenants`' queue at `now`. Its step counts
+/// go back to the tenant's sample before, or one interval when that is
+/// more than two intervals old (the holder changed, or was down).
+pub(super) async fn keep(
+    store: &dyn Store,
+    tenants: &[TenantId],
+    now: i64,
+    config: &SchedulerConfig,
+) -> Result<u64> {
+    let every = config.queue_sample_every.as_millis() as i64;
+    Ok(store.sample_queue(tenants, now, 2 * every.max(1)).await?)
+}
+
+/// The holder's samples: every [`SchedulerConfig::queue_sample_every`]
+/// while this node holds the wake, until shutdown.
+pub(crate) async fn history_loop(
+    inner: Arc<Inner>,
+    holds: Arc<AtomicBool>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let config = inner.config.scheduler.clone();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(config.queue_sample_every) => {}
+            _ = shutdown.changed() => {}
+        }
+        if crate::stopping(&shutdown) {
+            return;
+        }
+        if !holds.load(Ordering::SeqCst) {
+            continue;
+        }
+        let now = tok_store::now_ms();
+        if let Err(e) = keep(&*inner.store, &inner.tenants(), now, &config).await {
+            tracing::warn!(error = %e, "could not keep a sample of the queue; the charts miss a point");
         }
     }
 }

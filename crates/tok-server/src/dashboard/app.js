@@ -697,7 +697,7 @@ pages.incidents = async (view) => {
   }
   await load();
   const refresh = debounce(() => load().catch(() => {}), 300);
-  onLive((type) => (type === "incident.opened" || type === "reload") && refresh());
+  onLive((type) => (type === "incident.opened" || type === "incident.updated" || type === "reload") && refresh());
 };
 
 // ---------- Approvals ----------
@@ -754,48 +754,167 @@ pages.approvals = async (view) => {
 
 // ---------- Queue health ----------
 
-/** Samples kept while the page is open (one every 5 s, the last hour). */
-const samples = [];
+const SVG = "http://www.w3.org/2000/svg";
 
-function sparkline(values) {
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("viewBox", "0 0 100 36");
-  svg.setAttribute("preserveAspectRatio", "none");
-  if (values.length > 1) {
-    const max = Math.max(1, ...values);
-    const points = values.map((v, i) => `${(i / (values.length - 1)) * 100},${34 - (v / max) * 32}`);
-    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-    line.setAttribute("points", points.join(" "));
-    line.setAttribute("fill", "none");
-    line.setAttribute("stroke", "#3b5bdb");
-    line.setAttribute("stroke-width", "1.5");
-    line.setAttribute("vector-effect", "non-scaling-stroke");
-    svg.append(line);
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  for (const child of children) el.append(child);
+  return el;
+}
+
+/** A round upper bound for a chart's axis: 1, 2, 5, 10, 20, 50… */
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const step = 10 ** Math.floor(Math.log10(v));
+  return [1, 2, 5, 10].map((m) => m * step).find((m) => m >= v);
+}
+
+const axisNumber = (v) => (v >= 1000 ? `${+(v / 1000).toFixed(1)}k` : `${+v.toFixed(2)}`);
+const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+
+/**
+ * A line (or bar) chart of `points` ({at: ms, <key>: number|null}) between
+ * `from` and `to` (ms), one series per {key, label, color}, drawn as SVG by
+ * hand. A sample more than `gap` ms after the one before starts a new line,
+ * so a time nobody sampled is not drawn as a slope. Hovering shows the
+ * values of the nearest sample in the chart's readout.
+ */
+function chart({ name, title, unit, series, points, from, to, gap, bars = false }) {
+  const W = 600, H = 170, L = 44, R = 10, T = 10, B = 22;
+  const x = (at) => L + ((at - from) / Math.max(1, to - from)) * (W - L - R);
+  const values = points.flatMap((p) => series.map((s) => p[s.key])).filter((v) => typeof v === "number");
+  const max = niceMax(Math.max(0, ...values));
+  const y = (v) => H - B - (v / max) * (H - T - B);
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", "data-chart": name, role: "img", "aria-label": title });
+  for (const f of [0, 0.5, 1]) {
+    const v = max * f;
+    root.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }),
+      svg("text", { x: L - 6, y: y(v) + 4, class: "axis", "text-anchor": "end" }, axisNumber(v)));
   }
-  return svg;
+  const minutes = Math.round((to - from) / 60000);
+  for (const f of [0, 0.25, 0.5, 0.75, 1]) {
+    const at = from + (to - from) * f;
+    const label = f === 1 ? "now" : `−${Math.round(minutes * (1 - f))}m`;
+    root.append(svg("text", { x: x(at), y: H - 6, class: "axis", "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle" }, label));
+  }
+  for (const s of series) {
+    const drawn = points.filter((p) => typeof p[s.key] === "number");
+    if (bars) {
+      const width = Math.max(1.5, ((W - L - R) / Math.max(1, (to - from) / gap)) * 0.6);
+      const group = svg("g", { "data-series": s.key, "data-points": drawn.length, fill: s.color });
+      for (const p of drawn) {
+        if (p[s.key] > 0) group.append(svg("rect", { x: x(p.at) - width / 2, y: y(p[s.key]), width, height: H - B - y(p[s.key]) }));
+      }
+      root.append(group);
+      continue;
+    }
+    let d = "";
+    drawn.forEach((p, i) => {
+      const move = i === 0 || p.at - drawn[i - 1].at > gap;
+      d += `${move ? "M" : "L"}${x(p.at).toFixed(1)},${y(p[s.key]).toFixed(1)} `;
+    });
+    root.append(svg("path", { d: d.trim(), fill: "none", stroke: s.color, "stroke-width": 2, "stroke-linejoin": "round",
+      "vector-effect": "non-scaling-stroke", "data-series": s.key, "data-points": drawn.length }));
+    const last = drawn[drawn.length - 1];
+    if (last) root.append(svg("circle", { cx: x(last.at), cy: y(last[s.key]), r: 3, fill: s.color }));
+  }
+  const cursor = svg("line", { y1: T, y2: H - B, class: "cursor", visibility: "hidden" });
+  root.append(cursor);
+  const readout = h("span.readout", null, "");
+  root.addEventListener("mousemove", (e) => {
+    if (!points.length) return;
+    const box = root.getBoundingClientRect();
+    const at = from + ((e.clientX - box.left) / box.width * W - L) / (W - L - R) * (to - from);
+    const near = points.reduce((a, b) => (Math.abs(b.at - at) < Math.abs(a.at - at) ? b : a));
+    cursor.setAttribute("x1", x(near.at));
+    cursor.setAttribute("x2", x(near.at));
+    cursor.setAttribute("visibility", "visible");
+    readout.textContent = `${clock(near.at)} · ` + series.map((s) =>
+      `${s.label} ${typeof near[s.key] === "number" ? axisNumber(near[s.key]) : "—"}`).join(" · ");
+  });
+  root.addEventListener("mouseleave", () => {
+    cursor.setAttribute("visibility", "hidden");
+    readout.textContent = "";
+  });
+  // Colours through the CSSOM: the page's policy refuses style attributes.
+  const swatch = (color) => {
+    const i = h("i");
+    i.style.background = color;
+    return i;
+  };
+  const legend = series.length > 1 ? h("div.legend", null, series.map((s) => h("span", null, swatch(s.color), s.label))) : null;
+  return h("div.card.chart-card", { dataset: { chart: name } },
+    h("div.chart-head", null, h("h2", null, title, unit ? h("span.muted", null, ` (${unit})`) : null), readout),
+    legend, root);
 }
 
 pages.queue = async (view) => {
   $("#title").textContent = "Queue health";
   const tiles = h("div.tiles", { id: "queue-tiles" });
+  const range = h("select", { id: "queue-range" },
+    [[15, "Last 15 minutes"], [60, "Last hour"], [360, "Last 6 hours"], [1440, "Last 24 hours"]]
+      .map(([m, label]) => h("option", { value: m, selected: m === 60 }, label)));
+  const charts = h("div.charts", { id: "queue-charts" });
+  const note = h("p.note");
   const recent = h("div.tiles");
-  view.append(h("div.stack", null, tiles, h("h3", null, "Runs in the last hour"), recent,
-    h("p.note", null, "The charts draw what this page sampled since it was opened (every 5 seconds, up to the last hour): " +
-      "the scheduler samples the queue for /metrics as platform-wide gauges and keeps no history per tenant, " +
-      "so a chart starts when the page opens.")));
+  view.append(h("div.stack", null, tiles,
+    h("div.toolbar.chart-toolbar", null, h("h3", null, "Over time"), range), charts,
+    h("h3", null, "Runs in the last hour"), recent, note));
 
-  async function sample() {
+  let history = { samples: [], sample_every_s: 30, minutes: 60 };
+  // What this page sampled itself since the last stored sample: the newest point.
+  let fresh = [];
+
+  function draw() {
+    const to = Date.now();
+    const from = to - history.minutes * 60e3;
+    const stored = history.samples.map((s) => ({ ...s, at: toDate(s.at).getTime() }));
+    const newest = stored.length ? stored[stored.length - 1].at : -Infinity;
+    fresh = fresh.filter((p) => p.at > newest && p.at >= from);
+    const points = stored.concat(fresh).filter((p) => p.at >= from);
+    const gap = Math.max(3 * history.sample_every_s * 1000, 90e3);
+    const at = { points, from, to, gap };
+    if (!stored.length && !fresh.length) {
+      fill(charts, h("div.card.empty", null,
+        `No samples yet: the node running the scheduler keeps one every ${history.sample_every_s} s.`));
+    } else {
+      fill(charts,
+        chart({ name: "depth", title: "Queue depth", unit: "jobs", ...at, series: [
+          { key: "ready", label: "Ready", color: "#3b5bdb" },
+          { key: "running", label: "Running", color: "#2b8a3e" },
+          { key: "scheduled", label: "Scheduled", color: "#b76e00" },
+          { key: "pending_events", label: "Events not dispatched", color: "#ae3ec9" },
+        ] }),
+        chart({ name: "oldest", title: "Oldest ready job", unit: "seconds waited", ...at, series: [
+          { key: "oldest_ready_s", label: "Oldest", color: "#c92a2a" }] }),
+        chart({ name: "throughput", title: "Steps per second", ...at, points: stored, series: [
+          { key: "steps_per_s", label: "Steps/s", color: "#1c7ed6" }] }),
+        chart({ name: "failures", title: "Failed step attempts", unit: "per sample", ...at, points: stored, bars: true, series: [
+          { key: "steps_failed", label: "Failed", color: "#c92a2a" }] }));
+    }
+    fill(note, `One sample every ${history.sample_every_s} s, kept a day by the node that runs the scheduler ` +
+      "(TOK_QUEUE_SAMPLE_EVERY); the newest point of the depth and age charts is what this page read " +
+      "just now. Steps per second and failed attempts count the steps recorded between two samples. " +
+      "The platform's Prometheus figures are at /metrics.");
+  }
+
+  async function loadHistory() {
+    history = await api(`/api/dashboard/queue/history?minutes=${range.value}`);
+    draw();
+  }
+
+  async function now() {
     const q = await api("/api/dashboard/queue");
-    samples.push({ at: Date.now(), ...q });
-    while (samples.length && samples[0].at < Date.now() - 3600e3) samples.shift();
-    const series = (k) => samples.map((s) => s[k] || 0);
-    const tile = (label, value, key) => h("div.tile", null, h("div.label", null, label), h("div.value", null, value), sparkline(series(key)));
+    const tile = (label, value) => h("div.tile", null, h("div.label", null, label), h("div.value", null, value));
     fill(tiles,
-      tile("Ready jobs", q.ready, "ready"),
-      tile("Running", q.running, "running"),
-      tile("Scheduled (retries, waits)", q.scheduled, "scheduled"),
-      tile("Events not yet dispatched", q.pending_events, "pending_events"),
-      tile("Oldest ready job", q.oldest_ready_s === null ? "—" : `${q.oldest_ready_s.toFixed(1)} s`, "oldest_ready_s"));
+      tile("Ready jobs", q.ready),
+      tile("Running", q.running),
+      tile("Scheduled (retries, waits)", q.scheduled),
+      tile("Events not yet dispatched", q.pending_events),
+      tile("Oldest ready job", q.oldest_ready_s === null ? "—" : `${q.oldest_ready_s.toFixed(1)} s`));
+    fresh.push({ ...q, at: toDate(q.sampled_at).getTime() });
+    draw();
   }
 
   async function counts() {
@@ -808,9 +927,15 @@ pages.queue = async (view) => {
     fill(recent, ...Object.entries(tally).map(([k, v]) => h("div.tile", null, h("div.label", null, k), h("div.value", null, v))));
   }
 
-  await Promise.all([sample(), counts()]);
-  const timer = setInterval(() => sample().catch(() => {}), 5000);
-  leaving = () => clearInterval(timer);
+  range.addEventListener("change", () => loadHistory().catch((e) => flash(e.message)));
+  await loadHistory();
+  await Promise.all([now(), counts()]);
+  const live = setInterval(() => now().catch(() => {}), 5000);
+  const stored = setInterval(() => loadHistory().catch(() => {}), Math.max(2000, history.sample_every_s * 1000));
+  leaving = () => {
+    clearInterval(live);
+    clearInterval(stored);
+  };
   const refresh = debounce(() => counts().catch(() => {}), 1000);
   onLive((type) => type === "run.updated" && refresh());
 };

@@ -571,6 +571,43 @@ pub(crate) struct QueueHealth {
     sampled_at: String,
 }
 
+/// The tenant's queue over the last minutes (`GET /api/dashboard/queue/history`).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct QueueHistory {
+    tenant_id: String,
+    minutes: u32,
+    #[schema(format = DateTime)]
+    from: String,
+    #[schema(format = DateTime)]
+    to: String,
+    /// How often the node running the scheduler keeps a sample
+    /// (`TOK_QUEUE_SAMPLE_EVERY`).
+    sample_every_s: f64,
+    /// Oldest first.
+    samples: Vec<QueueSampleView>,
+}
+
+/// One sample of the tenant's queue, and the step attempts recorded in the
+/// `window_s` seconds before it (since the sample before).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct QueueSampleView {
+    #[schema(format = DateTime)]
+    at: String,
+    ready: i64,
+    scheduled: i64,
+    running: i64,
+    pending_events: i64,
+    /// How long the oldest ready job had waited; null: none waited.
+    #[schema(required = true)]
+    oldest_ready_s: Option<f64>,
+    steps_completed: i64,
+    /// Failed attempts, retried or not.
+    steps_failed: i64,
+    window_s: f64,
+    /// Step attempts (completed and failed) per second over the window.
+    steps_per_s: f64,
+}
+
 /// An OpenAPI 3.1 document (`GET /api/openapi.json`).
 #[derive(Serialize, ToSchema)]
 pub(crate) struct OpenApiDocument {

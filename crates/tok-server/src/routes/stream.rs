@@ -1,5 +1,6 @@
 //! `GET /api/stream`: the tenant's live events as server-sent events
-//! (`run.updated`, `step.recorded`, `ticket.updated`, `incident.opened`),
+//! (`run.updated`, `step.recorded`, `ticket.updated`, `incident.opened`
+//! for a new incident, `incident.updated` when an open one happens again),
 //! each with an `id:`. A client that reconnects with `Last-Event-ID` is
 //! sent what it missed first, from the last few minutes; when that is gone,
 //! or when it falls behind the live events, it is sent a `reload` event:

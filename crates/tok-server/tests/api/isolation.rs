@@ -530,6 +530,7 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             | "/api/runs"
             | "/api/dashboard/session"
             | "/api/dashboard/queue"
+            | "/api/dashboard/queue/history"
             | "/api/groups"
             | "/api/incidents"
             | "/api/sources"

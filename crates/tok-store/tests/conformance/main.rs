@@ -6,7 +6,8 @@
 //! `children` (child runs and waits on runs), `branches` (parallel branches' jobs),
 //! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
-//! `tenancy` (scoping across all of them), `widgets` and `migrations`; the setup
+//! `tenancy` (scoping across all of them), `widgets`, `queue_samples` (the
+//! queue's health over time) and `migrations`; the setup
 //! helpers they share are here.
 //!
 //! Tests drive the store only through its public traits and assert on what a
@@ -29,6 +30,7 @@ mod inbox;
 mod migrations;
 mod pages;
 mod queue;
+mod queue_samples;
 mod record;
 mod runs;
 mod schedule;
