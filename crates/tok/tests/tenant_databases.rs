@@ -63,14 +63,15 @@ async fn start(api: &Api, tenant: &Tenant, n: u32) -> String {
 
 /// Polls the run until its status is `status`; panics after 30 s.
 async fn reaches(api: &Api, tenant: &Tenant, run: &str, status: &str) -> Value {
+    let mut detail = Value::Null;
     for _ in 0..300 {
-        let detail = api.get(&format!("/api/runs/{run}"), &tenant.key).await;
+        detail = api.get(&format!("/api/runs/{run}"), &tenant.key).await;
         if detail["status"] == status {
             return detail;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("run {run} did not become {status}");
+    panic!("run {run} did not become {status}: {detail:#}");
 }
 
 /// The statuses of the tenant's runs in one database, by run id.
@@ -176,6 +177,9 @@ async fn a_tenant_runs_on_its_own_database_and_a_moved_tenants_waiting_run_compl
     let done = reaches(&api, &mover, &waiting, "completed").await;
     assert!(done["steps"].to_string().contains("done 7"), "{done}");
     let after = start(&api, &mover, 8).await;
+    reaches(&api, &mover, &after, "waiting").await;
+    api.post("/api/signals", &mover.key, json!({ "key": "go-8", "payload": {} }))
+        .await;
     reaches(&api, &mover, &after, "completed").await;
     assert_eq!(
         runs_in(&own_pg, &mover).await,
