@@ -58,6 +58,7 @@ mod migrations;
 mod pages;
 mod queue;
 mod record;
+mod routing;
 mod runs;
 mod schedule;
 mod tenancy;
