@@ -1179,3 +1179,75 @@ async fn tenant_tables(db: &PgPool) -> Result<Vec<String>> {
     }
     Ok(ordered)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_read_by_tenant_with_clear_errors() {
+        let parsed = TenantDatabases::parse(
+            " acme = postgres://u:p@db1/acme ; ten_1=postgresql://db2/x?sslmode=require\n# a comment\n*=postgres://db3/rest;",
+            "TOK_TENANT_DATABASES",
+        )
+        .unwrap();
+        assert_eq!(
+            parsed.entries(),
+            [
+                ("acme".to_owned(), "postgres://u:p@db1/acme".to_owned()),
+                ("ten_1".to_owned(), "postgresql://db2/x?sslmode=require".to_owned()),
+                ("*".to_owned(), "postgres://db3/rest".to_owned()),
+            ]
+        );
+        let err = |text: &str| TenantDatabases::parse(text, "TOK_TENANT_DATABASES").unwrap_err();
+        assert_eq!(
+            err("acme=postgres://db/a;beta"),
+            "TOK_TENANT_DATABASES: entry 2 `beta` has no `=`; expected `tenant=postgres://…` \
+             (a tenant's id or name, or `*`)"
+        );
+        assert_eq!(
+            err("acme=sqlite://x.db"),
+            "TOK_TENANT_DATABASES: entry 1: the database of `acme` is `sqlite://x.db`; \
+             expected a postgres://… URL"
+        );
+        assert_eq!(
+            err("=postgres://db/a"),
+            "TOK_TENANT_DATABASES: entry 1: the tenant before `=` is empty; expected a \
+             tenant's id or name, or `*`"
+        );
+        assert_eq!(
+            err("a=postgres://db/a;a=postgres://db/b"),
+            "TOK_TENANT_DATABASES: entry 2: `a` is named twice"
+        );
+        // A password never shows in an error.
+        assert!(!err("a=mysql://u:secret@db/a").contains("secret"));
+    }
+
+    #[test]
+    fn a_file_is_json_or_lines_and_merges_with_the_variable() {
+        let file = TenantDatabases::parse_file(
+            r#"{ "acme": "postgres://db1/acme" }"#,
+            "/etc/tok/tenants.json",
+        )
+        .unwrap();
+        assert_eq!(file.entries().len(), 1);
+        assert_eq!(
+            TenantDatabases::parse_file(r#"{ "acme": 3 }"#, "t.json").unwrap_err(),
+            "t.json: the value of `acme` is 3; expected a string postgres://…"
+        );
+        assert!(
+            TenantDatabases::parse_file("{ nope", "t.json")
+                .unwrap_err()
+                .starts_with("t.json: not a JSON object of tenant to database URL")
+        );
+        let lines = TenantDatabases::parse_file("beta=postgres://db2/b\n", "t.conf").unwrap();
+        let mut all = lines.clone();
+        all.merge(file.clone()).unwrap();
+        assert_eq!(all.entries().len(), 2);
+        let mut twice = file.clone();
+        assert_eq!(
+            twice.merge(file).unwrap_err(),
+            "both TOK_TENANT_DATABASES and the file: `acme` is named twice"
+        );
+    }
+}
