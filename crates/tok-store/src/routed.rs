@@ -92,7 +92,11 @@ impl TenantDatabases {
                     redact(entry)
                 ));
             };
-            out.add(key.trim(), url.trim(), &format!("{origin}: entry {}", n + 1))?;
+            out.add(
+                key.trim(),
+                url.trim(),
+                &format!("{origin}: entry {}", n + 1),
+            )?;
         }
         Ok(out)
     }
@@ -103,9 +107,8 @@ impl TenantDatabases {
         if !text.trim_start().starts_with('{') {
             return Self::parse(text, path);
         }
-        let value: serde_json::Map<String, Value> = serde_json::from_str(text).map_err(|e| {
-            format!("{path}: not a JSON object of tenant to database URL ({e})")
-        })?;
+        let value: serde_json::Map<String, Value> = serde_json::from_str(text)
+            .map_err(|e| format!("{path}: not a JSON object of tenant to database URL ({e})"))?;
         let mut out = Self::default();
         for (key, url) in value {
             let Some(url) = url.as_str() else {
@@ -192,7 +195,9 @@ impl RoutedStore {
         max_connections: u32,
     ) -> Result<Self> {
         let mut urls = vec![shared_url.to_owned()];
-        let mut dbs = vec![Arc::new(PgStore::connect(shared_url, max_connections).await?)];
+        let mut dbs = vec![Arc::new(
+            PgStore::connect(shared_url, max_connections).await?,
+        )];
         let mut keys = HashMap::new();
         let mut every = None;
         for (key, url) in tenants.entries() {
@@ -302,8 +307,8 @@ impl RoutedStore {
     /// once (see the module doc).
     async fn separate_job_ids(&self) -> Result<()> {
         for db in &self.dbs[1..] {
-            let slot = 1 + (uuid::Uuid::new_v4().as_u128() % ((i64::MAX / JOB_ID_RANGE) as u128 - 2))
-                as i64;
+            let slot = 1
+                + (uuid::Uuid::new_v4().as_u128() % ((i64::MAX / JOB_ID_RANGE) as u128 - 2)) as i64;
             sqlx::query(
                 "SELECT setval(pg_get_serial_sequence('jobs', 'id'), $1, false)
                  WHERE (SELECT COALESCE(MAX(id), 0) FROM jobs) < $2
@@ -982,7 +987,12 @@ pub type Copied = Vec<(String, u64)>;
 /// the shared database, the platform's incidents are the platform's, and
 /// `connection_slots` are the slots of calls in flight (none when the
 /// tenant's processes are stopped; a slot left by a crash frees itself).
-const NOT_COPIED: &[&str] = &["tenants", "api_keys", "platform_incidents", "connection_slots"];
+const NOT_COPIED: &[&str] = &[
+    "tenants",
+    "api_keys",
+    "platform_incidents",
+    "connection_slots",
+];
 
 /// Copies every row of `tenant` from the database `from` to the database
 /// `to` (both migrated), in one transaction on `to`, and returns how many
@@ -1118,7 +1128,11 @@ pub async fn forget_tenant(db: &PgPool, tenant: &TenantId) -> Result<Copied> {
     tables.reverse();
     let mut tx = db.begin().await?;
     let mut deleted = Vec::new();
-    for table in tables.iter().map(String::as_str).chain(["connection_slots"]) {
+    for table in tables
+        .iter()
+        .map(String::as_str)
+        .chain(["connection_slots"])
+    {
         let sql = format!("DELETE FROM {table} WHERE tenant_id = $1");
         let n = sqlx::query(&sql)
             .bind(tenant.as_str())
@@ -1195,7 +1209,10 @@ mod tests {
             parsed.entries(),
             [
                 ("acme".to_owned(), "postgres://u:p@db1/acme".to_owned()),
-                ("ten_1".to_owned(), "postgresql://db2/x?sslmode=require".to_owned()),
+                (
+                    "ten_1".to_owned(),
+                    "postgresql://db2/x?sslmode=require".to_owned()
+                ),
                 ("*".to_owned(), "postgres://db3/rest".to_owned()),
             ]
         );

@@ -25,12 +25,12 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         config.db_max_connections,
     )
     .await
-        .with_context(|| {
-            format!(
-                "could not open the database at {}",
-                redact(&config.database_url)
-            )
-        })?;
+    .with_context(|| {
+        format!(
+            "could not open the database at {}",
+            redact(&config.database_url)
+        )
+    })?;
     store.migrate().await.context("migrations failed")?;
     Ok(store)
 }

@@ -123,7 +123,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Tenant { action } = cli.command {
         // Names its databases itself: no server configuration needed.
         let report = match action {
-            TenantAction::Move { tenant, from, to } => tok::move_tenant(&tenant, &from, &to).await?,
+            TenantAction::Move { tenant, from, to } => {
+                tok::move_tenant(&tenant, &from, &to).await?
+            }
             TenantAction::Forget { tenant, database } => {
                 tok::forget_tenant(&tenant, &database).await?
             }

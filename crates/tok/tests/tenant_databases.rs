@@ -33,9 +33,12 @@ async fn tenant(api: &Api, name: &str, waits: bool) -> Tenant {
     let key = made["api_key"].as_str().unwrap().to_owned();
     let mut steps = vec![];
     if waits {
-        steps.push(json!({ "id": "st_wait", "type": "wait_for_event", "config": { "key": "go-{{n}}" } }));
+        steps.push(
+            json!({ "id": "st_wait", "type": "wait_for_event", "config": { "key": "go-{{n}}" } }),
+        );
     }
-    steps.push(json!({ "id": "st_log", "type": "flow/log", "config": { "message": "done {{n}}" } }));
+    steps
+        .push(json!({ "id": "st_log", "type": "flow/log", "config": { "message": "done {{n}}" } }));
     let automation = api
         .post(
             "/api/automations",
@@ -158,7 +161,13 @@ async fn a_tenant_runs_on_its_own_database_and_a_moved_tenants_waiting_run_compl
     server.terminate();
     assert!(server.wait_exit(Duration::from_secs(40)).is_some());
     let report = tok(&[
-        "tenant", "move", &mover.id, "--from", &shared.url, "--to", &own.url,
+        "tenant",
+        "move",
+        &mover.id,
+        "--from",
+        &shared.url,
+        "--to",
+        &own.url,
     ]);
     assert!(report.contains("  runs: 1\n"), "{report}");
     let routes = format!("Own={};{}={}", own.url, mover.id, own.url);
@@ -171,15 +180,23 @@ async fn a_tenant_runs_on_its_own_database_and_a_moved_tenants_waiting_run_compl
     api.wait_ready().await;
 
     let sent = api
-        .post("/api/signals", &mover.key, json!({ "key": "go-7", "payload": {} }))
+        .post(
+            "/api/signals",
+            &mover.key,
+            json!({ "key": "go-7", "payload": {} }),
+        )
         .await;
     assert_eq!(sent["resumed"].as_array().map(Vec::len), Some(1), "{sent}");
     let done = reaches(&api, &mover, &waiting, "completed").await;
     assert!(done["steps"].to_string().contains("done 7"), "{done}");
     let after = start(&api, &mover, 8).await;
     reaches(&api, &mover, &after, "waiting").await;
-    api.post("/api/signals", &mover.key, json!({ "key": "go-8", "payload": {} }))
-        .await;
+    api.post(
+        "/api/signals",
+        &mover.key,
+        json!({ "key": "go-8", "payload": {} }),
+    )
+    .await;
     reaches(&api, &mover, &after, "completed").await;
     assert_eq!(
         runs_in(&own_pg, &mover).await,

@@ -53,17 +53,27 @@ async fn one_dispatch_and_one_claim_span_two_databases_and_each_keeps_its_rows()
         }
 
         // `limit` is shared between the databases, and job ids never clash.
-        let first = store.claim(&both, "node-1", 4, LONG_LEASE_MS).await.unwrap();
-        let per = |jobs: &[ClaimedJob], t: &TenantId| jobs.iter().filter(|j| &j.tenant_id == t).count();
+        let first = store
+            .claim(&both, "node-1", 4, LONG_LEASE_MS)
+            .await
+            .unwrap();
+        let per =
+            |jobs: &[ClaimedJob], t: &TenantId| jobs.iter().filter(|j| &j.tenant_id == t).count();
         assert_eq!((per(&first, &near), per(&first, &far)), (2, 2));
-        let second = store.claim(&both, "node-1", 4, LONG_LEASE_MS).await.unwrap();
+        let second = store
+            .claim(&both, "node-1", 4, LONG_LEASE_MS)
+            .await
+            .unwrap();
         assert_eq!((per(&second, &near), per(&second, &far)), (1, 1));
         let jobs: Vec<ClaimedJob> = first.into_iter().chain(second).collect();
         let ids: HashSet<JobId> = jobs.iter().map(|j| j.id).collect();
         assert_eq!(ids.len(), 6, "job ids clash across the databases");
         let ids: Vec<JobId> = ids.into_iter().collect();
         assert_eq!(
-            store.heartbeat("node-1", &ids, LONG_LEASE_MS).await.unwrap(),
+            store
+                .heartbeat("node-1", &ids, LONG_LEASE_MS)
+                .await
+                .unwrap(),
             6
         );
         assert_eq!(store.queue_stats(&both).await.unwrap().running, 6);
@@ -79,14 +89,20 @@ async fn one_dispatch_and_one_claim_span_two_databases_and_each_keeps_its_rows()
             assert!(runs.iter().all(|r| r.status == "completed"), "{runs:?}");
         }
         let stats = store.queue_stats(&both).await.unwrap();
-        assert_eq!((stats.ready, stats.running, stats.pending_events), (0, 0, 0));
+        assert_eq!(
+            (stats.ready, stats.running, stats.pending_events),
+            (0, 0, 0)
+        );
 
         // What one database cannot fill goes to the other.
         let automation = manual_automation(store, &far, "By hand").await;
         for _ in 0..5 {
             start(store, &far, &automation, "manual", None).await;
         }
-        let claimed = store.claim(&both, "node-1", 4, LONG_LEASE_MS).await.unwrap();
+        let claimed = store
+            .claim(&both, "node-1", 4, LONG_LEASE_MS)
+            .await
+            .unwrap();
         assert_eq!(per(&claimed, &far), 4);
         // The registry and the keys stay shared.
         assert_eq!(count(far_db, "api_keys", &far).await, 0);
