@@ -1258,7 +1258,7 @@ mod tests {
                 .starts_with("t.json: not a JSON object of tenant to database URL")
         );
         let lines = TenantDatabases::parse_file("beta=postgres://db2/b\n", "t.conf").unwrap();
-        let mut all = lines.clone();
+        let mut all = lines;
         all.merge(file.clone()).unwrap();
         assert_eq!(all.entries().len(), 2);
         let mut twice = file.clone();
