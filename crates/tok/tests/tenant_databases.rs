@@ -217,3 +217,48 @@ async fn a_tenant_runs_on_its_own_database_and_a_moved_tenants_waiting_run_compl
     shared.cleanup().await;
     own.cleanup().await;
 }
+
+/// `tok migrate` with `env`: its exit status and stderr.
+fn migrate_with(env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tok"))
+        .arg("migrate")
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run tok");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_malformed_tenant_database_entry_stops_the_start_saying_where() {
+    let pg = ("TOK_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none");
+    let (ok, err) = migrate_with(&[pg, ("TOK_TENANT_DATABASES", "a=postgres://x/a;acme")]);
+    assert!(!ok);
+    assert!(
+        err.contains("TOK_TENANT_DATABASES: entry 2 `acme` has no `=`"),
+        "{err}"
+    );
+    let (ok, err) = migrate_with(&[
+        ("TOK_DATABASE_URL", "sqlite://tok-data/never.db"),
+        ("TOK_TENANT_DATABASES", "acme=postgres://x/a"),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("TOK_DATABASE_URL must then be postgres"),
+        "{err}"
+    );
+    let dir = std::env::temp_dir().join(format!("tok-tenant-dbs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tenants.json");
+    std::fs::write(&file, r#"{ "acme": "mysql://x/a" }"#).unwrap();
+    let (ok, err) = migrate_with(&[pg, ("TOK_TENANT_DATABASES_FILE", file.to_str().unwrap())]);
+    assert!(!ok);
+    assert!(
+        err.contains("tenants.json: `acme`: the database of `acme` is `mysql://x/a`; expected a postgres://… URL"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
