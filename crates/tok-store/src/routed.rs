@@ -279,13 +279,19 @@ impl RoutedStore {
         copy_tenant_row(self.shared().pool(), self.dbs[index].pool(), tenant).await
     }
 
-    /// Writes the tenant's shared row again to its database, if it has one.
-    async fn refresh_mirror(&self, tenant: &TenantId) -> Result<()> {
-        let index = self.db_index(tenant).await?;
-        if index != 0 {
-            self.mirror_tenant(index, tenant).await?;
+    /// Writes the tenant's shared row again to its database, if it has
+    /// one. The shared row is the one read (the copy is there for the
+    /// tables that reference it), so a copy that failed is only logged; a
+    /// tenant not yet resolved is copied again at its first call.
+    async fn refresh_mirror(&self, tenant: &TenantId) {
+        let refreshed = match self.db_index(tenant).await {
+            Ok(0) => Ok(()),
+            Ok(index) => self.mirror_tenant(index, tenant).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = refreshed {
+            tracing::warn!(%tenant, error = %e, "the tenant's row could not be copied to its database");
         }
-        Ok(())
     }
 
     /// `tenants` by database, in the order of the databases, each
@@ -372,7 +378,8 @@ macro_rules! by_tenant {
 impl AdminStore for RoutedStore {
     async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant> {
         let tenant = self.shared().create_tenant(name, key_hash).await?;
-        self.db_index(&tenant.id).await?;
+        // Created: its database learns of it now, or at its first call.
+        self.refresh_mirror(&tenant.id).await;
         Ok(tenant)
     }
     async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
@@ -381,7 +388,7 @@ impl AdminStore for RoutedStore {
     async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>> {
         let updated = self.shared().update_tenant(id, patch).await?;
         if updated.is_some() {
-            self.refresh_mirror(id).await?;
+            self.refresh_mirror(id).await;
         }
         Ok(updated)
     }
@@ -538,11 +545,19 @@ impl QueueStore for RoutedStore {
     }
 
     async fn heartbeat(&self, node: &str, jobs: &[JobId], lease_ms: i64) -> Result<u64> {
+        // Every database is asked, one away or not: the leases held on the
+        // others must not lapse for it.
         let mut extended = 0;
+        let mut failed = None;
         for db in &self.dbs {
-            extended += db.heartbeat(node, jobs, lease_ms).await?;
+            match db.heartbeat(node, jobs, lease_ms).await {
+                Ok(n) => extended += n,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(extended)
+        failed.map_or(Ok(extended), Err)
     }
 
     async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {
@@ -558,10 +573,16 @@ impl QueueStore for RoutedStore {
 
     async fn release_claims(&self, node: &str) -> Result<u64> {
         let mut released = 0;
+        let mut failed = None;
         for db in &self.dbs {
-            released += db.release_claims(node).await?;
+            match db.release_claims(node).await {
+                Ok(n) => released += n,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(released)
+        failed.map_or(Ok(released), Err)
     }
 
     async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats> {
@@ -723,7 +744,7 @@ by_tenant! {
         async fn set_retention(&self, tenant: &TenantId, retention: &Retention) -> Result<bool> {
             let set = self.shared().set_retention(tenant, retention).await?;
             if set {
-                self.refresh_mirror(tenant).await?;
+                self.refresh_mirror(tenant).await;
             }
             Ok(set)
         }
