@@ -42,6 +42,7 @@ pub mod relay;
 pub mod retention;
 mod retention_sql;
 pub mod rfc3339;
+pub mod routed;
 mod rows;
 mod runs_sql;
 pub mod schedule;
@@ -72,6 +73,7 @@ pub use postgres::PgStore;
 pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
 pub use relay::{Heard, StreamRelay};
 pub use retention::{Expiring, MovedRows, PartitionProblem, RetentionStore};
+pub use routed::{RoutedStore, TenantDatabases};
 pub use rows::{IDEMPOTENCY_WINDOW, now_ms};
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use signals::{NewSignal, SignalSent, SignalStore};
@@ -372,6 +374,26 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> 
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }
+}
+
+/// [`connect`], or with tenants on databases of their own ([`RoutedStore`])
+/// when `tenants` names any: then every URL must be PostgreSQL.
+pub async fn connect_routed(
+    url: &str,
+    tenants: &TenantDatabases,
+    max_connections: u32,
+) -> Result<Arc<dyn Store>> {
+    if tenants.is_empty() {
+        return connect(url, max_connections).await;
+    }
+    if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
+        return Err(StoreError::UnsupportedUrl(format!(
+            "{url}` (tenants on databases of their own need a PostgreSQL shared database, postgres://…)"
+        )));
+    }
+    Ok(Arc::new(
+        RoutedStore::connect(url, tenants, max_connections).await?,
+    ))
 }
 
 /// SHA-256 of a secret, hex-encoded: how API keys are stored and looked up.

@@ -39,6 +39,9 @@ pub struct TestDb {
     pub url: String,
     dir: Option<std::path::PathBuf>,
     pg_name: Option<String>,
+    /// For a routed store ([`TestDb::create_routed`]): the shared
+    /// database; `url` is then the database every tenant lives on.
+    shared: Option<Box<TestDb>>,
 }
 
 impl TestDb {
@@ -55,6 +58,7 @@ impl TestDb {
                     url,
                     dir: Some(dir),
                     pg_name: None,
+                    shared: None,
                 }
             }
             Backend::Postgres => {
@@ -81,22 +85,48 @@ impl TestDb {
                     url,
                     dir: None,
                     pg_name: Some(name),
+                    shared: None,
                 }
             }
         }
     }
 
+    /// Two empty PostgreSQL databases: a shared one and one that the
+    /// configuration `*=<url>` puts every tenant on ([`crate::RoutedStore`]).
+    /// `url` is the tenants' database (where their rows are); the shared
+    /// one is [`TestDb::shared_url`].
+    pub async fn create_routed() -> TestDb {
+        let shared = TestDb::create(Backend::Postgres).await;
+        let mut tenants = TestDb::create(Backend::Postgres).await;
+        tenants.shared = Some(Box::new(shared));
+        tenants
+    }
+
+    /// The shared database of a routed test database.
+    pub fn shared_url(&self) -> Option<&str> {
+        self.shared.as_ref().map(|s| s.url.as_str())
+    }
+
     /// Opens the store on this database and migrates it.
     pub async fn store(&self) -> Arc<dyn Store> {
-        let store = crate::connect(&self.url, 10)
-            .await
-            .expect("connect to test database");
+        let store = match &self.shared {
+            None => crate::connect(&self.url, 10).await,
+            Some(shared) => {
+                let tenants = crate::TenantDatabases::parse(&format!("*={}", self.url), "test")
+                    .expect("routing of the test");
+                crate::connect_routed(&shared.url, &tenants, 10).await
+            }
+        }
+        .expect("connect to test database");
         store.migrate().await.expect("migrate test database");
         store
     }
 
     /// Drops a PostgreSQL database (after every pool on it has closed).
     pub async fn cleanup(mut self) {
+        if let Some(shared) = self.shared.take() {
+            Box::pin(shared.cleanup()).await;
+        }
         if let Some(name) = self.pg_name.take()
             && let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await
         {
@@ -166,6 +196,21 @@ pub async fn run_on_fresh_db(backend: Backend, test: impl AsyncFnOnce(&TestDb)) 
         return;
     }
     let db = TestDb::create(backend).await;
+    let outcome = catch_unwind(test(&db)).await;
+    db.cleanup().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// [`run_on_fresh_db`] on a routed pair of PostgreSQL databases
+/// ([`TestDb::create_routed`]): the same test with every tenant on a
+/// database beside the shared one. Skipped with PostgreSQL.
+pub async fn run_routed(test: impl AsyncFnOnce(&TestDb)) {
+    if !backends().contains(&Backend::Postgres) {
+        return;
+    }
+    let db = TestDb::create_routed().await;
     let outcome = catch_unwind(test(&db)).await;
     db.cleanup().await;
     if let Err(panic) = outcome {

@@ -59,6 +59,13 @@ pub struct Config {
     /// `TOK_DATABASE_URL`: `sqlite://tok-data/tok.db` by default, so a first
     /// run needs nothing installed; `postgres://…` for production.
     pub database_url: String,
+    /// `TOK_TENANT_DATABASES` (`tenant=postgres://…;other=postgres://…`)
+    /// and/or the file `TOK_TENANT_DATABASES_FILE` (a JSON object of tenant
+    /// to URL, or one `tenant=url` a line): named tenants (by id or name;
+    /// `*` for every other) on PostgreSQL databases of their own beside
+    /// `TOK_DATABASE_URL`, which then must be PostgreSQL too. Empty by
+    /// default: every tenant in the one database (see `tok_store::routed`).
+    pub tenant_databases: tok_store::TenantDatabases,
     /// `TOK_LISTEN`: `127.0.0.1:8080`; loopback by default so a laptop run is
     /// not exposed to the network.
     pub listen: SocketAddr,
@@ -208,6 +215,7 @@ impl Config {
         let config = Self {
             database_url: var("TOK_DATABASE_URL")
                 .unwrap_or_else(|| "sqlite://tok-data/tok.db".into()),
+            tenant_databases: tenant_databases()?,
             public_url: var("TOK_PUBLIC_URL").unwrap_or_else(|| format!("http://{listen}")),
             listen,
             admin_key: var("TOK_ADMIN_KEY").map(Secret),
@@ -269,6 +277,29 @@ impl Config {
         {
             bail!("TOK_DATABASE_URL must be sqlite://… or postgres://…");
         }
+        if !self.tenant_databases.is_empty() && !self.database_url.starts_with("postgres") {
+            bail!(
+                "TOK_TENANT_DATABASES puts tenants on PostgreSQL databases of their own: \
+                 TOK_DATABASE_URL must then be postgres://… too"
+            );
+        }
         Ok(())
     }
+}
+
+/// `TOK_TENANT_DATABASES` and `TOK_TENANT_DATABASES_FILE`, together.
+fn tenant_databases() -> anyhow::Result<tok_store::TenantDatabases> {
+    let mut databases = match var("TOK_TENANT_DATABASES") {
+        Some(text) => tok_store::TenantDatabases::parse(&text, "TOK_TENANT_DATABASES")
+            .map_err(anyhow::Error::msg)?,
+        None => tok_store::TenantDatabases::default(),
+    };
+    if let Some(path) = var("TOK_TENANT_DATABASES_FILE") {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("TOK_TENANT_DATABASES_FILE: cannot read {path}"))?;
+        let file =
+            tok_store::TenantDatabases::parse_file(&text, &path).map_err(anyhow::Error::msg)?;
+        databases.merge(file).map_err(anyhow::Error::msg)?;
+    }
+    Ok(databases)
 }

@@ -20,15 +20,69 @@ use crate::config::Config;
 
 /// Connects to the database and applies pending migrations.
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let store = tok_store::connect(&config.database_url, config.db_max_connections)
-        .await
-        .with_context(|| {
-            format!(
-                "could not open the database at {}",
-                redact(&config.database_url)
-            )
-        })?;
+    let store = tok_store::connect_routed(
+        &config.database_url,
+        &config.tenant_databases,
+        config.db_max_connections,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "could not open the database at {}",
+            redact(&config.database_url)
+        )
+    })?;
     store.migrate().await.context("migrations failed")?;
+    Ok(store)
+}
+
+/// `tok tenant move`: migrates both databases, copies the tenant's rows
+/// from `from` to `to` ([`tok_store::routed::copy_tenant`]) and says what
+/// it copied, table by table.
+pub async fn move_tenant(tenant: &str, from: &str, to: &str) -> anyhow::Result<String> {
+    let tenant = tok_core::ids::TenantId::from(tenant.to_owned());
+    let (source, target) = (pg(from).await?, pg(to).await?);
+    let copied = tok_store::routed::copy_tenant(source.pool(), target.pool(), &tenant)
+        .await
+        .with_context(|| format!("tenant {tenant} was not copied"))?;
+    let mut out = format!(
+        "copied tenant {tenant} from {} to {}:\n",
+        redact(from),
+        redact(to)
+    );
+    for (table, rows) in copied.iter().filter(|(_, rows)| *rows > 0) {
+        out.push_str(&format!("  {table}: {rows}\n"));
+    }
+    out.push_str(
+        "next: route it to the new database (TOK_TENANT_DATABASES), start tok, and once it runs \
+         there `tok tenant forget` it on the old one\n",
+    );
+    Ok(out)
+}
+
+/// `tok tenant forget`: deletes what a move left of the tenant in `database`.
+pub async fn forget_tenant(tenant: &str, database: &str) -> anyhow::Result<String> {
+    let tenant = tok_core::ids::TenantId::from(tenant.to_owned());
+    let db = pg(database).await?;
+    let deleted = tok_store::routed::forget_tenant(db.pool(), &tenant).await?;
+    let rows: u64 = deleted.iter().map(|(_, n)| n).sum();
+    Ok(format!(
+        "deleted {rows} rows of tenant {tenant} from {}\n",
+        redact(database)
+    ))
+}
+
+/// A migrated PostgreSQL store at `url`.
+async fn pg(url: &str) -> anyhow::Result<tok_store::PgStore> {
+    if !url.starts_with("postgres") {
+        anyhow::bail!("`{}` is not a postgres://… URL", redact(url));
+    }
+    let store = tok_store::PgStore::connect(url, 2)
+        .await
+        .with_context(|| format!("could not open the database at {}", redact(url)))?;
+    tok_store::Store::migrate(&store)
+        .await
+        .with_context(|| format!("migrations failed on {}", redact(url)))?;
     Ok(store)
 }
 

@@ -39,12 +39,43 @@ enum Command {
     /// bench` starts, or one for `tok bench --url` (docs/performance.md).
     #[command(name = tok::bench::SERVE_SUBCOMMAND, hide = true)]
     BenchServe,
+    /// Move a tenant between PostgreSQL databases (docs/operations.md,
+    /// "Moving a tenant to its own database").
+    Tenant {
+        #[command(subcommand)]
+        action: TenantAction,
+    },
     #[command(flatten)]
     Client(tok::cli::Command),
     /// A worker's script sandbox: runs the JavaScript requests it reads on
     /// stdin. Started by the worker's script pool, not by hand.
     #[command(name = tok_script::SANDBOX_SUBCOMMAND, hide = true)]
     ScriptSandbox,
+}
+
+#[derive(Subcommand)]
+enum TenantAction {
+    /// Copy every row of TENANT from --from to --to (both migrated first),
+    /// in one transaction on --to; --from keeps its rows. Refused while a
+    /// step of the tenant is in flight or when --to holds rows of it.
+    Move {
+        /// The tenant's id.
+        tenant: String,
+        /// The database the tenant lives on now.
+        #[arg(long)]
+        from: String,
+        /// The database it moves to.
+        #[arg(long)]
+        to: String,
+    },
+    /// Delete every row of TENANT from --database, but its registry row and
+    /// API keys: what a move left behind, once the configuration routes the
+    /// tenant elsewhere.
+    Forget {
+        tenant: String,
+        #[arg(long)]
+        database: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -96,6 +127,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         // Arithmetic: no configuration, no database.
         return tok::capacity::run(options);
     }
+    if let Command::Tenant { action } = cli.command {
+        // Names its databases itself: no server configuration needed.
+        let report = match action {
+            TenantAction::Move { tenant, from, to } => {
+                tok::move_tenant(&tenant, &from, &to).await?
+            }
+            TenantAction::Forget { tenant, database } => {
+                tok::forget_tenant(&tenant, &database).await?
+            }
+        };
+        print!("{report}");
+        return Ok(());
+    }
     let config = Config::from_env()?;
     match cli.command {
         Command::Serve { demo } => tok::serve(config, registry()?, ServeOptions { demo }).await,
@@ -113,5 +157,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ScriptSandbox => unreachable!("the sandbox starts before the runtime"),
         Command::Client(_) => unreachable!("client commands return above"),
         Command::Capacity(_) => unreachable!("capacity returns above"),
+        Command::Tenant { .. } => unreachable!("tenant commands return above"),
     }
 }

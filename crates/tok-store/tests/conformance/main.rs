@@ -20,6 +20,34 @@
 //! Timing: waits for a lease or delay to expire sleep well past it, and
 //! nothing asserts on how long an operation took.
 
+/// `tok_store::backend_tests!` and one more backend: `name::sqlite`,
+/// `name::postgres`, and `name::postgres_routed`, the same test on a
+/// [`tok_store::RoutedStore`] whose tenants all live on a PostgreSQL
+/// database beside the shared one ([`tok_store::testing::run_routed`]).
+macro_rules! backend_tests {
+    ($runner:path; $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                $runner(tok_store::Backend::Sqlite, super::$name).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                $runner(tok_store::Backend::Postgres, super::$name).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_routed() {
+                tok_store::testing::run_routed(super::$name).await;
+            }
+        }
+    )*};
+}
+
 mod approvals;
 mod branches;
 mod children;
@@ -32,6 +60,7 @@ mod pages;
 mod queue;
 mod queue_samples;
 mod record;
+mod routing;
 mod runs;
 mod schedule;
 mod tenancy;
@@ -45,7 +74,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqlx::Connection;
 use tok_core::ids::{AutomationId, EventId, RunId, SourceId, TenantId};
-use tok_store::backend_tests;
 use tok_store::testing::{TestDb, backends, run_on_fresh_db};
 use tok_store::{
     Backend, Candidate, ClaimedJob, Lane, NewEvent, NewRun, NewSource, NewVersion, NextJob,
