@@ -158,6 +158,73 @@ macro_rules! impl_inbox {
                 .collect())
         }
 
+        /// Tries of an inbox batch the database failed to break a deadlock.
+        const DEADLOCK_TRIES: u32 = 5;
+
+        /// One try at [`accept_storable`]'s transaction.
+        async fn write_batch(
+            pool: &sqlx::Pool<$db>,
+            items: &[(&TenantId, &NewEvent)],
+            ids: &[String],
+            rows: &[$crate::rows::EventRow<'_>],
+            now: i64,
+        ) -> Result<Vec<Result<(EventId, Accepted)>>> {
+            let mut tx = pool.begin().await?;
+            let claimed: std::collections::HashSet<String> = sqlx::query(concat!(
+                "INSERT INTO event_keys (tenant_id, source_kind, source_id, idempotency_key,
+                    event_id, received_at)
+                 SELECT x.value ->> 1, x.value ->> 3, x.value ->> 2, x.value ->> 4,
+                    x.value ->> 0, $2
+                 FROM ", batch_rows!(1), "
+                 WHERE x.value ->> 2 IS NOT NULL
+                 ORDER BY x.value ->> 1, x.value ->> 3, x.value ->> 2, x.value ->> 4
+                 ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
+                 RETURNING event_id"
+            ))
+            .bind(Json(&rows))
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.get::<String, _>("event_id"))
+            .collect();
+            let new: Vec<&str> = items
+                .iter()
+                .zip(ids)
+                .filter(|((_, event), id)| event.source_id.is_none() || claimed.contains(*id))
+                .map(|(_, id)| id.as_str())
+                .collect();
+            sqlx::query(concat!(
+                "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
+                    payload, params, received_at, status, cause_run_id, depth,
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
+                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
+                    x.value ->> 3, x.value ->> 4,
+                    x.value -> 5, x.value -> 6, $2, 'pending',
+                    x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
+                    x.value ->> 9, x.value ->> 10,
+                    x.value ->> 11, x.value ->> 12
+                 FROM ", batch_rows!(1), "
+                 WHERE x.value ->> 0 ", any_of!(3), "
+                 ORDER BY x.key"
+            ))
+            .bind(Json(&rows))
+            .bind(now)
+            .bind(list(new.iter().copied()))
+            .execute(&mut *tx)
+            .await?;
+            let mut out = Vec::with_capacity(items.len());
+            for ((tenant, event), id) in items.iter().zip(ids) {
+                if event.source_id.is_none() || claimed.contains(id) {
+                    out.push(Ok((EventId::from(id.clone()), Accepted { duplicate: false })));
+                } else {
+                    out.push(Ok(accept_in(&mut tx, tenant, event).await?));
+                }
+            }
+            tx.commit().await?;
+            Ok(out)
+        }
+
         /// [`accept_batch`] for events that passed its check.
         async fn accept_storable(
             pool: &sqlx::Pool<$db>,
@@ -180,63 +247,24 @@ macro_rules! impl_inbox {
                 .zip(&ids)
                 .map(|(&(tenant_id, event), id)| $crate::rows::EventRow { id, tenant_id, event })
                 .collect();
-            let together = async {
-                let mut tx = pool.begin().await?;
-                let claimed: std::collections::HashSet<String> = sqlx::query(concat!(
-                    "INSERT INTO event_keys (tenant_id, source_kind, source_id, idempotency_key,
-                        event_id, received_at)
-                     SELECT x.value ->> 1, x.value ->> 3, x.value ->> 2, x.value ->> 4,
-                        x.value ->> 0, $2
-                     FROM ", batch_rows!(1), "
-                     WHERE x.value ->> 2 IS NOT NULL
-                     ORDER BY x.key
-                     ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
-                     RETURNING event_id"
-                ))
-                .bind(Json(&rows))
-                .bind(now)
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(|r| r.get::<String, _>("event_id"))
-                .collect();
-                let new: Vec<&str> = items
-                    .iter()
-                    .zip(&ids)
-                    .filter(|((_, event), id)| event.source_id.is_none() || claimed.contains(*id))
-                    .map(|(_, id)| id.as_str())
-                    .collect();
-                sqlx::query(concat!(
-                    "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
-                        payload, params, received_at, status, cause_run_id, depth,
-                        origin_automation_id, target_automation_id, event_type, subject_ticket_id)
-                     SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
-                        x.value ->> 3, x.value ->> 4,
-                        x.value -> 5, x.value -> 6, $2, 'pending',
-                        x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
-                        x.value ->> 9, x.value ->> 10,
-                        x.value ->> 11, x.value ->> 12
-                     FROM ", batch_rows!(1), "
-                     WHERE x.value ->> 0 ", any_of!(3), "
-                     ORDER BY x.key"
-                ))
-                .bind(Json(&rows))
-                .bind(now)
-                .bind(list(new.iter().copied()))
-                .execute(&mut *tx)
-                .await?;
-                let mut out = Vec::with_capacity(items.len());
-                for ((tenant, event), id) in items.iter().zip(&ids) {
-                    if event.source_id.is_none() || claimed.contains(id) {
-                        out.push(Ok((EventId::from(id.clone()), Accepted { duplicate: false })));
-                    } else {
-                        out.push(Ok(accept_in(&mut tx, tenant, event).await?));
+            // Two batches in flight at once (see `batch.rs`) may wait for
+            // each other's keys: a key the one wrote is a duplicate the
+            // other reads one by one, and the other way round. The database
+            // breaks such a deadlock by failing one of them, which wrote
+            // nothing and goes again; the keys are claimed in one order
+            // (by key, not by place in the batch) so that the claims
+            // themselves never wait in a circle.
+            let mut tries = 0;
+            let together = loop {
+                tries += 1;
+                let written = write_batch(pool, items, &ids, &rows, now).await;
+                match written {
+                    Err(e) if tries < DEADLOCK_TRIES && $crate::storable::deadlocked(&e) => {
+                        tracing::debug!(error = %e, tries, "an inbox batch deadlocked; writing it again");
                     }
+                    written => break written,
                 }
-                tx.commit().await?;
-                Result::Ok(out)
-            }
-            .await;
+            };
             match together {
                 Ok(out) => Ok(out),
                 // The database refused one row's data: each event alone, so

@@ -544,13 +544,18 @@ impl QueueStore for RoutedStore {
         }
     }
 
-    async fn heartbeat(&self, node: &str, jobs: &[JobId], lease_ms: i64) -> Result<u64> {
+    async fn heartbeat(
+        &self,
+        node: &str,
+        claims: &[(JobId, String)],
+        lease_ms: i64,
+    ) -> Result<u64> {
         // Every database is asked, one away or not: the leases held on the
         // others must not lapse for it.
         let mut extended = 0;
         let mut failed = None;
         for db in &self.dbs {
-            match db.heartbeat(node, jobs, lease_ms).await {
+            match db.heartbeat(node, claims, lease_ms).await {
                 Ok(n) => extended += n,
                 Err(e) => {
                     failed.get_or_insert(e);
@@ -797,6 +802,23 @@ by_tenant! {
         fn approvals(&self, tenant: &TenantId, pending_only: bool, limit: u32, before: Option<&str>) -> Result<Page<Approval>>;
         fn approval(&self, tenant: &TenantId, id: &str) -> Result<Option<Approval>>;
         fn decide_approval(&self, tenant: &TenantId, id: &str, decision: Decision) -> Result<Decided>;
+    }
+}
+
+by_tenant! {
+    impl QueueSampleStore {
+        fn queue_samples(&self, tenant: &TenantId, since: i64, limit: u32) -> Result<Vec<QueueSample>>;
+        fn expire_queue_samples(&self, tenant: &TenantId, before: i64, limit: u32) -> Result<u64>;
+    }
+    also {
+        // Each database samples its own tenants, in one statement each.
+        async fn sample_queue(&self, tenants: &[TenantId], at: i64, window_ms: i64) -> Result<u64> {
+            let mut written = 0;
+            for (index, tenants) in self.split(tenants).await? {
+                written += self.dbs[index].sample_queue(&tenants, at, window_ms).await?;
+            }
+            Ok(written)
+        }
     }
 }
 

@@ -180,6 +180,17 @@ pub(crate) fn refused_row(e: &StoreError) -> bool {
     false
 }
 
+/// Whether the database chose this transaction to break a deadlock
+/// (PostgreSQL's `40P01`): nothing of it was written, and the same writes
+/// may be tried again at once.
+pub(crate) fn deadlocked(e: &StoreError) -> bool {
+    let StoreError::Database(sqlx::Error::Database(db)) = e else {
+        return false;
+    };
+    db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some_and(|pg| pg.code() == "40P01")
+}
+
 /// What a lone record the database refused is written as instead: the run
 /// fails at the claimed step, with its context as it was when the step was
 /// claimed and an error saying why, and its job goes. The step is not run

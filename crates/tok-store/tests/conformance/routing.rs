@@ -68,10 +68,11 @@ async fn one_dispatch_and_one_claim_span_two_databases_and_each_keeps_its_rows()
         let jobs: Vec<ClaimedJob> = first.into_iter().chain(second).collect();
         let ids: HashSet<JobId> = jobs.iter().map(|j| j.id).collect();
         assert_eq!(ids.len(), 6, "job ids clash across the databases");
-        let ids: Vec<JobId> = ids.into_iter().collect();
+        let claims: Vec<(JobId, String)> =
+            jobs.iter().map(|j| (j.id, j.claim_token.clone())).collect();
         assert_eq!(
             store
-                .heartbeat("node-1", &ids, LONG_LEASE_MS)
+                .heartbeat("node-1", &claims, LONG_LEASE_MS)
                 .await
                 .unwrap(),
             6
