@@ -680,6 +680,51 @@ struct Figures {
     drained_in: Duration,
 }
 
+/// What keeps the queue from draining: the jobs left, the runs not final
+/// and the events not dispatched, as lines for the failure message.
+async fn stuck(raw: &Raw, tenant: &str) -> String {
+    let jobs = fetch!(
+        raw,
+        (
+            i64,
+            String,
+            String,
+            i64,
+            i64,
+            Option<String>,
+            Option<i64>,
+            bool
+        ),
+        &format!(
+            "SELECT CAST(id AS BIGINT), run_id, path, CAST(attempts AS BIGINT), run_after, \
+             locked_by, locked_until, held FROM jobs WHERE tenant_id = '{tenant}' ORDER BY id LIMIT 20"
+        )
+    );
+    let runs = fetch!(
+        raw,
+        (String, String),
+        &format!(
+            "SELECT id, status FROM runs WHERE tenant_id = '{tenant}' \
+             AND status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id LIMIT 20"
+        )
+    );
+    let pending = fetch!(
+        raw,
+        (String,),
+        &format!(
+            "SELECT id FROM event_inbox WHERE tenant_id = '{tenant}' AND status = 'pending' LIMIT 20"
+        )
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    format!(
+        "now (ms) {now}\njobs (id, run, path, attempts, run_after, locked_by, locked_until, held): \
+         {jobs:#?}\nruns not final: {runs:#?}\nevents pending: {pending:#?}"
+    )
+}
+
 /// Waits for the queue to drain (no pending event, no job, every run
 /// final), then checks every promise; panics with what broke.
 async fn check(
@@ -688,6 +733,7 @@ async fn check(
     accepted: &HashMap<String, String>,
     calls: &CallLog,
     what: &str,
+    tok: &mut Tok,
 ) -> Figures {
     let tenant = &setup.tenant;
     let began = Instant::now();
@@ -718,10 +764,23 @@ async fn check(
         {
             break;
         }
-        assert!(
-            began.elapsed() < Duration::from_secs(limit),
-            "{what}: the queue did not drain within {limit} s after the faults stopped"
-        );
+        if began.elapsed() >= Duration::from_secs(limit) {
+            let stuck = stuck(raw, tenant).await;
+            let lines = tok.all_lines();
+            let warnings: Vec<_> = lines
+                .iter()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect();
+            let tail = &warnings[warnings.len().saturating_sub(40)..];
+            eprintln!("{what}: the processes' last warnings and errors:");
+            for line in tail {
+                eprintln!("  {line}");
+            }
+            panic!(
+                "{what}: the queue did not drain within {limit} s after the faults stopped; \
+                 what is left:\n{stuck}"
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let drained_in = began.elapsed();
@@ -970,7 +1029,7 @@ async fn scenario(backend: Backend, fault: Fault) {
         Fault::CommitThenError => {}
     }
     let (accepted, retried) = load.finish().await;
-    let figures = check(&raw, &setup, &accepted, &stub.log, &what).await;
+    let figures = check(&raw, &setup, &accepted, &stub.log, &what, &mut tok).await;
     let lines = tok.all_lines();
     let count = |needle: &str| lines.iter().filter(|l| l.contains(needle)).count();
     stale += count("stale completion rejected");
