@@ -213,16 +213,29 @@ macro_rules! impl_inbox {
             .bind(list(new.iter().copied()))
             .execute(&mut *tx)
             .await?;
-            let mut out = Vec::with_capacity(items.len());
-            for ((tenant, event), id) in items.iter().zip(ids) {
-                if event.source_id.is_none() || claimed.contains(id) {
-                    out.push(Ok((EventId::from(id.clone()), Accepted { duplicate: false })));
-                } else {
-                    out.push(Ok(accept_in(&mut tx, tenant, event).await?));
-                }
+            let mut out: Vec<Option<Result<(EventId, Accepted)>>> = items
+                .iter()
+                .zip(ids)
+                .map(|((_, event), id)| {
+                    (event.source_id.is_none() || claimed.contains(id))
+                        .then(|| Ok((EventId::from(id.clone()), Accepted { duplicate: false })))
+                })
+                .collect();
+            // The rest one by one, in key order too: a key's row is locked
+            // here even when it stays as it is (a duplicate), so two
+            // batches holding the same duplicates in opposite places would
+            // otherwise wait for each other in a circle.
+            let mut rest: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
+            rest.sort_by_key(|&i| {
+                let event = items[i].1;
+                (items[i].0.as_str(), &event.source_kind, event.source_id.as_ref().map(|s| s.as_str()), &event.idempotency_key)
+            });
+            for i in rest {
+                let (tenant, event) = items[i];
+                out[i] = Some(Ok(accept_in(&mut tx, tenant, event).await?));
             }
             tx.commit().await?;
-            Ok(out)
+            Ok(out.into_iter().flatten().collect())
         }
 
         /// [`accept_batch`] for events that passed its check.
