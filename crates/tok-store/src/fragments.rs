@@ -35,7 +35,9 @@
 //!
 //! Two queries differ as a whole, and each backend's is a file of its own
 //! in `queries/`: `CLAIM_CANDIDATES` (`queries/claim.*.sql`), the claim's
-//! fair selection of claimable jobs, and `PENDING_EVENTS`
+//! fair selection of claimable jobs (read without locking them), and
+//! `CLAIM_KEYS`, the claim's locks of the queue keys it takes (empty: the
+//! backend needs none); and `PENDING_EVENTS`
 //! (`queries/pending_events.*.sql`), the dispatch's fair selection of
 //! pending events; each file says what it binds.
 //!
@@ -45,6 +47,11 @@
 
 pub(crate) mod postgres {
     pub(crate) const CLAIM_CANDIDATES: &str = include_str!("queries/claim.postgres.sql");
+    /// Of the queue keys bound at `$1` (`tenant:key`), those whose claim
+    /// lock this transaction got: a try-lock each (class 9), so two claims
+    /// never wait on each other, and one that misses a key leaves its job.
+    pub(crate) const CLAIM_KEYS: &str = "SELECT k FROM unnest($1::text[]) AS k \
+         WHERE pg_try_advisory_xact_lock(9, hashtext(k))";
     pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.postgres.sql");
 
     macro_rules! db_now {
@@ -139,13 +146,13 @@ pub(crate) mod postgres {
     // table (a sequential scan, 60 ms at 50,000 inbox rows) or a tenant's
     // whole backlog (a bitmap scan and a sort) for a handful of rows. Both
     // are off in these transactions. Claims are also serialized by a
-    // transaction advisory lock.
-    // One claim at a time (one global lock); a claim waiting for it gives
-    // up after 5 s and the pool tries again, and a stopped holder's idle
-    // transaction is cut off by the server (`PgStore::connect_options`).
+    // transaction advisory lock per queue key (`CLAIM_KEYS`), never one
+    // for all claims. A claim that waits on a row lock gives up after 5 s
+    // and the pool tries again, and a stopped holder's idle transaction is
+    // cut off by the server (`PgStore::connect_options`).
     macro_rules! claim_prelude {
         () => {
-            "SET LOCAL lock_timeout = '5s'; SELECT pg_advisory_xact_lock(1953459970);
+            "SET LOCAL lock_timeout = '5s';
         SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
         };
     }
@@ -178,6 +185,8 @@ pub(crate) mod postgres {
 
 pub(crate) mod sqlite {
     pub(crate) const CLAIM_CANDIDATES: &str = include_str!("queries/claim.sqlite.sql");
+    /// The one writer serializes claims: no queue key needs a lock.
+    pub(crate) const CLAIM_KEYS: &str = "";
     pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.sqlite.sql");
 
     macro_rules! db_now {

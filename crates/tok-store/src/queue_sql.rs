@@ -45,35 +45,62 @@ macro_rules! impl_queue {
                     .fetch_all(&mut *tx)
                     .await?;
                 let mut keys = std::collections::HashSet::new();
-                let mut ids = Vec::with_capacity(limit as usize);
+                let mut picked: Vec<(i64, Option<String>)> = Vec::with_capacity(limit as usize);
                 for row in &candidates {
-                    if ids.len() == limit as usize {
+                    if picked.len() == limit as usize {
                         break;
                     }
                     if running.contains(&JobId(row.get::<i64, _>("id"))) {
                         continue;
                     }
                     let key: Option<String> = row.get("queue_key");
-                    let tenant: String = row.get("tenant_id");
-                    if let Some(key) = key {
-                        if !keys.insert((tenant, key)) {
+                    let key = key.map(|key| format!("{}:{key}", row.get::<String, _>("tenant_id")));
+                    if let Some(key) = &key {
+                        if !keys.insert(key.clone()) {
                             continue;
                         }
                     }
-                    ids.push(row.get::<i64, _>("id"));
+                    picked.push((row.get::<i64, _>("id"), key));
                 }
+                // A job with a queue key is taken only under its key's lock,
+                // held to the commit, so two claims never take two jobs of
+                // one key: the take below, a statement after the lock, sees
+                // every lease committed by the claim that held it before.
+                if !CLAIM_KEYS.is_empty() && !keys.is_empty() {
+                    let got: std::collections::HashSet<String> = sqlx::query_scalar(CLAIM_KEYS)
+                        .bind(list(keys.iter().map(|k| k.as_str())))
+                        .fetch_all(&mut *tx)
+                        .await?
+                        .into_iter()
+                        .collect();
+                    picked.retain(|(_, key)| key.as_ref().is_none_or(|k| got.contains(k)));
+                }
+                let ids: Vec<i64> = picked.iter().map(|(id, _)| *id).collect();
                 if ids.is_empty() {
                     tx.commit().await?;
                     return Ok(Vec::new());
                 }
+                // The take locks only the rows it leases, skipping those
+                // another claim holds, and checks each again against what
+                // has been committed since the candidates were read.
                 let token = random_token();
                 let jobs = sqlx::query(concat!(
                     "UPDATE jobs SET locked_by = $1, locked_until = ", db_now!(), " + $2,
                         claim_token = $3, attempts = attempts + 1,
                         lease_expiries = lease_expiries
                             + CASE WHEN locked_until IS NULL THEN 0 ELSE 1 END
-                     WHERE id ", any_of!(4), "
-                       AND (locked_until IS NULL OR locked_until < ", db_now!(), ")
+                     WHERE id IN (
+                        SELECT k.id FROM jobs k
+                        WHERE k.id ", any_of!(4), "
+                          AND (k.locked_until IS NULL OR k.locked_until < ", db_now!(), ")
+                          AND NOT k.held
+                          AND (k.queue_key IS NULL OR NOT EXISTS (
+                                SELECT 1 FROM jobs q
+                                WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
+                                  AND q.id <> k.id
+                                  AND (q.locked_until >= ", db_now!(), "
+                                       OR (q.id < k.id AND NOT q.held AND q.run_after <= ", db_now!(), "))))
+                        ", lock_rows_skip_locked!(k), ")
                      RETURNING id, tenant_id, run_id, path, attempts, resume"
                 ))
                 .bind(node)

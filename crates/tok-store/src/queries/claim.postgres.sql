@@ -6,7 +6,8 @@
 -- tenants round robin: every tenant's first job, then every tenant's
 -- second, and so on. A job is claimable when it is due, not leased, not
 -- held (a paused run), and no other job of its queue key is leased or
--- older and due. The rows are locked, skipping those another claim holds.
+-- older and due. Nothing is locked here: the take locks only the rows it
+-- leases, skipping those another claim holds, and checks them again.
 SELECT id, tenant_id, queue_key FROM (
     SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
         row_number() OVER (PARTITION BY j.tenant_id
@@ -29,7 +30,6 @@ SELECT id, tenant_id, queue_key FROM (
                            AND q.run_after <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT))))
         ORDER BY k.priority DESC, k.run_after, k.id
         LIMIT $2
-        FOR UPDATE SKIP LOCKED
     ) j
 ) c
 ORDER BY rk, priority DESC, run_after, id

@@ -19,7 +19,7 @@ backend_tests!(
     a_stale_worker_cannot_record_after_a_takeover,
     two_executions_of_one_job_in_one_record_batch_record_once,
     two_incarnations_of_one_node_keep_each_others_claims,
-    a_stopped_process_holding_the_claim_lock_stops_claims_for_a_while_only,
+    a_process_stopped_inside_a_claim_holds_back_only_what_it_took,
 );
 
 async fn a_small_tenant_is_not_starved_by_a_large_backlog(db: &TestDb) {
@@ -691,47 +691,75 @@ async fn two_incarnations_of_one_node_keep_each_others_claims(db: &TestDb) {
     }
 }
 
-/// PostgreSQL: a process stopped (SIGSTOP) inside a claim's transaction
-/// holds the claim's lock; the server cuts its idle transaction off after
-/// `IDLE_IN_TRANSACTION`, and a claim waiting meanwhile gives up after its
-/// `lock_timeout` and is tried again, so claims go on. (SQLite: one process.)
-async fn a_stopped_process_holding_the_claim_lock_stops_claims_for_a_while_only(db: &TestDb) {
+/// PostgreSQL: claims share no lock. A process stopped (SIGSTOP) inside a
+/// claim's transaction holds only what that claim took: the row of the job
+/// it leased and the lock of that job's queue key. Another claim, at once
+/// and without waiting, takes every other claimable job, and leaves those
+/// two (the key's other jobs too). The lock every claim once took is held
+/// here as well, and stops nothing. (SQLite: one writer, nothing to share.)
+async fn a_process_stopped_inside_a_claim_holds_back_only_what_it_took(db: &TestDb) {
     if db.backend != Backend::Postgres {
         return;
     }
     let store = db.store().await;
     let t = tenant(&*store, "acme").await;
     let aut = manual_automation(&*store, &t, "a").await;
-    start(&*store, &t, &aut, "manual", None).await;
-    let tenants = [t.clone()];
+    let taken = start(&*store, &t, &aut, "manual", None).await;
+    let keyed = start(&*store, &t, &aut, "manual", Some("ticket:1")).await;
+    let behind = start(&*store, &t, &aut, "manual", Some("ticket:1")).await;
+    let mut free = HashSet::new();
+    for _ in 0..3 {
+        free.insert(start(&*store, &t, &aut, "manual", None).await);
+    }
+    free.insert(start(&*store, &t, &aut, "manual", Some("ticket:2")).await);
 
-    // A connection like the store's, stopped inside a claim: the claim's
-    // lock (`claim_prelude!` in fragments.rs) held in an idle transaction.
     let options = tok_store::PgStore::connect_options(&db.url).expect("options");
     let mut stopped = sqlx::PgConnection::connect_with(&options)
         .await
         .expect("connect");
-    sqlx::Executor::execute(
-        &mut stopped,
-        "BEGIN; SELECT pg_advisory_xact_lock(1953459970)",
-    )
-    .await
-    .expect("take the claim lock");
+    sqlx::Executor::execute(&mut stopped, "BEGIN")
+        .await
+        .expect("begin");
+    sqlx::query("SELECT id FROM jobs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE")
+        .bind(t.as_str())
+        .bind(taken.as_str())
+        .execute(&mut stopped)
+        .await
+        .expect("lock the taken job's row");
+    sqlx::query("SELECT pg_advisory_xact_lock(9, hashtext($1)), pg_advisory_xact_lock(1953459970)")
+        .bind(format!("{}:ticket:1", t.as_str()))
+        .execute(&mut stopped)
+        .await
+        .expect("hold the key's lock and the old global one");
 
-    let claimed = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            match store.claim(&tenants, "host:live", 10, LONG_LEASE_MS).await {
-                Ok(jobs) if !jobs.is_empty() => return jobs,
-                Ok(_) => {}
-                Err(e) => assert!(e.to_string().contains("lock timeout"), "{e}"),
-            }
-        }
-    })
-    .await
-    .expect("claims go on once the stopped transaction is cut off");
-    assert_eq!(claimed.len(), 1);
-    let cut = sqlx::Executor::execute(&mut stopped, "SELECT 1").await;
-    assert!(cut.is_err(), "the idle transaction was cut off");
+    let claimed = store
+        .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
+        .await
+        .expect("a claim beside the stopped one neither waits nor fails");
+    let runs: HashSet<RunId> = claimed.iter().map(|j| j.run_id.clone()).collect();
+    assert_eq!(
+        runs, free,
+        "the claim takes every job the stopped one holds nothing of"
+    );
+    for held in [&taken, &keyed, &behind] {
+        assert!(
+            !runs.contains(held),
+            "{held} was taken past the stopped claim's locks"
+        );
+    }
+
+    // Once the stopped transaction ends, what it held is claimable again
+    // (it leased nothing: it never committed): the taken job and the key's
+    // oldest job.
+    sqlx::Executor::execute(&mut stopped, "ROLLBACK")
+        .await
+        .expect("rollback");
+    let later = store
+        .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    let later: HashSet<RunId> = later.iter().map(|j| j.run_id.clone()).collect();
+    assert_eq!(later, HashSet::from([taken, keyed]));
 }
 
 /// A process whose heartbeats failed for a lease (the database away) may

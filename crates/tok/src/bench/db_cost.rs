@@ -50,8 +50,8 @@ const NAME: &str = "db-cost";
 const TIME_LIMIT: Duration = Duration::from_secs(900);
 
 /// What the claim was when these figures were measured.
-pub(crate) const CLAIM: &str = "the claim of main at the time: every claim takes one global \
-     advisory lock (pg_advisory_xact_lock), so claims are serialized across processes";
+pub(crate) const CLAIM: &str = "claims share no lock: candidates read without locks, a try-lock \
+     per queue key, and the take locks only the rows it leases (FOR UPDATE SKIP LOCKED)";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {

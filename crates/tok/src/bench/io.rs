@@ -46,14 +46,14 @@ async fn answer(State(counters): State<Arc<StubCounters>>) -> axum::Json<serde_j
 }
 
 /// The stub on 127.0.0.1 in this process; aborted when the figure ends.
-struct Stub {
+pub(crate) struct Stub {
     port: u16,
     counters: Arc<StubCounters>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Stub {
-    async fn start() -> anyhow::Result<Stub> {
+    pub(crate) async fn start() -> anyhow::Result<Stub> {
         let counters = Arc::new(StubCounters::default());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
@@ -68,6 +68,24 @@ impl Stub {
             counters,
             task,
         })
+    }
+}
+
+impl Stub {
+    /// Ten `http` steps, each a call to this stub.
+    pub(crate) fn calls(&self) -> Vec<serde_json::Value> {
+        (1..=STEPS_PER_RUN)
+            .map(|i| {
+                json!({
+                    "id": format!("h{i}"), "type": "http",
+                    "config": {
+                        "method": "GET",
+                        "url": format!("http://127.0.0.1:{}/stub?n={{{{n}}}}&step={i}", self.port),
+                        "timeoutMs": 10_000,
+                    }
+                })
+            })
+            .collect()
     }
 }
 
@@ -89,19 +107,7 @@ async fn measure(bench: &Bench, server: &mut Server, stub: &Stub) -> anyhow::Res
     let api = &server.api.clone();
     let tenant = api.tenant(&format!("bench io {}", bench.nonce)).await?;
     let source = api.source(&tenant, NAME).await?;
-    let calls: Vec<_> = (1..=STEPS_PER_RUN)
-        .map(|i| {
-            json!({
-                "id": format!("h{i}"), "type": "http",
-                "config": {
-                    "method": "GET",
-                    "url": format!("http://127.0.0.1:{}/stub?n={{{{n}}}}&step={i}", stub.port),
-                    "timeoutMs": 10_000,
-                }
-            })
-        })
-        .collect();
-    let automation = api.automation(&tenant, NAME, &source, calls).await?;
+    let automation = api.automation(&tenant, NAME, &source, stub.calls()).await?;
     let events = bench.scaled(1_000, 400);
     bench.progress.line(
         NAME,

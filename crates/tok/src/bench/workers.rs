@@ -1,9 +1,12 @@
 //! `workers` (PostgreSQL only): one `TOK_ROLE=api` process takes the
-//! webhooks, and first one, then two `TOK_ROLE=worker` processes (each with
-//! its own `TOK_NODE_ID`) share the queue; each phase is a `steps-queued`
-//! load. Afterwards every run of both phases is read back: a completed run
-//! must have exactly ten step rows, one per path — a step recorded twice
-//! would mean two workers ran it.
+//! webhooks, and one, two, then four `TOK_ROLE=worker` processes of 32
+//! slots each (each with its own `TOK_NODE_ID`) share the queue, first
+//! under a `steps-queued` load (the queue's own cost), then under an `io`
+//! load (http calls to a stub answering in 20 ms: what slots waiting on
+//! services gain from more processes; four should give three times one).
+//! Afterwards every run of every phase is read back: a completed run must
+//! have exactly ten step rows, one per path — a step recorded twice would
+//! mean two workers ran it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +21,35 @@ use super::steps::{self, Kind, STEPS_PER_RUN};
 use super::{BackendKind, Bench};
 
 const NAME: &str = "workers";
+
+/// The worker processes of each phase, and the slots of each.
+const WORKERS: [usize; 3] = [1, 2, 4];
+const SLOTS: usize = 32;
+
+/// What each phase's steps do.
+#[derive(Clone, Copy, PartialEq)]
+enum Load {
+    /// `bench/noop` steps: the queue's own cost.
+    Queued,
+    /// `http` calls to a stub answering in 20 ms: slots waiting on IO.
+    Io,
+}
+
+impl Load {
+    fn name(self) -> &'static str {
+        match self {
+            Load::Queued => "steps-queued",
+            Load::Io => "io",
+        }
+    }
+
+    fn steps(self) -> &'static str {
+        match self {
+            Load::Queued => "`bench/noop` steps",
+            Load::Io => "http steps to a stub answering in 20 ms",
+        }
+    }
+}
 
 pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
     if bench.backend() != BackendKind::Postgres {
@@ -73,67 +105,88 @@ async fn phases(
         .tenant(&format!("bench workers {}", bench.nonce))
         .await?;
     let events = bench.scaled(2_000, 20);
+    let stub = super::io::Stub::start().await?;
     let mut figures = Vec::new();
     let mut automations = Vec::new();
-    let mut one_worker = None;
-    for n in 1..=2 {
-        let label = format!("{NAME}-{n}");
-        let source = api.source(&tenant, &label).await?;
-        let automation = steps::automation(&api, &tenant, &source, Kind::Queued).await?;
-        bench
-            .progress
-            .update(NAME, &format!("starting TOK_ROLE=worker #{n}"));
-        let worker = bench
-            .start_child(
-                database,
-                ChildSpec {
-                    role: "worker",
-                    node_id: format!("bench-worker-{n}"),
-                    concurrency: None,
-                },
+    for kind in [Load::Queued, Load::Io] {
+        let mut workers: Vec<super::server::Child> = Vec::new();
+        let mut one_worker = None;
+        for n in WORKERS {
+            let label = format!("{NAME}-{}-{n}", kind.name());
+            let source = api.source(&tenant, &label).await?;
+            let automation = match kind {
+                Load::Queued => steps::automation(&api, &tenant, &source, Kind::Queued).await?,
+                Load::Io => {
+                    api.automation(&tenant, &label, &source, stub.calls())
+                        .await?
+                }
+            };
+            while workers.len() < n {
+                let i = workers.len() + 1;
+                bench
+                    .progress
+                    .update(NAME, &format!("starting TOK_ROLE=worker #{i}"));
+                let worker = bench
+                    .start_child(
+                        database,
+                        ChildSpec {
+                            role: "worker",
+                            node_id: format!("bench-worker-{}-{i}", kind.name()),
+                            concurrency: Some(SLOTS),
+                        },
+                    )
+                    .await?;
+                bench.progress.line(
+                    NAME,
+                    &format!("tok serve (TOK_ROLE=worker) #{i} pid {}", worker.pid),
+                );
+                workers.push(worker);
+            }
+            bench.progress.line(
+                NAME,
+                &format!(
+                    "{n} worker process(es) of {SLOTS} slots: {events} webhooks, each a run of {STEPS_PER_RUN} {}",
+                    kind.steps()
+                ),
+            );
+            let pids: Vec<u32> = children.iter().chain(&workers).map(|c| c.pid).collect();
+            let load = steps::load(
+                bench,
+                &api,
+                &tenant,
+                &source,
+                &automation,
+                events,
+                &pids,
+                (&bench.progress, NAME),
             )
             .await?;
-        bench.progress.line(
-            NAME,
-            &format!("tok serve (TOK_ROLE=worker) #{n} pid {}", worker.pid),
-        );
-        children.push(worker);
-        bench.progress.line(
-            NAME,
-            &format!("{n} worker process(es): {events} webhooks, each a run of {STEPS_PER_RUN} `bench/noop` steps"),
-        );
-        let pids: Vec<u32> = children.iter().map(|c| c.pid).collect();
-        let load = steps::load(
-            bench,
-            &api,
-            &tenant,
-            &source,
-            &automation,
-            events,
-            &pids,
-            (&bench.progress, NAME),
-        )
-        .await?;
-        for child in children.iter_mut() {
-            child.check_alive()?;
-        }
-        let rate = load.steps_per_sec();
-        let versus = match one_worker {
-            Some(one) => format!("{:.2}× one worker; ", rate / one),
-            None => String::new(),
-        };
-        one_worker.get_or_insert(rate);
-        figures.push(
-            Figure::new(&label, rate.round(), "steps/s")
+            for child in children.iter_mut().chain(workers.iter_mut()) {
+                child.check_alive()?;
+            }
+            let rate = load.steps_per_sec();
+            let versus = match one_worker {
+                Some(one) => format!("{:.2}× one worker; ", rate / one),
+                None => String::new(),
+            };
+            let one = *one_worker.get_or_insert(rate);
+            let mut figure = Figure::new(&label, rate.round(), "steps/s")
                 .notes(format!(
-                    "TOK_ROLE=api + {n} TOK_ROLE=worker; {versus}{}",
-                    load.describe("10 `bench/noop` steps")
+                    "TOK_ROLE=api + {n} TOK_ROLE=worker of {SLOTS} slots; {versus}{}",
+                    load.describe(kind.steps())
                 ))
-                .details(load.details()),
-        );
-        automations.push((automation, load.finished.runs));
+                .details(load.details());
+            if kind == Load::Io && n == 4 {
+                figure = figure.target(Target::AtLeast((3.0 * one).round()));
+            }
+            figures.push(figure);
+            automations.push((automation, load.finished.runs));
+        }
+        // The next load starts again from one worker.
+        for worker in workers {
+            bench.keep_report(NAME, worker.stop());
+        }
     }
-
     let runs: Vec<RunRow> = automations
         .into_iter()
         .flat_map(|(_, runs)| runs)

@@ -57,10 +57,11 @@ pub struct CapacityOptions {
     /// A node's sustained WAL write bandwidth, MB/s.
     #[arg(long, default_value_t = 200.0)]
     pub wal_mb_per_sec: f64,
-    /// A node's ceiling in steps/s besides CPU and WAL, such as main's
-    /// claim, serialized by one advisory lock per database (4,000-8,000
-    /// `steps-queued` steps/s on the project's 2 cores, docs/performance.md).
-    /// Default: none (a claim that scales with the cores).
+    /// A node's ceiling in steps/s besides CPU and WAL, such as a claim
+    /// that serializes processes (the claim of one advisory lock per
+    /// database that tok had before issue 19 did 4,000-8,000 `steps-queued`
+    /// steps/s on the project's 2 cores, docs/performance.md).
+    /// Default: none (claims share no lock, so they scale with the cores).
     #[arg(long)]
     pub claim_steps_per_sec: Option<f64>,
     /// Days kept of step data, runs and inbox events (DESIGN §10).
