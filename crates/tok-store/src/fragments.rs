@@ -121,8 +121,8 @@ pub(crate) mod postgres {
     }
 
     // Signal keys' locks: transaction advisory locks of the two-key form
-    // under a class of their own (8; groups use 7, and the one-key locks of
-    // claims and migrations are another key space), taken in the order of
+    // under a class of their own (8; groups use 7, claims' queue keys 9, and
+    // the one-key locks of migrations are another key space), taken in the order of
     // their hashes. Two names that share a hash share a lock, which only
     // serializes them.
     macro_rules! lock_names {
