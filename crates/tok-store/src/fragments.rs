@@ -145,7 +145,12 @@ pub(crate) mod postgres {
     // with the statistics of a near-empty table the planner reads a whole
     // table (a sequential scan, 60 ms at 50,000 inbox rows) or a tenant's
     // whole backlog (a bitmap scan and a sort) for a handful of rows. Both
-    // are off in these transactions. Claims are also serialized by a
+    // are off in these transactions. Their statements are also planned once
+    // per connection (a generic plan, kept until the tables' statistics
+    // change): they run thousands of times a second with the same shape,
+    // and with a plan made at every execution planning cost more than
+    // running (the claim's candidates 290 µs to plan, 110 to run, in
+    // `pg_stat_statements` under `steps-queued`). Claims are also serialized by a
     // transaction advisory lock per queue key (`CLAIM_KEYS`), never one
     // for all claims. A claim that waits on a row lock gives up after 5 s
     // and the pool tries again, and a stopped holder's idle transaction is
@@ -153,13 +158,15 @@ pub(crate) mod postgres {
     macro_rules! claim_prelude {
         () => {
             "SET LOCAL lock_timeout = '5s';
-        SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+        SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off;
+        SET LOCAL plan_cache_mode = force_generic_plan"
         };
     }
 
     macro_rules! plan_prelude {
         () => {
-            "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+            "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off;
+        SET LOCAL plan_cache_mode = force_generic_plan"
         };
     }
 

@@ -696,7 +696,9 @@ async fn two_incarnations_of_one_node_keep_each_others_claims(db: &TestDb) {
 /// it leased and the lock of that job's queue key. Another claim, at once
 /// and without waiting, takes every other claimable job, and leaves those
 /// two (the key's other jobs too). The lock every claim once took is held
-/// here as well, and stops nothing. (SQLite: one writer, nothing to share.)
+/// here as well, and stops nothing. The server cuts the stopped
+/// transaction off, and what it held is claimed again. (SQLite: one
+/// writer, nothing to share.)
 async fn a_process_stopped_inside_a_claim_holds_back_only_what_it_took(db: &TestDb) {
     if db.backend != Backend::Postgres {
         return;
@@ -748,18 +750,32 @@ async fn a_process_stopped_inside_a_claim_holds_back_only_what_it_took(db: &Test
         );
     }
 
-    // Once the stopped transaction ends, what it held is claimable again
-    // (it leased nothing: it never committed): the taken job and the key's
+    // The stopped process never ends its transaction: the server cuts it
+    // off once it has sat idle for `IDLE_IN_TRANSACTION` (10 s, set by
+    // `PgStore::connect_options`), and what it held is claimable again (it
+    // leased nothing: it never committed): the taken job and the key's
     // oldest job.
-    sqlx::Executor::execute(&mut stopped, "ROLLBACK")
-        .await
-        .expect("rollback");
-    let later = store
-        .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
-        .await
-        .expect("claim");
+    let later = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let jobs = store
+                .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
+                .await
+                .expect("claim");
+            if !jobs.is_empty() {
+                return jobs;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await
+    .expect("the server cuts the stopped transaction off within a minute");
     let later: HashSet<RunId> = later.iter().map(|j| j.run_id.clone()).collect();
     assert_eq!(later, HashSet::from([taken, keyed]));
+    let cut = sqlx::Executor::execute(&mut stopped, "SELECT 1").await;
+    assert!(
+        cut.is_err(),
+        "the stopped connection was cut off by the server"
+    );
 }
 
 /// A process whose heartbeats failed for a lease (the database away) may
