@@ -6,8 +6,12 @@
 //! services gain from more processes; four should give three times one).
 //! Afterwards every run of every phase is read back: a completed run must
 //! have exactly ten step rows, one per path — a step recorded twice would
-//! mean two workers ran it.
+//! mean two workers ran it. The same step rows' times tell where each
+//! load's slots spent their time: in the steps' handlers, or between one
+//! step's end and its run's next step's start (the record's commit, the
+//! lease kept or a claim).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -179,8 +183,8 @@ async fn phases(
             if kind == Load::Io && n == 4 {
                 figure = figure.target(Target::AtLeast((3.0 * one).round()));
             }
+            automations.push((figures.len(), load.finished.runs));
             figures.push(figure);
-            automations.push((automation, load.finished.runs));
         }
         // The next load starts again from one worker.
         for worker in workers {
@@ -188,15 +192,28 @@ async fn phases(
         }
     }
     let runs: Vec<RunRow> = automations
-        .into_iter()
-        .flat_map(|(_, runs)| runs)
+        .iter()
+        .flat_map(|(_, runs)| runs.iter().cloned())
         .filter(|r| r.status == "completed")
         .collect();
     bench.progress.line(
         NAME,
         &format!("checking the step rows of {} completed runs", runs.len()),
     );
-    let (checked, wrong, example) = check_steps(&api, &tenant, &runs, bench).await?;
+    let (checked, wrong, example, times) = check_steps(&api, &tenant, &runs, bench).await?;
+    for (figure, runs) in &automations {
+        let mut load = StepTimes::default();
+        for run in runs {
+            if let Some(run) = times.get(&run.id) {
+                load.add(run);
+            }
+        }
+        let figure = &mut figures[*figure];
+        figure.notes.push_str(&load.describe());
+        if let serde_json::Value::Object(details) = &mut figure.details {
+            details.insert("step_times".into(), load.details());
+        }
+    }
     figures.push(
         Figure::new("workers-duplicates", wrong as f64, "runs")
             .target(Target::AtMost(0.0))
@@ -209,14 +226,77 @@ async fn phases(
     Ok(figures)
 }
 
-/// Reads every run's steps, 16 requests at a time; returns (checked,
-/// wrong, an example of a wrong one).
+/// Where a load's steps spent their slots' time, from the step rows'
+/// times: in the step itself (its handler, `started_at` to `finished_at`),
+/// and between one step's end and its run's next step's start (the
+/// record's commit, the lease kept or a claim).
+#[derive(Debug, Default, Clone, Copy)]
+struct StepTimes {
+    steps: u64,
+    in_steps_ms: i64,
+    gaps: u64,
+    between_ms: i64,
+}
+
+impl StepTimes {
+    /// A run's steps, in the order they ran.
+    fn of_run(mut steps: Vec<(i64, i64)>) -> Self {
+        steps.sort_unstable();
+        let mut times = Self::default();
+        for (i, (started, finished)) in steps.iter().enumerate() {
+            times.steps += 1;
+            times.in_steps_ms += finished - started;
+            if let Some((next, _)) = steps.get(i + 1) {
+                times.gaps += 1;
+                times.between_ms += next - finished;
+            }
+        }
+        times
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.steps += other.steps;
+        self.in_steps_ms += other.in_steps_ms;
+        self.gaps += other.gaps;
+        self.between_ms += other.between_ms;
+    }
+
+    fn mean(total: i64, count: u64) -> f64 {
+        if count == 0 {
+            return 0.0;
+        }
+        total as f64 / count as f64
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "; a step took {:.1} ms in its handler, and {:.1} ms passed from its end to its run's next step's start (step rows' times, {} steps)",
+            Self::mean(self.in_steps_ms, self.steps),
+            Self::mean(self.between_ms, self.gaps),
+            self.steps
+        )
+    }
+
+    fn details(&self) -> serde_json::Value {
+        json!({
+            "steps": self.steps,
+            "mean_in_step_ms": Self::mean(self.in_steps_ms, self.steps),
+            "mean_between_steps_ms": Self::mean(self.between_ms, self.gaps),
+        })
+    }
+}
+
+/// What [`check_steps`] found: runs checked, runs wrong, an example of a
+/// wrong one, and each run's step times by run id.
+type Checked = (usize, usize, Option<String>, HashMap<String, StepTimes>);
+
+/// Reads every run's steps, 16 requests at a time.
 async fn check_steps(
     api: &Api,
     tenant: &Tenant,
     runs: &[RunRow],
     bench: &Bench,
-) -> anyhow::Result<(usize, usize, Option<String>)> {
+) -> anyhow::Result<Checked> {
     let ids: Arc<Vec<String>> = Arc::new(runs.iter().map(|r| r.id.clone()).collect());
     let next = Arc::new(AtomicUsize::new(0));
     let mut readers = Vec::new();
@@ -224,13 +304,25 @@ async fn check_steps(
         let (api, tenant, ids, next) = (api.clone(), tenant.clone(), ids.clone(), next.clone());
         readers.push(tokio::spawn(async move {
             let mut problems = Vec::new();
+            let mut times = HashMap::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(id) = ids.get(i) else {
-                    return Ok::<_, anyhow::Error>(problems);
+                    return Ok::<_, anyhow::Error>((problems, times));
                 };
                 let detail = api.run(&tenant, id).await?;
                 let steps = detail["steps"].as_array().cloned().unwrap_or_default();
+                let at = |step: &serde_json::Value, field: &str| {
+                    step[field]
+                        .as_str()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .map(|t| t.as_millisecond())
+                };
+                let spans = steps
+                    .iter()
+                    .filter_map(|s| Some((at(s, "started_at")?, at(s, "finished_at")?)))
+                    .collect();
+                times.insert(id.clone(), StepTimes::of_run(spans));
                 let mut paths: Vec<&str> =
                     steps.iter().filter_map(|s| s["path"].as_str()).collect();
                 paths.sort_unstable();
@@ -246,6 +338,7 @@ async fn check_steps(
         }));
     }
     let mut problems = Vec::new();
+    let mut times = HashMap::new();
     for reader in readers {
         while !reader.is_finished() {
             let done = next.load(Ordering::Relaxed).min(ids.len());
@@ -254,7 +347,35 @@ async fn check_steps(
                 .update(NAME, &format!("checked {done} of {} runs", ids.len()));
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        problems.extend(reader.await??);
+        let (found, timed) = reader.await??;
+        problems.extend(found);
+        times.extend(timed);
     }
-    Ok((ids.len(), problems.len(), problems.into_iter().next()))
+    Ok((
+        ids.len(),
+        problems.len(),
+        problems.into_iter().next(),
+        times,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepTimes;
+
+    #[test]
+    fn a_runs_step_times_split_into_its_steps_and_the_gaps_between_them() {
+        // Read back in any order: 50-70, then 100-120, then 125-150.
+        let run = StepTimes::of_run(vec![(100, 120), (125, 150), (50, 70)]);
+        assert_eq!((run.steps, run.in_steps_ms), (3, 65));
+        assert_eq!((run.gaps, run.between_ms), (2, 35));
+        let mut load = StepTimes::default();
+        load.add(&run);
+        load.add(&StepTimes::of_run(vec![(0, 10)]));
+        assert_eq!(
+            load.describe(),
+            "; a step took 18.8 ms in its handler, and 17.5 ms passed from its end to its \
+             run's next step's start (step rows' times, 4 steps)"
+        );
+    }
 }
