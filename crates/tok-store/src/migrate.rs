@@ -40,6 +40,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     17 "0017_store_effects_once_and_count_starts",
     19 "0019_partition_the_event_inbox_by_month",
     20 "0020_create_queue_samples",
+    21 "0021_compress_step_json_with_lz4",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":

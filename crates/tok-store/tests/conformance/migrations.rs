@@ -1,12 +1,14 @@
 //! Migrations (`Store::migrate`): migrating again, from another store too,
 //! keeps the data; on PostgreSQL, processes migrating a fresh database at
-//! once all succeed.
+//! once all succeed, and the JSON written at every step is compressed with
+//! lz4 where the server has it.
 
 use super::*;
 
 backend_tests!(
     run_on_fresh_db;
     migrating_again_is_harmless_and_keeps_the_data,
+    a_runs_context_and_its_steps_json_are_stored_with_lz4,
 );
 
 async fn migrating_again_is_harmless_and_keeps_the_data(db: &TestDb) {
@@ -34,6 +36,59 @@ async fn migrating_again_is_harmless_and_keeps_the_data(db: &TestDb) {
         .unwrap();
     assert_eq!(run_ids(&jobs), HashSet::from([run]), "{backend:?}");
     drop((store, other));
+}
+
+/// PostgreSQL: a run's context of some kilobytes and its step's output,
+/// written by a record, are stored compressed with lz4 (migration 0021),
+/// in whichever partition the step row went to. On a server built without
+/// lz4 the migration leaves them with pglz, and says so, rather than fail.
+async fn a_runs_context_and_its_steps_json_are_stored_with_lz4(db: &TestDb) {
+    if db.backend != Backend::Postgres {
+        return;
+    }
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    let run = start(&*store, &t, &aut, "manual", None).await;
+    let job = store
+        .claim(std::slice::from_ref(&t), "n", 1, LONG_LEASE_MS)
+        .await
+        .expect("claim")
+        .pop()
+        .expect("the run's job");
+    // About 16 kB of JSON that compresses (a service's answer, repeated).
+    let answer: Vec<Value> = (0..200)
+        .map(|i| json!({ "item": i, "status": "shipped", "note": "delivered to the address" }))
+        .collect();
+    let mut record = finish(&job, RunStatus::Completed);
+    record.context = json!({ "steps": { "fetch": { "items": answer } } });
+    record.steps = vec![step(
+        &job.path,
+        tok_store::StepStatus::Completed,
+        json!({ "items": answer }),
+    )];
+    store.record(&job, record).await.expect("record");
+
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let lz4 = sqlx::query("CREATE TEMPORARY TABLE lz4_probe (c TEXT COMPRESSION lz4)")
+        .execute(&mut conn)
+        .await
+        .is_ok();
+    let expected = if lz4 { "lz4" } else { "pglz" };
+    let context: Option<String> =
+        sqlx::query_scalar("SELECT pg_column_compression(context) FROM runs WHERE id = $1")
+            .bind(run.as_str())
+            .fetch_one(&mut conn)
+            .await
+            .expect("the run's row");
+    assert_eq!(context.as_deref(), Some(expected), "the run's context");
+    let output: Option<String> =
+        sqlx::query_scalar("SELECT pg_column_compression(output) FROM run_steps WHERE run_id = $1")
+            .bind(run.as_str())
+            .fetch_one(&mut conn)
+            .await
+            .expect("the step's row");
+    assert_eq!(output.as_deref(), Some(expected), "the step's output");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
