@@ -11,25 +11,23 @@
 -- without lz4 the columns stay with pglz, and the migration says so.
 DO $$
 DECLARE
-    partition regclass;
+    target record;
 BEGIN
-    EXECUTE 'ALTER TABLE runs ALTER COLUMN context SET COMPRESSION lz4';
     -- The setting of a partitioned table is not passed to the partitions
     -- it already has: each is set too.
-    FOR partition IN
-        SELECT 'run_steps'::regclass
-        UNION ALL SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'run_steps'::regclass
+    FOR target IN
+        WITH columns (tables, alter_columns) AS (VALUES
+            ('runs'::regclass, 'ALTER COLUMN context SET COMPRESSION lz4'),
+            ('run_steps'::regclass, 'ALTER COLUMN input SET COMPRESSION lz4,
+                ALTER COLUMN output SET COMPRESSION lz4,
+                ALTER COLUMN log SET COMPRESSION lz4'),
+            ('event_inbox'::regclass, 'ALTER COLUMN payload SET COMPRESSION lz4'))
+        SELECT tables AS relation, alter_columns FROM columns
+        UNION ALL
+        SELECT inhrelid::regclass, alter_columns
+        FROM columns JOIN pg_inherits ON inhparent = tables
     LOOP
-        EXECUTE format('ALTER TABLE %s
-            ALTER COLUMN input SET COMPRESSION lz4,
-            ALTER COLUMN output SET COMPRESSION lz4,
-            ALTER COLUMN log SET COMPRESSION lz4', partition);
-    END LOOP;
-    FOR partition IN
-        SELECT 'event_inbox'::regclass
-        UNION ALL SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'event_inbox'::regclass
-    LOOP
-        EXECUTE format('ALTER TABLE %s ALTER COLUMN payload SET COMPRESSION lz4', partition);
+        EXECUTE format('ALTER TABLE %s %s', target.relation, target.alter_columns);
     END LOOP;
 EXCEPTION WHEN feature_not_supported OR syntax_error THEN
     RAISE NOTICE 'this PostgreSQL server has no lz4 compression (%); step JSON stays compressed with pglz', SQLERRM;

@@ -75,20 +75,23 @@ async fn a_runs_context_and_its_steps_json_are_stored_with_lz4(db: &TestDb) {
         .await
         .is_ok();
     let expected = if lz4 { "lz4" } else { "pglz" };
-    let context: Option<String> =
-        sqlx::query_scalar("SELECT pg_column_compression(context) FROM runs WHERE id = $1")
+    for (what, sql) in [
+        (
+            "the run's context",
+            "SELECT pg_column_compression(context) FROM runs WHERE id = $1",
+        ),
+        (
+            "the step's output",
+            "SELECT pg_column_compression(output) FROM run_steps WHERE run_id = $1",
+        ),
+    ] {
+        let compression: Option<String> = sqlx::query_scalar(sql)
             .bind(run.as_str())
             .fetch_one(&mut conn)
             .await
-            .expect("the run's row");
-    assert_eq!(context.as_deref(), Some(expected), "the run's context");
-    let output: Option<String> =
-        sqlx::query_scalar("SELECT pg_column_compression(output) FROM run_steps WHERE run_id = $1")
-            .bind(run.as_str())
-            .fetch_one(&mut conn)
-            .await
-            .expect("the step's row");
-    assert_eq!(output.as_deref(), Some(expected), "the step's output");
+            .expect(what);
+        assert_eq!(compression.as_deref(), Some(expected), "{what}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
