@@ -145,7 +145,8 @@ pub struct Node {
     pub disk_gb: f64,
     /// Sustained WAL write bandwidth, MB/s.
     pub wal_mb_per_sec: f64,
-    /// A ceiling in steps/s that is not CPU (main's serialized claim).
+    /// A ceiling in steps/s that is neither CPU nor WAL (a what-if: claims
+    /// share no lock, so none is set by default).
     pub claim_steps_per_sec: Option<f64>,
 }
 
