@@ -19,7 +19,8 @@
 //! - `lock_rows!()`: locks the rows a `SELECT` reads until the transaction
 //!   ends; `lock_rows_of!(a, b)` only those of the tables aliased `a`, `b`;
 //!   `lock_rows_skip_locked!()` locks them but skips rows another
-//!   transaction holds (`lock_rows_skip_locked!(a)`: of the table `a`).
+//!   transaction holds (`lock_rows_skip_locked!(a, b)`: of the tables `a`,
+//!   `b`; a row is skipped when any of its tables' rows is held).
 //! - `lock_names!(n)`: a statement that takes the locks named by the list
 //!   bound at `$n` until the transaction ends, in one order; empty where
 //!   nothing needs locking.
@@ -115,8 +116,8 @@ pub(crate) mod postgres {
         () => {
             "FOR UPDATE SKIP LOCKED"
         };
-        ($alias:ident) => {
-            concat!("FOR UPDATE OF ", stringify!($alias), " SKIP LOCKED")
+        ($($alias:ident),+) => {
+            concat!("FOR UPDATE OF ", stringify!($($alias),+), " SKIP LOCKED")
         };
     }
 
@@ -253,7 +254,7 @@ pub(crate) mod sqlite {
         () => {
             ""
         };
-        ($alias:ident) => {
+        ($($alias:ident),+) => {
             ""
         };
     }

@@ -10,6 +10,13 @@
 //! suite (`tests/conformance/`, one module per part of the store, each test
 //! generated per backend by [`backend_tests!`]). `connect` picks one from
 //! the URL.
+//!
+//! Lock order on PostgreSQL: a transaction that locks a run's row and its
+//! jobs' rows locks the run first. A cancel, a pause, a retry or a failed
+//! run's end locks the run and then deletes or holds its jobs; a record
+//! locks its batch's runs in id order before its fence locks the jobs; a
+//! claim's take skips a job whose run another transaction holds, so it
+//! never waits for a run while holding a job.
 
 mod admin_sql;
 pub mod approvals;

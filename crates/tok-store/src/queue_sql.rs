@@ -80,9 +80,12 @@ macro_rules! impl_queue {
                     tx.commit().await?;
                     return Ok(Vec::new());
                 }
-                // The take locks only the rows it leases, skipping those
-                // another claim holds, and checks each again against what
-                // has been committed since the candidates were read.
+                // The take locks only the rows it leases and their runs'
+                // rows, skipping a job when another transaction holds
+                // either (runs before jobs, the store's lock order: a
+                // cancel or a record holding the run is never waited for
+                // while this holds the job), and checks each again against
+                // what has been committed since the candidates were read.
                 let token = random_token();
                 let jobs = sqlx::query(concat!(
                     "UPDATE jobs SET locked_by = $1, locked_until = ", db_now!(), " + $2,
@@ -91,6 +94,7 @@ macro_rules! impl_queue {
                             + CASE WHEN locked_until IS NULL THEN 0 ELSE 1 END
                      WHERE id IN (
                         SELECT k.id FROM jobs k
+                        JOIN runs r ON r.tenant_id ", unindexed!(), " = k.tenant_id AND r.id = k.run_id
                         WHERE k.id ", any_of!(4), "
                           AND (k.locked_until IS NULL OR k.locked_until < ", db_now!(), ")
                           AND NOT k.held
@@ -100,7 +104,7 @@ macro_rules! impl_queue {
                                   AND q.id <> k.id
                                   AND (q.locked_until >= ", db_now!(), "
                                        OR (q.id < k.id AND NOT q.held AND q.run_after <= ", db_now!(), "))))
-                        ", lock_rows_skip_locked!(k), ")
+                        ", lock_rows_skip_locked!(k, r), ")
                      RETURNING id, tenant_id, run_id, path, attempts, resume"
                 ))
                 .bind(node)

@@ -170,15 +170,32 @@ macro_rules! impl_record {
             Ok(())
         }
 
-        /// The fence of a batch of claims and their runs' statuses in one
-        /// statement (the rows locked on PostgreSQL): the jobs whose claim
-        /// token still holds, with their run's status. A job missing from
-        /// the answer has lost its lease. Keyed by (job, claim token).
+        /// The fence of a batch of claims and their runs' statuses (the
+        /// rows locked on PostgreSQL): the jobs whose claim token still
+        /// holds, with their run's status. A job missing from the answer
+        /// has lost its lease. Keyed by (job, claim token).
+        ///
+        /// The runs' rows are locked first, in one order, and the jobs'
+        /// rows after them: runs before jobs is the store's lock order (a
+        /// cancel, a pause or a failed run's end locks its run, then
+        /// deletes or holds its jobs; a branch's record deletes its
+        /// siblings' jobs under the run). Jobs and runs locked row by row
+        /// together would hold one run's job while waiting for its run.
         async fn fenced_statuses<'j>(
             tx: &mut sqlx::Transaction<'_, $db>,
             jobs: impl Iterator<Item = &'j ClaimedJob>,
         ) -> Result<std::collections::HashMap<(i64, String), String>> {
             let jobs: Vec<&ClaimedJob> = jobs.collect();
+            if !lock_rows!().is_empty() {
+                sqlx::query(concat!(
+                    "SELECT id FROM runs WHERE tenant_id ", unindexed_any_of!(1),
+                    " AND id ", any_of!(2), " ORDER BY id ", lock_rows!()
+                ))
+                .bind(list(jobs.iter().map(|job| job.tenant_id.as_str())))
+                .bind(list(jobs.iter().map(|job| job.run_id.as_str())))
+                .execute(&mut **tx)
+                .await?;
+            }
             let rows: Vec<$crate::rows::FenceRow> = jobs
                 .iter()
                 .map(|job| $crate::rows::FenceRow {

@@ -20,6 +20,8 @@ backend_tests!(
     two_executions_of_one_job_in_one_record_batch_record_once,
     two_incarnations_of_one_node_keep_each_others_claims,
     a_process_stopped_inside_a_claim_holds_back_only_what_it_took,
+    a_claim_passes_over_a_job_whose_run_another_transaction_holds,
+    a_record_waits_for_its_run_before_it_locks_its_job,
 );
 
 async fn a_small_tenant_is_not_starved_by_a_large_backlog(db: &TestDb) {
@@ -847,4 +849,129 @@ async fn two_executions_of_one_job_in_one_record_batch_record_once(db: &TestDb) 
             "{backend:?}: run {id} has one step row"
         );
     }
+}
+
+/// Opens a transaction on a connection of its own that holds `run`'s row,
+/// as a cancel, a pause or a retry does before it touches the run's jobs.
+async fn hold_run(db: &TestDb, tenant: &TenantId, run: &RunId) -> sqlx::PgConnection {
+    let options = tok_store::PgStore::connect_options(&db.url).expect("options");
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect("connect");
+    sqlx::Executor::execute(&mut conn, "BEGIN")
+        .await
+        .expect("begin");
+    sqlx::query("SELECT id FROM runs WHERE tenant_id = $1 AND id = $2 FOR UPDATE")
+        .bind(tenant.as_str())
+        .bind(run.as_str())
+        .execute(&mut conn)
+        .await
+        .expect("lock the run's row");
+    conn
+}
+
+/// A run's row held by another transaction (a cancel in progress) keeps
+/// only that run's job from a claim: the claim neither waits for the row
+/// while it holds the job (the cancel would then wait for the job, and the
+/// two for each other) nor fails; the job is claimed once the row is free.
+async fn a_claim_passes_over_a_job_whose_run_another_transaction_holds(db: &TestDb) {
+    if db.backend != Backend::Postgres {
+        return;
+    }
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    let held = start(&*store, &t, &aut, "manual", None).await;
+    let mut free = HashSet::new();
+    for _ in 0..2 {
+        free.insert(start(&*store, &t, &aut, "manual", None).await);
+    }
+    let mut holder = hold_run(db, &t, &held).await;
+
+    let claimed = store
+        .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
+        .await
+        .expect("a claim beside a held run neither waits for it nor fails");
+    let runs: HashSet<RunId> = claimed.iter().map(|j| j.run_id.clone()).collect();
+    assert_eq!(runs, free, "every job but the held run's is claimed");
+
+    sqlx::Executor::execute(&mut holder, "ROLLBACK")
+        .await
+        .expect("rollback");
+    let later = store
+        .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    let later: Vec<RunId> = later.iter().map(|j| j.run_id.clone()).collect();
+    assert_eq!(later, vec![held], "the run's job once its row is free");
+}
+
+/// A cancel holds the run's row and then deletes its jobs; a record of the
+/// run's step that arrives meanwhile waits for the run's row before it
+/// locks the job, so the cancel's delete goes through (no deadlock, which
+/// PostgreSQL would break by failing one of them) and the record finds its
+/// job gone: its lease was lost, and nothing of it is written.
+async fn a_record_waits_for_its_run_before_it_locks_its_job(db: &TestDb) {
+    if db.backend != Backend::Postgres {
+        return;
+    }
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let aut = manual_automation(&*store, &t, "a").await;
+    let run = start(&*store, &t, &aut, "manual", None).await;
+    let job = store
+        .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim")
+        .pop()
+        .expect("the run's job");
+    let mut cancel = hold_run(db, &t, &run).await;
+
+    let record = store.record(&job, finish(&job, RunStatus::Completed));
+    let cancelling = async {
+        // The record is under way once it waits for a lock.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&mut cancel)
+                .await
+                .expect("waiting backends");
+                if waiting > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the record waits for the run's row");
+        let deleted = sqlx::query("DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2")
+            .bind(t.as_str())
+            .bind(run.as_str())
+            .execute(&mut cancel)
+            .await
+            .expect("the cancel deletes the run's job beside the waiting record")
+            .rows_affected();
+        sqlx::query("UPDATE runs SET status = 'cancelled' WHERE tenant_id = $1 AND id = $2")
+            .bind(t.as_str())
+            .bind(run.as_str())
+            .execute(&mut cancel)
+            .await
+            .expect("the run cancelled");
+        sqlx::Executor::execute(&mut cancel, "COMMIT")
+            .await
+            .expect("commit");
+        deleted
+    };
+    let (recorded, deleted) = tokio::join!(record, cancelling);
+    assert_eq!(deleted, 1, "the cancel deleted the job");
+    assert!(
+        matches!(recorded, Err(StoreError::LeaseLost(id)) if id == job.id),
+        "the record lost its lease to the cancel: {recorded:?}"
+    );
+    let after = store.run(&t, &run).await.expect("run").expect("run exists");
+    assert_eq!(after.run.status, "cancelled");
+    assert!(after.steps.is_empty(), "{:?}", after.steps);
 }
