@@ -324,6 +324,33 @@ fn step(path: &str, status: tok_store::StepStatus, output: Value) -> StepRecord 
     }
 }
 
+/// A run of a new manual automation of `tenant`, started and claimed:
+/// the run and its job, leased for [`LONG_LEASE_MS`].
+async fn claimed_run(store: &dyn Store, tenant: &TenantId) -> (RunId, ClaimedJob) {
+    let aut = manual_automation(store, tenant, "a").await;
+    let run = start(store, tenant, &aut, "manual", None).await;
+    let job = store
+        .claim(std::slice::from_ref(tenant), "n", 1, LONG_LEASE_MS)
+        .await
+        .expect("claim")
+        .pop()
+        .expect("the run's job");
+    (run, job)
+}
+
+/// A connection of its own with a transaction open on it (PostgreSQL), to
+/// hold locks beside the store's transactions as another process would.
+async fn transaction_beside(db: &TestDb) -> sqlx::PgConnection {
+    let options = tok_store::PgStore::connect_options(&db.url).expect("options");
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect("connect");
+    sqlx::Executor::execute(&mut conn, "BEGIN")
+        .await
+        .expect("begin");
+    conn
+}
+
 /// Ends the run: the job is deleted and the run takes `status`.
 fn finish(job: &ClaimedJob, status: RunStatus) -> Record {
     Record {

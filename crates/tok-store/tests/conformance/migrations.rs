@@ -48,14 +48,7 @@ async fn a_runs_context_and_its_steps_json_are_stored_with_lz4(db: &TestDb) {
     }
     let store = db.store().await;
     let t = tenant(&*store, "acme").await;
-    let aut = manual_automation(&*store, &t, "a").await;
-    let run = start(&*store, &t, &aut, "manual", None).await;
-    let job = store
-        .claim(std::slice::from_ref(&t), "n", 1, LONG_LEASE_MS)
-        .await
-        .expect("claim")
-        .pop()
-        .expect("the run's job");
+    let (run, job) = claimed_run(&*store, &t).await;
     // About 16 kB of JSON that compresses (a service's answer, repeated).
     let answer: Vec<Value> = (0..200)
         .map(|i| json!({ "item": i, "status": "shipped", "note": "delivered to the address" }))

@@ -717,13 +717,7 @@ async fn a_process_stopped_inside_a_claim_holds_back_only_what_it_took(db: &Test
     }
     free.insert(start(&*store, &t, &aut, "manual", Some("ticket:2")).await);
 
-    let options = tok_store::PgStore::connect_options(&db.url).expect("options");
-    let mut stopped = sqlx::PgConnection::connect_with(&options)
-        .await
-        .expect("connect");
-    sqlx::Executor::execute(&mut stopped, "BEGIN")
-        .await
-        .expect("begin");
+    let mut stopped = transaction_beside(db).await;
     sqlx::query("SELECT id FROM jobs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE")
         .bind(t.as_str())
         .bind(taken.as_str())
@@ -854,13 +848,7 @@ async fn two_executions_of_one_job_in_one_record_batch_record_once(db: &TestDb) 
 /// Opens a transaction on a connection of its own that holds `run`'s row,
 /// as a cancel, a pause or a retry does before it touches the run's jobs.
 async fn hold_run(db: &TestDb, tenant: &TenantId, run: &RunId) -> sqlx::PgConnection {
-    let options = tok_store::PgStore::connect_options(&db.url).expect("options");
-    let mut conn = sqlx::PgConnection::connect_with(&options)
-        .await
-        .expect("connect");
-    sqlx::Executor::execute(&mut conn, "BEGIN")
-        .await
-        .expect("begin");
+    let mut conn = transaction_beside(db).await;
     sqlx::query("SELECT id FROM runs WHERE tenant_id = $1 AND id = $2 FOR UPDATE")
         .bind(tenant.as_str())
         .bind(run.as_str())
@@ -917,14 +905,7 @@ async fn a_record_waits_for_its_run_before_it_locks_its_job(db: &TestDb) {
     }
     let store = db.store().await;
     let t = tenant(&*store, "acme").await;
-    let aut = manual_automation(&*store, &t, "a").await;
-    let run = start(&*store, &t, &aut, "manual", None).await;
-    let job = store
-        .claim(std::slice::from_ref(&t), "host:live", 10, LONG_LEASE_MS)
-        .await
-        .expect("claim")
-        .pop()
-        .expect("the run's job");
+    let (run, job) = claimed_run(&*store, &t).await;
     let mut cancel = hold_run(db, &t, &run).await;
 
     let record = store.record(&job, finish(&job, RunStatus::Completed));
