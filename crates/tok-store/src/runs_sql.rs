@@ -68,18 +68,18 @@ macro_rules! impl_runs {
                 let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if status == RunStatus::Compensating {
-                    return Err(StoreError::Conflict(
+                    return refused(tx, StoreError::Conflict(
                         "the run is compensating: it is undoing its completed steps after a \
                          cancel or a failure, which a cancel does not interrupt; it ends \
                          cancelled or failed when they are undone"
                             .into(),
-                    ));
+                    )).await;
                 }
                 if status.is_final() {
-                    return Err(StoreError::Conflict(format!(
+                    return refused(tx, StoreError::Conflict(format!(
                         "the run is already {}; only an unfinished run can be cancelled",
                         status.as_str()
-                    )));
+                    ))).await;
                 }
                 // The runs this one waits for are cancelled with it, the
                 // deepest first (see `children_sql.rs` for the lock order);
@@ -164,10 +164,10 @@ macro_rules! impl_runs {
                     status,
                     RunStatus::Queued | RunStatus::Running | RunStatus::Waiting
                 ) {
-                    return Err(StoreError::Conflict(format!(
+                    return refused(tx, StoreError::Conflict(format!(
                         "the run is {}; only a queued, running or waiting run can be paused",
                         status.as_str()
-                    )));
+                    ))).await;
                 }
                 for_run(
                     &mut tx,
@@ -193,10 +193,10 @@ macro_rules! impl_runs {
                 let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if status != RunStatus::Paused {
-                    return Err(StoreError::Conflict(format!(
+                    return refused(tx, StoreError::Conflict(format!(
                         "the run is {}; only a paused run can be resumed",
                         status.as_str()
-                    )));
+                    ))).await;
                 }
                 for_run(
                     &mut tx,
@@ -229,10 +229,10 @@ macro_rules! impl_runs {
                 let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if status != RunStatus::Failed {
-                    return Err(StoreError::Conflict(format!(
+                    return refused(tx, StoreError::Conflict(format!(
                         "the run is {}; only a failed run can be retried",
                         status.as_str()
-                    )));
+                    ))).await;
                 }
                 let failed = sqlx::query(
                     "SELECT path FROM run_steps
@@ -242,12 +242,12 @@ macro_rules! impl_runs {
                 .bind(tenant.as_str())
                 .bind(id.as_str())
                 .fetch_optional(&mut *tx)
-                .await?
-                .ok_or_else(|| {
-                    StoreError::Conflict(
+                .await?;
+                let Some(failed) = failed else {
+                    return refused(tx, StoreError::Conflict(
                         "the run failed before any step ran; start a new run instead".into(),
-                    )
-                })?;
+                    )).await;
+                };
                 let path: String = failed.get("path");
                 let compensated = sqlx::query(
                     "SELECT 1 FROM run_steps
@@ -259,11 +259,11 @@ macro_rules! impl_runs {
                 .fetch_optional(&mut *tx)
                 .await?;
                 if compensated.is_some() {
-                    return Err(StoreError::Conflict(
+                    return refused(tx, StoreError::Conflict(
                         "the run undid its completed steps when it failed \
                          (settings.compensateOnFailure); start a new run instead"
                             .into(),
-                    ));
+                    )).await;
                 }
                 let run = summary_in(&mut tx, tenant, id).await?;
                 sqlx::query(concat!(
@@ -401,6 +401,16 @@ macro_rules! impl_runs {
             RunStatus::parse(status).ok_or_else(|| {
                 StoreError::Conflict(format!("the run has an unknown status `{status}`"))
             })
+        }
+
+        /// Ends a transaction that refuses what was asked: rolled back at
+        /// once, so the run's row it locked is free before the caller
+        /// hears the refusal. (A dropped transaction is rolled back only
+        /// when its connection is next used; until then a claim passes
+        /// over the run's jobs.)
+        async fn refused<T>(tx: sqlx::Transaction<'_, $db>, error: StoreError) -> Result<T> {
+            tx.rollback().await?;
+            Err(error)
         }
 
         /// Runs a statement whose `$1` is the tenant and `$2` the run.
