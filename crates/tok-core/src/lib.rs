@@ -34,6 +34,7 @@ pub mod run;
 pub mod schedule;
 pub mod template;
 pub mod validate;
+pub mod walk;
 pub mod waits;
 
 pub use advance::{Input, RunState, Then, Transition, advance};
