@@ -27,6 +27,7 @@ pub mod incident;
 pub mod limits;
 pub mod parallel;
 pub mod path;
+pub mod quotas;
 pub mod repeat;
 pub mod retention;
 pub mod retry;
@@ -34,8 +35,8 @@ pub mod run;
 pub mod schedule;
 pub mod template;
 pub mod validate;
-pub mod walk;
 pub mod waits;
+pub mod walk;
 
 pub use advance::{Input, RunState, Then, Transition, advance};
 pub use builtin::{INTERNAL_TYPES, Outcome};

@@ -1,7 +1,8 @@
 //! Hard limits of the runtime, shared by validation at save (tree size,
 //! definition size, loop cap) and by the engine at run time (actions per run,
 //! output size, depth). They exist so one tenant's automation cannot exhaust a
-//! node; raising one is a capacity decision, not a bug fix.
+//! node; raising one is a capacity decision, not a bug fix. A tenant's own
+//! quotas, which the platform admin sets, are [`crate::quotas::TenantLimits`].
 
 /// Steps in one automation tree, nested steps included (checked at save).
 pub const MAX_STEPS: usize = 50;
@@ -51,7 +52,8 @@ pub fn start_allowed(recent: &[i64], per_minute: u32, now: i64) -> Result<(), i6
 pub fn start_rate_exceeded(per_minute: u32) -> String {
     format!(
         "start_rate_exceeded: the automation may start {per_minute} runs per minute \
-         (settings.limits.startsPerMinute); this one was not started"
+         (settings.limits.startsPerMinute of the automation, or else of its tenant); \
+         this one was not started"
     )
 }
 

@@ -6,17 +6,108 @@
 //! [`children`] is the only place that names a step's child lists. It
 //! destructures [`Step`] without `..`, so a field added to the type does not
 //! compile until it is listed here, as a child list or as a plain field.
+//! [`ChildKind::ALL`] lists the kinds of child list; a test builds a step
+//! with every one of them and every plain field filled, serializes it, and
+//! requires every step found anywhere in that JSON to be visited at its
+//! path, so a child list the walker skips fails the tests even if it
+//! compiles.
 
-use crate::definition::Step;
+use serde_json::{Value, json};
+
+use crate::definition::{Escalation, Rule, Step};
+
+/// A kind of child list, as a step's JSON names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChildKind {
+    /// A condition's steps when it holds.
+    Then,
+    /// A condition's steps when it does not.
+    Else,
+    /// A loop's (or repeat's) body.
+    Do,
+    /// One branch of a `parallel` step (`branches.<b>`).
+    Branch,
+    /// The steps of one escalation level (`escalations.<l>.steps`).
+    Escalation,
+    /// What undoes a step.
+    Compensate,
+}
+
+impl ChildKind {
+    /// Every kind of child list, in the order [`children`] yields them.
+    pub const ALL: [ChildKind; 6] = [
+        ChildKind::Then,
+        ChildKind::Else,
+        ChildKind::Do,
+        ChildKind::Branch,
+        ChildKind::Escalation,
+        ChildKind::Compensate,
+    ];
+
+    /// The step's JSON key that holds lists of this kind.
+    pub fn key(self) -> &'static str {
+        match self {
+            ChildKind::Then => "then",
+            ChildKind::Else => "else",
+            ChildKind::Do => "do",
+            ChildKind::Branch => "branches",
+            ChildKind::Escalation => "escalations",
+            ChildKind::Compensate => "compensate",
+        }
+    }
+
+    /// A step that may hold lists of this kind and is valid once it holds
+    /// one (a condition with a rule, a loop over `[1]`, a parallel step, a
+    /// `wait_for_event` on a key, a log line that can be undone): for
+    /// building trees in code and tests, such as the fuzz suite's hostile
+    /// steps placed in every kind of list.
+    pub fn holder(self, id: &str) -> Step {
+        let (kind, config) = match self {
+            ChildKind::Then | ChildKind::Else => ("condition", Value::Null),
+            ChildKind::Do => ("loop", json!({"items": [1]})),
+            ChildKind::Branch => (crate::parallel::PARALLEL, Value::Null),
+            ChildKind::Escalation => (crate::advance::WAIT_FOR_EVENT, json!({"key": "k"})),
+            ChildKind::Compensate => ("flow/log", json!({"message": "done"})),
+        };
+        let mut step = Step::new(id, kind, config);
+        if kind == "condition" {
+            step.rules = Some(vec![Rule {
+                field: "x".into(),
+                operator: crate::definition::Operator::IsEmpty,
+                value: Value::Null,
+            }]);
+        }
+        step
+    }
+
+    /// Adds `steps` to `parent` as one more list of this kind: appended to
+    /// `then`, `else`, `do` or `compensate`, or as a new branch, or as a new
+    /// escalation level an hour after the last one.
+    pub fn add(self, parent: &mut Step, steps: Vec<Step>) {
+        match self {
+            ChildKind::Then => parent.then.extend(steps),
+            ChildKind::Else => parent.else_.extend(steps),
+            ChildKind::Do => parent.do_.extend(steps),
+            ChildKind::Branch => parent.branches.push(steps),
+            ChildKind::Escalation => {
+                let after = format!("{}h", parent.escalations.len() + 1);
+                parent.escalations.push(Escalation { after, steps });
+            }
+            ChildKind::Compensate => parent.compensate.extend(steps),
+        }
+    }
+}
 
 /// One of a step's child lists, with the path segment that leads to it
 /// (`then`, `branches.1`, `escalations.0.steps`).
 pub struct Children<'a> {
+    pub kind: ChildKind,
     pub label: String,
     pub steps: &'a [Step],
 }
 
-/// Every child list of `step`, in the order a reader of the JSON meets them.
+/// Every child list of `step`, in the order of [`ChildKind::ALL`] (every
+/// branch, every escalation level, empty lists included).
 pub fn children(step: &Step) -> Vec<Children<'_>> {
     let Step {
         id: _,
@@ -35,32 +126,29 @@ pub fn children(step: &Step) -> Vec<Children<'_>> {
         escalations,
         compensate,
     } = step;
+    fn list(kind: ChildKind, steps: &[Step]) -> Children<'_> {
+        Children {
+            kind,
+            label: kind.key().to_owned(),
+            steps,
+        }
+    }
     let mut lists = vec![
-        Children {
-            label: "then".into(),
-            steps: then,
-        },
-        Children {
-            label: "else".into(),
-            steps: else_,
-        },
-        Children {
-            label: "do".into(),
-            steps: do_,
-        },
+        list(ChildKind::Then, then),
+        list(ChildKind::Else, else_),
+        list(ChildKind::Do, do_),
     ];
     lists.extend(branches.iter().enumerate().map(|(i, b)| Children {
+        kind: ChildKind::Branch,
         label: format!("branches.{i}"),
         steps: b.as_slice(),
     }));
     lists.extend(escalations.iter().enumerate().map(|(i, e)| Children {
+        kind: ChildKind::Escalation,
         label: format!("escalations.{i}.steps"),
         steps: e.steps.as_slice(),
     }));
-    lists.push(Children {
-        label: "compensate".into(),
-        steps: compensate,
-    });
+    lists.push(list(ChildKind::Compensate, compensate));
     lists
 }
 
@@ -79,45 +167,4 @@ pub fn each_step<'a>(steps: &'a [Step], at: &str, visit: &mut impl FnMut(&str, &
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::definition::Automation;
-
-    #[test]
-    fn every_child_list_is_visited_with_its_path() {
-        let a = Automation::from_json(
-            r#"{"name": "w", "trigger": {"kind": "manual"}, "steps": [
-                {"id": "c", "type": "condition", "rules": [],
-                 "then": [{"id": "t", "type": "flow/log"}],
-                 "else": [{"id": "e", "type": "flow/log"}]},
-                {"id": "l", "type": "loop", "do": [{"id": "d", "type": "flow/log"}]},
-                {"id": "p", "type": "parallel", "branches": [[{"id": "b0", "type": "flow/log"}],
-                                                             [{"id": "b1", "type": "flow/log"}]]},
-                {"id": "w", "type": "wait_for_event",
-                 "escalations": [{"after": "1h", "steps": [{"id": "x", "type": "flow/log"}]}],
-                 "compensate": [{"id": "u", "type": "flow/log"}]}
-            ]}"#,
-        )
-        .unwrap();
-        let mut seen = Vec::new();
-        each_step(&a.steps, "steps", &mut |path, step| {
-            seen.push(format!("{path}={}", step.id))
-        });
-        assert_eq!(
-            seen,
-            [
-                "steps.0=c",
-                "steps.0.then.0=t",
-                "steps.0.else.0=e",
-                "steps.1=l",
-                "steps.1.do.0=d",
-                "steps.2=p",
-                "steps.2.branches.0.0=b0",
-                "steps.2.branches.1.0=b1",
-                "steps.3=w",
-                "steps.3.escalations.0.steps.0=x",
-                "steps.3.compensate.0=u",
-            ]
-        );
-    }
-}
+mod tests;

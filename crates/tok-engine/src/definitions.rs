@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tok_core::definition::{Automation, Trigger};
+use tok_core::definition::{Automation, DefinitionError, Trigger};
 use tok_core::ids::{AutomationId, TenantId};
 use tok_core::validate::{ValidationError, validate};
 use tok_store::{DefinitionStore, NewVersion};
@@ -29,9 +29,15 @@ pub fn prepare(
         }]
     })?;
     let automation = Automation::from_json(text).map_err(|e| {
+        let DefinitionError::Json {
+            path,
+            message,
+            line,
+            column,
+        } = e;
         vec![ValidationError {
-            path: String::new(),
-            message: e.to_string(),
+            path,
+            message: format!("{message} (line {line}, column {column})"),
         }]
     })?;
     let mut errors = match validate(&automation, raw.len(), &|kind| registry.is_known(kind)) {
@@ -55,24 +61,27 @@ pub fn prepare(
     Ok((automation, version))
 }
 
+/// Each registered step's own check of its `config` (the script guard,
+/// the `http` step's URL and body, …), on every step of every child list.
 fn check_handler_configs(
     steps: &[tok_core::definition::Step],
     at: &str,
     registry: &Registry,
     errors: &mut Vec<ValidationError>,
 ) {
-    for (i, step) in steps.iter().enumerate() {
-        let here = format!("{at}.{i}");
-        if let Err(message) = registry.validate(&step.kind, &step.config) {
+    tok_core::walk::each_step(steps, at, &mut |here, step| {
+        if let Err(e) = registry.check_config(&step.kind, &step.config) {
+            let path = if e.key.is_empty() {
+                format!("{here}.config")
+            } else {
+                format!("{here}.config.{}", e.key)
+            };
             errors.push(ValidationError {
-                path: format!("{here}.config"),
-                message,
+                path,
+                message: e.message,
             });
         }
-        check_handler_configs(&step.then, &format!("{here}.then"), registry, errors);
-        check_handler_configs(&step.else_, &format!("{here}.else"), registry, errors);
-        check_handler_configs(&step.do_, &format!("{here}.do"), registry, errors);
-    }
+    });
 }
 
 /// The (kind, key) the dispatcher looks automations up by.
@@ -140,5 +149,72 @@ impl DefinitionCache {
         }
         parsed.insert((id.clone(), version), automation.clone());
         automation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tok_core::definition::Step;
+    use tok_core::walk::ChildKind;
+    use tok_script::{PoolConfig, ScriptPool};
+
+    use super::*;
+
+    fn registry() -> Registry {
+        let mut registry = Registry::with_builtins();
+        // Validation never starts a sandbox, so no program is needed.
+        let pool = ScriptPool::new(PoolConfig::new("/nonexistent", ["x"])).unwrap();
+        registry.register("script", crate::ScriptStep::new(pool));
+        registry
+    }
+
+    fn refused(definition: &Value) -> Vec<ValidationError> {
+        prepare(definition.to_string().as_bytes(), &registry()).unwrap_err()
+    }
+
+    #[test]
+    fn the_script_guard_reaches_every_kind_of_child_list() {
+        let script = Step::new(
+            "js",
+            "script",
+            json!({"source": "function main(i) { return {x: '{{_body.x}}'} }"}),
+        );
+        for kind in ChildKind::ALL {
+            let mut holder = kind.holder("h");
+            kind.add(&mut holder, vec![script.clone()]);
+            let mut outer = ChildKind::Compensate.holder("outer");
+            outer.compensate.clear();
+            let definition = json!({"name": "n", "trigger": {"kind": "manual"},
+                                    "steps": [outer, holder]});
+            let errors = refused(&definition);
+            let list = match kind {
+                ChildKind::Branch => "branches.0".to_owned(),
+                ChildKind::Escalation => "escalations.0.steps".to_owned(),
+                other => other.key().to_owned(),
+            };
+            assert_eq!(errors.len(), 1, "{kind:?}: {errors:#?}");
+            assert_eq!(errors[0].path, format!("steps.1.{list}.0.config.source"));
+            assert!(
+                errors[0].message.contains("must not contain `{{`"),
+                "{errors:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_shape_error_is_refused_at_its_path_with_its_position() {
+        let errors = refused(
+            &json!({"name": "n", "trigger": {"kind": "manual"}, "steps": [],
+                                     "flow": {"steps": []}}),
+        );
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert_eq!(errors[0].path, "flow");
+        assert!(
+            errors[0]
+                .message
+                .starts_with("unknown field `flow`, expected one of `name`, `trigger`, `steps`, `settings` (line 1, column "),
+            "{errors:#?}"
+        );
     }
 }

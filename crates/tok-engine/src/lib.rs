@@ -19,6 +19,7 @@ pub mod dispatch;
 mod execute;
 mod failure;
 pub mod fairness;
+pub mod outbound;
 pub mod registry;
 pub mod scheduler;
 mod steps;
@@ -41,7 +42,8 @@ use tokio::task::JoinHandle;
 pub use authorize::{StepAuthorizer, StepToAuthorize, SuspendedTenants, Verdict};
 pub use definitions::DefinitionCache;
 pub use fairness::Fairness;
-pub use registry::{Effects, Registry, StepCall, StepHandler};
+pub use outbound::OutboundAllow;
+pub use registry::{ConfigError, Effects, Registry, StepCall, StepHandler};
 pub use steps::script::ScriptStep;
 pub use stream::Stream;
 pub use widgets::{WidgetData, WidgetError, Widgets};
@@ -61,7 +63,7 @@ pub enum EngineError {
     /// A manual start over the automation's `settings.limits.startsPerMinute`.
     #[error(
         "start_rate_exceeded: automation {automation} may start {per_minute} runs per minute \
-         (settings.limits.startsPerMinute); retry in {} s",
+         (settings.limits.startsPerMinute of the automation, or else of its tenant); retry in {} s",
         whole_seconds(*.retry_after_ms)
     )]
     StartRateExceeded {
@@ -117,6 +119,12 @@ pub struct EngineConfig {
     /// what a step's data look like, a hundredth of the volume
     /// (see [`tok_core::retention`]).
     pub step_sample: f64,
+    /// What the outbound guard lets tenants' calls reach beyond public
+    /// addresses (`TOK_OUTBOUND_ALLOW`, [`outbound`]). Closed by default:
+    /// no loopback, private, link-local, CGNAT or other internal address.
+    /// The connector steps and widgets are built from it
+    /// ([`Registry::with_connectors`], [`Widgets::new`]).
+    pub outbound: OutboundAllow,
 }
 
 impl Default for EngineConfig {
@@ -135,6 +143,7 @@ impl Default for EngineConfig {
             signal_lookback: Duration::from_secs(10 * 60),
             scheduler: scheduler::SchedulerConfig::default(),
             step_sample: 0.01,
+            outbound: OutboundAllow::default(),
         }
     }
 }
@@ -428,7 +437,14 @@ impl Engine {
             actions: 0,
             refused: None,
         };
-        let per_minute = automation.settings.limits.starts_per_minute;
+        // An automation without a start limit of its own has its tenant's.
+        let per_minute = match automation.settings.limits.starts_per_minute {
+            Some(own) => Some(own),
+            None => store
+                .tenant(tenant)
+                .await?
+                .and_then(|t| t.limits.starts_per_minute),
+        };
         let id = match store
             .start_run_limited(tenant, event, run, per_minute)
             .await?

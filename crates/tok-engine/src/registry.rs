@@ -155,6 +155,24 @@ pub trait StepHandler: Send + Sync + 'static {
     fn validate(&self, _config: &Value) -> Result<(), String> {
         Ok(())
     }
+
+    /// [`StepHandler::validate`], naming the key of `config` the problem
+    /// concerns, so the save's 400 points at it (`steps.2.config.source`).
+    /// A handler whose problems each concern one key overrides this one.
+    fn check_config(&self, config: &Value) -> Result<(), ConfigError> {
+        self.validate(config).map_err(|message| ConfigError {
+            key: String::new(),
+            message,
+        })
+    }
+}
+
+/// A step's `config` refused at save: the key it concerns (a dot path
+/// inside `config`; empty for the config as a whole) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
 }
 
 /// A registered step type.
@@ -200,21 +218,30 @@ impl Registry {
     }
 
     /// The built-ins plus the connector steps (`http`, `mcp`), which need the
-    /// store for their connections' limits.
-    pub fn with_connectors(store: Arc<dyn tok_store::ConnectionStore>) -> Self {
+    /// store for their connections' limits and call out through the
+    /// outbound guard with `allow`'s exceptions (the engine's
+    /// [`EngineConfig::outbound`](crate::EngineConfig::outbound)).
+    pub fn with_connectors(
+        store: Arc<dyn tok_store::ConnectionStore>,
+        allow: &crate::outbound::OutboundAllow,
+    ) -> Self {
         let mut registry = Self::with_builtins();
-        registry.add_connectors(store);
+        registry.add_connectors(store, allow);
         registry
     }
 
     /// Adds the connector steps (`http`, `mcp`) where no handler of that
-    /// name was registered already.
-    pub fn add_connectors(&mut self, store: Arc<dyn tok_store::ConnectionStore>) -> &mut Self {
+    /// name was registered already; see [`Registry::with_connectors`].
+    pub fn add_connectors(
+        &mut self,
+        store: Arc<dyn tok_store::ConnectionStore>,
+        allow: &crate::outbound::OutboundAllow,
+    ) -> &mut Self {
         if !self.steps.contains_key("http") {
-            self.register("http", crate::steps::http::Http::new(store.clone()));
+            self.register("http", crate::steps::http::Http::new(store.clone(), allow));
         }
         if !self.steps.contains_key("mcp") {
-            self.register("mcp", crate::steps::mcp::Mcp::new(store));
+            self.register("mcp", crate::steps::mcp::Mcp::new(store, allow));
         }
         self
     }
@@ -273,9 +300,19 @@ impl Registry {
     /// Checks a registered step's `config` at save (control steps are
     /// checked by `tok-core`'s validation).
     pub fn validate(&self, kind: &str, config: &Value) -> Result<(), String> {
+        self.check_config(kind, config).map_err(|e| e.message)
+    }
+
+    /// [`Registry::validate`], with the key of `config` the problem concerns.
+    pub fn check_config(&self, kind: &str, config: &Value) -> Result<(), ConfigError> {
         match self.steps.get(kind) {
-            Some(Entry::InTransaction(step)) => step.validate(config),
-            Some(Entry::External(handler)) => handler.validate(config),
+            Some(Entry::InTransaction(step)) => {
+                step.validate(config).map_err(|message| ConfigError {
+                    key: String::new(),
+                    message,
+                })
+            }
+            Some(Entry::External(handler)) => handler.check_config(config),
             None => Ok(()),
         }
     }

@@ -15,6 +15,7 @@ use tok_core::error::StepError;
 use tok_core::ids::{JobId, TenantId};
 use tok_store::{Store, StoreError, Widget, now_ms};
 
+use crate::outbound::{self, OutboundAllow, origin};
 use crate::steps::http::{self, Http};
 
 /// The longest a widget's call may hold a connection's slot: the longest
@@ -47,6 +48,12 @@ pub enum WidgetError {
         message: String,
         retry_after_ms: Option<u64>,
     },
+    /// The request itself is not allowed: the outbound guard refused its
+    /// address (`code` is `outbound_refused`) or its URL left the
+    /// connection's origin (`origin_mismatch`). No cached answer is served
+    /// in its place: the request is the tenant's to fix.
+    #[error("{message}")]
+    Refused { code: &'static str, message: String },
 }
 
 /// Fetches widgets' data through a cache; one per process.
@@ -56,9 +63,11 @@ pub struct Widgets {
 }
 
 impl Widgets {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    /// Widgets' calls go through the outbound guard with `allow`'s
+    /// exceptions (the engine's `EngineConfig::outbound`).
+    pub fn new(store: Arc<dyn Store>, allow: &OutboundAllow) -> Self {
         Widgets {
-            http: Http::new(store.clone()),
+            http: Http::new(store.clone(), allow),
             store,
         }
     }
@@ -92,7 +101,18 @@ impl Widgets {
                 error: None,
             });
         }
-        match self.fetch(tenant, &widget).await {
+        let fetched = self.fetch(tenant, &widget).await;
+        if let Err(e) = &fetched {
+            for code in [outbound::REFUSED, origin::MISMATCH] {
+                if e.message().starts_with(&format!("{code}:")) {
+                    return Err(WidgetError::Refused {
+                        code,
+                        message: e.message().to_owned(),
+                    });
+                }
+            }
+        }
+        match fetched {
             Ok(data) => {
                 let fetched_at = now_ms();
                 self.store

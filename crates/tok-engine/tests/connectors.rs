@@ -112,10 +112,15 @@ struct Setup {
 impl Setup {
     async fn new(backend: Backend, max_connections: u32) -> Self {
         let db = TestDb::create(backend).await;
-        let store = tok_store::connect(&db.url, max_connections).await.unwrap();
+        let store = tok_store::connect(&db.url, max_connections, &db.keys)
+            .await
+            .unwrap();
         store.migrate().await.unwrap();
         let tenant = store.create_tenant("Acme", "key-hash").await.unwrap().id;
-        let registry = Registry::with_connectors(store.clone());
+        // The stub services listen on loopback ports chosen at random; the
+        // outbound guard refuses loopback unless it is opened.
+        let allow = tok_engine::OutboundAllow::parse("127.0.0.1/32").unwrap();
+        let registry = Registry::with_connectors(store.clone(), &allow);
         Self {
             db,
             store,

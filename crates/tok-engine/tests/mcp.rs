@@ -153,10 +153,13 @@ struct Setup {
 impl Setup {
     async fn new(backend: Backend) -> Self {
         let db = TestDb::create(backend).await;
-        let store = tok_store::connect(&db.url, 10).await.unwrap();
+        let store = tok_store::connect(&db.url, 10, &db.keys).await.unwrap();
         store.migrate().await.unwrap();
         let tenant = store.create_tenant("Acme", "key-hash").await.unwrap().id;
-        let registry = Registry::with_connectors(store.clone());
+        // The stub services listen on loopback ports chosen at random; the
+        // outbound guard refuses loopback unless it is opened.
+        let allow = tok_engine::OutboundAllow::parse("127.0.0.1/32").unwrap();
+        let registry = Registry::with_connectors(store.clone(), &allow);
         Self {
             db,
             store,
@@ -369,6 +372,25 @@ async fn an_unreachable_server_is_retried_until_attempts_run_out() {
         assert_eq!(attempts.iter().max(), Some(&4), "{backend:?}: {attempts:?}");
         s.cleanup().await;
     }
+}
+
+#[tokio::test]
+async fn an_endpoint_at_an_internal_address_is_refused_by_the_guard() {
+    let s = Setup::new(Backend::Sqlite).await;
+    s.connection("metadata", "http://169.254.169.254/mcp").await;
+    let automation = s
+        .automation(json!({ "connection": "metadata", "tool": "add" }))
+        .await;
+    let detail = s.run(&automation, json!({})).await;
+
+    assert_eq!(detail.run.status, "failed");
+    let error = detail.run.error.unwrap_or_default();
+    assert!(error.contains("outbound_refused"), "{error}");
+    assert!(error.contains("169.254.169.254:80"), "{error}");
+    assert!(error.contains("TOK_OUTBOUND_ALLOW"), "{error}");
+    let attempts: Vec<i32> = detail.steps.iter().map(|st| st.attempt).collect();
+    assert_eq!(attempts, [1], "a refusal is terminal: {attempts:?}");
+    s.cleanup().await;
 }
 
 #[tokio::test]

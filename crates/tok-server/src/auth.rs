@@ -38,8 +38,12 @@ pub(crate) struct KeyActor(pub(crate) serde_json::Value);
 /// The bearer key of a request. The scheme is case-insensitive (RFC 9110
 /// §11.1): `bearer` is `Bearer`.
 fn bearer(parts: &Parts) -> Option<&str> {
-    parts
-        .headers
+    bearer_of(&parts.headers)
+}
+
+/// [`bearer`] of a request's headers.
+pub(crate) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().split_once(' '))

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use tok_engine::EngineError;
-use tok_store::StoreError;
+use tok_store::{SecretError, StoreError};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -84,6 +84,19 @@ impl From<StoreError> for ApiError {
             StoreError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
             // Deterministic for this input: a retry fails the same way.
             StoreError::Refused(message) => Self::bad_request("unstorable", message),
+            // The operator's to fix (TOK_SECRET_KEY); the messages name a
+            // connection and a key's id, never a key or a credential.
+            StoreError::Secret(SecretError::NoKey) => {
+                Self::bad_request("secret_key_missing", SecretError::NoKey.to_string())
+            }
+            StoreError::Secret(other) => {
+                tracing::error!(error = %other, "connection credentials do not open");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "credentials_unopenable",
+                    other.to_string(),
+                )
+            }
             StoreError::Unavailable(message) => {
                 tracing::error!(error = %message, "database unavailable");
                 Self::new(

@@ -4,7 +4,7 @@
 //! senders retry later, while critical sources are still accepted.
 //!
 //! Both are kept in the API process's memory: a token's rate limit holds per
-//! API process (with several API processes behind a balancer, the limit is
+//! API process (the bucket is [`crate::quotas::Buckets`]) (with several API processes behind a balancer, the limit is
 //! per process), and the queue depth is sampled every second, not read per
 //! request, so the webhook stays one insert.
 
@@ -87,31 +87,9 @@ impl IngestMetrics {
     }
 }
 
-/// A token bucket per source: `rate` requests per second, bursts of `rate`.
-#[derive(Default)]
-pub(crate) struct TokenLimits {
-    buckets: Mutex<HashMap<SourceId, (f64, Instant)>>,
-}
-
-impl TokenLimits {
-    /// Takes one request from the source's bucket, or says how long until
-    /// the next one is allowed.
-    pub(crate) fn take(&self, source: &SourceId, rate: i32, now: Instant) -> Result<(), Duration> {
-        let rate = f64::from(rate.max(1));
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let (tokens, at) = buckets.entry(source.clone()).or_insert((rate, now));
-        let refilled =
-            (*tokens + now.saturating_duration_since(*at).as_secs_f64() * rate).min(rate);
-        *at = now;
-        if refilled >= 1.0 {
-            *tokens = refilled - 1.0;
-            Ok(())
-        } else {
-            *tokens = refilled;
-            Err(Duration::from_secs_f64((1.0 - refilled) / rate))
-        }
-    }
-}
+/// A token bucket per source: `rate` requests per second, bursts of `rate`
+/// (the buckets the tenants' signal rates use too).
+pub(crate) type TokenLimits = crate::quotas::Buckets<SourceId>;
 
 /// The queue depth the backpressure decision reads, and its threshold.
 pub(crate) struct Backpressure {
@@ -147,13 +125,13 @@ mod tests {
         let limits = TokenLimits::default();
         let source = SourceId::from("src_1");
         let t0 = Instant::now();
-        assert!(limits.take(&source, 2, t0).is_ok());
-        assert!(limits.take(&source, 2, t0).is_ok());
-        let wait = limits.take(&source, 2, t0).unwrap_err();
+        assert!(limits.take(&source, 2.0, 2.0, t0).is_ok());
+        assert!(limits.take(&source, 2.0, 2.0, t0).is_ok());
+        let wait = limits.take(&source, 2.0, 2.0, t0).unwrap_err();
         assert_eq!(wait, Duration::from_millis(500));
         assert!(
             limits
-                .take(&source, 2, t0 + Duration::from_millis(500))
+                .take(&source, 2.0, 2.0, t0 + Duration::from_millis(500))
                 .is_ok()
         );
     }

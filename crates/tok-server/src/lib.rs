@@ -9,6 +9,7 @@ mod dashboard;
 mod error;
 mod intake;
 pub mod openapi;
+mod quotas;
 mod routes;
 
 use std::sync::Arc;
@@ -45,12 +46,20 @@ pub struct AppState {
     /// Widgets' data through their cache (`GET /api/widgets/{id}/data`).
     pub(crate) widgets: Arc<tok_engine::Widgets>,
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The SHA-256 of `TOK_METRICS_TOKEN`, which `GET /metrics` answers
+    /// besides the platform admin key (never the token itself).
+    pub(crate) metrics_token: Option<Arc<str>>,
+    /// Signal rates and live streams, per tenant and key ([`quotas`]).
+    pub(crate) quotas: Arc<quotas::Quotas>,
 }
 
 impl AppState {
     pub fn new(engine: Engine, public_url: &str) -> Self {
         Self {
-            widgets: Arc::new(tok_engine::Widgets::new(engine.store().clone())),
+            widgets: Arc::new(tok_engine::Widgets::new(
+                engine.store().clone(),
+                &engine.config().outbound,
+            )),
             engine,
             public_url: public_url.trim_end_matches('/').into(),
             ready: Arc::default(),
@@ -60,12 +69,22 @@ impl AppState {
             backpressure: Arc::new(intake::Backpressure::new(DEFAULT_BACKPRESSURE_DEPTH)),
             ingest_metrics: Arc::default(),
             metrics: None,
+            metrics_token: None,
+            quotas: Arc::default(),
         }
     }
 
     /// Serves `GET /metrics` from this Prometheus recorder.
     pub fn with_metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
         self.metrics = Some(handle);
+        self
+    }
+
+    /// Lets `GET /metrics` answer a scraper holding `token`
+    /// (`TOK_METRICS_TOKEN`) besides the platform admin key. Only its hash
+    /// is kept.
+    pub fn with_metrics_token(mut self, token: &str) -> Self {
+        self.metrics_token = Some(tok_store::hash_secret(token).into());
         self
     }
 

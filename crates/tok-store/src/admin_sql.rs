@@ -7,16 +7,34 @@ macro_rules! impl_admin {
         db = $db:ty,
     ) => {
         fn tenant_from_row(row: &<$db as sqlx::Database>::Row) -> Tenant {
+            let settings = row
+                .try_get::<Json<Value>, _>("settings")
+                .map(|s| s.0)
+                .unwrap_or(Value::Null);
             Tenant {
                 id: TenantId::from(row.get::<String, _>("id")),
                 name: row.get("name"),
                 created_at: row.get("created_at"),
-                suspended: row
-                    .try_get::<Json<Value>, _>("settings")
-                    .ok()
-                    .and_then(|s| s.0.get("suspended").and_then(Value::as_bool))
+                suspended: settings
+                    .get("suspended")
+                    .and_then(Value::as_bool)
                     .unwrap_or(false),
+                limits: tok_core::quotas::TenantLimits::of_settings(&settings),
             }
+        }
+
+        /// The tenant's quotas as the admin set them, read in the caller's
+        /// transaction (a dispatch's or a record's start limit falls back
+        /// on the tenant's); a tenant that is gone has none set.
+        async fn tenant_limits_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+        ) -> Result<tok_core::quotas::TenantLimits> {
+            let row = sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
+                .bind(tenant.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+            Ok(row.as_ref().map(tenant_from_row).map(|t| t.limits).unwrap_or_default())
         }
 
         #[async_trait::async_trait]
@@ -27,6 +45,7 @@ macro_rules! impl_admin {
                     name: name.to_owned(),
                     created_at: now_ms(),
                     suspended: false,
+                    limits: Default::default(),
                 };
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;

@@ -4,6 +4,12 @@
 //! process sharing it. A step asks [`ConnectionStore::admit`] before it
 //! calls (one short transaction), calls with no connection held, and reports
 //! the outcome with [`ConnectionStore::release`].
+//!
+//! Credentials are sealed at rest (`secrets.rs`): the store seals them as
+//! it writes them and opens them in [`ConnectionStore::connection`], so a
+//! caller only ever sees them plain. Neither type below prints them.
+
+use std::fmt;
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -12,7 +18,7 @@ use tok_core::ids::{JobId, TenantId};
 
 use crate::Result;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NewConnection {
     pub name: String,
     /// `http` or `mcp`.
@@ -29,14 +35,20 @@ pub struct NewConnection {
     pub breaker_cooldown_ms: i64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Clone, Serialize)]
 pub struct Connection {
     pub id: String,
     pub name: String,
     pub service: String,
     pub base_url: Option<String>,
+    /// The plain credentials, opened by [`ConnectionStore::connection`] (the
+    /// worker's read, or the answer to a create). `Null` in a listing
+    /// ([`ConnectionStore::connections`]), which opens none: see
+    /// [`Connection::has_credentials`].
     #[serde(skip)]
     pub credentials: Value,
+    /// Whether the connection holds credentials (known without opening them).
+    pub has_credentials: bool,
     pub rate: Option<f64>,
     pub burst: i32,
     pub max_concurrency: Option<i32>,
@@ -46,6 +58,35 @@ pub struct Connection {
     pub failures: i32,
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+}
+
+/// Everything but the credentials.
+impl fmt::Debug for NewConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NewConnection")
+            .field("name", &self.name)
+            .field("service", &self.service)
+            .field("base_url", &self.base_url)
+            .field("credentials", &"***")
+            .field("rate", &self.rate)
+            .field("max_concurrency", &self.max_concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything but the credentials.
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("service", &self.service)
+            .field("base_url", &self.base_url)
+            .field("credentials", &"***")
+            .field("has_credentials", &self.has_credentials)
+            .field("breaker_state", &self.breaker_state)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether a call may go ahead now.
@@ -68,15 +109,24 @@ pub enum CallOutcome {
 
 #[async_trait]
 pub trait ConnectionStore: Send + Sync {
+    /// Creates a connection, its credentials sealed under the newest key.
+    /// Credentials without any key configured (PostgreSQL without
+    /// `TOK_SECRET_KEY`) are [`SecretError::NoKey`](crate::SecretError::NoKey),
+    /// and nothing is written; a connection without credentials needs none.
     async fn create_connection(&self, tenant: &TenantId, new: NewConnection) -> Result<Connection>;
-    /// A page of connections by name, after the name `after`.
+    /// A page of connections by name, after the name `after`, without
+    /// their credentials (none is opened: `credentials` is `Null`).
     async fn connections(
         &self,
         tenant: &TenantId,
         limit: u32,
         after: Option<&str>,
     ) -> Result<crate::Page<Connection>>;
-    /// A connection by name or id, with its credentials (for the worker).
+    /// A connection by name or id, with its credentials opened (for the
+    /// worker). Credentials that do not open (their key is not in
+    /// `TOK_SECRET_KEY`, or they were sealed for another row) are a
+    /// [`StoreError::Secret`](crate::StoreError::Secret) naming the
+    /// connection and the key.
     async fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
     /// Checks the breaker, the concurrency cap and the token bucket, in that
     /// order, and takes a token and a slot when all allow the call.

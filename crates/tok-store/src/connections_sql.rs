@@ -7,13 +7,35 @@ macro_rules! impl_connections {
     ) => {
         use $crate::connections::Gate;
 
-        fn connection_from_row(row: &<$db as sqlx::Database>::Row) -> Connection {
-            Connection {
-                id: row.get("id"),
-                name: row.get("name"),
+        /// A connection's row, its credentials opened with `keys`, or left
+        /// `Null` (a listing opens none).
+        fn connection_from_row(
+            row: &<$db as sqlx::Database>::Row,
+            keys: Option<&$crate::secrets::Keyring>,
+        ) -> Result<Connection> {
+            let stored = row.get::<Json<Value>, _>("credentials").0;
+            let has_credentials = $crate::secrets::holds_credentials(&stored);
+            let tenant = TenantId::from(row.get::<String, _>("tenant_id"));
+            let id: String = row.get("id");
+            let name: String = row.get("name");
+            let credentials = match keys {
+                Some(keys) => keys.open(
+                    $crate::secrets::Owner {
+                        tenant: &tenant,
+                        connection_id: &id,
+                        connection_name: &name,
+                    },
+                    stored,
+                )?,
+                None => Value::Null,
+            };
+            Ok(Connection {
+                id,
+                name,
                 service: row.get("service"),
                 base_url: row.get("base_url"),
-                credentials: row.get::<Json<Value>, _>("credentials").0,
+                credentials,
+                has_credentials,
                 rate: row.get("rate"),
                 burst: row.get("burst"),
                 max_concurrency: row.get("max_concurrency"),
@@ -22,7 +44,7 @@ macro_rules! impl_connections {
                 breaker_state: row.get("breaker_state"),
                 failures: row.get("failures"),
                 created_at: row.get("created_at"),
-            }
+            })
         }
 
         #[async_trait::async_trait]
@@ -34,6 +56,14 @@ macro_rules! impl_connections {
             ) -> Result<Connection> {
                 let now = now_ms();
                 let id = new_id("con");
+                let sealed = self.keys.seal(
+                    $crate::secrets::Owner {
+                        tenant,
+                        connection_id: &id,
+                        connection_name: &new.name,
+                    },
+                    &new.credentials,
+                )?;
                 let inserted = sqlx::query(
                     "INSERT INTO connections (id, tenant_id, name, service, base_url, credentials,
                         rate, burst, tokens, refilled_at, max_concurrency, breaker_threshold,
@@ -46,7 +76,7 @@ macro_rules! impl_connections {
                 .bind(&new.name)
                 .bind(&new.service)
                 .bind(new.base_url.as_deref())
-                .bind(Json(&new.credentials))
+                .bind(Json(&sealed))
                 .bind(new.rate)
                 .bind(new.burst)
                 .bind(f64::from(new.burst))
@@ -81,7 +111,10 @@ macro_rules! impl_connections {
                 .bind(i64::from(limit) + 1)
                 .fetch_all(self.reader())
                 .await?;
-                let items = rows.iter().map(connection_from_row).collect();
+                let items = rows
+                    .iter()
+                    .map(|row| connection_from_row(row, None))
+                    .collect::<Result<Vec<_>>>()?;
                 Ok($crate::Page::of(items, limit, |c: &Connection| c.name.clone()))
             }
 
@@ -97,7 +130,9 @@ macro_rules! impl_connections {
                 .bind(name_or_id)
                 .fetch_optional(self.reader())
                 .await?;
-                Ok(row.as_ref().map(connection_from_row))
+                row.as_ref()
+                    .map(|row| connection_from_row(row, Some(&self.keys)))
+                    .transpose()
             }
 
             async fn admit(

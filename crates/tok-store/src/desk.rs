@@ -297,6 +297,10 @@ pub trait RecordTx: Send {
     /// repeated idempotency key of the run's automation answers the run
     /// the key started, and writes nothing.
     async fn start_child(&mut self, event: NewEvent, run: NewRun) -> Result<ChildStart>;
+    /// The job's tenant's quotas as the admin set them (its
+    /// `startsPerMinute` is the start limit of a child whose automation
+    /// sets none).
+    async fn tenant_limits(&mut self) -> Result<tok_core::quotas::TenantLimits>;
     /// The creation times of the latest `limit` starts of `automation`
     /// after `since`, newest first, refused runs left out, its starts locked
     /// until the record commits (a child's start limit,

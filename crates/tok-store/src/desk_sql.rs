@@ -713,6 +713,10 @@ macro_rules! impl_desk {
                 start_child_in(&mut self.tx, &self.job.tenant_id, &self.job.run_id, &event, &run).await
             }
 
+            async fn tenant_limits(&mut self) -> Result<tok_core::quotas::TenantLimits> {
+                tenant_limits_in(&mut self.tx, &self.job.tenant_id).await
+            }
+
             async fn recent_starts(
                 &mut self,
                 automation: &AutomationId,

@@ -53,6 +53,10 @@ pub trait DispatchTx: Send {
         since: i64,
     ) -> Result<i64>;
 
+    /// The tenant's quotas as the admin set them (its `startsPerMinute`
+    /// is the start limit of its automations that set none).
+    async fn tenant_limits(&mut self, tenant: &TenantId) -> Result<tok_core::quotas::TenantLimits>;
+
     /// The creation times (Unix ms) of the latest `limit` runs of
     /// `automation` created after `since`, newest first, refused runs left
     /// out: what `settings.limits.startsPerMinute` counts. The
@@ -81,8 +85,10 @@ pub trait DispatchTx: Send {
     /// automation) already has one is not written, nor its steps and job:
     /// dispatching an event again creates nothing twice. The jobs of
     /// `claims`' runs are written leased to its node and returned, in the
-    /// order of `runs`; the others are ready for any worker (and workers of
-    /// other processes hear of them when the transaction commits).
+    /// order of `runs`, as many of each tenant's as its concurrency cap
+    /// leaves room for (`settings.limits.concurrency`, counted across every
+    /// process); the others are ready for any worker (and workers of other
+    /// processes hear of them when the transaction commits).
     async fn insert_runs(
         &mut self,
         runs: &[(TenantId, EventId, NewRun)],

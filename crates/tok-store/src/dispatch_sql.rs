@@ -202,6 +202,42 @@ macro_rules! impl_dispatch {
         }
 
 
+        /// Of the runs `handed` names, those the dispatching node may take
+        /// within their tenants' concurrency caps (`caps_sql.rs`), in the
+        /// order of `runs`: a capped tenant's runs past what its cap leaves
+        /// are written ready for any claim instead.
+        async fn handed_within_caps(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            runs: &[(TenantId, EventId, NewRun)],
+            handed: &std::collections::HashSet<RunId>,
+        ) -> Result<std::collections::HashSet<RunId>> {
+            let mut tenants: Vec<&str> = runs
+                .iter()
+                .filter(|(_, _, run)| handed.contains(&run.id))
+                .map(|(tenant, _, _)| tenant.as_str())
+                .collect();
+            tenants.sort_unstable();
+            tenants.dedup();
+            let caps = caps_of(tx, &tenants).await?;
+            if caps.is_empty() {
+                return Ok(handed.clone());
+            }
+            let mut room = room_under_caps(tx, &caps, &[]).await?;
+            Ok(runs
+                .iter()
+                .filter(|(_, _, run)| handed.contains(&run.id))
+                .filter(|(tenant, _, _)| match room.get_mut(tenant.as_str()) {
+                    Some(0) => false,
+                    Some(left) => {
+                        *left -= 1;
+                        true
+                    }
+                    None => true,
+                })
+                .map(|(_, _, run)| run.id.clone())
+                .collect())
+        }
+
         /// The open dispatch transaction of some tenants.
         pub(crate) struct OpenDispatch {
             tx: sqlx::Transaction<'static, $db>,
@@ -231,6 +267,10 @@ macro_rules! impl_dispatch {
 
         #[async_trait::async_trait]
         impl DispatchTx for OpenDispatch {
+            async fn tenant_limits(&mut self, tenant: &TenantId) -> Result<tok_core::quotas::TenantLimits> {
+                tenant_limits_in(&mut self.tx, tenant).await
+            }
+
             async fn pending_events(&mut self, limit: u32) -> Result<Vec<PendingEvent>> {
                 if self.tenants.is_empty() {
                     return Ok(Vec::new());
@@ -332,11 +372,17 @@ macro_rules! impl_dispatch {
                 claims: Option<Claims<'_>>,
             ) -> Result<Vec<ClaimedJob>> {
                 let token = random_token();
-                let handed = claims.as_ref().map(|c| $crate::rows::HandedOff {
-                    node: c.node,
-                    lease_ms: c.lease_ms,
-                    token: &token,
-                    runs: c.runs,
+                let within = match &claims {
+                    Some(c) => Some(handed_within_caps(&mut self.tx, runs, c.runs).await?),
+                    None => None,
+                };
+                let handed = claims.as_ref().zip(within.as_ref()).map(|(c, within)| {
+                    $crate::rows::HandedOff {
+                        node: c.node,
+                        lease_ms: c.lease_ms,
+                        token: &token,
+                        runs: within,
+                    }
                 });
                 let (written, claimed) = insert_runs(&mut self.tx, runs, handed.as_ref()).await?;
                 if written.len() > claimed.len() && !notify_work!().is_empty() {

@@ -31,6 +31,10 @@
 //!   begin with (empty: none).
 //! - `leases_of_node!()`: the jobs whose leases a process (`$1`, its
 //!   `node:incarnation`) releases at its start and end.
+//! - `tenant_cap!()`: a tenant's `settings.limits.concurrency` read from
+//!   its row aliased `tn`, as a whole number (`NULL`: no cap; a value
+//!   that is no number, written by hand, is no cap either, so that it
+//!   cannot stop every claim).
 //! - `notify_work!()`: a statement telling other processes that jobs are
 //!   ready (empty: nobody to tell).
 //!
@@ -38,7 +42,9 @@
 //! in `queries/`: `CLAIM_CANDIDATES` (`queries/claim.*.sql`), the claim's
 //! fair selection of claimable jobs (read without locking them), and
 //! `CLAIM_KEYS`, the claim's locks of the queue keys it takes (empty: the
-//! backend needs none); and `PENDING_EVENTS`
+//! backend needs none), and `CLAIM_TENANTS`, the locks of the capped
+//! tenants whose leases a claim or a dispatch counts (likewise); and
+//! `PENDING_EVENTS`
 //! (`queries/pending_events.*.sql`), the dispatch's fair selection of
 //! pending events; each file says what it binds.
 //!
@@ -53,6 +59,14 @@ pub(crate) mod postgres {
     /// never wait on each other, and one that misses a key leaves its job.
     pub(crate) const CLAIM_KEYS: &str = "SELECT k FROM unnest($1::text[]) AS k \
          WHERE pg_try_advisory_xact_lock(9, hashtext(k))";
+    /// Of the tenants bound at `$1` (each with a concurrency cap), those
+    /// whose cap lock this transaction got: a try-lock each (class 10), so
+    /// a claim never waits for another, and one that misses a tenant takes
+    /// none of its jobs. Held to the commit, the lock makes the count of a
+    /// tenant's leases, a statement after it, see every lease committed by
+    /// the claim or dispatch that held it before.
+    pub(crate) const CLAIM_TENANTS: &str = "SELECT t FROM unnest($1::text[]) AS t \
+         WHERE pg_try_advisory_xact_lock(10, hashtext(t))";
     pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.postgres.sql");
 
     macro_rules! db_now {
@@ -122,7 +136,8 @@ pub(crate) mod postgres {
     }
 
     // Signal keys' locks: transaction advisory locks of the two-key form
-    // under a class of their own (8; groups use 7, claims' queue keys 9, and
+    // under a class of their own (8; groups use 7, claims' queue keys 9,
+    // capped tenants' leases 10, and
     // the one-key locks of migrations are another key space), taken in the order of
     // their hashes. Two names that share a hash share a lock, which only
     // serializes them.
@@ -177,6 +192,14 @@ pub(crate) mod postgres {
         };
     }
 
+    macro_rules! tenant_cap {
+        () => {
+            "CASE WHEN jsonb_typeof(tn.settings #> '{limits,concurrency}') = 'number'
+             THEN LEAST(GREATEST((tn.settings #>> '{limits,concurrency}')::numeric, 0), 1000000)::BIGINT
+             END"
+        };
+    }
+
     // The channel is `WORK_CHANNEL` in `postgres.rs`.
     macro_rules! notify_work {
         () => {
@@ -187,7 +210,7 @@ pub(crate) mod postgres {
     pub(crate) use {
         any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
         lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        unindexed, unindexed_any_of,
+        tenant_cap, unindexed, unindexed_any_of,
     };
 }
 
@@ -195,6 +218,8 @@ pub(crate) mod sqlite {
     pub(crate) const CLAIM_CANDIDATES: &str = include_str!("queries/claim.sqlite.sql");
     /// The one writer serializes claims: no queue key needs a lock.
     pub(crate) const CLAIM_KEYS: &str = "";
+    /// Nor does a tenant's count of leases.
+    pub(crate) const CLAIM_TENANTS: &str = "";
     pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.sqlite.sql");
 
     macro_rules! db_now {
@@ -299,9 +324,17 @@ pub(crate) mod sqlite {
         };
     }
 
+    macro_rules! tenant_cap {
+        () => {
+            "CASE WHEN json_type(tn.settings, '$.limits.concurrency') IN ('integer', 'real')
+             THEN MIN(MAX(CAST(json_extract(tn.settings, '$.limits.concurrency') AS INTEGER), 0), 1000000)
+             END"
+        };
+    }
+
     pub(crate) use {
         any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
         lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        unindexed, unindexed_any_of,
+        tenant_cap, unindexed, unindexed_any_of,
     };
 }

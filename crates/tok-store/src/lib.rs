@@ -16,13 +16,16 @@
 //! run's end locks the run and then deletes or holds its jobs; a record
 //! locks its batch's runs in id order before its fence locks the jobs; a
 //! claim's take skips a job whose run another transaction holds, so it
-//! never waits for a run while holding a job.
+//! never waits for a run while holding a job. The locks a claim or a
+//! dispatch takes before it counts a capped tenant's leases (`caps_sql.rs`)
+//! are try-locks: nobody waits for them.
 
 mod admin_sql;
 pub mod approvals;
 mod approvals_sql;
 mod batch;
 mod branches_sql;
+mod caps_sql;
 mod children_sql;
 pub mod connections;
 mod connections_sql;
@@ -37,6 +40,7 @@ mod fault;
 mod fragments;
 mod gate;
 mod inbox_sql;
+pub mod key_file;
 mod migrate;
 pub mod model;
 mod partitions;
@@ -46,6 +50,7 @@ mod queue_samples_sql;
 mod queue_sql;
 mod record_sql;
 pub mod relay;
+mod reseal_sql;
 pub mod retention;
 mod retention_sql;
 pub mod rfc3339;
@@ -54,6 +59,7 @@ mod rows;
 mod runs_sql;
 pub mod schedule;
 mod schedule_sql;
+pub mod secrets;
 pub mod signals;
 mod signals_sql;
 mod sqlite;
@@ -83,6 +89,7 @@ pub use retention::{Expiring, MovedRows, PartitionProblem, RetentionStore};
 pub use routed::{RoutedStore, TenantDatabases};
 pub use rows::{IDEMPOTENCY_WINDOW, now_ms};
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
+pub use secrets::{Keyring, Reseal, Resealed, SecretError};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
 pub use watch::{
@@ -122,6 +129,10 @@ pub enum StoreError {
     /// again fails the same way. The message says what is wrong.
     #[error("{0}")]
     Refused(String),
+    /// A connection's credentials could not be sealed or opened: no key,
+    /// or not the key they were sealed under (see [`SecretError`]).
+    #[error(transparent)]
+    Secret(#[from] SecretError),
 }
 
 /// Tenants, API keys: the platform-level part.
@@ -268,7 +279,10 @@ pub trait QueueStore: Send + Sync {
     /// queue key, and per queue key first come first served: a job waits
     /// while an older job of its key is due or running (one that sleeps in a
     /// `wait` or a retry back-off does not block it). Held jobs (paused
-    /// runs) are skipped. Marks their runs `running`.
+    /// runs) are skipped. A tenant with `settings.limits.concurrency` never
+    /// has more of its jobs leased at once (counted across every process
+    /// sharing the database) than its cap: its jobs wait while its leases
+    /// fill it. Marks their runs `running`.
     async fn claim(
         &self,
         tenants: &[TenantId],
@@ -341,8 +355,16 @@ pub trait Store:
     + EffectStore
 {
     fn backend(&self) -> Backend;
-    /// Applies pending migrations (serialized between processes on PostgreSQL).
+    /// Applies pending migrations (serialized between processes on
+    /// PostgreSQL), then seals the credentials still stored plain under
+    /// the newest key ([`Reseal::Plain`]); without a key it leaves them,
+    /// and warns.
     async fn migrate(&self) -> Result<()>;
+    /// Seals the credentials `which` names under the newest key, in every
+    /// database of the store, tenant by tenant in short batches; says how
+    /// many per database. Idempotent: what is sealed under the newest key
+    /// stays. [`Reseal::All`] without a key is [`SecretError::NoKey`].
+    async fn seal_credentials(&self, which: Reseal) -> Result<Vec<Resealed>>;
     /// Creates what must exist ahead of time (monthly partitions).
     async fn maintain(&self) -> Result<()>;
     /// Answers when the database does.
@@ -372,12 +394,19 @@ pub trait Store:
 pub type Wake = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Opens the store a URL names: `sqlite://path` (created if missing) or
-/// `postgres://…`. `max_connections` bounds the PostgreSQL pool.
-pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
+/// `postgres://…`. `max_connections` bounds the PostgreSQL pool. `keys`
+/// seal and open connection credentials (`TOK_SECRET_KEY`); when empty,
+/// SQLite uses the key file beside its database (made on first use,
+/// [`key_file`]) and PostgreSQL refuses credentials.
+pub async fn connect(url: &str, max_connections: u32, keys: &Keyring) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open(url).await?))
+        Ok(Arc::new(SqliteStore::open_with_keys(url, keys).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(PgStore::connect(url, max_connections).await?))
+        Ok(Arc::new(
+            PgStore::connect(url, max_connections)
+                .await?
+                .with_keys(keys.clone()),
+        ))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }
@@ -389,9 +418,10 @@ pub async fn connect_routed(
     url: &str,
     tenants: &TenantDatabases,
     max_connections: u32,
+    keys: &Keyring,
 ) -> Result<Arc<dyn Store>> {
     if tenants.is_empty() {
-        return connect(url, max_connections).await;
+        return connect(url, max_connections, keys).await;
     }
     if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
         return Err(StoreError::UnsupportedUrl(format!(
@@ -399,7 +429,7 @@ pub async fn connect_routed(
         )));
     }
     Ok(Arc::new(
-        RoutedStore::connect(url, tenants, max_connections).await?,
+        RoutedStore::connect(url, tenants, max_connections, keys).await?,
     ))
 }
 

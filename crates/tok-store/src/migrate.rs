@@ -41,6 +41,8 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     19 "0019_partition_the_event_inbox_by_month",
     20 "0020_create_queue_samples",
     21 "0021_compress_step_json_with_lz4",
+    22 "0022_index_leased_jobs_by_tenant",
+    23 "0023_index_signals_by_age_for_expiry",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -60,6 +62,8 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     15 "0015_store_effects_once_and_count_starts",
     17 "0017_keep_idempotency_keys_apart",
     18 "0018_create_queue_samples",
+    19 "0019_index_leased_jobs_by_tenant",
+    20 "0020_index_signals_by_age_for_expiry",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

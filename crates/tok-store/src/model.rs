@@ -8,6 +8,7 @@
 use serde::Serialize;
 use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
+pub use tok_core::quotas::TenantLimits;
 pub use tok_core::run::{
     NewRun, NextJob, Plan, PlanNote, Resume, RunEnded, RunStatus, RunsMode, RunsWait, SignalWait,
     StepRecord, StepStatus,
@@ -30,14 +31,20 @@ pub struct Tenant {
     /// Suspended by the platform admin: the built-in step authorizer denies
     /// every step with side effects of its runs.
     pub suspended: bool,
+    /// Its quotas as the admin set them (`settings.limits`); a setting
+    /// that no longer reads (written by hand) counts as none set.
+    #[serde(skip)]
+    pub limits: tok_core::quotas::TenantLimits,
 }
 
 /// What the platform admin changes of a tenant (`PATCH /api/tenants/{id}`):
 /// each field left `None` stays as it is. The settings live in the tenant's
 /// `settings` object, so a new one needs no migration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TenantPatch {
     pub suspended: Option<bool>,
+    /// Replaces `settings.limits` whole (the caller merged the change).
+    pub limits: Option<tok_core::quotas::TenantLimits>,
 }
 
 impl TenantPatch {
@@ -46,6 +53,11 @@ impl TenantPatch {
         let mut map = serde_json::Map::new();
         if let Some(suspended) = self.suspended {
             map.insert("suspended".into(), Value::Bool(suspended));
+        }
+        if let Some(limits) = &self.limits {
+            let limits =
+                serde_json::to_value(limits).unwrap_or_else(|_| Value::Object(Default::default()));
+            map.insert("limits".into(), limits);
         }
         map
     }

@@ -14,6 +14,7 @@ use crate::admin_sql::impl_admin;
 use crate::approvals_sql::impl_approvals;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
+use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
@@ -26,6 +27,7 @@ use crate::migrate;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
+use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
@@ -59,6 +61,11 @@ pub struct PgStore {
     pool: PgPool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
+    /// Seal and open connection credentials (`secrets.rs`); none unless
+    /// [`PgStore::with_keys`] gave them.
+    keys: Keyring,
+    /// The database's URL without its password, for what the store reports.
+    name: String,
 }
 
 /// How long the server lets a transaction of the store sit idle: none of
@@ -130,7 +137,17 @@ impl PgStore {
             pool,
             events,
             records,
+            keys: Keyring::default(),
+            name: crate::routed::redact(url),
         })
+    }
+
+    /// The store with `keys` (`TOK_SECRET_KEY`) to seal and open connection
+    /// credentials. Without keys, a connection with credentials is refused
+    /// ([`SecretError::NoKey`]).
+    pub fn with_keys(mut self, keys: Keyring) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// The pool, for tests and tools that need to look underneath.
@@ -193,6 +210,11 @@ impl_runs! {
     db = sqlx::Postgres,
 }
 
+impl_caps! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
 impl_queue! {
     store = PgStore,
     db = sqlx::Postgres,
@@ -212,6 +234,12 @@ impl_desk! {
 impl_connections! {
     store = PgStore,
     db = sqlx::Postgres,
+}
+
+impl_reseal! {
+    store = PgStore,
+    db = sqlx::Postgres,
+    lock = Some(("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)),
 }
 
 impl_signals! {
@@ -332,7 +360,21 @@ impl Store for PgStore {
         )
         .await?;
         drop(conn);
-        self.maintain().await
+        self.maintain().await?;
+        let sealed = self.reseal(Reseal::Plain).await?;
+        if sealed.left_plain > 0 {
+            tracing::warn!(
+                database = %sealed.database,
+                credentials = sealed.left_plain,
+                "connection credentials are stored in plain text: set TOK_SECRET_KEY and start \
+                 again to encrypt them (docs/operations.md)"
+            );
+        }
+        Ok(())
+    }
+
+    async fn seal_credentials(&self, which: Reseal) -> Result<Vec<Resealed>> {
+        Ok(vec![self.reseal(which).await?])
     }
 
     async fn maintain(&self) -> Result<()> {

@@ -44,6 +44,15 @@ macro_rules! impl_queue {
                     .bind(i64::from(limit) * 2)
                     .fetch_all(&mut *tx)
                     .await?;
+                // A tenant with a concurrency cap gets what its cap leaves
+                // of its leases (`caps_sql.rs`); the others are not counted.
+                let caps: std::collections::HashMap<String, i64> = candidates
+                    .iter()
+                    .filter_map(|row| {
+                        Some((row.get::<String, _>("tenant_id"), row.get::<Option<i64>, _>("cap")?))
+                    })
+                    .collect();
+                let mut room = room_under_caps(&mut tx, &caps, running).await?;
                 let mut keys = std::collections::HashSet::new();
                 let mut picked: Vec<(i64, Option<String>)> = Vec::with_capacity(limit as usize);
                 for row in &candidates {
@@ -53,12 +62,20 @@ macro_rules! impl_queue {
                     if running.contains(&JobId(row.get::<i64, _>("id"))) {
                         continue;
                     }
+                    let tenant: String = row.get("tenant_id");
+                    let room = room.get_mut(&tenant);
+                    if room.as_deref() == Some(&0) {
+                        continue;
+                    }
                     let key: Option<String> = row.get("queue_key");
-                    let key = key.map(|key| format!("{}:{key}", row.get::<String, _>("tenant_id")));
+                    let key = key.map(|key| format!("{tenant}:{key}"));
                     if let Some(key) = &key {
                         if !keys.insert(key.clone()) {
                             continue;
                         }
+                    }
+                    if let Some(room) = room {
+                        *room -= 1;
                     }
                     picked.push((row.get::<i64, _>("id"), key));
                 }

@@ -128,6 +128,13 @@ pub trait RetentionStore: Send + Sync {
     /// deduplicates anything.
     async fn expire_keys(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64>;
 
+    /// Deletes at most `limit` of the tenant's signals past both their
+    /// lookback (`expires_at`) and the idempotency window
+    /// ([`crate::IDEMPOTENCY_WINDOW`]) at `now_ms`, in one short
+    /// transaction; returns how many. Such a signal resumes no wait and
+    /// deduplicates no send any more.
+    async fn expire_signals(&self, tenant: &TenantId, now_ms: i64, limit: u32) -> Result<u64>;
+
     /// PostgreSQL: drops each monthly partition of `what` that ends at or
     /// before the latest of `cutoffs` and holds no row of a tenant whose
     /// cutoff is after the partition's end (nor, of the inbox, a pending

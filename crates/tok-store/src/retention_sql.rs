@@ -113,6 +113,23 @@ macro_rules! impl_retention {
                 Ok(done.rows_affected())
             }
 
+            async fn expire_signals(&self, tenant: &TenantId, now_ms: i64, limit: u32) -> Result<u64> {
+                // By `received_at` first (the index `signals_age`): with a
+                // lookback shorter than the window, every row it finds goes.
+                let done = sqlx::query(
+                    "DELETE FROM signals WHERE tenant_id = $1 AND id IN (
+                         SELECT id FROM signals
+                          WHERE tenant_id = $1 AND received_at < $2 AND expires_at < $3 LIMIT $4)",
+                )
+                .bind(tenant.as_str())
+                .bind(now_ms.saturating_sub($crate::rows::IDEMPOTENCY_WINDOW_MS))
+                .bind(now_ms)
+                .bind(i64::from(limit))
+                .execute(&*self.writer_in(crate::Lane::Bulk).await)
+                .await?;
+                Ok(done.rows_affected())
+            }
+
             $($backend)*
         }
     };

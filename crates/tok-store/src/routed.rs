@@ -159,7 +159,7 @@ impl TenantDatabases {
 }
 
 /// Hides a password in a URL shown in an error.
-fn redact(text: &str) -> String {
+pub(crate) fn redact(text: &str) -> String {
     match (text.find("://"), text.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***{}", &text[..scheme], &text[at..])
@@ -189,14 +189,18 @@ impl RoutedStore {
     /// Connects the shared database and every database `tenants` names
     /// (one pool each, of at most `max_connections`; entries naming the
     /// same URL share it, one naming the shared URL means the shared one).
+    /// Every database seals and opens credentials with `secret_keys`.
     pub async fn connect(
         shared_url: &str,
         tenants: &TenantDatabases,
         max_connections: u32,
+        secret_keys: &Keyring,
     ) -> Result<Self> {
         let mut urls = vec![shared_url.to_owned()];
         let mut dbs = vec![Arc::new(
-            PgStore::connect(shared_url, max_connections).await?,
+            PgStore::connect(shared_url, max_connections)
+                .await?
+                .with_keys(secret_keys.clone()),
         )];
         let mut keys = HashMap::new();
         let mut every = None;
@@ -204,7 +208,11 @@ impl RoutedStore {
             let index = match urls.iter().position(|u| u == url) {
                 Some(i) => i,
                 None => {
-                    dbs.push(Arc::new(PgStore::connect(url, max_connections).await?));
+                    dbs.push(Arc::new(
+                        PgStore::connect(url, max_connections)
+                            .await?
+                            .with_keys(secret_keys.clone()),
+                    ));
                     urls.push(url.clone());
                     dbs.len() - 1
                 }
@@ -739,6 +747,7 @@ by_tenant! {
     impl RetentionStore {
         fn expire(&self, tenant: &TenantId, what: Expiring, before_ms: i64, limit: u32) -> Result<u64>;
         fn expire_keys(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64>;
+        fn expire_signals(&self, tenant: &TenantId, now_ms: i64, limit: u32) -> Result<u64>;
     }
     also {
         // The registry's settings are the shared ones (see the module doc).
@@ -842,6 +851,14 @@ impl Store for RoutedStore {
         self.separate_job_ids().await
     }
 
+    async fn seal_credentials(&self, which: Reseal) -> Result<Vec<Resealed>> {
+        let mut done = Vec::new();
+        for db in &self.dbs {
+            done.extend(db.seal_credentials(which).await?);
+        }
+        Ok(done)
+    }
+
     async fn maintain(&self) -> Result<()> {
         for db in &self.dbs {
             db.maintain().await?;
@@ -932,6 +949,10 @@ impl DispatchTx for SplitDispatch {
         self.tx(tenant)?
             .runs_on_ticket(tenant, automation, ticket, since)
             .await
+    }
+
+    async fn tenant_limits(&mut self, tenant: &TenantId) -> Result<tok_core::quotas::TenantLimits> {
+        self.tx(tenant)?.tenant_limits(tenant).await
     }
 
     async fn recent_starts(

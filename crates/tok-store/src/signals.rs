@@ -15,6 +15,11 @@
 //! every write anyway) before they look for the other. A job claimed for
 //! its timeout is not resumed by a signal: the timeout won, and the signal
 //! is buffered like any other that resumed nothing.
+//!
+//! A signal's row is kept past its lookback for as long as its idempotency
+//! key deduplicates (24 h, [`crate::IDEMPOTENCY_WINDOW`]), and then deleted
+//! by retention ([`crate::RetentionStore::expire_signals`]). A starting
+//! wait reads the buffer in pages of [`BUFFER_PAGE`].
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -54,6 +59,10 @@ pub trait SignalStore: Send + Sync {
     /// the signal, in one transaction.
     async fn send_signal(&self, tenant: &TenantId, signal: NewSignal) -> Result<SignalSent>;
 }
+
+/// Buffered signals a starting wait reads at a time, oldest first, until
+/// one satisfies its `where` or none is left.
+pub(crate) const BUFFER_PAGE: i64 = 100;
 
 /// The `run_after` of a job parked with no timeout: later than any due
 /// time, so the claim never takes it (9999-12-31T23:59:59.999Z).

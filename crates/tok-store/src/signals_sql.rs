@@ -21,7 +21,7 @@ macro_rules! impl_signals {
         store = $store:ty,
         db = $db:ty,
     ) => {
-        use $crate::signals::NEVER_DUE_MS;
+        use $crate::signals::{BUFFER_PAGE, NEVER_DUE_MS};
         use $crate::signals_sql::{idempotency_lock, key_lock};
 
         /// Whether a payload satisfies a wait's `where` (none: any payload).
@@ -146,7 +146,11 @@ macro_rules! impl_signals {
         }
 
         /// Takes the oldest signal buffered on the wait's key, unexpired,
-        /// whose payload satisfies its `where`, for `run`.
+        /// whose payload satisfies its `where`, for `run`. The buffer is
+        /// read a page of [`BUFFER_PAGE`] at a time, oldest first, never
+        /// the whole key at once: a record batch holds the writer while it
+        /// reads, and a key may buffer what the tenant's signal rate lets
+        /// in over the lookback.
         async fn take_buffered(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
@@ -154,35 +158,51 @@ macro_rules! impl_signals {
             wait: &SignalWait,
             now: i64,
         ) -> Result<Option<Resume>> {
-            let buffered = sqlx::query(
-                "SELECT id, payload FROM signals
-                 WHERE tenant_id = $1 AND key = $2 AND consumed_at IS NULL AND expires_at > $3
-                 ORDER BY received_at, id",
-            )
-            .bind(tenant.as_str())
-            .bind(&wait.key)
-            .bind(now)
-            .fetch_all(&mut **tx)
-            .await?;
-            for row in &buffered {
-                let payload = row.try_get::<Json<Value>, _>("payload")?.0;
-                if !satisfies(wait.filter.as_ref(), &payload) {
-                    continue;
-                }
-                let signal_id: String = row.get("id");
-                sqlx::query(
-                    "UPDATE signals SET consumed_by_run = $3, consumed_at = $4
-                     WHERE tenant_id = $1 AND id = $2",
+            // Where the last page ended: (received_at, id).
+            let mut after: Option<(i64, String)> = None;
+            loop {
+                let (after_at, after_id) = match &after {
+                    Some((at, id)) => (Some(*at), Some(id.as_str())),
+                    None => (None, None),
+                };
+                let page = sqlx::query(
+                    "SELECT id, payload, received_at FROM signals
+                     WHERE tenant_id = $1 AND key = $2 AND consumed_at IS NULL AND expires_at > $3
+                       AND (CAST($4 AS BIGINT) IS NULL OR received_at > $4
+                            OR (received_at = $4 AND id > $5))
+                     ORDER BY received_at, id LIMIT $6",
                 )
                 .bind(tenant.as_str())
-                .bind(&signal_id)
-                .bind(run.as_str())
+                .bind(&wait.key)
                 .bind(now)
-                .execute(&mut **tx)
+                .bind(after_at)
+                .bind(after_id)
+                .bind(BUFFER_PAGE)
+                .fetch_all(&mut **tx)
                 .await?;
-                return Ok(Some(Resume::Signal { signal_id, payload }));
+                for row in &page {
+                    let payload = row.try_get::<Json<Value>, _>("payload")?.0;
+                    if !satisfies(wait.filter.as_ref(), &payload) {
+                        continue;
+                    }
+                    let signal_id: String = row.get("id");
+                    sqlx::query(
+                        "UPDATE signals SET consumed_by_run = $3, consumed_at = $4
+                         WHERE tenant_id = $1 AND id = $2",
+                    )
+                    .bind(tenant.as_str())
+                    .bind(&signal_id)
+                    .bind(run.as_str())
+                    .bind(now)
+                    .execute(&mut **tx)
+                    .await?;
+                    return Ok(Some(Resume::Signal { signal_id, payload }));
+                }
+                let (Some(last), true) = (page.last(), page.len() as i64 == BUFFER_PAGE) else {
+                    return Ok(None);
+                };
+                after = Some((last.get("received_at"), last.get("id")));
             }
-            Ok(None)
         }
 
         /// The waits part of a record batch, before its jobs move: the waits

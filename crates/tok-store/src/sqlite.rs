@@ -18,6 +18,7 @@ use crate::admin_sql::impl_admin;
 use crate::approvals_sql::impl_approvals;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
+use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::definitions_sql::impl_definitions;
@@ -30,6 +31,7 @@ use crate::migrate;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
+use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
@@ -54,6 +56,10 @@ pub struct SqliteStore {
     reader: SqlitePool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
+    /// Seal and open connection credentials (`secrets.rs`).
+    keys: Keyring,
+    /// The database file, for what the store reports.
+    name: String,
     _checkpointer: Checkpointer,
 }
 
@@ -93,8 +99,17 @@ impl Drop for Checkpointer {
 
 impl SqliteStore {
     /// Opens (creating if missing, with its folder) the database a
-    /// `sqlite://path` URL names.
+    /// `sqlite://path` URL names, its credentials sealed under the key
+    /// file beside it ([`key_file`](crate::key_file), made if missing).
     pub async fn open(url: &str) -> crate::Result<Self> {
+        Self::open_with_keys(url, &Keyring::default()).await
+    }
+
+    /// [`SqliteStore::open`] with the keys of `TOK_SECRET_KEY`: they seal,
+    /// and a key file beside the database, if one is there from a start
+    /// without them, still opens what it sealed (until `tok secrets rotate`
+    /// seals it under the newest key). Empty `keys`: the key file's.
+    pub async fn open_with_keys(url: &str, keys: &Keyring) -> crate::Result<Self> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -106,6 +121,8 @@ impl SqliteStore {
         {
             std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
         }
+        let keys = Self::keys_for(options.get_filename(), keys)?;
+        let name = options.get_filename().display().to_string();
         // A file connection does not go stale: no ping before each use. The
         // writer never checkpoints inside a commit (copying the WAL back
         // into the database there would stall every write waiting behind
@@ -173,7 +190,37 @@ impl SqliteStore {
             reader,
             events,
             records,
+            keys,
+            name,
             _checkpointer: checkpointer,
+        })
+    }
+
+    /// The keys of the database at `file`: `configured`, then its key
+    /// file's if it has one; the key file's alone (made if missing) when
+    /// nothing is configured. An in-memory database keeps a key in memory.
+    fn keys_for(file: &std::path::Path, configured: &Keyring) -> crate::Result<Keyring> {
+        let in_memory = file.as_os_str().is_empty() || file.as_os_str() == ":memory:";
+        if in_memory {
+            return Ok(if configured.is_empty() {
+                Keyring::generate().0
+            } else {
+                configured.clone()
+            });
+        }
+        let path = crate::key_file::path_for(file);
+        let keys = if configured.is_empty() {
+            crate::key_file::load_or_create(&path)
+        } else if path.exists() {
+            crate::key_file::load_or_create(&path).map(|file| configured.then(&file))
+        } else {
+            Ok(configured.clone())
+        };
+        keys.map_err(|e| {
+            StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+                e.kind(),
+                format!("the key file {}: {e}", path.display()),
+            )))
         })
     }
 
@@ -233,6 +280,11 @@ impl_runs! {
     db = sqlx::Sqlite,
 }
 
+impl_caps! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
 impl_queue! {
     store = SqliteStore,
     db = sqlx::Sqlite,
@@ -252,6 +304,12 @@ impl_desk! {
 impl_connections! {
     store = SqliteStore,
     db = sqlx::Sqlite,
+}
+
+impl_reseal! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+    lock = None::<(&str, i64)>,
 }
 
 impl_signals! {
@@ -324,7 +382,13 @@ impl Store for SqliteStore {
     async fn migrate(&self) -> Result<()> {
         let writer = self.writer().await;
         let mut conn = writer.acquire().await?;
-        migrate::apply::<sqlx::Sqlite>(&mut conn, migrate::SQLITE, None).await
+        migrate::apply::<sqlx::Sqlite>(&mut conn, migrate::SQLITE, None).await?;
+        drop((conn, writer));
+        self.reseal(Reseal::Plain).await.map(|_| ())
+    }
+
+    async fn seal_credentials(&self, which: Reseal) -> Result<Vec<Resealed>> {
+        Ok(vec![self.reseal(which).await?])
     }
 
     async fn maintain(&self) -> Result<()> {

@@ -37,6 +37,10 @@ pub struct TestDb {
     pub backend: Backend,
     /// The URL `tok` would be given (`TOK_DATABASE_URL`).
     pub url: String,
+    /// The keys [`TestDb::store`] seals credentials with: on PostgreSQL a
+    /// random key of this database (`TOK_SECRET_KEY`); on SQLite none, so
+    /// the store makes its key file beside the database, as `tok` does.
+    pub keys: crate::Keyring,
     dir: Option<std::path::PathBuf>,
     pg_name: Option<String>,
     /// For a routed store ([`TestDb::create_routed`]): the shared
@@ -56,6 +60,7 @@ impl TestDb {
                 TestDb {
                     backend,
                     url,
+                    keys: crate::Keyring::default(),
                     dir: Some(dir),
                     pg_name: None,
                     shared: None,
@@ -83,6 +88,7 @@ impl TestDb {
                 TestDb {
                     backend,
                     url,
+                    keys: crate::Keyring::generate().0,
                     dir: None,
                     pg_name: Some(name),
                     shared: None,
@@ -109,12 +115,17 @@ impl TestDb {
 
     /// Opens the store on this database and migrates it.
     pub async fn store(&self) -> Arc<dyn Store> {
+        self.store_with_keys(&self.keys).await
+    }
+
+    /// [`TestDb::store`] sealing credentials with `keys` (`TOK_SECRET_KEY`).
+    pub async fn store_with_keys(&self, keys: &crate::Keyring) -> Arc<dyn Store> {
         let store = match &self.shared {
-            None => crate::connect(&self.url, 10).await,
+            None => crate::connect(&self.url, 10, keys).await,
             Some(shared) => {
                 let tenants = crate::TenantDatabases::parse(&format!("*={}", self.url), "test")
                     .expect("routing of the test");
-                crate::connect_routed(&shared.url, &tenants, 10).await
+                crate::connect_routed(&shared.url, &tenants, 10, keys).await
             }
         }
         .expect("connect to test database");

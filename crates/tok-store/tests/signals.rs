@@ -6,7 +6,9 @@
 //! Every test runs on SQLite and on PostgreSQL (`<test>::sqlite`,
 //! `<test>::postgres`), each on a fresh database, and drives the store only
 //! through its traits: what a worker claims (the job and its `resume`),
-//! what a sender is answered, and what a run's detail shows. Waits for a
+//! what a sender is answered, and what a run's detail shows. Retention
+//! deletes a signal once past both its lookback and the idempotency window;
+//! a starting wait reads the buffer a page at a time. Waits for a
 //! timeout sleep well past it; nothing asserts on how long anything took.
 
 use std::collections::{HashMap, HashSet};
@@ -31,6 +33,8 @@ tok_store::backend_tests!(run;
     a_wait_takes_only_a_buffered_signal_its_where_accepts,
     a_wait_without_lookback_ignores_the_buffer,
     a_buffered_signal_expires_after_its_lookback,
+    a_wait_finds_the_oldest_match_past_a_page_of_others,
+    retention_deletes_signals_past_their_lookback_and_the_idempotency_window,
     a_timed_out_wait_resumes_as_timed_out_and_a_later_signal_is_buffered,
     a_repeated_idempotency_key_answers_the_first_signal,
     another_tenants_signal_resumes_nothing,
@@ -1023,4 +1027,137 @@ async fn signals_and_waits_on_one_key_without_where_leave_no_wait_beside_a_buffe
                 .expect("cancel a parked run");
         }
     }
+}
+
+async fn a_wait_finds_the_oldest_match_past_a_page_of_others(fx: &Fixture) {
+    let b = fx.backend;
+    // More than two pages of signals the wait does not want, then two it does.
+    for n in 0..250 {
+        fx.send(signal("k", json!({ "n": n }))).await;
+    }
+    let first = fx.send(signal("k", json!({ "n": "wanted", "i": 1 }))).await;
+    // The buffer's order is the time received, in milliseconds (two of one
+    // millisecond go in id order, which is not the order sent): the second
+    // is sent in a later one.
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    let second = fx.send(signal("k", json!({ "n": "wanted", "i": 2 }))).await;
+    assert!(first.buffered && second.buffered, "{b:?}");
+
+    let wants = fx
+        .waiting_run(on_key_where("k", "n", json!("wanted")))
+        .await;
+    let job = fx.claim_only(&wants.run_id).await;
+    assert_eq!(
+        job.resume,
+        resumed_by(&first, json!({ "n": "wanted", "i": 1 })),
+        "{b:?}: the oldest matching signal, past 250 others"
+    );
+    let next = fx
+        .waiting_run(on_key_where("k", "n", json!("wanted")))
+        .await;
+    let job = fx.claim_only(&next.run_id).await;
+    assert_eq!(
+        job.resume,
+        resumed_by(&second, json!({ "n": "wanted", "i": 2 })),
+        "{b:?}"
+    );
+    let none = fx
+        .waiting_run(on_key_where("k", "n", json!("wanted")))
+        .await;
+    assert_eq!(
+        fx.waits(&none.run_id).await.1.len(),
+        1,
+        "{b:?}: none left, it parks"
+    );
+    // The others are still there, oldest first.
+    let any = fx.waiting_run(on_key("k")).await;
+    let job = fx.claim_only(&any.run_id).await;
+    assert!(
+        matches!(&job.resume, Some(Resume::Signal { payload, .. }) if payload == &json!({ "n": 0 })),
+        "{b:?}: {:?}",
+        job.resume
+    );
+}
+
+async fn retention_deletes_signals_past_their_lookback_and_the_idempotency_window(fx: &Fixture) {
+    let b = fx.backend;
+    const HOUR_MS: i64 = 3_600_000;
+    let keyed = |key: &str, lookback_ms: i64| NewSignal {
+        idempotency_key: Some(key.into()),
+        lookback_ms,
+        ..signal("k", json!({ "key": key }))
+    };
+    // Buffered for ten minutes; buffered for two days; taken by a wait at once.
+    fx.send(keyed("short", 10 * 60_000)).await;
+    let long = fx.send(keyed("long", 48 * HOUR_MS)).await;
+    let waiting = fx.waiting_run(on_key("other")).await;
+    let taken = fx
+        .send(NewSignal {
+            key: "other".into(),
+            ..keyed("taken", 10 * 60_000)
+        })
+        .await;
+    assert_eq!(taken.resumed, vec![waiting.run_id.clone()], "{b:?}");
+    fx.claim_only(&waiting.run_id).await;
+    let other = new_tenant(&*fx.store, "other").await;
+    fx.store
+        .send_signal(&other, keyed("short", 10 * 60_000))
+        .await
+        .unwrap();
+    let now = tok_store::now_ms();
+
+    // Within the idempotency window nothing goes, though the short
+    // lookback and the taken signal are over: their keys still deduplicate.
+    let kept = fx
+        .store
+        .expire_signals(&fx.tenant, now + 23 * HOUR_MS, 100)
+        .await
+        .unwrap();
+    assert_eq!(kept, 0, "{b:?}");
+    assert!(
+        fx.send(keyed("short", 10 * 60_000)).await.duplicate,
+        "{b:?}"
+    );
+    assert!(
+        fx.send(keyed("taken", 10 * 60_000)).await.duplicate,
+        "{b:?}"
+    );
+
+    // Past the window, a batch at a time: the short and the taken signal
+    // go, the one still within its lookback stays.
+    let later = now + 25 * HOUR_MS;
+    let mut deleted = Vec::new();
+    loop {
+        let n = fx.store.expire_signals(&fx.tenant, later, 1).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        deleted.push(n);
+    }
+    assert_eq!(deleted, vec![1, 1], "{b:?}: one batch of one per signal");
+    assert!(
+        !fx.send(keyed("short", 10 * 60_000)).await.duplicate,
+        "{b:?}: gone"
+    );
+    assert!(
+        !fx.send(keyed("taken", 10 * 60_000)).await.duplicate,
+        "{b:?}: gone"
+    );
+    let again = fx.send(keyed("long", 48 * HOUR_MS)).await;
+    assert!(
+        again.duplicate && again.signal_id == long.signal_id,
+        "{b:?}: kept"
+    );
+    // Another tenant's signals are not its to delete.
+    let theirs = fx
+        .store
+        .send_signal(&other, keyed("short", 0))
+        .await
+        .unwrap();
+    assert!(theirs.duplicate, "{b:?}: the other tenant's signal stayed");
+    assert_eq!(
+        fx.store.expire_signals(&other, later, 100).await.unwrap(),
+        1,
+        "{b:?}"
+    );
 }

@@ -75,6 +75,19 @@ pub struct Config {
     /// `TOK_ADMIN_KEY`: the platform admin key. Without it one is generated
     /// on the first start and printed once.
     pub admin_key: Option<Secret>,
+    /// `TOK_SECRET_KEY`: the keys connection credentials are sealed under
+    /// at rest, each 32 random bytes in base64 (`openssl rand -base64
+    /// 32`), comma-separated, the newest first: the newest seals, each
+    /// opens what it sealed (`tok secrets rotate` moves everything to the
+    /// newest). Unset: on SQLite a key generated into a file beside the
+    /// database (`tok.db.key`, mode 0600); on PostgreSQL a connection with
+    /// credentials is refused. Prints its keys' ids only.
+    pub secret_keys: tok_store::Keyring,
+    /// `TOK_METRICS_TOKEN`: a token a Prometheus scraper sends as
+    /// `Authorization: Bearer <token>` to read `GET /metrics`, so that the
+    /// scraper needs no admin key. None by default: `/metrics` then answers
+    /// the admin key only (its figures name every tenant).
+    pub metrics_token: Option<Secret>,
     /// `TOK_ROLE` (alias `APP_ROLE`): `api`, `worker` or `both` (default).
     pub role: Role,
     /// `TOK_CONCURRENCY`: worker slots, [`DEFAULT_CONCURRENCY`] by default.
@@ -126,6 +139,13 @@ pub struct Config {
     /// `TOK_LOG_FORMAT`: `text` (default; colours only on a terminal) or
     /// `json` (one JSON object per line, for a log collector).
     pub log_format: LogFormat,
+    /// `TOK_OUTBOUND_ALLOW`: what tenants' calls (`http`, `mcp`, widgets,
+    /// polls) may reach beyond public addresses: comma-separated CIDRs
+    /// (`10.20.0.0/16`), addresses, `host:port` (`localhost:8080`), or
+    /// `any` to turn the guard off on a laptop. Empty by default: a tenant
+    /// must not reach the platform's own network (loopback, private,
+    /// link-local and so cloud metadata, CGNAT), DESIGN §15.
+    pub outbound_allow: tok_engine::OutboundAllow,
 }
 
 /// How log lines are written (`TOK_LOG_FORMAT`).
@@ -219,6 +239,12 @@ impl Config {
             public_url: var("TOK_PUBLIC_URL").unwrap_or_else(|| format!("http://{listen}")),
             listen,
             admin_key: var("TOK_ADMIN_KEY").map(Secret),
+            secret_keys: match var("TOK_SECRET_KEY") {
+                Some(text) => tok_store::Keyring::parse(&text, "TOK_SECRET_KEY")
+                    .map_err(anyhow::Error::msg)?,
+                None => tok_store::Keyring::default(),
+            },
+            metrics_token: var("TOK_METRICS_TOKEN").map(|t| Secret(t.trim().to_owned())),
             role,
             concurrency,
             node_id: var("TOK_NODE_ID").unwrap_or_else(host_name),
@@ -247,12 +273,23 @@ impl Config {
                 None => 0.01,
             },
             log_format: LogFormat::from_env()?,
+            outbound_allow: match var("TOK_OUTBOUND_ALLOW") {
+                Some(text) => {
+                    tok_engine::OutboundAllow::parse(&text).map_err(anyhow::Error::msg)?
+                }
+                None => tok_engine::OutboundAllow::default(),
+            },
         };
         config.validate()?;
         Ok(config)
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(token) = &self.metrics_token
+            && token.0.len() < 16
+        {
+            bail!("TOK_METRICS_TOKEN must be at least 16 characters (a random token, not a word)");
+        }
         if self.concurrency == 0 {
             bail!("TOK_CONCURRENCY must be at least 1");
         }

@@ -1,5 +1,5 @@
 //! The `tok` binary's library half: configuration and the `serve`,
-//! `migrate`, `bench` and `capacity` commands, and the API client behind `apply`,
+//! `migrate`, `secrets`, `bench` and `capacity` commands, and the API client behind `apply`,
 //! `runs` and `signal`, callable from tests.
 
 pub mod bench;
@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod file_lock;
+pub mod secrets;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         &config.database_url,
         &config.tenant_databases,
         config.db_max_connections,
+        &config.secret_keys,
     )
     .await
     .with_context(|| {
@@ -127,7 +129,7 @@ pub async fn serve(
     let _serving = file_lock::lock_sqlite(&config.database_url)?;
     let store = open_store(&config).await?;
     let mut registry = registry;
-    registry.add_connectors(store.clone());
+    registry.add_connectors(store.clone(), &config.outbound_allow);
     ensure_admin_key(&*store, &config).await?;
     if options.demo {
         seed_demo(&*store, &registry, &config).await?;
@@ -143,6 +145,7 @@ pub async fn serve(
             signal_lookback: config.signal_lookback,
             shutdown_grace: config.shutdown_grace,
             step_sample: config.step_sample,
+            outbound: config.outbound_allow.clone(),
             scheduler: tok_engine::scheduler::SchedulerConfig {
                 tick: config.scheduler_tick,
                 lease: config.scheduler_lease,
@@ -169,9 +172,20 @@ pub async fn serve(
         None
     };
     tracing::info!(role = ?config.role, node = %config.node_id, concurrency = config.concurrency, "tok started");
+    if config.outbound_allow.is_any() {
+        tracing::warn!(
+            "TOK_OUTBOUND_ALLOW=any: the outbound guard is off; tenants' calls may reach any \
+             address, this platform's own network included"
+        );
+    } else if config.outbound_allow != tok_engine::OutboundAllow::default() {
+        tracing::info!(allow = %config.outbound_allow, "outbound guard exceptions (TOK_OUTBOUND_ALLOW)");
+    }
     if config.role.serves_http() {
         let mut state = AppState::new(engine.clone(), &config.public_url)
             .with_backpressure_depth(config.backpressure_depth);
+        if let Some(token) = &config.metrics_token {
+            state = state.with_metrics_token(&token.0);
+        }
         match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
             Ok(handle) => state = state.with_metrics(handle),
             Err(e) => tracing::warn!(error = %e, "metrics are off: no recorder could be installed"),

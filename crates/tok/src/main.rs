@@ -45,6 +45,11 @@ enum Command {
         #[command(subcommand)]
         action: TenantAction,
     },
+    /// Connection credentials at rest (docs/security.md, "Credentials at rest").
+    Secrets {
+        #[command(subcommand)]
+        action: SecretsAction,
+    },
     #[command(flatten)]
     Client(tok::cli::Command),
     /// A worker's script sandbox: runs the JavaScript requests it reads on
@@ -76,6 +81,14 @@ enum TenantAction {
         #[arg(long)]
         database: String,
     },
+}
+
+#[derive(Subcommand)]
+enum SecretsAction {
+    /// Seal every credential not under the newest key of TOK_SECRET_KEY
+    /// (its first) under it, in every database; prints how many per
+    /// database. Then the older keys can be dropped. Idempotent.
+    Rotate,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -151,6 +164,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => {
             tok::open_store(&config).await?;
             println!("migrations applied");
+            Ok(())
+        }
+        Command::Secrets {
+            action: SecretsAction::Rotate,
+        } => {
+            print!("{}", tok::secrets::rotate(&config).await?);
             Ok(())
         }
         Command::Bench(options) => tok::bench::run(options).await,

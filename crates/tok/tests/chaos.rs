@@ -941,11 +941,12 @@ async fn scenario(backend: Backend, fault: Fault) {
         _ => Duration::from_millis(20),
     };
     let stub = stub(delay).await;
-    let extra: &[(&str, &str)] = match fault {
-        Fault::CommitThenError => &[("TOK_FAULT_COMMIT_THEN_ERROR", "record:7,inbox:5")],
-        _ => &[],
-    };
-    let mut tok = Tok::start(&db, extra).await;
+    let allow = support::allow(&stub.base);
+    let mut extra = vec![("TOK_OUTBOUND_ALLOW", allow.as_str())];
+    if fault == Fault::CommitThenError {
+        extra.push(("TOK_FAULT_COMMIT_THEN_ERROR", "record:7,inbox:5"));
+    }
+    let mut tok = Tok::start(&db, &extra).await;
     let api = Api::new(tok.api_port);
     let setup = setup(&api, &stub).await;
     tok.start_workers();

@@ -8,7 +8,6 @@
 mod support;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -42,24 +41,23 @@ async fn invoicing_service() -> (String, Seen) {
     (base, seen)
 }
 
-async fn final_run(api: &Api, key: &str, run: &str) -> Value {
-    for _ in 0..600 {
-        let detail = api.get(&format!("/api/runs/{run}"), key).await;
-        if matches!(detail["status"].as_str(), Some("completed" | "failed")) {
-            return detail;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("run {run} did not finish within 30 s");
-}
-
 async fn connectors(backend: Backend) {
     let db = TestDb::create(backend).await;
     let port = free_port();
     let api = Api::new(port);
-    let _server = Server::start(&db.url, port, &[], &[]);
-    api.wait_ready().await;
     let (base, seen) = invoicing_service().await;
+    // The connection's credentials are sealed under a key of the test's.
+    let (_, secret_key) = tok_store::Keyring::generate();
+    let _server = Server::start(
+        &db.url,
+        port,
+        &[],
+        &[
+            ("TOK_OUTBOUND_ALLOW", &support::allow(&base)),
+            ("TOK_SECRET_KEY", &secret_key),
+        ],
+    );
+    api.wait_ready().await;
 
     let tenant = api
         .post("/api/tenants", ADMIN_KEY, json!({ "name": "Acme" }))
@@ -100,7 +98,7 @@ async fn connectors(backend: Backend) {
         )
         .await;
     let run = started["run_id"].as_str().unwrap().to_owned();
-    let detail = final_run(&api, &key, &run).await;
+    let detail = api.final_run(&key, &run).await;
     assert_eq!(detail["status"], "completed", "{backend:?}: {detail}");
     assert_eq!(
         detail["context"]["st_done"]["invoice"], "INV-7",
@@ -139,7 +137,9 @@ async fn connectors(backend: Backend) {
             json!({ "input": {} }),
         )
         .await;
-    let detail = final_run(&api, &key, started["run_id"].as_str().unwrap()).await;
+    let detail = api
+        .final_run(&key, started["run_id"].as_str().unwrap())
+        .await;
     assert_eq!(detail["status"], "failed", "{backend:?}");
     let error = detail["error"].as_str().unwrap();
     assert!(
@@ -156,6 +156,7 @@ async fn connectors(backend: Backend) {
     let metrics = api
         .http
         .get(format!("{}/metrics", api.base))
+        .bearer_auth(ADMIN_KEY)
         .send()
         .await
         .unwrap()

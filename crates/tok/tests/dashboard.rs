@@ -178,9 +178,14 @@ async fn an_operator_sees_runs_live_opens_a_failed_one_and_retries_it() {
     run_on_fresh_db(Backend::Sqlite, async |db: &TestDb| {
         let port = free_port();
         let api = Api::new(port);
-        let _server = Server::start(&db.url, port, &[], &[]);
-        api.wait_ready().await;
         let (invoicing, calls) = invoicing_stub().await;
+        let _server = Server::start(
+            &db.url,
+            port,
+            &[],
+            &[("TOK_OUTBOUND_ALLOW", &support::allow(&invoicing))],
+        );
+        api.wait_ready().await;
         let shop = shop(&api, "Acme", &invoicing).await;
         let browser = Browser::start().await;
         let base = format!("http://localhost:{port}");

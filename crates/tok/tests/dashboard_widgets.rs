@@ -55,9 +55,14 @@ async fn a_widget_tile_shows_its_cached_data_and_its_age_and_refresh_calls_once(
     run_on_fresh_db(Backend::Sqlite, async |db: &TestDb| {
         let port = free_port();
         let api = Api::new(port);
-        let _server = Server::start(&db.url, port, &[], &[]);
-        api.wait_ready().await;
         let (stats, calls) = stats_stub().await;
+        let _server = Server::start(
+            &db.url,
+            port,
+            &[],
+            &[("TOK_OUTBOUND_ALLOW", &support::allow(&stats))],
+        );
+        api.wait_ready().await;
         let tenant = api
             .post("/api/tenants", ADMIN_KEY, json!({ "name": "Acme" }))
             .await;

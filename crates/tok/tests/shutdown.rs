@@ -58,9 +58,11 @@ async fn sigterm_lets_the_steps_in_flight_finish(backend: Backend) {
         ("TOK_SHUTDOWN_GRACE", "20s"),
         ("TOK_NODE_ID", "shutdown-test-node"),
     ];
+    let (base, counts, release) = slow_service().await;
+    let allow = support::allow(&base);
+    let env = [env.as_slice(), &[("TOK_OUTBOUND_ALLOW", allow.as_str())]].concat();
     let mut server = Server::start(&db.url, port, &[], &env);
     api.wait_ready().await;
-    let (base, counts, release) = slow_service().await;
 
     let tenant = api
         .post("/api/tenants", ADMIN_KEY, json!({ "name": "Acme" }))
@@ -142,7 +144,7 @@ async fn sigterm_lets_the_steps_in_flight_finish(backend: Backend) {
     // Every call was answered, made once, and recorded once.
     assert_eq!(counts.0.load(Ordering::SeqCst), STEPS, "{backend:?}");
     assert_eq!(counts.1.load(Ordering::SeqCst), STEPS, "{backend:?}");
-    let store = tok_store::connect(&db.url, 2).await.unwrap();
+    let store = tok_store::connect(&db.url, 2, &db.keys).await.unwrap();
     let runs = store
         .runs(&tenant_id, &RunFilter::default(), 100, None)
         .await

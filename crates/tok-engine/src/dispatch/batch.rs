@@ -112,6 +112,9 @@ pub(crate) async fn dispatch(
     // Start limits: an automation's starts of the last minute, read (and
     // locked) once per batch, with the runs this batch starts added.
     let mut starts: HashMap<(TenantId, AutomationId), Vec<i64>> = HashMap::new();
+    // The tenants' own start limit, for their automations that set none:
+    // read once per tenant and batch.
+    let mut tenant_limits: HashMap<TenantId, tok_core::quotas::TenantLimits> = HashMap::new();
     let mut runs = Vec::new();
     let mut dispatched: Vec<EventId> = Vec::with_capacity(events.len());
     let mut received_at = Vec::with_capacity(events.len());
@@ -165,7 +168,17 @@ pub(crate) async fn dispatch(
             .await?;
         }
         for mut run in plan.runs {
-            if let Some(per_minute) = starts_per_minute(cached, &run.automation_id) {
+            let own = starts_per_minute(cached, &run.automation_id);
+            let tenant_limit = if own.is_none() {
+                if !tenant_limits.contains_key(&event.tenant_id) {
+                    let limits = tx.tenant_limits(&event.tenant_id).await?;
+                    tenant_limits.insert(event.tenant_id.clone(), limits);
+                }
+                tenant_limits[&event.tenant_id].starts_per_minute
+            } else {
+                None
+            };
+            if let Some(per_minute) = own.or(tenant_limit) {
                 let key = (event.tenant_id.clone(), run.automation_id.clone());
                 if !starts.contains_key(&key) {
                     let since = now - START_WINDOW_MS;
@@ -297,6 +310,13 @@ mod tests {
         ) -> Result<i64> {
             assert!(now_ms() - since >= TICKET_WINDOW_MS, "the last minute");
             Ok(self.earlier)
+        }
+
+        async fn tenant_limits(
+            &mut self,
+            _tenant: &TenantId,
+        ) -> Result<tok_core::quotas::TenantLimits> {
+            Ok(Default::default())
         }
 
         async fn recent_starts(

@@ -26,8 +26,9 @@
 //!    is the start of the month it falls in, so the batches only empty
 //!    months a longer-retention tenant still keeps (and the default
 //!    partition), never the current months a `DROP TABLE` will take.
-//!    Idempotency keys past their window and the queue's samples older
-//!    than a day ([`tok_store::QUEUE_SAMPLES_KEPT`]) go the same way.
+//!    Idempotency keys past their window, the queue's samples older
+//!    than a day ([`tok_store::QUEUE_SAMPLES_KEPT`]) and the signals past
+//!    both their lookback and the idempotency window go the same way.
 //! 4. On SQLite, freed pages are given back to the file system
 //!    (`PRAGMA incremental_vacuum`), so the file shrinks.
 
@@ -166,12 +167,13 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
             }
         }
     }
-    // Idempotency keys past their window deduplicate nothing any more, and
-    // the queue's samples are charted over a day at most.
+    // Idempotency keys past their window deduplicate nothing any more, the
+    // queue's samples are charted over a day at most, and a signal past
+    // both its lookback and the window resumes and deduplicates nothing.
     let keys_before = now - tok_store::IDEMPOTENCY_WINDOW.as_millis() as i64;
     let samples_before = now - tok_store::QUEUE_SAMPLES_KEPT.as_millis() as i64;
     for (tenant, _) in &retentions {
-        for table in ["event_keys", "queue_samples"] {
+        for table in ["event_keys", "queue_samples", "signals"] {
             let mut batches = 0;
             loop {
                 let deleted = match table {
@@ -180,9 +182,14 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
                             .expire_keys(tenant, keys_before, config.expiry_batch)
                             .await?
                     }
-                    _ => {
+                    "queue_samples" => {
                         store
                             .expire_queue_samples(tenant, samples_before, config.expiry_batch)
+                            .await?
+                    }
+                    _ => {
+                        store
+                            .expire_signals(tenant, now, config.expiry_batch)
                             .await?
                     }
                 };

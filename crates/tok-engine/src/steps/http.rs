@@ -3,6 +3,10 @@
 //! connection held; the connection's limits are checked in one short
 //! transaction before the call and updated in another after it. The same
 //! call ([`Http::call`]) fetches dashboard widgets' data (`crate::widgets`).
+//! Every call goes through the outbound guard (`crate::outbound`): internal
+//! addresses are refused on every hop, the answer is read against the byte
+//! budget (64 KiB, `MAX_OUTPUT_BYTES`), and a call through a connection
+//! stays on its base URL's origin (`origin_mismatch` otherwise).
 //!
 //! Every attempt sends `Idempotency-Key: <run id>:<path>`, the same on every
 //! retry. What is retried (DESIGN §5): a connection error, 5xx, 408, 425,
@@ -16,14 +20,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, Url};
 use serde_json::{Map, Value, json};
 use tok_core::error::StepError;
 use tok_core::ids::{JobId, TenantId};
 use tok_core::limits::MAX_OUTPUT_BYTES;
 use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
+use crate::outbound::{Exchange, Outbound, OutboundAllow, SendError, body, origin};
 use crate::registry::{StepCall, StepHandler};
 
 /// Default and largest per-call timeouts.
@@ -32,23 +37,21 @@ const MAX_TIMEOUT_MS: u64 = 120_000;
 
 pub(crate) struct Http {
     store: Arc<dyn ConnectionStore>,
-    client: reqwest::Client,
+    outbound: Outbound,
 }
 
 impl Http {
-    pub(crate) fn new(store: Arc<dyn ConnectionStore>) -> Self {
-        // TLS uses rustls with the ring provider (a lighter build than the
-        // default); installing it twice is harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .redirect(reqwest::redirect::Policy::limited(5))
-            .user_agent(concat!("tok/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
-        Self { store, client }
+    /// Calls go through the outbound guard with `allow`'s exceptions.
+    pub(crate) fn new(store: Arc<dyn ConnectionStore>, allow: &OutboundAllow) -> Self {
+        Self {
+            store,
+            outbound: Outbound::new(allow),
+        }
     }
 }
+
+/// How much of an error answer's body its message shows.
+const SNIPPET_BYTES: usize = 300;
 
 /// The parts of a config a call needs, checked.
 struct Request {
@@ -197,13 +200,28 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 }
 
 impl Http {
-    /// Sends the request and maps the answer to outputs or a classified error.
+    /// Sends the request through the guard and maps the answer to outputs
+    /// or a classified error. The body is read against the byte budget.
     async fn send(
         &self,
         idempotency_key: Option<&str>,
         request: Request,
         connection: Option<&Connection>,
     ) -> (Result<Map<String, Value>, StepError>, CallOutcome) {
+        let url = match Url::parse(&request.url) {
+            Ok(url) if url.has_host() => url,
+            _ => {
+                let e = StepError::terminal(format!(
+                    "http `url` `{}` is not an absolute URL with a host",
+                    request.url
+                ));
+                return (Err(e), CallOutcome::Answered);
+            }
+        };
+        let credentials_origin = match connection.map(|c| origin::for_call(c, &url)).transpose() {
+            Ok(origin) => origin.flatten(),
+            Err(message) => return (Err(StepError::terminal(message)), CallOutcome::Answered),
+        };
         let mut headers = match connection.map(credential_headers).transpose() {
             Ok(h) => h.unwrap_or_default(),
             Err(e) => return (Err(e), CallOutcome::Answered),
@@ -226,20 +244,40 @@ impl Http {
         if let Some(Ok(key)) = idempotency_key.map(HeaderValue::from_str) {
             headers.insert("idempotency-key", key);
         }
-        let mut builder = self
-            .client
-            .request(request.method.clone(), &request.url)
-            .headers(headers)
-            .timeout(request.timeout);
-        builder = match &request.body {
-            Some(Value::String(text)) => builder.body(text.clone()),
-            Some(json) => builder.json(json),
-            None => builder,
+        let body = match &request.body {
+            Some(Value::String(text)) => Some(text.clone().into_bytes()),
+            Some(json) => {
+                if !headers.contains_key(reqwest::header::CONTENT_TYPE) {
+                    headers.insert(
+                        reqwest::header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                }
+                Some(json.to_string().into_bytes())
+            }
+            None => None,
         };
         let method = request.method.clone();
-        let response = match builder.send().await {
+        let exchange = Exchange {
+            method: method.clone(),
+            url,
+            headers,
+            body,
+            timeout: request.timeout,
+            credentials_origin,
+        };
+        let response = match self.outbound.send(exchange).await {
             Ok(r) => r,
-            Err(e) => {
+            Err(SendError::Refused(refused)) => {
+                return (
+                    Err(StepError::terminal(refused.to_string())),
+                    CallOutcome::Answered,
+                );
+            }
+            Err(SendError::Redirect(message)) => {
+                return (Err(StepError::terminal(message)), CallOutcome::Answered);
+            }
+            Err(SendError::Http(e)) => {
                 return (
                     Err(classify_send_error(&e, &method, request.timeout)),
                     CallOutcome::Unavailable,
@@ -248,18 +286,8 @@ impl Http {
         };
         let status = response.status();
         let response_headers = response.headers().clone();
-        let bytes = match response.bytes().await {
-            Ok(b) => b,
-            Err(e) => {
-                return (
-                    Err(classify_send_error(&e, &method, request.timeout)),
-                    CallOutcome::Unavailable,
-                );
-            }
-        };
-        let snippet = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
         let code = status.as_u16();
-        let answered = format!("{} {} answered {status}", method, request.url);
+        let answered = format!("{} {} answered {status}", method, response.url());
         if code == 429 {
             let message = format!("{answered}: too many requests");
             return match retry_after(&response_headers) {
@@ -270,25 +298,41 @@ impl Http {
                 None => (Err(StepError::retryable(message)), CallOutcome::Unavailable),
             };
         }
-        if status.is_server_error() || code == 408 || code == 425 {
-            return (
-                Err(StepError::retryable(format!("{answered}: {snippet}"))),
-                CallOutcome::Unavailable,
-            );
+        if status.is_server_error() || status.is_client_error() {
+            // Only what the message shows is read.
+            let snippet = match body::prefix(response, SNIPPET_BYTES).await {
+                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                Err(_) => String::new(),
+            };
+            let message = format!("{answered}: {snippet}");
+            return if status.is_server_error() || code == 408 || code == 425 {
+                (Err(StepError::retryable(message)), CallOutcome::Unavailable)
+            } else {
+                (Err(StepError::terminal(message)), CallOutcome::Answered)
+            };
         }
-        if status.is_client_error() {
-            return (
-                Err(StepError::terminal(format!("{answered}: {snippet}"))),
-                CallOutcome::Answered,
-            );
-        }
-        if bytes.len() > MAX_OUTPUT_BYTES {
+        let announced = response.content_length();
+        let bounded = match body::read(response, MAX_OUTPUT_BYTES).await {
+            Ok(b) => b,
+            Err(e) => {
+                return (
+                    Err(classify_send_error(&e, &method, request.timeout)),
+                    CallOutcome::Unavailable,
+                );
+            }
+        };
+        if !bounded.complete {
+            let size = match announced {
+                Some(n) => format!("{n} bytes (its Content-Length)"),
+                None => format!("more than {MAX_OUTPUT_BYTES} bytes"),
+            };
             let e = StepError::terminal(format!(
-                "{answered} with {} bytes; at most {MAX_OUTPUT_BYTES} bytes of a response are kept",
-                bytes.len()
+                "output_too_large: {answered} with {size}; tok reads at most {MAX_OUTPUT_BYTES} \
+                 bytes of an answer (the byte budget) and stopped reading there"
             ));
             return (Err(e), CallOutcome::Answered);
         }
+        let bytes = bounded.bytes;
         let is_json = response_headers
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -363,9 +407,7 @@ impl Http {
                 self.store
                     .connection(tenant, name)
                     .await
-                    .map_err(|e| {
-                        StepError::retryable(format!("connection storage unavailable: {e}"))
-                    })?
+                    .map_err(super::connection_unreadable)?
                     .ok_or_else(|| {
                         StepError::terminal(format!("connection `{name}` does not exist"))
                     })?,

@@ -43,6 +43,7 @@ use tok_core::error::StepError;
 use tok_core::limits::MAX_OUTPUT_BYTES;
 use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
+use crate::outbound::{Outbound, OutboundAllow, refusal_in};
 use crate::registry::{StepCall, StepHandler};
 
 /// Default and largest per-call timeouts (handshake and tool call together).
@@ -51,34 +52,40 @@ const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 const MAX_TIMEOUT_MS: u64 = 120_000;
 
 /// Largest JSON response or SSE event accepted from the server. Outputs are
-/// capped at 64 KiB anyway; this stops a runaway answer from being buffered.
+/// capped at 64 KiB anyway; this stops a runaway answer from being buffered
+/// (rmcp reads a JSON body as a stream against this limit, and an SSE
+/// stream event by event, so memory per call stays within it; what it
+/// cannot bound is the number of SSE events, which the timeout ends).
 const MAX_RESPONSE_BYTES: usize = 16 * MAX_OUTPUT_BYTES;
 
 type TransportError = StreamableHttpError<reqwest::Error>;
 
 pub(crate) struct Mcp {
     store: Arc<dyn ConnectionStore>,
+    outbound: Outbound,
     client: reqwest::Client,
 }
 
 impl Mcp {
-    pub(crate) fn new(store: Arc<dyn ConnectionStore>) -> Self {
-        // reqwest is built without a TLS provider; installing ring twice is
-        // harmless (see `Http::new`).
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            // Redirects are not followed: a 301-303 would turn the POST into
-            // a GET and lose the message, and another origin would receive
-            // the credentials. The endpoint URL must be the real one.
-            .redirect(reqwest::redirect::Policy::none())
+    /// Calls go through the outbound guard with `allow`'s exceptions: the
+    /// guard's client (its resolver, no proxies) and its check of the
+    /// endpoint URL before each session.
+    pub(crate) fn new(store: Arc<dyn ConnectionStore>, allow: &OutboundAllow) -> Self {
+        let outbound = Outbound::new(allow);
+        // Redirects are not followed (the guard's client follows none): a
+        // 301-303 would turn the POST into a GET and lose the message, and
+        // another origin would receive the credentials. The endpoint URL
+        // must be the real one.
+        let client = outbound.client_for(|builder| {
             // As rmcp's own client: a half-read SSE body makes a pooled
             // connection stall on reuse.
-            .pool_max_idle_per_host(0)
-            .user_agent(concat!("tok/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
-        Self { store, client }
+            builder.pool_max_idle_per_host(0)
+        });
+        Self {
+            store,
+            outbound,
+            client,
+        }
     }
 }
 
@@ -213,6 +220,13 @@ fn classify_transport(
     phase: Phase,
     what: &str,
 ) -> (StepError, CallOutcome) {
+    if let Some(refused) = refusal_in(error) {
+        // The guard refused the address before anything was sent.
+        return (
+            StepError::terminal(format!("{what}: {refused}")),
+            CallOutcome::Answered,
+        );
+    }
     let Some(e) = error.downcast_ref::<TransportError>() else {
         return after_send(phase, format!("{what}: {error}"));
     };
@@ -373,6 +387,27 @@ impl Mcp {
             Err(e) => return (Err(e), CallOutcome::Answered),
         };
         let endpoint = format!("MCP server `{}`", connection.name);
+        // An address written in the endpoint URL is judged here (the
+        // client's resolver sees only names), and a named exception's
+        // other ports.
+        match reqwest::Url::parse(config.uri.as_ref()) {
+            Ok(url) => {
+                if let Err(refused) = self.outbound.check_before_send(&url).await {
+                    return (
+                        Err(StepError::terminal(format!("{endpoint}: {refused}"))),
+                        CallOutcome::Answered,
+                    );
+                }
+            }
+            Err(e) => {
+                return (
+                    Err(StepError::terminal(format!(
+                        "{endpoint}: the base_url is not a URL: {e}"
+                    ))),
+                    CallOutcome::Answered,
+                );
+            }
+        }
         let timeout = request.timeout;
         let deadline = Instant::now() + timeout;
         let transport = StreamableHttpClientTransport::with_client(self.client.clone(), config);
@@ -453,7 +488,7 @@ impl StepHandler for Mcp {
             .store
             .connection(&call.tenant_id, &request.connection)
             .await
-            .map_err(|e| StepError::retryable(format!("connection storage unavailable: {e}")))?
+            .map_err(super::connection_unreadable)?
             .ok_or_else(|| {
                 StepError::terminal(format!(
                     "connection `{}` does not exist",

@@ -183,3 +183,14 @@ pub(crate) fn timeout_ms(
     };
     Ok(std::time::Duration::from_millis(ms))
 }
+
+/// A connector's failure to read its connection: a credential that cannot
+/// be opened (its key is not in `TOK_SECRET_KEY`) stays so however often
+/// the step is tried, so it is terminal; a database that did not answer is
+/// retried.
+pub(crate) fn connection_unreadable(e: StoreError) -> StepError {
+    match e {
+        StoreError::Secret(secret) => StepError::terminal(secret.to_string()),
+        other => StepError::retryable(format!("connection storage unavailable: {other}")),
+    }
+}

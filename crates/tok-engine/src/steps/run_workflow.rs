@@ -135,7 +135,12 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         refused: None,
     };
     let mut run = run;
-    if let Some(per_minute) = automation.settings.limits.starts_per_minute {
+    let own = automation.settings.limits.starts_per_minute;
+    let per_minute = match own {
+        Some(_) => own,
+        None => cx.tx.tenant_limits().await?.starts_per_minute,
+    };
+    if let Some(per_minute) = per_minute {
         // Over the child's start limit, the child is written `refused`:
         // the parent that waits for it fails its step with `child_failed`.
         let now = tok_store::now_ms();

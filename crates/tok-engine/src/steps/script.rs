@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use tok_core::error::StepError;
 use tok_script::{ScriptPool, ScriptRequest};
 
-use crate::registry::{StepCall, StepHandler};
+use crate::registry::{ConfigError, StepCall, StepHandler};
 
 /// The `script` step type, running its scripts on `pool`.
 pub struct ScriptStep {
@@ -40,36 +40,47 @@ struct Config<'a> {
     timeout: Option<Duration>,
 }
 
-fn parse(config: &Value) -> Result<Config<'_>, String> {
+/// The config, or what is wrong with it and the key it concerns.
+fn parse(config: &Value) -> Result<Config<'_>, ConfigError> {
+    let refused = |key: &str, message: String| ConfigError {
+        key: key.to_owned(),
+        message,
+    };
     let source = match config.get("source") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.as_str(),
         _ => {
-            return Err(
+            return Err(refused(
+                "source",
                 "script needs `source`: JavaScript defining `function main(input)` that returns an object"
                     .into(),
-            );
+            ));
         }
     };
     if !defines_main(source) {
-        return Err(
+        return Err(refused(
+            "source",
             "script `source` must define `function main(input)` (or `const main = (input) => ...`) that returns an object"
                 .into(),
-        );
+        ));
     }
+    // Config strings are rendered before the step runs: a template here
+    // would put whatever a webhook body holds into the code.
     if source.contains("{{") {
-        return Err(
+        return Err(refused(
+            "source",
             "script `source` must not contain `{{`: config strings are templates, and data belongs in `input`, not in code (write `{ {` if you need two braces)"
                 .into(),
-        );
+        ));
     }
     let timeout = match config.get("timeoutMs") {
         None | Some(Value::Null) => None,
         Some(v) => {
             let ms = v.as_u64().ok_or_else(|| {
-                format!("script `timeoutMs` is {v}; it must be a whole number of milliseconds between 50 and 1000")
+                refused("timeoutMs", format!("script `timeoutMs` is {v}; it must be a whole number of milliseconds between 50 and 1000"))
             })?;
             let timeout = Duration::from_millis(ms);
-            tok_script::check_timeout(timeout).map_err(|e| format!("script `timeoutMs`: {e}"))?;
+            tok_script::check_timeout(timeout)
+                .map_err(|e| refused("timeoutMs", format!("script `timeoutMs`: {e}")))?;
             Some(timeout)
         }
     };
@@ -101,7 +112,7 @@ fn defines_main(source: &str) -> bool {
 #[async_trait]
 impl StepHandler for ScriptStep {
     async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
-        let config = parse(&call.config).map_err(StepError::terminal)?;
+        let config = parse(&call.config).map_err(|e| StepError::terminal(e.message))?;
         let cache_key = format!(
             "{}:{}",
             call.tenant_id,
@@ -126,6 +137,10 @@ impl StepHandler for ScriptStep {
     }
 
     fn validate(&self, config: &Value) -> Result<(), String> {
+        self.check_config(config).map_err(|e| e.message)
+    }
+
+    fn check_config(&self, config: &Value) -> Result<(), ConfigError> {
         parse(config).map(|_| ())
     }
 }
@@ -177,6 +192,21 @@ mod tests {
         let err = ok(json!({"source": "function main() { return {} }", "timeoutMs": "fast"}))
             .unwrap_err();
         assert!(err.contains("whole number of milliseconds"), "{err}");
+    }
+
+    #[test]
+    fn a_refused_config_names_its_key() {
+        let step = step();
+        let key = |config: Value| step.check_config(&config).unwrap_err().key;
+        assert_eq!(
+            key(json!({"source": "function main(i) { return {a: '{{_body.x}}'} }"})),
+            "source"
+        );
+        assert_eq!(key(json!({})), "source");
+        assert_eq!(
+            key(json!({"source": "function main() { return {} }", "timeoutMs": 1})),
+            "timeoutMs"
+        );
     }
 
     #[tokio::test]

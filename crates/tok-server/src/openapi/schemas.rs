@@ -499,7 +499,9 @@ pub(crate) struct TenantCreated {
 pub(crate) struct TenantChanged {
     #[serde(flatten)]
     tenant: Tenant,
-    /// `{retention: {stepDataDays, runsDays, traceDays, inboxDays}}`.
+    /// `{retention: {stepDataDays, runsDays, traceDays, inboxDays}, limits:
+    /// {signalsPerSecond: {rate, burst}, streams, startsPerMinute, concurrency}}`: the
+    /// limits in force, defaults filled in.
     settings: Value,
 }
 

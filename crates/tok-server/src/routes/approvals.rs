@@ -4,6 +4,7 @@
 //! member, comment}` decides one for a member who is one of its approvers
 //! (403 `not_an_approver` otherwise; 409 `already_decided` for a second
 //! decision, or once its run no longer waits for it), resuming its run.
+//! A decision's `comment` is at most 4 KiB (400 naming `comment` beyond).
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -88,6 +89,10 @@ async fn show(
         .ok_or_else(|| ApiError::not_found("approval"))
 }
 
+/// Longest comment of a decision, in bytes of UTF-8: it is stored with the
+/// approval and handed to the run as the wait's output.
+const MAX_COMMENT_BYTES: usize = 4 * 1024;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DecisionBody {
@@ -115,6 +120,18 @@ async fn decide(
         .with("field", "decision"));
     }
     if let Some(comment) = &body.comment {
+        if comment.len() > MAX_COMMENT_BYTES {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!(
+                    "`comment` is {} bytes; at most {MAX_COMMENT_BYTES} (4 KiB): a decision's \
+                     comment says why, the rest belongs in a ticket",
+                    comment.len()
+                ),
+            )
+            .with("field", "comment")
+            .with("limit", MAX_COMMENT_BYTES));
+        }
         crate::routes::storable_json("`comment`", &Value::String(comment.clone()))?;
     }
     let decision = Decision {

@@ -12,6 +12,7 @@ use tok_core::definition::{Automation, Trigger};
 use tok_core::ids::{AutomationId, SourceId, TenantId};
 use tok_core::validate::ValidationError;
 use tok_engine::definitions::prepare;
+use tok_engine::outbound::origin;
 use tok_store::{AutomationRow, AutomationStatus, NewVersion, rfc3339};
 
 use crate::AppState;
@@ -60,10 +61,15 @@ fn invalid(errors: &[ValidationError]) -> ApiError {
 }
 
 /// Parses, validates, and checks what needs the tenant's data (the source of
-/// a webhook trigger must be one of the tenant's).
+/// a webhook trigger must be one of the tenant's; a step naming a connection
+/// calls only its base URL's origin).
 async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<NewVersion> {
     let (automation, version): (Automation, NewVersion) =
         prepare(raw, state.engine.registry()).map_err(|e| invalid(&e))?;
+    let off_origin = origin::check_definition(tenant, &automation, &**state.engine.store()).await?;
+    if !off_origin.is_empty() {
+        return Err(invalid(&off_origin));
+    }
     if let Trigger::Webhook { source, .. } = &automation.trigger
         && state
             .engine

@@ -1,6 +1,8 @@
 //! Connections to outside services (`http`, `mcp`): credentials and limits
-//! per tenant and service. Credentials are write-only: stored, applied to
-//! calls, never returned.
+//! per tenant and service. Credentials are write-only: stored sealed under
+//! `TOK_SECRET_KEY` (tok-store `secrets`), applied to calls, never returned.
+//! On PostgreSQL without `TOK_SECRET_KEY`, credentials are a 400
+//! `secret_key_missing`.
 
 use axum::Json;
 use axum::extract::State;
@@ -61,7 +63,7 @@ fn view(c: &Connection) -> Value {
         "name": c.name,
         "service": c.service,
         "base_url": c.base_url,
-        "has_credentials": c.credentials.as_object().is_some_and(|m| !m.is_empty()),
+        "has_credentials": c.has_credentials,
         "rate": c.rate,
         "burst": c.burst,
         "max_concurrency": c.max_concurrency,
@@ -105,6 +107,14 @@ async fn create(
     if !(body.credentials.is_null() || body.credentials.is_object()) {
         return Err(invalid(
             "`credentials` must be an object: {\"bearer\": …}, {\"basic\": {\"user\", \"password\"}} or {\"headers\": {…}}",
+        ));
+    }
+    // Credentials are sent only to the origin of the base URL (DESIGN §15):
+    // without one, nothing would bind them to a host.
+    if body.base_url.is_none() && body.credentials.as_object().is_some_and(|m| !m.is_empty()) {
+        return Err(invalid(
+            "a connection with `credentials` needs `base_url`: tok sends credentials only to \
+             the origin (scheme, host, port) of the base URL",
         ));
     }
     if body.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {

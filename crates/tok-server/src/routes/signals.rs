@@ -3,6 +3,9 @@
 //! whose `where` holds over the payload, or buffers the signal for the
 //! lookback window (`TOK_SIGNAL_LOOKBACK`) when none does. An
 //! `Idempotency-Key` header makes a repeat answer the first send's answer.
+//! A tenant sends at most its `settings.limits.signalsPerSecond` (100 a
+//! second, bursts of 200, per API process: [`crate::quotas`]); over it,
+//! 429 `rate_limited` with `Retry-After`.
 
 use axum::Json;
 use axum::extract::State;
@@ -39,13 +42,29 @@ fn invalid(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad_request("invalid_body", message).with("field", field)
 }
 
-#[utoipa::path(post, path = "/api/signals", tag = "signals", responses((status = 202, body = crate::openapi::schemas::SignalSent)))]
+#[utoipa::path(post, path = "/api/signals", tag = "signals", responses((status = 202, body = crate::openapi::schemas::SignalSent), (status = 429, description = "over the tenant's `settings.limits.signalsPerSecond` (`rate_limited`; `Retry-After` says when a signal is allowed again)", body = crate::openapi::ErrorBody)))]
 async fn send(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    let limits = state.quotas.limits(state.engine.store(), &tenant).await?;
+    if let Err(wait) = state
+        .quotas
+        .take_signal(&tenant, &limits, std::time::Instant::now())
+    {
+        let tok_core::quotas::Rate { rate, burst } = limits.signal_rate();
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "this tenant may send {rate} signals per second, bursts of {burst} \
+                 (settings.limits.signalsPerSecond); retry later"
+            ),
+        )
+        .with("retry_after_ms", (wait.as_millis() as u64).max(1)));
+    }
     let Value::Object(mut body) = body else {
         return Err(ApiError::bad_request(
             "invalid_body",

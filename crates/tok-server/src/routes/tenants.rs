@@ -5,7 +5,9 @@
 //! body is optional and changes only what it names (`suspended`: the
 //! built-in step authorizer denies a suspended tenant's steps with side
 //! effects; `settings.retention`: how long the tenant's data is kept,
-//! DESIGN §10).
+//! DESIGN §10; `settings.limits`: its quotas, DESIGN §15, such as
+//! `concurrency`, its steps in flight across every process; see
+//! [`tok_core::quotas`]).
 
 use axum::Json;
 use axum::extract::State;
@@ -107,6 +109,12 @@ struct SettingsChange {
     /// ones given replace the tenant's, the others stay.
     #[serde(default)]
     retention: Option<Map<String, Value>>,
+    /// Some of `signalsPerSecond`, `streams`, `startsPerMinute`,
+    /// `concurrency` ([`tok_core::quotas::TenantLimits`]): the ones
+    /// given replace the tenant's (`null`: back to the default), the
+    /// others stay.
+    #[serde(default)]
+    limits: Option<Map<String, Value>>,
 }
 
 #[utoipa::path(patch, path = "/api/tenants/{id}", tag = "tenants", responses((status = 200, body = crate::openapi::schemas::TenantChanged)))]
@@ -122,29 +130,39 @@ async fn update(
         return Err(ApiError::not_found("tenant"));
     };
     // Every change is checked before any is written.
+    let (retention_change, limits_change) = match body.settings {
+        Some(settings) => (settings.retention, settings.limits),
+        None => (None, None),
+    };
     let mut retention = store.retention(&id).await?.unwrap_or_default();
-    let retention_change = body.settings.and_then(|s| s.retention);
     if let Some(change) = retention_change.clone() {
         retention = changed_retention(retention, change)?;
     }
-    let tenant = match body.suspended {
-        Some(suspended) => store
-            .update_tenant(
-                &id,
-                TenantPatch {
-                    suspended: Some(suspended),
-                },
-            )
+    let mut limits = tenant.limits.clone();
+    if let Some(change) = &limits_change {
+        limits.apply(change).map_err(|e| {
+            ApiError::bad_request("invalid_settings", e.message).with("field", e.field)
+        })?;
+    }
+    let patch = TenantPatch {
+        suspended: body.suspended,
+        limits: limits_change.is_some().then(|| limits.clone()),
+    };
+    let tenant = if patch == TenantPatch::default() {
+        tenant
+    } else {
+        store
+            .update_tenant(&id, patch)
             .await?
-            .ok_or_else(|| ApiError::not_found("tenant"))?,
-        None => tenant,
+            .ok_or_else(|| ApiError::not_found("tenant"))?
     };
     if retention_change.is_some() && !store.set_retention(&id, &retention).await? {
         return Err(ApiError::not_found("tenant"));
     }
     state.engine.tenant_changed(&id);
+    state.quotas.tenant_changed(&id);
     let mut shown = shown(&tenant);
-    shown["settings"] = json!({ "retention": retention });
+    shown["settings"] = json!({ "retention": retention, "limits": tenant.limits.in_force() });
     Ok(Json(shown))
 }
 

@@ -104,9 +104,12 @@ async fn accept(
     let cached = source(&state, &token).await?;
     let source = &cached.source;
     if let Some(rate) = source.rate_limit
-        && let Err(wait) = state
-            .token_limits
-            .take(&source.id, rate, std::time::Instant::now())
+        && let Err(wait) = state.token_limits.take(
+            &source.id,
+            f64::from(rate.max(1)),
+            f64::from(rate.max(1)),
+            std::time::Instant::now(),
+        )
     {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

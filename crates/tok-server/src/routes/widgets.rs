@@ -113,6 +113,14 @@ async fn create(
         }
     };
     check_request(&body.request, connection.as_deref()).map_err(|m| invalid("request", m))?;
+    tok_engine::outbound::origin::check_widget(
+        &tenant,
+        connection.as_deref(),
+        &body.request,
+        &**state.engine.store(),
+    )
+    .await?
+    .map_err(|m| invalid("request.url", m))?;
     crate::routes::storable_json("`request`", &body.request)?;
     let widget = state
         .engine
@@ -193,6 +201,7 @@ async fn data(
                 message,
             )
             .with("retry_after_ms", ms),
+            WidgetError::Refused { code, message } => ApiError::bad_request(code, message),
             WidgetError::Fetch { message, .. } => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "widget_fetch_failed", message)
             }

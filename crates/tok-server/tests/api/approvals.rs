@@ -2,7 +2,8 @@
 //! of its group to decide; the decision and who made it are the step's
 //! outputs and a line in the trace of the run's ticket; a member who is
 //! not an approver is refused (403), a second decision too (409); a group
-//! with nobody in it fails the step with `no_approvers`.
+//! with nobody in it fails the step with `no_approvers`. A comment is at
+//! most 4 KiB.
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
@@ -14,6 +15,7 @@ backend_tests!(crate::helpers::run;
     a_non_member_is_refused_and_a_second_decision_conflicts,
     an_approval_without_approvers_fails_for_good,
     a_rejection_is_the_steps_output_and_signals_cannot_forge_one,
+    a_comment_over_4_kib_is_refused_and_decides_nothing,
 );
 
 fn approval(approvers: Value) -> Value {
@@ -269,4 +271,52 @@ async fn a_rejection_is_the_steps_output_and_signals_cannot_forge_one(app: &Test
             .iter()
             .all(|s| s["step_id"] != "st_yes")
     );
+}
+
+async fn a_comment_over_4_kib_is_refused_and_decides_nothing(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let finance = app.create_group(&tenant, "Finance", &["Alice"]).await;
+    let alice = finance["members"][0]["id"].as_str().unwrap().to_owned();
+    let (run, pending) = waiting_for_decision(
+        app,
+        &tenant,
+        json!([approval(json!({ "members": [alice] }))]),
+    )
+    .await;
+    let uri = format!("/api/approvals/{}", pending["id"].as_str().unwrap());
+
+    let too_long = "é".repeat(2048) + "x";
+    assert_eq!(too_long.len(), 4097);
+    let error = app
+        .post(
+            &tenant.key,
+            &uri,
+            &json!({ "decision": "approve", "member": alice, "comment": too_long }),
+        )
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+    assert_eq!(error["field"], "comment", "{error:#}");
+    assert_eq!(error["limit"], 4096, "{error:#}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("4097 bytes") && message.contains("4096"),
+        "{message}"
+    );
+    let still = app.get(&tenant.key, &uri).await.expect(StatusCode::OK);
+    assert_eq!(still["status"], "pending", "nothing was decided: {still:#}");
+
+    let just_fits = "é".repeat(2048);
+    assert_eq!(just_fits.len(), 4096);
+    let decided = app
+        .post(
+            &tenant.key,
+            &uri,
+            &json!({ "decision": "reject", "member": alice, "comment": just_fits }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(decided["status"], "rejected", "{decided:#}");
+    assert_eq!(decided["comment"], just_fits.as_str());
+    let done = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(step(&done, "st_ok")["status"], "completed", "{done:#}");
 }

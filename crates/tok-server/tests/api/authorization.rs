@@ -16,15 +16,15 @@ use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, backend_tests, log_step, manual};
 
-backend_tests!(crate::helpers::run;
+backend_tests!(crate::helpers::run_with_service;
     a_suspended_tenants_http_step_is_denied_without_a_call,
     only_the_admin_suspends_a_tenant_and_unknown_settings_are_refused,
     a_run_records_who_started_it,
 );
 
 /// Counts the calls that reached it.
-async fn serve(calls: Arc<AtomicUsize>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+async fn serve(app: &TestApp, calls: Arc<AtomicUsize>) -> SocketAddr {
+    let listener = app.service_listener();
     let addr = listener.local_addr().unwrap();
     let app = Router::new()
         .route(
@@ -46,7 +46,7 @@ fn call(addr: SocketAddr) -> Value {
 
 async fn a_suspended_tenants_http_step_is_denied_without_a_call(app: &TestApp) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let addr = serve(calls.clone()).await;
+    let addr = serve(app, calls.clone()).await;
     let tenant = app.create_tenant("Acme").await;
     let automation = manual(
         "Order",

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, backend_tests, log_step, manual};
 
-backend_tests!(crate::helpers::run;
+backend_tests!(crate::helpers::run_with_service;
     two_http_branches_call_the_service_at_the_same_time,
     a_failed_branch_cancels_the_others_and_fails_the_step,
 );
@@ -47,8 +47,8 @@ async fn answer(State(service): State<Arc<Service>>, uri: Uri) -> (StatusCode, a
     (StatusCode::OK, axum::Json(json!({ "from": uri.path() })))
 }
 
-async fn serve(service: Arc<Service>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+async fn serve(app: &TestApp, service: Arc<Service>) -> SocketAddr {
+    let listener = app.service_listener();
     let addr = listener.local_addr().unwrap();
     let app = Router::new()
         .route("/{*path}", any(answer))
@@ -71,7 +71,7 @@ fn step<'a>(run: &'a Value, id: &str) -> &'a Value {
 
 async fn two_http_branches_call_the_service_at_the_same_time(app: &TestApp) {
     let service = Arc::new(Service::default());
-    let addr = serve(service.clone()).await;
+    let addr = serve(app, service.clone()).await;
     let tenant = app.create_tenant("Acme").await;
     let automation = manual(
         "Stock and price",
@@ -129,7 +129,7 @@ async fn two_http_branches_call_the_service_at_the_same_time(app: &TestApp) {
 
 async fn a_failed_branch_cancels_the_others_and_fails_the_step(app: &TestApp) {
     let service = Arc::new(Service::default());
-    let addr = serve(service.clone()).await;
+    let addr = serve(app, service.clone()).await;
     let tenant = app.create_tenant("Acme").await;
     let automation = manual(
         "Order",

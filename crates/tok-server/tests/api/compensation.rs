@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 
 use crate::helpers::{Tenant, TestApp, backend_tests, manual};
 
-backend_tests!(crate::helpers::run;
+backend_tests!(crate::helpers::run_with_service;
     a_cancelled_waiting_run_undoes_its_three_completed_steps_last_first,
     a_failed_run_with_compensate_on_failure_undoes_its_steps_and_keeps_its_error,
     an_undo_that_fails_raises_an_incident_and_the_run_still_ends_cancelled,
@@ -53,13 +53,13 @@ async fn answer(State(service): State<Arc<Service>>, uri: Uri) -> (StatusCode, a
     (StatusCode::OK, axum::Json(json!({ "done": path })))
 }
 
-async fn serve(held: Option<&'static str>) -> (Arc<Service>, SocketAddr) {
+async fn serve(app: &TestApp, held: Option<&'static str>) -> (Arc<Service>, SocketAddr) {
     let service = Arc::new(Service {
         calls: Mutex::new(Vec::new()),
         held,
         gate: Semaphore::new(0),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = app.service_listener();
     let addr = listener.local_addr().unwrap();
     let app = Router::new()
         .route("/{*path}", any(answer))
@@ -105,7 +105,7 @@ async fn cancel(app: &TestApp, tenant: &Tenant, run: &str) -> Value {
 }
 
 async fn a_cancelled_waiting_run_undoes_its_three_completed_steps_last_first(app: &TestApp) {
-    let (service, addr) = serve(Some("/car/undo")).await;
+    let (service, addr) = serve(app, Some("/car/undo")).await;
     let tenant = app.create_tenant("Acme").await;
     let automation = manual(
         "Trip",
@@ -199,7 +199,7 @@ async fn a_cancelled_waiting_run_undoes_its_three_completed_steps_last_first(app
 async fn a_failed_run_with_compensate_on_failure_undoes_its_steps_and_keeps_its_error(
     app: &TestApp,
 ) {
-    let (service, addr) = serve(None).await;
+    let (service, addr) = serve(app, None).await;
     let tenant = app.create_tenant("Acme").await;
     let mut automation = manual(
         "Order",
@@ -243,8 +243,9 @@ async fn a_failed_run_with_compensate_on_failure_undoes_its_steps_and_keeps_its_
         ["2.compensate.0 completed", "0.compensate.0 completed"]
     );
 
-    // Without the setting a failed run undoes nothing.
-    let (service, addr) = serve(None).await;
+    // Without the setting a failed run undoes nothing (the same service,
+    // its calls forgotten: the app may call one local service only).
+    service.calls.lock().unwrap().clear();
     let plain = manual(
         "Order as before",
         &json!([
@@ -262,7 +263,7 @@ async fn a_failed_run_with_compensate_on_failure_undoes_its_steps_and_keeps_its_
 }
 
 async fn an_undo_that_fails_raises_an_incident_and_the_run_still_ends_cancelled(app: &TestApp) {
-    let (service, addr) = serve(None).await;
+    let (service, addr) = serve(app, None).await;
     let tenant = app.create_tenant("Acme").await;
     let automation = manual(
         "Trip",
@@ -306,7 +307,7 @@ async fn an_undo_that_fails_raises_an_incident_and_the_run_still_ends_cancelled(
 }
 
 async fn a_parent_cancelled_while_its_child_waits_undoes_both(app: &TestApp) {
-    let (service, addr) = serve(None).await;
+    let (service, addr) = serve(app, None).await;
     let tenant = app.create_tenant("Acme").await;
     let child = manual(
         "Stock",

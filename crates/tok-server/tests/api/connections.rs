@@ -86,6 +86,10 @@ async fn bad_connections_are_refused_with_what_was_expected(app: &TestApp) {
             "must be an object",
         ),
         (
+            json!({ "name": "x", "service": "http", "credentials": { "bearer": SECRET } }),
+            "a connection with `credentials` needs `base_url`",
+        ),
+        (
             json!({ "name": " ", "service": "http" }),
             "must not be empty",
         ),

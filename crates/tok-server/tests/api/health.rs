@@ -1,13 +1,18 @@
 //! `/healthz` answers as soon as the server listens; `/readyz` once the
-//! process says it is ready and while the database answers.
+//! process says it is ready and while the database answers; both answer
+//! anyone. `/metrics` answers only the platform admin key or
+//! `TOK_METRICS_TOKEN`.
 
 use axum::body::Body;
-use axum::http::{Method, StatusCode};
+use axum::http::{Method, Request, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{TestApp, backend_tests};
+use crate::helpers::{Reply, TestApp, backend_tests};
 
-backend_tests!(crate::helpers::run; healthz_and_readyz);
+backend_tests!(crate::helpers::run;
+    healthz_and_readyz,
+    metrics_answer_only_the_admin_key_or_the_metrics_token,
+);
 
 async fn healthz_and_readyz(app: &TestApp) {
     let health = app
@@ -28,4 +33,60 @@ async fn healthz_and_readyz(app: &TestApp) {
         .request(Method::GET, "/readyz", None, &[], Body::empty())
         .await;
     assert_eq!(ready.expect(StatusCode::OK), json!({ "status": "ready" }));
+}
+
+async fn metrics_answer_only_the_admin_key_or_the_metrics_token(app: &TestApp) {
+    let token = "metrics-scraper-token-0123456789";
+    let state = app
+        .state
+        .clone()
+        .with_metrics(crate::retention::recorder())
+        .with_metrics_token(token);
+    let router = tok_server::app(state);
+    let tenant = app.create_tenant("Acme").await;
+    let scrape = async |key: Option<&str>| -> Reply {
+        let mut request = Request::get("/metrics");
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        crate::helpers::send(router.clone(), request.body(Body::empty()).unwrap()).await
+    };
+    for (who, key) in [
+        ("no key", None),
+        ("a tenant's key", Some(tenant.key.as_str())),
+        ("a wrong token", Some("metrics-scraper-token-wrong")),
+    ] {
+        let error = scrape(key)
+            .await
+            .expect_error(StatusCode::UNAUTHORIZED, "unauthorized");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains("admin key") && message.contains("TOK_METRICS_TOKEN"),
+            "{who}: {message}"
+        );
+        assert!(!message.contains(&tenant.id), "{who}: {message}");
+    }
+    for (who, key) in [
+        ("the admin key", app.admin_key.as_str()),
+        ("TOK_METRICS_TOKEN", token),
+    ] {
+        let reply = scrape(Some(key)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{who}: {:#}", reply.body);
+        assert!(
+            reply.headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain"),
+            "{who}"
+        );
+    }
+    // The health checks stay open to anyone.
+    for uri in ["/healthz", "/readyz"] {
+        let reply = crate::helpers::send(
+            router.clone(),
+            Request::get(uri).body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_ne!(reply.status, StatusCode::UNAUTHORIZED, "{uri}");
+    }
 }

@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tok_engine::{Engine, EngineConfig, Registry, Running};
+use tok_engine::{Engine, EngineConfig, OutboundAllow, Registry, Running};
 use tok_server::AppState;
 use tok_store::testing::{TestDb, backends, catch_unwind};
 use tok_store::{Backend, hash_secret};
@@ -38,10 +38,40 @@ pub(crate) use tok_store::backend_tests;
 /// PostgreSQL database is dropped even when an assertion fails). A
 /// PostgreSQL test is skipped, saying so, when `TOK_TEST_SKIP_POSTGRES=1`.
 pub(crate) async fn run(backend: Backend, test: impl AsyncFnOnce(&TestApp)) {
+    run_serving(backend, None, OutboundAllow::default(), test).await;
+}
+
+/// [`run`] for tests that call a local service: a listener is bound on
+/// 127.0.0.1 before the app starts, the app's outbound guard opens exactly
+/// its `host:port` (as `TOK_OUTBOUND_ALLOW` would), and the test takes it
+/// with [`TestApp::service_listener`]. Every other internal address stays
+/// refused.
+pub(crate) async fn run_with_service(backend: Backend, test: impl AsyncFnOnce(&TestApp)) {
     if !backends().contains(&backend) {
         return;
     }
-    let app = spawn_app(backend).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the local service");
+    let addr = listener.local_addr().expect("the service's address");
+    let allow = OutboundAllow::host_port(&addr.ip().to_string(), addr.port());
+    run_serving(backend, Some(listener), allow, test).await;
+}
+
+/// [`run`] on an app whose outbound guard opens `allow`, with `service`
+/// (a listener bound before the app started) for
+/// [`TestApp::service_listener`].
+pub(crate) async fn run_serving(
+    backend: Backend,
+    service: Option<tokio::net::TcpListener>,
+    allow: OutboundAllow,
+    test: impl AsyncFnOnce(&TestApp),
+) {
+    if !backends().contains(&backend) {
+        return;
+    }
+    let app = spawn_app(backend, allow).await;
+    *app.service.lock().unwrap() = service;
     let outcome = catch_unwind(test(&app)).await;
     app.cleanup().await;
     if let Err(panic) = outcome {
@@ -57,11 +87,47 @@ pub(crate) struct TestApp {
     pub(crate) admin_key: String,
     running: tokio::sync::Mutex<Option<Running>>,
     db: TestDb,
+    /// The local service's listener of [`run_with_service`].
+    service: std::sync::Mutex<Option<tokio::net::TcpListener>>,
 }
 
 /// A fresh database, migrated, with an admin key, and an engine running its
 /// dispatcher and workers. `/readyz` stays 503 until `state.set_ready()`.
-pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
+/// Its outbound guard opens `allow` (`TOK_OUTBOUND_ALLOW`; closed by
+/// default, as `tok serve`'s).
+pub(crate) async fn spawn_app(backend: Backend, allow: OutboundAllow) -> TestApp {
+    spawn_app_with(backend, allow, |_| {}).await
+}
+
+/// [`run`] on an app whose registry also has a `script` step, for tests of
+/// what is refused when a definition is saved: its sandbox program does
+/// not exist, so a script saved here would fail when it ran.
+pub(crate) async fn run_with_script_checks(backend: Backend, test: impl AsyncFnOnce(&TestApp)) {
+    if !backends().contains(&backend) {
+        return;
+    }
+    let app = spawn_app_with(backend, OutboundAllow::default(), |registry| {
+        let pool = tok_script::ScriptPool::new(tok_script::PoolConfig::new(
+            "/nonexistent/tok-script-sandbox",
+            ["script-sandbox"],
+        ))
+        .expect("a pool that starts no child until a script runs");
+        registry.register("script", tok_engine::ScriptStep::new(pool));
+    })
+    .await;
+    let outcome = catch_unwind(test(&app)).await;
+    app.cleanup().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// [`spawn_app`] whose registry `extend` adds to.
+async fn spawn_app_with(
+    backend: Backend,
+    allow: OutboundAllow,
+    extend: impl FnOnce(&mut Registry),
+) -> TestApp {
     let db = TestDb::create(backend).await;
     let store = db.store().await;
     let admin_key = format!("tok_admin_{}", tok_store::random_token());
@@ -69,9 +135,11 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
         .add_admin_key(&hash_secret(&admin_key))
         .await
         .expect("add the admin key");
+    let mut registry = Registry::with_connectors(store.clone(), &allow);
+    extend(&mut registry);
     let engine = Engine::new(
         store.clone(),
-        Registry::with_connectors(store),
+        registry,
         EngineConfig {
             node_id: "api-tests".into(),
             concurrency: 4,
@@ -79,6 +147,7 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
             shutdown_grace: Duration::from_secs(5),
             // No sampling: which steps are stored whole is then certain.
             step_sample: 0.0,
+            outbound: allow.clone(),
             ..EngineConfig::default()
         },
     );
@@ -91,6 +160,7 @@ pub(crate) async fn spawn_app(backend: Backend) -> TestApp {
         admin_key,
         running: tokio::sync::Mutex::new(Some(running)),
         db,
+        service: std::sync::Mutex::new(None),
     }
 }
 
@@ -138,6 +208,16 @@ pub(crate) struct Tenant {
 }
 
 impl TestApp {
+    /// The listener of the local service the app may call (only under
+    /// [`run_with_service`]; once).
+    pub(crate) fn service_listener(&self) -> tokio::net::TcpListener {
+        self.service
+            .lock()
+            .unwrap()
+            .take()
+            .expect("run the test with `run_with_service` to get a local service, once")
+    }
+
     /// Sends one request through the router.
     pub(crate) async fn send(&self, request: Request<Body>) -> Reply {
         send(self.router.clone(), request).await

@@ -187,7 +187,7 @@ async fn the_admin_changes_a_tenants_retention(app: &TestApp) {
 }
 
 /// The process's one metrics recorder (a recorder is global).
-fn recorder() -> metrics_exporter_prometheus::PrometheusHandle {
+pub(crate) fn recorder() -> metrics_exporter_prometheus::PrometheusHandle {
     static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
         std::sync::OnceLock::new();
     HANDLE
@@ -201,7 +201,10 @@ fn recorder() -> metrics_exporter_prometheus::PrometheusHandle {
 
 async fn metrics_text(app: &TestApp) -> String {
     let router = tok_server::app(app.state.clone().with_metrics(recorder()));
-    let request = Request::get("/metrics").body(Body::empty()).unwrap();
+    let request = Request::get("/metrics")
+        .header("authorization", format!("Bearer {}", app.admin_key))
+        .body(Body::empty())
+        .unwrap();
     let reply = router.oneshot(request).await.unwrap();
     assert_eq!(reply.status(), StatusCode::OK);
     let body = reply.into_body().collect().await.unwrap().to_bytes();

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Tenant, TestApp, backend_tests};
 
 backend_tests!(
-    crate::helpers::run;
+    crate::helpers::run_with_service;
     a_fresh_cache_calls_nothing_and_a_refresh_or_an_expired_cache_calls_once,
     a_failed_refresh_serves_the_cached_answer_with_its_error,
     the_connections_rate_limit_holds_a_refresh_back,
@@ -64,8 +64,8 @@ async fn answer(
     (StatusCode::OK, axum::Json(json!({ "open_orders": n })))
 }
 
-async fn serve(service: Arc<Service>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+async fn serve(app: &TestApp, service: Arc<Service>) -> SocketAddr {
+    let listener = app.service_listener();
     let addr = listener.local_addr().unwrap();
     let app = Router::new()
         .route("/orders/open", get(answer))
@@ -120,7 +120,7 @@ async fn data(app: &TestApp, tenant: &Tenant, id: &str, query: &str) -> Value {
 
 async fn a_fresh_cache_calls_nothing_and_a_refresh_or_an_expired_cache_calls_once(app: &TestApp) {
     let service = Arc::new(Service::default());
-    let addr = serve(service.clone()).await;
+    let addr = serve(app, service.clone()).await;
     let tenant = tenant_with_connection(app, addr).await;
     let hourly = widget(app, &tenant, "Open orders", 3600).await;
 
@@ -188,7 +188,7 @@ async fn a_fresh_cache_calls_nothing_and_a_refresh_or_an_expired_cache_calls_onc
 
 async fn a_failed_refresh_serves_the_cached_answer_with_its_error(app: &TestApp) {
     let service = Arc::new(Service::default());
-    let addr = serve(service.clone()).await;
+    let addr = serve(app, service.clone()).await;
     let tenant = tenant_with_connection(app, addr).await;
     let id = widget(app, &tenant, "Open orders", 3600).await;
     let first = data(app, &tenant, &id, "").await;
@@ -220,7 +220,7 @@ async fn a_failed_refresh_serves_the_cached_answer_with_its_error(app: &TestApp)
 
 async fn the_connections_rate_limit_holds_a_refresh_back(app: &TestApp) {
     let service = Arc::new(Service::default());
-    let addr = serve(service.clone()).await;
+    let addr = serve(app, service.clone()).await;
     let tenant = app.create_tenant("Acme").await;
     // One call now, then one per thousand seconds.
     app.post(
@@ -258,7 +258,7 @@ async fn the_connections_rate_limit_holds_a_refresh_back(app: &TestApp) {
 
 async fn bad_widgets_are_refused_with_what_was_expected(app: &TestApp) {
     let service = Arc::new(Service::default());
-    let addr = serve(service.clone()).await;
+    let addr = serve(app, service.clone()).await;
     let tenant = tenant_with_connection(app, addr).await;
     let good = json!({ "name": "w", "connection": "stats", "request": { "url": "/orders/open" }, "ttlSec": 60 });
     let with = |field: &str, value: Value| {
@@ -330,7 +330,7 @@ async fn bad_widgets_are_refused_with_what_was_expected(app: &TestApp) {
 
 async fn another_tenants_widgets_are_invisible(app: &TestApp) {
     let service = Arc::new(Service::default());
-    let addr = serve(service.clone()).await;
+    let addr = serve(app, service.clone()).await;
     let acme = tenant_with_connection(app, addr).await;
     let id = widget(app, &acme, "Open orders", 3600).await;
     data(app, &acme, &id, "").await;

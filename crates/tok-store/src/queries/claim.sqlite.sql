@@ -2,12 +2,19 @@
 --   $1  the tenants (a JSON array)
 --   $2  how many jobs of each tenant
 --   $3  how many jobs in all
+-- Each row carries its tenant's concurrency cap (`cap`, NULL: none), read
+-- from the tenant's `settings.limits.concurrency` as `tenant_cap!` in
+-- `fragments.rs` reads it (a value that is no number is no cap).
 -- Each tenant's jobs in its own order (priority, then due time), the
 -- tenants round robin: every tenant's first job, then every tenant's
 -- second, and so on. A job is claimable when it is due, not leased, not
 -- held (a paused run), and no other job of its queue key is leased or
 -- older and due. (The one writer serializes claims: nothing to lock.)
-SELECT id, tenant_id, queue_key FROM (
+SELECT c.id, c.tenant_id, c.queue_key,
+    CASE WHEN json_type(tn.settings, '$.limits.concurrency') IN ('integer', 'real')
+    THEN MIN(MAX(CAST(json_extract(tn.settings, '$.limits.concurrency') AS INTEGER), 0), 1000000)
+    END AS cap
+FROM (SELECT id, tenant_id, queue_key, rk, priority, run_after FROM (
     SELECT j.id, j.tenant_id, j.queue_key, j.priority, j.run_after,
         row_number() OVER (PARTITION BY j.tenant_id
                            ORDER BY j.priority DESC, j.run_after, j.id) AS rk
@@ -30,4 +37,6 @@ SELECT id, tenant_id, queue_key FROM (
         LIMIT $2)
 )
 ORDER BY rk, priority DESC, run_after, id
-LIMIT $3
+LIMIT $3) c
+LEFT JOIN tenants tn ON tn.id = c.tenant_id
+ORDER BY c.rk, c.priority DESC, c.run_after, c.id

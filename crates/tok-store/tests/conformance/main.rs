@@ -6,7 +6,9 @@
 //! `children` (child runs and waits on runs), `branches` (parallel branches' jobs),
 //! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
-//! `tenancy` (scoping across all of them), `widgets`, `queue_samples` (the
+//! `tenancy` (scoping across all of them), `tenant_caps` (a tenant's
+//! concurrency cap across claims and dispatches), `widgets`, `connections`
+//! (credentials sealed at rest), `queue_samples` (the
 //! queue's health over time) and `migrations`; the setup
 //! helpers they share are here.
 //!
@@ -52,6 +54,7 @@ mod approvals;
 mod branches;
 mod children;
 mod compensation;
+mod connections;
 mod dispatch;
 mod effects;
 mod inbox;
@@ -64,6 +67,7 @@ mod routing;
 mod runs;
 mod schedule;
 mod tenancy;
+mod tenant_caps;
 mod watch;
 mod widgets;
 

@@ -22,7 +22,9 @@ async fn migrating_again_is_harmless_and_keeps_the_data(db: &TestDb) {
         .migrate()
         .await
         .expect("second migrate on the same store");
-    let other = tok_store::connect(&db.url, 2).await.expect("connect");
+    let other = tok_store::connect(&db.url, 2, &db.keys)
+        .await
+        .expect("connect");
     other.migrate().await.expect("migrate from a second store");
 
     assert_eq!(

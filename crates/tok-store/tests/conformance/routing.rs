@@ -121,7 +121,7 @@ async fn on_two_databases(test: impl AsyncFnOnce(&dyn Store, &TestDb, &TestDb)) 
     let shared = TestDb::create(Backend::Postgres).await;
     let far = TestDb::create(Backend::Postgres).await;
     let routes = TenantDatabases::parse(&format!("Far={}", far.url), "test").unwrap();
-    let store = tok_store::connect_routed(&shared.url, &routes, 10)
+    let store = tok_store::connect_routed(&shared.url, &routes, 10, &shared.keys)
         .await
         .unwrap();
     store.migrate().await.unwrap();

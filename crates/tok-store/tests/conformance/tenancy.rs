@@ -19,6 +19,7 @@ async fn suspending_a_tenant_changes_that_tenant_only_and_keeps_its_settings(db:
     assert!(!store.tenant(&a).await.unwrap().unwrap().suspended);
     let patch = TenantPatch {
         suspended: Some(true),
+        ..TenantPatch::default()
     };
     let changed = store.update_tenant(&a, patch).await.unwrap().unwrap();
     assert!(changed.suspended, "{backend:?}");
@@ -35,6 +36,7 @@ async fn suspending_a_tenant_changes_that_tenant_only_and_keeps_its_settings(db:
     assert!(kept.unwrap().suspended, "{backend:?}");
     let resumed = TenantPatch {
         suspended: Some(false),
+        ..TenantPatch::default()
     };
     let resumed = store.update_tenant(&a, resumed).await.unwrap().unwrap();
     assert!(!resumed.suspended, "{backend:?}");

@@ -23,6 +23,17 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// The `TOK_OUTBOUND_ALLOW` entry that opens the outbound guard to the
+/// local service at `url` (its `host:port`), and to nothing else.
+pub(crate) fn allow(url: &str) -> String {
+    let url = reqwest::Url::parse(url).expect("a service URL");
+    format!(
+        "{}:{}",
+        url.host_str().expect("a host"),
+        url.port_or_known_default().expect("a port")
+    )
+}
+
 /// A running `tok serve`; killed when dropped, so a failing assertion
 /// leaves no process behind.
 pub(crate) struct Server {
@@ -243,6 +254,19 @@ impl Api {
             .await;
         assert!(status.is_success(), "POST {path}: {status} {answer}");
         answer
+    }
+
+    /// The run `run` of the tenant of `key` once it has completed or
+    /// failed (a bounded poll: the test fails after 60 s).
+    pub(crate) async fn final_run(&self, key: &str, run: &str) -> Value {
+        for _ in 0..1200 {
+            let detail = self.get(&format!("/api/runs/{run}"), key).await;
+            if matches!(detail["status"].as_str(), Some("completed" | "failed")) {
+                return detail;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("run {run} did not finish within 60 s");
     }
 
     /// Every item of a listing, all pages.

@@ -1,0 +1,235 @@
+//! The checks of a built-in step's `config` by its type (`loop`, `wait`,
+//! `wait_for_event`, `wait_for_runs`, `repeat`, `flow/pause`, `flow/log`).
+//! A template is accepted wherever a value is only known at run time.
+
+use serde_json::Value;
+
+use super::Checker;
+use crate::condition::parse_instant;
+use crate::definition::Step;
+use crate::duration::parse_duration;
+use crate::limits::{MAX_LOOP_ITEMS, MAX_PAUSE_SECS};
+use crate::template::has_placeholder;
+
+pub(super) fn check_loop(c: &mut Checker<'_>, at: &str, step: &Step) {
+    match step.config.get("items") {
+        Some(Value::Array(_)) => {}
+        Some(Value::String(s)) if has_placeholder(s) => {}
+        Some(other) => c.error(
+            format!("{at}.config.items"),
+            format!(
+                "a loop needs `items` as an array or a template like \"{{{{st_x.items}}}}\", got {other}"
+            ),
+        ),
+        None => c.error(
+            format!("{at}.config.items"),
+            "a loop needs `items`: an array or a template like \"{{st_x.items}}\"",
+        ),
+    }
+    if let Some(max) = step.config.get("maxItems") {
+        let ok = match max {
+            Value::String(s) => has_placeholder(s),
+            other => other
+                .as_u64()
+                .is_some_and(|n| n >= 1 && n <= MAX_LOOP_ITEMS as u64),
+        };
+        if !ok {
+            c.error(
+                format!("{at}.config.maxItems"),
+                format!("maxItems is {max}; it must be a whole number from 1 to {MAX_LOOP_ITEMS}"),
+            );
+        }
+    }
+    if step.do_.is_empty() {
+        c.error(
+            format!("{at}.do"),
+            format!(
+                "loop `{}` has nothing to do; add at least one step to `do`",
+                step.id
+            ),
+        );
+    }
+}
+
+/// `wait_for_event`: a key, and where given, `where` rules, a `timeout`
+/// duration and a boolean `lookback` (templates are checked when they run).
+pub(super) fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
+    match step.config.get("key") {
+        Some(Value::String(k)) if !k.trim().is_empty() => {}
+        _ => c.error(
+            format!("{at}.config.key"),
+            "wait_for_event needs `key`: the signal key to wait for, like \"order-{{orderId}}\"",
+        ),
+    }
+    if let Some(filter) = step.config.get("where")
+        && let Err(e) = serde_json::from_value::<crate::definition::Filter>(filter.clone())
+    {
+        c.error(
+                format!("{at}.config.where"),
+                format!("{e}; expected {{\"match\": \"all\"|\"any\", \"rules\": [{{\"field\", \"operator\", \"value\"}}]}} over the signal's payload"),
+            );
+    }
+    check_duration(c, at, step, "timeout", "3d");
+    if let Some(lookback) = step.config.get("lookback")
+        && !lookback.is_boolean()
+    {
+        c.error(
+            format!("{at}.config.lookback"),
+            format!("lookback must be true or false, got {lookback}"),
+        );
+    }
+}
+
+/// `wait_for_runs`: `runs` (a run id or a non-empty list of them), a
+/// `mode` of `all` or `any`, a `timeout` duration.
+pub(super) fn check_wait_for_runs(c: &mut Checker<'_>, at: &str, step: &Step) {
+    match step.config.get("runs") {
+        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(Value::Array(items)) if !items.is_empty() => {}
+        _ => c.error(
+            format!("{at}.config.runs"),
+            "wait_for_runs needs `runs`: the run ids to wait for, like [\"{{st_child.runId}}\"]",
+        ),
+    }
+    match step.config.get("mode") {
+        None => {}
+        Some(Value::String(m)) if m == "all" || m == "any" => {}
+        Some(other) => c.error(
+            format!("{at}.config.mode"),
+            format!("mode must be \"all\" or \"any\", got {other}"),
+        ),
+    }
+    check_duration(c, at, step, "timeout", "1h");
+}
+
+/// `repeat`: steps in `do`, `until` or `while` rules (a repeat with
+/// neither could only end at its limit, failing), `maxIterations` from 1 to
+/// `MAX_ACTIONS`, an `every` duration.
+pub(super) fn check_repeat(c: &mut Checker<'_>, at: &str, step: &Step) {
+    if step.do_.is_empty() {
+        c.error(
+            format!("{at}.do"),
+            "a repeat step needs `do`: the steps to repeat",
+        );
+    }
+    let (until, while_) = (step.config.get("until"), step.config.get("while"));
+    if until.is_none() && while_.is_none() {
+        c.error(
+            format!("{at}.config"),
+            "a repeat step needs `until` (rules that end it once they hold) or `while` \
+             (rules that keep it going while they hold)",
+        );
+    }
+    for (key, rules) in [("until", until), ("while", while_)] {
+        if let Some(rules) = rules
+            && let Err(e) = serde_json::from_value::<crate::definition::Filter>(rules.clone())
+        {
+            c.error(
+                format!("{at}.config.{key}"),
+                format!("{e}; expected {{\"match\": \"all\"|\"any\", \"rules\": [...]}}"),
+            );
+        }
+    }
+    if let Some(max) = step.config.get("maxIterations")
+        && !max
+            .as_u64()
+            .is_some_and(|n| (1..=u64::from(crate::limits::MAX_ACTIONS)).contains(&n))
+    {
+        c.error(
+            format!("{at}.config.maxIterations"),
+            format!(
+                "maxIterations must be a whole number from 1 to {}, got {max}",
+                crate::limits::MAX_ACTIONS
+            ),
+        );
+    }
+    check_duration(c, at, step, "every", "30s");
+}
+
+pub(super) fn check_wait(c: &mut Checker<'_>, at: &str, step: &Step) {
+    let duration = step.config.get("duration");
+    let until = step.config.get("until");
+    match (duration, until) {
+        (Some(d), None) => match d {
+            Value::String(s) if has_placeholder(s) => {}
+            Value::String(s) => {
+                if let Err(e) = parse_duration(s) {
+                    c.error(format!("{at}.config.duration"), e.to_string());
+                }
+            }
+            other => c.error(
+                format!("{at}.config.duration"),
+                format!("duration must be a string like \"10m\", got {other}"),
+            ),
+        },
+        (None, Some(u)) => match u {
+            Value::String(s) if has_placeholder(s) => {}
+            Value::String(s) if parse_instant(s).is_some() => {}
+            other => c.error(
+                format!("{at}.config.until"),
+                format!(
+                    "until must be an RFC 3339 time like \"2025-01-31T08:00:00Z\", a date like \"2025-01-31\" or a template, got {other}"
+                ),
+            ),
+        },
+        (Some(_), Some(_)) => c.error(
+            format!("{at}.config"),
+            "a wait takes either `duration` or `until`, not both",
+        ),
+        (None, None) => c.error(
+            format!("{at}.config"),
+            "a wait needs `duration` (like \"10m\") or `until` (a time)",
+        ),
+    }
+}
+
+pub(super) fn check_pause(c: &mut Checker<'_>, at: &str, step: &Step) {
+    let seconds = step.config.get("seconds");
+    let ok = seconds
+        .and_then(Value::as_f64)
+        .is_some_and(|s| s > 0.0 && s <= MAX_PAUSE_SECS);
+    if !ok {
+        let got = seconds.map_or_else(|| "nothing".to_owned(), Value::to_string);
+        c.error(
+            format!("{at}.config.seconds"),
+            format!(
+                "flow/pause needs `seconds`, a number above 0 and at most {MAX_PAUSE_SECS}, got {got}"
+            ),
+        );
+    }
+}
+
+pub(super) fn check_log(c: &mut Checker<'_>, at: &str, step: &Step) {
+    if let Some(level) = step.config.get("level")
+        && !matches!(level.as_str(), Some("info" | "warn" | "error"))
+    {
+        c.error(
+            format!("{at}.config.level"),
+            format!("level is {level}; expected \"info\", \"warn\" or \"error\""),
+        );
+    }
+    if step.config.get("message").is_some_and(|m| !m.is_string()) {
+        c.error(
+            format!("{at}.config.message"),
+            "message must be a string (a template)",
+        );
+    }
+}
+
+/// An optional `config.<key>` that is a duration like `example` (`"3d"`)
+/// or a template.
+fn check_duration(c: &mut Checker<'_>, at: &str, step: &Step, key: &str, example: &str) {
+    match step.config.get(key) {
+        None => {}
+        Some(Value::String(s)) if has_placeholder(s) => {}
+        Some(Value::String(s)) => {
+            if let Err(e) = parse_duration(s) {
+                c.error(format!("{at}.config.{key}"), e.to_string());
+            }
+        }
+        Some(other) => c.error(
+            format!("{at}.config.{key}"),
+            format!("{key} must be a duration like \"{example}\", got {other}"),
+        ),
+    }
+}
