@@ -27,15 +27,6 @@ use url::{Origin, Url};
 /// The code that begins the message of a call refused for its origin.
 pub const MISMATCH: &str = "origin_mismatch";
 
-/// Whether a connection holds any credentials.
-pub(crate) fn has_credentials(connection: &Connection) -> bool {
-    match &connection.credentials {
-        Value::Null => false,
-        Value::Object(map) => !map.is_empty(),
-        _ => true,
-    }
-}
-
 /// The origin a connection's credentials are bound to, or why the
 /// connection cannot be used with them.
 fn bound_origin(connection: &Connection) -> Result<Option<Origin>, String> {
@@ -47,7 +38,7 @@ fn bound_origin(connection: &Connection) -> Result<Option<Origin>, String> {
                 connection.name
             )),
         },
-        None if has_credentials(connection) => Err(format!(
+        None if connection.has_credentials => Err(format!(
             "connection `{}` has credentials but no base_url: tok sends credentials only to \
              the origin of a connection's base_url; create the connection with one",
             connection.name
@@ -77,7 +68,7 @@ pub(crate) fn for_call(connection: &Connection, url: &Url) -> Result<Option<Orig
             "{MISMATCH}: {}",
             mismatch(connection, url, &origin)
         )),
-        Some(origin) => Ok(has_credentials(connection).then_some(origin)),
+        Some(origin) => Ok(connection.has_credentials.then_some(origin)),
         None => Ok(None),
     }
 }

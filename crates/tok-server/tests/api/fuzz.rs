@@ -49,7 +49,8 @@ const IN_FLIGHT: usize = 16;
 /// Failures shown when the test fails; the first one reproduces alone.
 const SHOWN_FAILURES: usize = 20;
 
-fn env_u64(name: &str, default: u64) -> u64 {
+/// A whole number from the environment (`_` allowed as a separator).
+pub(crate) fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
         Ok(value) => value
             .replace('_', "")

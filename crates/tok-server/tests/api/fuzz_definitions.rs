@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use tok_core::definition::Step;
 use tok_core::walk::ChildKind;
 
+use crate::fuzz::env_u64;
 use crate::helpers::{TestApp, backend_tests};
 
 backend_tests!(
@@ -36,16 +37,6 @@ const DEFAULT_SEED: u64 = 0xdef_f022;
 
 /// Child lists a hostile step is nested under, at most.
 const MAX_DEPTH: usize = 4;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(value) => value
-            .replace('_', "")
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a whole number, not {value:?}")),
-        Err(_) => default,
-    }
-}
 
 /// What a case hides at the bottom of its tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
