@@ -62,7 +62,8 @@ pub fn prepare(
 }
 
 /// Each registered step's own check of its `config` (the script guard,
-/// the `http` step's URL and body, …), on every step of every child list.
+/// the `http` step's URL and body, …) and of the keys it has, on every
+/// step of every child list.
 fn check_handler_configs(
     steps: &[tok_core::definition::Step],
     at: &str,
@@ -80,6 +81,14 @@ fn check_handler_configs(
                 path,
                 message: e.message,
             });
+        }
+        if let Some(keys) = registry.config_keys(&step.kind) {
+            errors.extend(tok_core::validate::unknown_config_keys(
+                here,
+                &step.kind,
+                &step.config,
+                keys,
+            ));
         }
     });
 }

@@ -165,6 +165,13 @@ pub trait StepHandler: Send + Sync + 'static {
             message,
         })
     }
+
+    /// The keys a step's `config` may have: a save that gives any other
+    /// is refused, naming the key and these. `None` (the default) takes
+    /// any key, for a handler that reads a config of its own shape.
+    fn config_keys(&self) -> Option<&'static [&'static str]> {
+        None
+    }
 }
 
 /// A step's `config` refused at save: the key it concerns (a dot path
@@ -314,6 +321,17 @@ impl Registry {
             }
             Some(Entry::External(handler)) => handler.check_config(config),
             None => Ok(()),
+        }
+    }
+
+    /// The keys a registered step type's `config` may have; `None` for a
+    /// type that takes any key, a control type (`tok-core` checks those)
+    /// and an unknown one.
+    pub fn config_keys(&self, kind: &str) -> Option<&'static [&'static str]> {
+        match self.steps.get(kind) {
+            Some(Entry::InTransaction(step)) => Some(step.config_keys()),
+            Some(Entry::External(handler)) => handler.config_keys(),
+            None => None,
         }
     }
 

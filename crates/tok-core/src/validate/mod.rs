@@ -9,9 +9,11 @@
 //!
 //! The steps are visited through [`crate::walk::each_step`], every child
 //! list included; each step is checked where it stands ([`step`]), its
-//! config by its type ([`configs`]).
+//! config by its type ([`configs`]) and against the keys its type has
+//! ([`keys`]).
 
 mod configs;
+mod keys;
 mod step;
 
 use std::collections::HashMap;
@@ -27,6 +29,7 @@ use crate::template::{check_value, has_placeholder};
 use crate::walk::each_step;
 
 pub use crate::schedule::MIN_POLL_INTERVAL_SECS;
+pub use keys::{control_config_keys, unknown_config_keys};
 
 /// One problem in a definition. `path` is empty when the problem concerns the
 /// definition as a whole (its size).

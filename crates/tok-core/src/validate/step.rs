@@ -31,6 +31,10 @@ pub(super) fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
             format!("config must be a JSON object, got {other}"),
         ),
     }
+    if let Some(keys) = super::control_config_keys(kind) {
+        c.errors
+            .extend(super::unknown_config_keys(at, kind, &step.config, keys));
+    }
     if let Some(retry) = &step.retry {
         check_retry(c, &format!("{at}.retry"), retry);
     }

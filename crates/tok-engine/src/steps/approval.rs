@@ -12,6 +12,9 @@ use super::{TxContext, TxResult, string, terminal};
 const SHAPE: &str =
     "`approvers`: {\"group\": \"<group name or id>\"} or {\"members\": [\"<member id>\", …]}";
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["approvers", "prompt", "timeout"];
+
 /// Checks the step's config at save.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {
     let approvers = config

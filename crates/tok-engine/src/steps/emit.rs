@@ -11,6 +11,9 @@ use tok_store::{NewInternalEvent, NewSignal};
 
 use super::{TxContext, TxResult, string, terminal};
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["event", "key", "payload"];
+
 /// Checks the step's config at save: `event` raises an internal event,
 /// `key` signals the waits on that key; a step may do both, and an event
 /// name is not one of tok's own.

@@ -488,6 +488,17 @@ impl StepHandler for Http {
         .await
     }
 
+    fn config_keys(&self) -> Option<&'static [&'static str]> {
+        Some(&[
+            "connection",
+            "method",
+            "url",
+            "headers",
+            "body",
+            "timeoutMs",
+        ])
+    }
+
     fn validate(&self, config: &Value) -> Result<(), String> {
         check(config)
     }

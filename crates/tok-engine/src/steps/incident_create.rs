@@ -7,6 +7,9 @@ use tok_store::NewIncident;
 
 use super::{TxContext, TxResult, string, terminal};
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["title", "source", "impact", "detail"];
+
 /// Checks the step's config at save.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {
     super::need(

@@ -529,6 +529,10 @@ impl StepHandler for Mcp {
         result
     }
 
+    fn config_keys(&self) -> Option<&'static [&'static str]> {
+        Some(&["connection", "tool", "arguments", "timeoutMs"])
+    }
+
     fn validate(&self, config: &Value) -> Result<(), String> {
         let mut config = config.clone();
         // Templated values are checked when rendered.

@@ -28,7 +28,7 @@ use tok_store::{Cause, RecordTx, StoreError, Ticket, TicketWrite};
 
 /// A step type that runs inside the record transaction: its effect and
 /// the step's record commit together. Each lives in a file of its own with
-/// a `run` and a `validate`, and is registered in [`crate::Registry`] with
+/// a `run`, a `validate` and its config's `KEYS`, and is registered in [`crate::Registry`] with
 /// [`in_transaction!`].
 #[async_trait::async_trait]
 pub(crate) trait TxStep: Send + Sync + 'static {
@@ -36,9 +36,12 @@ pub(crate) trait TxStep: Send + Sync + 'static {
 
     /// Checks the step's `config` at save; the message says what is expected.
     fn validate(&self, config: &Value) -> Result<(), String>;
+
+    /// The keys the step's `config` may have (its module's `KEYS`).
+    fn config_keys(&self) -> &'static [&'static str];
 }
 
-/// The [`TxStep`] of a module of this folder: its `run` and `validate`.
+/// The [`TxStep`] of a module of this folder: its `run`, `validate` and `KEYS`.
 macro_rules! in_transaction {
     ($module:ident) => {{
         struct Step;
@@ -54,6 +57,10 @@ macro_rules! in_transaction {
 
             fn validate(&self, config: &serde_json::Value) -> Result<(), String> {
                 $crate::steps::$module::validate(config)
+            }
+
+            fn config_keys(&self) -> &'static [&'static str] {
+                $crate::steps::$module::KEYS
             }
         }
         std::sync::Arc::new(Step)

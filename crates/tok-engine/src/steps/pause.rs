@@ -34,6 +34,10 @@ impl StepHandler for Pause {
         Ok(Map::new())
     }
 
+    fn config_keys(&self) -> Option<&'static [&'static str]> {
+        Some(&["seconds"])
+    }
+
     fn validate(&self, config: &Value) -> Result<(), String> {
         seconds(config).map(|_| ())
     }

@@ -23,6 +23,9 @@ use tok_store::{AutomationStatus, NewEvent, NewRun};
 
 use super::{TxContext, TxResult, string, terminal};
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["automation", "input", "wait", "idempotencyKey"];
+
 /// Checks the step's config at save: `automation` names the child's
 /// automation, `input` is an object, `wait` a boolean.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {

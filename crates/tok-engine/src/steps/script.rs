@@ -136,6 +136,10 @@ impl StepHandler for ScriptStep {
         }
     }
 
+    fn config_keys(&self) -> Option<&'static [&'static str]> {
+        Some(&["source", "input", "timeoutMs"])
+    }
+
     fn validate(&self, config: &Value) -> Result<(), String> {
         self.check_config(config).map_err(|e| e.message)
     }

@@ -6,6 +6,9 @@ use tok_store::TicketWrite;
 
 use super::{TxContext, TxResult, save, stamp, subject_ticket, terminal};
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["tags", "ticketId"];
+
 /// Checks the step's config at save.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {
     super::need(config, "ticket/add-tags", "tags", "a list of tags")

@@ -25,6 +25,9 @@ pub(crate) fn least_busy(loads: &[MemberLoad]) -> Option<&MemberLoad> {
         .map(|(_, l)| l)
 }
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["group", "ticketId"];
+
 /// Checks the step's config at save.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {
     super::need(

@@ -6,6 +6,9 @@ use tok_store::TicketWrite;
 
 use super::{TxContext, TxResult, save, stamp, string, subject_ticket};
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["reason", "ticketId"];
+
 /// Checks the step's config at save.
 pub(crate) fn validate(_config: &Value) -> Result<(), String> {
     Ok(())

@@ -6,6 +6,9 @@ use tok_store::TicketWrite;
 
 use super::{TxContext, TxResult, save, stamp, string, subject_ticket, terminal};
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["type", "ticketId"];
+
 /// Checks the step's config at save.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {
     super::need(config, "ticket/set-type", "type", "a ticket type's name")

@@ -9,6 +9,9 @@ use tok_store::now_ms;
 
 use super::{TxContext, TxResult, save, string, terminal};
 
+/// The keys the step's config may have.
+pub(crate) const KEYS: &[&str] = &["externalId", "type", "status", "title", "tags", "fields"];
+
 /// Checks the step's config at save.
 pub(crate) fn validate(config: &Value) -> Result<(), String> {
     super::need(

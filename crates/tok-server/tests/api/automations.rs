@@ -16,6 +16,7 @@ backend_tests!(
     bad_template_is_rejected,
     more_than_50_steps_are_rejected,
     malformed_definition_is_rejected,
+    unknown_config_keys_are_rejected_where_they_stand,
     webhook_trigger_must_name_an_own_source,
     running_run_keeps_its_version_when_a_new_one_is_saved,
     paused_automation_gets_no_runs_until_resumed,
@@ -118,6 +119,53 @@ async fn malformed_definition_is_rejected(app: &TestApp) {
         "{errors:#?}"
     );
     assert_no_automations(app, &tenant).await;
+}
+
+/// A key a step type does not read is refused at its path, in every child
+/// list, for control, in-transaction and connector steps alike: a
+/// misspelt `timeoutMs` must not save and be ignored.
+async fn unknown_config_keys_are_rejected_where_they_stand(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let steps = json!([
+        { "id": "st_call", "type": "http", "config": { "url": "https://shop.example/orders", "timeout": 500 } },
+        { "id": "st_both", "type": "parallel", "branches": [
+            [{ "id": "st_tag", "type": "ticket/add-tags", "config": { "tags": ["x"], "tag": "y" } }],
+            [{ "id": "st_each", "type": "loop", "config": { "items": [1], "maxitems": 2 },
+               "do": [log_step("st_in", "x")] }]
+        ] },
+        { "id": "st_end", "type": "end", "config": { "output": {} } }
+    ]);
+    let errors = rejected(app, &tenant, &manual("Typos", &steps)).await;
+    assert_eq!(
+        errors,
+        [
+            json!({
+                "path": "steps.1.branches.1.0.config.maxitems",
+                "message": "a `loop` step has no config key `maxitems`; expected one of `items`, \
+                            `maxItems` (did you mean `maxItems`?)"
+            }),
+            json!({
+                "path": "steps.0.config.timeout",
+                "message": "a `http` step has no config key `timeout`; expected one of \
+                            `connection`, `method`, `url`, `headers`, `body`, `timeoutMs` \
+                            (did you mean `timeoutMs`?)"
+            }),
+            json!({
+                "path": "steps.1.branches.0.0.config.tag",
+                "message": "a `ticket/add-tags` step has no config key `tag`; expected one of \
+                            `tags`, `ticketId` (did you mean `tags`?)"
+            }),
+        ]
+    );
+    assert_no_automations(app, &tenant).await;
+
+    // The same steps with the keys spelt right save.
+    let mut fixed = steps.clone();
+    fixed[0]["config"] = json!({ "url": "https://shop.example/orders", "timeoutMs": 500 });
+    fixed[1]["branches"][0][0]["config"] = json!({ "tags": ["x", "y"] });
+    fixed[1]["branches"][1][0]["config"] = json!({ "items": [1], "maxItems": 2 });
+    app.create_automation(&tenant, &manual("Spelt right", &fixed))
+        .await;
 }
 
 async fn webhook_trigger_must_name_an_own_source(app: &TestApp) {

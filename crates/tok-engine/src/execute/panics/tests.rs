@@ -25,6 +25,10 @@ impl TxStep for PanicsInTransaction {
     fn validate(&self, _config: &Value) -> Result<(), String> {
         Ok(())
     }
+
+    fn config_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 async fn automation(
