@@ -20,8 +20,8 @@ use axum::http::{Method, StatusCode, Uri};
 use tok_engine::Engine;
 
 pub use error::{ApiError, ApiResult};
-pub use routes::Route;
 use routes::Routes;
+pub use routes::{Access, Route};
 
 /// Largest webhook body accepted; larger bodies get 413.
 pub const MAX_WEBHOOK_BYTES: usize = 256 * 1024;
@@ -51,6 +51,8 @@ pub struct AppState {
     pub(crate) metrics_token: Option<Arc<str>>,
     /// Signal rates and live streams, per tenant and key ([`quotas`]).
     pub(crate) quotas: Arc<quotas::Quotas>,
+    /// When this process last noted each key's use ([`auth::KeyUses`]).
+    pub(crate) key_uses: Arc<auth::KeyUses>,
 }
 
 impl AppState {
@@ -71,6 +73,7 @@ impl AppState {
             metrics: None,
             metrics_token: None,
             quotas: Arc::default(),
+            key_uses: Arc::default(),
         }
     }
 
@@ -164,6 +167,7 @@ fn routes() -> Routes {
         .merge(routes::incidents::router())
         .merge(routes::platform_incidents::router())
         .merge(routes::connections::router())
+        .merge(routes::keys::router())
         .merge(routes::metrics::router())
         .merge(routes::stream::router())
         .merge(routes::dashboard::router())
@@ -179,9 +183,13 @@ pub fn route_table() -> Vec<Route> {
 
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
-    routes()
-        .into_parts()
-        .0
+    let (router, table) = routes().into_parts();
+    let authorizer = auth::Authorizer::new(state.clone(), &table);
+    router
+        .route_layer(axum::middleware::from_fn_with_state(
+            authorizer,
+            auth::authorize,
+        ))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(state)

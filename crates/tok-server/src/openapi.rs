@@ -26,10 +26,10 @@ use utoipa::openapi::{
 };
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::routes::{self, Routes};
+use crate::routes::{self, Public, Routes};
 
 pub(crate) fn router() -> Routes {
-    Routes::new().get("/api/openapi.json", serve)
+    Routes::new().get("/api/openapi.json", Public, serve)
 }
 
 /// This document.
@@ -79,6 +79,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         routes::incidents::Api::openapi(),
         routes::platform_incidents::Api::openapi(),
         routes::connections::Api::openapi(),
+        routes::keys::Api::openapi(),
         routes::metrics::Api::openapi(),
         routes::stream::Api::openapi(),
         routes::dashboard::Api::openapi(),

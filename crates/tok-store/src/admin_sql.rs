@@ -1,4 +1,4 @@
-//! Tenants and API keys ([`AdminStore`](crate::AdminStore)) for both
+//! Tenants ([`AdminStore`](crate::AdminStore)) for both
 //! backends (see `rows.rs` for why a macro per file).
 
 macro_rules! impl_admin {
@@ -30,11 +30,16 @@ macro_rules! impl_admin {
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
         ) -> Result<tok_core::quotas::TenantLimits> {
-            let row = sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
-                .bind(tenant.as_str())
-                .fetch_optional(&mut **tx)
-                .await?;
-            Ok(row.as_ref().map(tenant_from_row).map(|t| t.limits).unwrap_or_default())
+            let row =
+                sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
+                    .bind(tenant.as_str())
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            Ok(row
+                .as_ref()
+                .map(tenant_from_row)
+                .map(|t| t.limits)
+                .unwrap_or_default())
         }
 
         #[async_trait::async_trait]
@@ -59,7 +64,8 @@ macro_rules! impl_admin {
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query(
-                    "INSERT INTO api_keys (id, tenant_id, hash, created_at) VALUES ($1, $2, $3, $4)",
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at, name, scopes)
+                     VALUES ($1, $2, $3, $4, 'first key', 'admin')",
                 )
                 .bind(new_id("key"))
                 .bind(tenant.id.as_str())
@@ -72,14 +78,19 @@ macro_rules! impl_admin {
             }
 
             async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-                let row = sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
-                    .bind(id.as_str())
-                    .fetch_optional(self.reader())
-                    .await?;
+                let row =
+                    sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
+                        .bind(id.as_str())
+                        .fetch_optional(self.reader())
+                        .await?;
                 Ok(row.as_ref().map(tenant_from_row))
             }
 
-            async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>> {
+            async fn update_tenant(
+                &self,
+                id: &TenantId,
+                patch: TenantPatch,
+            ) -> Result<Option<Tenant>> {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
                 let row = sqlx::query(concat!(
@@ -102,10 +113,11 @@ macro_rules! impl_admin {
                     .bind(Json(Value::Object(settings)))
                     .execute(&mut *tx)
                     .await?;
-                let row = sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
-                    .bind(id.as_str())
-                    .fetch_one(&mut *tx)
-                    .await?;
+                let row =
+                    sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
+                        .bind(id.as_str())
+                        .fetch_one(&mut *tx)
+                        .await?;
                 tx.commit().await?;
                 Ok(Some(tenant_from_row(&row)))
             }
@@ -128,46 +140,10 @@ macro_rules! impl_admin {
                 let rows = sqlx::query("SELECT id FROM tenants ORDER BY id")
                     .fetch_all(self.reader())
                     .await?;
-                Ok(rows.iter().map(|r| TenantId::from(r.get::<String, _>("id"))).collect())
-            }
-
-            async fn has_admin_key(&self) -> Result<bool> {
-                let row = sqlx::query("SELECT 1 AS one FROM api_keys WHERE tenant_id IS NULL LIMIT 1")
-                    .fetch_optional(self.reader())
-                    .await?;
-                Ok(row.is_some())
-            }
-
-            async fn add_admin_key(&self, key_hash: &str) -> Result<()> {
-                sqlx::query(
-                    "INSERT INTO api_keys (id, tenant_id, hash, created_at) VALUES ($1, NULL, $2, $3)
-                     ON CONFLICT (hash) DO NOTHING",
-                )
-                .bind(new_id("key"))
-                .bind(key_hash)
-                .bind(now_ms())
-                .execute(&*self.writer().await)
-                .await?;
-                Ok(())
-            }
-
-            async fn key_id(&self, key_hash: &str) -> Result<Option<String>> {
-                let row = sqlx::query("SELECT id FROM api_keys WHERE hash = $1")
-                    .bind(key_hash)
-                    .fetch_optional(self.reader())
-                    .await?;
-                Ok(row.map(|r| r.get::<String, _>("id")))
-            }
-
-            async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>> {
-                let row = sqlx::query("SELECT tenant_id FROM api_keys WHERE hash = $1")
-                    .bind(key_hash)
-                    .fetch_optional(self.reader())
-                    .await?;
-                Ok(row.map(|r| match r.get::<Option<String>, _>("tenant_id") {
-                    Some(t) => KeyOwner::Tenant(TenantId::from(t)),
-                    None => KeyOwner::Platform,
-                }))
+                Ok(rows
+                    .iter()
+                    .map(|r| TenantId::from(r.get::<String, _>("id")))
+                    .collect())
             }
         }
     };

@@ -41,6 +41,8 @@ mod fragments;
 mod gate;
 mod inbox_sql;
 pub mod key_file;
+pub mod keys;
+mod keys_sql;
 mod migrate;
 pub mod model;
 mod partitions;
@@ -81,6 +83,7 @@ pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
 pub use effects::EffectStore;
 pub use gate::Lane;
+pub use keys::{ApiKey, KeyStore, NewKey, Revoked, Scope};
 pub use model::*;
 pub use postgres::PgStore;
 pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
@@ -135,10 +138,11 @@ pub enum StoreError {
     Secret(#[from] SecretError),
 }
 
-/// Tenants, API keys: the platform-level part.
+/// Tenants: the platform-level part (their keys are [`KeyStore`]'s).
 #[async_trait]
 pub trait AdminStore: Send + Sync {
-    /// Creates a tenant together with its first API key (stored as a hash).
+    /// Creates a tenant together with its first API key (stored as a hash),
+    /// named `first key`, with the `admin` scope.
     async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant>;
     async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
     /// Applies the admin's change to a tenant's settings; `None`: no such tenant.
@@ -146,11 +150,6 @@ pub trait AdminStore: Send + Sync {
     /// A page of tenants, oldest first, after the tenant id `after`.
     async fn tenants(&self, limit: u32, after: Option<&str>) -> Result<Page<Tenant>>;
     async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
-    async fn has_admin_key(&self) -> Result<bool>;
-    async fn add_admin_key(&self, key_hash: &str) -> Result<()>;
-    /// The id of the API key with this hash (a run's `actor`).
-    async fn key_id(&self, key_hash: &str) -> Result<Option<String>>;
-    async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>>;
 }
 
 /// Sources and versioned automations.
@@ -338,6 +337,7 @@ pub trait QueueStore: Send + Sync {
 #[async_trait]
 pub trait Store:
     AdminStore
+    + KeyStore
     + DefinitionStore
     + InboxStore
     + RunStore

@@ -43,6 +43,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     21 "0021_compress_step_json_with_lz4",
     22 "0022_index_leased_jobs_by_tenant",
     23 "0023_index_signals_by_age_for_expiry",
+    24 "0024_give_api_keys_names_scopes_and_ends",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -64,6 +65,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     18 "0018_create_queue_samples",
     19 "0019_index_leased_jobs_by_tenant",
     20 "0020_index_signals_by_age_for_expiry",
+    21 "0021_give_api_keys_names_scopes_and_ends",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -23,6 +23,7 @@ use crate::dispatch_sql::impl_dispatch;
 use crate::effects_sql::impl_effects;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
+use crate::keys_sql::impl_keys;
 use crate::migrate;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
@@ -273,6 +274,11 @@ impl_watch! {
 }
 
 impl_effects! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_keys! {
     store = PgStore,
     db = sqlx::Postgres,
 }

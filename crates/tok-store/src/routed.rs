@@ -406,17 +406,39 @@ impl AdminStore for RoutedStore {
     async fn tenant_ids(&self) -> Result<Vec<TenantId>> {
         self.shared().tenant_ids().await
     }
+}
+
+/// Keys live in the shared database: a key's hash is what names its tenant.
+#[async_trait]
+impl KeyStore for RoutedStore {
+    async fn key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>> {
+        self.shared().key_by_hash(hash).await
+    }
+    async fn create_key(&self, tenant: &TenantId, key: NewKey) -> Result<ApiKey> {
+        self.shared().create_key(tenant, key).await
+    }
+    async fn keys(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<ApiKey>> {
+        self.shared().keys(tenant, limit, after).await
+    }
+    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked> {
+        self.shared().revoke_key(tenant, id).await
+    }
+    async fn touch_key(&self, id: &str, at: i64) -> Result<()> {
+        self.shared().touch_key(id, at).await
+    }
     async fn has_admin_key(&self) -> Result<bool> {
         self.shared().has_admin_key().await
     }
-    async fn add_admin_key(&self, key_hash: &str) -> Result<()> {
-        self.shared().add_admin_key(key_hash).await
+    async fn add_admin_key(&self, hash: &str) -> Result<()> {
+        self.shared().add_admin_key(hash).await
     }
-    async fn key_id(&self, key_hash: &str) -> Result<Option<String>> {
-        self.shared().key_id(key_hash).await
-    }
-    async fn key_owner(&self, key_hash: &str) -> Result<Option<KeyOwner>> {
-        self.shared().key_owner(key_hash).await
+    async fn set_admin_key(&self, hash: &str) -> Result<u64> {
+        self.shared().set_admin_key(hash).await
     }
 }
 

@@ -27,6 +27,7 @@ use crate::dispatch_sql::impl_dispatch;
 use crate::effects_sql::impl_effects;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
+use crate::keys_sql::impl_keys;
 use crate::migrate;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
@@ -343,6 +344,11 @@ impl_watch! {
 }
 
 impl_effects! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_keys! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tok_engine::{Engine, EngineConfig, Registry};
 use tok_server::AppState;
-use tok_store::{AdminStore, Store, hash_secret, random_token};
+use tok_store::{KeyStore, Store, hash_secret, random_token};
 
 use crate::config::Config;
 
@@ -99,9 +99,17 @@ fn redact(url: &str) -> String {
 }
 
 /// Makes sure a platform admin key exists; prints a generated one once.
-async fn ensure_admin_key(store: &dyn AdminStore, config: &Config) -> anyhow::Result<()> {
+/// With `TOK_ADMIN_KEY`, that key is the only one: a start with a new
+/// value revokes the one before it and the generated one.
+async fn ensure_admin_key(store: &dyn KeyStore, config: &Config) -> anyhow::Result<()> {
     if let Some(key) = &config.admin_key {
-        store.add_admin_key(&hash_secret(&key.0)).await?;
+        let revoked = store.set_admin_key(&hash_secret(&key.0)).await?;
+        if revoked > 0 {
+            tracing::info!(
+                revoked,
+                "TOK_ADMIN_KEY is new: the admin keys before it are revoked"
+            );
+        }
     } else if !store.has_admin_key().await? {
         let key = format!("tok_admin_{}", random_token());
         store.add_admin_key(&hash_secret(&key)).await?;

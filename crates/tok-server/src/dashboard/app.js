@@ -137,10 +137,18 @@ function until(v) {
 
 // ---------- sign-in ----------
 
+/** Whether the signed-in key may do what needs `scope` (`write` grants `read`, `admin` all). */
+function allows(scope) {
+  const held = session.scopes || [];
+  return held.includes("admin") || held.includes(scope) || (scope === "read" && held.includes("write"));
+}
+
 async function signIn(key) {
   session.key = key;
   const me = await api("/api/dashboard/session");
   session.kind = me.kind;
+  session.scopes = me.scopes;
+  $("#nav-keys").hidden = !allows("admin");
   sessionStorage.setItem("tok.key", key);
   const pick = $("#tenant-pick");
   if (me.kind === "admin") {
@@ -171,7 +179,7 @@ async function signIn(key) {
 function signOut() {
   sessionStorage.removeItem("tok.key");
   sessionStorage.removeItem("tok.tenant");
-  session.key = session.tenant = session.kind = session.name = null;
+  session.key = session.tenant = session.kind = session.name = session.scopes = null;
   live.stop();
   $("#app").hidden = true;
   $("#signin").hidden = false;
@@ -433,8 +441,10 @@ async function runDetail(view, id) {
     const name = automationNames.get(run.automation_id) || run.automation_id;
     $("#title").textContent = name;
     const can = controlsFor(run.status);
-    const button = (action, label, cls = "") =>
-      h(`button.button${cls}`, { id: `run-${action}`, disabled: !can[action], onclick: () => control(action) }, label);
+    // A key without `write` sees the run, not the controls it cannot use.
+    const button = (action, label, cls = "") => allows("write")
+      ? h(`button.button${cls}`, { id: `run-${action}`, disabled: !can[action], onclick: () => control(action) }, label)
+      : null;
     fill(head,
       h("div.run-head", null, h("span", { id: "run-status" }, pill(run.status)),
         h("span.mono.muted", null, run.id),
@@ -680,7 +690,7 @@ pages.incidents = async (view) => {
     fill(view, items.length ? h("div.stack", { id: "incidents" }, items.map((i) => h("div.card.stack", null,
       h("div.attempt-head", null, pill(i.status), h("strong", null, i.title), h("span.muted", null, when(i.created_at)),
         i.occurrences > 1 ? h("span.muted", null, `${i.occurrences} times`) : null,
-        i.status === "open" ? h("div.actions", null, h("button.button.small", { onclick: () => resolve(i.id) }, "Resolve")) : null),
+        i.status === "open" && allows("write") ? h("div.actions", null, h("button.button.small", { onclick: () => resolve(i.id) }, "Resolve")) : null),
       h("div", null, i.impact),
       i.detail ? h("details", null, h("summary", null, "Detail (platform admin)"),
         i.run_id ? h("p", null, "Run ", h("a", { href: `#/runs/${i.run_id}` }, i.run_id)) : null,
@@ -741,7 +751,7 @@ pages.approvals = async (view) => {
         h("dt", null, "Approvers"), h("dd", null, a.approvers.map((p) => p.name).join(", ")),
         a.decided_by ? [h("dt", null, "Decided"), h("dd.decided", null, `${a.status} by ${a.decided_by.name} `, when(a.decided_at),
           a.comment ? h("span.muted", null, ` · “${a.comment}”`) : null)] : null),
-      a.status === "pending" ? decisionForm(a) : null))
+      a.status === "pending" && allows("write") ? decisionForm(a) : null))
       : h("div.card.empty", null, filter.value === "pending"
         ? "Nothing waits for a decision. A run's approval step shows here until an approver decides."
         : "No approvals yet."));
@@ -750,6 +760,78 @@ pages.approvals = async (view) => {
   await load();
   const refresh = debounce(() => load().catch(() => {}), 300);
   onLive((type) => (type === "run.updated" || type === "reload") && refresh());
+};
+
+// ---------- Keys ----------
+
+const SCOPES = [
+  ["read", "Read: every listing and detail"],
+  ["write", "Write: create and change resources, act on runs (grants read)"],
+  ["signal", "Signal: send signals and start runs, nothing else"],
+  ["admin", "Admin: everything, and these keys"],
+];
+
+pages.keys = async (view) => {
+  $("#title").textContent = "API keys";
+  const name = h("input", { id: "key-name", type: "text", placeholder: "What the key is for", required: true, maxlength: 100 });
+  const boxes = SCOPES.map(([scope, label]) => h("label.check", null,
+    h("input", { type: "checkbox", name: "scope", value: scope, checked: scope === "read" }), ` ${label}`));
+  const expires = h("input", { id: "key-expires", type: "date", "aria-label": "Expires on" });
+  const made = h("div", { id: "key-made" });
+  const form = h("form.card.stack", { id: "key-form", onsubmit: (e) => { e.preventDefault(); create().catch((err) => flash(err.message)); } },
+    h("h2", null, "New key"),
+    h("div.field", null, h("label", { for: "key-name" }, "Name"), name),
+    h("fieldset.field", null, h("legend", null, "Scopes"), ...boxes),
+    h("div.field", null, h("label", { for: "key-expires" }, "Expires (optional)"), expires),
+    h("div", null, h("button.button.primary", { id: "key-create", type: "submit" }, "Create key")),
+    made);
+  const table = h("div.card.table-card");
+  view.append(h("div.stack", null, form, table));
+
+  async function create() {
+    const scopes = boxes.map((b) => b.querySelector("input")).filter((i) => i.checked).map((i) => i.value);
+    const body = { name: name.value.trim(), scopes };
+    if (expires.value) body.expires_at = new Date(`${expires.value}T23:59:59Z`).toISOString();
+    const key = await api("/api/keys", { method: "POST", body });
+    const secret = h("input", { id: "key-secret", readonly: true, value: key.key });
+    const copy = h("button.button.primary", { type: "button", id: "key-copy", onclick: () => copyText(key.key, copy) }, "Copy");
+    fill(made, h("div.card.stack.made", null,
+      h("strong", null, `Key “${key.name}” made. Copy it now: it is not shown again.`),
+      h("div.url-row", null, secret, copy)));
+    name.value = "";
+    await load();
+  }
+
+  // The first click asks, the second revokes.
+  async function revoke(key, button) {
+    if (!button.dataset.armed) {
+      button.dataset.armed = "yes";
+      button.textContent = "Click again to revoke";
+      button.classList.add("danger");
+      return;
+    }
+    try {
+      await api(`/api/keys/${encodeURIComponent(key.id)}`, { method: "DELETE" });
+      flash(`Key “${key.name}” revoked.`, true);
+      await load();
+    } catch (e) {
+      flash(e.message);
+    }
+  }
+
+  async function load() {
+    const keys = await all("/api/keys");
+    fill(table, h("table", { id: "keys" },
+      h("thead", null, h("tr", null, ["Name", "Scopes", "Created", "Expires", "Last used", ""].map((c) => h("th", null, c)))),
+      h("tbody", null, keys.map((k) => h("tr", { dataset: { key: k.id } },
+        h("td", null, k.name),
+        h("td", null, k.scopes.join(", ")),
+        h("td", null, when(k.created_at)),
+        h("td", null, k.expired ? h("span.pill.failed", null, "expired") : k.expires_at ? until(k.expires_at) : h("span.muted", null, "never")),
+        h("td", null, k.last_used_at ? when(k.last_used_at) : h("span.muted", null, "never")),
+        h("td", null, h("button.button.small", { type: "button", dataset: { revoke: k.id }, onclick: (e) => revoke(k, e.currentTarget) }, "Revoke")))))));
+  }
+  await load();
 };
 
 // ---------- Queue health ----------

@@ -11,7 +11,7 @@
 use axum::http::header;
 use axum::response::IntoResponse;
 
-use crate::routes::Routes;
+use crate::routes::{Public, Routes};
 
 const INDEX: &str = include_str!("index.html");
 const STYLE: &str = include_str!("app.css");
@@ -20,10 +20,10 @@ const WIDGETS_SCRIPT: &str = include_str!("widgets.js");
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/", index)
-        .get("/dashboard/app.css", style)
-        .get("/dashboard/app.js", script)
-        .get("/dashboard/widgets.js", widgets_script)
+        .get("/", Public, index)
+        .get("/dashboard/app.css", Public, style)
+        .get("/dashboard/app.js", Public, script)
+        .get("/dashboard/widgets.js", Public, widgets_script)
 }
 
 /// The page may run only its own script and talk only to this server.

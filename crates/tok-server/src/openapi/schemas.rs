@@ -340,6 +340,46 @@ pub(crate) struct Member {
     capacity: i32,
 }
 
+/// An API key of the tenant's, as listed: never its secret.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ApiKey {
+    id: String,
+    name: String,
+    /// Of `read`, `write` (which grants `read`), `signal`, `admin` (which grants every scope).
+    scopes: Vec<String>,
+    created_at: String,
+    #[schema(required = true)]
+    expires_at: Option<String>,
+    expired: bool,
+    /// When a request last used it (noted at most once a minute per process).
+    #[schema(required = true)]
+    last_used_at: Option<String>,
+}
+
+/// A key just made: an [`ApiKey`] and its secret, shown this once.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct NewApiKey {
+    id: String,
+    name: String,
+    scopes: Vec<String>,
+    created_at: String,
+    #[schema(required = true)]
+    expires_at: Option<String>,
+    expired: bool,
+    #[schema(required = true)]
+    last_used_at: Option<String>,
+    /// The secret: send it as `Authorization: Bearer <key>`. Only its hash is kept.
+    key: String,
+}
+
+/// A page of the tenant's keys, oldest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ApiKeyPage {
+    items: Vec<ApiKey>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}
+
 /// A group of people tickets are assigned to.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct Group {
@@ -556,6 +596,10 @@ pub(crate) struct Session {
     kind: String,
     #[schema(required = true)]
     tenant: Option<SessionTenant>,
+    /// The key's name.
+    name: String,
+    /// What the key may do (the platform admin key: `admin`).
+    scopes: Vec<String>,
 }
 
 /// The tenant's queue now.

@@ -16,13 +16,13 @@ use tok_store::{Decided, Decision};
 use crate::AppState;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Path, Routes};
+use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/approvals", list)
-        .get("/api/approvals/{id}", show)
-        .post("/api/approvals/{id}", decide)
+        .get("/api/approvals", READ, list)
+        .get("/api/approvals/{id}", READ, show)
+        .post("/api/approvals/{id}", WRITE, decide)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

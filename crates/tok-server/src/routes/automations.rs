@@ -18,18 +18,18 @@ use tok_store::{AutomationRow, AutomationStatus, NewVersion, rfc3339};
 use crate::AppState;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Path, Routes};
+use crate::routes::{JsonBody, Path, READ, Routes, SIGNAL, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/automations", list)
-        .post("/api/automations", create)
-        .get("/api/automations/{id}", show)
-        .put("/api/automations/{id}", update)
-        .post("/api/automations/{id}/pause", pause)
-        .post("/api/automations/{id}/resume", resume)
-        .post("/api/automations/{id}/runs", start_run)
-        .get("/api/automations/{id}/versions/{version}", version)
+        .get("/api/automations", READ, list)
+        .post("/api/automations", WRITE, create)
+        .get("/api/automations/{id}", READ, show)
+        .put("/api/automations/{id}", WRITE, update)
+        .post("/api/automations/{id}/pause", WRITE, pause)
+        .post("/api/automations/{id}/resume", WRITE, resume)
+        .post("/api/automations/{id}/runs", SIGNAL, start_run)
+        .get("/api/automations/{id}/versions/{version}", READ, version)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -14,13 +14,13 @@ use tok_store::{Connection, NewConnection};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Path, Routes};
+use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/connections", list)
-        .post("/api/connections", create)
-        .get("/api/connections/{id}", show)
+        .get("/api/connections", READ, list)
+        .post("/api/connections", WRITE, create)
+        .get("/api/connections/{id}", READ, show)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

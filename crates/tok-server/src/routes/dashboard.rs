@@ -13,13 +13,13 @@ use tok_store::{KeyOwner, QueueSample};
 use crate::AppState;
 use crate::auth::{Caller, Tenant};
 use crate::error::{ApiError, ApiResult};
-use crate::routes::Routes;
+use crate::routes::{READ, Routes};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/dashboard/session", session)
-        .get("/api/dashboard/queue", queue)
-        .get("/api/dashboard/queue/history", history)
+        .get("/api/dashboard/session", READ, session)
+        .get("/api/dashboard/queue", READ, queue)
+        .get("/api/dashboard/queue/history", READ, history)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
@@ -34,10 +34,11 @@ const MAX_MINUTES: u32 = 1440;
 /// 30 s is 2,880.
 const MAX_SAMPLES: u32 = 3000;
 
-/// What kind of key signed in, and the tenant of a tenant's key.
+/// What kind of key signed in, its name and scopes, and the tenant of a
+/// tenant's key.
 #[utoipa::path(get, path = "/api/dashboard/session", tag = "dashboard", responses((status = 200, body = crate::openapi::schemas::Session)))]
-async fn session(State(state): State<AppState>, Caller(owner): Caller) -> ApiResult<Json<Value>> {
-    Ok(Json(match owner {
+async fn session(State(state): State<AppState>, Caller(key): Caller) -> ApiResult<Json<Value>> {
+    let mut me = match key.owner() {
         KeyOwner::Platform => json!({ "kind": "admin", "tenant": null }),
         KeyOwner::Tenant(id) => {
             let tenant = state.engine.store().tenant(&id).await?;
@@ -46,7 +47,10 @@ async fn session(State(state): State<AppState>, Caller(owner): Caller) -> ApiRes
                 "tenant": { "id": id, "name": tenant.map(|t| t.name) },
             })
         }
-    }))
+    };
+    me["name"] = json!(key.name);
+    me["scopes"] = json!(key.scopes);
+    Ok(Json(me))
 }
 
 /// The tenant's jobs by state, the age of its oldest ready job and its

@@ -14,15 +14,15 @@ use tok_store::NewGroup;
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Routes};
+use crate::routes::{JsonBody, READ, Routes, WRITE};
 
 /// A member's capacity when the request gives none.
 const DEFAULT_CAPACITY: i64 = 10;
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/groups", list)
-        .post("/api/groups", create)
+        .get("/api/groups", READ, list)
+        .post("/api/groups", WRITE, create)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -7,12 +7,12 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use crate::AppState;
-use crate::routes::Routes;
+use crate::routes::{Public, Routes};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/healthz", healthz)
-        .get("/readyz", readyz)
+        .get("/healthz", Public, healthz)
+        .get("/readyz", Public, readyz)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -16,12 +16,14 @@ use tok_store::{Incident, rfc3339};
 use crate::AppState;
 use crate::auth::{KeyKind, Tenant};
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{PageQuery, Path, Routes};
+use crate::routes::{PageQuery, Path, READ, Routes, WRITE};
 
 pub(crate) fn router() -> Routes {
-    Routes::new()
-        .get("/api/incidents", list)
-        .post("/api/incidents/{id}/resolve", resolve)
+    Routes::new().get("/api/incidents", READ, list).post(
+        "/api/incidents/{id}/resolve",
+        WRITE,
+        resolve,
+    )
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -10,15 +10,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use tok_store::{KeyOwner, hash_secret};
+use tok_store::hash_secret;
 
 use crate::AppState;
 use crate::auth::bearer_of;
 use crate::error::ApiError;
-use crate::routes::Routes;
+use crate::routes::{OwnSecret, Routes};
 
 pub(crate) fn router() -> Routes {
-    Routes::new().get("/metrics", render)
+    Routes::new().get("/metrics", OwnSecret, render)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
@@ -60,8 +60,9 @@ async fn scraper(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
     if state.metrics_token.as_deref() == Some(hash.as_str()) {
         return Ok(());
     }
-    match state.engine.store().key_owner(&hash).await? {
-        Some(KeyOwner::Platform) => Ok(()),
+    let secret = bearer_of(headers).unwrap_or_default();
+    match crate::auth::valid_key(state, secret).await {
+        Ok(Some(key)) if key.tenant_id.is_none() => Ok(()),
         _ => Err(refused()),
     }
 }

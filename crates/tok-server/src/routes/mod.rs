@@ -4,7 +4,8 @@
 //! added any other way than through [`Routes`] is not served at all. The
 //! tests read the table (`tok_server::route_table`): the OpenAPI document
 //! must have every route, and every route must be covered by the tenant
-//! isolation test.
+//! isolation test and the scope test. Each route states who may call it
+//! ([`Access`]); the authorizer enforces the table.
 
 pub(crate) mod approvals;
 pub(crate) mod automations;
@@ -13,6 +14,7 @@ pub(crate) mod dashboard;
 pub(crate) mod groups;
 pub(crate) mod health;
 pub(crate) mod incidents;
+pub(crate) mod keys;
 pub(crate) mod metrics;
 pub(crate) mod platform_incidents;
 pub(crate) mod runs;
@@ -31,16 +33,18 @@ use axum::http::Method;
 use axum::routing::{self, MethodRouter};
 use serde::Deserialize;
 use serde_json::Value;
+use tok_store::Scope;
 
 use crate::AppState;
 use crate::error::ApiError;
 
 /// One route the router serves: a method on a path (axum's template, with
-/// `{name}` for a path parameter).
+/// `{name}` for a path parameter), and who may call it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Route {
     pub method: Method,
     pub path: &'static str,
+    pub access: Access,
 }
 
 impl std::fmt::Display for Route {
@@ -48,6 +52,31 @@ impl std::fmt::Display for Route {
         write!(f, "{} {}", self.method, self.path)
     }
 }
+
+/// Who may call a route. The authorizer (`crate::auth::authorize`) reads
+/// it from the route table before any handler runs, so a route whose
+/// handler forgets to ask for a key is still guarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Anyone: health, the OpenAPI document, the dashboard's files.
+    Public,
+    /// Whoever holds the route's own secret, which the handler checks: a
+    /// webhook's token in its URL, `/metrics`'s token.
+    OwnSecret,
+    /// The platform admin key only.
+    Platform,
+    /// A tenant's key that grants this scope, or the platform admin key
+    /// acting for the tenant (`X-Tok-Tenant`).
+    Tenant(Scope),
+}
+
+pub(crate) use Access::{OwnSecret, Platform, Public};
+
+/// `Tenant(Read)` and its kin, for the routers' tables.
+pub(crate) const READ: Access = Access::Tenant(Scope::Read);
+pub(crate) const WRITE: Access = Access::Tenant(Scope::Write);
+pub(crate) const SIGNAL: Access = Access::Tenant(Scope::Signal);
+pub(crate) const ADMIN: Access = Access::Tenant(Scope::Admin);
 
 /// A router and the table of its routes, added one method at a time.
 pub(crate) struct Routes {
@@ -66,39 +95,62 @@ impl Routes {
     pub(crate) fn get<H: Handler<T, AppState>, T: 'static>(
         self,
         path: &'static str,
+        access: Access,
         handler: H,
     ) -> Self {
-        self.on(Method::GET, path, routing::get(handler))
+        self.on(Method::GET, path, access, routing::get(handler))
     }
 
     pub(crate) fn post<H: Handler<T, AppState>, T: 'static>(
         self,
         path: &'static str,
+        access: Access,
         handler: H,
     ) -> Self {
-        self.on(Method::POST, path, routing::post(handler))
+        self.on(Method::POST, path, access, routing::post(handler))
     }
 
     pub(crate) fn put<H: Handler<T, AppState>, T: 'static>(
         self,
         path: &'static str,
+        access: Access,
         handler: H,
     ) -> Self {
-        self.on(Method::PUT, path, routing::put(handler))
+        self.on(Method::PUT, path, access, routing::put(handler))
     }
 
     pub(crate) fn patch<H: Handler<T, AppState>, T: 'static>(
         self,
         path: &'static str,
+        access: Access,
         handler: H,
     ) -> Self {
-        self.on(Method::PATCH, path, routing::patch(handler))
+        self.on(Method::PATCH, path, access, routing::patch(handler))
+    }
+
+    pub(crate) fn delete<H: Handler<T, AppState>, T: 'static>(
+        self,
+        path: &'static str,
+        access: Access,
+        handler: H,
+    ) -> Self {
+        self.on(Method::DELETE, path, access, routing::delete(handler))
     }
 
     /// Adds `method` on `path`; axum merges the methods of one path.
-    fn on(mut self, method: Method, path: &'static str, handler: MethodRouter<AppState>) -> Self {
+    fn on(
+        mut self,
+        method: Method,
+        path: &'static str,
+        access: Access,
+        handler: MethodRouter<AppState>,
+    ) -> Self {
         self.router = self.router.route(path, handler);
-        self.table.push(Route { method, path });
+        self.table.push(Route {
+            method,
+            path,
+            access,
+        });
         self
     }
 

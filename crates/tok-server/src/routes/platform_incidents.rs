@@ -12,12 +12,12 @@ use serde_json::{Value, json};
 use crate::AppState;
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{Path, Routes};
+use crate::routes::{Path, Platform, Routes};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/platform/incidents", list)
-        .post("/api/platform/incidents/{id}/resolve", resolve)
+        .get("/api/platform/incidents", Platform, list)
+        .post("/api/platform/incidents/{id}/resolve", Platform, resolve)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

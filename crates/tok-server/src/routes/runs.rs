@@ -15,17 +15,17 @@ use tok_store::{RunFilter, RunStatus};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{Path, Routes};
+use crate::routes::{Path, READ, Routes, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/dashboard/runs", list)
-        .get("/api/runs", list)
-        .get("/api/runs/{id}", show)
-        .post("/api/runs/{id}/retry", retry)
-        .post("/api/runs/{id}/cancel", cancel)
-        .post("/api/runs/{id}/pause", pause)
-        .post("/api/runs/{id}/resume", resume)
+        .get("/api/dashboard/runs", READ, list)
+        .get("/api/runs", READ, list)
+        .get("/api/runs/{id}", READ, show)
+        .post("/api/runs/{id}/retry", WRITE, retry)
+        .post("/api/runs/{id}/cancel", WRITE, cancel)
+        .post("/api/runs/{id}/pause", WRITE, pause)
+        .post("/api/runs/{id}/resume", WRITE, resume)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

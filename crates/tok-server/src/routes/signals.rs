@@ -17,10 +17,10 @@ use tok_store::NewSignal;
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Routes};
+use crate::routes::{JsonBody, Routes, SIGNAL};
 
 pub(crate) fn router() -> Routes {
-    Routes::new().post("/api/signals", send)
+    Routes::new().post("/api/signals", SIGNAL, send)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -13,13 +13,13 @@ use tok_store::{NewSource, Source, random_token};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Path, Routes};
+use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/sources", list)
-        .post("/api/sources", create)
-        .get("/api/sources/{id}", show)
+        .get("/api/sources", READ, list)
+        .post("/api/sources", WRITE, create)
+        .get("/api/sources/{id}", READ, show)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

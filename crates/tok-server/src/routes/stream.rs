@@ -28,10 +28,10 @@ use crate::AppState;
 use crate::auth::{Tenant, bearer_of};
 use crate::error::{ApiError, ApiResult};
 use crate::quotas::StreamPlace;
-use crate::routes::Routes;
+use crate::routes::{READ, Routes};
 
 pub(crate) fn router() -> Routes {
-    Routes::new().get("/api/stream", follow)
+    Routes::new().get("/api/stream", READ, follow)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

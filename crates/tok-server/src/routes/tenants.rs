@@ -21,13 +21,13 @@ use tok_store::{TenantPatch, hash_secret, random_token};
 use crate::AppState;
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Path, Routes};
+use crate::routes::{JsonBody, Path, Platform, Routes};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/tenants", list)
-        .post("/api/tenants", create)
-        .patch("/api/tenants/{id}", update)
+        .get("/api/tenants", Platform, list)
+        .post("/api/tenants", Platform, create)
+        .patch("/api/tenants/{id}", Platform, update)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -14,12 +14,12 @@ use tok_store::NewTicketType;
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Routes};
+use crate::routes::{JsonBody, READ, Routes, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/ticket-types", list)
-        .post("/api/ticket-types", create)
+        .get("/api/ticket-types", READ, list)
+        .post("/api/ticket-types", WRITE, create)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

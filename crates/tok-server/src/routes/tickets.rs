@@ -25,17 +25,17 @@ use tok_store::{
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, PageQuery, Path, Routes};
+use crate::routes::{JsonBody, PageQuery, Path, READ, Routes, WRITE};
 
 /// Who a person's change is by, in the ticket's trace.
 const BY_PERSON: &str = "by a person (API)";
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .get("/api/tickets", list)
-        .post("/api/tickets", create)
-        .get("/api/tickets/{id}", show)
-        .patch("/api/tickets/{id}", update)
+        .get("/api/tickets", READ, list)
+        .post("/api/tickets", WRITE, create)
+        .get("/api/tickets/{id}", READ, show)
+        .patch("/api/tickets/{id}", WRITE, update)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -17,13 +17,15 @@ use tok_store::NewEvent;
 
 use crate::error::{ApiError, ApiResult};
 use crate::intake::WebhookSource;
-use crate::routes::{Path, Routes};
+use crate::routes::{OwnSecret, Path, Routes};
 use crate::{AppState, MAX_WEBHOOK_BYTES};
 
 pub(crate) fn router() -> Routes {
-    Routes::new()
-        .get("/webhook/{token}", help)
-        .post("/webhook/{token}", accept)
+    Routes::new().get("/webhook/{token}", OwnSecret, help).post(
+        "/webhook/{token}",
+        OwnSecret,
+        accept,
+    )
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

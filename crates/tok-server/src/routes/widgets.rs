@@ -16,14 +16,14 @@ use tok_store::{NewWidget, Widget, now_ms};
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::{JsonBody, Path, Routes};
+use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
-        .post("/api/widgets", create)
-        .get("/api/widgets", list)
-        .get("/api/widgets/{id}", show)
-        .get("/api/widgets/{id}/data", data)
+        .post("/api/widgets", WRITE, create)
+        .get("/api/widgets", READ, list)
+        .get("/api/widgets/{id}", READ, show)
+        .get("/api/widgets/{id}/data", READ, data)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).

@@ -65,13 +65,17 @@ async fn a_key_learns_who_it_is_and_only_the_admin_lists_tenants(app: &TestApp) 
         .expect(StatusCode::OK);
     assert_eq!(
         me,
-        json!({ "kind": "tenant", "tenant": { "id": acme.id, "name": "Acme" } })
+        json!({ "kind": "tenant", "tenant": { "id": acme.id, "name": "Acme" },
+                "name": "first key", "scopes": ["admin"] })
     );
     let admin = app
         .get(&app.admin_key, "/api/dashboard/session")
         .await
         .expect(StatusCode::OK);
-    assert_eq!(admin, json!({ "kind": "admin", "tenant": null }));
+    assert_eq!(
+        admin,
+        json!({ "kind": "admin", "tenant": null, "name": "platform admin", "scopes": ["admin"] })
+    );
     app.get("not-a-key", "/api/dashboard/session")
         .await
         .expect_error(StatusCode::UNAUTHORIZED, "unauthorized");

@@ -306,6 +306,7 @@ struct Estate {
     connection: String,
     connection_name: String,
     widget: String,
+    key: String,
 }
 
 async fn estate(app: &TestApp, name: &str) -> Estate {
@@ -391,7 +392,19 @@ async fn estate(app: &TestApp, name: &str) -> Estate {
         .as_str()
         .unwrap()
         .to_owned();
+    let key = app
+        .post(
+            &tenant.key,
+            "/api/keys",
+            &json!({ "name": format!("{name}'s reader"), "scopes": ["read"] }),
+        )
+        .await
+        .expect(StatusCode::CREATED)["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let ids = vec![
+        key.clone(),
         tenant.id.clone(),
         owned.source.clone(),
         owned.automation.clone(),
@@ -424,6 +437,7 @@ async fn estate(app: &TestApp, name: &str) -> Estate {
         connection,
         connection_name,
         widget,
+        key,
     }
 }
 
@@ -516,6 +530,13 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             json!({ "title": "taken over" }),
         ),
         ("GET", "/api/widgets/{id}") => Theirs(m, format!("/api/widgets/{}", a.widget), empty),
+        ("GET", "/api/keys") => Listing(route.path.into()),
+        ("POST", "/api/keys") => Write(
+            route.path.into(),
+            json!({ "name": "B's", "scopes": ["read"] }),
+            false,
+        ),
+        ("DELETE", "/api/keys/{id}") => Theirs(m, format!("/api/keys/{}", a.key), empty),
         ("GET", "/api/widgets/{id}/data") => Theirs(
             m,
             format!("/api/widgets/{}/data?refresh=true", a.widget),

@@ -22,6 +22,7 @@ mod health;
 mod incidents;
 mod intake;
 mod isolation;
+mod keys;
 mod limits;
 mod openapi;
 mod outbound;

@@ -75,7 +75,8 @@ fn every_success_answer_documents_its_body() {
                 continue;
             };
             for (status, response) in responses {
-                if !status.starts_with('2') {
+                // 204 No Content has no body to document.
+                if !status.starts_with('2') || status == "204" {
                     continue;
                 }
                 let content = response["content"].as_object();

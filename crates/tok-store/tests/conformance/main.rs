@@ -58,6 +58,7 @@ mod connections;
 mod dispatch;
 mod effects;
 mod inbox;
+mod keys;
 mod migrations;
 mod pages;
 mod queue;

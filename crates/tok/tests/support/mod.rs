@@ -228,6 +228,9 @@ impl Api {
         let response = request.send().await.unwrap();
         let status = response.status();
         let text = response.text().await.unwrap();
+        if text.is_empty() {
+            return (status, Value::Null);
+        }
         let body = serde_json::from_str(&text).unwrap_or_else(|e| {
             panic!("{path} answered {status} with a body that is not JSON ({e}): {text}")
         });

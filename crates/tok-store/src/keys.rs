@@ -1,0 +1,154 @@
+//! API keys: a tenant's keys with their names and scopes, and the platform
+//! admin's. A key is kept as the SHA-256 of its secret only; the secret is
+//! shown once, when the key is made. A revoked key keeps its row, since
+//! runs and decisions name their key as their actor.
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tok_core::ids::TenantId;
+
+use crate::{KeyOwner, Page, Result};
+
+/// What a key may do. Every route of the API needs one scope; `admin`
+/// grants every scope, and `write` grants `read` too (a key that changes a
+/// resource may look at it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Every listing and detail of the tenant's.
+    Read,
+    /// Creating and changing the tenant's resources, and acting on runs.
+    Write,
+    /// Sending signals and starting runs: the key of a system that feeds
+    /// tok and sees nothing of it.
+    Signal,
+    /// Everything, and managing the tenant's keys.
+    Admin,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 4] = [Scope::Read, Scope::Write, Scope::Signal, Scope::Admin];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Write => "write",
+            Scope::Signal => "signal",
+            Scope::Admin => "admin",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// Whether a key holding `self` may do what needs `needed`.
+    pub fn grants(self, needed: Scope) -> bool {
+        self == needed || self == Scope::Admin || (self == Scope::Write && needed == Scope::Read)
+    }
+
+    /// Scopes as stored: their names, comma-separated, sorted.
+    pub fn join(scopes: &[Scope]) -> String {
+        let mut names: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.join(",")
+    }
+
+    /// The stored form back; a name this build does not know is left out
+    /// (it grants nothing).
+    pub fn split(text: &str) -> Vec<Scope> {
+        text.split(',').filter_map(Scope::parse).collect()
+    }
+}
+
+/// An API key as listed: everything but its secret, which is never kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub id: String,
+    /// `None` for a platform admin key.
+    pub tenant_id: Option<TenantId>,
+    pub name: String,
+    pub scopes: Vec<Scope>,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    /// When a request last used the key (written at most once a minute
+    /// per process).
+    pub last_used_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+impl ApiKey {
+    pub fn owner(&self) -> KeyOwner {
+        match &self.tenant_id {
+            Some(t) => KeyOwner::Tenant(t.clone()),
+            None => KeyOwner::Platform,
+        }
+    }
+
+    /// Whether the key may do what needs `needed`. A platform admin key
+    /// may do everything.
+    pub fn grants(&self, needed: Scope) -> bool {
+        self.tenant_id.is_none() || self.scopes.iter().any(|s| s.grants(needed))
+    }
+
+    /// Whether the key has expired at `now_ms`.
+    pub fn expired(&self, now_ms: i64) -> bool {
+        self.expires_at.is_some_and(|at| at <= now_ms)
+    }
+}
+
+/// A tenant key to make: `hash` is the SHA-256 of its secret
+/// ([`crate::hash_secret`]).
+#[derive(Debug, Clone)]
+pub struct NewKey {
+    pub name: String,
+    pub scopes: Vec<Scope>,
+    pub expires_at: Option<i64>,
+    pub hash: String,
+}
+
+/// What revoking a key did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revoked {
+    /// Revoked now (or already): it answers 401 from now on.
+    Done(ApiKey),
+    /// The tenant has no key of that id.
+    NotFound,
+    /// It is the tenant's last key with `admin` that has not expired; it
+    /// stays, or nobody could manage the tenant's keys.
+    LastAdmin,
+}
+
+/// API keys. Lookups by hash cover every tenant (the key is what names its
+/// tenant); everything else is scoped by tenant.
+#[async_trait]
+pub trait KeyStore: Send + Sync {
+    /// The key with this hash, unless it was revoked (an expired key is
+    /// returned, for the caller to say so).
+    async fn key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>>;
+    /// Makes a key of the tenant's.
+    async fn create_key(&self, tenant: &TenantId, key: NewKey) -> Result<ApiKey>;
+    /// A page of the tenant's keys that are not revoked, oldest first,
+    /// after the key id `after`.
+    async fn keys(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<ApiKey>>;
+    /// Revokes a key of the tenant's, but never its last admin key.
+    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked>;
+    /// Notes that the key was used at `at` (unix ms).
+    async fn touch_key(&self, id: &str, at: i64) -> Result<()>;
+    /// Whether a platform admin key that is not revoked exists.
+    async fn has_admin_key(&self) -> Result<bool>;
+    /// Adds a platform admin key (the one generated at first start); a
+    /// hash already there is left as it is.
+    async fn add_admin_key(&self, hash: &str) -> Result<()>;
+    /// Makes the key with this hash the only platform admin key: adds it
+    /// (or revives it) and revokes every other. Returns how many it
+    /// revoked. A start with `TOK_ADMIN_KEY` calls it, so changing the
+    /// variable rotates the admin key.
+    async fn set_admin_key(&self, hash: &str) -> Result<u64>;
+}

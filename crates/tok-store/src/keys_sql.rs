@@ -1,0 +1,211 @@
+//! The API key queries ([`KeyStore`](crate::KeyStore)) for both backends
+//! (see `rows.rs` for why a macro per file).
+
+macro_rules! impl_keys {
+    (
+        store = $store:ty,
+        db = $db:ty,
+    ) => {
+        const KEY_COLUMNS: &str =
+            "id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at";
+
+        fn key_from_row(row: &<$db as sqlx::Database>::Row) -> ApiKey {
+            ApiKey {
+                id: row.get("id"),
+                tenant_id: row.get::<Option<String>, _>("tenant_id").map(TenantId::from),
+                name: row.get("name"),
+                scopes: Scope::split(&row.get::<String, _>("scopes")),
+                created_at: row.get("created_at"),
+                expires_at: row.get("expires_at"),
+                last_used_at: row.get("last_used_at"),
+                revoked_at: row.get("revoked_at"),
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl KeyStore for $store {
+            async fn key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>> {
+                let row = sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = $1 AND revoked_at IS NULL"
+                ))
+                .bind(hash)
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.as_ref().map(key_from_row))
+            }
+
+            async fn create_key(&self, tenant: &TenantId, key: NewKey) -> Result<ApiKey> {
+                let id = new_id("key");
+                let row = sqlx::query(&format!(
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at, name, scopes, expires_at)
+                     SELECT $1, id, $3, $4, $5, $6, $7 FROM tenants WHERE id = $2
+                     RETURNING {KEY_COLUMNS}"
+                ))
+                .bind(&id)
+                .bind(tenant.as_str())
+                .bind(&key.hash)
+                .bind(now_ms())
+                .bind(&key.name)
+                .bind(Scope::join(&key.scopes))
+                .bind(key.expires_at)
+                .fetch_optional(&*self.writer().await)
+                .await?;
+                row.as_ref().map(key_from_row).ok_or(StoreError::NotFound("tenant"))
+            }
+
+            async fn keys(
+                &self,
+                tenant: &TenantId,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<Page<ApiKey>> {
+                let rows = sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys
+                     WHERE tenant_id = $1 AND revoked_at IS NULL
+                       AND (CAST($2 AS TEXT) IS NULL OR id > $2)
+                     ORDER BY id LIMIT $3"
+                ))
+                .bind(tenant.as_str())
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(self.reader())
+                .await?;
+                let items = rows.iter().map(key_from_row).collect();
+                Ok(Page::of(items, limit, |k: &ApiKey| k.id.clone()))
+            }
+
+            async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                // The tenant's row is the lock two revocations of its last
+                // two admin keys queue on.
+                let locked = sqlx::query(concat!("SELECT id FROM tenants WHERE id = $1 ", lock_rows!()))
+                    .bind(tenant.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if locked.is_none() {
+                    return Ok(Revoked::NotFound);
+                }
+                let row = sqlx::query(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE tenant_id = $1 AND id = $2"
+                ))
+                .bind(tenant.as_str())
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(key) = row.as_ref().map(key_from_row) else {
+                    return Ok(Revoked::NotFound);
+                };
+                if key.revoked_at.is_some() {
+                    return Ok(Revoked::Done(key));
+                }
+                let now = now_ms();
+                if key.scopes.contains(&Scope::Admin) && !key.expired(now) {
+                    let others = sqlx::query(&format!(
+                        "SELECT {KEY_COLUMNS} FROM api_keys
+                         WHERE tenant_id = $1 AND id <> $2 AND revoked_at IS NULL"
+                    ))
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                    let admins = others
+                        .iter()
+                        .map(key_from_row)
+                        .filter(|k| k.scopes.contains(&Scope::Admin) && !k.expired(now))
+                        .count();
+                    if admins == 0 {
+                        return Ok(Revoked::LastAdmin);
+                    }
+                }
+                sqlx::query("UPDATE api_keys SET revoked_at = $3 WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(Revoked::Done(ApiKey {
+                    revoked_at: Some(now),
+                    ..key
+                }))
+            }
+
+            async fn touch_key(&self, id: &str, at: i64) -> Result<()> {
+                sqlx::query(
+                    "UPDATE api_keys SET last_used_at = $2
+                     WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < $2)",
+                )
+                .bind(id)
+                .bind(at)
+                .execute(&*self.writer().await)
+                .await?;
+                Ok(())
+            }
+
+            async fn has_admin_key(&self) -> Result<bool> {
+                let row = sqlx::query(
+                    "SELECT 1 AS one FROM api_keys
+                     WHERE tenant_id IS NULL AND revoked_at IS NULL LIMIT 1",
+                )
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.is_some())
+            }
+
+            async fn add_admin_key(&self, hash: &str) -> Result<()> {
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at, name, scopes)
+                     VALUES ($1, NULL, $2, $3, 'platform admin', 'admin')
+                     ON CONFLICT (hash) DO NOTHING",
+                )
+                .bind(new_id("key"))
+                .bind(hash)
+                .bind(now_ms())
+                .execute(&*self.writer().await)
+                .await?;
+                Ok(())
+            }
+
+            async fn set_admin_key(&self, hash: &str) -> Result<u64> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let now = now_ms();
+                // A tenant's key of that secret stays the tenant's: the
+                // admin key must be a secret of its own.
+                let taken = sqlx::query("SELECT tenant_id FROM api_keys WHERE hash = $1")
+                    .bind(hash)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if taken.is_some_and(|r| r.get::<Option<String>, _>("tenant_id").is_some()) {
+                    return Err(StoreError::Conflict(
+                        "TOK_ADMIN_KEY is the secret of a tenant's key; choose another".into(),
+                    ));
+                }
+                sqlx::query(
+                    "INSERT INTO api_keys (id, tenant_id, hash, created_at, name, scopes)
+                     VALUES ($1, NULL, $2, $3, 'platform admin', 'admin')
+                     ON CONFLICT (hash) DO UPDATE SET revoked_at = NULL",
+                )
+                .bind(new_id("key"))
+                .bind(hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                let revoked = sqlx::query(
+                    "UPDATE api_keys SET revoked_at = $2
+                     WHERE tenant_id IS NULL AND hash <> $1 AND revoked_at IS NULL",
+                )
+                .bind(hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                tx.commit().await?;
+                Ok(revoked)
+            }
+        }
+    };
+}
+
+pub(crate) use impl_keys;

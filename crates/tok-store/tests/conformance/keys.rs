@@ -1,0 +1,139 @@
+//! API keys on every backend alike: a key is found by its hash until it is
+//! revoked, listed by its tenant only, never revoked as its tenant's last
+//! admin key, and a new admin key set at start revokes every other.
+
+use tok_store::{NewKey, Revoked, Scope, hash_secret};
+
+use super::*;
+
+backend_tests!(
+    run_on_fresh_db;
+    keys_are_found_listed_and_revoked_per_tenant,
+    setting_the_admin_key_revokes_the_others,
+);
+
+fn new_key(name: &str, scopes: &[Scope], secret: &str) -> NewKey {
+    NewKey {
+        name: name.into(),
+        scopes: scopes.to_vec(),
+        expires_at: None,
+        hash: hash_secret(secret),
+    }
+}
+
+async fn keys_are_found_listed_and_revoked_per_tenant(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let a = tenant(store, "a").await;
+    let b = tenant(store, "b").await;
+    let made = store
+        .create_key(&a, new_key("ci", &[Scope::Read, Scope::Signal], "s-ci"))
+        .await
+        .unwrap();
+    let found = store
+        .key_by_hash(&hash_secret("s-ci"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found, made, "{backend:?}");
+    assert_eq!(found.scopes, [Scope::Read, Scope::Signal]);
+    assert_eq!(found.tenant_id.as_ref(), Some(&a));
+
+    let listed = store.keys(&a, 10, None).await.unwrap().items;
+    let names: Vec<&str> = listed.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names, ["first key", "ci"], "{backend:?}");
+    assert_eq!(listed[0].scopes, [Scope::Admin]);
+    assert_eq!(store.keys(&b, 10, None).await.unwrap().items.len(), 1);
+
+    // Another tenant cannot revoke it; its own last admin key stays.
+    assert_eq!(
+        store.revoke_key(&b, &made.id).await.unwrap(),
+        Revoked::NotFound
+    );
+    assert_eq!(
+        store.revoke_key(&a, &listed[0].id).await.unwrap(),
+        Revoked::LastAdmin,
+        "{backend:?}"
+    );
+    let Revoked::Done(revoked) = store.revoke_key(&a, &made.id).await.unwrap() else {
+        panic!("{backend:?}: the key was not revoked");
+    };
+    assert!(revoked.revoked_at.is_some());
+    assert!(
+        store
+            .key_by_hash(&hash_secret("s-ci"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(store.keys(&a, 10, None).await.unwrap().items.len(), 1);
+
+    store.touch_key(&listed[0].id, 1_000).await.unwrap();
+    let first = &store.keys(&a, 10, None).await.unwrap().items[0];
+    assert_eq!(first.last_used_at, Some(1_000), "{backend:?}");
+    // A late write of an older use does not move it back.
+    store.touch_key(&listed[0].id, 500).await.unwrap();
+    let first = &store.keys(&a, 10, None).await.unwrap().items[0];
+    assert_eq!(first.last_used_at, Some(1_000), "{backend:?}");
+}
+
+async fn setting_the_admin_key_revokes_the_others(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    store
+        .add_admin_key(&hash_secret("generated"))
+        .await
+        .unwrap();
+    assert!(store.has_admin_key().await.unwrap());
+    assert_eq!(
+        store.set_admin_key(&hash_secret("one")).await.unwrap(),
+        1,
+        "{backend:?}"
+    );
+    assert!(
+        store
+            .key_by_hash(&hash_secret("generated"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let one = store
+        .key_by_hash(&hash_secret("one"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(one.tenant_id, None);
+    assert_eq!(
+        store.set_admin_key(&hash_secret("one")).await.unwrap(),
+        0,
+        "the same key again revokes nothing"
+    );
+    assert_eq!(store.set_admin_key(&hash_secret("two")).await.unwrap(), 1);
+    assert!(
+        store
+            .key_by_hash(&hash_secret("one"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // A tenant's key is not taken over as the admin key.
+    let a = tenant(store, "a").await;
+    store
+        .create_key(&a, new_key("ci", &[Scope::Read], "shared"))
+        .await
+        .unwrap();
+    assert!(
+        store.set_admin_key(&hash_secret("shared")).await.is_err(),
+        "{backend:?}"
+    );
+    assert!(
+        store
+            .key_by_hash(&hash_secret("two"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
