@@ -150,16 +150,7 @@ async fn run_of(api: &Api, key: &str, event: &str) -> String {
 }
 
 async fn sign_in(browser: &Browser, base: &str, key: &str) {
-    browser.open(&format!("{base}/")).await;
-    browser.find("#signin-key").await.type_text(key).await;
-    browser.click("#signin-submit").await;
-    browser
-        .wait_for(
-            "the live indicator",
-            "return document.querySelector('#live.on') !== null",
-            json!([]),
-        )
-        .await;
+    browser.sign_in(base, key).await;
 }
 
 /// Saves the window as `<dir>/<name>.png` when screenshots are asked for.

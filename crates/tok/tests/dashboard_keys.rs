@@ -17,16 +17,7 @@ use support::{ADMIN_KEY, Api, Server, free_port};
 use webdriver::Browser;
 
 async fn sign_in(browser: &Browser, base: &str, key: &str) {
-    browser.open(&format!("{base}/")).await;
-    browser.find("#signin-key").await.type_text(key).await;
-    browser.click("#signin-submit").await;
-    browser
-        .wait_for(
-            "the live indicator",
-            "return document.querySelector('#live.on') !== null",
-            json!([]),
-        )
-        .await;
+    browser.sign_in(base, key).await;
 }
 
 const KEYS_LINK_SHOWN: &str = "return !document.querySelector('#nav-keys').hidden";

@@ -152,6 +152,20 @@ impl Browser {
         self.command("POST", "/url", json!({ "url": url })).await;
     }
 
+    /// Signs in to the dashboard at `base` with `key` and waits until its
+    /// live stream is on.
+    pub(crate) async fn sign_in(&self, base: &str, key: &str) {
+        self.open(&format!("{base}/")).await;
+        self.find("#signin-key").await.type_text(key).await;
+        self.click("#signin-submit").await;
+        self.wait_for(
+            "the live indicator",
+            "return document.querySelector('#live.on') !== null",
+            json!([]),
+        )
+        .await;
+    }
+
     /// Runs `script` in the page (`arguments[0..]` are `args`); its result.
     pub(crate) async fn eval(&self, script: &str, args: Value) -> Value {
         let answer = self
