@@ -10,14 +10,15 @@ use tok_core::ids::TenantId;
 use crate::{KeyOwner, Page, Result};
 
 /// What a key may do. Every route of the API needs one scope; `admin`
-/// grants every scope, and `write` grants `read` too (a key that changes a
-/// resource may look at it).
+/// grants every scope, and `write` grants `read` and `signal` too (a key
+/// that changes a resource may look at it, and start its runs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     /// Every listing and detail of the tenant's.
     Read,
-    /// Creating and changing the tenant's resources, and acting on runs.
+    /// Creating and changing the tenant's resources, and acting on runs;
+    /// grants `read` and `signal`.
     Write,
     /// Sending signals and starting runs: the key of a system that feeds
     /// tok and sees nothing of it.
@@ -44,7 +45,9 @@ impl Scope {
 
     /// Whether a key holding `self` may do what needs `needed`.
     pub fn grants(self, needed: Scope) -> bool {
-        self == needed || self == Scope::Admin || (self == Scope::Write && needed == Scope::Read)
+        self == needed
+            || self == Scope::Admin
+            || (self == Scope::Write && matches!(needed, Scope::Read | Scope::Signal))
     }
 
     /// Scopes as stored: their names, comma-separated, sorted.

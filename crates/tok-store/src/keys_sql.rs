@@ -75,6 +75,9 @@ macro_rules! impl_keys {
             }
 
             async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked> {
+                // Every refusal rolls back before it answers: a dropped
+                // transaction keeps the tenant's row locked until its
+                // connection is next used.
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
                 // The tenant's row is the lock two revocations of its last
@@ -84,6 +87,7 @@ macro_rules! impl_keys {
                     .fetch_optional(&mut *tx)
                     .await?;
                 if locked.is_none() {
+                    tx.rollback().await?;
                     return Ok(Revoked::NotFound);
                 }
                 let row = sqlx::query(&format!(
@@ -94,9 +98,11 @@ macro_rules! impl_keys {
                 .fetch_optional(&mut *tx)
                 .await?;
                 let Some(key) = row.as_ref().map(key_from_row) else {
+                    tx.rollback().await?;
                     return Ok(Revoked::NotFound);
                 };
                 if key.revoked_at.is_some() {
+                    tx.rollback().await?;
                     return Ok(Revoked::Done(key));
                 }
                 let now = now_ms();
@@ -115,6 +121,7 @@ macro_rules! impl_keys {
                         .filter(|k| k.scopes.contains(&Scope::Admin) && !k.expired(now))
                         .count();
                     if admins == 0 {
+                        tx.rollback().await?;
                         return Ok(Revoked::LastAdmin);
                     }
                 }
@@ -178,6 +185,7 @@ macro_rules! impl_keys {
                     .fetch_optional(&mut *tx)
                     .await?;
                 if taken.is_some_and(|r| r.get::<Option<String>, _>("tenant_id").is_some()) {
+                    tx.rollback().await?;
                     return Err(StoreError::Conflict(
                         "TOK_ADMIN_KEY is the secret of a tenant's key; choose another".into(),
                     ));

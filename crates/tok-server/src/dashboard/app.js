@@ -137,10 +137,10 @@ function until(v) {
 
 // ---------- sign-in ----------
 
-/** Whether the signed-in key may do what needs `scope` (`write` grants `read`, `admin` all). */
+/** Whether the signed-in key may do what needs `scope` (`write` grants `read` and `signal`, `admin` all). */
 function allows(scope) {
   const held = session.scopes || [];
-  return held.includes("admin") || held.includes(scope) || (scope === "read" && held.includes("write"));
+  return held.includes("admin") || held.includes(scope) || ((scope === "read" || scope === "signal") && held.includes("write"));
 }
 
 async function signIn(key) {
@@ -766,7 +766,7 @@ pages.approvals = async (view) => {
 
 const SCOPES = [
   ["read", "Read: every listing and detail"],
-  ["write", "Write: create and change resources, act on runs (grants read)"],
+  ["write", "Write: create and change resources, act on runs (grants read and signal)"],
   ["signal", "Signal: send signals and start runs, nothing else"],
   ["admin", "Admin: everything, and these keys"],
 ];

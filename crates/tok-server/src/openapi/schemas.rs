@@ -345,7 +345,7 @@ pub(crate) struct Member {
 pub(crate) struct ApiKey {
     id: String,
     name: String,
-    /// Of `read`, `write` (which grants `read`), `signal`, `admin` (which grants every scope).
+    /// Of `read`, `write` (which grants `read` and `signal`), `signal`, `admin` (which grants every scope).
     scopes: Vec<String>,
     created_at: String,
     #[schema(required = true)]

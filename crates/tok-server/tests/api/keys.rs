@@ -123,7 +123,7 @@ async fn a_key_outside_its_scope_is_403_naming_the_scope(app: &TestApp) {
         .expect(StatusCode::OK);
     assert_eq!(list["items"], json!([]));
 
-    // `write` grants `read`, not `admin`; `signal` grants only itself.
+    // `write` grants `read` and `signal`, not `admin`; `signal` grants only itself.
     let id = app
         .create_automation(&tenant, &manual("M", &json!([log_step("a", "x")])))
         .await;
@@ -137,6 +137,13 @@ async fn a_key_outside_its_scope_is_403_naming_the_scope(app: &TestApp) {
     assert_eq!(refused["scope"], "admin");
     app.post(
         &signal,
+        "/api/signals",
+        &json!({ "key": "k", "payload": {} }),
+    )
+    .await
+    .expect(StatusCode::ACCEPTED);
+    app.post(
+        &write,
         "/api/signals",
         &json!({ "key": "k", "payload": {} }),
     )
