@@ -112,19 +112,38 @@ struct Conventions;
 
 impl Modify for Conventions {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let access: std::collections::HashMap<(String, &str), routes::Access> =
+            crate::route_table()
+                .into_iter()
+                .map(|r| ((r.method.to_string(), r.path), r.access))
+                .collect();
         for (path, item) in doc.paths.paths.iter_mut() {
             let names: Vec<&str> = path
                 .split('/')
                 .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
                 .collect();
             let operations = [
-                &mut item.get,
-                &mut item.post,
-                &mut item.put,
-                &mut item.patch,
-                &mut item.delete,
+                ("GET", &mut item.get),
+                ("POST", &mut item.post),
+                ("PUT", &mut item.put),
+                ("PATCH", &mut item.patch),
+                ("DELETE", &mut item.delete),
             ];
-            for operation in operations.into_iter().flatten() {
+            for (method, operation) in operations {
+                let Some(operation) = operation else {
+                    continue;
+                };
+                // Who may call it, from the router's own table.
+                if let Some(needs) = access
+                    .get(&(method.to_owned(), path.as_str()))
+                    .and_then(|a| who_may_call(*a))
+                {
+                    let text = operation.description.get_or_insert_with(String::new);
+                    if !text.is_empty() {
+                        text.push_str("\n\n");
+                    }
+                    text.push_str(&needs);
+                }
                 // Handlers of different modules share names (`list`, `show`):
                 // the tag makes the id unique, `runs_list`.
                 if let (Some(tag), Some(id)) = (
@@ -152,6 +171,20 @@ impl Modify for Conventions {
                 with_errors(operation);
             }
         }
+    }
+}
+
+/// What an operation's description says of the key it needs; nothing for
+/// a route that checks its own secret (its description says which).
+fn who_may_call(access: routes::Access) -> Option<String> {
+    match access {
+        routes::Access::Public => Some("No key needed.".to_owned()),
+        routes::Access::OwnSecret => None,
+        routes::Access::Platform => Some("Needs the platform admin key.".to_owned()),
+        routes::Access::Tenant(scope) => Some(format!(
+            "Needs a key with the `{}` scope (or one that grants it; 403 `scope_missing` otherwise).",
+            scope.as_str()
+        )),
     }
 }
 

@@ -64,6 +64,32 @@ fn every_route_is_documented() {
     );
 }
 
+/// Every operation says which key it needs, from the router's own table.
+#[test]
+fn every_operation_says_which_key_it_needs() {
+    let doc = document();
+    let mut silent = Vec::new();
+    for route in tok_server::route_table() {
+        let wanted = match route.access {
+            tok_server::Access::Tenant(scope) => {
+                format!("Needs a key with the `{}` scope", scope.as_str())
+            }
+            tok_server::Access::Platform => "Needs the platform admin key.".to_owned(),
+            tok_server::Access::Public => "No key needed.".to_owned(),
+            tok_server::Access::OwnSecret => continue,
+        };
+        let method = route.method.as_str().to_lowercase();
+        let Some(operation) = doc["paths"][route.path].get(&method) else {
+            continue; // the dashboard's files are not in the document
+        };
+        let text = operation["description"].as_str().unwrap_or_default();
+        if !text.contains(&wanted) {
+            silent.push(format!("{route}: {text:?} lacks {wanted:?}"));
+        }
+    }
+    assert!(silent.is_empty(), "{silent:#?}");
+}
+
 /// Every success answer of every operation documents its body: a JSON
 /// schema, or a content type that is not JSON (the stream, the metrics).
 #[test]
