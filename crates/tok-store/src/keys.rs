@@ -101,6 +101,11 @@ impl ApiKey {
     }
 }
 
+/// The most keys a tenant may hold at once (revoked ones aside): every
+/// request reads one by its hash, and a tenant must not grow the table
+/// without bound.
+pub const MAX_KEYS_PER_TENANT: i64 = 100;
+
 /// A tenant key to make: `hash` is the SHA-256 of its secret
 /// ([`crate::hash_secret`]).
 #[derive(Debug, Clone)]
@@ -130,7 +135,8 @@ pub trait KeyStore: Send + Sync {
     /// The key with this hash, unless it was revoked (an expired key is
     /// returned, for the caller to say so).
     async fn key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>>;
-    /// Makes a key of the tenant's.
+    /// Makes a key of the tenant's; a tenant holding
+    /// [`MAX_KEYS_PER_TENANT`] keys is a [`StoreError::Conflict`](crate::StoreError::Conflict).
     async fn create_key(&self, tenant: &TenantId, key: NewKey) -> Result<ApiKey>;
     /// A page of the tenant's keys that are not revoked, oldest first,
     /// after the key id `after`.

@@ -35,22 +35,47 @@ macro_rules! impl_keys {
             }
 
             async fn create_key(&self, tenant: &TenantId, key: NewKey) -> Result<ApiKey> {
-                let id = new_id("key");
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                // The tenant's row is the lock concurrent makes queue on, so
+                // the count below holds until this one commits.
+                let locked = sqlx::query(concat!("SELECT id FROM tenants WHERE id = $1 ", lock_rows!()))
+                    .bind(tenant.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if locked.is_none() {
+                    tx.rollback().await?;
+                    return Err(StoreError::NotFound("tenant"));
+                }
+                let held: i64 = sqlx::query(
+                    "SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = $1 AND revoked_at IS NULL",
+                )
+                .bind(tenant.as_str())
+                .fetch_one(&mut *tx)
+                .await?
+                .get("n");
+                if held >= MAX_KEYS_PER_TENANT {
+                    tx.rollback().await?;
+                    return Err(StoreError::Conflict(format!(
+                        "the tenant holds {held} keys, the most it may; revoke one it no longer uses first"
+                    )));
+                }
                 let row = sqlx::query(&format!(
                     "INSERT INTO api_keys (id, tenant_id, hash, created_at, name, scopes, expires_at)
-                     SELECT $1, id, $3, $4, $5, $6, $7 FROM tenants WHERE id = $2
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)
                      RETURNING {KEY_COLUMNS}"
                 ))
-                .bind(&id)
+                .bind(new_id("key"))
                 .bind(tenant.as_str())
                 .bind(&key.hash)
                 .bind(now_ms())
                 .bind(&key.name)
                 .bind(Scope::join(&key.scopes))
                 .bind(key.expires_at)
-                .fetch_optional(&*self.writer().await)
+                .fetch_one(&mut *tx)
                 .await?;
-                row.as_ref().map(key_from_row).ok_or(StoreError::NotFound("tenant"))
+                tx.commit().await?;
+                Ok(key_from_row(&row))
             }
 
             async fn keys(

@@ -149,10 +149,6 @@ async fn run_of(api: &Api, key: &str, event: &str) -> String {
     panic!("event {event} started no run");
 }
 
-async fn sign_in(browser: &Browser, base: &str, key: &str) {
-    browser.sign_in(base, key).await;
-}
-
 /// Saves the window as `<dir>/<name>.png` when screenshots are asked for.
 async fn picture(browser: &Browser, name: &str) {
     if let Ok(dir) = std::env::var("TOK_DASHBOARD_SCREENSHOTS") {
@@ -180,7 +176,7 @@ async fn an_operator_sees_runs_live_opens_a_failed_one_and_retries_it() {
         let shop = shop(&api, "Acme", &invoicing).await;
         let browser = Browser::start().await;
         let base = format!("http://localhost:{port}");
-        sign_in(&browser, &base, &shop.key).await;
+        browser.sign_in(&base, &shop.key).await;
         browser.find("#runs, .empty").await;
         // A mark on the page: a reload would wipe it.
         browser.eval("window.notReloaded = true", json!([])).await;
@@ -309,7 +305,7 @@ async fn a_tenants_session_shows_nothing_of_another_tenant() {
 
         let browser = Browser::start().await;
         let base = format!("http://localhost:{port}");
-        sign_in(&browser, &base, &globex.key).await;
+        browser.sign_in(&base, &globex.key).await;
         assert_eq!(browser.text("#who strong").await, "Globex");
         browser.find(".empty").await;
         // Acme's run comes and goes while Globex looks at its runs.
@@ -419,7 +415,7 @@ async fn the_service_desk_pages_show_queues_traces_incidents_and_the_queue() {
 
         let browser = Browser::start().await;
         let base = format!("http://localhost:{port}");
-        sign_in(&browser, &base, key).await;
+        browser.sign_in(&base, key).await;
         browser.find("#runs").await;
         picture(&browser, "runs-demo").await;
 
@@ -465,7 +461,7 @@ async fn the_service_desk_pages_show_queues_traces_incidents_and_the_queue() {
 
         // The admin, acting for the demo tenant, sees the incident's detail.
         browser.click("#signout").await;
-        sign_in(&browser, &base, ADMIN_KEY).await;
+        browser.sign_in(&base, ADMIN_KEY).await;
         assert_eq!(
             browser.eval("return document.querySelector('#tenant-pick').value", json!([])).await,
             json!(tenant),
@@ -538,7 +534,7 @@ async fn the_queue_page_charts_the_samples_kept_before_it_opened() {
 
         let browser = Browser::start().await;
         let base = format!("http://localhost:{port}");
-        sign_in(&browser, &base, &shop.key).await;
+        browser.sign_in(&base, &shop.key).await;
         browser.open(&format!("{base}/#/queue")).await;
         let drawn = browser
             .wait_for(

@@ -16,10 +16,6 @@ use tok_store::testing::{TestDb, run_on_fresh_db};
 use support::{ADMIN_KEY, Api, Server, free_port};
 use webdriver::Browser;
 
-async fn sign_in(browser: &Browser, base: &str, key: &str) {
-    browser.sign_in(base, key).await;
-}
-
 const KEYS_LINK_SHOWN: &str = "return !document.querySelector('#nav-keys').hidden";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,7 +61,7 @@ async fn a_key_sees_what_its_scopes_allow_and_one_made_on_the_keys_page_works_un
         // The read key sees the run, without its controls or the Keys page.
         let browser = Browser::start().await;
         let base = format!("http://localhost:{port}");
-        sign_in(&browser, &base, &reader).await;
+        browser.sign_in(&base, &reader).await;
         assert_eq!(browser.eval(KEYS_LINK_SHOWN, json!([])).await, false);
         browser.open(&format!("{base}/#/runs/{run}")).await;
         browser.find("#run-status").await;
@@ -79,7 +75,7 @@ async fn a_key_sees_what_its_scopes_allow_and_one_made_on_the_keys_page_works_un
 
         // The tenant's admin key sees both, and makes a key.
         browser.click("#signout").await;
-        sign_in(&browser, &base, &admin).await;
+        browser.sign_in(&base, &admin).await;
         assert_eq!(browser.eval(KEYS_LINK_SHOWN, json!([])).await, true);
         browser.open(&format!("{base}/#/runs/{run}")).await;
         browser.find("#run-cancel").await;

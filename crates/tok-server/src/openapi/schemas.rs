@@ -359,15 +359,8 @@ pub(crate) struct ApiKey {
 /// A key just made: an [`ApiKey`] and its secret, shown this once.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct NewApiKey {
-    id: String,
-    name: String,
-    scopes: Vec<String>,
-    created_at: String,
-    #[schema(required = true)]
-    expires_at: Option<String>,
-    expired: bool,
-    #[schema(required = true)]
-    last_used_at: Option<String>,
+    #[serde(flatten)]
+    listed: ApiKey,
     /// The secret: send it as `Authorization: Bearer <key>`. Only its hash is kept.
     key: String,
 }

@@ -20,6 +20,7 @@ backend_tests!(
     an_expired_key_is_refused_and_says_so,
     bad_key_bodies_are_400_naming_the_field,
     a_keys_use_is_noted,
+    a_tenant_holds_at_most_100_keys,
     every_route_refuses_a_key_without_its_scope,
 );
 
@@ -354,6 +355,33 @@ async fn a_keys_use_is_noted(app: &TestApp) {
         used["last_used_at"].as_str().unwrap().ends_with('Z'),
         "{used:#}"
     );
+}
+
+async fn a_tenant_holds_at_most_100_keys(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let mut last = String::new();
+    // The first key and 99 more.
+    for _ in 1..tok_store::MAX_KEYS_PER_TENANT {
+        last = make_key(app, &tenant, &["read"]).await.0;
+    }
+    let refused = app
+        .post(
+            &tenant.key,
+            "/api/keys",
+            &json!({ "name": "one more", "scopes": ["read"] }),
+        )
+        .await
+        .expect_error(StatusCode::CONFLICT, "conflict");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("holds 100 keys"),
+        "{refused:#}"
+    );
+    let reply = delete(app, &tenant.key, &format!("/api/keys/{last}")).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    make_key(app, &tenant, &["read"]).await;
 }
 
 /// Every route of the router, with a key that lacks the scope it declares:
