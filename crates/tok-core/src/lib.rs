@@ -36,6 +36,7 @@ pub mod schedule;
 pub mod template;
 pub mod validate;
 pub mod waits;
+pub mod uses;
 pub mod walk;
 
 pub use advance::{Input, RunState, Then, Transition, advance};
