@@ -13,6 +13,7 @@ pub(crate) mod connections;
 pub(crate) mod dashboard;
 pub(crate) mod groups;
 pub(crate) mod health;
+pub(crate) mod in_use;
 pub(crate) mod incidents;
 pub(crate) mod keys;
 pub(crate) mod metrics;
