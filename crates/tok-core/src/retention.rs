@@ -61,7 +61,8 @@ pub fn for_storage(mut record: StepRecord, keep: bool) -> StepRecord {
 /// Each reader of the data sets its own: step inputs and outputs are read
 /// while a run is fresh, run summaries for a year of reports, a ticket's
 /// log for a quarter, an event for as long as someone asks why a run
-/// started.
+/// started, the audit log for as long as someone may ask who changed what
+/// (a legal need, so a year by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Retention {
@@ -73,6 +74,8 @@ pub struct Retention {
     pub trace_days: u32,
     /// `event_inbox`: dispatched events.
     pub inbox_days: u32,
+    /// `audit`: who changed what with which key.
+    pub audit_days: u32,
 }
 
 impl Default for Retention {
@@ -82,6 +85,7 @@ impl Default for Retention {
             runs_days: 365,
             trace_days: 90,
             inbox_days: 30,
+            audit_days: 365,
         }
     }
 }
@@ -99,6 +103,7 @@ impl Retention {
             ("runsDays", self.runs_days),
             ("traceDays", self.trace_days),
             ("inboxDays", self.inbox_days),
+            ("auditDays", self.audit_days),
         ];
         for (name, days) in fields {
             if !(1..=MAX_DAYS).contains(&days) {
@@ -187,6 +192,7 @@ mod tests {
         let r: Retention = serde_json::from_value(json!({ "traceDays": 10 })).unwrap();
         assert_eq!(r.trace_days, 10);
         assert_eq!(r.step_data_days, 30);
+        assert_eq!(r.audit_days, 365);
         assert!(r.validate().is_ok());
         let zero = Retention {
             inbox_days: 0,

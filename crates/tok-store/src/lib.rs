@@ -23,6 +23,8 @@
 mod admin_sql;
 pub mod approvals;
 mod approvals_sql;
+pub mod audit;
+mod audit_sql;
 mod batch;
 mod branches_sql;
 mod caps_sql;
@@ -78,6 +80,9 @@ use async_trait::async_trait;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
+pub use audit::{
+    Actor, ActorKind, AuditFilter, AuditRow, AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
+};
 pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
@@ -353,6 +358,7 @@ pub trait Store:
     + RetentionStore
     + ApprovalStore
     + EffectStore
+    + AuditStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on

@@ -1,5 +1,5 @@
-//! PostgreSQL's monthly partitions of `run_steps`, `ticket_trace` and
-//! `event_inbox` (DESIGN §10): created ahead, one month per partition named
+//! PostgreSQL's monthly partitions of `run_steps`, `ticket_trace`,
+//! `event_inbox` and `audit` (DESIGN §10): created ahead, one month per partition named
 //! `<table>_YYYY_MM` over `[first of the month, first of the next)` in UTC
 //! Unix milliseconds, and dropped whole once every tenant whose rows one
 //! holds is done with them.
@@ -302,9 +302,18 @@ pub(crate) async fn drop_expired(
                 continue; // events not dispatched yet stay
             }
         }
-        if !keeping.is_empty() {
+        // The platform's own audit rows (no tenant) are kept by a
+        // retention of their own: a month holding one stays until batched
+        // deletes took them (`AuditStore::expire_platform_audit`).
+        let platform_rows = what == Expiring::Audit;
+        if !keeping.is_empty() || platform_rows {
             let held = sqlx::query(&format!(
-                "SELECT 1 AS one FROM {partition} WHERE tenant_id = ANY($1) LIMIT 1"
+                "SELECT 1 AS one FROM {partition} WHERE tenant_id = ANY($1){} LIMIT 1",
+                if platform_rows {
+                    " OR tenant_id IS NULL"
+                } else {
+                    ""
+                }
             ))
             .bind(&keeping)
             .fetch_optional(&mut *tx)

@@ -12,6 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::admin_sql::impl_admin;
 use crate::approvals_sql::impl_approvals;
+use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
@@ -279,6 +280,11 @@ impl_effects! {
 }
 
 impl_keys! {
+    store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_audit! {
     store = PgStore,
     db = sqlx::Postgres,
 }

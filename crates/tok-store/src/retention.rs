@@ -31,15 +31,20 @@ pub enum Expiring {
     /// Effects once's stored results (`step_effects`) by `created_at`,
     /// with the step data (`stepDataDays`).
     Effects,
+    /// A tenant's `audit` rows by `at` (`auditDays`); partitioned on
+    /// PostgreSQL. The platform's own rows (no tenant) expire by
+    /// [`AuditStore::expire_platform_audit`](crate::AuditStore::expire_platform_audit).
+    Audit,
 }
 
 impl Expiring {
-    pub const ALL: [Expiring; 5] = [
+    pub const ALL: [Expiring; 6] = [
         Self::StepData,
         Self::Runs,
         Self::Trace,
         Self::Inbox,
         Self::Effects,
+        Self::Audit,
     ];
 
     /// The table its rows are in.
@@ -50,6 +55,7 @@ impl Expiring {
             Self::Trace => "ticket_trace",
             Self::Inbox => "event_inbox",
             Self::Effects => "step_effects",
+            Self::Audit => "audit",
         }
     }
 
@@ -60,23 +66,27 @@ impl Expiring {
             Self::Runs => retention.runs_days,
             Self::Trace => retention.trace_days,
             Self::Inbox => retention.inbox_days,
+            Self::Audit => retention.audit_days,
         }
     }
 
     /// Whether PostgreSQL keeps the table in monthly partitions.
     pub fn partitioned(self) -> bool {
-        matches!(self, Self::StepData | Self::Trace | Self::Inbox)
+        matches!(
+            self,
+            Self::StepData | Self::Trace | Self::Inbox | Self::Audit
+        )
     }
 }
 
 /// The tables PostgreSQL keeps in monthly partitions.
-pub const PARTITIONED: [&str; 3] = ["run_steps", "ticket_trace", "event_inbox"];
+pub const PARTITIONED: [&str; 4] = ["run_steps", "ticket_trace", "event_inbox", "audit"];
 
 /// The column a partitioned table is split by months of.
 pub fn partition_key(table: &str) -> &'static str {
     match table {
         "run_steps" => "created_at",
-        "ticket_trace" => "at",
+        "ticket_trace" | "audit" => "at",
         _ => "received_at",
     }
 }
@@ -138,7 +148,8 @@ pub trait RetentionStore: Send + Sync {
     /// PostgreSQL: drops each monthly partition of `what` that ends at or
     /// before the latest of `cutoffs` and holds no row of a tenant whose
     /// cutoff is after the partition's end (nor, of the inbox, a pending
-    /// event) (a partition still holding a
+    /// event; nor, of the audit log, a row of the platform's own) (a
+    /// partition still holding a
     /// tenant with a longer retention stays, and its other rows go by
     /// [`expire`](Self::expire)). `cutoffs` has every tenant's. Returns the
     /// partitions dropped; a drop that would wait on a lock is given up

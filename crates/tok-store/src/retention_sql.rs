@@ -35,6 +35,10 @@ macro_rules! impl_retention {
                          SELECT idempotency_key FROM step_effects
                          WHERE tenant_id = $1 AND created_at < $2 LIMIT $3)"
                 }
+                Expiring::Audit => {
+                    "DELETE FROM audit WHERE tenant_id = $1 AND at < $2 AND seq IN (
+                         SELECT seq FROM audit WHERE tenant_id = $1 AND at < $2 LIMIT $3)"
+                }
                 Expiring::Inbox => {
                     "DELETE FROM event_inbox WHERE tenant_id = $1 AND received_at < $2 AND id IN (
                          SELECT id FROM event_inbox WHERE tenant_id = $1 AND received_at < $2

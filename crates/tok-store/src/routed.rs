@@ -11,7 +11,9 @@
 //!
 //! - **The shared database** holds the platform: the tenant registry
 //!   (`tenants`: names, settings, retention), the API keys (a key names its
-//!   tenant before anything else is known), the platform incidents, the
+//!   tenant before anything else is known), the audit log (who did what
+//!   with which key, every tenant's, see [`crate::audit`]), the platform
+//!   incidents, the
 //!   scheduler's wake lease and the stream relay's channel (one per
 //!   cluster, not per tenant). It also holds every tenant not named in the
 //!   configuration, with all its rows.
@@ -765,13 +767,56 @@ by_tenant! {
     }
 }
 
+/// The audit log lives in the shared database, beside the keys it names.
+#[async_trait]
+impl AuditStore for RoutedStore {
+    async fn write_audit(&self, row: NewAudit) -> Result<AuditRow> {
+        self.shared().write_audit(row).await
+    }
+    async fn audit(
+        &self,
+        tenant: &TenantId,
+        filter: &AuditFilter,
+        limit: u32,
+        after: Option<i64>,
+    ) -> Result<Page<AuditRow>> {
+        self.shared().audit(tenant, filter, limit, after).await
+    }
+    async fn audit_everywhere(
+        &self,
+        filter: &AuditFilter,
+        limit: u32,
+        after: Option<i64>,
+    ) -> Result<Page<AuditRow>> {
+        self.shared().audit_everywhere(filter, limit, after).await
+    }
+    async fn expire_platform_audit(&self, before_ms: i64, limit: u32) -> Result<u64> {
+        self.shared().expire_platform_audit(before_ms, limit).await
+    }
+}
+
 by_tenant! {
     impl RetentionStore {
-        fn expire(&self, tenant: &TenantId, what: Expiring, before_ms: i64, limit: u32) -> Result<u64>;
         fn expire_keys(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64>;
         fn expire_signals(&self, tenant: &TenantId, now_ms: i64, limit: u32) -> Result<u64>;
     }
     also {
+        // A tenant's rows are on its database, but for its audit log, which
+        // is the shared one's (see the module doc).
+        async fn expire(
+            &self,
+            tenant: &TenantId,
+            what: Expiring,
+            before_ms: i64,
+            limit: u32,
+        ) -> Result<u64> {
+            let db = match what {
+                Expiring::Audit => self.shared(),
+                _ => self.db_for(tenant).await?,
+            };
+            db.expire(tenant, what, before_ms, limit).await
+        }
+
         // The registry's settings are the shared ones (see the module doc).
         async fn retention(&self, tenant: &TenantId) -> Result<Option<Retention>> {
             self.shared().retention(tenant).await
@@ -1069,13 +1114,14 @@ impl DispatchTx for SplitDispatch {
 /// What [`copy_tenant`] copied: rows per table.
 pub type Copied = Vec<(String, u64)>;
 
-/// Tables of tenant data not copied: the registry and the keys stay in
-/// the shared database, the platform's incidents are the platform's, and
+/// Tables of tenant data not copied: the registry, the keys and the audit
+/// log stay in the shared database, the platform's incidents are the platform's, and
 /// `connection_slots` are the slots of calls in flight (none when the
 /// tenant's processes are stopped; a slot left by a crash frees itself).
 const NOT_COPIED: &[&str] = &[
     "tenants",
     "api_keys",
+    "audit",
     "platform_incidents",
     "connection_slots",
 ];
@@ -1206,8 +1252,8 @@ pub async fn copy_tenant(from: &PgPool, to: &PgPool, tenant: &TenantId) -> Resul
 /// Rows read at once by [`copy_tenant`].
 const COPY_BATCH: i64 = 2_000;
 
-/// Deletes every row of `tenant` from `db` but its `tenants` row and its
-/// API keys (the shared database keeps those): what a move leaves behind
+/// Deletes every row of `tenant` from `db` but its `tenants` row, its
+/// API keys and its audit log (the shared database keeps those): what a move leaves behind
 /// in the database it left, after the switch. One transaction.
 pub async fn forget_tenant(db: &PgPool, tenant: &TenantId) -> Result<Copied> {
     let mut tables = tenant_tables(db).await?;

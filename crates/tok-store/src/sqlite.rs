@@ -16,6 +16,7 @@ use sqlx::sqlite::{
 
 use crate::admin_sql::impl_admin;
 use crate::approvals_sql::impl_approvals;
+use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
@@ -349,6 +350,11 @@ impl_effects! {
 }
 
 impl_keys! {
+    store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_audit! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -27,8 +27,10 @@
 //!    months a longer-retention tenant still keeps (and the default
 //!    partition), never the current months a `DROP TABLE` will take.
 //!    Idempotency keys past their window, the queue's samples older
-//!    than a day ([`tok_store::QUEUE_SAMPLES_KEPT`]) and the signals past
-//!    both their lookback and the idempotency window go the same way.
+//!    than a day ([`tok_store::QUEUE_SAMPLES_KEPT`]), the signals past
+//!    both their lookback and the idempotency window and the platform's
+//!    own audit rows past [`tok_store::PLATFORM_AUDIT_DAYS`] go the same
+//!    way.
 //! 4. On SQLite, freed pages are given back to the file system
 //!    (`PRAGMA incremental_vacuum`), so the file shrinks.
 
@@ -203,6 +205,24 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
                     break;
                 }
             }
+        }
+    }
+    // The platform's own audit rows (no tenant) are kept the default
+    // `auditDays`.
+    let platform_before = cutoff(now, tok_store::PLATFORM_AUDIT_DAYS);
+    let mut batches = 0;
+    loop {
+        let deleted = store
+            .expire_platform_audit(platform_before, config.expiry_batch)
+            .await?;
+        *report.deleted.entry("audit").or_default() += deleted;
+        batches += 1;
+        if deleted < u64::from(config.expiry_batch) {
+            break;
+        }
+        if batches >= config.expiry_batches {
+            report.more = true;
+            break;
         }
     }
     report.pages = store.reclaim_space(RECLAIM_PAGES).await?;

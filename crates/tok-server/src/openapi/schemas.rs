@@ -532,7 +532,7 @@ pub(crate) struct TenantCreated {
 pub(crate) struct TenantChanged {
     #[serde(flatten)]
     tenant: Tenant,
-    /// `{retention: {stepDataDays, runsDays, traceDays, inboxDays}, limits:
+    /// `{retention: {stepDataDays, runsDays, traceDays, inboxDays, auditDays}, limits:
     /// {signalsPerSecond: {rate, burst}, streams, startsPerMinute, concurrency}}`: the
     /// limits in force, defaults filled in.
     settings: Value,

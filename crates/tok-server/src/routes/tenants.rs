@@ -105,7 +105,7 @@ struct TenantChange {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SettingsChange {
-    /// Some of `stepDataDays`, `runsDays`, `traceDays`, `inboxDays`: the
+    /// Some of `stepDataDays`, `runsDays`, `traceDays`, `inboxDays`, `auditDays`: the
     /// ones given replace the tenant's, the others stay.
     #[serde(default)]
     retention: Option<Map<String, Value>>,
@@ -178,7 +178,7 @@ fn changed_retention(current: Retention, change: Map<String, Value>) -> ApiResul
     merged.extend(change);
     let retention: Retention = serde_json::from_value(Value::Object(merged)).map_err(|e| {
         invalid(format!(
-            "settings.retention: {e}; expected whole days in stepDataDays, runsDays, traceDays, inboxDays"
+            "settings.retention: {e}; expected whole days in stepDataDays, runsDays, traceDays, inboxDays, auditDays"
         ))
     })?;
     retention

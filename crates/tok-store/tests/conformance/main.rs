@@ -9,7 +9,7 @@
 //! `tenancy` (scoping across all of them), `tenant_caps` (a tenant's
 //! concurrency cap across claims and dispatches), `widgets`, `connections`
 //! (credentials sealed at rest), `queue_samples` (the
-//! queue's health over time) and `migrations`; the setup
+//! queue's health over time), `audit` (the audit log) and `migrations`; the setup
 //! helpers they share are here.
 //!
 //! Tests drive the store only through its public traits and assert on what a
@@ -51,6 +51,7 @@ macro_rules! backend_tests {
 }
 
 mod approvals;
+mod audit;
 mod branches;
 mod children;
 mod compensation;
