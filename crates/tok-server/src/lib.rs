@@ -4,6 +4,7 @@
 //! result. `app(state)` builds the whole router, so tests drive it with
 //! `oneshot` and `tok serve` binds it to a port.
 
+mod audit;
 mod auth;
 mod dashboard;
 mod error;
@@ -19,6 +20,7 @@ use axum::Router;
 use axum::http::{Method, StatusCode, Uri};
 use tok_engine::Engine;
 
+pub use audit::{Audit, EXEMPT, NAMED, VERBS};
 pub use error::{ApiError, ApiResult};
 use routes::Routes;
 pub use routes::{Access, Route};
@@ -168,6 +170,7 @@ fn routes() -> Routes {
         .merge(routes::platform_incidents::router())
         .merge(routes::connections::router())
         .merge(routes::keys::router())
+        .merge(routes::audit::router())
         .merge(routes::metrics::router())
         .merge(routes::stream::router())
         .merge(routes::dashboard::router())
@@ -185,7 +188,11 @@ pub fn route_table() -> Vec<Route> {
 pub fn app(state: AppState) -> Router {
     let (router, table) = routes().into_parts();
     let authorizer = auth::Authorizer::new(state.clone(), &table);
+    let auditor = audit::Auditor::new(state.clone(), &table);
+    // The authorizer runs first (the outer layer): the audit layer inside
+    // it knows the caller, and writes a change's row after the handler.
     router
+        .route_layer(axum::middleware::from_fn_with_state(auditor, audit::record))
         .route_layer(axum::middleware::from_fn_with_state(
             authorizer,
             auth::authorize,

@@ -80,6 +80,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         routes::platform_incidents::Api::openapi(),
         routes::connections::Api::openapi(),
         routes::keys::Api::openapi(),
+        routes::audit::Api::openapi(),
         routes::metrics::Api::openapi(),
         routes::stream::Api::openapi(),
         routes::dashboard::Api::openapi(),

@@ -654,3 +654,53 @@ pub(crate) struct OpenApiDocument {
     info: Value,
     paths: Value,
 }
+
+/// Who made a change: one of the tenant's keys (`key`), the platform
+/// (`platform`: its admin key, or tok itself at start), or a caller
+/// without a key (`anonymous`). The key's id and name, never its secret.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AuditActor {
+    /// key, platform or anonymous.
+    kind: String,
+    #[schema(required = true)]
+    id: Option<String>,
+    #[schema(required = true)]
+    name: Option<String>,
+}
+
+/// What a change was made to: the kind of resource and its id.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AuditTarget {
+    /// automation, source, key, run, approval, tenant, …
+    kind: String,
+    #[schema(required = true)]
+    id: Option<String>,
+}
+
+/// One change a key or the platform made (DESIGN §15): never a secret.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AuditEntry {
+    id: String,
+    #[schema(format = DateTime)]
+    at: String,
+    /// The tenant changed; null for the platform's own rows (seen by the
+    /// platform admin only).
+    #[schema(required = true)]
+    tenant_id: Option<String>,
+    actor: AuditActor,
+    /// `resource.verb`: `automation.created`, `automation.saved`,
+    /// `source.rotated`, `key.revoked`, `run.retried`, `approval.decided`, …
+    action: String,
+    target: AuditTarget,
+    /// A few words for people (a name, a version, the fields changed).
+    #[schema(required = true)]
+    summary: Option<String>,
+}
+
+/// A page of the audit log, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AuditPage {
+    items: Vec<AuditEntry>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}

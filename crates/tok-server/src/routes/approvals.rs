@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tok_store::{Decided, Decision};
 
 use crate::AppState;
+use crate::audit::AuditNote;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
@@ -108,7 +109,7 @@ async fn decide(
     KeyActor(actor): KeyActor,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<DecisionBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     if body.decision != "approve" && body.decision != "reject" {
         return Err(ApiError::bad_request(
             "invalid_body",
@@ -144,7 +145,11 @@ async fn decide(
     match store.decide_approval(&tenant, &id, decision).await? {
         Decided::Done(approval) => {
             state.engine.job_ready();
-            Ok(Json(json!(approval)))
+            let note = AuditNote(format!(
+                "{} (step {} of run {})",
+                approval.status, approval.step_id, approval.run_id
+            ));
+            Ok((note, Json(json!(approval))))
         }
         Decided::NotFound => Err(ApiError::not_found("approval")),
         Decided::NotAnApprover(approval) => Err(ApiError::new(

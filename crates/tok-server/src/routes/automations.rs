@@ -16,6 +16,7 @@ use tok_engine::outbound::origin;
 use tok_store::{AutomationRow, AutomationStatus, NewVersion, rfc3339};
 
 use crate::AppState;
+use crate::audit::AuditNote;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::{JsonBody, Path, READ, Routes, SIGNAL, WRITE};
@@ -118,7 +119,7 @@ async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     body: Bytes,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, AuditNote, Json<Value>)> {
     let version = checked(&state, &tenant, &body).await?;
     let row = state
         .engine
@@ -128,7 +129,16 @@ async fn create(
     scheduled(&state, &row).await?;
     Ok((
         StatusCode::CREATED,
+        saved_note(&row),
         Json(json!({ "id": row.id, "version": row.version })),
+    ))
+}
+
+/// The audit row's words for a saved version.
+fn saved_note(row: &AutomationRow) -> AuditNote {
+    AuditNote(format!(
+        "\u{201c}{}\u{201d}, version {}",
+        row.name, row.version
     ))
 }
 
@@ -138,7 +148,7 @@ async fn update(
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
     body: Bytes,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     let version = checked(&state, &tenant, &body).await?;
     let row = state
         .engine
@@ -146,7 +156,10 @@ async fn update(
         .save_version(&tenant, &AutomationId::from(id), version)
         .await?;
     scheduled(&state, &row).await?;
-    Ok(Json(json!({ "id": row.id, "version": row.version })))
+    Ok((
+        saved_note(&row),
+        Json(json!({ "id": row.id, "version": row.version })),
+    ))
 }
 
 #[utoipa::path(get, path = "/api/automations", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationPage)))]

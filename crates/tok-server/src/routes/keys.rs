@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tok_store::{ApiKey, NewKey, Revoked, Scope, hash_secret, random_token, rfc3339};
 
 use crate::AppState;
+use crate::audit::AuditNote;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
 use crate::routes::{ADMIN, JsonBody, Path, Routes};
@@ -64,7 +65,7 @@ async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     JsonBody(body): JsonBody<NewKeyBody>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, AuditNote, Json<Value>)> {
     let name = body.name.trim().to_owned();
     if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
         return Err(invalid(
@@ -123,9 +124,18 @@ async fn create(
             },
         )
         .await?;
+    let note = AuditNote(format!(
+        "\u{201c}{}\u{201d} with {}",
+        key.name,
+        key.scopes
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     let mut answer = view(&key);
     answer["key"] = json!(secret);
-    Ok((StatusCode::CREATED, Json(answer)))
+    Ok((StatusCode::CREATED, note, Json(answer)))
 }
 
 /// The tenant's keys that are not revoked, oldest first.
@@ -151,9 +161,13 @@ async fn revoke(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-) -> ApiResult<StatusCode> {
+) -> ApiResult<(StatusCode, AuditNote, ())> {
     match state.engine.store().revoke_key(&tenant, &id).await? {
-        Revoked::Done(_) => Ok(StatusCode::NO_CONTENT),
+        Revoked::Done(key) => Ok((
+            StatusCode::NO_CONTENT,
+            AuditNote(format!("\u{201c}{}\u{201d}", key.name)),
+            (),
+        )),
         Revoked::NotFound => Err(ApiError::not_found("key")),
         Revoked::LastAdmin => Err(ApiError::new(
             StatusCode::CONFLICT,

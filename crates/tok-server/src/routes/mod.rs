@@ -8,6 +8,7 @@
 //! ([`Access`]); the authorizer enforces the table.
 
 pub(crate) mod approvals;
+pub(crate) mod audit;
 pub(crate) mod automations;
 pub(crate) mod connections;
 pub(crate) mod dashboard;

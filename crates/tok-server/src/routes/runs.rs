@@ -13,6 +13,7 @@ use tok_engine::stream::Kind;
 use tok_store::{RunFilter, RunStatus};
 
 use crate::AppState;
+use crate::audit::AuditNote;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
 use crate::routes::{Path, READ, Routes, WRITE};
@@ -130,7 +131,7 @@ async fn control(
     tenant: &TenantId,
     id: String,
     control: Control,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     let store = state.engine.store();
     let id = RunId::from(id);
     let run = match control {
@@ -148,7 +149,11 @@ async fn control(
         .engine
         .stream()
         .publish(tenant, Kind::RunUpdated, data);
-    Ok(Json(json!(run)))
+    let note = AuditNote(format!(
+        "a run of automation {}, now {}",
+        run.automation_id, run.status
+    ));
+    Ok((note, Json(json!(run))))
 }
 
 #[utoipa::path(post, path = "/api/runs/{id}/retry", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunSummary)))]
@@ -156,7 +161,7 @@ async fn retry(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     control(&state, &tenant, id, Control::Retry).await
 }
 
@@ -165,7 +170,7 @@ async fn cancel(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     control(&state, &tenant, id, Control::Cancel).await
 }
 
@@ -174,7 +179,7 @@ async fn pause(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     control(&state, &tenant, id, Control::Pause).await
 }
 
@@ -183,6 +188,6 @@ async fn resume(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     control(&state, &tenant, id, Control::Resume).await
 }

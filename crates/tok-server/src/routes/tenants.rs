@@ -19,6 +19,7 @@ use tok_core::retention::Retention;
 use tok_store::{TenantPatch, hash_secret, random_token};
 
 use crate::AppState;
+use crate::audit::AuditNote;
 use crate::auth::Admin;
 use crate::error::{ApiError, ApiResult};
 use crate::routes::{JsonBody, Path, Platform, Routes};
@@ -123,7 +124,7 @@ async fn update(
     _admin: Admin,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TenantChange>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(AuditNote, Json<Value>)> {
     let store = state.engine.store();
     let id = TenantId::from(id);
     let Some(tenant) = store.tenant(&id).await? else {
@@ -144,6 +145,21 @@ async fn update(
             ApiError::bad_request("invalid_settings", e.message).with("field", e.field)
         })?;
     }
+    // The audit row names what changed: the fields, not their values.
+    let mut changed = Vec::new();
+    if let Some(suspended) = body.suspended {
+        changed.push(format!("suspended: {suspended}"));
+    }
+    for (what, change) in [("retention", &retention_change), ("limits", &limits_change)] {
+        if let Some(change) = change {
+            let names: Vec<&str> = change.keys().map(String::as_str).collect();
+            changed.push(format!("{what}: {}", names.join(", ")));
+        }
+    }
+    let note = AuditNote(match changed.is_empty() {
+        true => "nothing changed".to_owned(),
+        false => changed.join("; "),
+    });
     let patch = TenantPatch {
         suspended: body.suspended,
         limits: limits_change.is_some().then(|| limits.clone()),
@@ -163,7 +179,7 @@ async fn update(
     state.quotas.tenant_changed(&id);
     let mut shown = shown(&tenant);
     shown["settings"] = json!({ "retention": retention, "limits": tenant.limits.in_force() });
-    Ok(Json(shown))
+    Ok((note, Json(shown)))
 }
 
 /// `current` with the fields of `change`, checked.

@@ -545,7 +545,8 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
         ("GET", "/api/approvals") => Listing("/api/approvals?status=all".into()),
         (
             "GET",
-            "/api/automations"
+            "/api/audit"
+            | "/api/automations"
             | "/api/connections"
             | "/api/dashboard/runs"
             | "/api/runs"

@@ -6,6 +6,7 @@
 mod helpers;
 
 mod approvals;
+mod audit;
 mod authorization;
 mod automations;
 mod branches;

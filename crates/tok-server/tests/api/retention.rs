@@ -136,7 +136,8 @@ async fn the_admin_changes_a_tenants_retention(app: &TestApp) {
     assert_eq!(changed["id"], tenant.id);
     assert_eq!(
         changed["settings"]["retention"],
-        json!({ "stepDataDays": 30, "runsDays": 365, "traceDays": 120, "inboxDays": 30 })
+        json!({ "stepDataDays": 30, "runsDays": 365, "traceDays": 120, "inboxDays": 30,
+                 "auditDays": 365 })
     );
     // A second change keeps what the first set.
     let changed = app
@@ -155,6 +156,7 @@ async fn the_admin_changes_a_tenants_retention(app: &TestApp) {
         (json!({ "stepDataDays": 400 }), "longer than runsDays"),
         (json!({ "stepDays": 3 }), "stepDays"),
         (json!({ "runsDays": "a year" }), "runsDays"),
+        (json!({ "auditDays": 0 }), "retention.auditDays"),
     ] {
         let error = app
             .patch(

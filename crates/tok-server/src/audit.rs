@@ -1,0 +1,470 @@
+//! The audit log's writer (DESIGN §15 "Audit"): every change a key or the
+//! platform admin makes through the API is a row of `audit`, written by
+//! one layer around every route, so that no handler can forget it.
+//!
+//! What a route writes is read from the router's own table
+//! ([`Route::audit`]): a GET (or HEAD) changes nothing; a route of
+//! [`EXEMPT`] is machine traffic too frequent to log, for the reason it
+//! gives; every other route writes one row after it answered 2xx. Its
+//! action, `resource.verb`, is derived from the method and the path:
+//!
+//! | route | action | target |
+//! | --- | --- | --- |
+//! | `POST /api/automations` | `automation.created` | the answer's `id` |
+//! | `PUT /api/automations/{id}` | `automation.saved` | `{id}` |
+//! | `PATCH /api/connections/{id}` | `connection.updated` | `{id}` |
+//! | `DELETE /api/keys/{id}` | `key.deleted` unless [`NAMED`] says `key.revoked` | `{id}` |
+//! | `POST /api/runs/{id}/retry` | `run.retried` (a verb of [`VERBS`]) | `{id}` |
+//! | `POST /api/groups/{id}/members` | `member.created` | the answer's `id` |
+//! | `PATCH /api/groups/{id}/members/{member}` | `member.updated` | `{member}` |
+//!
+//! A route whose action this cannot derive (`POST /api/approvals/{id}`,
+//! two literal segments in a row, a verb not in [`VERBS`]) is named in
+//! [`NAMED`] or exempted in [`EXEMPT`]; until then it is [`Audit::Unnamed`],
+//! which the API test `audit::every_change_is_audited_or_exempt` refuses
+//! (served anyway, it is still audited, as `"<METHOD> <path>"`). A route
+//! added through `Routes` is thereby audited without its author doing
+//! anything, or at most naming its action.
+//!
+//! The row: the actor is the caller's key (`{kind: "key", id, name}`; the
+//! platform admin key is `{kind: "platform", …}`), never its secret; the
+//! tenant is the one the request acted for (`X-Tok-Tenant` for the
+//! admin), or for the admin's own routes the tenant changed
+//! (`tenant.created`, `tenant.updated`), or none (the platform's own
+//! rows). The summary is what the handler attached to its answer
+//! ([`AuditNote`]), else a created resource's `name`; the layer never
+//! copies a body or a header into a row, so a secret in either (a new
+//! key, a tenant's first key, credentials, a signing secret) cannot reach
+//! the log.
+//!
+//! **When.** The row is written after the handler answered, so after the
+//! change it made committed: the log never holds a change that did not
+//! happen. A crash (or a failing database) between the commit and the row
+//! loses the row, not the change: the change stands unaudited. A row that
+//! could not be written is logged at `error` and counted
+//! (`tok_audit_write_failures_total`); the caller still gets the answer of
+//! the change it made, since answering an error would have it retry what
+//! was done.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponseParts, Response, ResponseParts};
+use serde_json::Value;
+use tok_core::ids::TenantId;
+use tok_store::{Actor, ActorKind, NewAudit, Target};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::routes::{Access, Route};
+
+/// Changes that are not audited, each with its reason: machine traffic
+/// whose volume would drown the log, and which leaves its own record
+/// (events, runs, signals).
+pub const EXEMPT: &[(&str, &str, &str)] = &[
+    (
+        "POST",
+        "/webhook/{token}",
+        "a sender's event, not a change: the inbox keeps every one",
+    ),
+    (
+        "POST",
+        "/api/signals",
+        "machine traffic: each signal is kept with the runs it resumed",
+    ),
+    (
+        "POST",
+        "/api/automations/{id}/runs",
+        "starting a run is the automation's use, not a change to it: the run itself is the record, with its actor",
+    ),
+];
+
+/// Changes whose action cannot be derived from their method and path, or
+/// reads better named.
+pub const NAMED: &[(&str, &str, &str)] = &[
+    ("POST", "/api/approvals/{id}", "approval.decided"),
+    ("DELETE", "/api/keys/{id}", "key.revoked"),
+    (
+        "POST",
+        "/api/platform/incidents/{id}/resolve",
+        "platform_incident.resolved",
+    ),
+];
+
+/// The verbs a route may end in (`POST …/{id}/<verb>`) and their past
+/// tense for the action.
+pub const VERBS: &[(&str, &str)] = &[
+    ("pause", "paused"),
+    ("resume", "resumed"),
+    ("retry", "retried"),
+    ("cancel", "cancelled"),
+    ("rotate", "rotated"),
+    ("revoke", "revoked"),
+    ("resolve", "resolved"),
+    ("decide", "decided"),
+    ("replay", "replayed"),
+    ("archive", "archived"),
+    ("restore", "restored"),
+    ("approve", "approved"),
+    ("reject", "rejected"),
+];
+
+/// What the audit layer does with a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Audit {
+    /// A read (GET, HEAD): nothing to audit.
+    Read,
+    /// A change: a row with this action (`resource.verb`) after a 2xx.
+    Action(String),
+    /// A change that is not audited, for this reason ([`EXEMPT`]).
+    Exempt(&'static str),
+    /// A change whose action neither derives from its path nor is named
+    /// in [`NAMED`]: the route table's test refuses it.
+    Unnamed,
+}
+
+impl Route {
+    /// What the audit layer does with this route (see the module's doc).
+    pub fn audit(&self) -> Audit {
+        if self.method == Method::GET || self.method == Method::HEAD {
+            return Audit::Read;
+        }
+        let method = self.method.as_str();
+        if let Some((_, _, why)) = EXEMPT
+            .iter()
+            .find(|(m, p, _)| *m == method && *p == self.path)
+        {
+            return Audit::Exempt(why);
+        }
+        if let Some((_, _, action)) = NAMED
+            .iter()
+            .find(|(m, p, _)| *m == method && *p == self.path)
+        {
+            return Audit::Action((*action).to_owned());
+        }
+        derive(&self.method, self.path).map_or(Audit::Unnamed, Audit::Action)
+    }
+}
+
+/// A collection's name in the singular, as actions say it
+/// (`ticket-types` → `ticket_type`); `None` for a word that is not a
+/// plural.
+fn singular(word: &str) -> Option<String> {
+    let one = match word.strip_suffix("ies") {
+        Some(stem) => format!("{stem}y"),
+        None => word.strip_suffix('s')?.to_owned(),
+    };
+    (!one.is_empty() && one.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+        .then(|| one.replace('-', "_"))
+}
+
+/// The action of a change by its method and path under `/api/`, whose
+/// segments alternate between a collection and an id
+/// (`/api/groups/{id}/members/{member}`), optionally ending in a verb of
+/// [`VERBS`].
+fn derive(method: &Method, path: &str) -> Option<String> {
+    let segments: Vec<&str> = path.strip_prefix("/api/")?.split('/').collect();
+    let is_param = |s: &str| s.starts_with('{') && s.ends_with('}');
+    // A collection, an id, a collection, an id, …
+    let alternates = segments
+        .iter()
+        .enumerate()
+        .all(|(i, s)| is_param(s) == (i % 2 == 1));
+    let n = segments.len();
+    let last = *segments.last()?;
+    if is_param(last) {
+        // …/{id}: the resource itself.
+        let resource = singular(segments[n - 2])?;
+        let verb = match *method {
+            Method::PUT => "saved",
+            Method::PATCH => "updated",
+            Method::DELETE => "deleted",
+            _ => return None,
+        };
+        return alternates.then(|| format!("{resource}.{verb}"));
+    }
+    if *method != Method::POST {
+        return None;
+    }
+    if n >= 3 && is_param(segments[n - 2]) {
+        // …/{id}/<verb>: an act on the resource.
+        if let Some((_, past)) = VERBS.iter().find(|(verb, _)| *verb == last) {
+            let before: Vec<&str> = segments[..n - 1].to_vec();
+            let alternate = before
+                .iter()
+                .enumerate()
+                .all(|(i, s)| is_param(s) == (i % 2 == 1));
+            let resource = singular(segments[n - 3])?;
+            return alternate.then(|| format!("{resource}.{past}"));
+        }
+    }
+    // …/<collection>: one made in it.
+    let resource = singular(last)?;
+    alternates.then(|| format!("{resource}.created"))
+}
+
+/// A few words a handler attaches to its answer for the audit row
+/// (`"version 3"`, `"scopes read, write"`): never a secret.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditNote(pub(crate) String);
+
+impl IntoResponseParts for AuditNote {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
+        res.extensions_mut().insert(self);
+        Ok(res)
+    }
+}
+
+/// The longest summary a row keeps, in characters.
+const MAX_SUMMARY_CHARS: usize = 300;
+
+/// The largest answer the layer reads for a created resource's id.
+const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// What a route writes, decided once from the table.
+#[derive(Clone)]
+struct Plan {
+    action: String,
+    /// The target's kind: the action's resource.
+    kind: String,
+    /// The target's id is the answer's `id` (a created resource), not the
+    /// path's last parameter.
+    from_answer: bool,
+    access: Access,
+}
+
+/// The route table's audit plans by method and path, for [`record`].
+#[derive(Clone)]
+pub(crate) struct Auditor {
+    state: AppState,
+    plans: Arc<HashMap<(Method, &'static str), Plan>>,
+}
+
+impl Auditor {
+    pub(crate) fn new(state: AppState, table: &[Route]) -> Self {
+        let plans = table
+            .iter()
+            .filter_map(|route| {
+                let action = match route.audit() {
+                    Audit::Action(action) => action,
+                    Audit::Unnamed => format!("{} {}", route.method, route.path),
+                    Audit::Read | Audit::Exempt(_) => return None,
+                };
+                let kind = action
+                    .split_once('.')
+                    .map_or("unknown", |(kind, _)| kind)
+                    .to_owned();
+                let has_param = route.path.contains('{');
+                let plan = Plan {
+                    from_answer: action.ends_with(".created") || !has_param,
+                    action,
+                    kind,
+                    access: route.access,
+                };
+                Some(((route.method.clone(), route.path), plan))
+            })
+            .collect();
+        Self {
+            state,
+            plans: Arc::new(plans),
+        }
+    }
+}
+
+/// Runs the handler, and after a 2xx answer of a change writes its row.
+/// Sits inside [`crate::auth::authorize`], so the caller is known.
+pub(crate) async fn record(
+    State(auditor): State<Auditor>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let plan = request
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|path| {
+            auditor
+                .plans
+                .get(&(request.method().clone(), path.as_str()))
+        })
+        .cloned();
+    let Some(plan) = plan else {
+        return next.run(request).await;
+    };
+    let (mut parts, body) = request.into_parts();
+    let caller = parts.extensions.get::<Caller>().cloned();
+    let acting_for = parts
+        .headers
+        .get("x-tok-tenant")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| TenantId::from(v.trim()));
+    let last_param = match RawPathParams::from_request_parts(&mut parts, &()).await {
+        Ok(params) => params.iter().last().map(|(_, value)| value.to_owned()),
+        Err(_) => None,
+    };
+    let response = next.run(Request::from_parts(parts, body)).await;
+    if !response.status().is_success() {
+        return response;
+    }
+    let note = response.extensions().get::<AuditNote>().cloned();
+    // The answer is read only for what a row names of it: a created
+    // resource's id and name.
+    let (response, answer) = if plan.from_answer {
+        let (parts, body) = response.into_parts();
+        match axum::body::to_bytes(body, MAX_ANSWER_BYTES).await {
+            Ok(bytes) => {
+                let answer = serde_json::from_slice::<Value>(&bytes).ok();
+                (
+                    Response::from_parts(parts, axum::body::Body::from(bytes)),
+                    answer,
+                )
+            }
+            Err(e) => {
+                tracing::error!(action = %plan.action, error = %e, "could not read an answer to audit it");
+                (Response::from_parts(parts, axum::body::Body::empty()), None)
+            }
+        }
+    } else {
+        (response, None)
+    };
+    let answered = |key: &str| {
+        answer
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let target_id = match plan.from_answer {
+        true => answered("id").or(last_param),
+        false => last_param,
+    };
+    let actor = match &caller {
+        Some(Caller(key)) => Actor {
+            kind: match key.tenant_id {
+                Some(_) => ActorKind::Key,
+                None => ActorKind::Platform,
+            },
+            id: Some(key.id.clone()),
+            name: Some(key.name.clone()),
+        },
+        None => Actor {
+            kind: ActorKind::Anonymous,
+            id: None,
+            name: None,
+        },
+    };
+    let tenant_id = match plan.access {
+        Access::Tenant(_) => match &caller {
+            Some(Caller(key)) => key.tenant_id.clone().or(acting_for),
+            None => None,
+        },
+        _ if plan.kind == "tenant" => target_id.clone().map(TenantId::from),
+        _ => None,
+    };
+    let summary = note
+        .map(|n| n.0)
+        .or_else(|| plan.from_answer.then(|| answered("name")).flatten())
+        .map(|s| clip(&s));
+    let row = NewAudit {
+        tenant_id,
+        actor,
+        action: plan.action.clone(),
+        target: Target {
+            kind: plan.kind.clone(),
+            id: target_id,
+        },
+        summary,
+    };
+    if let Err(e) = auditor.state.engine.store().write_audit(row).await {
+        metrics::counter!("tok_audit_write_failures_total").increment(1);
+        tracing::error!(action = %plan.action, error = %e, "the change was made but its audit row could not be written");
+    }
+    response
+}
+
+/// `text` cut to [`MAX_SUMMARY_CHARS`].
+fn clip(text: &str) -> String {
+    match text.char_indices().nth(MAX_SUMMARY_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn action(method: Method, path: &str) -> Option<String> {
+        derive(&method, path)
+    }
+
+    #[test]
+    fn actions_derive_from_the_method_and_the_path() {
+        for (method, path, expected) in [
+            (Method::POST, "/api/automations", Some("automation.created")),
+            (
+                Method::PUT,
+                "/api/automations/{id}",
+                Some("automation.saved"),
+            ),
+            (
+                Method::DELETE,
+                "/api/automations/{id}",
+                Some("automation.deleted"),
+            ),
+            (
+                Method::PATCH,
+                "/api/ticket-types/{id}",
+                Some("ticket_type.updated"),
+            ),
+            (
+                Method::POST,
+                "/api/automations/{id}/pause",
+                Some("automation.paused"),
+            ),
+            (
+                Method::POST,
+                "/api/sources/{id}/rotate",
+                Some("source.rotated"),
+            ),
+            (Method::POST, "/api/runs/{id}/retry", Some("run.retried")),
+            (
+                Method::POST,
+                "/api/groups/{id}/members",
+                Some("member.created"),
+            ),
+            (
+                Method::PATCH,
+                "/api/groups/{id}/members/{member}",
+                Some("member.updated"),
+            ),
+            (Method::POST, "/api/policies", Some("policy.created")),
+            // Not derivable: a POST on an id, two literals in a row, an
+            // unknown verb, a word that is no collection.
+            (Method::POST, "/api/approvals/{id}", None),
+            (Method::POST, "/api/runs/bulk", None),
+            (Method::POST, "/api/platform/incidents/{id}/resolve", None),
+            (Method::POST, "/api/runs/{id}/frobnicate", None),
+            (Method::POST, "/api/dashboard", None),
+            (Method::DELETE, "/api/automations", None),
+            (Method::POST, "/metrics", None),
+        ] {
+            assert_eq!(
+                action(method.clone(), path).as_deref(),
+                expected,
+                "{method} {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_summary_is_clipped() {
+        assert_eq!(clip("short"), "short");
+        let long = "é".repeat(MAX_SUMMARY_CHARS + 5);
+        assert_eq!(clip(&long).chars().count(), MAX_SUMMARY_CHARS + 1);
+    }
+}
