@@ -15,7 +15,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tok_engine::{Engine, EngineConfig, Registry};
 use tok_server::AppState;
-use tok_store::{KeyStore, Store, hash_secret, random_token};
+use tok_store::{Actor, ActorKind, NewAudit, Store, Target, hash_secret, random_token};
 
 use crate::config::Config;
 
@@ -100,21 +100,63 @@ fn redact(url: &str) -> String {
 
 /// Makes sure a platform admin key exists; prints a generated one once.
 /// With `TOK_ADMIN_KEY`, that key is the only one: a start with a new
-/// value revokes the one before it and the generated one.
-async fn ensure_admin_key(store: &dyn KeyStore, config: &Config) -> anyhow::Result<()> {
+/// value revokes the one before it and the generated one. Each change is
+/// a row of the platform's own audit log (actor `platform`), written
+/// after it committed.
+async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<()> {
     if let Some(key) = &config.admin_key {
-        let revoked = store.set_admin_key(&hash_secret(&key.0)).await?;
+        let hash = hash_secret(&key.0);
+        let known = store.key_by_hash(&hash).await?.is_some();
+        let revoked = store.set_admin_key(&hash).await?;
         if revoked > 0 {
             tracing::info!(
                 revoked,
                 "TOK_ADMIN_KEY is new: the admin keys before it are revoked"
             );
+            let summary = format!(
+                "TOK_ADMIN_KEY changed at start: {revoked} platform admin key(s) before it revoked"
+            );
+            audit_admin_key(store, &hash, "key.rotated", summary).await?;
+        } else if !known {
+            let summary = "TOK_ADMIN_KEY set at start".to_owned();
+            audit_admin_key(store, &hash, "key.created", summary).await?;
         }
     } else if !store.has_admin_key().await? {
         let key = format!("tok_admin_{}", random_token());
-        store.add_admin_key(&hash_secret(&key)).await?;
+        let hash = hash_secret(&key);
+        store.add_admin_key(&hash).await?;
         println!("Generated the platform admin key (shown once, store it now): {key}");
+        let summary = "generated at the first start without TOK_ADMIN_KEY".to_owned();
+        audit_admin_key(store, &hash, "key.created", summary).await?;
     }
+    Ok(())
+}
+
+/// The platform's audit row of a change to its admin key (the key by its
+/// id, never its secret).
+async fn audit_admin_key(
+    store: &dyn Store,
+    hash: &str,
+    action: &str,
+    summary: String,
+) -> anyhow::Result<()> {
+    let id = store.key_by_hash(hash).await?.map(|k| k.id);
+    store
+        .write_audit(NewAudit {
+            tenant_id: None,
+            actor: Actor {
+                kind: ActorKind::Platform,
+                id: None,
+                name: Some("tok serve".into()),
+            },
+            action: action.into(),
+            target: Target {
+                kind: "key".into(),
+                id,
+            },
+            summary: Some(summary),
+        })
+        .await?;
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 //! is refused by another on the same PostgreSQL database at its very next
 //! request (keys are looked up on every request, never cached), and a
 //! start with a new `TOK_ADMIN_KEY` revokes the admin key before it and
-//! the one generated at the first start.
+//! the one generated at the first start, each change a row of the
+//! platform's audit log.
 
 mod support;
 
@@ -98,6 +99,40 @@ async fn a_start_with_a_new_admin_key_revokes_the_ones_before() {
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(status(port, &generated).await, StatusCode::UNAUTHORIZED);
+    // Each change is a row of the platform's own audit log, naming no
+    // secret.
+    let log = Api::new(port).get("/api/audit", "tok-admin-two").await;
+    let rows: Vec<(&str, &str)> = log["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap(),
+                r["actor"]["kind"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("key.rotated", "platform"),
+            ("key.rotated", "platform"),
+            ("key.created", "platform")
+        ],
+        "{log:#}"
+    );
+    assert!(
+        log["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["tenant_id"].is_null())
+    );
+    let text = log.to_string();
+    for secret in [generated.as_str(), "tok-admin-one", "tok-admin-two"] {
+        assert!(!text.contains(secret), "{text}");
+    }
     drop(third);
     db.cleanup().await;
 }
