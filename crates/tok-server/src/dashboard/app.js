@@ -149,6 +149,7 @@ async function signIn(key) {
   session.kind = me.kind;
   session.scopes = me.scopes;
   $("#nav-keys").hidden = !allows("admin");
+  $("#nav-audit").hidden = !allows("admin");
   sessionStorage.setItem("tok.key", key);
   const pick = $("#tenant-pick");
   if (me.kind === "admin") {
@@ -294,7 +295,8 @@ function route() {
   const view = $("#view");
   fill(view);
   $("#flash").hidden = true;
-  if (!session.tenant) {
+  // The audit log is the one page the platform admin sees across tenants.
+  if (!session.tenant && !(page === "audit" && session.kind === "admin")) {
     $("#title").textContent = "Pick a tenant";
     view.append(h("div.card.empty", null, "The admin key acts for one tenant at a time: pick one in the sidebar."));
     return;
@@ -831,6 +833,73 @@ pages.keys = async (view) => {
         h("td", null, k.last_used_at ? when(k.last_used_at) : h("span.muted", null, "never")),
         h("td", null, h("button.button.small", { type: "button", dataset: { revoke: k.id }, onclick: (e) => revoke(k, e.currentTarget) }, "Revoke")))))));
   }
+  await load();
+};
+
+// ---------- Audit ----------
+
+// Who changed what with which key. The platform admin with no tenant
+// picked sees every tenant's rows and the platform's own.
+const auditFilters = { actor: "", action: "", target: "", since: "" };
+
+pages.audit = async (view) => {
+  $("#title").textContent = "Audit log";
+  const everyone = session.kind === "admin" && !session.tenant;
+  const input = (name, label, attrs) => h("div.field", null, h("label", { for: `audit-${name}` }, label),
+    h("input", { id: `audit-${name}`, value: auditFilters[name], ...attrs,
+      onchange: (e) => { auditFilters[name] = e.target.value.trim(); load().catch((err) => flash(err.message)); } }));
+  const keys = h("datalist", { id: "audit-keys" });
+  const toolbar = h("form.toolbar", { id: "audit-filters", onsubmit: (e) => e.preventDefault() },
+    input("actor", "Key (id)", { type: "text", list: "audit-keys", placeholder: "key_…", spellcheck: "false" }),
+    input("action", "Action", { type: "text", placeholder: "automation.saved", spellcheck: "false" }),
+    input("target", "Target (id)", { type: "text", spellcheck: "false" }),
+    input("since", "Since", { type: "date" }),
+    h("div.field", null, h("button.button.small", { id: "audit-refresh", type: "button", onclick: () => load().catch((err) => flash(err.message)) }, "Refresh")),
+    keys);
+  const table = h("div.card.table-card");
+  view.append(h("div.stack", null, toolbar, table));
+  if (!everyone) {
+    // The keys' names as suggestions; a revoked key's id still filters.
+    all("/api/keys").then((list) => fill(keys, list.map((k) => h("option", { value: k.id }, k.name)))).catch(() => {});
+  }
+  let cursor = null;
+
+  const who = (actor) => h("span", { title: actor.id || "" },
+    actor.name || actor.id || actor.kind, h("span.muted", null, actor.kind === "key" ? "" : ` (${actor.kind})`));
+
+  function row(entry) {
+    return h("tr", { dataset: { audit: entry.id, action: entry.action, target: entry.target.id || "" } },
+      h("td", null, when(entry.at)),
+      h("td", null, who(entry.actor)),
+      h("td.mono", null, entry.action),
+      h("td", null, entry.target.kind, " ", h("span.mono", { title: entry.target.id || "" }, short(entry.target.id))),
+      everyone ? h("td.mono", { title: entry.tenant_id || "" }, entry.tenant_id ? short(entry.tenant_id) : "platform") : null,
+      h("td", null, entry.summary || ""));
+  }
+
+  async function load(more = false) {
+    const query = new URLSearchParams({ limit: "50" });
+    for (const [k, v] of Object.entries(auditFilters)) {
+      if (!v) continue;
+      query.set(k, k === "since" ? new Date(`${v}T00:00:00Z`).toISOString() : v);
+    }
+    if (more && cursor) query.set("cursor", cursor);
+    const page = await api(`/api/audit?${query}`);
+    cursor = page.next_cursor;
+    let body = $("tbody", table);
+    if (!body) {
+      body = h("tbody");
+      const heads = ["When", "Who", "Action", "Target", everyone ? "Tenant" : null, "Summary"].filter(Boolean);
+      fill(table, h("table", { id: "audit" }, h("thead", null, h("tr", null, heads.map((c) => h("th", null, c)))), body));
+    }
+    const drawn = page.items.map(row);
+    if (more) body.append(...drawn);
+    else fill(body, drawn);
+    for (const extra of table.querySelectorAll(".empty, .more")) extra.remove();
+    if (!body.children.length) table.append(h("div.empty", null, "No changes match. Every change made with a key shows up here."));
+    if (cursor) table.append(h("div.more", null, h("button.button.small", { id: "audit-more", onclick: () => load(true).catch((err) => flash(err.message)) }, "Load more")));
+  }
+
   await load();
 };
 
