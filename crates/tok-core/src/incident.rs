@@ -1,11 +1,13 @@
 //! The words of the incidents a run raises: the title and impact a tenant
-//! reads (no step names, no run ids), the trace line of the run's ticket,
-//! and the source that keeps one cause from opening a second incident while
-//! the first is open. The engine adds the admin's detail (ids, steps, input).
+//! reads (no step names, no run ids), and the source that keeps one cause
+//! from opening a second incident while the first is open. The engine adds
+//! the admin's detail (ids, steps, input). And the line any run that ends
+//! writes to its ticket's trace ([`run_ended_trace`]).
 
 use crate::advance::Failure;
 use crate::ids::AutomationId;
 use crate::limits::MAX_DEPTH;
+use crate::run::RunStatus;
 
 /// What an incident says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,12 +77,28 @@ pub fn compensation_failed(
     }
 }
 
-/// The line a failed run writes to its ticket's trace.
-pub fn run_failed_trace(automation_name: &str, failure: &Failure) -> String {
-    format!(
-        "Automation \u{201c}{automation_name}\u{201d} failed at step {}: {}",
-        failure.step_id, failure.message
-    )
+/// The line a run that ended writes to its ticket's trace (the ticket's
+/// log says what each automation did, not only what failed): its kind
+/// (`run_completed`, `run_cancelled`, `run_failed`) and its message. `None`
+/// for a status that is not an end.
+pub fn run_ended_trace(
+    automation_name: &str,
+    status: RunStatus,
+    error: Option<&str>,
+) -> Option<(&'static str, String)> {
+    let name = format!("\u{201c}{automation_name}\u{201d}");
+    Some(match status {
+        RunStatus::Completed => ("run_completed", format!("Automation {name} completed")),
+        RunStatus::Cancelled => ("run_cancelled", format!("Automation {name} was cancelled")),
+        RunStatus::Failed => (
+            "run_failed",
+            match error {
+                Some(error) => format!("Automation {name} failed: {error}"),
+                None => format!("Automation {name} failed"),
+            },
+        ),
+        _ => return None,
+    })
 }
 
 /// A change could not raise its event: the chain of automations that led
@@ -145,5 +163,25 @@ mod tests {
             without.title,
             "The automation \u{201c}New order\u{201d} did not finish"
         );
+    }
+
+    #[test]
+    fn an_ended_run_names_its_automation_and_how_it_ended() {
+        assert_eq!(
+            run_ended_trace("Route orders", RunStatus::Completed, None),
+            Some((
+                "run_completed",
+                "Automation \u{201c}Route orders\u{201d} completed".to_owned()
+            ))
+        );
+        let (kind, line) =
+            run_ended_trace("Route orders", RunStatus::Failed, Some("timed out")).unwrap();
+        assert_eq!(kind, "run_failed");
+        assert!(line.ends_with("failed: timed out"), "{line}");
+        assert_eq!(
+            run_ended_trace("X", RunStatus::Cancelled, None).unwrap().0,
+            "run_cancelled"
+        );
+        assert_eq!(run_ended_trace("X", RunStatus::Waiting, None), None);
     }
 }

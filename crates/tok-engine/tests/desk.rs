@@ -590,11 +590,11 @@ async fn a_failed_run_opens_one_incident_per_cause_and_retries_from_its_failed_s
             .unwrap()
             .items
             .remove(0);
+        let trace = desk.trace_text(&ticket.id).await;
         assert!(
-            desk.trace_text(&ticket.id)
-                .await
-                .contains("failed at step st_invoice"),
-            "{backend:?}"
+            trace.contains("failed: step `st_invoice` failed: ")
+                && trace.contains("unknown customer"),
+            "{backend:?}: {trace}"
         );
 
         // Fix the cause and retry the first run from where it stopped.

@@ -131,6 +131,15 @@ macro_rules! impl_dispatch {
                 })
                 .collect();
             insert_steps(tx, &steps, now).await?;
+            // A run of a ticket that ended in the dispatch (its steps all
+            // ran here) says so in the ticket's trace.
+            let ends: Vec<(&TenantId, &RunId, RunStatus, Option<&str>)> = rows
+                .iter()
+                .filter(|r| r.status == RunStatus::Completed.as_str())
+                .filter(|r| r.run.subject_ticket_id.is_some() && written.contains(r.run.id.as_str()))
+                .map(|r| (r.tenant_id, &r.run.id, RunStatus::Completed, None))
+                .collect();
+            trace_run_ends(tx, &ends).await?;
             let jobs: Vec<$crate::rows::JobRow> = runs
                 .iter()
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))

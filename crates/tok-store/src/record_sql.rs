@@ -141,6 +141,48 @@ macro_rules! impl_record {
             Ok(())
         }
 
+        /// Writes the line each run that ended writes in its ticket's trace
+        /// (its subject ticket; a run without one writes none), naming its
+        /// automation and how it ended (`tok_core::incident::run_ended_trace`),
+        /// in the transaction that ends the run. `ends` are (tenant, run,
+        /// final status, error).
+        async fn trace_run_ends(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            ends: &[(&TenantId, &RunId, RunStatus, Option<&str>)],
+        ) -> Result<()> {
+            for (tenant, run, status, error) in ends {
+                let row = sqlx::query(
+                    "SELECT r.subject_ticket_id, r.automation_id, a.name FROM runs r
+                     JOIN automations a ON a.tenant_id = r.tenant_id AND a.id = r.automation_id
+                     WHERE r.tenant_id = $1 AND r.id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(run.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+                let Some(row) = row else {
+                    continue;
+                };
+                let Some(ticket) = row.get::<Option<String>, _>("subject_ticket_id") else {
+                    continue;
+                };
+                let name: String = row.get("name");
+                let Some((kind, message)) =
+                    tok_core::incident::run_ended_trace(&name, *status, *error)
+                else {
+                    continue;
+                };
+                let cause = Cause {
+                    run_id: Some((*run).clone()),
+                    automation_id: Some(AutomationId::from(row.get::<String, _>("automation_id"))),
+                    depth: 0,
+                    actor: String::new(),
+                };
+                trace_in(&mut **tx, tenant, &ticket, kind, &message, &cause).await?;
+            }
+            Ok(())
+        }
+
         /// Writes step rows, one statement for all of them.
         async fn insert_steps(
             tx: &mut sqlx::Transaction<'_, $db>,
@@ -429,6 +471,18 @@ macro_rules! impl_record {
                 .execute(&mut **tx)
                 .await?;
             }
+            // The runs these records end tell their tickets how they ended.
+            let mut ends = Vec::new();
+            for (job, record, current) in items {
+                let ended_now = record.status.is_final()
+                    && record.status != RunStatus::Refused
+                    && !RunStatus::parse(current).is_some_and(RunStatus::is_final);
+                let ticket = record.subject_ticket_id.is_some() || job.subject_ticket_id.is_some();
+                if ended_now && ticket && !ends.iter().any(|(_, run, _, _)| *run == &job.run_id) {
+                    ends.push((&job.tenant_id, &job.run_id, record.status, record.error.as_deref()));
+                }
+            }
+            trace_run_ends(tx, &ends).await?;
             Ok(continued)
         }
     };

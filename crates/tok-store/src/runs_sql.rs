@@ -143,6 +143,7 @@ macro_rules! impl_runs {
                     .bind(error.as_deref())
                     .execute(&mut *tx)
                     .await?;
+                    trace_run_ends(&mut tx, &[(tenant, run, RunStatus::Cancelled, None)]).await?;
                     let ended = RunEnded {
                         run_id: run.to_string(),
                         status: RunStatus::Cancelled,

@@ -149,6 +149,8 @@ macro_rules! impl_watch {
                         .execute(&mut *tx)
                         .await?;
                 }
+                let error = Some(failure.error.as_str());
+                trace_run_ends(&mut tx, &[(tenant, run, RunStatus::Failed, error)]).await?;
                 let ended = RunEnded {
                     run_id: run.to_string(),
                     status: RunStatus::Failed,

@@ -1,6 +1,7 @@
 //! The effects a transition asks of the record transaction besides its
-//! records: the incident, trace line and `run.failed` event of a run that
-//! failed, and the alert of a chain of automations that went too deep. The
+//! records: the incident and `run.failed` event of a run that failed (the
+//! line in its ticket's trace is the store's, written by every run that
+//! ends as it ends), and the alert of a chain of automations that went too deep. The
 //! words are `tok-core`'s ([`tok_core::incident`]); here they meet the
 //! rows they need (the subject ticket, the steps so far).
 
@@ -11,8 +12,8 @@ use tok_core::incident;
 use tok_store::{Cause, ClaimedJob, NewIncident, RecordTx, StepStatus, StoreError};
 
 /// A run failed for good: an incident for the tenant (title and impact in
-/// their words, the detail for the platform admin), a line in its ticket's
-/// trace, and a `run.failed` event. Returns the incident's id and whether
+/// their words, the detail for the platform admin) and a `run.failed`
+/// event. Returns the incident's id and whether
 /// it is new (else one more occurrence of the open one).
 pub(super) async fn run_failed(
     tx: &mut dyn RecordTx,
@@ -54,10 +55,6 @@ pub(super) async fn run_failed(
             ticket_id: ticket.as_ref().map(|t| t.id.clone()),
         })
         .await?;
-    if let Some(t) = &ticket {
-        let message = incident::run_failed_trace(&automation.name, failure);
-        tx.trace(&t.id, "run_failed", &message, cause).await?;
-    }
     let event = crate::failure::run_failed_event(
         &job.run_id,
         &job.automation_id,

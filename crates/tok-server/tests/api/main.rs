@@ -38,6 +38,7 @@ mod schedules;
 mod signals;
 mod signatures;
 mod tenant_concurrency;
+mod ticket_outcomes;
 mod versions;
 mod waits;
 mod webhook;
