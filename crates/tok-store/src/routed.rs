@@ -455,6 +455,9 @@ by_tenant! {
         fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
         fn automations_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<AutomationRow>>;
         fn automation_version(&self, tenant: &TenantId, id: &AutomationId, version: i32) -> Result<Option<SavedVersion>>;
+        fn update_source(&self, tenant: &TenantId, id: &SourceId, patch: SourcePatch) -> Result<Option<Source>>;
+        fn rotate_source(&self, tenant: &TenantId, id: &SourceId, rotation: SourceRotation) -> Result<Option<Source>>;
+        fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool>;
     }
     also {
         async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use tok_core::definition::Automation;
 use tok_core::ids::TenantId;
 use tok_core::uses::{Kind, refers_to};
+use tok_store::AutomationStatus;
 
 use crate::AppState;
 use crate::error::{ApiError, ApiResult};
@@ -50,6 +51,7 @@ pub(crate) async fn automations_using(
     let automations = state.engine.store().automations(tenant).await?;
     Ok(automations
         .iter()
+        .filter(|row| row.status != AutomationStatus::Archived)
         .filter_map(|row| {
             let definition: Automation = serde_json::from_value(row.definition.clone()).ok()?;
             let found = refers_to(&definition, kind, id, name)?;

@@ -498,6 +498,9 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             format!("/api/automations/{}", a.automation),
             manual("Hijack", &json!([log_step("st_x", "x")])),
         ),
+        ("DELETE", "/api/automations/{id}") => {
+            Theirs(m, format!("/api/automations/{}", a.automation), empty)
+        }
         ("POST", "/api/automations/{id}/pause" | "/api/automations/{id}/resume") => {
             Theirs(m, route.path.replace("{id}", &a.automation), empty)
         }
@@ -523,6 +526,17 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             Theirs(m, route.path.replace("{id}", &a.waiting_run), empty)
         }
         ("GET", "/api/sources/{id}") => Theirs(m, format!("/api/sources/{}", a.source), empty),
+        ("PATCH", "/api/sources/{id}") => Theirs(
+            m,
+            format!("/api/sources/{}", a.source),
+            json!({ "name": "taken over" }),
+        ),
+        ("DELETE", "/api/sources/{id}") => Theirs(m, format!("/api/sources/{}", a.source), empty),
+        ("POST", "/api/sources/{id}/rotate") => Theirs(
+            m,
+            format!("/api/sources/{}/rotate", a.source),
+            json!({ "overlap": "1h" }),
+        ),
         ("GET", "/api/tickets/{id}") => Theirs(m, format!("/api/tickets/{}", a.ticket), empty),
         ("PATCH", "/api/tickets/{id}") => Theirs(
             m,

@@ -59,6 +59,7 @@ mod dispatch;
 mod effects;
 mod inbox;
 mod keys;
+mod lifecycle;
 mod migrations;
 mod pages;
 mod queue;
