@@ -549,11 +549,30 @@ pages.automation_detail = async (view, id) => {
       flash(e.message);
     }
   };
+  // The first click asks, the second deletes (archives: its runs stay).
+  const remove = async (button) => {
+    if (!button.dataset.armed) {
+      button.dataset.armed = "yes";
+      button.textContent = "Click again to delete";
+      button.classList.add("danger");
+      return;
+    }
+    try {
+      await api(`/api/automations/${encodeURIComponent(id)}`, { method: "DELETE" });
+      flash(`Automation “${a.name}” deleted; its runs are kept.`, true);
+      location.hash = "#/automations";
+    } catch (e) {
+      flash(e.message);
+    }
+  };
+  const live = a.status !== "archived";
   info.append(
     h("div.attempt-head", null, pill(a.status), h("span.mono.muted", null, a.id),
       h("div.actions", null,
-        h("button.button", { id: "automation-pause", disabled: a.status !== "active", onclick: () => setStatus("pause") }, "Pause"),
-        h("button.button", { id: "automation-resume", disabled: a.status !== "paused", onclick: () => setStatus("resume") }, "Resume"),
+        allows("write") && live ? [
+          h("button.button", { id: "automation-pause", disabled: a.status !== "active", onclick: () => setStatus("pause") }, "Pause"),
+          h("button.button", { id: "automation-resume", disabled: a.status !== "paused", onclick: () => setStatus("resume") }, "Resume"),
+          h("button.button", { id: "automation-delete", type: "button", onclick: (e) => remove(e.currentTarget) }, "Delete")] : null,
         h("a.button", { href: `#/runs`, onclick: () => { runFilters.automation = a.id; } }, "Its runs"))),
     h("dl.kv", null,
       h("dt", null, "Runs on"), h("dd", null, triggerText(trigger)),
@@ -578,8 +597,27 @@ pages.automation_detail = async (view, id) => {
     const input = h("input", { id: "webhook-url", readonly: true, value: source.url });
     const copy = h("button.button.primary", { id: "copy-url", onclick: () => copyText(source.url, copy) }, "Copy");
     const help = h("pre", { id: "webhook-help" }, "loading…");
+    // A new URL; the one before keeps working for the overlap chosen.
+    const overlap = h("select", { id: "rotate-overlap" },
+      h("option", { value: "" }, "old URL stops now"),
+      h("option", { value: "1h" }, "old URL works 1 hour more"),
+      h("option", { value: "24h" }, "old URL works 24 hours more"));
+    const rotate = async () => {
+      try {
+        const body = overlap.value ? { overlap: overlap.value } : {};
+        const rotated = await api(`/api/sources/${encodeURIComponent(source.id)}/rotate`, { method: "POST", body });
+        input.value = rotated.url;
+        source.url = rotated.url;
+        flash(rotated.previous_token_expires_at
+          ? `New URL made; the old one works until ${toDate(rotated.previous_token_expires_at).toLocaleString()}.`
+          : "New URL made; the old one no longer works.", true);
+      } catch (e) {
+        flash(e.message);
+      }
+    };
     box.append(h("div.card.stack", null, h("h2", null, `Webhook · ${source.name}`),
       h("div.url-row", null, input, copy),
+      allows("write") ? h("div.url-row", null, overlap, h("button.button", { id: "rotate-url", type: "button", onclick: rotate }, "Rotate URL")) : null,
       h("p.note", null, "Send a POST with a JSON body to this URL. A GET on it answers this help:"),
       help));
     fetch(source.url.replace(/^https?:\/\/[^/]+/, ""))
