@@ -149,11 +149,18 @@ async fn accept(
     })?;
     crate::routes::storable_json("the body", &payload)?;
     let params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
-    // Standard Webhooks senders name each message with `webhook-id`.
-    let key_header = headers
-        .get("idempotency-key")
-        .or_else(|| headers.get("webhook-id"))
-        .and_then(|v| v.to_str().ok());
+    // Standard Webhooks senders name each message with `webhook-id`. On a
+    // signed source it is the key, whatever else is sent: it is part of
+    // what was signed, so a captured request replayed with another
+    // `Idempotency-Key` is the same event, not a new one.
+    let key_header = if source.secret.is_some() {
+        headers.get("webhook-id")
+    } else {
+        headers
+            .get("idempotency-key")
+            .or_else(|| headers.get("webhook-id"))
+    }
+    .and_then(|v| v.to_str().ok());
     let idempotency_key = match key_header {
         Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => {
             format!("key:{}", key.trim())
