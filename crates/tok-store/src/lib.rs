@@ -83,7 +83,7 @@ pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
 pub use effects::EffectStore;
 pub use gate::Lane;
-pub use keys::{ApiKey, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Revoked, Scope};
+pub use keys::{ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope};
 pub use model::*;
 pub use postgres::PgStore;
 pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};

@@ -425,8 +425,12 @@ impl KeyStore for RoutedStore {
     ) -> Result<Page<ApiKey>> {
         self.shared().keys(tenant, limit, after).await
     }
-    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked> {
+    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<KeyChange> {
         self.shared().revoke_key(tenant, id).await
+    }
+
+    async fn update_key(&self, tenant: &TenantId, id: &str, patch: KeyPatch) -> Result<KeyChange> {
+        self.shared().update_key(tenant, id, patch).await
     }
     async fn touch_key(&self, id: &str, at: i64) -> Result<()> {
         self.shared().touch_key(id, at).await

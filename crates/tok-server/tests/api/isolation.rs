@@ -551,6 +551,11 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             false,
         ),
         ("DELETE", "/api/keys/{id}") => Theirs(m, format!("/api/keys/{}", a.key), empty),
+        ("PATCH", "/api/keys/{id}") => Theirs(
+            m,
+            format!("/api/keys/{}", a.key),
+            json!({ "scopes": ["admin"] }),
+        ),
         ("GET", "/api/widgets/{id}/data") => Theirs(
             m,
             format!("/api/widgets/{}/data?refresh=true", a.widget),
