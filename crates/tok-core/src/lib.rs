@@ -34,9 +34,9 @@ pub mod retry;
 pub mod run;
 pub mod schedule;
 pub mod template;
+pub mod uses;
 pub mod validate;
 pub mod waits;
-pub mod uses;
 pub mod walk;
 
 pub use advance::{Input, RunState, Then, Transition, advance};

@@ -149,7 +149,11 @@ mod tests {
                 (Kind::Source, "src_1", "trigger.source"),
                 (Kind::Connection, "shop", "steps.0.then.0.config.connection"),
                 (Kind::TicketType, "order", "steps.0.else.0.config.type"),
-                (Kind::Group, "warehouse", "steps.1.branches.0.1.config.group"),
+                (
+                    Kind::Group,
+                    "warehouse",
+                    "steps.1.branches.0.1.config.group"
+                ),
                 (Kind::Automation, "child", "steps.2.config.automation"),
             ]
         );
