@@ -4,7 +4,9 @@
 //! host, whatever the tenant writes or a webhook body renders.
 //!
 //! Three places hold the rule: [`check_definition`] and [`check_widget`]
-//! refuse a literal URL of another origin when it is saved (a 400);
+//! refuse a literal URL of another origin when it is saved (a 400), and
+//! [`mismatches`] finds those a change of a connection's base URL would
+//! leave behind (the API refuses the change);
 //! [`for_call`] refuses a URL that rendered to another origin when it is
 //! called (a terminal error beginning with `origin_mismatch:`); and the
 //! guard refuses a redirect off the origin while credentials are attached.
@@ -146,6 +148,26 @@ pub async fn check_definition(
         }
     }
     Ok(errors)
+}
+
+/// The paths (`steps.0.config.url`) of the `http` steps of `automation`
+/// that name `connection` (by its name or id) and call a literal URL that
+/// is not of its origin: what would fail with `origin_mismatch` were the
+/// connection as given (a change of its base URL not yet saved).
+pub fn mismatches(automation: &Automation, connection: &Connection) -> Vec<String> {
+    let mut found = Vec::new();
+    each_step(&automation.steps, "steps", &mut |path, step| {
+        let names = step.config.get("connection").and_then(Value::as_str);
+        if step.kind != "http" || !names.is_some_and(|n| n == connection.id || n == connection.name)
+        {
+            return;
+        }
+        let url = step.config.get("url").and_then(Value::as_str);
+        if check_literal(connection, url.unwrap_or_default()).is_err() {
+            found.push(format!("{path}.config.url"));
+        }
+    });
+    found
 }
 
 /// A widget's request through its connection, as [`check_definition`]
