@@ -434,7 +434,10 @@ async fn a_deleted_connection_is_gone_with_its_slots(db: &TestDb) {
     assert!(store.connection(&t, "shop").await.unwrap().is_some());
     assert!(store.delete_connection(&t, &shop.id).await.unwrap());
     assert!(store.connection(&t, "shop").await.unwrap().is_none());
-    assert!(!store.delete_connection(&t, &shop.id).await.unwrap(), "gone");
+    assert!(
+        !store.delete_connection(&t, &shop.id).await.unwrap(),
+        "gone"
+    );
     let slots = raw_sql(
         db,
         &format!(

@@ -156,7 +156,11 @@ async fn a_ticket_type_changes_but_keeps_the_statuses_open_tickets_are_in(db: &T
         .unwrap();
     let read = store.ticket_type(&acme, &order).await.unwrap().unwrap();
     assert_eq!(
-        (read.name.as_str(), read.statuses.len(), read.fields[1]["name"].clone()),
+        (
+            read.name.as_str(),
+            read.statuses.len(),
+            read.fields[1]["name"].clone()
+        ),
         ("order", 3, json!("weight")),
         "{backend:?}"
     );
@@ -201,9 +205,7 @@ async fn a_ticket_type_with_tickets_is_not_deleted(db: &TestDb) {
     assert_eq!(names, ["order"]);
 }
 
-async fn members_are_added_changed_and_removed_but_not_while_they_hold_open_tickets(
-    db: &TestDb,
-) {
+async fn members_are_added_changed_and_removed_but_not_while_they_hold_open_tickets(db: &TestDb) {
     let backend = db.backend;
     let store = db.store().await;
     let acme = tenant(&*store, "acme").await;
@@ -282,7 +284,10 @@ async fn members_are_added_changed_and_removed_but_not_while_they_hold_open_tick
         changes: vec!["assignee".into()],
         trace: vec!["Assigned to Bo".into()],
     };
-    store.write_ticket(&acme, write, None, &cause).await.unwrap();
+    store
+        .write_ticket(&acme, write, None, &cause)
+        .await
+        .unwrap();
 
     let before = store.ticket(&acme, &closed).await.unwrap().unwrap();
     assert_eq!(
@@ -363,11 +368,12 @@ async fn a_member_list_is_replaced_by_name(db: &TestDb) {
     );
 
     // Eva leaves, Ann changes, Cy comes, Bo stays: in the order given.
-    let list = vec![("Cy".to_owned(), 4), ("Bo".to_owned(), 5), ("Ann".to_owned(), 2)];
-    let DeskChange::Done(changed) = store
-        .set_members(&acme, &warehouse.id, list)
-        .await
-        .unwrap()
+    let list = vec![
+        ("Cy".to_owned(), 4),
+        ("Bo".to_owned(), 5),
+        ("Ann".to_owned(), 2),
+    ];
+    let DeskChange::Done(changed) = store.set_members(&acme, &warehouse.id, list).await.unwrap()
     else {
         panic!("{backend:?}: refused");
     };
@@ -428,7 +434,10 @@ async fn a_group_whose_members_hold_open_tickets_is_not_deleted(db: &TestDb) {
         changes: vec!["closed".into()],
         trace: vec!["Closed".into()],
     };
-    store.write_ticket(&acme, write, None, &cause).await.unwrap();
+    store
+        .write_ticket(&acme, write, None, &cause)
+        .await
+        .unwrap();
     assert_eq!(
         store.delete_group(&acme, &warehouse.id).await.unwrap(),
         DeskChange::Done(())

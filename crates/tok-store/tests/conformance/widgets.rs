@@ -162,7 +162,11 @@ async fn a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gon
         request: Some(new_widget("x").request),
         ttl_ms: Some(5_000),
     };
-    let kept = store.update_widget(&acme, &id, same).await.unwrap().unwrap();
+    let kept = store
+        .update_widget(&acme, &id, same)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(kept.ttl_ms, 5_000, "{backend:?}");
     assert_eq!(
         (kept.data, kept.fetched_at),
@@ -183,7 +187,11 @@ async fn a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gon
     assert_eq!(changed.request, json!({ "url": "/orders/late" }));
     assert_eq!(changed.connection.as_deref(), Some("stats"), "kept");
     assert_eq!(changed.ttl_ms, 5_000, "kept");
-    assert_eq!((changed.data, changed.fetched_at), (None, None), "{backend:?}");
+    assert_eq!(
+        (changed.data, changed.fetched_at),
+        (None, None),
+        "{backend:?}"
+    );
 
     // Another connection (here none) drops it too.
     cache().await;
@@ -191,7 +199,11 @@ async fn a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gon
         connection: Some(None),
         ..WidgetPatch::default()
     };
-    let changed = store.update_widget(&acme, &id, direct).await.unwrap().unwrap();
+    let changed = store
+        .update_widget(&acme, &id, direct)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(changed.connection, None);
     assert_eq!(changed.data, None, "{backend:?}");
     assert_eq!(store.widget(&acme, &id).await.unwrap().unwrap(), changed);
@@ -210,9 +222,15 @@ async fn a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gon
         "{backend:?}"
     );
     assert!(!store.delete_widget(&other, &id).await.unwrap());
-    assert_eq!(store.widget(&acme, &id).await.unwrap().unwrap().ttl_ms, 5_000);
+    assert_eq!(
+        store.widget(&acme, &id).await.unwrap().unwrap().ttl_ms,
+        5_000
+    );
 
-    assert!(store.delete_widget(&acme, &id).await.unwrap(), "{backend:?}");
+    assert!(
+        store.delete_widget(&acme, &id).await.unwrap(),
+        "{backend:?}"
+    );
     assert!(store.widget(&acme, &id).await.unwrap().is_none());
     assert!(!store.delete_widget(&acme, &id).await.unwrap(), "gone");
     assert!(
