@@ -259,6 +259,37 @@ mod tests {
     }
 
     #[test]
+    fn a_move_of_the_base_url_strands_the_literal_urls_of_the_old_origin() {
+        let automation: Automation = serde_json::from_value(json!({
+            "name": "Orders",
+            "trigger": { "kind": "manual" },
+            "steps": [
+                { "id": "st_rel", "type": "http", "config": { "connection": "shop", "url": "/orders" } },
+                { "id": "st_if", "type": "condition", "config": { "if": "{{x}}" }, "then": [
+                    { "id": "st_abs", "type": "http",
+                      "config": { "connection": "c1", "url": "https://api.shop.example/orders" } },
+                    { "id": "st_tpl", "type": "http",
+                      "config": { "connection": "shop", "url": "https://{{host}}/orders" } },
+                    { "id": "st_else", "type": "http",
+                      "config": { "connection": "other", "url": "https://api.shop.example/x" } }
+                ] }
+            ]
+        }))
+        .unwrap();
+        let here = connection(
+            Some("https://api.shop.example/v2"),
+            json!({ "bearer": "s" }),
+        );
+        assert!(mismatches(&automation, &here).is_empty(), "same origin");
+        let moved = connection(Some("https://shop.example.net"), json!({ "bearer": "s" }));
+        assert_eq!(
+            mismatches(&automation, &moved),
+            ["steps.1.then.0.config.url"],
+            "named by id; the relative, the templated and another connection's URLs are not stranded"
+        );
+    }
+
+    #[test]
     fn a_rendered_url_of_another_origin_is_an_origin_mismatch() {
         let shop = connection(Some("https://api.shop.example"), json!({ "bearer": "s" }));
         let home = Url::parse("https://api.shop.example/orders").unwrap();
