@@ -161,6 +161,16 @@ pub trait ConnectionStore: Send + Sync {
     /// [`StoreError::Secret`](crate::StoreError::Secret) naming the
     /// connection and the key.
     async fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
+    /// A connection by name or id with its credentials left closed
+    /// (`Null`, as a listing has them): for what needs its settings only.
+    /// It answers where [`Self::connection`] fails on credentials that do
+    /// not open (their key was lost), so such a connection can still be
+    /// shown, given new credentials, or deleted.
+    async fn connection_unopened(
+        &self,
+        tenant: &TenantId,
+        name_or_id: &str,
+    ) -> Result<Option<Connection>>;
     /// Changes the connection `id` as `patch` says, new credentials sealed
     /// under the newest key (without one, as [`Self::create_connection`]:
     /// nothing is written). Its breaker's state and its calls in flight

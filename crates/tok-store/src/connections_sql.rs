@@ -47,6 +47,21 @@ macro_rules! impl_connections {
             })
         }
 
+        /// The row of the tenant's connection `name_or_id`.
+        async fn connection_row(
+            store: &$store,
+            tenant: &TenantId,
+            name_or_id: &str,
+        ) -> Result<Option<<$db as sqlx::Database>::Row>> {
+            Ok(sqlx::query(
+                "SELECT * FROM connections WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
+            )
+            .bind(tenant.as_str())
+            .bind(name_or_id)
+            .fetch_optional(store.reader())
+            .await?)
+        }
+
         #[async_trait::async_trait]
         impl ConnectionStore for $store {
             async fn create_connection(
@@ -123,16 +138,19 @@ macro_rules! impl_connections {
                 tenant: &TenantId,
                 name_or_id: &str,
             ) -> Result<Option<Connection>> {
-                let row = sqlx::query(
-                    "SELECT * FROM connections WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
-                )
-                .bind(tenant.as_str())
-                .bind(name_or_id)
-                .fetch_optional(self.reader())
-                .await?;
+                let row = connection_row(self, tenant, name_or_id).await?;
                 row.as_ref()
                     .map(|row| connection_from_row(row, Some(&self.keys)))
                     .transpose()
+            }
+
+            async fn connection_unopened(
+                &self,
+                tenant: &TenantId,
+                name_or_id: &str,
+            ) -> Result<Option<Connection>> {
+                let row = connection_row(self, tenant, name_or_id).await?;
+                row.as_ref().map(|row| connection_from_row(row, None)).transpose()
             }
 
             async fn update_connection(

@@ -4,7 +4,9 @@
 //! On PostgreSQL without `TOK_SECRET_KEY`, credentials are a 400
 //! `secret_key_missing`. A connection's base URL, credentials and limits
 //! change (`PATCH`), its name and service do not; it is deleted once no
-//! automation or widget names it.
+//! automation or widget names it. None of these routes opens the
+//! credentials, so a connection whose key was lost is still shown, given
+//! new credentials or deleted.
 
 use axum::Json;
 use axum::extract::State;
@@ -234,7 +236,7 @@ async fn show(
     let connection = state
         .engine
         .store()
-        .connection(&tenant, &id)
+        .connection_unopened(&tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found("connection"))?;
     Ok(Json(view(&connection)))
@@ -275,7 +277,7 @@ async fn update(
 ) -> ApiResult<Json<Value>> {
     let store = state.engine.store();
     let current = store
-        .connection(&tenant, &id)
+        .connection_unopened(&tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found("connection"))?;
     if let Some(name) = &body.name
@@ -387,7 +389,7 @@ async fn delete(
 ) -> ApiResult<StatusCode> {
     let store = state.engine.store();
     let connection = store
-        .connection(&tenant, &id)
+        .connection_unopened(&tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found("connection"))?;
     let mut users = automations_using(

@@ -22,6 +22,7 @@ backend_tests!(
     without_a_key_sqlite_makes_one_and_postgres_refuses_credentials,
     a_change_replaces_what_it_names_and_seals_new_credentials_under_the_newest_key,
     a_deleted_connection_is_gone_with_its_slots,
+    credentials_whose_key_was_lost_are_replaced_by_a_change,
 );
 
 const SECRET: &str = "sk_live_conformance_secret";
@@ -459,4 +460,55 @@ async fn a_deleted_connection_is_gone_with_its_slots(db: &TestDb) {
         .await
         .unwrap();
     assert_eq!(admitted, Admission::Go, "{backend:?}");
+}
+
+async fn credentials_whose_key_was_lost_are_replaced_by_a_change(db: &TestDb) {
+    let backend = db.backend;
+    let (lost, _) = Keyring::generate();
+    let (kept, _) = Keyring::generate();
+    let store = db.store_with_keys(&lost).await;
+    let t = tenant(&*store, "acme").await;
+    let shop = store
+        .create_connection(&t, connection("shop", credentials()))
+        .await
+        .unwrap();
+    drop(store);
+
+    let store = db.store_with_keys(&kept).await;
+    let error = store.connection(&t, "shop").await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::Secret(SecretError::UnknownKey { .. })),
+        "{backend:?}: {error}"
+    );
+    let unopened = store
+        .connection_unopened(&t, "shop")
+        .await
+        .unwrap()
+        .expect("found without opening");
+    assert_eq!(
+        (
+            unopened.id.as_str(),
+            unopened.credentials.clone(),
+            unopened.has_credentials
+        ),
+        (shop.id.as_str(), Value::Null, true),
+        "{backend:?}"
+    );
+    let other = tenant(&*store, "other").await;
+    assert!(
+        store
+            .connection_unopened(&other, &shop.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let fresh = json!({ "bearer": "sk_live_fresh" });
+    let patch = ConnectionPatch {
+        credentials: Some(fresh.clone()),
+        ..ConnectionPatch::default()
+    };
+    store.update_connection(&t, &shop.id, patch).await.unwrap();
+    let read = store.connection(&t, "shop").await.unwrap().unwrap();
+    assert_eq!(read.credentials, fresh, "{backend:?}");
 }
