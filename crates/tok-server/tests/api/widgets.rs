@@ -29,6 +29,7 @@ backend_tests!(
     bad_widgets_are_refused_with_what_was_expected,
     another_tenants_widgets_are_invisible,
     a_new_request_drops_the_cache_and_a_new_ttl_keeps_it,
+    an_answer_to_the_request_before_a_change_is_not_kept,
     bad_widget_changes_are_refused_and_a_deleted_widget_is_gone,
 );
 
@@ -41,6 +42,9 @@ struct Service {
     calls: AtomicUsize,
     failing: AtomicBool,
     authorized: AtomicUsize,
+    /// `/orders/slow` says it was reached, then answers once let go.
+    reached: tokio::sync::Notify,
+    let_go: tokio::sync::Notify,
 }
 
 impl Service {
@@ -68,11 +72,19 @@ async fn answer(
     (StatusCode::OK, axum::Json(json!({ "open_orders": n })))
 }
 
+async fn slow(State(service): State<Arc<Service>>) -> axum::Json<Value> {
+    service.calls.fetch_add(1, Ordering::SeqCst);
+    service.reached.notify_one();
+    service.let_go.notified().await;
+    axum::Json(json!({ "slow": true }))
+}
+
 async fn serve(app: &TestApp, service: Arc<Service>) -> SocketAddr {
     let listener = app.service_listener();
     let addr = listener.local_addr().unwrap();
     let app = Router::new()
         .route("/orders/open", get(answer))
+        .route("/orders/slow", get(slow))
         .with_state(service);
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
@@ -498,4 +510,40 @@ async fn bad_widget_changes_are_refused_and_a_deleted_widget_is_gone(app: &TestA
         .await
         .expect_error(StatusCode::NOT_FOUND, "not_found");
     assert_eq!(service.calls(), 0, "nothing was called");
+}
+
+async fn an_answer_to_the_request_before_a_change_is_not_kept(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(app, service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let created = app
+        .post(
+            &tenant.key,
+            "/api/widgets",
+            &json!({ "name": "Slow", "connection": "stats",
+                     "request": { "url": "/orders/slow" }, "ttlSec": 3600 }),
+        )
+        .await
+        .expect(StatusCode::CREATED);
+    let id = created["id"].as_str().unwrap().to_owned();
+    // The request changes while the call to the old one is out.
+    let change = async {
+        service.reached.notified().await;
+        app.patch(
+            &tenant.key,
+            &format!("/api/widgets/{id}"),
+            &json!({ "request": { "url": "/orders/open" } }),
+        )
+        .await
+        .expect(StatusCode::OK);
+        service.let_go.notify_one();
+    };
+    let (old, ()) = tokio::join!(data(app, &tenant, &id, "?refresh=true"), change);
+    assert_eq!(old["data"], json!({ "slow": true }), "{old:#}");
+    let new = data(app, &tenant, &id, "").await;
+    assert_eq!(
+        (new["cached"].clone(), new["data"].clone()),
+        (json!(false), json!({ "open_orders": 2 })),
+        "the old request's answer was not kept as the new one's"
+    );
 }
