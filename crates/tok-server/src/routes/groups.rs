@@ -2,8 +2,9 @@
 //! open tickets suit them), which breaks ties when tickets go to the least
 //! busy member. Members keep the order they were given in. Members are
 //! added, changed and removed one by one or as a whole list (`PATCH
-//! /api/groups/{id}`, what `tok apply` sends); a member with open tickets
-//! is not removed, nor a group an automation names.
+//! /api/groups/{id}`, what `tok apply` sends); a member with open tickets,
+//! or whom an automation's approval step lists, is not removed, nor a group
+//! an automation names.
 
 use std::collections::HashSet;
 
@@ -14,12 +15,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::ids::TenantId;
 use tok_core::uses::Kind;
-use tok_store::{DeskChange, Group, HeldBy, NewGroup};
+use tok_core::walk::each_step;
+use tok_store::{DeskChange, Group, HeldBy, Member, NewGroup};
 
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::in_use::{User, automations_using, conflict, refuse_if_used};
+use crate::routes::in_use::{User, automations_using, automations_where, conflict, refuse_if_used};
 use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
 
 /// A member's capacity when the request gives none.
@@ -126,6 +128,39 @@ fn held_back(what: &str, held: &[HeldBy]) -> ApiError {
     conflict(&format!("{what} cannot be removed, held by"), &users)
 }
 
+/// The automations whose approval steps list one of `members` by id
+/// (`approvers.members`): an approval of theirs would ask nobody, or fewer.
+async fn approvals_listing(
+    state: &AppState,
+    tenant: &TenantId,
+    members: &[&Member],
+) -> ApiResult<Vec<User>> {
+    automations_where(state, tenant, |definition| {
+        let mut found = None;
+        each_step(&definition.steps, "steps", &mut |path, step| {
+            let listed = step
+                .config
+                .pointer("/approvers/members")
+                .and_then(Value::as_array);
+            if found.is_some() || step.kind != "approval" {
+                return;
+            }
+            found = listed
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .find_map(|(i, id)| {
+                    members
+                        .iter()
+                        .any(|m| id.as_str() == Some(&m.id))
+                        .then(|| format!("{path}.config.approvers.members.{i}"))
+                });
+        });
+        found
+    })
+    .await
+}
+
 #[utoipa::path(post, path = "/api/groups", tag = "groups", responses((status = 201, body = crate::openapi::schemas::Group)))]
 async fn create(
     State(state): State<AppState>,
@@ -200,6 +235,16 @@ async fn update(
         return Ok(Json(json!(current)));
     };
     let members = checked_members(members)?;
+    let leaving: Vec<&Member> = current
+        .members
+        .iter()
+        .filter(|m| !members.iter().any(|(name, _)| *name == m.name))
+        .collect();
+    let users = approvals_listing(&state, &tenant, &leaving).await?;
+    refuse_if_used(
+        &format!("a member left out of group `{}`", current.name),
+        &users,
+    )?;
     match state
         .engine
         .store()
@@ -225,7 +270,10 @@ async fn delete(
 ) -> ApiResult<StatusCode> {
     let current = group(&state, &tenant, &id).await?;
     let what = format!("group `{}`", current.name);
-    let users = automations_using(&state, &tenant, Kind::Group, &current.id, &current.name).await?;
+    let mut users =
+        automations_using(&state, &tenant, Kind::Group, &current.id, &current.name).await?;
+    let members: Vec<&Member> = current.members.iter().collect();
+    users.extend(approvals_listing(&state, &tenant, &members).await?);
     refuse_if_used(&what, &users)?;
     match state
         .engine
@@ -313,6 +361,11 @@ async fn delete_member(
         .iter()
         .find(|m| m.id == member_id)
         .ok_or_else(|| ApiError::not_found("member"))?;
+    let users = approvals_listing(&state, &tenant, &[member]).await?;
+    refuse_if_used(
+        &format!("member `{}` of group `{}`", member.name, current.name),
+        &users,
+    )?;
     match state
         .engine
         .store()

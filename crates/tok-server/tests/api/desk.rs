@@ -4,8 +4,8 @@
 //! traced in words, and raising events that start automations — and the
 //! walls between tenants. Types, groups and members change and go: a
 //! member with open tickets stays (409 counting them), as does a status
-//! that open tickets are in, a type that tickets are of, and a group or a
-//! type that an automation names (409 naming it).
+//! that open tickets are in, a type that tickets are of, and a member, a
+//! group or a type that an automation names (409 naming it).
 
 use std::collections::HashSet;
 
@@ -1303,6 +1303,40 @@ async fn members_are_added_changed_and_removed_but_not_while_they_hold_open_tick
         assert!(message.contains(expected), "{body}: {message}");
     }
 
+    // An approval step lists Cy: she stays until it does not.
+    let cy_uri = format!("{members}/{}", cy["id"].as_str().unwrap());
+    let approve = manual(
+        "Approve",
+        &json!([{ "id": "st_ok", "type": "approval",
+                  "config": { "approvers": { "members": [d.jan, cy["id"]] }, "prompt": "Ship?" } }]),
+    );
+    let automation = app.create_automation(&d.tenant, &approve).await;
+    let refused = app
+        .delete(&d.tenant.key, &cy_uri)
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "automation", "id": automation, "name": "Approve",
+                 "path": "steps.0.config.approvers.members.1" }]),
+        "{refused:#}"
+    );
+    let without = manual(
+        "Approve",
+        &json!([{ "id": "st_ok", "type": "approval",
+                  "config": { "approvers": { "members": [d.jan] }, "prompt": "Ship?" } }]),
+    );
+    app.put(
+        &d.tenant.key,
+        &format!("/api/automations/{automation}"),
+        &without,
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.delete(&d.tenant.key, &cy_uri)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+
     let bo_uri = format!("{members}/{}", bo["id"].as_str().unwrap());
     let changed = app
         .patch(&d.tenant.key, &bo_uri, &json!({ "capacity": 6 }))
@@ -1383,7 +1417,7 @@ async fn members_are_added_changed_and_removed_but_not_while_they_hold_open_tick
         .iter()
         .map(|m| m["name"].clone())
         .collect();
-    assert_eq!(names, ["Jan", "Bo", "Cy"]);
+    assert_eq!(names, ["Jan", "Bo"]);
     let closed = app.ticket(&d.tenant, t3["id"].as_str().unwrap()).await;
     assert_eq!(closed["assignee"], Value::Null, "{closed:#}");
     assert_eq!(
