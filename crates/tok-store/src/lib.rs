@@ -78,7 +78,9 @@ use async_trait::async_trait;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
-pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
+pub use connections::{
+    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, NewConnection,
+};
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
 pub use effects::EffectStore;
@@ -99,7 +101,7 @@ pub use watch::{
     ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, UnfinishedRun,
     WatchStore,
 };
-pub use widgets::{NewWidget, Widget, WidgetStore};
+pub use widgets::{NewWidget, Widget, WidgetPatch, WidgetStore};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 

@@ -649,7 +649,16 @@ by_tenant! {
         fn create_ticket_type(&self, tenant: &TenantId, new: NewTicketType) -> Result<TicketType>;
         fn ticket_types(&self, tenant: &TenantId) -> Result<Vec<TicketType>>;
         fn ticket_types_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<TicketType>>;
+        fn ticket_type(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<TicketType>>;
+        fn update_ticket_type(&self, tenant: &TenantId, id: &str, patch: TicketTypePatch) -> Result<DeskChange<TicketType>>;
+        fn delete_ticket_type(&self, tenant: &TenantId, id: &str) -> Result<DeskChange<()>>;
         fn create_group(&self, tenant: &TenantId, new: NewGroup) -> Result<Group>;
+        fn group(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Group>>;
+        fn add_member(&self, tenant: &TenantId, group_id: &str, name: &str, capacity: i32) -> Result<Option<Member>>;
+        fn update_member(&self, tenant: &TenantId, group_id: &str, member_id: &str, capacity: i32) -> Result<Option<Member>>;
+        fn delete_member(&self, tenant: &TenantId, group_id: &str, member_id: &str) -> Result<DeskChange<()>>;
+        fn set_members(&self, tenant: &TenantId, group_id: &str, members: Vec<(String, i32)>) -> Result<DeskChange<Group>>;
+        fn delete_group(&self, tenant: &TenantId, id: &str) -> Result<DeskChange<()>>;
         fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>>;
         fn groups_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Group>>;
         fn tickets(&self, tenant: &TenantId, filter: &TicketFilter, limit: u32, cursor: Option<&str>) -> Result<Page<Ticket>>;
@@ -674,6 +683,9 @@ by_tenant! {
         fn create_connection(&self, tenant: &TenantId, new: NewConnection) -> Result<Connection>;
         fn connections(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Connection>>;
         fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
+        fn connection_unopened(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
+        fn update_connection(&self, tenant: &TenantId, id: &str, patch: ConnectionPatch) -> Result<Option<Connection>>;
+        fn delete_connection(&self, tenant: &TenantId, id: &str) -> Result<bool>;
         fn admit(&self, tenant: &TenantId, connection_id: &str, job: JobId, lease_ms: i64) -> Result<Admission>;
         fn release(&self, tenant: &TenantId, connection_id: &str, job: JobId, outcome: CallOutcome) -> Result<()>;
     }
@@ -768,6 +780,8 @@ by_tenant! {
         fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget>;
         fn widgets(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Widget>>;
         fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
+        fn update_widget(&self, tenant: &TenantId, id: &str, patch: WidgetPatch) -> Result<Option<Widget>>;
+        fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool>;
         fn save_widget_data(&self, tenant: &TenantId, id: &str, data: &Value, fetched_at: i64) -> Result<bool>;
     }
 }

@@ -186,17 +186,8 @@ struct SourcePatchBody {
     params: Option<Vec<Param>>,
     critical: Option<bool>,
     /// `null` removes the limit.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::present")]
     rate_limit: Option<Option<i32>>,
-}
-
-/// A field that is there, even as `null`, is `Some`.
-fn present<'de, T, D>(de: D) -> Result<Option<T>, D::Error>
-where
-    T: Deserialize<'de>,
-    D: serde::Deserializer<'de>,
-{
-    T::deserialize(de).map(Some)
 }
 
 #[utoipa::path(patch, path = "/api/sources/{id}", tag = "sources", responses((status = 200, body = crate::openapi::schemas::Source)))]

@@ -8,7 +8,8 @@
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
 //! `tenancy` (scoping across all of them), `tenant_caps` (a tenant's
 //! concurrency cap across claims and dispatches), `widgets`, `connections`
-//! (credentials sealed at rest), `queue_samples` (the
+//! (credentials sealed at rest, changed, deleted), `desk` (ticket types,
+//! groups and members changed and deleted), `queue_samples` (the
 //! queue's health over time) and `migrations`; the setup
 //! helpers they share are here.
 //!
@@ -55,6 +56,7 @@ mod branches;
 mod children;
 mod compensation;
 mod connections;
+mod desk;
 mod dispatch;
 mod effects;
 mod inbox;
