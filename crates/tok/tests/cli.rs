@@ -293,17 +293,64 @@ async fn apply_a_directory_creates_then_changes_only_what_changed_and_prunes(db:
         .await;
     assert_eq!(source["rate_limit"], 10);
 
-    // A file removed: --prune deletes what it held, after a dry run that
+    // A connection's limit and a group's members changed the same way.
+    write(
+        &dir,
+        "desk/connection.json",
+        &json!({ "kind": "connection", "name": "invoicing", "service": "http",
+                 "base_url": "http://127.0.0.1:9", "rate": 2,
+                 "credentials": { "bearer": { "env": "INVOICING_TOKEN" } } }),
+    );
+    let mut more: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("desk/more.json")).unwrap())
+            .unwrap();
+    more[0]["members"] = json!([{ "name": "Eva", "capacity": 3 }, { "name": "Ota" }]);
+    write(&dir, "desk/more.json", &more);
+    let fourth = ok(apply(&[]));
+    assert!(
+        fourth.contains("changed connection invoicing ("),
+        "{fourth}"
+    );
+    assert!(fourth.contains("~ rate: 5.0 → 2"), "{fourth}");
+    assert!(fourth.contains("changed group warehouse ("), "{fourth}");
+    assert!(
+        fourth.contains("0 created, 2 changed, 5 unchanged"),
+        "{fourth}"
+    );
+    let groups = api.get("/api/groups", &key).await;
+    let members: Vec<&str> = groups["items"][0]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(members, ["Eva", "Ota"], "{groups:#}");
+    let connections = api.get("/api/connections", &key).await;
+    assert_eq!(connections["items"][0]["rate"], 2.0);
+
+    // Files removed: --prune deletes what they held, after a dry run that
     // only says so.
     std::fs::remove_file(dir.join("nightly.json")).unwrap();
+    more.as_array_mut().unwrap().pop();
+    write(&dir, "desk/more.json", &more);
     let planned = ok(apply(&["--prune", "--dry-run"]));
     assert!(
         planned.contains("would delete automation Greeting ("),
         "{planned}"
     );
+    assert!(
+        planned.contains("would delete widget open invoices ("),
+        "{planned}"
+    );
     let pruned = ok(apply(&["--prune"]));
     assert!(pruned.contains("deleted automation Greeting ("), "{pruned}");
-    assert!(pruned.contains("6 unchanged, 1 deleted"), "{pruned}");
+    assert!(
+        pruned.contains("deleted widget open invoices ("),
+        "{pruned}"
+    );
+    assert!(pruned.contains("5 unchanged, 2 deleted"), "{pruned}");
+    let widgets = api.get("/api/widgets", &key).await;
+    assert_eq!(widgets["items"], json!([]), "{widgets:#}");
     let automations = api.get("/api/automations", &key).await;
     let names: Vec<&str> = automations["items"]
         .as_array()
