@@ -60,6 +60,8 @@ pub enum EngineError {
     AutomationNotFound(AutomationId),
     #[error("automation {0} is paused; resume it before starting runs")]
     AutomationPaused(AutomationId),
+    #[error("automation {0} was deleted; its runs and versions are kept, but it starts no run")]
+    AutomationArchived(AutomationId),
     /// A manual start over the automation's `settings.limits.startsPerMinute`.
     #[error(
         "start_rate_exceeded: automation {automation} may start {per_minute} runs per minute \
@@ -389,8 +391,14 @@ impl Engine {
             .automation(tenant, automation_id)
             .await?
             .ok_or_else(|| EngineError::AutomationNotFound(automation_id.clone()))?;
-        if row.status == AutomationStatus::Paused {
-            return Err(EngineError::AutomationPaused(automation_id.clone()));
+        match row.status {
+            AutomationStatus::Active => {}
+            AutomationStatus::Paused => {
+                return Err(EngineError::AutomationPaused(automation_id.clone()));
+            }
+            AutomationStatus::Archived => {
+                return Err(EngineError::AutomationArchived(automation_id.clone()));
+            }
         }
         let automation = self
             .inner

@@ -7,6 +7,9 @@
 //! while it is out: the widget is read in one statement, the answer saved
 //! in another. When a refresh fails and an answer is cached, that answer is
 //! served with the error beside it, so a tile keeps showing its last data.
+//! An answer is kept only while the widget still asks what was called: a
+//! change of its request or connection meanwhile (which drops the cache)
+//! leaves it out.
 
 use std::sync::Arc;
 
@@ -115,9 +118,17 @@ impl Widgets {
         match fetched {
             Ok(data) => {
                 let fetched_at = now_ms();
-                self.store
-                    .save_widget_data(tenant, &widget.id, &data, fetched_at)
-                    .await?;
+                // A change of the widget's request or connection while the
+                // call was out dropped the cache: this answer is to the
+                // request before it, and is not kept.
+                let now = self.store.widget(tenant, &widget.id).await?;
+                if now.is_some_and(|w| {
+                    w.request == widget.request && w.connection == widget.connection
+                }) {
+                    self.store
+                        .save_widget_data(tenant, &widget.id, &data, fetched_at)
+                        .await?;
+                }
                 Ok(WidgetData {
                     data,
                     fetched_at,

@@ -133,6 +133,9 @@ impl From<EngineError> for ApiError {
             EngineError::AutomationPaused(_) => {
                 Self::new(StatusCode::CONFLICT, "automation_paused", e.to_string())
             }
+            EngineError::AutomationArchived(_) => {
+                Self::new(StatusCode::CONFLICT, "automation_archived", e.to_string())
+            }
             EngineError::StartRateExceeded { retry_after_ms, .. } => Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "start_rate_exceeded",

@@ -19,8 +19,9 @@ use tok_core::ids::SourceId;
 use tok_store::Source;
 
 /// How long a webhook token's source is kept in memory: the webhook path
-/// then reads nothing before its one insert. Sources are never edited in
-/// place, so a short expiry only bounds how long a removed token lingers.
+/// then reads nothing before its one insert. A change, rotation or delete
+/// forgets the source in the process that made it at once; another API
+/// process sees it within this time.
 const SOURCE_TTL: Duration = Duration::from_secs(10);
 
 /// A webhook source as ingest reads it: the row and its params contract,
@@ -30,12 +31,20 @@ pub(crate) struct WebhookSource {
     /// The declared params; a declaration that does not parse counts as
     /// none (the source API validates them before saving).
     pub(crate) params: Vec<Param>,
+    /// Until when the token it was found by opens it (ms since the epoch):
+    /// the overlap's end for the token before a rotation, else none.
+    until: Option<i64>,
 }
 
 impl WebhookSource {
-    pub(crate) fn new(source: Source) -> Self {
+    pub(crate) fn new(source: Source, token: &str) -> Self {
         let params = Vec::<Param>::deserialize(&source.params).unwrap_or_default();
-        Self { source, params }
+        let until = source.token_until(token);
+        Self {
+            source,
+            params,
+            until,
+        }
     }
 }
 
@@ -49,20 +58,29 @@ pub(crate) struct SourceCache {
 impl SourceCache {
     pub(crate) fn get(&self, token: &str, now: Instant) -> Option<Arc<WebhookSource>> {
         let cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
+        let wall = tok_store::now_ms();
         cache
             .get(token)
             .filter(|(_, at)| now.saturating_duration_since(*at) < SOURCE_TTL)
+            .filter(|(s, _)| s.until.is_none_or(|until| until > wall))
             .map(|(s, _)| Arc::clone(s))
     }
 
-    pub(crate) fn put(&self, source: Source, now: Instant) -> Arc<WebhookSource> {
-        let source = Arc::new(WebhookSource::new(source));
+    /// Keeps `source` as what `token` opens.
+    pub(crate) fn put(&self, token: &str, source: Source, now: Instant) -> Arc<WebhookSource> {
+        let source = Arc::new(WebhookSource::new(source, token));
         let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() > 100_000 {
             cache.clear();
         }
-        cache.insert(source.source.token.clone(), (Arc::clone(&source), now));
+        cache.insert(token.to_owned(), (Arc::clone(&source), now));
         source
+    }
+
+    /// Drops every token of the source `id`, after it changed.
+    pub(crate) fn forget(&self, id: &SourceId) {
+        let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
+        cache.retain(|_, (s, _)| s.source.id != *id);
     }
 }
 

@@ -221,7 +221,8 @@ macro_rules! impl_children {
         ) -> Result<Option<AutomationRow>> {
             let sql = format!(
                 "{AUTOMATION_SELECT} WHERE a.tenant_id = $1 AND (a.id = $2 OR a.name = $2)
-                 ORDER BY CASE WHEN a.id = $2 THEN 0 ELSE 1 END, a.created_at DESC LIMIT 1"
+                 ORDER BY CASE WHEN a.id = $2 THEN 0 ELSE 1 END,
+                    CASE WHEN a.status = 'archived' THEN 1 ELSE 0 END, a.created_at DESC LIMIT 1"
             );
             let row = sqlx::query(&sql)
                 .bind(tenant.as_str())

@@ -3,7 +3,9 @@
 //! breaker. They live in the database, so they hold across every worker
 //! process sharing it. A step asks [`ConnectionStore::admit`] before it
 //! calls (one short transaction), calls with no connection held, and reports
-//! the outcome with [`ConnectionStore::release`].
+//! the outcome with [`ConnectionStore::release`]. A connection is read
+//! afresh for every call, so a change ([`ConnectionStore::update_connection`])
+//! applies from the next call on, in every process.
 //!
 //! Credentials are sealed at rest (`secrets.rs`): the store seals them as
 //! it writes them and opens them in [`ConnectionStore::connection`], so a
@@ -58,6 +60,37 @@ pub struct Connection {
     pub failures: i32,
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+}
+
+/// A change to a connection: each `Some` replaces what is stored, `None`
+/// leaves it. Its name and service never change (what refers to it names
+/// it).
+#[derive(Clone, Default)]
+pub struct ConnectionPatch {
+    /// `Some(None)` removes the base URL.
+    pub base_url: Option<Option<String>>,
+    /// The new credentials, sealed under the newest key; `{}` removes them.
+    pub credentials: Option<Value>,
+    /// `Some(None)` removes the rate limit.
+    pub rate: Option<Option<f64>>,
+    pub burst: Option<i32>,
+    /// `Some(None)` removes the cap on calls in flight.
+    pub max_concurrency: Option<Option<i32>>,
+    pub breaker_threshold: Option<i32>,
+    pub breaker_cooldown_ms: Option<i64>,
+}
+
+/// Everything but the credentials.
+impl fmt::Debug for ConnectionPatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionPatch")
+            .field("base_url", &self.base_url)
+            .field("credentials", &self.credentials.as_ref().map(|_| "***"))
+            .field("rate", &self.rate)
+            .field("burst", &self.burst)
+            .field("max_concurrency", &self.max_concurrency)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Everything but the credentials.
@@ -128,6 +161,30 @@ pub trait ConnectionStore: Send + Sync {
     /// [`StoreError::Secret`](crate::StoreError::Secret) naming the
     /// connection and the key.
     async fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
+    /// A connection by name or id with its credentials left closed
+    /// (`Null`, as a listing has them): for what needs its settings only.
+    /// It answers where [`Self::connection`] fails on credentials that do
+    /// not open (their key was lost), so such a connection can still be
+    /// shown, given new credentials, or deleted.
+    async fn connection_unopened(
+        &self,
+        tenant: &TenantId,
+        name_or_id: &str,
+    ) -> Result<Option<Connection>>;
+    /// Changes the connection `id` as `patch` says, new credentials sealed
+    /// under the newest key (without one, as [`Self::create_connection`]:
+    /// nothing is written). Its breaker's state and its calls in flight
+    /// stay. Answers the connection as changed, its credentials not opened
+    /// (`Null`); `None` when the tenant has no connection `id`.
+    async fn update_connection(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        patch: ConnectionPatch,
+    ) -> Result<Option<Connection>>;
+    /// Deletes the connection `id` and its slots; false when the tenant has
+    /// none of that id. What still names it fails at its next call.
+    async fn delete_connection(&self, tenant: &TenantId, id: &str) -> Result<bool>;
     /// Checks the breaker, the concurrency cap and the token bucket, in that
     /// order, and takes a token and a slot when all allow the call.
     async fn admit(

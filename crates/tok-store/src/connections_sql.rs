@@ -47,6 +47,21 @@ macro_rules! impl_connections {
             })
         }
 
+        /// The row of the tenant's connection `name_or_id`.
+        async fn connection_row(
+            store: &$store,
+            tenant: &TenantId,
+            name_or_id: &str,
+        ) -> Result<Option<<$db as sqlx::Database>::Row>> {
+            Ok(sqlx::query(
+                "SELECT * FROM connections WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
+            )
+            .bind(tenant.as_str())
+            .bind(name_or_id)
+            .fetch_optional(store.reader())
+            .await?)
+        }
+
         #[async_trait::async_trait]
         impl ConnectionStore for $store {
             async fn create_connection(
@@ -123,16 +138,91 @@ macro_rules! impl_connections {
                 tenant: &TenantId,
                 name_or_id: &str,
             ) -> Result<Option<Connection>> {
-                let row = sqlx::query(
-                    "SELECT * FROM connections WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
-                )
-                .bind(tenant.as_str())
-                .bind(name_or_id)
-                .fetch_optional(self.reader())
-                .await?;
+                let row = connection_row(self, tenant, name_or_id).await?;
                 row.as_ref()
                     .map(|row| connection_from_row(row, Some(&self.keys)))
                     .transpose()
+            }
+
+            async fn connection_unopened(
+                &self,
+                tenant: &TenantId,
+                name_or_id: &str,
+            ) -> Result<Option<Connection>> {
+                let row = connection_row(self, tenant, name_or_id).await?;
+                row.as_ref().map(|row| connection_from_row(row, None)).transpose()
+            }
+
+            async fn update_connection(
+                &self,
+                tenant: &TenantId,
+                id: &str,
+                patch: ConnectionPatch,
+            ) -> Result<Option<Connection>> {
+                // Sealing needs only the tenant and the id (the name is for
+                // errors of opening).
+                let sealed = patch
+                    .credentials
+                    .as_ref()
+                    .map(|credentials| {
+                        self.keys.seal(
+                            $crate::secrets::Owner {
+                                tenant,
+                                connection_id: id,
+                                connection_name: id,
+                            },
+                            credentials,
+                        )
+                    })
+                    .transpose()?;
+                // A new burst caps the tokens at once; a new rate refills
+                // from what is left at the old one.
+                let row = sqlx::query(
+                    "UPDATE connections SET
+                        base_url = CASE WHEN $3 THEN $4 ELSE base_url END,
+                        credentials = COALESCE($5, credentials),
+                        rate = CASE WHEN $6 THEN $7 ELSE rate END,
+                        burst = COALESCE($8, burst),
+                        tokens = CASE WHEN tokens > COALESCE($8, burst) THEN COALESCE($8, burst)
+                            ELSE tokens END,
+                        max_concurrency = CASE WHEN $9 THEN $10 ELSE max_concurrency END,
+                        breaker_threshold = COALESCE($11, breaker_threshold),
+                        breaker_cooldown_ms = COALESCE($12, breaker_cooldown_ms)
+                     WHERE tenant_id = $1 AND id = $2
+                     RETURNING *",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(patch.base_url.is_some())
+                .bind(patch.base_url.flatten())
+                .bind(sealed.as_ref().map(Json))
+                .bind(patch.rate.is_some())
+                .bind(patch.rate.flatten())
+                .bind(patch.burst)
+                .bind(patch.max_concurrency.is_some())
+                .bind(patch.max_concurrency.flatten())
+                .bind(patch.breaker_threshold)
+                .bind(patch.breaker_cooldown_ms)
+                .fetch_optional(&*self.writer().await)
+                .await?;
+                row.as_ref().map(|row| connection_from_row(row, None)).transpose()
+            }
+
+            async fn delete_connection(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                sqlx::query("DELETE FROM connection_slots WHERE tenant_id = $1 AND connection_id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                let done = sqlx::query("DELETE FROM connections WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(done.rows_affected() > 0)
             }
 
             async fn admit(

@@ -16,6 +16,10 @@ macro_rules! impl_definitions {
                 critical: row.get("critical"),
                 rate_limit: row.get("rate_limit"),
                 secret: row.get("secret"),
+                previous_token: row.get("previous_token"),
+                previous_token_until: row.get("previous_token_until"),
+                previous_secret: row.get("previous_secret"),
+                previous_secret_until: row.get("previous_secret_until"),
                 created_at: row.get("created_at"),
             }
         }
@@ -53,6 +57,10 @@ macro_rules! impl_definitions {
                     critical: source.critical,
                     rate_limit: source.rate_limit,
                     secret: source.secret,
+                    previous_token: None,
+                    previous_token_until: None,
+                    previous_secret: None,
+                    previous_secret_until: None,
                     created_at: now_ms(),
                 };
                 sqlx::query(
@@ -112,11 +120,85 @@ macro_rules! impl_definitions {
             }
 
             async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
-                let row = sqlx::query("SELECT * FROM sources WHERE token = $1")
-                    .bind(token)
-                    .fetch_optional(self.reader())
-                    .await?;
+                let row = sqlx::query(
+                    "SELECT * FROM sources
+                     WHERE token = $1 OR (previous_token = $1 AND previous_token_until > $2)",
+                )
+                .bind(token)
+                .bind(now_ms())
+                .fetch_optional(self.reader())
+                .await?;
                 Ok(row.as_ref().map(source_from_row))
+            }
+
+            async fn update_source(
+                &self,
+                tenant: &TenantId,
+                id: &SourceId,
+                patch: SourcePatch,
+            ) -> Result<Option<Source>> {
+                let row = sqlx::query(
+                    "UPDATE sources SET name = COALESCE($3, name), params = COALESCE($4, params),
+                        critical = COALESCE($5, critical),
+                        rate_limit = CASE WHEN $6 THEN $7 ELSE rate_limit END
+                     WHERE tenant_id = $1 AND id = $2
+                     RETURNING *",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(patch.name.as_deref())
+                .bind(patch.params.as_ref().map(Json))
+                .bind(patch.critical)
+                .bind(patch.rate_limit.is_some())
+                .bind(patch.rate_limit.flatten())
+                .fetch_optional(&*self.writer().await)
+                .await?;
+                Ok(row.as_ref().map(source_from_row))
+            }
+
+            async fn rotate_source(
+                &self,
+                tenant: &TenantId,
+                id: &SourceId,
+                rotation: SourceRotation,
+            ) -> Result<Option<Source>> {
+                // The right-hand sides read the row as it was: what is
+                // replaced becomes the previous value, kept while the
+                // overlap lasts (none when it has no length).
+                let row = sqlx::query(
+                    "UPDATE sources SET
+                        previous_token = CASE WHEN CAST($3 AS TEXT) IS NULL THEN previous_token
+                            WHEN $5 > $6 THEN token ELSE NULL END,
+                        previous_token_until = CASE WHEN CAST($3 AS TEXT) IS NULL
+                            THEN previous_token_until WHEN $5 > $6 THEN $5 ELSE NULL END,
+                        token = COALESCE($3, token),
+                        previous_secret = CASE WHEN CAST($4 AS TEXT) IS NULL THEN previous_secret
+                            WHEN $5 > $6 THEN secret ELSE NULL END,
+                        previous_secret_until = CASE WHEN CAST($4 AS TEXT) IS NULL
+                            THEN previous_secret_until
+                            WHEN $5 > $6 AND secret IS NOT NULL THEN $5 ELSE NULL END,
+                        secret = COALESCE($4, secret)
+                     WHERE tenant_id = $1 AND id = $2
+                     RETURNING *",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(rotation.token.as_deref())
+                .bind(rotation.secret.as_deref())
+                .bind(rotation.until)
+                .bind(now_ms())
+                .fetch_optional(&*self.writer().await)
+                .await?;
+                Ok(row.as_ref().map(source_from_row))
+            }
+
+            async fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool> {
+                let done = sqlx::query("DELETE FROM sources WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id.as_str())
+                    .execute(&*self.writer().await)
+                    .await?;
+                Ok(done.rows_affected() > 0)
             }
 
             async fn create_automation(
@@ -229,7 +311,7 @@ macro_rules! impl_definitions {
             ) -> Result<bool> {
                 let done = sqlx::query(
                     "UPDATE automations SET status = $3, updated_at = $4
-                     WHERE tenant_id = $1 AND id = $2",
+                     WHERE tenant_id = $1 AND id = $2 AND status <> 'archived'",
                 )
                 .bind(tenant.as_str())
                 .bind(id.as_str())
@@ -271,7 +353,8 @@ macro_rules! impl_definitions {
             ) -> Result<Page<AutomationRow>> {
                 let sql = format!(
                     "{AUTOMATION_SELECT}
-                     WHERE a.tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR a.id > $2)
+                     WHERE a.tenant_id = $1 AND a.status <> 'archived'
+                       AND (CAST($2 AS TEXT) IS NULL OR a.id > $2)
                      ORDER BY a.id LIMIT $3"
                 );
                 let rows = sqlx::query(&sql)

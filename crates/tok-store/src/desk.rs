@@ -19,7 +19,7 @@ use crate::{
     RunEnded, SignalSent, StepRow,
 };
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TicketType {
     pub id: String,
     pub name: String,
@@ -36,14 +36,14 @@ pub struct NewTicketType {
     pub fields: Value,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Member {
     pub id: String,
     pub name: String,
     pub capacity: i32,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Group {
     pub id: String,
     pub name: String,
@@ -55,6 +55,34 @@ pub struct NewGroup {
     pub name: String,
     /// (name, capacity) in the group's stable order.
     pub members: Vec<(String, i32)>,
+}
+
+/// A change to a ticket type: each `Some` replaces what is stored. Its
+/// name never changes (steps and tickets name it).
+#[derive(Debug, Clone, Default)]
+pub struct TicketTypePatch {
+    pub statuses: Option<Vec<String>>,
+    pub fields: Option<Value>,
+}
+
+/// Tickets that keep a change or a delete from happening: `tickets` of
+/// them hold the part named `name` whose id is `id` (a member, a status,
+/// whose id is its name, or the ticket type itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldBy {
+    pub id: String,
+    pub name: String,
+    pub tickets: i64,
+}
+
+/// What a change or a delete of a ticket type, a group or a member did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeskChange<T> {
+    Done(T),
+    /// The tenant has no such resource.
+    NotFound,
+    /// Refused, and nothing changed: tickets hold what it would remove.
+    Held(Vec<HeldBy>),
 }
 
 /// A member of a group with the number of open tickets assigned to them.
@@ -209,7 +237,66 @@ pub trait DeskStore: Send + Sync {
         limit: u32,
         after: Option<&str>,
     ) -> Result<Page<TicketType>>;
+    /// A ticket type by id or name.
+    async fn ticket_type(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<TicketType>>;
+    /// Changes the ticket type `id`. Refused (`Held`, one per status) while
+    /// open tickets of the type are in a status the new statuses leave out:
+    /// their status would be none of the type's.
+    async fn update_ticket_type(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        patch: TicketTypePatch,
+    ) -> Result<DeskChange<TicketType>>;
+    /// Deletes the ticket type `id`. Refused (`Held`, the type) while any
+    /// ticket, open or closed, is of the type.
+    async fn delete_ticket_type(&self, tenant: &TenantId, id: &str) -> Result<DeskChange<()>>;
     async fn create_group(&self, tenant: &TenantId, new: NewGroup) -> Result<Group>;
+    /// A group by id or name, with its members.
+    async fn group(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Group>>;
+    /// Adds a member after the group's others; `None` when the tenant has
+    /// no group `group_id`, a [`Conflict`](crate::StoreError::Conflict)
+    /// when the group has a member of that name.
+    async fn add_member(
+        &self,
+        tenant: &TenantId,
+        group_id: &str,
+        name: &str,
+        capacity: i32,
+    ) -> Result<Option<Member>>;
+    /// Sets a member's capacity; `None` when the group has no such member.
+    async fn update_member(
+        &self,
+        tenant: &TenantId,
+        group_id: &str,
+        member_id: &str,
+        capacity: i32,
+    ) -> Result<Option<Member>>;
+    /// Removes a member from its group. Refused (`Held`) while open tickets
+    /// are assigned to them; the closed tickets they had are unassigned,
+    /// each with a trace line naming them. Serialized with the group's
+    /// assignments, so a least-busy pick never lands on a member being
+    /// removed.
+    async fn delete_member(
+        &self,
+        tenant: &TenantId,
+        group_id: &str,
+        member_id: &str,
+    ) -> Result<DeskChange<()>>;
+    /// Makes the group's members `members` (name, capacity), in that order,
+    /// matched by name: a new name is added, a known one keeps its id and
+    /// takes the capacity, one left out is removed as
+    /// [`Self::delete_member`] removes it. Refused (`Held`, one per member)
+    /// while a member left out holds open tickets; nothing changes then.
+    async fn set_members(
+        &self,
+        tenant: &TenantId,
+        group_id: &str,
+        members: Vec<(String, i32)>,
+    ) -> Result<DeskChange<Group>>;
+    /// Deletes the group `id` and its members. Refused (`Held`, one per
+    /// member) while its members hold open tickets.
+    async fn delete_group(&self, tenant: &TenantId, id: &str) -> Result<DeskChange<()>>;
     /// Every group of the tenant with its members, by name.
     async fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>>;
     /// A page of groups with their members, by name, after the name `after`.

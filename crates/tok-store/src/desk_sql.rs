@@ -315,6 +315,117 @@ macro_rules! impl_desk {
             Ok((existing.get("id"), false))
         }
 
+        /// Locks the tenant's group `id` until the transaction ends,
+        /// serialized with its assignments (`lock_group!`); its id and name,
+        /// or `None` when the tenant has no such group.
+        async fn lock_group_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            id: &str,
+        ) -> Result<Option<(String, String)>> {
+            let row = sqlx::query(concat!(
+                "SELECT id, name FROM groups WHERE tenant_id = $1 AND id = $2 ",
+                lock_rows!()
+            ))
+            .bind(tenant.as_str())
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let id: String = row.get("id");
+            sqlx::query(lock_group!(1)).bind(&id).execute(&mut *conn).await?;
+            Ok(Some((id, row.get("name"))))
+        }
+
+        /// The members of the group `group_id`, in order, with their open
+        /// tickets.
+        async fn member_loads_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            group_id: &str,
+        ) -> Result<Vec<MemberLoad>> {
+            let rows = sqlx::query(
+                "SELECT m.id, m.name, m.capacity,
+                    (SELECT COUNT(*) FROM tickets t
+                     WHERE t.tenant_id = m.tenant_id AND t.assignee_id = m.id
+                       AND NOT t.closed) AS open_tickets
+                 FROM members m
+                 WHERE m.tenant_id = $1 AND m.group_id = $2
+                 ORDER BY m.position",
+            )
+            .bind(tenant.as_str())
+            .bind(group_id)
+            .fetch_all(&mut *conn)
+            .await?;
+            Ok(rows
+                .iter()
+                .map(|r| MemberLoad {
+                    member: Member { id: r.get("id"), name: r.get("name"), capacity: r.get("capacity") },
+                    open_tickets: r.get("open_tickets"),
+                })
+                .collect())
+        }
+
+        /// What keeps `members` from being removed: those of them with open
+        /// tickets.
+        fn held_by(members: &[&MemberLoad]) -> Vec<HeldBy> {
+            members
+                .iter()
+                .filter(|m| m.open_tickets > 0)
+                .map(|m| HeldBy {
+                    id: m.member.id.clone(),
+                    name: m.member.name.clone(),
+                    tickets: m.open_tickets,
+                })
+                .collect()
+        }
+
+        /// Removes a member who holds no open ticket: the closed tickets
+        /// they had are unassigned, each with a trace line that names them
+        /// (a ticket names its assignee by id alone).
+        async fn remove_member_in(
+            conn: &mut $conn,
+            tenant: &TenantId,
+            member: &Member,
+            group_name: &str,
+        ) -> Result<()> {
+            let now = now_ms();
+            let message = format!(
+                "Unassigned: {} was removed from group {group_name}",
+                member.name
+            );
+            sqlx::query(
+                "INSERT INTO ticket_trace (tenant_id, ticket_id, at, kind, message, run_id,
+                    automation_id)
+                 SELECT tenant_id, id, $3, 'updated', $4, NULL, NULL FROM tickets
+                 WHERE tenant_id = $1 AND assignee_id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(&member.id)
+            .bind(now)
+            .bind(&message)
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query(
+                "UPDATE tickets SET assignee_id = NULL,
+                    updated_at = CASE WHEN updated_at >= $3 THEN updated_at + 1 ELSE $3 END
+                 WHERE tenant_id = $1 AND assignee_id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(&member.id)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query("DELETE FROM members WHERE tenant_id = $1 AND id = $2")
+                .bind(tenant.as_str())
+                .bind(&member.id)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+
         #[async_trait::async_trait]
         impl DeskStore for $store {
             async fn create_ticket_type(
@@ -429,6 +540,324 @@ macro_rules! impl_desk {
                 }
                 tx.commit().await?;
                 Ok(group)
+            }
+
+            async fn ticket_type(
+                &self,
+                tenant: &TenantId,
+                name_or_id: &str,
+            ) -> Result<Option<TicketType>> {
+                let row = sqlx::query(
+                    "SELECT id, name, statuses, fields, created_at FROM ticket_types
+                     WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
+                )
+                .bind(tenant.as_str())
+                .bind(name_or_id)
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.as_ref().map(ticket_type_from_row))
+            }
+
+            async fn update_ticket_type(
+                &self,
+                tenant: &TenantId,
+                id: &str,
+                patch: TicketTypePatch,
+            ) -> Result<DeskChange<TicketType>> {
+                // Every refusal rolls back before it answers (a dropped
+                // transaction holds its locks until its connection is next used).
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let row = sqlx::query(concat!(
+                    "SELECT id, name, statuses, fields, created_at FROM ticket_types
+                     WHERE tenant_id = $1 AND id = $2 ", lock_rows!()
+                ))
+                .bind(tenant.as_str())
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(current) = row.as_ref().map(ticket_type_from_row) else {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::NotFound);
+                };
+                if let Some(statuses) = &patch.statuses {
+                    let held: Vec<HeldBy> = sqlx::query(
+                        "SELECT status, COUNT(*) AS n FROM tickets
+                         WHERE tenant_id = $1 AND type_id = $2 AND NOT closed AND status IS NOT NULL
+                         GROUP BY status ORDER BY status",
+                    )
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .iter()
+                    .map(|r| (r.get::<String, _>("status"), r.get::<i64, _>("n")))
+                    .filter(|(status, _)| !statuses.contains(status))
+                    .map(|(status, n)| HeldBy { id: status.clone(), name: status, tickets: n })
+                    .collect();
+                    if !held.is_empty() {
+                        tx.rollback().await?;
+                        return Ok(DeskChange::Held(held));
+                    }
+                }
+                let changed = TicketType {
+                    statuses: patch.statuses.unwrap_or(current.statuses),
+                    fields: patch.fields.unwrap_or(current.fields),
+                    ..current
+                };
+                sqlx::query(
+                    "UPDATE ticket_types SET statuses = $3, fields = $4
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(Json(&changed.statuses))
+                .bind(Json(&changed.fields))
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(DeskChange::Done(changed))
+            }
+
+            async fn delete_ticket_type(
+                &self,
+                tenant: &TenantId,
+                id: &str,
+            ) -> Result<DeskChange<()>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let row = sqlx::query(concat!(
+                    "SELECT name FROM ticket_types WHERE tenant_id = $1 AND id = $2 ",
+                    lock_rows!()
+                ))
+                .bind(tenant.as_str())
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::NotFound);
+                };
+                let tickets: i64 = sqlx::query(
+                    "SELECT COUNT(*) AS n FROM tickets WHERE tenant_id = $1 AND type_id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?
+                .get("n");
+                if tickets > 0 {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::Held(vec![HeldBy {
+                        id: id.to_owned(),
+                        name: row.get("name"),
+                        tickets,
+                    }]));
+                }
+                sqlx::query("DELETE FROM ticket_types WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(DeskChange::Done(()))
+            }
+
+            async fn group(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Group>> {
+                let mut conn = self.reader().acquire().await?;
+                // An id of one group that is another's name: the id wins.
+                let mut groups = group_in(&mut conn, tenant, Some(name_or_id)).await?;
+                let by_id = groups.iter().position(|g| g.id == name_or_id);
+                Ok(match by_id {
+                    Some(at) => Some(groups.swap_remove(at)),
+                    None => groups.pop(),
+                })
+            }
+
+            async fn add_member(
+                &self,
+                tenant: &TenantId,
+                group_id: &str,
+                name: &str,
+                capacity: i32,
+            ) -> Result<Option<Member>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let Some((group_id, group_name)) = lock_group_in(&mut tx, tenant, group_id).await? else {
+                    tx.rollback().await?;
+                    return Ok(None);
+                };
+                let members = member_loads_in(&mut tx, tenant, &group_id).await?;
+                if members.iter().any(|m| m.member.name == name) {
+                    tx.rollback().await?;
+                    return Err(StoreError::Conflict(format!(
+                        "group `{group_name}` already has a member named `{name}`"
+                    )));
+                }
+                let position: i32 = sqlx::query(
+                    "SELECT COALESCE(MAX(position), -1) + 1 AS p FROM members
+                     WHERE tenant_id = $1 AND group_id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(&group_id)
+                .fetch_one(&mut *tx)
+                .await?
+                .get("p");
+                let member = Member { id: new_id("mem"), name: name.to_owned(), capacity };
+                sqlx::query(
+                    "INSERT INTO members (id, tenant_id, group_id, name, capacity, position, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                )
+                .bind(&member.id)
+                .bind(tenant.as_str())
+                .bind(&group_id)
+                .bind(&member.name)
+                .bind(member.capacity)
+                .bind(position)
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(Some(member))
+            }
+
+            async fn update_member(
+                &self,
+                tenant: &TenantId,
+                group_id: &str,
+                member_id: &str,
+                capacity: i32,
+            ) -> Result<Option<Member>> {
+                let row = sqlx::query(
+                    "UPDATE members SET capacity = $4
+                     WHERE tenant_id = $1 AND group_id = $2 AND id = $3
+                     RETURNING id, name, capacity",
+                )
+                .bind(tenant.as_str())
+                .bind(group_id)
+                .bind(member_id)
+                .bind(capacity)
+                .fetch_optional(&*self.writer().await)
+                .await?;
+                Ok(row.map(|m| Member { id: m.get("id"), name: m.get("name"), capacity: m.get("capacity") }))
+            }
+
+            async fn delete_member(
+                &self,
+                tenant: &TenantId,
+                group_id: &str,
+                member_id: &str,
+            ) -> Result<DeskChange<()>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let Some((group_id, group_name)) = lock_group_in(&mut tx, tenant, group_id).await? else {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::NotFound);
+                };
+                let members = member_loads_in(&mut tx, tenant, &group_id).await?;
+                let Some(load) = members.iter().find(|m| m.member.id == member_id) else {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::NotFound);
+                };
+                let held = held_by(&[load]);
+                if !held.is_empty() {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::Held(held));
+                }
+                remove_member_in(&mut tx, tenant, &load.member, &group_name).await?;
+                tx.commit().await?;
+                Ok(DeskChange::Done(()))
+            }
+
+            async fn set_members(
+                &self,
+                tenant: &TenantId,
+                group_id: &str,
+                members: Vec<(String, i32)>,
+            ) -> Result<DeskChange<Group>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let Some((group_id, group_name)) = lock_group_in(&mut tx, tenant, group_id).await? else {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::NotFound);
+                };
+                let current = member_loads_in(&mut tx, tenant, &group_id).await?;
+                let leaving: Vec<&MemberLoad> = current
+                    .iter()
+                    .filter(|m| !members.iter().any(|(name, _)| *name == m.member.name))
+                    .collect();
+                let held = held_by(&leaving);
+                if !held.is_empty() {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::Held(held));
+                }
+                for load in &leaving {
+                    remove_member_in(&mut tx, tenant, &load.member, &group_name).await?;
+                }
+                let now = now_ms();
+                let mut kept = Vec::with_capacity(members.len());
+                for (position, (name, capacity)) in members.into_iter().enumerate() {
+                    match current.iter().find(|m| m.member.name == name) {
+                        Some(load) => {
+                            sqlx::query(
+                                "UPDATE members SET capacity = $3, position = $4
+                                 WHERE tenant_id = $1 AND id = $2",
+                            )
+                            .bind(tenant.as_str())
+                            .bind(&load.member.id)
+                            .bind(capacity)
+                            .bind(position as i32)
+                            .execute(&mut *tx)
+                            .await?;
+                            kept.push(Member { id: load.member.id.clone(), name, capacity });
+                        }
+                        None => {
+                            let member = Member { id: new_id("mem"), name, capacity };
+                            sqlx::query(
+                                "INSERT INTO members (id, tenant_id, group_id, name, capacity,
+                                    position, created_at)
+                                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                            )
+                            .bind(&member.id)
+                            .bind(tenant.as_str())
+                            .bind(&group_id)
+                            .bind(&member.name)
+                            .bind(member.capacity)
+                            .bind(position as i32)
+                            .bind(now)
+                            .execute(&mut *tx)
+                            .await?;
+                            kept.push(member);
+                        }
+                    }
+                }
+                tx.commit().await?;
+                Ok(DeskChange::Done(Group { id: group_id, name: group_name, members: kept }))
+            }
+
+            async fn delete_group(&self, tenant: &TenantId, id: &str) -> Result<DeskChange<()>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let Some((group_id, group_name)) = lock_group_in(&mut tx, tenant, id).await? else {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::NotFound);
+                };
+                let members = member_loads_in(&mut tx, tenant, &group_id).await?;
+                let held = held_by(&members.iter().collect::<Vec<_>>());
+                if !held.is_empty() {
+                    tx.rollback().await?;
+                    return Ok(DeskChange::Held(held));
+                }
+                for load in &members {
+                    remove_member_in(&mut tx, tenant, &load.member, &group_name).await?;
+                }
+                sqlx::query("DELETE FROM groups WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(&group_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(DeskChange::Done(()))
             }
 
             async fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>> {
@@ -652,26 +1081,7 @@ macro_rules! impl_desk {
                     .bind(group_id)
                     .execute(&mut *self.tx)
                     .await?;
-                let rows = sqlx::query(
-                    "SELECT m.id, m.name, m.capacity,
-                        (SELECT COUNT(*) FROM tickets t
-                         WHERE t.tenant_id = m.tenant_id AND t.assignee_id = m.id
-                           AND NOT t.closed) AS open_tickets
-                     FROM members m
-                     WHERE m.tenant_id = $1 AND m.group_id = $2
-                     ORDER BY m.position",
-                )
-                .bind(self.job.tenant_id.as_str())
-                .bind(group_id)
-                .fetch_all(&mut *self.tx)
-                .await?;
-                Ok(rows
-                    .iter()
-                    .map(|r| MemberLoad {
-                        member: Member { id: r.get("id"), name: r.get("name"), capacity: r.get("capacity") },
-                        open_tickets: r.get("open_tickets"),
-                    })
-                    .collect())
+                member_loads_in(&mut self.tx, &self.job.tenant_id, group_id).await
             }
 
             async fn write_ticket(&mut self, write: TicketWrite, cause: &Cause) -> Result<Written> {

@@ -116,16 +116,25 @@ pub struct NewKey {
     pub hash: String,
 }
 
-/// What revoking a key did.
+/// What revoking or changing a key did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Revoked {
-    /// Revoked now (or already): it answers 401 from now on.
+pub enum KeyChange {
+    /// Done now (or, for a revocation, before): the key as it now is. A
+    /// revoked key answers 401 from now on.
     Done(ApiKey),
-    /// The tenant has no key of that id.
+    /// The tenant has no key of that id (that is not revoked, for a change).
     NotFound,
     /// It is the tenant's last key with `admin` that has not expired; it
-    /// stays, or nobody could manage the tenant's keys.
+    /// keeps `admin`, or nobody could manage the tenant's keys.
     LastAdmin,
+}
+
+/// A change to a key: `None` leaves the field as it is. The secret never
+/// changes (make a new key for that).
+#[derive(Debug, Clone, Default)]
+pub struct KeyPatch {
+    pub name: Option<String>,
+    pub scopes: Option<Vec<Scope>>,
 }
 
 /// API keys. Lookups by hash cover every tenant (the key is what names its
@@ -147,7 +156,10 @@ pub trait KeyStore: Send + Sync {
         after: Option<&str>,
     ) -> Result<Page<ApiKey>>;
     /// Revokes a key of the tenant's, but never its last admin key.
-    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked>;
+    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<KeyChange>;
+    /// Renames a key or changes its scopes, but never takes `admin` from
+    /// the tenant's last admin key. A revoked key is not found.
+    async fn update_key(&self, tenant: &TenantId, id: &str, patch: KeyPatch) -> Result<KeyChange>;
     /// Notes that the key was used at `at` (unix ms).
     async fn touch_key(&self, id: &str, at: i64) -> Result<()>;
     /// Whether a platform admin key that is not revoked exists.

@@ -22,6 +22,55 @@ macro_rules! impl_keys {
             }
         }
 
+        /// The tenant's key `id`, with the tenant's row locked: the lock
+        /// two changes of its last two admin keys queue on. `None` when
+        /// there is no such tenant or key. Every refusal after it rolls back
+        /// before it answers: a dropped transaction keeps the row locked
+        /// until its connection is next used.
+        async fn locked_key(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &str,
+        ) -> Result<Option<ApiKey>> {
+            let locked = sqlx::query(concat!("SELECT id FROM tenants WHERE id = $1 ", lock_rows!()))
+                .bind(tenant.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+            if locked.is_none() {
+                return Ok(None);
+            }
+            let row = sqlx::query(&format!(
+                "SELECT {KEY_COLUMNS} FROM api_keys WHERE tenant_id = $1 AND id = $2"
+            ))
+            .bind(tenant.as_str())
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+            Ok(row.as_ref().map(key_from_row))
+        }
+
+        /// How many other admin keys of the tenant work at `now`.
+        async fn other_admins(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &str,
+            now: i64,
+        ) -> Result<usize> {
+            let others = sqlx::query(&format!(
+                "SELECT {KEY_COLUMNS} FROM api_keys
+                 WHERE tenant_id = $1 AND id <> $2 AND revoked_at IS NULL"
+            ))
+            .bind(tenant.as_str())
+            .bind(id)
+            .fetch_all(&mut **tx)
+            .await?;
+            Ok(others
+                .iter()
+                .map(key_from_row)
+                .filter(|k| k.scopes.contains(&Scope::Admin) && !k.expired(now))
+                .count())
+        }
+
         #[async_trait::async_trait]
         impl KeyStore for $store {
             async fn key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>> {
@@ -99,56 +148,27 @@ macro_rules! impl_keys {
                 Ok(Page::of(items, limit, |k: &ApiKey| k.id.clone()))
             }
 
-            async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked> {
-                // Every refusal rolls back before it answers: a dropped
-                // transaction keeps the tenant's row locked until its
-                // connection is next used.
+            async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<KeyChange> {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
-                // The tenant's row is the lock two revocations of its last
-                // two admin keys queue on.
-                let locked = sqlx::query(concat!("SELECT id FROM tenants WHERE id = $1 ", lock_rows!()))
-                    .bind(tenant.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                if locked.is_none() {
-                    tx.rollback().await?;
-                    return Ok(Revoked::NotFound);
-                }
-                let row = sqlx::query(&format!(
-                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE tenant_id = $1 AND id = $2"
-                ))
-                .bind(tenant.as_str())
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?;
-                let Some(key) = row.as_ref().map(key_from_row) else {
-                    tx.rollback().await?;
-                    return Ok(Revoked::NotFound);
-                };
-                if key.revoked_at.is_some() {
-                    tx.rollback().await?;
-                    return Ok(Revoked::Done(key));
-                }
-                let now = now_ms();
-                if key.scopes.contains(&Scope::Admin) && !key.expired(now) {
-                    let others = sqlx::query(&format!(
-                        "SELECT {KEY_COLUMNS} FROM api_keys
-                         WHERE tenant_id = $1 AND id <> $2 AND revoked_at IS NULL"
-                    ))
-                    .bind(tenant.as_str())
-                    .bind(id)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                    let admins = others
-                        .iter()
-                        .map(key_from_row)
-                        .filter(|k| k.scopes.contains(&Scope::Admin) && !k.expired(now))
-                        .count();
-                    if admins == 0 {
+                let key = match locked_key(&mut tx, tenant, id).await? {
+                    Some(key) if key.revoked_at.is_some() => {
                         tx.rollback().await?;
-                        return Ok(Revoked::LastAdmin);
+                        return Ok(KeyChange::Done(key));
                     }
+                    Some(key) => key,
+                    None => {
+                        tx.rollback().await?;
+                        return Ok(KeyChange::NotFound);
+                    }
+                };
+                let now = now_ms();
+                if key.scopes.contains(&Scope::Admin)
+                    && !key.expired(now)
+                    && other_admins(&mut tx, tenant, id, now).await? == 0
+                {
+                    tx.rollback().await?;
+                    return Ok(KeyChange::LastAdmin);
                 }
                 sqlx::query("UPDATE api_keys SET revoked_at = $3 WHERE tenant_id = $1 AND id = $2")
                     .bind(tenant.as_str())
@@ -157,10 +177,53 @@ macro_rules! impl_keys {
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                Ok(Revoked::Done(ApiKey {
+                Ok(KeyChange::Done(ApiKey {
                     revoked_at: Some(now),
                     ..key
                 }))
+            }
+
+            async fn update_key(
+                &self,
+                tenant: &TenantId,
+                id: &str,
+                patch: KeyPatch,
+            ) -> Result<KeyChange> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let key = match locked_key(&mut tx, tenant, id).await? {
+                    Some(key) if key.revoked_at.is_none() => key,
+                    _ => {
+                        tx.rollback().await?;
+                        return Ok(KeyChange::NotFound);
+                    }
+                };
+                let now = now_ms();
+                let loses_admin = patch
+                    .scopes
+                    .as_ref()
+                    .is_some_and(|scopes| !scopes.contains(&Scope::Admin));
+                if loses_admin
+                    && key.scopes.contains(&Scope::Admin)
+                    && !key.expired(now)
+                    && other_admins(&mut tx, tenant, id, now).await? == 0
+                {
+                    tx.rollback().await?;
+                    return Ok(KeyChange::LastAdmin);
+                }
+                let row = sqlx::query(&format!(
+                    "UPDATE api_keys SET name = COALESCE($3, name), scopes = COALESCE($4, scopes)
+                     WHERE tenant_id = $1 AND id = $2
+                     RETURNING {KEY_COLUMNS}"
+                ))
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(patch.name.as_deref())
+                .bind(patch.scopes.as_deref().map(Scope::join))
+                .fetch_one(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(KeyChange::Done(key_from_row(&row)))
             }
 
             async fn touch_key(&self, id: &str, at: i64) -> Result<()> {

@@ -83,12 +83,14 @@ pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApp
 pub use audit::{
     Actor, ActorKind, AuditFilter, AuditRow, AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
 };
-pub use connections::{Admission, CallOutcome, Connection, ConnectionStore, NewConnection};
+pub use connections::{
+    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, NewConnection,
+};
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
 pub use effects::EffectStore;
 pub use gate::Lane;
-pub use keys::{ApiKey, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Revoked, Scope};
+pub use keys::{ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope};
 pub use model::*;
 pub use postgres::PgStore;
 pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
@@ -104,7 +106,7 @@ pub use watch::{
     ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, UnfinishedRun,
     WatchStore,
 };
-pub use widgets::{NewWidget, Widget, WidgetStore};
+pub use widgets::{NewWidget, Widget, WidgetPatch, WidgetStore};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -170,8 +172,27 @@ pub trait DefinitionStore: Send + Sync {
         limit: u32,
         after: Option<&str>,
     ) -> Result<Page<Source>>;
-    /// The source a webhook token belongs to; the token is what names the tenant.
+    /// The source a webhook token belongs to; the token is what names the
+    /// tenant. The token before a rotation opens it until the overlap ends.
     async fn source_by_token(&self, token: &str) -> Result<Option<Source>>;
+    /// Changes what `patch` sets; `None`: no such source.
+    async fn update_source(
+        &self,
+        tenant: &TenantId,
+        id: &SourceId,
+        patch: SourcePatch,
+    ) -> Result<Option<Source>>;
+    /// Replaces the token, the signing secret or both, keeping what they
+    /// replace valid until `rotation.until`; `None`: no such source.
+    async fn rotate_source(
+        &self,
+        tenant: &TenantId,
+        id: &SourceId,
+        rotation: SourceRotation,
+    ) -> Result<Option<Source>>;
+    /// Removes the source: its URLs answer 404 from then on. The events it
+    /// brought are kept. `false`: no such source.
+    async fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool>;
 
     async fn create_automation(&self, tenant: &TenantId, def: NewVersion) -> Result<AutomationRow>;
     /// Saves a new version; runs already started keep theirs.
@@ -181,6 +202,8 @@ pub trait DefinitionStore: Send + Sync {
         id: &AutomationId,
         def: NewVersion,
     ) -> Result<AutomationRow>;
+    /// Pauses, resumes or archives; an archived automation stays archived
+    /// (`false`, as for no such automation).
     async fn set_automation_status(
         &self,
         tenant: &TenantId,
@@ -192,8 +215,11 @@ pub trait DefinitionStore: Send + Sync {
         tenant: &TenantId,
         id: &AutomationId,
     ) -> Result<Option<AutomationRow>>;
+    /// Every automation of the tenant, archived ones included (their runs
+    /// still time out).
     async fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
-    /// A page of automations, oldest first, after the automation id `after`.
+    /// A page of automations, oldest first, after the automation id `after`;
+    /// archived automations are not listed.
     async fn automations_page(
         &self,
         tenant: &TenantId,

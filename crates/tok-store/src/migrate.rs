@@ -44,6 +44,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     22 "0022_index_leased_jobs_by_tenant",
     23 "0023_index_signals_by_age_for_expiry",
     24 "0024_give_api_keys_names_scopes_and_ends",
+    25 "0025_let_sources_rotate_and_automations_archive",
     27 "0027_create_the_audit_log",
 );
 
@@ -67,6 +68,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     19 "0019_index_leased_jobs_by_tenant",
     20 "0020_index_signals_by_age_for_expiry",
     21 "0021_give_api_keys_names_scopes_and_ends",
+    22 "0022_let_sources_rotate_and_automations_archive",
     24 "0024_create_the_audit_log",
 );
 

@@ -92,8 +92,63 @@ pub struct Source {
     pub rate_limit: Option<i32>,
     #[serde(skip)]
     pub secret: Option<String>,
+    /// The token before the last rotation, valid until
+    /// `previous_token_until` (ms since the epoch).
+    #[serde(skip)]
+    pub previous_token: Option<String>,
+    pub previous_token_until: Option<i64>,
+    /// The signing secret before the last rotation, valid until
+    /// `previous_secret_until`.
+    #[serde(skip)]
+    pub previous_secret: Option<String>,
+    pub previous_secret_until: Option<i64>,
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+}
+
+impl Source {
+    /// The signing secrets a webhook may be signed with at `now`: the
+    /// current one and, within a rotation's overlap, the one before.
+    pub fn secrets(&self, now: i64) -> Vec<&str> {
+        let previous = self
+            .previous_secret
+            .as_deref()
+            .filter(|_| self.previous_secret_until.is_some_and(|until| until > now));
+        self.secret.as_deref().into_iter().chain(previous).collect()
+    }
+
+    /// Until when `token` opens this source: `None` for its current token
+    /// (for as long as it stays current), the overlap's end for the token
+    /// before the last rotation.
+    pub fn token_until(&self, token: &str) -> Option<i64> {
+        if token == self.token {
+            None
+        } else {
+            self.previous_token_until
+        }
+    }
+}
+
+/// What a source's change sets; `None` leaves the field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct SourcePatch {
+    pub name: Option<String>,
+    pub params: Option<Value>,
+    pub critical: Option<bool>,
+    /// `Some(None)` removes the rate limit.
+    pub rate_limit: Option<Option<i32>>,
+}
+
+/// A rotation of a source's token, its signing secret, or both. What is
+/// replaced stays valid until `until` (ms since the epoch); an `until` not
+/// after the rotation's time ends it at once.
+#[derive(Debug, Clone)]
+pub struct SourceRotation {
+    /// The new token, when the token rotates.
+    pub token: Option<String>,
+    /// The new signing secret, when the secret rotates.
+    pub secret: Option<String>,
+    pub until: i64,
 }
 
 /// A definition to save as a new automation or a new version of one.
@@ -113,6 +168,9 @@ pub struct NewVersion {
 pub enum AutomationStatus {
     Active,
     Paused,
+    /// Deleted: starts no run and is in no listing; its row and versions
+    /// stay for the runs that name it.
+    Archived,
 }
 
 impl AutomationStatus {
@@ -120,14 +178,15 @@ impl AutomationStatus {
         match self {
             Self::Active => "active",
             Self::Paused => "paused",
+            Self::Archived => "archived",
         }
     }
 
     pub(crate) fn parse(s: &str) -> Self {
-        if s == "paused" {
-            Self::Paused
-        } else {
-            Self::Active
+        match s {
+            "paused" => Self::Paused,
+            "archived" => Self::Archived,
+            _ => Self::Active,
         }
     }
 }

@@ -427,8 +427,12 @@ impl KeyStore for RoutedStore {
     ) -> Result<Page<ApiKey>> {
         self.shared().keys(tenant, limit, after).await
     }
-    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<Revoked> {
+    async fn revoke_key(&self, tenant: &TenantId, id: &str) -> Result<KeyChange> {
         self.shared().revoke_key(tenant, id).await
+    }
+
+    async fn update_key(&self, tenant: &TenantId, id: &str, patch: KeyPatch) -> Result<KeyChange> {
+        self.shared().update_key(tenant, id, patch).await
     }
     async fn touch_key(&self, id: &str, at: i64) -> Result<()> {
         self.shared().touch_key(id, at).await
@@ -457,6 +461,9 @@ by_tenant! {
         fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
         fn automations_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<AutomationRow>>;
         fn automation_version(&self, tenant: &TenantId, id: &AutomationId, version: i32) -> Result<Option<SavedVersion>>;
+        fn update_source(&self, tenant: &TenantId, id: &SourceId, patch: SourcePatch) -> Result<Option<Source>>;
+        fn rotate_source(&self, tenant: &TenantId, id: &SourceId, rotation: SourceRotation) -> Result<Option<Source>>;
+        fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool>;
     }
     also {
         async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
@@ -644,7 +651,16 @@ by_tenant! {
         fn create_ticket_type(&self, tenant: &TenantId, new: NewTicketType) -> Result<TicketType>;
         fn ticket_types(&self, tenant: &TenantId) -> Result<Vec<TicketType>>;
         fn ticket_types_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<TicketType>>;
+        fn ticket_type(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<TicketType>>;
+        fn update_ticket_type(&self, tenant: &TenantId, id: &str, patch: TicketTypePatch) -> Result<DeskChange<TicketType>>;
+        fn delete_ticket_type(&self, tenant: &TenantId, id: &str) -> Result<DeskChange<()>>;
         fn create_group(&self, tenant: &TenantId, new: NewGroup) -> Result<Group>;
+        fn group(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Group>>;
+        fn add_member(&self, tenant: &TenantId, group_id: &str, name: &str, capacity: i32) -> Result<Option<Member>>;
+        fn update_member(&self, tenant: &TenantId, group_id: &str, member_id: &str, capacity: i32) -> Result<Option<Member>>;
+        fn delete_member(&self, tenant: &TenantId, group_id: &str, member_id: &str) -> Result<DeskChange<()>>;
+        fn set_members(&self, tenant: &TenantId, group_id: &str, members: Vec<(String, i32)>) -> Result<DeskChange<Group>>;
+        fn delete_group(&self, tenant: &TenantId, id: &str) -> Result<DeskChange<()>>;
         fn groups(&self, tenant: &TenantId) -> Result<Vec<Group>>;
         fn groups_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Group>>;
         fn tickets(&self, tenant: &TenantId, filter: &TicketFilter, limit: u32, cursor: Option<&str>) -> Result<Page<Ticket>>;
@@ -669,6 +685,9 @@ by_tenant! {
         fn create_connection(&self, tenant: &TenantId, new: NewConnection) -> Result<Connection>;
         fn connections(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Connection>>;
         fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
+        fn connection_unopened(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
+        fn update_connection(&self, tenant: &TenantId, id: &str, patch: ConnectionPatch) -> Result<Option<Connection>>;
+        fn delete_connection(&self, tenant: &TenantId, id: &str) -> Result<bool>;
         fn admit(&self, tenant: &TenantId, connection_id: &str, job: JobId, lease_ms: i64) -> Result<Admission>;
         fn release(&self, tenant: &TenantId, connection_id: &str, job: JobId, outcome: CallOutcome) -> Result<()>;
     }
@@ -763,6 +782,8 @@ by_tenant! {
         fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget>;
         fn widgets(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Widget>>;
         fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
+        fn update_widget(&self, tenant: &TenantId, id: &str, patch: WidgetPatch) -> Result<Option<Widget>>;
+        fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool>;
         fn save_widget_data(&self, tenant: &TenantId, id: &str, data: &Value, fetched_at: i64) -> Result<bool>;
     }
 }

@@ -67,6 +67,7 @@ macro_rules! impl_schedule {
                      LEFT JOIN trigger_schedules s
                         ON s.tenant_id = a.tenant_id AND s.automation_id = a.id
                      WHERE a.tenant_id ", any_of!(1), " AND a.trigger_kind IN ('poll', 'schedule')
+                       AND a.status <> 'archived'
                        AND (s.automation_id IS NULL OR s.version <> a.current_version)
                      ORDER BY a.tenant_id, a.id"
                 ))
@@ -85,7 +86,8 @@ macro_rules! impl_schedule {
                     "SELECT s.tenant_id, s.automation_id FROM trigger_schedules s
                      LEFT JOIN automations a ON a.tenant_id = s.tenant_id AND a.id = s.automation_id
                      WHERE s.tenant_id ", any_of!(1), "
-                       AND (a.id IS NULL OR a.trigger_kind NOT IN ('poll', 'schedule'))
+                       AND (a.id IS NULL OR a.status = 'archived'
+                            OR a.trigger_kind NOT IN ('poll', 'schedule'))
                      ORDER BY s.tenant_id, s.automation_id"
                 ))
                 .bind(list(tenants.iter().map(|t| t.as_str())))

@@ -37,13 +37,23 @@ pub struct Widget {
     pub created_at: i64,
 }
 
+/// A change to a widget: each `Some` replaces what is stored. Its name
+/// never changes.
+#[derive(Debug, Clone, Default)]
+pub struct WidgetPatch {
+    /// `Some(None)`: the request's absolute URL is called directly.
+    pub connection: Option<Option<String>>,
+    pub request: Option<Value>,
+    pub ttl_ms: Option<i64>,
+}
+
 #[async_trait]
 pub trait WidgetStore: Send + Sync {
     /// Fails with [`crate::StoreError::Conflict`] when the tenant has a
     /// widget of that name.
     async fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget>;
-    /// The tenant's widgets by name, each with its cached answer.
-    /// A page of widgets by name, after the name `after`.
+    /// A page of the tenant's widgets by name, after the name `after`,
+    /// each with its cached answer.
     async fn widgets(
         &self,
         tenant: &TenantId,
@@ -51,6 +61,18 @@ pub trait WidgetStore: Send + Sync {
         after: Option<&str>,
     ) -> Result<crate::Page<Widget>>;
     async fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
+    /// Changes the widget `id` as `patch` says; when its request or its
+    /// connection is another than before, its cached answer is dropped (the
+    /// next read fetches), while a new time to live keeps it. `None` when
+    /// the tenant has no widget `id`.
+    async fn update_widget(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        patch: WidgetPatch,
+    ) -> Result<Option<Widget>>;
+    /// Deletes the widget `id`; false when the tenant has none of that id.
+    async fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool>;
     /// Keeps `data` as the widget's answer fetched at `fetched_at`, unless
     /// a fetch that began later was kept first (then it answers false, and
     /// the newer answer stays).

@@ -74,6 +74,62 @@ macro_rules! impl_widgets {
                 Ok(row.as_ref().map(widget_from_row))
             }
 
+            async fn update_widget(
+                &self,
+                tenant: &TenantId,
+                id: &str,
+                patch: WidgetPatch,
+            ) -> Result<Option<Widget>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let row = sqlx::query(concat!(
+                    "SELECT connection, request FROM widgets WHERE tenant_id = $1 AND id = $2 ",
+                    lock_rows!()
+                ))
+                .bind(tenant.as_str())
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else {
+                    tx.rollback().await?;
+                    return Ok(None);
+                };
+                let connection: Option<String> = patch
+                    .connection
+                    .unwrap_or_else(|| row.get("connection"));
+                let was: Value = row.get::<Json<Value>, _>("request").0;
+                let request = patch.request.unwrap_or_else(|| was.clone());
+                // An answer to another request is no cache of this one.
+                let changed =
+                    request != was || connection != row.get::<Option<String>, _>("connection");
+                let row = sqlx::query(
+                    "UPDATE widgets SET connection = $3, request = $4, ttl_ms = COALESCE($5, ttl_ms),
+                        data = CASE WHEN $6 THEN NULL ELSE data END,
+                        fetched_at = CASE WHEN $6 THEN NULL ELSE fetched_at END
+                     WHERE tenant_id = $1 AND id = $2
+                     RETURNING *",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(connection.as_deref())
+                .bind(Json(&request))
+                .bind(patch.ttl_ms)
+                .bind(changed)
+                .fetch_one(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(Some(widget_from_row(&row)))
+            }
+
+            async fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+                let done = sqlx::query("DELETE FROM widgets WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .execute(&*self.writer().await)
+                    .await?;
+                Ok(done.rows_affected() > 0)
+            }
+
             async fn save_widget_data(
                 &self,
                 tenant: &TenantId,

@@ -358,6 +358,10 @@ mod tests {
             critical: false,
             rate_limit: None,
             secret: None,
+            previous_token: None,
+            previous_token_until: None,
+            previous_secret: None,
+            previous_secret_until: None,
             created_at: 0,
         }
     }

@@ -1,6 +1,9 @@
 //! The command-line client against a real `tok serve`: `tok apply` creates
 //! an automation, leaves an identical one alone and saves a changed one as
-//! version 2 saying what changed; `tok runs` prints the runs' table and
+//! version 2 saying what changed; applies a directory of every kind of
+//! object (secrets from the environment, references by name), changing
+//! nothing the second time, only the field that changed the third, and
+//! deleting with `--prune` what the directory no longer holds; `tok runs` prints the runs' table and
 //! filters it; `tok signal` resumes a waiting run; and with no server, or a
 //! key the server refuses, the client says so and exits non-zero.
 
@@ -20,8 +23,14 @@ use support::{ADMIN_KEY, Api, Server, free_port};
 
 /// `tok ARGS` as a client of `url` with `key`.
 fn tok(url: &str, key: &str, args: &[&str]) -> Output {
+    tok_with(url, key, args, &[])
+}
+
+/// `tok ARGS` with these environment variables.
+fn tok_with(url: &str, key: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tok"))
         .args(args)
+        .envs(env.iter().copied())
         .env("TOK_URL", url)
         .env("TOK_API_KEY", key)
         .env_remove("TOK_TENANT")
@@ -52,10 +61,12 @@ fn failed(output: Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// A server on a fresh SQLite database and a tenant's key.
+/// A server on a fresh database and a tenant's key.
 async fn server(url: &str) -> (Server, Api, String) {
     let port = free_port();
-    let server = Server::start(url, port, &[], &[]);
+    // Connections' credentials are sealed under a key of the test's.
+    let (_, secret_key) = tok_store::Keyring::generate();
+    let server = Server::start(url, port, &[], &[("TOK_SECRET_KEY", &secret_key)]);
     let api = Api::new(port);
     api.wait_ready().await;
     let tenant = api
@@ -93,6 +104,7 @@ async fn until_status(api: &Api, key: &str, run: &str, status: &str) {
 // each database gives it back.
 tok_store::backend_tests!(run_on_fresh_db;
     apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_one_as_version_2,
+    apply_a_directory_creates_then_changes_only_what_changed_and_prunes,
 );
 
 async fn apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_one_as_version_2(
@@ -141,6 +153,212 @@ async fn apply_creates_then_leaves_an_identical_definition_and_saves_a_changed_o
     let refused = failed(tok(&api.base, &key, &["apply", "-f", &broken]));
     assert!(refused.contains("invalid_definition"), "{refused}");
     assert!(refused.contains("no/such-step"), "{refused}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A directory of one object of every kind, the automation naming the
+/// others by name.
+fn setup_dir(dir: &Path) {
+    write(
+        dir,
+        "sources.json",
+        &json!({ "kind": "source", "name": "eshop", "rate_limit": 5,
+                 "params": [{ "name": "orderId", "path": "order.id", "type": "string" }],
+                 "secret": { "env": "ESHOP_SECRET" } }),
+    );
+    std::fs::create_dir_all(dir.join("desk")).unwrap();
+    write(
+        dir,
+        "desk/connection.json",
+        &json!({ "kind": "connection", "name": "invoicing", "service": "http",
+                 "base_url": "http://127.0.0.1:9", "rate": 5,
+                 "credentials": { "bearer": { "env": "INVOICING_TOKEN" } } }),
+    );
+    write(
+        dir,
+        "desk/more.json",
+        &json!([
+            { "kind": "group", "name": "warehouse",
+              "members": [{ "name": "Eva", "capacity": 3 }, { "name": "Jan" }] },
+            { "kind": "ticket_type", "name": "order", "statuses": ["new", "shipped"] },
+            { "kind": "widget", "name": "open invoices", "connection": "invoicing",
+              "request": { "url": "/invoices" }, "ttlSec": 60 }
+        ]),
+    );
+    write(
+        dir,
+        "orders.json",
+        &json!({
+            "name": "Orders",
+            "trigger": { "kind": "webhook", "source": "eshop" },
+            "steps": [
+                { "id": "st_ticket", "type": "ticket/upsert",
+                  "config": { "externalId": "{{orderId}}", "type": "order" } },
+                { "id": "st_bill", "type": "http",
+                  "config": { "connection": "invoicing", "method": "POST", "url": "/invoices" } }
+            ]
+        }),
+    );
+    write(dir, "nightly.json", &greeting("nightly"));
+}
+
+async fn apply_a_directory_creates_then_changes_only_what_changed_and_prunes(db: &TestDb) {
+    let (_server, api, key) = server(&db.url).await;
+    let dir = std::env::temp_dir().join(format!("tok-apply-{}", tok_store::random_token()));
+    std::fs::create_dir_all(&dir).unwrap();
+    setup_dir(&dir);
+    let path = dir.to_string_lossy().into_owned();
+    let secrets = [
+        ("ESHOP_SECRET", "whsec_c2VjcmV0LW9mLXRoZS1lc2hvcC0xMjM0"),
+        ("INVOICING_TOKEN", "sk_live_from_the_environment"),
+    ];
+    let apply = |args: &[&str]| {
+        let mut all = vec!["apply", "-f", path.as_str()];
+        all.extend_from_slice(args);
+        tok_with(&api.base, &key, &all, &secrets)
+    };
+
+    // Without its secret in the environment, nothing is sent.
+    let refused = failed(tok(&api.base, &key, &["apply", "-f", &path]));
+    assert!(
+        refused.contains("INVOICING_TOKEN, which is not set")
+            && refused.contains("desk/connection.json"),
+        "{refused}"
+    );
+
+    let planned = ok(apply(&["--dry-run"]));
+    assert!(planned.contains("would create source eshop"), "{planned}");
+    assert!(
+        planned.contains("plan: 7 to create, 0 to change"),
+        "{planned}"
+    );
+    let listed = api.get("/api/sources", &key).await;
+    assert_eq!(listed["items"], json!([]), "a dry run saves nothing");
+
+    let created = ok(apply(&[]));
+    for line in [
+        "created source eshop (",
+        "created connection invoicing (",
+        "created group warehouse (",
+        "created ticket_type order (",
+        "created widget open invoices (",
+        "created automation Orders (",
+        "created automation Greeting (",
+        "7 created, 0 changed, 0 unchanged",
+    ] {
+        assert!(created.contains(line), "`{line}` in {created}");
+    }
+    // The trigger names the source by its id; the source is signed.
+    let sources = api.get("/api/sources", &key).await;
+    let source = &sources["items"][0];
+    assert_eq!(source["signed"], true, "{sources:#}");
+    let automations = api.get("/api/automations", &key).await;
+    let orders = automations["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "Orders")
+        .unwrap();
+    assert_eq!(orders["definition"]["trigger"]["source"], source["id"]);
+    let connections = api.get("/api/connections", &key).await;
+    assert_eq!(connections["items"][0]["has_credentials"], true);
+
+    let again = ok(apply(&[]));
+    assert!(
+        again.contains("0 created, 0 changed, 7 unchanged"),
+        "applying the same directory again changes nothing: {again}"
+    );
+    assert!(
+        again.contains("source eshop (") && again.contains(") unchanged"),
+        "{again}"
+    );
+
+    // One field changed: only that object is sent, saying what changed.
+    let mut changed: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sources.json")).unwrap()).unwrap();
+    changed["rate_limit"] = json!(10);
+    write(&dir, "sources.json", &changed);
+    let third = ok(apply(&[]));
+    assert!(third.contains("changed source eshop ("), "{third}");
+    assert!(third.contains("~ rate_limit: 5 → 10"), "{third}");
+    assert!(
+        third.contains("0 created, 1 changed, 6 unchanged"),
+        "{third}"
+    );
+    let source = api
+        .get(
+            &format!("/api/sources/{}", source["id"].as_str().unwrap()),
+            &key,
+        )
+        .await;
+    assert_eq!(source["rate_limit"], 10);
+
+    // A connection's limit and a group's members changed the same way.
+    write(
+        &dir,
+        "desk/connection.json",
+        &json!({ "kind": "connection", "name": "invoicing", "service": "http",
+                 "base_url": "http://127.0.0.1:9", "rate": 2,
+                 "credentials": { "bearer": { "env": "INVOICING_TOKEN" } } }),
+    );
+    let mut more: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("desk/more.json")).unwrap())
+            .unwrap();
+    more[0]["members"] = json!([{ "name": "Eva", "capacity": 3 }, { "name": "Ota" }]);
+    write(&dir, "desk/more.json", &more);
+    let fourth = ok(apply(&[]));
+    assert!(
+        fourth.contains("changed connection invoicing ("),
+        "{fourth}"
+    );
+    assert!(fourth.contains("~ rate: 5.0 → 2"), "{fourth}");
+    assert!(fourth.contains("changed group warehouse ("), "{fourth}");
+    assert!(
+        fourth.contains("0 created, 2 changed, 5 unchanged"),
+        "{fourth}"
+    );
+    let groups = api.get("/api/groups", &key).await;
+    let members: Vec<&str> = groups["items"][0]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(members, ["Eva", "Ota"], "{groups:#}");
+    let connections = api.get("/api/connections", &key).await;
+    assert_eq!(connections["items"][0]["rate"], 2.0);
+
+    // Files removed: --prune deletes what they held, after a dry run that
+    // only says so.
+    std::fs::remove_file(dir.join("nightly.json")).unwrap();
+    more.as_array_mut().unwrap().pop();
+    write(&dir, "desk/more.json", &more);
+    let planned = ok(apply(&["--prune", "--dry-run"]));
+    assert!(
+        planned.contains("would delete automation Greeting ("),
+        "{planned}"
+    );
+    assert!(
+        planned.contains("would delete widget open invoices ("),
+        "{planned}"
+    );
+    let pruned = ok(apply(&["--prune"]));
+    assert!(pruned.contains("deleted automation Greeting ("), "{pruned}");
+    assert!(
+        pruned.contains("deleted widget open invoices ("),
+        "{pruned}"
+    );
+    assert!(pruned.contains("5 unchanged, 2 deleted"), "{pruned}");
+    let widgets = api.get("/api/widgets", &key).await;
+    assert_eq!(widgets["items"], json!([]), "{widgets:#}");
+    let automations = api.get("/api/automations", &key).await;
+    let names: Vec<&str> = automations["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Orders"], "{automations:#}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -286,6 +286,46 @@ async fn an_operator_sees_runs_live_opens_a_failed_one_and_retries_it() {
             .wait_for("the pasted URL", "return document.querySelector('#paste-here').value", json!([]))
             .await;
         assert_eq!(pasted, json!(shop.order_url), "the clipboard holds the full URL");
+
+        // Rotate the URL: the new one takes webhooks, the old one no more.
+        browser.click("#rotate-url").await;
+        let rotated = browser
+            .wait_for(
+                "the new webhook URL",
+                "const i = document.querySelector('#webhook-url'); return i.value !== arguments[0] && i.value",
+                json!([shop.order_url]),
+            )
+            .await;
+        let rotated = rotated.as_str().unwrap().to_owned();
+        let old = api
+            .http
+            .post(&shop.order_url)
+            .json(&json!({ "order": { "id": "old" } }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(old.status(), 404, "the old URL is closed");
+        send(&api, &rotated, json!({ "order": { "id": "A-9" } })).await;
+
+        // Delete it: the first click asks, the second deletes; it leaves the list.
+        browser.click("#automation-delete").await;
+        browser
+            .wait_for(
+                "the delete to ask",
+                "return document.querySelector('#automation-delete').textContent.includes('again')",
+                json!([]),
+            )
+            .await;
+        browser.click("#automation-delete").await;
+        browser.find("#automations").await;
+        let listed = api.get("/api/automations", &shop.key).await;
+        let ids: Vec<&str> = listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap())
+            .collect();
+        assert!(!ids.contains(&shop.order_automation.as_str()), "{listed:#}");
     })
     .await;
 }

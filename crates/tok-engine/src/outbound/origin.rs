@@ -4,7 +4,9 @@
 //! host, whatever the tenant writes or a webhook body renders.
 //!
 //! Three places hold the rule: [`check_definition`] and [`check_widget`]
-//! refuse a literal URL of another origin when it is saved (a 400);
+//! refuse a literal URL of another origin when it is saved (a 400), and
+//! [`mismatches`] finds those a change of a connection's base URL would
+//! leave behind (the API refuses the change);
 //! [`for_call`] refuses a URL that rendered to another origin when it is
 //! called (a terminal error beginning with `origin_mismatch:`); and the
 //! guard refuses a redirect off the origin while credentials are attached.
@@ -148,6 +150,26 @@ pub async fn check_definition(
     Ok(errors)
 }
 
+/// The paths (`steps.0.config.url`) of the `http` steps of `automation`
+/// that name `connection` (by its name or id) and call a literal URL that
+/// is not of its origin: what would fail with `origin_mismatch` were the
+/// connection as given (a change of its base URL not yet saved).
+pub fn mismatches(automation: &Automation, connection: &Connection) -> Vec<String> {
+    let mut found = Vec::new();
+    each_step(&automation.steps, "steps", &mut |path, step| {
+        let names = step.config.get("connection").and_then(Value::as_str);
+        if step.kind != "http" || !names.is_some_and(|n| n == connection.id || n == connection.name)
+        {
+            return;
+        }
+        let url = step.config.get("url").and_then(Value::as_str);
+        if check_literal(connection, url.unwrap_or_default()).is_err() {
+            found.push(format!("{path}.config.url"));
+        }
+    });
+    found
+}
+
 /// A widget's request through its connection, as [`check_definition`]
 /// judges a step's; `Ok` when the connection does not exist (the fetch
 /// says so).
@@ -234,6 +256,37 @@ mod tests {
         let open = connection(None, json!({}));
         assert_eq!(for_call(&open, &url), Ok(None));
         assert!(check_literal(&open, "https://anywhere.example/").is_ok());
+    }
+
+    #[test]
+    fn a_move_of_the_base_url_strands_the_literal_urls_of_the_old_origin() {
+        let automation: Automation = serde_json::from_value(json!({
+            "name": "Orders",
+            "trigger": { "kind": "manual" },
+            "steps": [
+                { "id": "st_rel", "type": "http", "config": { "connection": "shop", "url": "/orders" } },
+                { "id": "st_if", "type": "condition", "config": { "if": "{{x}}" }, "then": [
+                    { "id": "st_abs", "type": "http",
+                      "config": { "connection": "c1", "url": "https://api.shop.example/orders" } },
+                    { "id": "st_tpl", "type": "http",
+                      "config": { "connection": "shop", "url": "https://{{host}}/orders" } },
+                    { "id": "st_else", "type": "http",
+                      "config": { "connection": "other", "url": "https://api.shop.example/x" } }
+                ] }
+            ]
+        }))
+        .unwrap();
+        let here = connection(
+            Some("https://api.shop.example/v2"),
+            json!({ "bearer": "s" }),
+        );
+        assert!(mismatches(&automation, &here).is_empty(), "same origin");
+        let moved = connection(Some("https://shop.example.net"), json!({ "bearer": "s" }));
+        assert_eq!(
+            mismatches(&automation, &moved),
+            ["steps.1.then.0.config.url"],
+            "named by id; the relative, the templated and another connection's URLs are not stranded"
+        );
     }
 
     #[test]

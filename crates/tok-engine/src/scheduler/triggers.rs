@@ -113,7 +113,7 @@ pub(super) async fn fire(
             continue;
         };
         let next = timing.next_due(due.due_at, now);
-        if due.status == AutomationStatus::Paused {
+        if due.status != AutomationStatus::Active {
             store
                 .advance(tenant, &due.automation_id, due.due_at, next, None, now)
                 .await?;

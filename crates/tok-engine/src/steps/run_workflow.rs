@@ -64,11 +64,20 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             cx.step_id
         ))
     })?;
-    if row.status == AutomationStatus::Paused {
-        return Err(terminal(format!(
-            "step `{}`: automation \u{201c}{}\u{201d} is paused; resume it to start runs of it",
-            cx.step_id, row.name
-        )));
+    match row.status {
+        AutomationStatus::Active => {}
+        AutomationStatus::Paused => {
+            return Err(terminal(format!(
+                "step `{}`: automation \u{201c}{}\u{201d} is paused; resume it to start runs of it",
+                cx.step_id, row.name
+            )));
+        }
+        AutomationStatus::Archived => {
+            return Err(terminal(format!(
+                "step `{}`: automation \u{201c}{}\u{201d} was deleted; it starts no run",
+                cx.step_id, row.name
+            )));
+        }
     }
     let automation: Automation = serde_json::from_value(row.definition.clone()).map_err(|e| {
         terminal(format!(

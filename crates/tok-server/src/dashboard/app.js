@@ -143,6 +143,27 @@ function allows(scope) {
   return held.includes("admin") || held.includes(scope) || ((scope === "read" || scope === "signal") && held.includes("write"));
 }
 
+/** Acts on a button's second click: the first arms it, saying `armed`
+ * ("Click again to delete"); the second runs `act`, whose error (a 409's
+ * message: what uses the thing) is flashed, and the button disarmed. */
+async function twice(button, armed, act) {
+  if (!button.dataset.armed) {
+    button.dataset.label = button.textContent;
+    button.dataset.armed = "yes";
+    button.textContent = armed;
+    button.classList.add("danger");
+    return;
+  }
+  try {
+    await act();
+  } catch (e) {
+    delete button.dataset.armed;
+    button.textContent = button.dataset.label;
+    button.classList.remove("danger");
+    flash(e.message);
+  }
+}
+
 async function signIn(key) {
   session.key = key;
   const me = await api("/api/dashboard/session");
@@ -551,11 +572,20 @@ pages.automation_detail = async (view, id) => {
       flash(e.message);
     }
   };
+  // The first click asks, the second deletes (archives: its runs stay).
+  const remove = (button) => twice(button, "Click again to delete", async () => {
+    await api(`/api/automations/${encodeURIComponent(id)}`, { method: "DELETE" });
+    flash(`Automation “${a.name}” deleted; its runs are kept.`, true);
+    location.hash = "#/automations";
+  });
+  const live = a.status !== "archived";
   info.append(
     h("div.attempt-head", null, pill(a.status), h("span.mono.muted", null, a.id),
       h("div.actions", null,
-        h("button.button", { id: "automation-pause", disabled: a.status !== "active", onclick: () => setStatus("pause") }, "Pause"),
-        h("button.button", { id: "automation-resume", disabled: a.status !== "paused", onclick: () => setStatus("resume") }, "Resume"),
+        allows("write") && live ? [
+          h("button.button", { id: "automation-pause", disabled: a.status !== "active", onclick: () => setStatus("pause") }, "Pause"),
+          h("button.button", { id: "automation-resume", disabled: a.status !== "paused", onclick: () => setStatus("resume") }, "Resume"),
+          h("button.button", { id: "automation-delete", type: "button", onclick: (e) => remove(e.currentTarget) }, "Delete")] : null,
         h("a.button", { href: `#/runs`, onclick: () => { runFilters.automation = a.id; } }, "Its runs"))),
     h("dl.kv", null,
       h("dt", null, "Runs on"), h("dd", null, triggerText(trigger)),
@@ -580,8 +610,27 @@ pages.automation_detail = async (view, id) => {
     const input = h("input", { id: "webhook-url", readonly: true, value: source.url });
     const copy = h("button.button.primary", { id: "copy-url", onclick: () => copyText(source.url, copy) }, "Copy");
     const help = h("pre", { id: "webhook-help" }, "loading…");
+    // A new URL; the one before keeps working for the overlap chosen.
+    const overlap = h("select", { id: "rotate-overlap" },
+      h("option", { value: "" }, "old URL stops now"),
+      h("option", { value: "1h" }, "old URL works 1 hour more"),
+      h("option", { value: "24h" }, "old URL works 24 hours more"));
+    const rotate = async () => {
+      try {
+        const body = overlap.value ? { overlap: overlap.value } : {};
+        const rotated = await api(`/api/sources/${encodeURIComponent(source.id)}/rotate`, { method: "POST", body });
+        input.value = rotated.url;
+        source.url = rotated.url;
+        flash(rotated.previous_token_expires_at
+          ? `New URL made; the old one works until ${toDate(rotated.previous_token_expires_at).toLocaleString()}.`
+          : "New URL made; the old one no longer works.", true);
+      } catch (e) {
+        flash(e.message);
+      }
+    };
     box.append(h("div.card.stack", null, h("h2", null, `Webhook · ${source.name}`),
       h("div.url-row", null, input, copy),
+      allows("write") ? h("div.url-row", null, overlap, h("button.button", { id: "rotate-url", type: "button", onclick: rotate }, "Rotate URL")) : null,
       h("p.note", null, "Send a POST with a JSON body to this URL. A GET on it answers this help:"),
       help));
     fetch(source.url.replace(/^https?:\/\/[^/]+/, ""))
@@ -631,12 +680,19 @@ pages.tickets = async (view, id) => {
     const count = new Map();
     for (const t of tickets) if (t.assignee) count.set(t.assignee.id, (count.get(t.assignee.id) || 0) + 1);
     const unassigned = tickets.filter((t) => !t.assignee).length;
-    fill(queues, ...groups.map((g) => h("div.card", null, h("h2", null, g.name),
+    const write = allows("write");
+    fill(queues, ...groups.map((g) => h("div.card", { dataset: { group: g.id } },
+      h("div.group-head", null, h("h2", null, g.name),
+        write ? h("button.button.small", { type: "button", dataset: { deleteGroup: g.id }, title: "Delete the group and its members",
+          onclick: (e) => removeGroup(g, e.currentTarget) }, "Delete") : null),
       g.members.map((m) => {
         const n = count.get(m.id) || 0;
         const bar = h("span");
         bar.style.width = `${Math.min(100, (n / Math.max(1, m.capacity)) * 100)}%`;
-        return h("div.queue-person", null, h("div", null, m.name, h("div.bar", null, bar)), h("span.muted", null, `${n} / ${m.capacity}`));
+        return h("div.queue-person", { dataset: { member: m.id } }, h("div", null, m.name, h("div.bar", null, bar)),
+          h("span.muted", null, `${n} / ${m.capacity}`,
+            write ? h("button.button.small", { type: "button", dataset: { removeMember: m.id }, title: `Remove ${m.name} from ${g.name}`,
+              onclick: (e) => removeMember(g, m, e.currentTarget) }, "Remove") : null));
       }))),
       h("div.card", null, h("h2", null, "Unassigned"), h("div.tile", null, h("div.value", null, unassigned))));
     fill(table, tickets.length ? h("table", { id: "tickets" },
@@ -651,6 +707,19 @@ pages.tickets = async (view, id) => {
         h("td", null, when(t.updated_at))))))
       : h("div.empty", null, "No tickets here."));
   }
+
+  // The first click asks, the second deletes; a refusal (an automation
+  // names the group, its members hold open tickets) says why.
+  const removeGroup = (g, button) => twice(button, "Click again to delete", async () => {
+    await api(`/api/groups/${encodeURIComponent(g.id)}`, { method: "DELETE" });
+    flash(`Group “${g.name}” deleted.`, true);
+    await load();
+  });
+  const removeMember = (g, m, button) => twice(button, "Click again to remove", async () => {
+    await api(`/api/groups/${encodeURIComponent(g.id)}/members/${encodeURIComponent(m.id)}`, { method: "DELETE" });
+    flash(`${m.name} removed from “${g.name}”.`, true);
+    await load();
+  });
 
   await load();
   const refresh = debounce(() => load().catch(() => {}), 300);
@@ -805,21 +874,11 @@ pages.keys = async (view) => {
   }
 
   // The first click asks, the second revokes.
-  async function revoke(key, button) {
-    if (!button.dataset.armed) {
-      button.dataset.armed = "yes";
-      button.textContent = "Click again to revoke";
-      button.classList.add("danger");
-      return;
-    }
-    try {
-      await api(`/api/keys/${encodeURIComponent(key.id)}`, { method: "DELETE" });
-      flash(`Key “${key.name}” revoked.`, true);
-      await load();
-    } catch (e) {
-      flash(e.message);
-    }
-  }
+  const revoke = (key, button) => twice(button, "Click again to revoke", async () => {
+    await api(`/api/keys/${encodeURIComponent(key.id)}`, { method: "DELETE" });
+    flash(`Key “${key.name}” revoked.`, true);
+    await load();
+  });
 
   async function load() {
     const keys = await all("/api/keys");

@@ -1,5 +1,6 @@
 // tok's dashboard, the Widgets page: one tile per widget with the data its
-// request last answered, how old that data is, and a Refresh button. The
+// request last answered, how old that data is, a Refresh button, and (for
+// a key that may write) a Delete button that asks for a second click. The
 // page asks for each widget's data once; tok answers from its cache while
 // that is fresh, so opening the page calls no outside service. Loaded after
 // app.js, whose helpers it uses.
@@ -75,10 +76,20 @@ pages.widgets = async (view) => {
     }
   }
 
+  // The first click asks, the second deletes the widget and its tile.
+  const remove = (widget, tile, button) => twice(button, "Click again to delete", async () => {
+    await api(`/api/widgets/${encodeURIComponent(widget.id)}`, { method: "DELETE" });
+    tile.remove();
+    flash(`Widget “${widget.name}” deleted.`, true);
+  });
+
   for (const widget of widgets) {
     const tile = h("div.tile.widget", { dataset: { widget: widget.id } },
       h("div.widget-head", null, h("div.label", null, widget.name),
-        h("button.button.small.widget-refresh", { type: "button", title: "Ask the service again" }, "Refresh")),
+        h("div.actions", null,
+          h("button.button.small.widget-refresh", { type: "button", title: "Ask the service again" }, "Refresh"),
+          allows("write") ? h("button.button.small.widget-delete", { type: "button", dataset: { deleteWidget: widget.id },
+            onclick: (e) => remove(widget, tile, e.currentTarget) }, "Delete") : null)),
       h("div.widget-body", null, h("div.value.muted", null, "…")),
       h("div.widget-meta.note"),
       h("div.widget-error.error-text"));

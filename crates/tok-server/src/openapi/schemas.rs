@@ -283,6 +283,14 @@ pub(crate) struct Source {
     rate_limit: Option<i32>,
     /// Sends must carry a Standard Webhooks signature.
     signed: bool,
+    /// Until when the token before the last rotation still opens the
+    /// source; null when none does.
+    #[schema(required = true, format = DateTime)]
+    previous_token_expires_at: Option<String>,
+    /// Until when a webhook signed with the secret before the last
+    /// rotation is still accepted; null when none is.
+    #[schema(required = true, format = DateTime)]
+    previous_secret_expires_at: Option<String>,
     #[schema(format = DateTime)]
     created_at: String,
 }

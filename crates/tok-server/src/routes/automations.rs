@@ -1,6 +1,11 @@
-//! Automations: create (version 1), save a new version, pause, resume, list,
-//! show, and start a run by hand. Definitions are validated at save; every
-//! problem comes back at once, each with the place it concerns.
+//! Automations: create (version 1), save a new version, pause, resume,
+//! delete, list, show, and start a run by hand. Definitions are validated at
+//! save; every problem comes back at once, each with the place it concerns.
+//!
+//! A delete archives: the automation starts no run from then on and leaves
+//! every listing, while its runs in flight finish on their own version and
+//! its versions stay readable for them. Another automation that starts it
+//! (`run_workflow`) keeps it from being deleted (409 `in_use`).
 
 use axum::Json;
 use axum::body::Bytes;
@@ -10,6 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::definition::{Automation, Trigger};
 use tok_core::ids::{AutomationId, SourceId, TenantId};
+use tok_core::uses::Kind;
 use tok_core::validate::ValidationError;
 use tok_engine::definitions::prepare;
 use tok_engine::outbound::origin;
@@ -19,6 +25,7 @@ use crate::AppState;
 use crate::audit::AuditNote;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
+use crate::routes::in_use::{automations_using, refuse_if_used};
 use crate::routes::{JsonBody, Path, READ, Routes, SIGNAL, WRITE};
 
 pub(crate) fn router() -> Routes {
@@ -27,6 +34,7 @@ pub(crate) fn router() -> Routes {
         .post("/api/automations", WRITE, create)
         .get("/api/automations/{id}", READ, show)
         .put("/api/automations/{id}", WRITE, update)
+        .delete("/api/automations/{id}", WRITE, delete)
         .post("/api/automations/{id}/pause", WRITE, pause)
         .post("/api/automations/{id}/resume", WRITE, resume)
         .post("/api/automations/{id}/runs", SIGNAL, start_run)
@@ -35,7 +43,7 @@ pub(crate) fn router() -> Routes {
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(list, create, show, update, pause, resume, start_run, version))]
+#[openapi(paths(list, create, show, update, delete, pause, resume, start_run, version))]
 pub(crate) struct Api;
 
 fn invalid(errors: &[ValidationError]) -> ApiError {
@@ -149,11 +157,13 @@ async fn update(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<(AuditNote, Json<Value>)> {
+    let id = AutomationId::from(id);
+    live(&state, &tenant, &id).await?;
     let version = checked(&state, &tenant, &body).await?;
     let row = state
         .engine
         .store()
-        .save_version(&tenant, &AutomationId::from(id), version)
+        .save_version(&tenant, &id, version)
         .await?;
     scheduled(&state, &row).await?;
     Ok((
@@ -221,6 +231,7 @@ async fn set_status(
     status: AutomationStatus,
 ) -> ApiResult<Json<Value>> {
     let id = AutomationId::from(id);
+    live(state, tenant, &id).await?;
     if !state
         .engine
         .store()
@@ -230,6 +241,46 @@ async fn set_status(
         return Err(ApiError::not_found("automation"));
     }
     Ok(Json(json!({ "id": id, "status": status })))
+}
+
+/// The automation, unless it is missing (404) or deleted (409: it can no
+/// longer change).
+async fn live(state: &AppState, tenant: &TenantId, id: &AutomationId) -> ApiResult<AutomationRow> {
+    let row = state
+        .engine
+        .store()
+        .automation(tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("automation"))?;
+    if row.status == AutomationStatus::Archived {
+        return Err(tok_engine::EngineError::AutomationArchived(id.clone()).into());
+    }
+    Ok(row)
+}
+
+#[utoipa::path(delete, path = "/api/automations/{id}", tag = "automations", responses((status = 204, description = "archived: no new runs, runs in flight finish, its versions kept"), (status = 409, description = "another automation starts it (`in_use`, with `used_by`), or it was deleted before (`automation_archived`)", body = crate::openapi::ErrorBody)))]
+async fn delete(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let id = AutomationId::from(id);
+    let row = live(&state, &tenant, &id).await?;
+    let users: Vec<_> =
+        automations_using(&state, &tenant, Kind::Automation, id.as_str(), &row.name)
+            .await?
+            .into_iter()
+            .filter(|user| user.id != id.as_str())
+            .collect();
+    refuse_if_used(&format!("automation `{}`", row.name), &users)?;
+    let store = state.engine.store();
+    store
+        .set_automation_status(&tenant, &id, AutomationStatus::Archived)
+        .await?;
+    // The scheduler would find it gone within a tick; a poll or cron
+    // trigger of a deleted automation stops now.
+    store.remove_schedule(&tenant, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(post, path = "/api/automations/{id}/pause", tag = "automations", responses((status = 200, body = crate::openapi::schemas::AutomationStatus)))]

@@ -168,6 +168,18 @@ impl Routes {
     }
 }
 
+/// For a field of a change (`PATCH`) that may be `null`: with
+/// `#[serde(default, deserialize_with = "present")]` on an `Option<T>`, a
+/// field given (even as `null`, when `T` takes it) is `Some`, an absent
+/// one `None`.
+pub(crate) fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
 /// Refuses JSON (`what`: "the body", "`input`") with U+0000 in a string or
 /// key: PostgreSQL cannot store it, and both backends answer alike, with a
 /// 400 that names where it is.

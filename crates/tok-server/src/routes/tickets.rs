@@ -14,7 +14,7 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tok_core::ids::{TenantId, new_id};
 use tok_engine::stream::Kind;
@@ -261,21 +261,12 @@ struct TicketPatch {
     closed: Option<bool>,
     tags: Option<Vec<String>>,
     fields: Option<Map<String, Value>>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::present")]
     assignee_id: Option<Option<String>>,
     #[serde(rename = "type")]
     type_name: Option<String>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::present")]
     title: Option<Option<String>>,
-}
-
-/// Tells a key given as `null` (`Some(None)`) from an absent one (`None`).
-fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    T::deserialize(deserializer).map(Some)
 }
 
 #[utoipa::path(patch, path = "/api/tickets/{id}", tag = "tickets", responses((status = 200, body = crate::openapi::schemas::Ticket)))]

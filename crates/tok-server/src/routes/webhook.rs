@@ -53,7 +53,7 @@ async fn source(state: &AppState, token: &str) -> ApiResult<Arc<WebhookSource>> 
                 "no webhook has this URL",
             )
         })?;
-    Ok(state.sources.put(source, now))
+    Ok(state.sources.put(token, source, now))
 }
 
 fn too_large() -> ApiError {
@@ -133,8 +133,14 @@ async fn accept(
         )
         .with("retry_after_ms", 5000));
     }
-    if let Some(secret) = &source.secret {
-        verify_signature(secret, headers, &bytes, jiff::Timestamp::now().as_second())?;
+    if source.secret.is_some() {
+        let secrets = source.secrets(tok_store::now_ms());
+        verify_signature(
+            &secrets,
+            headers,
+            &bytes,
+            jiff::Timestamp::now().as_second(),
+        )?;
     }
     let payload: Value = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
@@ -143,11 +149,18 @@ async fn accept(
     })?;
     crate::routes::storable_json("the body", &payload)?;
     let params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
-    // Standard Webhooks senders name each message with `webhook-id`.
-    let key_header = headers
-        .get("idempotency-key")
-        .or_else(|| headers.get("webhook-id"))
-        .and_then(|v| v.to_str().ok());
+    // Standard Webhooks senders name each message with `webhook-id`. On a
+    // signed source it is the key, whatever else is sent: it is part of
+    // what was signed, so a captured request replayed with another
+    // `Idempotency-Key` is the same event, not a new one.
+    let key_header = if source.secret.is_some() {
+        headers.get("webhook-id")
+    } else {
+        headers
+            .get("idempotency-key")
+            .or_else(|| headers.get("webhook-id"))
+    }
+    .and_then(|v| v.to_str().ok());
     let idempotency_key = match key_header {
         Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => {
             format!("key:{}", key.trim())
@@ -195,10 +208,11 @@ fn unsigned(message: impl Into<String>) -> ApiError {
 /// Verifies a Standard Webhooks signature: HMAC-SHA256 over
 /// `<webhook-id>.<webhook-timestamp>.<body>` with the source's secret
 /// (`whsec_<base64>`, or the raw string), sent as `webhook-signature:
-/// v1,<base64>` (several, space-separated, during a key rotation). The
-/// timestamp must be within five minutes of `now`, so a captured request
-/// cannot be replayed later.
-fn verify_signature(secret: &str, headers: &HeaderMap, body: &[u8], now: i64) -> ApiResult<()> {
+/// v1,<base64>` (several, space-separated, during a key rotation). During
+/// a rotation's overlap `secrets` holds the new secret and the one before,
+/// and a signature by either is accepted. The timestamp must be within
+/// five minutes of `now`, so a captured request cannot be replayed later.
+fn verify_signature(secrets: &[&str], headers: &HeaderMap, body: &[u8], now: i64) -> ApiResult<()> {
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD;
     use hmac::{Hmac, Mac};
@@ -228,34 +242,37 @@ fn verify_signature(secret: &str, headers: &HeaderMap, body: &[u8], now: i64) ->
             "webhook-timestamp is {away} s away from the server's clock; at most {SIGNATURE_TOLERANCE_SECS} s are accepted"
         )));
     }
-    let key = match secret.strip_prefix("whsec_") {
-        Some(encoded) => STANDARD
-            .decode(encoded)
-            .unwrap_or_else(|_| secret.as_bytes().to_vec()),
-        None => secret.as_bytes().to_vec(),
-    };
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key)
-        .map_err(|_| unsigned("the source's secret cannot be used as an HMAC key"))?;
-    mac.update(id.as_bytes());
-    mac.update(b".");
-    mac.update(timestamp.as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    let expected = mac.finalize().into_bytes();
-    let matches = signatures.split_whitespace().any(|candidate| {
-        candidate
-            .strip_prefix("v1,")
-            .and_then(|b64| STANDARD.decode(b64).ok())
-            .is_some_and(|sig| {
-                // Constant-time comparison.
-                sig.len() == expected.len()
-                    && sig
-                        .iter()
-                        .zip(expected.iter())
-                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                        == 0
-            })
-    });
+    let mut matches = false;
+    for secret in secrets {
+        let key = match secret.strip_prefix("whsec_") {
+            Some(encoded) => STANDARD
+                .decode(encoded)
+                .unwrap_or_else(|_| secret.as_bytes().to_vec()),
+            None => secret.as_bytes().to_vec(),
+        };
+        let mut mac = Hmac::<Sha256>::new_from_slice(&key)
+            .map_err(|_| unsigned("the source's secret cannot be used as an HMAC key"))?;
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        let expected = mac.finalize().into_bytes();
+        matches |= signatures.split_whitespace().any(|candidate| {
+            candidate
+                .strip_prefix("v1,")
+                .and_then(|b64| STANDARD.decode(b64).ok())
+                .is_some_and(|sig| {
+                    // Constant-time comparison.
+                    sig.len() == expected.len()
+                        && sig
+                            .iter()
+                            .zip(expected.iter())
+                            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                            == 0
+                })
+        });
+    }
     if matches {
         Ok(())
     } else {

@@ -3,15 +3,18 @@
 //! through the connection); `GET /api/widgets/{id}/data` answers its data
 //! from the cache while it is fresh, else from one call
 //! (`?refresh=true` calls at once), as `{data, fetched_at, age_s, cached}`.
+//! A widget's connection, request and time to live change (`PATCH`; a new
+//! request or connection drops the cache), its name does not.
 
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tok_core::ids::TenantId;
 use tok_engine::widgets::check_request;
 use tok_engine::{WidgetData, WidgetError};
-use tok_store::{NewWidget, Widget, now_ms};
+use tok_store::{NewWidget, Widget, WidgetPatch, now_ms};
 
 use crate::AppState;
 use crate::auth::Tenant;
@@ -23,12 +26,14 @@ pub(crate) fn router() -> Routes {
         .post("/api/widgets", WRITE, create)
         .get("/api/widgets", READ, list)
         .get("/api/widgets/{id}", READ, show)
+        .patch("/api/widgets/{id}", WRITE, update)
+        .delete("/api/widgets/{id}", WRITE, delete)
         .get("/api/widgets/{id}/data", READ, data)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(create, list, show, data))]
+#[openapi(paths(create, list, show, update, delete, data))]
 pub(crate) struct Api;
 
 /// Longest a cache may be kept: a week. A tile older than that shows
@@ -68,36 +73,32 @@ fn view(w: &Widget) -> Value {
     })
 }
 
-#[utoipa::path(post, path = "/api/widgets", tag = "widgets", responses((status = 201, body = crate::openapi::schemas::Widget)))]
-async fn create(
-    State(state): State<AppState>,
-    Tenant(tenant, _): Tenant,
-    JsonBody(body): JsonBody<NewWidgetBody>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let name = body.name.trim().to_owned();
-    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
-        return Err(invalid(
-            "name",
-            format!("`name` must be 1 to {MAX_NAME_CHARS} characters"),
-        ));
-    }
-    if !(1..=MAX_TTL_SEC).contains(&body.ttl_sec) {
+/// A widget's connection, request and time to live as they are to be
+/// stored: what a create and a change are both checked as. Answers the
+/// connection as kept (trimmed; none for a blank one).
+async fn checked(
+    state: &AppState,
+    tenant: &TenantId,
+    connection: Option<&str>,
+    request: &Value,
+    ttl_sec: i64,
+) -> ApiResult<Option<String>> {
+    if !(1..=MAX_TTL_SEC).contains(&ttl_sec) {
         return Err(invalid(
             "ttlSec",
             format!(
-                "`ttlSec` is {}; it must be between 1 and {MAX_TTL_SEC} (a week): how many \
-                 seconds an answer is served from the cache",
-                body.ttl_sec
+                "`ttlSec` is {ttl_sec}; it must be between 1 and {MAX_TTL_SEC} (a week): how many \
+                 seconds an answer is served from the cache"
             ),
         ));
     }
-    let connection = match body.connection.as_deref().map(str::trim) {
+    let connection = match connection.map(str::trim) {
         None | Some("") => None,
         Some(name) => {
             if state
                 .engine
                 .store()
-                .connection(&tenant, name)
+                .connection(tenant, name)
                 .await?
                 .is_none()
             {
@@ -112,16 +113,40 @@ async fn create(
             Some(name.to_owned())
         }
     };
-    check_request(&body.request, connection.as_deref()).map_err(|m| invalid("request", m))?;
+    check_request(request, connection.as_deref()).map_err(|m| invalid("request", m))?;
     tok_engine::outbound::origin::check_widget(
-        &tenant,
+        tenant,
         connection.as_deref(),
-        &body.request,
+        request,
         &**state.engine.store(),
     )
     .await?
     .map_err(|m| invalid("request.url", m))?;
-    crate::routes::storable_json("`request`", &body.request)?;
+    crate::routes::storable_json("`request`", request)?;
+    Ok(connection)
+}
+
+#[utoipa::path(post, path = "/api/widgets", tag = "widgets", responses((status = 201, body = crate::openapi::schemas::Widget)))]
+async fn create(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    JsonBody(body): JsonBody<NewWidgetBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let name = body.name.trim().to_owned();
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return Err(invalid(
+            "name",
+            format!("`name` must be 1 to {MAX_NAME_CHARS} characters"),
+        ));
+    }
+    let connection = checked(
+        &state,
+        &tenant,
+        body.connection.as_deref(),
+        &body.request,
+        body.ttl_sec,
+    )
+    .await?;
     let widget = state
         .engine
         .store()
@@ -136,6 +161,82 @@ async fn create(
         )
         .await?;
     Ok((StatusCode::CREATED, Json(view(&widget))))
+}
+
+/// A change to a widget: what is absent stays; `connection` may be `null`
+/// (the request's absolute URL is called directly). Its name cannot
+/// change; it is taken when it is the widget's.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WidgetPatchBody {
+    name: Option<String>,
+    #[serde(default, deserialize_with = "super::present")]
+    connection: Option<Option<String>>,
+    request: Option<Value>,
+    #[serde(rename = "ttlSec", alias = "ttl_sec")]
+    ttl_sec: Option<i64>,
+}
+
+/// Changes a widget's connection, request or time to live, checked as a
+/// create is. A new request or connection drops the cached answer: the
+/// tile's next read calls the service.
+#[utoipa::path(patch, path = "/api/widgets/{id}", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::Widget)))]
+async fn update(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<WidgetPatchBody>,
+) -> ApiResult<Json<Value>> {
+    let store = state.engine.store();
+    let current = store
+        .widget(&tenant, &id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("widget"))?;
+    if let Some(name) = &body.name
+        && name.trim() != current.name
+    {
+        return Err(invalid(
+            "name",
+            format!(
+                "`name` cannot change (widget `{}`): create a widget of the new name and delete \
+                 this one",
+                current.name
+            ),
+        ));
+    }
+    let connection = match body.connection {
+        Some(given) => given,
+        None => current.connection.clone(),
+    };
+    let request = body.request.unwrap_or_else(|| current.request.clone());
+    let ttl_sec = body.ttl_sec.unwrap_or(current.ttl_ms / 1000);
+    let connection = checked(&state, &tenant, connection.as_deref(), &request, ttl_sec).await?;
+    let widget = store
+        .update_widget(
+            &tenant,
+            &current.id,
+            WidgetPatch {
+                connection: Some(connection),
+                request: Some(request),
+                ttl_ms: Some(ttl_sec * 1000),
+            },
+        )
+        .await?
+        .ok_or_else(|| ApiError::not_found("widget"))?;
+    Ok(Json(view(&widget)))
+}
+
+/// Deletes a widget and its cached answer.
+#[utoipa::path(delete, path = "/api/widgets/{id}", tag = "widgets", responses((status = 204, description = "deleted")))]
+async fn delete(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    match state.engine.store().delete_widget(&tenant, &id).await? {
+        true => Ok(StatusCode::NO_CONTENT),
+        false => Err(ApiError::not_found("widget")),
+    }
 }
 
 #[utoipa::path(get, path = "/api/widgets", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::WidgetPage)))]

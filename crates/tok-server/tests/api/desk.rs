@@ -2,14 +2,19 @@
 //! (listing with filters and cursor pages, one ticket with its trace),
 //! changes by a person — checked against the tenant's types and groups,
 //! traced in words, and raising events that start automations — and the
-//! walls between tenants.
+//! walls between tenants. Types, groups and members change and go: a
+//! member with open tickets stays (409 counting them), as does a status
+//! that open tickets are in, a type that tickets are of, and a member, a
+//! group or a type that an automation names (409 naming it).
 
 use std::collections::HashSet;
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Tenant, TestApp, backend_tests, ids, json_request, on_event, trace_messages};
+use crate::helpers::{
+    Tenant, TestApp, backend_tests, ids, json_request, manual, on_event, trace_messages,
+};
 
 backend_tests!(
     crate::helpers::run;
@@ -29,6 +34,13 @@ backend_tests!(
     tickets_listing_pages_with_a_cursor,
     tickets_listing_rejects_bad_limits_and_filters,
     another_tenants_tickets_types_and_groups_are_invisible,
+    a_ticket_types_statuses_and_fields_change_but_not_under_open_tickets,
+    bad_ticket_type_changes_are_refused_with_what_was_expected,
+    a_ticket_type_with_tickets_or_named_by_an_automation_is_not_deleted,
+    members_are_added_changed_and_removed_but_not_while_they_hold_open_tickets,
+    a_groups_member_list_is_replaced_by_name,
+    a_group_named_by_an_automation_or_with_busy_members_is_not_deleted,
+    another_tenants_groups_and_types_are_out_of_reach,
 );
 
 const ORDER_STATUSES: &[&str] = &["new", "awaiting packing", "shipped"];
@@ -1009,4 +1021,596 @@ async fn external_ids(app: &TestApp, tenant: &Tenant, query: &str) -> Vec<String
 
 fn error_message(error: &Value) -> &str {
     error["message"].as_str().unwrap_or_default()
+}
+
+/// A ticket of `order`, created and then assigned to `member` (if any).
+async fn assigned(app: &TestApp, d: &Desk, external_id: &str, member: Option<&str>) -> Value {
+    let ticket = app
+        .create_ticket(
+            &d.tenant,
+            &json!({ "external_id": external_id, "type": "order" }),
+        )
+        .await;
+    match member {
+        None => ticket,
+        Some(member) => app
+            .patch(
+                &d.tenant.key,
+                &uri(&ticket),
+                &json!({ "assignee_id": member }),
+            )
+            .await
+            .expect(StatusCode::OK),
+    }
+}
+
+fn type_uri(ty: &Value) -> String {
+    format!("/api/ticket-types/{}", ty["id"].as_str().unwrap())
+}
+
+async fn order_type(app: &TestApp, tenant: &Tenant) -> Value {
+    app.get(&tenant.key, "/api/ticket-types/order")
+        .await
+        .expect(StatusCode::OK)
+}
+
+async fn a_ticket_types_statuses_and_fields_change_but_not_under_open_tickets(app: &TestApp) {
+    let d = desk(app, "Acme").await;
+    let order = order_type(app, &d.tenant).await;
+    let by_id = app
+        .get(&d.tenant.key, &type_uri(&order))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(by_id, order);
+    assert_eq!(order["statuses"], json!(ORDER_STATUSES));
+    let first = assigned(app, &d, "T-1", None).await;
+    app.patch(
+        &d.tenant.key,
+        &uri(&first),
+        &json!({ "status": "awaiting packing" }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    assigned(app, &d, "T-2", None).await;
+
+    // `awaiting packing` dropped while T-1 is in it, and `new` while T-2 is.
+    let refused = app
+        .patch(
+            &d.tenant.key,
+            &type_uri(&order),
+            &json!({ "statuses": ["shipped"] }),
+        )
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([
+            { "kind": "tickets", "id": "awaiting packing", "name": "awaiting packing",
+              "path": null, "count": 1 },
+            { "kind": "tickets", "id": "new", "name": "new", "path": null, "count": 1 },
+        ]),
+        "{refused:#}"
+    );
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("1 ticket (open, in status `awaiting packing`)"),
+        "{message}"
+    );
+    assert_eq!(order_type(app, &d.tenant).await, order, "nothing changed");
+
+    // Closed, T-1 holds its status no longer.
+    app.patch(&d.tenant.key, &uri(&first), &json!({ "closed": true }))
+        .await
+        .expect(StatusCode::OK);
+    let changed = app
+        .patch(
+            &d.tenant.key,
+            &type_uri(&order),
+            &json!({ "name": "order", "statuses": ["new", "packed", "shipped"] }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(changed["statuses"], json!(["new", "packed", "shipped"]));
+    assert_eq!(changed["fields"], order["fields"], "fields stay");
+    let changed = app
+        .patch(
+            &d.tenant.key,
+            &type_uri(&order),
+            &json!({ "fields": [{ "name": "due", "type": "date" }] }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        changed["fields"],
+        json!([{ "name": "due", "type": "date" }])
+    );
+    assert_eq!(changed["statuses"], json!(["new", "packed", "shipped"]));
+    // A new status is one a ticket may take.
+    let third = assigned(app, &d, "T-3", None).await;
+    let packed = app
+        .patch(&d.tenant.key, &uri(&third), &json!({ "status": "packed" }))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(packed["status"], "packed");
+}
+
+async fn bad_ticket_type_changes_are_refused_with_what_was_expected(app: &TestApp) {
+    let d = desk(app, "Acme").await;
+    let order = order_type(app, &d.tenant).await;
+    let cases = [
+        (json!({ "name": "parcel" }), "`name` cannot change"),
+        (json!({ "statuses": [] }), "at least one status"),
+        (json!({ "statuses": ["a", " a "] }), "listed twice"),
+        (
+            json!({ "statuses": ["a", " "] }),
+            "must not contain an empty status",
+        ),
+        (
+            json!({ "fields": [{ "type": "date" }] }),
+            "non-empty `name`",
+        ),
+        (
+            json!({ "fields": [{ "name": "x" }, { "name": "x" }] }),
+            "listed twice",
+        ),
+        (json!({ "colour": "red" }), "unknown field `colour`"),
+    ];
+    for (body, expected) in cases {
+        let error = app
+            .patch(&d.tenant.key, &type_uri(&order), &body)
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    assert_eq!(order_type(app, &d.tenant).await, order);
+}
+
+async fn a_ticket_type_with_tickets_or_named_by_an_automation_is_not_deleted(app: &TestApp) {
+    let d = desk(app, "Acme").await;
+    let order = order_type(app, &d.tenant).await;
+    let ticket = assigned(app, &d, "T-1", None).await;
+    app.patch(&d.tenant.key, &uri(&ticket), &json!({ "closed": true }))
+        .await
+        .expect(StatusCode::OK);
+    let refused = app
+        .delete(&d.tenant.key, &type_uri(&order))
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "tickets", "id": order["id"], "name": "order", "path": null, "count": 1 }]),
+        "{refused:#}: a closed ticket is of it too"
+    );
+
+    let parcel = app.create_ticket_type(&d.tenant, "parcel", &["new"]).await;
+    let automation = app
+        .create_automation(
+            &d.tenant,
+            &manual(
+                "Open parcels",
+                &json!([{ "id": "st_up", "type": "ticket/upsert",
+                          "config": { "externalId": "P-1", "type": "parcel" } }]),
+            ),
+        )
+        .await;
+    let refused = app
+        .delete(&d.tenant.key, &type_uri(&parcel))
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "automation", "id": automation, "name": "Open parcels",
+                 "path": "steps.0.config.type" }]),
+        "{refused:#}"
+    );
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("ticket type `parcel` is in use by automation `Open parcels`"),
+        "{refused:#}"
+    );
+    app.put(
+        &d.tenant.key,
+        &format!("/api/automations/{automation}"),
+        &manual(
+            "Open parcels",
+            &json!([{ "id": "st_up", "type": "ticket/upsert",
+                      "config": { "externalId": "P-1", "type": "order" } }]),
+        ),
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.delete(&d.tenant.key, &type_uri(&parcel))
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    app.get(&d.tenant.key, &type_uri(&parcel))
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    let listed = app
+        .get(&d.tenant.key, "/api/ticket-types")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        ids(listed["items"].as_array().unwrap()),
+        [order["id"].as_str().unwrap()]
+    );
+}
+
+fn group_uri(group: &Value) -> String {
+    format!("/api/groups/{}", group["id"].as_str().unwrap())
+}
+
+async fn warehouse(app: &TestApp, tenant: &Tenant) -> Value {
+    app.get(&tenant.key, "/api/groups/warehouse")
+        .await
+        .expect(StatusCode::OK)
+}
+
+async fn members_are_added_changed_and_removed_but_not_while_they_hold_open_tickets(app: &TestApp) {
+    let d = desk(app, "Acme").await;
+    let group = warehouse(app, &d.tenant).await;
+    let by_id = app
+        .get(&d.tenant.key, &group_uri(&group))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(by_id, group);
+    let members = format!("{}/members", group_uri(&group));
+
+    let bo = app
+        .post(
+            &d.tenant.key,
+            &members,
+            &json!({ "name": " Bo ", "capacity": 3 }),
+        )
+        .await
+        .expect(StatusCode::CREATED);
+    assert_eq!((&bo["name"], &bo["capacity"]), (&json!("Bo"), &json!(3)));
+    let cy = app
+        .post(&d.tenant.key, &members, &json!({ "name": "Cy" }))
+        .await
+        .expect(StatusCode::CREATED);
+    assert_eq!(cy["capacity"], 10, "the default capacity");
+    let names: Vec<Value> = warehouse(app, &d.tenant).await["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].clone())
+        .collect();
+    assert_eq!(names, ["Eva", "Jan", "Bo", "Cy"]);
+    let error = app
+        .post(&d.tenant.key, &members, &json!({ "name": "Bo" }))
+        .await
+        .expect_error(StatusCode::CONFLICT, "conflict");
+    assert!(
+        error["message"].as_str().unwrap().contains("`Bo`"),
+        "{error:#}"
+    );
+    for (body, expected) in [
+        (json!({ "name": " " }), "must not be empty"),
+        (json!({ "name": "Di", "capacity": 0 }), "at least 1"),
+        (
+            json!({ "name": "Di", "role": "lead" }),
+            "unknown field `role`",
+        ),
+    ] {
+        let error = app
+            .post(&d.tenant.key, &members, &body)
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+
+    // An approval step lists Cy: she stays until it does not.
+    let cy_uri = format!("{members}/{}", cy["id"].as_str().unwrap());
+    let approve = manual(
+        "Approve",
+        &json!([{ "id": "st_ok", "type": "approval",
+                  "config": { "approvers": { "members": [d.jan, cy["id"]] }, "prompt": "Ship?" } }]),
+    );
+    let automation = app.create_automation(&d.tenant, &approve).await;
+    let refused = app
+        .delete(&d.tenant.key, &cy_uri)
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "automation", "id": automation, "name": "Approve",
+                 "path": "steps.0.config.approvers.members.1" }]),
+        "{refused:#}"
+    );
+    let without = manual(
+        "Approve",
+        &json!([{ "id": "st_ok", "type": "approval",
+                  "config": { "approvers": { "members": [d.jan] }, "prompt": "Ship?" } }]),
+    );
+    app.put(
+        &d.tenant.key,
+        &format!("/api/automations/{automation}"),
+        &without,
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.delete(&d.tenant.key, &cy_uri)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+
+    let bo_uri = format!("{members}/{}", bo["id"].as_str().unwrap());
+    let changed = app
+        .patch(&d.tenant.key, &bo_uri, &json!({ "capacity": 6 }))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        changed,
+        json!({ "id": bo["id"], "name": "Bo", "capacity": 6 })
+    );
+    let error = app
+        .patch(&d.tenant.key, &bo_uri, &json!({ "capacity": -1 }))
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("capacity of `Bo`"),
+        "{error:#}"
+    );
+    app.patch(
+        &d.tenant.key,
+        &format!("{members}/mem_missing"),
+        &json!({ "capacity": 2 }),
+    )
+    .await
+    .expect_error(StatusCode::NOT_FOUND, "not_found");
+
+    // Eva has two open tickets and a closed one.
+    let eva_uri = format!("{members}/{}", d.eva);
+    let t1 = assigned(app, &d, "T-1", Some(&d.eva)).await;
+    assigned(app, &d, "T-2", Some(&d.eva)).await;
+    let t3 = assigned(app, &d, "T-3", Some(&d.eva)).await;
+    app.patch(&d.tenant.key, &uri(&t3), &json!({ "closed": true }))
+        .await
+        .expect(StatusCode::OK);
+    let refused = app
+        .delete(&d.tenant.key, &eva_uri)
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "tickets", "id": d.eva, "name": "Eva", "path": null, "count": 2 }]),
+        "{refused:#}"
+    );
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("member `Eva` of group `warehouse`")
+            && message.contains("2 tickets (open, assigned to `Eva`)")
+            && message.contains("reassign"),
+        "{message}"
+    );
+
+    // Reassigned, Eva goes; her closed ticket says she went.
+    for ticket in [&t1] {
+        app.patch(
+            &d.tenant.key,
+            &uri(ticket),
+            &json!({ "assignee_id": d.jan }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    }
+    let t2 = app
+        .get(&d.tenant.key, "/api/tickets?external_id=T-2")
+        .await
+        .expect(StatusCode::OK)["items"][0]
+        .clone();
+    app.patch(&d.tenant.key, &uri(&t2), &json!({ "assignee_id": null }))
+        .await
+        .expect(StatusCode::OK);
+    app.delete(&d.tenant.key, &eva_uri)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    let names: Vec<Value> = warehouse(app, &d.tenant).await["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].clone())
+        .collect();
+    assert_eq!(names, ["Jan", "Bo"]);
+    let closed = app.ticket(&d.tenant, t3["id"].as_str().unwrap()).await;
+    assert_eq!(closed["assignee"], Value::Null, "{closed:#}");
+    assert_eq!(
+        trace_messages(&closed).last().map(String::as_str),
+        Some("Unassigned: Eva was removed from group warehouse")
+    );
+    app.delete(&d.tenant.key, &eva_uri)
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    // A ticket cannot be given to her any more.
+    app.patch(&d.tenant.key, &uri(&t2), &json!({ "assignee_id": d.eva }))
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "unknown_assignee");
+}
+
+async fn a_groups_member_list_is_replaced_by_name(app: &TestApp) {
+    let d = desk(app, "Acme").await;
+    let group = warehouse(app, &d.tenant).await;
+    assigned(app, &d, "T-1", Some(&d.jan)).await;
+
+    // Jan left out while he holds an open ticket: nothing changes.
+    let refused = app
+        .patch(
+            &d.tenant.key,
+            &group_uri(&group),
+            &json!({ "members": [{ "name": "Eva" }, { "name": "Ann" }] }),
+        )
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "tickets", "id": d.jan, "name": "Jan", "path": null, "count": 1 }]),
+        "{refused:#}"
+    );
+    assert_eq!(warehouse(app, &d.tenant).await, group);
+
+    // Eva leaves, Jan's capacity changes, Ann comes: in the order given.
+    let changed = app
+        .patch(
+            &d.tenant.key,
+            &group_uri(&group),
+            &json!({ "name": "warehouse",
+                     "members": [{ "name": "Ann", "capacity": 2 }, { "name": "Jan", "capacity": 4 }] }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    let members = changed["members"].as_array().unwrap();
+    let got: Vec<(Value, Value)> = members
+        .iter()
+        .map(|m| (m["name"].clone(), m["capacity"].clone()))
+        .collect();
+    assert_eq!(got, [(json!("Ann"), json!(2)), (json!("Jan"), json!(4))]);
+    assert_eq!(members[1]["id"], d.jan.as_str(), "Jan keeps his id");
+    assert_eq!(warehouse(app, &d.tenant).await, changed);
+
+    for (body, expected) in [
+        (json!({ "name": "depot" }), "`name` cannot change"),
+        (
+            json!({ "members": [{ "name": "Ann" }, { "name": "Ann" }] }),
+            "listed twice",
+        ),
+        (
+            json!({ "members": [{ "name": "Ann", "capacity": 0 }] }),
+            "at least 1",
+        ),
+        (
+            json!({ "members": [{ "name": "" }] }),
+            "`members[0].name` must not be empty",
+        ),
+    ] {
+        let error = app
+            .patch(&d.tenant.key, &group_uri(&group), &body)
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    assert_eq!(warehouse(app, &d.tenant).await, changed);
+}
+
+async fn a_group_named_by_an_automation_or_with_busy_members_is_not_deleted(app: &TestApp) {
+    let d = desk(app, "Acme").await;
+    let group = warehouse(app, &d.tenant).await;
+    let automation = app
+        .create_automation(
+            &d.tenant,
+            &on_event(
+                "Route",
+                "ticket.created",
+                &json!([{ "id": "st_assign", "type": "ticket/assign-least-busy",
+                          "config": { "group": "warehouse" } }]),
+            ),
+        )
+        .await;
+    let refused = app
+        .delete(&d.tenant.key, &group_uri(&group))
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "automation", "id": automation, "name": "Route",
+                 "path": "steps.0.config.group" }]),
+        "{refused:#}"
+    );
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("group `warehouse` is in use by automation `Route` at steps.0.config.group"),
+        "{refused:#}"
+    );
+    app.put(
+        &d.tenant.key,
+        &format!("/api/automations/{automation}"),
+        &on_event(
+            "Route",
+            "ticket.created",
+            &json!([{ "id": "st_log", "type": "flow/log", "config": { "message": "no group" } }]),
+        ),
+    )
+    .await
+    .expect(StatusCode::OK);
+
+    let ticket = assigned(app, &d, "T-1", Some(&d.eva)).await;
+    let refused = app
+        .delete(&d.tenant.key, &group_uri(&group))
+        .await
+        .expect_error(StatusCode::CONFLICT, "in_use");
+    assert_eq!(
+        refused["used_by"],
+        json!([{ "kind": "tickets", "id": d.eva, "name": "Eva", "path": null, "count": 1 }]),
+        "{refused:#}"
+    );
+    app.patch(&d.tenant.key, &uri(&ticket), &json!({ "closed": true }))
+        .await
+        .expect(StatusCode::OK);
+    app.delete(&d.tenant.key, &group_uri(&group))
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    app.get(&d.tenant.key, &group_uri(&group))
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    let listed = app
+        .get(&d.tenant.key, "/api/groups")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(listed["items"], json!([]));
+    let closed = app.ticket(&d.tenant, ticket["id"].as_str().unwrap()).await;
+    assert_eq!(closed["assignee"], Value::Null, "{closed:#}");
+}
+
+async fn another_tenants_groups_and_types_are_out_of_reach(app: &TestApp) {
+    let a = desk(app, "Acme").await;
+    let b = desk(app, "Beta").await;
+    let group = warehouse(app, &a.tenant).await;
+    let order = order_type(app, &a.tenant).await;
+    let eva = format!("{}/members/{}", group_uri(&group), a.eva);
+    let tries = [
+        (Method::GET, group_uri(&group), Value::Null),
+        (Method::PATCH, group_uri(&group), json!({ "members": [] })),
+        (Method::DELETE, group_uri(&group), Value::Null),
+        (
+            Method::POST,
+            format!("{}/members", group_uri(&group)),
+            json!({ "name": "Mallory" }),
+        ),
+        (Method::PATCH, eva.clone(), json!({ "capacity": 1 })),
+        (Method::DELETE, eva.clone(), Value::Null),
+        // B's group with A's member.
+        (
+            Method::DELETE,
+            format!("/api/groups/warehouse/members/{}", a.eva),
+            Value::Null,
+        ),
+        (Method::GET, type_uri(&order), Value::Null),
+        (
+            Method::PATCH,
+            type_uri(&order),
+            json!({ "statuses": ["x"] }),
+        ),
+        (Method::DELETE, type_uri(&order), Value::Null),
+    ];
+    for (method, uri, body) in tries {
+        let reply = app
+            .send(json_request(
+                method.clone(),
+                &uri,
+                &[("authorization", &format!("Bearer {}", b.tenant.key))],
+                &body,
+            ))
+            .await;
+        reply.expect_error(StatusCode::NOT_FOUND, "not_found");
+    }
+    assert_eq!(warehouse(app, &a.tenant).await, group);
+    assert_eq!(order_type(app, &a.tenant).await, order);
 }

@@ -309,6 +309,11 @@ impl TestApp {
         .await
     }
 
+    pub(crate) async fn delete(&self, key: &str, uri: &str) -> Reply {
+        self.request(Method::DELETE, uri, Some(key), &[], Body::empty())
+            .await
+    }
+
     /// A GET with the platform admin key acting for `tenant` (`X-Tok-Tenant`).
     pub(crate) async fn get_as_admin(&self, tenant: &Tenant, uri: &str) -> Reply {
         let headers = [("x-tok-tenant", tenant.id.as_str())];

@@ -300,6 +300,8 @@ struct Estate {
     run: String,
     waiting_run: String,
     approval: String,
+    group: String,
+    ticket_type: String,
     member: String,
     incident: String,
     ticket: String,
@@ -431,6 +433,8 @@ async fn estate(app: &TestApp, name: &str) -> Estate {
         run,
         waiting_run,
         approval,
+        group: group["id"].as_str().unwrap().to_owned(),
+        ticket_type: ticket_type["id"].as_str().unwrap().to_owned(),
         member,
         incident,
         ticket,
@@ -498,6 +502,9 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             format!("/api/automations/{}", a.automation),
             manual("Hijack", &json!([log_step("st_x", "x")])),
         ),
+        ("DELETE", "/api/automations/{id}") => {
+            Theirs(m, format!("/api/automations/{}", a.automation), empty)
+        }
         ("POST", "/api/automations/{id}/pause" | "/api/automations/{id}/resume") => {
             Theirs(m, route.path.replace("{id}", &a.automation), empty)
         }
@@ -511,9 +518,40 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             format!("/api/automations/{}/versions/1", a.automation),
             empty,
         ),
-        ("GET", "/api/connections/{id}") => {
+        ("GET" | "DELETE", "/api/connections/{id}") => {
             Theirs(m, format!("/api/connections/{}", a.connection), empty)
         }
+        ("PATCH", "/api/connections/{id}") => Theirs(
+            m,
+            format!("/api/connections/{}", a.connection),
+            json!({ "rate": 1, "credentials": { "bearer": "sk_taken_over" } }),
+        ),
+        ("GET" | "DELETE", "/api/groups/{id}") => {
+            Theirs(m, format!("/api/groups/{}", a.group), empty)
+        }
+        ("PATCH", "/api/groups/{id}") => Theirs(
+            m,
+            format!("/api/groups/{}", a.group),
+            json!({ "members": [{ "name": "Mallory" }] }),
+        ),
+        ("POST", "/api/groups/{id}/members") => Theirs(
+            m,
+            format!("/api/groups/{}/members", a.group),
+            json!({ "name": "Mallory" }),
+        ),
+        ("PATCH" | "DELETE", "/api/groups/{id}/members/{member_id}") => Theirs(
+            m,
+            format!("/api/groups/{}/members/{}", a.group, a.member),
+            json!({ "capacity": 1 }),
+        ),
+        ("GET" | "DELETE", "/api/ticket-types/{id}") => {
+            Theirs(m, format!("/api/ticket-types/{}", a.ticket_type), empty)
+        }
+        ("PATCH", "/api/ticket-types/{id}") => Theirs(
+            m,
+            format!("/api/ticket-types/{}", a.ticket_type),
+            json!({ "statuses": ["taken over"] }),
+        ),
         ("POST", "/api/incidents/{id}/resolve") => {
             Theirs(m, format!("/api/incidents/{}/resolve", a.incident), empty)
         }
@@ -523,13 +561,31 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             Theirs(m, route.path.replace("{id}", &a.waiting_run), empty)
         }
         ("GET", "/api/sources/{id}") => Theirs(m, format!("/api/sources/{}", a.source), empty),
+        ("PATCH", "/api/sources/{id}") => Theirs(
+            m,
+            format!("/api/sources/{}", a.source),
+            json!({ "name": "taken over" }),
+        ),
+        ("DELETE", "/api/sources/{id}") => Theirs(m, format!("/api/sources/{}", a.source), empty),
+        ("POST", "/api/sources/{id}/rotate") => Theirs(
+            m,
+            format!("/api/sources/{}/rotate", a.source),
+            json!({ "overlap": "1h" }),
+        ),
         ("GET", "/api/tickets/{id}") => Theirs(m, format!("/api/tickets/{}", a.ticket), empty),
         ("PATCH", "/api/tickets/{id}") => Theirs(
             m,
             format!("/api/tickets/{}", a.ticket),
             json!({ "title": "taken over" }),
         ),
-        ("GET", "/api/widgets/{id}") => Theirs(m, format!("/api/widgets/{}", a.widget), empty),
+        ("GET" | "DELETE", "/api/widgets/{id}") => {
+            Theirs(m, format!("/api/widgets/{}", a.widget), empty)
+        }
+        ("PATCH", "/api/widgets/{id}") => Theirs(
+            m,
+            format!("/api/widgets/{}", a.widget),
+            json!({ "ttlSec": 5 }),
+        ),
         ("GET", "/api/keys") => Listing(route.path.into()),
         ("POST", "/api/keys") => Write(
             route.path.into(),
@@ -537,6 +593,11 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             false,
         ),
         ("DELETE", "/api/keys/{id}") => Theirs(m, format!("/api/keys/{}", a.key), empty),
+        ("PATCH", "/api/keys/{id}") => Theirs(
+            m,
+            format!("/api/keys/{}", a.key),
+            json!({ "scopes": ["admin"] }),
+        ),
         ("GET", "/api/widgets/{id}/data") => Theirs(
             m,
             format!("/api/widgets/{}/data?refresh=true", a.widget),
@@ -646,6 +707,8 @@ async fn every_route_keeps_tenants_apart(app: &TestApp) {
         format!("/api/tickets/{}", a.ticket),
         format!("/api/widgets/{}", a.widget),
         format!("/api/connections/{}", a.connection),
+        format!("/api/groups/{}", a.group),
+        format!("/api/ticket-types/{}", a.ticket_type),
         format!("/api/sources/{}", a.source),
         "/api/incidents".to_owned(),
     ];

@@ -16,6 +16,7 @@ backend_tests!(
     a_key_is_shown_once_and_listed_without_its_secret,
     a_key_outside_its_scope_is_403_naming_the_scope,
     a_revoked_key_is_refused_at_once,
+    a_keys_name_and_scopes_change_at_once,
     the_last_admin_key_stays,
     an_expired_key_is_refused_and_says_so,
     bad_key_bodies_are_400_naming_the_field,
@@ -23,6 +24,90 @@ backend_tests!(
     a_tenant_holds_at_most_100_keys,
     every_route_refuses_a_key_without_its_scope,
 );
+
+async fn a_keys_name_and_scopes_change_at_once(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let (id, secret) = make_key(app, &tenant, &["read"]).await;
+    let body = manual("Nightly", &json!([log_step("st_a", "a")]));
+    app.post(&secret, "/api/automations", &body)
+        .await
+        .expect_error(StatusCode::FORBIDDEN, "scope_missing");
+
+    let changed = app
+        .patch(
+            &tenant.key,
+            &format!("/api/keys/{id}"),
+            &json!({ "name": "sync", "scopes": ["write"] }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(changed["name"], "sync");
+    assert_eq!(changed["scopes"], json!(["write"]));
+    assert!(changed.get("key").is_none(), "no secret: {changed:#}");
+    // The same secret now writes.
+    app.post(&secret, "/api/automations", &body)
+        .await
+        .expect(StatusCode::CREATED);
+
+    // The tenant's only admin key keeps `admin`.
+    let keys = app
+        .get(&tenant.key, "/api/keys")
+        .await
+        .expect(StatusCode::OK);
+    let first = keys["items"][0]["id"].as_str().unwrap().to_owned();
+    let refused = app
+        .patch(
+            &tenant.key,
+            &format!("/api/keys/{first}"),
+            &json!({ "scopes": ["read"] }),
+        )
+        .await
+        .expect_error(StatusCode::CONFLICT, "last_admin_key");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("take `admin`"),
+        "{refused:#}"
+    );
+    // With another admin key, it may.
+    app.patch(
+        &tenant.key,
+        &format!("/api/keys/{id}"),
+        &json!({ "scopes": ["admin"] }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.patch(
+        &tenant.key,
+        &format!("/api/keys/{first}"),
+        &json!({ "scopes": ["read"] }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.get(&tenant.key, "/api/keys")
+        .await
+        .expect_error(StatusCode::FORBIDDEN, "scope_missing");
+
+    for (body, says) in [
+        (json!({ "scopes": [] }), "at least one"),
+        (json!({ "scopes": ["root"] }), "`scopes[0]` is `root`"),
+        (json!({ "name": "" }), "`name`"),
+        (json!({ "key": "tok_x" }), "key"),
+    ] {
+        let refused = app
+            .patch(&secret, &format!("/api/keys/{id}"), &body)
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        assert!(
+            refused["message"].as_str().unwrap().contains(says),
+            "{body}: {refused:#}"
+        );
+    }
+    app.patch(&secret, "/api/keys/key_missing", &json!({ "name": "x" }))
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+}
 
 /// Makes a key of `tenant`'s with these scopes; returns (id, secret).
 async fn make_key(app: &TestApp, tenant: &Tenant, scopes: &[&str]) -> (String, String) {

@@ -24,6 +24,7 @@ mod incidents;
 mod intake;
 mod isolation;
 mod keys;
+mod lifecycle;
 mod limits;
 mod openapi;
 mod outbound;

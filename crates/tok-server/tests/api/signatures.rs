@@ -95,6 +95,23 @@ async fn a_correctly_signed_webhook_is_accepted(app: &TestApp) {
         .expect(StatusCode::ACCEPTED);
     assert_eq!(again["event_id"], answer["event_id"]);
     assert_eq!(again["duplicate"], true);
+    // The signed id is the key: the same request replayed with another
+    // Idempotency-Key is still the same event.
+    let replayed = app
+        .webhook_with(
+            &token,
+            &[
+                ("webhook-id", "msg_1"),
+                ("webhook-timestamp", &ts),
+                ("webhook-signature", &signature),
+                ("idempotency-key", "a-new-key-of-the-replayer"),
+            ],
+            &body,
+        )
+        .await
+        .expect(StatusCode::ACCEPTED);
+    assert_eq!(replayed["event_id"], answer["event_id"]);
+    assert_eq!(replayed["duplicate"], true);
 }
 
 async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {

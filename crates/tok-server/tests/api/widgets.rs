@@ -4,7 +4,9 @@
 //! credentials and are held back by its rate limit; a refresh that fails
 //! or is held back serves the cached answer with its error; bad widgets
 //! are refused with what was expected; and another tenant sees none of
-//! them.
+//! them. A widget changes (checked as a create is; a new request or
+//! connection drops its cache, a new time to live keeps it) and is
+//! deleted.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +28,9 @@ backend_tests!(
     the_connections_rate_limit_holds_a_refresh_back,
     bad_widgets_are_refused_with_what_was_expected,
     another_tenants_widgets_are_invisible,
+    a_new_request_drops_the_cache_and_a_new_ttl_keeps_it,
+    an_answer_to_the_request_before_a_change_is_not_kept,
+    bad_widget_changes_are_refused_and_a_deleted_widget_is_gone,
 );
 
 const SECRET: &str = "sk_widget_secret";
@@ -37,6 +42,9 @@ struct Service {
     calls: AtomicUsize,
     failing: AtomicBool,
     authorized: AtomicUsize,
+    /// `/orders/slow` says it was reached, then answers once let go.
+    reached: tokio::sync::Notify,
+    let_go: tokio::sync::Notify,
 }
 
 impl Service {
@@ -64,11 +72,19 @@ async fn answer(
     (StatusCode::OK, axum::Json(json!({ "open_orders": n })))
 }
 
+async fn slow(State(service): State<Arc<Service>>) -> axum::Json<Value> {
+    service.calls.fetch_add(1, Ordering::SeqCst);
+    service.reached.notify_one();
+    service.let_go.notified().await;
+    axum::Json(json!({ "slow": true }))
+}
+
 async fn serve(app: &TestApp, service: Arc<Service>) -> SocketAddr {
     let listener = app.service_listener();
     let addr = listener.local_addr().unwrap();
     let app = Router::new()
         .route("/orders/open", get(answer))
+        .route("/orders/slow", get(slow))
         .with_state(service);
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
@@ -358,4 +374,176 @@ async fn another_tenants_widgets_are_invisible(app: &TestApp) {
     .await
     .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
     assert_eq!(service.calls(), 1);
+}
+
+async fn a_new_request_drops_the_cache_and_a_new_ttl_keeps_it(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(app, service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let id = widget(app, &tenant, "Open orders", 3600).await;
+    let uri = format!("/api/widgets/{id}");
+    assert_eq!(
+        data(app, &tenant, &id, "").await["data"],
+        json!({ "open_orders": 1 })
+    );
+
+    let changed = app
+        .patch(
+            &tenant.key,
+            &uri,
+            &json!({ "name": "Open orders", "ttlSec": 600 }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(changed["ttl_sec"], 600);
+    assert!(changed["fetched_at"].is_string(), "{changed:#}: kept");
+    let cached = data(app, &tenant, &id, "").await;
+    assert_eq!(
+        (cached["cached"].clone(), cached["data"].clone()),
+        (json!(true), json!({ "open_orders": 1 }))
+    );
+    assert_eq!(service.calls(), 1, "a new time to live calls nothing");
+
+    let changed = app
+        .patch(
+            &tenant.key,
+            &uri,
+            &json!({ "request": { "url": "/orders/open?state=late" } }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        changed["request"],
+        json!({ "url": "/orders/open?state=late" })
+    );
+    assert_eq!(
+        (changed["connection"].clone(), changed["ttl_sec"].clone()),
+        (json!("stats"), json!(600)),
+        "what the change does not name stays"
+    );
+    assert_eq!(changed["fetched_at"], Value::Null, "{changed:#}");
+    let fresh = data(app, &tenant, &id, "").await;
+    assert_eq!(
+        (fresh["cached"].clone(), fresh["data"].clone()),
+        (json!(false), json!({ "open_orders": 2 }))
+    );
+    assert_eq!(service.calls(), 2, "the new request is called once");
+    assert_eq!(
+        app.get(&tenant.key, &uri).await.expect(StatusCode::OK)["request"],
+        json!({ "url": "/orders/open?state=late" })
+    );
+
+    // Without its connection, the request calls its absolute URL directly.
+    let direct = app
+        .patch(
+            &tenant.key,
+            &uri,
+            &json!({ "connection": null, "request": { "url": format!("http://{addr}/orders/open") } }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(direct["connection"], Value::Null);
+    let fresh = data(app, &tenant, &id, "").await;
+    assert_eq!(fresh["cached"], false);
+    assert_eq!(service.calls(), 3);
+    assert_eq!(
+        service.authorized.load(Ordering::SeqCst),
+        2,
+        "no credentials without the connection"
+    );
+}
+
+async fn bad_widget_changes_are_refused_and_a_deleted_widget_is_gone(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(app, service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let other = app.create_tenant("Other").await;
+    let id = widget(app, &tenant, "Open orders", 3600).await;
+    let uri = format!("/api/widgets/{id}");
+    let before = app.get(&tenant.key, &uri).await.expect(StatusCode::OK);
+    let cases = [
+        (json!({ "name": "Backlog" }), "`name` cannot change"),
+        (
+            json!({ "connection": "nope" }),
+            "`nope` is not a connection of this tenant",
+        ),
+        (json!({ "ttlSec": 0 }), "between 1 and 604800"),
+        (
+            json!({ "request": { "url": "/x/{{id}}" } }),
+            "sent as written",
+        ),
+        (
+            json!({ "connection": null }),
+            "must start with http:// or https://",
+        ),
+        (json!({ "colour": "red" }), "unknown field `colour`"),
+    ];
+    for (body, expected) in cases {
+        let error = app
+            .patch(&tenant.key, &uri, &body)
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    assert_eq!(
+        app.get(&tenant.key, &uri).await.expect(StatusCode::OK),
+        before
+    );
+
+    for reply in [
+        app.patch(&other.key, &uri, &json!({ "ttlSec": 5 })).await,
+        app.delete(&other.key, &uri).await,
+    ] {
+        reply.expect_error(StatusCode::NOT_FOUND, "not_found");
+    }
+    app.delete(&tenant.key, &uri)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    app.get(&tenant.key, &uri)
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    app.get(&tenant.key, &format!("{uri}/data"))
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    app.delete(&tenant.key, &uri)
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    assert_eq!(service.calls(), 0, "nothing was called");
+}
+
+async fn an_answer_to_the_request_before_a_change_is_not_kept(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(app, service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let created = app
+        .post(
+            &tenant.key,
+            "/api/widgets",
+            &json!({ "name": "Slow", "connection": "stats",
+                     "request": { "url": "/orders/slow" }, "ttlSec": 3600 }),
+        )
+        .await
+        .expect(StatusCode::CREATED);
+    let id = created["id"].as_str().unwrap().to_owned();
+    // The request changes while the call to the old one is out.
+    let change = async {
+        service.reached.notified().await;
+        app.patch(
+            &tenant.key,
+            &format!("/api/widgets/{id}"),
+            &json!({ "request": { "url": "/orders/open" } }),
+        )
+        .await
+        .expect(StatusCode::OK);
+        service.let_go.notify_one();
+    };
+    let (old, ()) = tokio::join!(data(app, &tenant, &id, "?refresh=true"), change);
+    assert_eq!(old["data"], json!({ "slow": true }), "{old:#}");
+    let new = data(app, &tenant, &id, "").await;
+    assert_eq!(
+        (new["cached"].clone(), new["data"].clone()),
+        (json!(false), json!({ "open_orders": 2 })),
+        "the old request's answer was not kept as the new one's"
+    );
 }

@@ -5,8 +5,11 @@
 //! old key can go; plain credentials from before are sealed by the
 //! migration at start, in batches; and without a key, SQLite makes its key
 //! file while PostgreSQL refuses credentials (and takes connections without).
+//! A change replaces what it names and keeps the rest, seals new
+//! credentials under the newest key, and reaches no other tenant; a
+//! deleted connection is gone with its slots.
 
-use tok_store::{Keyring, NewConnection, Reseal, SecretError};
+use tok_store::{Admission, ConnectionPatch, Keyring, NewConnection, Reseal, SecretError};
 
 use super::*;
 
@@ -17,6 +20,9 @@ backend_tests!(
     rotation_reseals_under_the_newest_key_so_the_old_one_can_go,
     plain_credentials_are_sealed_by_the_migration_in_batches,
     without_a_key_sqlite_makes_one_and_postgres_refuses_credentials,
+    a_change_replaces_what_it_names_and_seals_new_credentials_under_the_newest_key,
+    a_deleted_connection_is_gone_with_its_slots,
+    credentials_whose_key_was_lost_are_replaced_by_a_change,
 );
 
 const SECRET: &str = "sk_live_conformance_secret";
@@ -61,6 +67,11 @@ async fn raw_credentials(db: &TestDb, id: &str) -> String {
                 .expect("read the column")
         }
     }
+}
+
+/// The `credentials` column of connection `id`, as JSON.
+async fn raw_credentials_json(db: &TestDb, id: &str) -> Value {
+    serde_json::from_str(&raw_credentials(db, id).await).unwrap()
 }
 
 /// The id of the key the column of connection `id` names.
@@ -274,4 +285,230 @@ async fn without_a_key_sqlite_makes_one_and_postgres_refuses_credentials(db: &Te
             assert!(error.to_string().contains("TOK_SECRET_KEY"), "{error}");
         }
     }
+}
+
+async fn a_change_replaces_what_it_names_and_seals_new_credentials_under_the_newest_key(
+    db: &TestDb,
+) {
+    let backend = db.backend;
+    let (old, _) = Keyring::generate();
+    let (new, _) = Keyring::generate();
+    let new_id = new.ids()[0].to_owned();
+    let store = db.store_with_keys(&old).await;
+    let t = tenant(&*store, "acme").await;
+    let other = tenant(&*store, "other").await;
+    let limited = NewConnection {
+        rate: Some(5.0),
+        burst: 5,
+        max_concurrency: Some(2),
+        ..connection("shop", credentials())
+    };
+    let shop = store.create_connection(&t, limited).await.unwrap();
+    drop(store);
+
+    let store = db.store_with_keys(&new.then(&old)).await;
+    let rotated = json!({ "bearer": "sk_live_rotated" });
+    let patch = ConnectionPatch {
+        base_url: Some(Some("https://api2.shop.test".into())),
+        credentials: Some(rotated.clone()),
+        rate: Some(None),
+        burst: Some(3),
+        ..ConnectionPatch::default()
+    };
+    let printed = format!("{patch:?}");
+    assert!(!printed.contains("sk_live_rotated"), "{printed}");
+    let changed = store
+        .update_connection(&t, &shop.id, patch)
+        .await
+        .unwrap()
+        .expect("the connection");
+    assert_eq!(changed.credentials, Value::Null, "{backend:?}: not opened");
+    assert!(changed.has_credentials);
+    assert_eq!(
+        (changed.base_url.as_deref(), changed.rate, changed.burst),
+        (Some("https://api2.shop.test"), None, 3),
+        "{backend:?}"
+    );
+    assert_eq!(
+        (
+            changed.max_concurrency,
+            changed.breaker_threshold,
+            changed.name.as_str(),
+            changed.service.as_str()
+        ),
+        (Some(2), 5, "shop", "http"),
+        "{backend:?}: what the change does not name stays"
+    );
+    assert_eq!(sealed_under(db, &shop.id).await, Some(new_id));
+    let raw = raw_credentials(db, &shop.id).await;
+    assert!(!raw.contains("sk_live_rotated"), "{raw}");
+    let read = store.connection(&t, "shop").await.unwrap().unwrap();
+    assert_eq!(read.credentials, rotated, "{backend:?}");
+
+    // Limits: the cap removed, the breaker changed; credentials removed.
+    let patch = ConnectionPatch {
+        max_concurrency: Some(None),
+        breaker_threshold: Some(9),
+        breaker_cooldown_ms: Some(1_000),
+        credentials: Some(json!({})),
+        ..ConnectionPatch::default()
+    };
+    let changed = store
+        .update_connection(&t, &shop.id, patch)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            changed.max_concurrency,
+            changed.breaker_threshold,
+            changed.breaker_cooldown_ms
+        ),
+        (None, 9, 1_000)
+    );
+    assert!(!changed.has_credentials, "{backend:?}");
+    assert_eq!(raw_credentials_json(db, &shop.id).await, json!({}));
+    assert_eq!(
+        changed.base_url.as_deref(),
+        Some("https://api2.shop.test"),
+        "kept"
+    );
+
+    // Another tenant's id changes nothing.
+    let theirs = ConnectionPatch {
+        base_url: Some(None),
+        ..ConnectionPatch::default()
+    };
+    assert!(
+        store
+            .update_connection(&other, &shop.id, theirs)
+            .await
+            .unwrap()
+            .is_none(),
+        "{backend:?}"
+    );
+    let read = store.connection(&t, &shop.id).await.unwrap().unwrap();
+    assert_eq!(read.base_url.as_deref(), Some("https://api2.shop.test"));
+    drop(store);
+
+    // Without a key, PostgreSQL refuses new credentials and writes nothing.
+    if backend == Backend::Postgres {
+        let keyless = db.store_with_keys(&Keyring::default()).await;
+        let patch = ConnectionPatch {
+            credentials: Some(credentials()),
+            burst: Some(7),
+            ..ConnectionPatch::default()
+        };
+        let error = keyless
+            .update_connection(&t, &shop.id, patch)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, StoreError::Secret(SecretError::NoKey)),
+            "{error}"
+        );
+        let read = keyless.connection(&t, &shop.id).await.unwrap().unwrap();
+        assert_eq!((read.burst, read.has_credentials), (3, false));
+    }
+}
+
+async fn a_deleted_connection_is_gone_with_its_slots(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let other = tenant(&*store, "other").await;
+    let capped = NewConnection {
+        max_concurrency: Some(1),
+        ..connection("shop", credentials())
+    };
+    let shop = store.create_connection(&t, capped).await.unwrap();
+    let admitted = store
+        .admit(&t, &shop.id, tok_core::ids::JobId(1), LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(admitted, Admission::Go);
+
+    assert!(
+        !store.delete_connection(&other, &shop.id).await.unwrap(),
+        "{backend:?}: another tenant's"
+    );
+    assert!(store.connection(&t, "shop").await.unwrap().is_some());
+    assert!(store.delete_connection(&t, &shop.id).await.unwrap());
+    assert!(store.connection(&t, "shop").await.unwrap().is_none());
+    assert!(
+        !store.delete_connection(&t, &shop.id).await.unwrap(),
+        "gone"
+    );
+    let slots = raw_sql(
+        db,
+        &format!(
+            "DELETE FROM connection_slots WHERE connection_id = '{}'",
+            shop.id
+        ),
+    )
+    .await;
+    assert_eq!(slots, 0, "{backend:?}: its slots went with it");
+
+    // The name is free again, and the new one's cap starts empty.
+    let again = NewConnection {
+        max_concurrency: Some(1),
+        ..connection("shop", json!({}))
+    };
+    let again = store.create_connection(&t, again).await.unwrap();
+    let admitted = store
+        .admit(&t, &again.id, tok_core::ids::JobId(2), LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(admitted, Admission::Go, "{backend:?}");
+}
+
+async fn credentials_whose_key_was_lost_are_replaced_by_a_change(db: &TestDb) {
+    let backend = db.backend;
+    let (lost, _) = Keyring::generate();
+    let (kept, _) = Keyring::generate();
+    let store = db.store_with_keys(&lost).await;
+    let t = tenant(&*store, "acme").await;
+    let shop = store
+        .create_connection(&t, connection("shop", credentials()))
+        .await
+        .unwrap();
+    drop(store);
+
+    let store = db.store_with_keys(&kept).await;
+    let error = store.connection(&t, "shop").await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::Secret(SecretError::UnknownKey { .. })),
+        "{backend:?}: {error}"
+    );
+    let unopened = store
+        .connection_unopened(&t, "shop")
+        .await
+        .unwrap()
+        .expect("found without opening");
+    assert_eq!(
+        (
+            unopened.id.as_str(),
+            unopened.credentials.clone(),
+            unopened.has_credentials
+        ),
+        (shop.id.as_str(), Value::Null, true),
+        "{backend:?}"
+    );
+    let other = tenant(&*store, "other").await;
+    assert!(
+        store
+            .connection_unopened(&other, &shop.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let fresh = json!({ "bearer": "sk_live_fresh" });
+    let patch = ConnectionPatch {
+        credentials: Some(fresh.clone()),
+        ..ConnectionPatch::default()
+    };
+    store.update_connection(&t, &shop.id, patch).await.unwrap();
+    let read = store.connection(&t, "shop").await.unwrap().unwrap();
+    assert_eq!(read.credentials, fresh, "{backend:?}");
 }

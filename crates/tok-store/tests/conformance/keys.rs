@@ -2,7 +2,7 @@
 //! revoked, listed by its tenant only, never revoked as its tenant's last
 //! admin key, and a new admin key set at start revokes every other.
 
-use tok_store::{NewKey, Revoked, Scope, hash_secret};
+use tok_store::{KeyChange, KeyPatch, NewKey, Scope, hash_secret};
 
 use super::*;
 
@@ -10,7 +10,70 @@ backend_tests!(
     run_on_fresh_db;
     keys_are_found_listed_and_revoked_per_tenant,
     setting_the_admin_key_revokes_the_others,
+    a_keys_scopes_change_but_the_last_admin_keeps_admin,
 );
+
+async fn a_keys_scopes_change_but_the_last_admin_keeps_admin(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let a = tenant(store, "a").await;
+    let b = tenant(store, "b").await;
+    let first = store.keys(&a, 10, None).await.unwrap().items[0].clone();
+    let to_read = || KeyPatch {
+        scopes: Some(vec![Scope::Read]),
+        ..KeyPatch::default()
+    };
+    assert_eq!(
+        store.update_key(&a, &first.id, to_read()).await.unwrap(),
+        KeyChange::LastAdmin,
+        "{backend:?}"
+    );
+    assert_eq!(
+        store.update_key(&b, &first.id, to_read()).await.unwrap(),
+        KeyChange::NotFound,
+        "another tenant's key"
+    );
+    let ci = store
+        .create_key(&a, new_key("ci", &[Scope::Read], "s-ci"))
+        .await
+        .unwrap();
+    let KeyChange::Done(renamed) = store
+        .update_key(
+            &a,
+            &ci.id,
+            KeyPatch {
+                name: Some("deploys".into()),
+                scopes: Some(vec![Scope::Admin]),
+            },
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("{backend:?}: the change was refused");
+    };
+    assert_eq!(
+        (renamed.name.as_str(), renamed.scopes.as_slice()),
+        ("deploys", &[Scope::Admin][..])
+    );
+    let found = store
+        .key_by_hash(&hash_secret("s-ci"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found, renamed, "the same secret, the new scopes");
+    // Now the first may give up `admin`.
+    let KeyChange::Done(read) = store.update_key(&a, &first.id, to_read()).await.unwrap() else {
+        panic!("{backend:?}: another admin key exists");
+    };
+    assert_eq!(read.scopes, [Scope::Read]);
+    // A revoked key changes no more.
+    store.revoke_key(&a, &read.id).await.unwrap();
+    assert_eq!(
+        store.update_key(&a, &read.id, to_read()).await.unwrap(),
+        KeyChange::NotFound
+    );
+}
 
 fn new_key(name: &str, scopes: &[Scope], secret: &str) -> NewKey {
     NewKey {
@@ -49,14 +112,14 @@ async fn keys_are_found_listed_and_revoked_per_tenant(db: &TestDb) {
     // Another tenant cannot revoke it; its own last admin key stays.
     assert_eq!(
         store.revoke_key(&b, &made.id).await.unwrap(),
-        Revoked::NotFound
+        KeyChange::NotFound
     );
     assert_eq!(
         store.revoke_key(&a, &listed[0].id).await.unwrap(),
-        Revoked::LastAdmin,
+        KeyChange::LastAdmin,
         "{backend:?}"
     );
-    let Revoked::Done(revoked) = store.revoke_key(&a, &made.id).await.unwrap() else {
+    let KeyChange::Done(revoked) = store.revoke_key(&a, &made.id).await.unwrap() else {
         panic!("{backend:?}: the key was not revoked");
     };
     assert!(revoked.revoked_at.is_some());

@@ -8,9 +8,11 @@
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
 //! `tenancy` (scoping across all of them), `tenant_caps` (a tenant's
 //! concurrency cap across claims and dispatches), `widgets`, `connections`
-//! (credentials sealed at rest), `queue_samples` (the queue's health over
-//! time), `audit` (the audit log), `outcomes` (a run's end in its ticket's
-//! trace) and `migrations`; the setup helpers they share are here.
+//! (credentials sealed at rest, changed, deleted), `desk` (ticket types,
+//! groups and members changed and deleted), `queue_samples` (the queue's
+//! health over time), `audit` (the audit log), `outcomes` (a run's end in
+//! its ticket's trace) and `migrations`; the setup helpers they share are
+//! here.
 //!
 //! Tests drive the store only through its public traits and assert on what a
 //! caller gets back (claimed jobs, runs, pages, inbox answers). Raw SQL is
@@ -56,10 +58,12 @@ mod branches;
 mod children;
 mod compensation;
 mod connections;
+mod desk;
 mod dispatch;
 mod effects;
 mod inbox;
 mod keys;
+mod lifecycle;
 mod migrations;
 mod outcomes;
 mod pages;

@@ -1,9 +1,10 @@
 //! Widgets: a widget is kept with its request and time to live, its cached
 //! answer replaces the one before only when it was fetched later, a name is
-//! one widget per tenant, and a tenant never reads nor writes another
-//! tenant's widgets.
+//! one widget per tenant, a change of its request or connection drops its
+//! cache (one of its time to live keeps it), a deleted widget is gone, and
+//! a tenant never reads, changes nor deletes another tenant's widgets.
 
-use tok_store::NewWidget;
+use tok_store::{NewWidget, WidgetPatch};
 
 use super::*;
 
@@ -11,6 +12,7 @@ backend_tests!(
     run_on_fresh_db;
     a_widget_keeps_its_request_and_its_latest_answer,
     a_name_is_one_widget_per_tenant_and_tenants_never_share_widgets,
+    a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gone,
 );
 
 fn new_widget(name: &str) -> NewWidget {
@@ -132,4 +134,115 @@ async fn a_name_is_one_widget_per_tenant_and_tenants_never_share_widgets(db: &Te
         .map(|w| w.id)
         .collect();
     assert_eq!(ids, [theirs.id], "{backend:?}");
+}
+
+async fn a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gone(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let acme = tenant(&*store, "acme").await;
+    let other = tenant(&*store, "other").await;
+    let id = store
+        .create_widget(&acme, new_widget("Open orders"))
+        .await
+        .unwrap()
+        .id;
+    let cache = async || {
+        assert!(
+            store
+                .save_widget_data(&acme, &id, &json!({ "open": 3 }), 2_000)
+                .await
+                .unwrap()
+        );
+    };
+    cache().await;
+
+    // A new time to live, and the same request given again: the cache stays.
+    let same = WidgetPatch {
+        connection: Some(Some("stats".into())),
+        request: Some(new_widget("x").request),
+        ttl_ms: Some(5_000),
+    };
+    let kept = store
+        .update_widget(&acme, &id, same)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.ttl_ms, 5_000, "{backend:?}");
+    assert_eq!(
+        (kept.data, kept.fetched_at),
+        (Some(json!({ "open": 3 })), Some(2_000)),
+        "{backend:?}: nothing the answer depends on changed"
+    );
+
+    // Another request: the answer was to the old one.
+    let request = WidgetPatch {
+        request: Some(json!({ "url": "/orders/late" })),
+        ..WidgetPatch::default()
+    };
+    let changed = store
+        .update_widget(&acme, &id, request)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(changed.request, json!({ "url": "/orders/late" }));
+    assert_eq!(changed.connection.as_deref(), Some("stats"), "kept");
+    assert_eq!(changed.ttl_ms, 5_000, "kept");
+    assert_eq!(
+        (changed.data, changed.fetched_at),
+        (None, None),
+        "{backend:?}"
+    );
+
+    // Another connection (here none) drops it too.
+    cache().await;
+    let direct = WidgetPatch {
+        connection: Some(None),
+        ..WidgetPatch::default()
+    };
+    let changed = store
+        .update_widget(&acme, &id, direct)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(changed.connection, None);
+    assert_eq!(changed.data, None, "{backend:?}");
+    assert_eq!(store.widget(&acme, &id).await.unwrap().unwrap(), changed);
+
+    // Another tenant changes and deletes nothing.
+    let theirs = WidgetPatch {
+        ttl_ms: Some(1_000),
+        ..WidgetPatch::default()
+    };
+    assert!(
+        store
+            .update_widget(&other, &id, theirs)
+            .await
+            .unwrap()
+            .is_none(),
+        "{backend:?}"
+    );
+    assert!(!store.delete_widget(&other, &id).await.unwrap());
+    assert_eq!(
+        store.widget(&acme, &id).await.unwrap().unwrap().ttl_ms,
+        5_000
+    );
+
+    assert!(
+        store.delete_widget(&acme, &id).await.unwrap(),
+        "{backend:?}"
+    );
+    assert!(store.widget(&acme, &id).await.unwrap().is_none());
+    assert!(!store.delete_widget(&acme, &id).await.unwrap(), "gone");
+    assert!(
+        store
+            .update_widget(&acme, &id, WidgetPatch::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Its name is free again.
+    store
+        .create_widget(&acme, new_widget("Open orders"))
+        .await
+        .unwrap();
 }

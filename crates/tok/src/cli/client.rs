@@ -68,6 +68,16 @@ impl Client {
             .await
     }
 
+    pub async fn patch(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send(self.request(Method::PATCH, path).json(body), path)
+            .await
+    }
+
+    /// `Null` for a 204.
+    pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(self.request(Method::DELETE, path), path).await
+    }
+
     /// A response that stays open (`GET /api/stream`).
     pub async fn open(&self, path: &str) -> anyhow::Result<reqwest::Response> {
         let response = self
@@ -93,6 +103,9 @@ impl Client {
             .with_context(|| format!("reading the answer of {}{path}", self.base))?;
         if !status.is_success() {
             return Err(self.refused(status, path, &text));
+        }
+        if status == StatusCode::NO_CONTENT {
+            return Ok(Value::Null);
         }
         serde_json::from_str(&text).with_context(|| {
             format!(

@@ -30,12 +30,12 @@ pub struct Target {
 /// The client's commands, flattened into `tok`'s own.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create the automation in FILE, or save it as a new version of the
-    /// automation with the same name; prints what changed.
+    /// Apply a file or a directory of sources, connections, groups, ticket
+    /// types, widgets and automations: each is created, changed or left
+    /// alone by its name; prints what changed.
     Apply {
-        /// The automation's definition (JSON, DESIGN §4).
-        #[arg(short = 'f', long = "file", value_name = "FILE")]
-        file: std::path::PathBuf,
+        #[command(flatten)]
+        options: apply::ApplyOptions,
         #[command(flatten)]
         target: Target,
     },
@@ -59,8 +59,8 @@ pub enum Command {
 pub async fn run(command: Command) -> anyhow::Result<()> {
     let mut out = std::io::stdout();
     match command {
-        Command::Apply { file, target } => {
-            apply::apply(&Client::new(&target)?, &file, &mut out).await
+        Command::Apply { options, target } => {
+            apply::apply(&Client::new(&target)?, &options, &mut out).await
         }
         Command::Runs(options) => {
             runs::runs(&Client::new(&options.target)?, &options, &mut out).await

@@ -1,98 +1,15 @@
-//! `tok apply -f FILE`: the automation named in FILE is created, or saved as
-//! a new version when its definition differs from the current version's,
-//! or left alone when it is the same. What changed is printed field by
-//! field, so a person sees what a new version will do differently.
+//! What changed between what the server holds and what a file says, one
+//! line per top-level field, so a person sees what a new version will do
+//! differently.
 
-use std::io::Write;
-use std::path::Path;
-
-use anyhow::{Context as _, bail};
 use serde_json::{Map, Value};
-use tok_core::definition::Automation;
-
-use super::Client;
-
-pub(super) async fn apply(
-    client: &Client,
-    file: &Path,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("could not read {}", file.display()))?;
-    let sent: Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
-    let Some(name) = sent.get("name").and_then(Value::as_str) else {
-        bail!(
-            "{} has no `name`: an automation is applied by its name",
-            file.display()
-        );
-    };
-    let Some(current) = find(client, name).await? else {
-        let created = client.post("/api/automations", &sent).await?;
-        writeln!(
-            out,
-            "created automation {name} ({}), version {}",
-            created["id"].as_str().unwrap_or("?"),
-            created["version"]
-        )?;
-        return Ok(());
-    };
-    let id = current["id"].as_str().unwrap_or_default().to_owned();
-    // The automation itself has its current definition, whatever a listing shows.
-    let current = client.get(&format!("/api/automations/{id}")).await?;
-    let version = &current["version"];
-    // The server keeps the definition as parsed, defaults filled in; the
-    // file parsed the same way compares with it. A file the parser refuses
-    // goes to the server, whose answer says what is wrong where.
-    if let Ok(parsed) = Automation::from_json(&text)
-        && let Ok(normalized) = serde_json::to_value(&parsed)
-        && normalized == current["definition"]
-    {
-        writeln!(out, "automation {name} ({id}) unchanged, version {version}")?;
-        return Ok(());
-    }
-    let saved = client.put(&format!("/api/automations/{id}"), &sent).await?;
-    writeln!(
-        out,
-        "automation {name} ({id}): new version {} (was {version})",
-        saved["version"]
-    )?;
-    let after = match Automation::from_json(&text) {
-        Ok(parsed) => serde_json::to_value(&parsed)?,
-        Err(_) => sent,
-    };
-    for line in changes(&current["definition"], &after) {
-        writeln!(out, "  {line}")?;
-    }
-    Ok(())
-}
-
-/// The tenant's automation called `name`, over every page of the listing.
-async fn find(client: &Client, name: &str) -> anyhow::Result<Option<Value>> {
-    let mut cursor: Option<String> = None;
-    loop {
-        let path = match &cursor {
-            Some(c) => format!("/api/automations?limit=500&cursor={c}"),
-            None => "/api/automations?limit=500".to_owned(),
-        };
-        let page = client.get(&path).await?;
-        let items = page["items"].as_array().cloned().unwrap_or_default();
-        if let Some(found) = items.into_iter().find(|a| a["name"] == name) {
-            return Ok(Some(found));
-        }
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_owned()),
-            None => return Ok(None),
-        }
-    }
-}
 
 /// Longest value shown whole in a change line; a longer one is summarised.
 const SHOWN_CHARS: usize = 60;
 
 /// One line per top-level field that differs: `~ field: old → new`,
 /// `+ field: new`, `- field: old`.
-fn changes(before: &Value, after: &Value) -> Vec<String> {
+pub(super) fn changes(before: &Value, after: &Value) -> Vec<String> {
     let empty = Map::new();
     let before = before.as_object().unwrap_or(&empty);
     let after = after.as_object().unwrap_or(&empty);
