@@ -8,15 +8,20 @@
 //! gives; every other route writes one row after it answered 2xx. Its
 //! action, `resource.verb`, is derived from the method and the path:
 //!
-//! | route | action | target |
-//! | --- | --- | --- |
-//! | `POST /api/automations` | `automation.created` | the answer's `id` |
-//! | `PUT /api/automations/{id}` | `automation.saved` | `{id}` |
-//! | `PATCH /api/connections/{id}` | `connection.updated` | `{id}` |
-//! | `DELETE /api/keys/{id}` | `key.deleted` unless [`NAMED`] says `key.revoked` | `{id}` |
-//! | `POST /api/runs/{id}/retry` | `run.retried` (a verb of [`VERBS`]) | `{id}` |
-//! | `POST /api/groups/{id}/members` | `member.created` | the answer's `id` |
-//! | `PATCH /api/groups/{id}/members/{member}` | `member.updated` | `{member}` |
+//! | route | action |
+//! | --- | --- |
+//! | `POST /api/automations` | `automation.created` |
+//! | `PUT /api/automations/{id}` | `automation.saved` |
+//! | `PATCH /api/connections/{id}` | `connection.updated` |
+//! | `DELETE /api/keys/{id}` | `key.deleted`, but [`NAMED`] says `key.revoked` |
+//! | `POST /api/runs/{id}/retry` | `run.retried` (a verb of [`VERBS`]) |
+//! | `POST /api/groups/{id}/members` | `member.created` |
+//! | `PATCH /api/groups/{id}/members/{member}` | `member.updated` |
+//!
+//! The target is the action's resource, by the answer's `id` (a created
+//! resource's, or the changed one's: a path may name a resource by its
+//! name, `/api/groups/warehouse`), else by the path's last parameter (a
+//! delete answers 204 with no body).
 //!
 //! A route whose action this cannot derive (`POST /api/approvals/{id}`,
 //! two literal segments in a row, a verb not in [`VERBS`]) is named in
@@ -223,7 +228,7 @@ impl IntoResponseParts for AuditNote {
 /// The longest summary a row keeps, in characters.
 const MAX_SUMMARY_CHARS: usize = 300;
 
-/// The largest answer the layer reads for a created resource's id.
+/// The largest answer the layer reads for the resource's id.
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 /// What a route writes, decided once from the table.
@@ -232,9 +237,8 @@ struct Plan {
     action: String,
     /// The target's kind: the action's resource.
     kind: String,
-    /// The target's id is the answer's `id` (a created resource), not the
-    /// path's last parameter.
-    from_answer: bool,
+    /// A resource made: its `name` in the answer is the default summary.
+    created: bool,
     access: Access,
 }
 
@@ -259,9 +263,8 @@ impl Auditor {
                     .split_once('.')
                     .map_or("unknown", |(kind, _)| kind)
                     .to_owned();
-                let has_param = route.path.contains('{');
                 let plan = Plan {
-                    from_answer: action.ends_with(".created") || !has_param,
+                    created: action.ends_with(".created"),
                     action,
                     kind,
                     access: route.access,
@@ -311,25 +314,21 @@ pub(crate) async fn record(
         return response;
     }
     let note = response.extensions().get::<AuditNote>().cloned();
-    // The answer is read only for what a row names of it: a created
-    // resource's id and name.
-    let (response, answer) = if plan.from_answer {
-        let (parts, body) = response.into_parts();
-        match axum::body::to_bytes(body, MAX_ANSWER_BYTES).await {
-            Ok(bytes) => {
-                let answer = serde_json::from_slice::<Value>(&bytes).ok();
-                (
-                    Response::from_parts(parts, axum::body::Body::from(bytes)),
-                    answer,
-                )
-            }
-            Err(e) => {
-                tracing::error!(action = %plan.action, error = %e, "could not read an answer to audit it");
-                (Response::from_parts(parts, axum::body::Body::empty()), None)
-            }
+    // The answer is read only for what a row names of it: the resource's
+    // id, and a created one's name.
+    let (parts, body) = response.into_parts();
+    let (response, answer) = match axum::body::to_bytes(body, MAX_ANSWER_BYTES).await {
+        Ok(bytes) => {
+            let answer = serde_json::from_slice::<Value>(&bytes).ok();
+            (
+                Response::from_parts(parts, axum::body::Body::from(bytes)),
+                answer,
+            )
         }
-    } else {
-        (response, None)
+        Err(e) => {
+            tracing::error!(action = %plan.action, error = %e, "could not read an answer to audit it");
+            (Response::from_parts(parts, axum::body::Body::empty()), None)
+        }
     };
     let answered = |key: &str| {
         answer
@@ -338,10 +337,7 @@ pub(crate) async fn record(
             .and_then(Value::as_str)
             .map(str::to_owned)
     };
-    let target_id = match plan.from_answer {
-        true => answered("id").or(last_param),
-        false => last_param,
-    };
+    let target_id = answered("id").or(last_param);
     let actor = match &caller {
         Some(Caller(key)) => Actor {
             kind: match key.tenant_id {
@@ -367,7 +363,7 @@ pub(crate) async fn record(
     };
     let summary = note
         .map(|n| n.0)
-        .or_else(|| plan.from_answer.then(|| answered("name")).flatten())
+        .or_else(|| plan.created.then(|| answered("name")).flatten())
         .map(|s| clip(&s));
     let row = NewAudit {
         tenant_id,

@@ -16,6 +16,7 @@ use crate::helpers::{Tenant, TestApp, backend_tests, log_step, manual, plain_sou
 backend_tests!(
     crate::helpers::run;
     each_change_is_a_row_naming_its_actor_action_and_target,
+    each_change_of_a_resources_life_is_a_row,
     listings_filter_and_page_newest_first,
     a_tenant_sees_its_rows_and_the_admin_everyones,
     no_secret_reaches_the_log,
@@ -578,6 +579,206 @@ async fn each_change_is_a_row_naming_its_actor_action_and_target(app: &TestApp) 
     );
 }
 
+/// `DELETE uri` with the key; asserts a 204.
+async fn delete(app: &TestApp, key: &str, uri: &str) {
+    let reply = app
+        .request(Method::DELETE, uri, Some(key), &[], Body::empty())
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::NO_CONTENT,
+        "{uri}: {:#}",
+        reply.body
+    );
+}
+
+/// Changes and deletes of every kind of resource, each its row; a
+/// resource named in the path by its name is the target by its id.
+async fn each_change_of_a_resources_life_is_a_row(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let me = first_key_id(app, &tenant).await;
+    let key = tenant.key.clone();
+    let latest = async || newest(app, &tenant).await;
+
+    let source = send(
+        app,
+        &key,
+        Method::POST,
+        "/api/sources",
+        &plain_source("eshop"),
+    )
+    .await;
+    let source = source["id"].as_str().unwrap().to_owned();
+    let uri = format!("/api/sources/{source}");
+    send(app, &key, Method::PATCH, &uri, &json!({ "name": "e-shop" })).await;
+    assert_row(&latest().await, "source.updated", &me, "source", &source);
+    send(
+        app,
+        &key,
+        Method::POST,
+        &format!("{uri}/rotate"),
+        &json!({}),
+    )
+    .await;
+    assert_row(&latest().await, "source.rotated", &me, "source", &source);
+    delete(app, &key, &uri).await;
+    assert_row(&latest().await, "source.deleted", &me, "source", &source);
+
+    let automation = send(
+        app,
+        &key,
+        Method::POST,
+        "/api/automations",
+        &manual("Gone", &json!([log_step("st", "x")])),
+    )
+    .await;
+    let automation = automation["id"].as_str().unwrap().to_owned();
+    delete(app, &key, &format!("/api/automations/{automation}")).await;
+    assert_row(
+        &latest().await,
+        "automation.deleted",
+        &me,
+        "automation",
+        &automation,
+    );
+
+    let connection = send(
+        app,
+        &key,
+        Method::POST,
+        "/api/connections",
+        &json!({ "name": "stats", "service": "http", "base_url": "http://127.0.0.1:9" }),
+    )
+    .await;
+    let connection = connection["id"].as_str().unwrap().to_owned();
+    let uri = format!("/api/connections/{connection}");
+    send(app, &key, Method::PATCH, &uri, &json!({ "rate": 2.5 })).await;
+    assert_row(
+        &latest().await,
+        "connection.updated",
+        &me,
+        "connection",
+        &connection,
+    );
+    let widget = send(
+        app,
+        &key,
+        Method::POST,
+        "/api/widgets",
+        &json!({ "name": "w", "connection": "stats", "request": { "url": "/x" }, "ttlSec": 60 }),
+    )
+    .await;
+    let widget = widget["id"].as_str().unwrap().to_owned();
+    let widget_uri = format!("/api/widgets/{widget}");
+    send(
+        app,
+        &key,
+        Method::PATCH,
+        &widget_uri,
+        &json!({ "ttlSec": 600 }),
+    )
+    .await;
+    assert_row(&latest().await, "widget.updated", &me, "widget", &widget);
+    delete(app, &key, &widget_uri).await;
+    assert_row(&latest().await, "widget.deleted", &me, "widget", &widget);
+    delete(app, &key, &uri).await;
+    assert_row(
+        &latest().await,
+        "connection.deleted",
+        &me,
+        "connection",
+        &connection,
+    );
+
+    let group = send(
+        app,
+        &key,
+        Method::POST,
+        "/api/groups",
+        &json!({ "name": "warehouse", "members": [{ "name": "Eva" }] }),
+    )
+    .await;
+    let group = group["id"].as_str().unwrap().to_owned();
+    // By its name in the path: the row names its id.
+    send(
+        app,
+        &key,
+        Method::PATCH,
+        "/api/groups/warehouse",
+        &json!({ "members": [{ "name": "Eva", "capacity": 5 }] }),
+    )
+    .await;
+    assert_row(&latest().await, "group.updated", &me, "group", &group);
+    let members = format!("/api/groups/{group}/members");
+    let bo = send(app, &key, Method::POST, &members, &json!({ "name": "Bo" })).await;
+    let bo = bo["id"].as_str().unwrap().to_owned();
+    let row = latest().await;
+    assert_row(&row, "member.created", &me, "member", &bo);
+    assert_eq!(row["summary"], "Bo");
+    let bo_uri = format!("{members}/{bo}");
+    send(app, &key, Method::PATCH, &bo_uri, &json!({ "capacity": 3 })).await;
+    assert_row(&latest().await, "member.updated", &me, "member", &bo);
+    delete(app, &key, &bo_uri).await;
+    assert_row(&latest().await, "member.deleted", &me, "member", &bo);
+    delete(app, &key, &format!("/api/groups/{group}")).await;
+    assert_row(&latest().await, "group.deleted", &me, "group", &group);
+
+    let kind = send(
+        app,
+        &key,
+        Method::POST,
+        "/api/ticket-types",
+        &json!({ "name": "order", "statuses": ["new"], "fields": [] }),
+    )
+    .await;
+    let kind = kind["id"].as_str().unwrap().to_owned();
+    let uri = format!("/api/ticket-types/{kind}");
+    send(
+        app,
+        &key,
+        Method::PATCH,
+        &uri,
+        &json!({ "statuses": ["new", "done"] }),
+    )
+    .await;
+    assert_row(
+        &latest().await,
+        "ticket_type.updated",
+        &me,
+        "ticket_type",
+        &kind,
+    );
+    delete(app, &key, &uri).await;
+    assert_row(
+        &latest().await,
+        "ticket_type.deleted",
+        &me,
+        "ticket_type",
+        &kind,
+    );
+
+    let made = send(
+        app,
+        &key,
+        Method::POST,
+        "/api/keys",
+        &json!({ "name": "ci", "scopes": ["read"] }),
+    )
+    .await;
+    let ci = made["id"].as_str().unwrap().to_owned();
+    send(
+        app,
+        &key,
+        Method::PATCH,
+        &format!("/api/keys/{ci}"),
+        &json!({ "scopes": ["write"] }),
+    )
+    .await;
+    let row = latest().await;
+    assert_row(&row, "key.updated", &me, "key", &ci);
+    assert_eq!(row["summary"], "\u{201c}ci\u{201d} with write");
+}
+
 async fn listings_filter_and_page_newest_first(app: &TestApp) {
     let tenant = app.create_tenant("Acme").await;
     let me = first_key_id(app, &tenant).await;
@@ -849,6 +1050,35 @@ async fn no_secret_reaches_the_log(app: &TestApp) {
     secrets.push(signing.clone());
     // The webhook token is the source's credential too.
     secrets.push(source["token"].as_str().unwrap().to_owned());
+    // Secrets given and handed out by changes: a rotation's new signing
+    // secret and token, a connection's new credentials.
+    let rotated_secret = {
+        use base64::Engine as _;
+        format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(b"the-senders-next-signing-key")
+        )
+    };
+    let rotated = send(
+        app,
+        &tenant.key,
+        Method::POST,
+        &format!("/api/sources/{}/rotate", source["id"].as_str().unwrap()),
+        &json!({ "secret": rotated_secret }),
+    )
+    .await;
+    secrets.push(rotated_secret);
+    secrets.push(rotated["token"].as_str().unwrap().to_owned());
+    let new_bearer = "sk_live_the_next_bearer_that_must_stay_secret";
+    send(
+        app,
+        &tenant.key,
+        Method::PATCH,
+        "/api/connections/billing",
+        &json!({ "credentials": { "bearer": new_bearer } }),
+    )
+    .await;
+    secrets.push(new_bearer.to_owned());
     let uri = format!("/api/tenants/{}", tenant.id);
     send(
         app,
@@ -870,6 +1100,12 @@ async fn no_secret_reaches_the_log(app: &TestApp) {
     ] {
         let (rows, pages) = every_row(app, key, &headers, "", 2).await;
         assert!(rows.len() >= 5, "{who}: {rows:#?}");
+        for action in ["source.rotated", "connection.updated", "key.created"] {
+            assert!(
+                rows.iter().any(|r| r["action"] == action),
+                "{who}: {action}"
+            );
+        }
         for text in &pages {
             for secret in &secrets {
                 assert!(
