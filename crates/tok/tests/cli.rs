@@ -263,7 +263,17 @@ async fn apply_a_directory_creates_then_changes_only_what_changed_and_prunes(db:
     let connections = api.get("/api/connections", &key).await;
     assert_eq!(connections["items"][0]["has_credentials"], true);
 
+    let audited = api.get("/api/audit?limit=500", &key).await["items"].clone();
+    assert!(
+        !audited.as_array().unwrap().is_empty(),
+        "the creates are audited"
+    );
     let again = ok(apply(&[]));
+    assert_eq!(
+        api.get("/api/audit?limit=500", &key).await["items"],
+        audited,
+        "an unchanged apply writes no audit row"
+    );
     assert!(
         again.contains("0 created, 0 changed, 7 unchanged"),
         "applying the same directory again changes nothing: {again}"
