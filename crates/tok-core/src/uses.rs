@@ -128,7 +128,7 @@ mod tests {
     fn finds_references_in_every_child_list_and_skips_templates() {
         let a = automation(
             r#"{"name":"a","trigger":{"kind":"webhook","source":"src_1"},"steps":[
-                {"id":"c","type":"condition","rules":[{"field":"x","operator":"is_empty"}],
+                {"id":"c","type":"condition","rules":[{"field":"x","operator":"isEmpty"}],
                  "then":[{"id":"h","type":"http","config":{"connection":"shop","url":"/x"}}],
                  "else":[{"id":"t","type":"ticket/upsert","config":{"externalId":"1","type":"order"}}]},
                 {"id":"p","type":"parallel","branches":[[
