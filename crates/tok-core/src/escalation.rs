@@ -1,7 +1,8 @@
 //! Escalations of a waiting step (DESIGN §5a): `escalations: [{after, steps}]`
 //! on a `wait`, `wait_for_event`, `wait_for_runs` or `approval` step. A
 //! `wait` with escalations parks at its own path (a plain one parks at the
-//! next step) until its end. While the step still waits
+//! next step, or at its own when nothing follows it: [`hold`]) until its
+//! end. While the step still waits
 //! `after` its wait began, the level's steps run — on the waiting step's
 //! own job, as a side chain at paths `<step>.escalations.<level>.<i>` —
 //! and then the step waits again, for the same signal and until the same
@@ -90,7 +91,10 @@ pub fn due(
     timeout_at: Option<i64>,
 ) -> Option<i64> {
     if step.escalations.is_empty() {
-        return timeout_at;
+        // A wait held at its own path ([`hold`]) keeps its end.
+        return entry(context, path)
+            .and_then(|(_, held_until, _)| held_until)
+            .or(timeout_at);
     }
     let (since, timeout_at, fired) = match entry(context, path) {
         Some(entry) => entry,
@@ -127,6 +131,15 @@ pub fn fires_by(step: &Step, path: &FlowPath, context: &mut Context, now: i64) -
 /// has escalations and began.
 pub fn began(path: &FlowPath, context: &Context) -> Option<(i64, Option<i64>)> {
     entry(context, path).map(|(since, timeout_at, _)| (since, timeout_at))
+}
+
+/// A `wait` without escalations that has nothing after it in its list
+/// (the run's, a branch's, an iteration's) holds it at its own path until
+/// `until`, written down as a wait with escalations is: a claim of the
+/// step before then waits again for the same end, one at it ends the
+/// wait, and the run (branch, iteration) ends when its last step does.
+pub fn hold(path: &FlowPath, context: &mut Context, now: i64, until: i64) {
+    set_entry(context, path, Some((now, Some(until), 0)));
 }
 
 /// The wait at `path` is over: its levels not fired yet never will.

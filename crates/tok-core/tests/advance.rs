@@ -448,3 +448,57 @@ fn an_executed_step_gets_its_config_rendered_and_the_scope_it_sees() {
     assert_eq!(step.scope["orderId"], json!("5001"));
     assert_eq!(t.state.actions, 1);
 }
+
+/// A `wait` that is the run's last step holds the run until its end: the
+/// run waits at the wait itself, and a claim at its end completes it.
+#[test]
+fn a_wait_that_is_the_last_step_ends_the_run_only_when_it_ends() {
+    let automation = tree(json!([
+        { "id": "s", "type": "set", "config": { "values": { "a": 1 } } },
+        { "id": "w", "type": "wait", "config": { "duration": "10m" } }
+    ]));
+    let t = run(&automation, state("0"), Input::Start);
+    assert_eq!(
+        seen(&t),
+        (
+            strings(&["s completed", "w waiting"]),
+            RunStatus::Waiting,
+            "step 1 in 600000 ms".into()
+        ),
+        "the run is not complete while its last step waits"
+    );
+    // Claimed early (a paused run resumed): it waits again for the same end.
+    let mut early = t.state;
+    early.path = "1".parse().unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut env = Env {
+        now: Timestamp::from_millisecond(NOW_MS + 60_000).unwrap(),
+        kinds: &kinds,
+        rng: &mut rng,
+    };
+    let again = advance(&automation, early, Input::Start, &mut env);
+    assert_eq!(
+        seen(&again),
+        (Vec::new(), RunStatus::Waiting, "step 1 in 540000 ms".into())
+    );
+    // Claimed at its end: the wait completes, and with it the run.
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut env = Env {
+        now: Timestamp::from_millisecond(NOW_MS + 600_000).unwrap(),
+        kinds: &kinds,
+        rng: &mut rng,
+    };
+    let ended = advance(&automation, again.state, Input::Start, &mut env);
+    assert_eq!(
+        seen(&ended),
+        (
+            strings(&["w completed"]),
+            RunStatus::Completed,
+            "done".into()
+        )
+    );
+    assert_eq!(
+        ended.records[0].output,
+        Some(json!({ "until": "2026-05-28T20:36:40Z" }))
+    );
+}

@@ -97,13 +97,23 @@ pub(crate) async fn fail_run(
         depth: detail.run.depth,
         actor: format!("automation \u{201c}{automation_name}\u{201d}"),
     };
+    let mut ended = crate::traces::enabled().then(|| detail.clone());
+    if let Some(ended) = &mut ended {
+        ended.run.status = "failed".into();
+        ended.run.error = Some(error.clone());
+        ended.run.finished_at = Some(now);
+    }
     let failure = RunFailure {
         error,
         incident: Some(incident),
         event: Some(event),
         cause,
     };
-    store.fail_run(tenant, run, failure, now).await
+    let failed = store.fail_run(tenant, run, failure, now).await?;
+    if let (true, Some(ended)) = (failed, ended) {
+        crate::traces::export(tenant, &ended);
+    }
+    Ok(failed)
 }
 
 /// The incident detail of a failed run, for the platform admin: the

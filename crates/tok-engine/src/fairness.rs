@@ -65,6 +65,9 @@ pub fn reserved_slots(concurrency: usize) -> usize {
 pub(crate) struct Slots {
     /// Whether the pool runs (and a dispatch may hand it jobs).
     pub(crate) open: bool,
+    /// Why the pool's last claim failed, until one succeeds again: a
+    /// worker node is ready (`/readyz`) while its claims reach the queue.
+    pub(crate) claim_failing: Option<String>,
     /// By claim (the job and the token it was claimed under): its tenant,
     /// and whether it holds a reserved slot. Keyed by the claim, not the
     /// job alone: an execution whose lease was lost may still be running

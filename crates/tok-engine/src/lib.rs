@@ -24,6 +24,7 @@ pub mod registry;
 pub mod scheduler;
 mod steps;
 pub mod stream;
+pub mod traces;
 pub mod widgets;
 
 use std::panic::AssertUnwindSafe;
@@ -73,6 +74,14 @@ pub enum EngineError {
         per_minute: u32,
         retry_after_ms: i64,
     },
+}
+
+impl EngineError {
+    /// Whether this is a tenant's own database being away
+    /// ([`StoreError::TenantDatabaseUnavailable`]).
+    pub fn is_tenant_database_away(&self) -> bool {
+        matches!(self, EngineError::Store(e) if e.is_tenant_database_away())
+    }
 }
 
 /// Milliseconds as whole seconds, rounded up (at least 1), as `Retry-After`.
@@ -293,6 +302,18 @@ impl Engine {
     /// Tells the worker pool a job may be ready now (a retried or resumed run).
     pub fn job_ready(&self) {
         self.inner.work.notify_one();
+    }
+
+    /// Whether this process's worker pool claims work: it runs (started,
+    /// not stopping) and its last claim reached the queue. What a worker
+    /// node's `/readyz` answers; the error says why not.
+    pub fn claims_work(&self) -> std::result::Result<(), String> {
+        let slots = execute::pool::slots(&self.inner);
+        match (&slots.claim_failing, slots.open) {
+            (_, false) => Err("the worker pool is not running".into()),
+            (Some(e), true) => Err(format!("claims fail: {e}")),
+            (None, true) => Ok(()),
+        }
     }
 
     /// Re-reads the list of tenants the queue serves (after one is created).

@@ -46,6 +46,9 @@ pub struct StepCall {
     pub context: Value,
     /// Where [`StepCall::once`] keeps its results.
     pub effects: Effects,
+    /// The W3C trace context of the step (`traceparent`): the `http` step
+    /// sends it with its call. `None` outside a run.
+    pub traceparent: Option<String>,
 }
 
 /// Where [`StepCall::once`] keeps the results of a step's effects: the

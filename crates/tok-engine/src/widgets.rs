@@ -164,7 +164,7 @@ impl Widgets {
         let slot = JobId(-(rand::random::<i64>() & i64::MAX) - 1);
         let mut answer = self
             .http
-            .call(tenant, &config, slot, SLOT_LEASE_MS, None)
+            .call(tenant, &config, slot, SLOT_LEASE_MS, None, None)
             .await?;
         Ok(answer.remove("body").unwrap_or(Value::Null))
     }

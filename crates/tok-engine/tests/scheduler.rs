@@ -82,6 +82,11 @@ async fn events(store: &dyn Store, tenant: &TenantId) -> Vec<(String, String, bo
         let detail = store.run(tenant, &run.id).await.unwrap().unwrap();
         let event = &detail.context["_event"];
         assert_eq!(event["type"], json!(run.trigger_type));
+        assert_eq!(
+            detail.actor,
+            json!({ "kind": "system", "source": run.trigger_type }),
+            "a poll's or a schedule's run is started by the platform"
+        );
         out.push((
             run.trigger_type,
             event["scheduledAt"].as_str().unwrap_or_default().to_owned(),

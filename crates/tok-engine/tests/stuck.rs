@@ -1,6 +1,7 @@
 //! Stuck runs, found by the scheduler's watch with a driven clock on both
-//! backends: a run past `settings.runTimeout` is failed with a
-//! `run_timeout` platform incident, a wait a minute past its due time and
+//! backends: a run past `settings.runTimeout` (or the platform's
+//! `TOK_RUN_TIMEOUT` without one) is failed with a `run_timeout` platform
+//! incident, a wait a minute past its due time and
 //! untaken gives `wait_overdue`, a job whose lease expired three times
 //! gives `lease_expired_repeatedly`, and a ready job older than five minutes
 //! while workers are free gives `queue_stalled`; one incident per cause. A
@@ -21,6 +22,7 @@ use tok_store::{Backend, PlatformIncident, Store, backend_tests, now_ms};
 backend_tests!(
     run_on_fresh_db;
     a_run_past_its_timeout_fails_with_a_run_timeout_incident,
+    the_platforms_run_timeout_holds_for_automations_without_their_own,
     a_child_failed_by_its_timeout_fails_the_parent_that_waits_for_it,
     a_child_whose_definition_no_longer_reads_fails_the_parent_that_waits_for_it,
     a_wait_overdue_and_untaken_gives_a_wait_overdue_incident,
@@ -121,6 +123,48 @@ async fn a_run_past_its_timeout_fails_with_a_run_timeout_incident(db: &TestDb) {
     let kept = store.run(&t, &other).await.unwrap().unwrap().run;
     assert_eq!(kept.status, "queued");
     assert_eq!(open_incidents(&*store).await.len(), 1);
+}
+
+async fn the_platforms_run_timeout_holds_for_automations_without_their_own(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store).await;
+    let steps = json!([{ "id": "st_log", "type": "flow/log", "config": { "message": "hi" } }]);
+    let own = automation(
+        &*store,
+        &t,
+        json!({ "name": "Own", "trigger": { "kind": "manual" }, "steps": steps,
+                "settings": { "runTimeout": "3h" } }),
+    )
+    .await;
+    let plain = automation(
+        &*store,
+        &t,
+        json!({ "name": "Plain", "trigger": { "kind": "manual" }, "steps": steps }),
+    )
+    .await;
+    let engine = engine(&store);
+    let kept = engine.start_run(&t, &own, json!({}), None).await.unwrap();
+    let timed = engine.start_run(&t, &plain, json!({}), None).await.unwrap();
+    let clock = Arc::new(ManualClock::at(now_ms() + 119 * MINUTE.as_millis() as i64));
+    let config = SchedulerConfig {
+        run_timeout: Some(2 * 60 * MINUTE),
+        ..SchedulerConfig::default()
+    };
+    let s = Scheduler::new(store.clone(), "n1", config, clock.clone());
+    let tenants = [t.clone()];
+
+    assert_eq!(s.watch(&tenants).await.unwrap().stuck, 0);
+    clock.advance(2 * MINUTE);
+    assert_eq!(s.watch(&tenants).await.unwrap().stuck, 1);
+    let failed = store.run(&t, &timed).await.unwrap().unwrap().run;
+    assert_eq!(failed.status, "failed");
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("run_timeout: the run did not finish within 2h (TOK_RUN_TIMEOUT)")
+    );
+    // The automation's own timeout (3h) is longer than the platform's.
+    let own_run = store.run(&t, &kept).await.unwrap().unwrap().run;
+    assert_eq!(own_run.status, "queued");
 }
 
 async fn a_child_failed_by_its_timeout_fails_the_parent_that_waits_for_it(db: &TestDb) {

@@ -1,9 +1,11 @@
 //! The API's one error type: a status, a stable code, a message that says
 //! what to do, and optional fields (the param and path of a contract error).
 //! Database internals never reach a client: a store error is logged here and
-//! answered as 503 (database unavailable) or 500, but for an input the store
-//! refuses as unstorable (400, `unstorable`: it names what is wrong, and the
-//! same input always fails the same way).
+//! answered as 503 (database unavailable; `tenant_database_unavailable`,
+//! with `Retry-After`, when only the tenant's own database is away) or
+//! 500, but for an input the store refuses as unstorable (400,
+//! `unstorable`: it names what is wrong, and the same input always fails
+//! the same way).
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -95,6 +97,20 @@ impl From<StoreError> for ApiError {
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "credentials_unopenable",
                     other.to_string(),
+                )
+            }
+            // One tenant's own database is away: its calls are answered at
+            // once while the others go on (the log names the database).
+            StoreError::TenantDatabaseUnavailable(database) => {
+                tracing::debug!(%database, "a call of a tenant whose database does not answer");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "tenant_database_unavailable",
+                    "this tenant's database does not answer; try again shortly",
+                )
+                .with(
+                    "retry_after_ms",
+                    tok_store::TENANT_DATABASE_RETRY.as_millis() as u64,
                 )
             }
             StoreError::Unavailable(message) => {

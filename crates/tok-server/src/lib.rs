@@ -55,6 +55,9 @@ pub struct AppState {
     pub(crate) quotas: Arc<quotas::Quotas>,
     /// When this process last noted each key's use ([`auth::KeyUses`]).
     pub(crate) key_uses: Arc<auth::KeyUses>,
+    /// `/readyz` also asks whether the engine claims work: a worker
+    /// node's readiness ([`AppState::ready_when_claiming`]).
+    pub(crate) ready_when_claiming: bool,
 }
 
 impl AppState {
@@ -76,7 +79,16 @@ impl AppState {
             metrics_token: None,
             quotas: Arc::default(),
             key_uses: Arc::default(),
+            ready_when_claiming: false,
         }
+    }
+
+    /// `/readyz` answers 200 only while this process's worker pool claims
+    /// work ([`Engine::claims_work`]) and the database answers: what an
+    /// orchestrator should know of a worker node, which serves no API.
+    pub fn ready_when_claiming(mut self) -> Self {
+        self.ready_when_claiming = true;
+        self
     }
 
     /// Serves `GET /metrics` from this Prometheus recorder.
@@ -178,6 +190,13 @@ fn routes() -> Routes {
         .merge(dashboard::router())
 }
 
+/// What a worker node serves: the probes and `/metrics`, nothing else.
+fn probe_routes() -> Routes {
+    Routes::new()
+        .merge(routes::health::router())
+        .merge(routes::metrics::router())
+}
+
 /// What [`app`] serves: every method and path of its router, from the
 /// table the router is built from.
 pub fn route_table() -> Vec<Route> {
@@ -193,6 +212,22 @@ pub fn app(state: AppState) -> Router {
     // it knows the caller, and writes a change's row after the handler.
     router
         .route_layer(axum::middleware::from_fn_with_state(auditor, audit::record))
+        .route_layer(axum::middleware::from_fn_with_state(
+            authorizer,
+            auth::authorize,
+        ))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
+        .with_state(state)
+}
+
+/// A worker node's HTTP application: `/healthz`, `/readyz` (with
+/// [`AppState::ready_when_claiming`]) and `/metrics`, each behind the same
+/// authorizer as in [`app`]; every other path answers 404.
+pub fn probes(state: AppState) -> Router {
+    let (router, table) = probe_routes().into_parts();
+    let authorizer = auth::Authorizer::new(state.clone(), &table);
+    router
         .route_layer(axum::middleware::from_fn_with_state(
             authorizer,
             auth::authorize,

@@ -26,6 +26,7 @@ macro_rules! impl_dispatch {
                 event_type: row.get("event_type"),
                 subject_ticket_id: row.get("subject_ticket_id"),
                 received_at: row.get("received_at"),
+                traceparent: row.get("traceparent"),
             }
         }
 

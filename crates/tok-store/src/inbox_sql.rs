@@ -59,8 +59,9 @@ macro_rules! impl_inbox {
             sqlx::query(
                 "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
                     payload, params, received_at, status, dispatched_at, cause_run_id, depth,
-                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id,
+                    traceparent)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
             )
             .bind(&id)
             .bind(tenant.as_str())
@@ -78,6 +79,7 @@ macro_rules! impl_inbox {
             .bind(event.target_automation_id.as_ref().map(|a| a.as_str()))
             .bind(event.event_type.as_deref())
             .bind(event.subject_ticket_id.as_deref())
+            .bind(event.traceparent.as_deref())
             .execute(&mut **tx)
             .await?;
             Ok(Some(EventId::from(id)))
@@ -197,13 +199,14 @@ macro_rules! impl_inbox {
             sqlx::query(concat!(
                 "INSERT INTO event_inbox (id, tenant_id, source_id, source_kind, idempotency_key,
                     payload, params, received_at, status, cause_run_id, depth,
-                    origin_automation_id, target_automation_id, event_type, subject_ticket_id)
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id,
+                    traceparent)
                  SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
                     x.value ->> 3, x.value ->> 4,
                     x.value -> 5, x.value -> 6, $2, 'pending',
                     x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
                     x.value ->> 9, x.value ->> 10,
-                    x.value ->> 11, x.value ->> 12
+                    x.value ->> 11, x.value ->> 12, x.value ->> 13
                  FROM ", batch_rows!(1), "
                  WHERE x.value ->> 0 ", any_of!(3), "
                  ORDER BY x.key"

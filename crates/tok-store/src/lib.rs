@@ -96,7 +96,7 @@ pub use postgres::PgStore;
 pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
 pub use relay::{Heard, StreamRelay};
 pub use retention::{Expiring, MovedRows, PartitionProblem, RetentionStore};
-pub use routed::{RoutedStore, TenantDatabases};
+pub use routed::{RoutedStore, TENANT_DATABASE_RETRY, TenantDatabases};
 pub use rows::{IDEMPOTENCY_WINDOW, now_ms};
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use secrets::{Keyring, Reseal, Resealed, SecretError};
@@ -133,6 +133,14 @@ pub enum StoreError {
     /// The database could not take the write; nothing was written.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The tenant's own database does not answer now (named here as the
+    /// logs name it, `TOK_TENANT_DATABASES`' entry; never its URL): nothing
+    /// was read or written there. Its calls fail at once while it stays
+    /// away; tok tries it again every
+    /// [`TENANT_DATABASE_RETRY`](routed::TENANT_DATABASE_RETRY) and carries
+    /// on once it answers.
+    #[error("the tenant's database ({0}) does not answer; try again shortly")]
+    TenantDatabaseUnavailable(String),
     /// This one input cannot be stored (its text has U+0000, or the
     /// database refused its row as invalid data): nothing of it was written,
     /// the writes that shared its transaction are unaffected, and sending it
@@ -143,6 +151,14 @@ pub enum StoreError {
     /// or not the key they were sealed under (see [`SecretError`]).
     #[error(transparent)]
     Secret(#[from] SecretError),
+}
+
+impl StoreError {
+    /// Whether this is [`StoreError::TenantDatabaseUnavailable`]: a pass
+    /// over many tenants skips the tenant it names and goes on.
+    pub fn is_tenant_database_away(&self) -> bool {
+        matches!(self, StoreError::TenantDatabaseUnavailable(_))
+    }
 }
 
 /// Tenants: the platform-level part (their keys are [`KeyStore`]'s).
@@ -399,8 +415,16 @@ pub trait Store:
     async fn seal_credentials(&self, which: Reseal) -> Result<Vec<Resealed>>;
     /// Creates what must exist ahead of time (monthly partitions).
     async fn maintain(&self) -> Result<()>;
-    /// Answers when the database does.
+    /// Answers when the database does (with tenants on databases of their
+    /// own, the shared one: see [`RoutedStore`]).
     async fn ping(&self) -> Result<()>;
+    /// The databases this process could not reach to migrate, or that do
+    /// not answer now, as the logs name them: tenant databases of a
+    /// [`RoutedStore`], which migrates each once it answers. None on one
+    /// database.
+    fn unreachable_databases(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Calls `wake` whenever another process made jobs ready (PostgreSQL's
     /// LISTEN/NOTIFY), so idle workers claim at once instead of at their
     /// next poll, until `wake` returns false. SQLite serves one process:

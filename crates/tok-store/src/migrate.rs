@@ -46,6 +46,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     24 "0024_give_api_keys_names_scopes_and_ends",
     25 "0025_let_sources_rotate_and_automations_archive",
     27 "0027_create_the_audit_log",
+    28 "0028_keep_the_traceparent_of_events",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -70,6 +71,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     21 "0021_give_api_keys_names_scopes_and_ends",
     22 "0022_let_sources_rotate_and_automations_archive",
     24 "0024_create_the_audit_log",
+    25 "0025_keep_the_traceparent_of_events",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -237,6 +237,9 @@ pub struct NewEvent {
     pub event_type: Option<String>,
     /// The ticket an internal ticket event is about.
     pub subject_ticket_id: Option<String>,
+    /// The W3C trace context the event was sent with, checked at intake:
+    /// its runs continue that trace.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,6 +263,8 @@ pub struct PendingEvent {
     pub event_type: Option<String>,
     pub subject_ticket_id: Option<String>,
     pub received_at: i64,
+    /// The trace context it was sent with ([`NewEvent::traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 impl PendingEvent {
@@ -372,6 +377,58 @@ pub struct StepRow {
     pub finished_at: i64,
 }
 
+impl StepRow {
+    /// A run's step rows as a reader should see them. A step that waits
+    /// (`wait_for_event`, `approval`, `parallel`, `wait_for_runs`, a held
+    /// `wait`) writes a `waiting` row when it parks and another when it
+    /// resumes: the rows are append-only, one insert per record. Read, the
+    /// waiting row becomes what it became — the later row's status, error
+    /// and end, its output (the wait's when it has none, as a failed wait
+    /// for runs names its child), both logs, the wait's start — and the
+    /// later row is not shown again. A wait that has not resumed stays `waiting`.
+    pub fn as_they_became(rows: Vec<StepRow>) -> Vec<StepRow> {
+        let mut shown: Vec<StepRow> = Vec::with_capacity(rows.len());
+        // The shown row of each step still waiting, by path.
+        let mut waiting: std::collections::HashMap<String, usize> = Default::default();
+        for row in rows {
+            if let Some(&at) = waiting.get(&row.path)
+                && shown[at].step_id == row.step_id
+            {
+                let parked = &mut shown[at];
+                let mut log = match std::mem::take(&mut parked.log) {
+                    Value::Array(lines) => lines,
+                    other => vec![other],
+                };
+                match row.log {
+                    Value::Array(lines) => log.extend(lines),
+                    Value::Null => {}
+                    other => log.push(other),
+                }
+                parked.log = Value::Array(log);
+                parked.status = row.status;
+                parked.attempt = row.attempt;
+                if row.output.is_some() {
+                    parked.output = row.output;
+                }
+                parked.error = row.error;
+                parked.finished_at = row.finished_at;
+                if row.input.is_some() {
+                    parked.input = row.input;
+                }
+                if parked.status != "waiting" {
+                    waiting.remove(&row.path);
+                }
+                continue;
+            }
+            if row.status == "waiting" {
+                waiting.insert(row.path.clone(), shown.len());
+            }
+            shown.push(row);
+        }
+        shown
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct RunDetail {
     #[serde(flatten)]
@@ -431,4 +488,77 @@ pub struct QueueStats {
     pub running: i64,
     pub oldest_ready_ms: Option<i64>,
     pub pending_events: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::StepRow;
+
+    fn row(path: &str, id: &str, status: &str, log: &str, at: i64) -> StepRow {
+        StepRow {
+            path: path.into(),
+            step_id: id.into(),
+            kind: "wait_for_event".into(),
+            attempt: 1,
+            status: status.into(),
+            input: None,
+            output: (status != "waiting").then(|| json!({ "at": at })),
+            error: None,
+            log: json!([log]),
+            started_at: at,
+            finished_at: at,
+        }
+    }
+
+    fn seen(rows: &[StepRow]) -> Vec<String> {
+        rows.iter()
+            .map(|r| {
+                format!(
+                    "{} {} {}-{} {}",
+                    r.step_id, r.status, r.started_at, r.finished_at, r.log
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_resumed_wait_reads_as_what_it_became_and_an_open_one_still_waits() {
+        let rows = vec![
+            row("0", "st_first", "completed", "done", 1),
+            row("1", "st_paid", "waiting", "waiting for payment", 2),
+            row("1.escalations.0.0", "st_remind", "completed", "reminded", 3),
+            row("1", "st_paid", "completed", "resumed by signal", 9),
+            row("2", "st_shipped", "waiting", "waiting for shipping", 10),
+        ];
+        assert_eq!(
+            seen(&StepRow::as_they_became(rows)),
+            [
+                r#"st_first completed 1-1 ["done"]"#,
+                r#"st_paid completed 2-9 ["waiting for payment","resumed by signal"]"#,
+                r#"st_remind completed 3-3 ["reminded"]"#,
+                r#"st_shipped waiting 10-10 ["waiting for shipping"]"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn each_iteration_of_a_wait_at_one_path_merges_with_its_own_resume() {
+        let rows = vec![
+            row("0.do.0", "st_wait", "waiting", "a", 1),
+            row("0.do.0", "st_wait", "completed", "b", 2),
+            row("0.do.0", "st_wait", "waiting", "c", 3),
+            row("0.do.0", "st_wait", "failed", "d", 4),
+            row("0.do.0", "st_wait", "failed", "retried", 5),
+        ];
+        assert_eq!(
+            seen(&StepRow::as_they_became(rows)),
+            [
+                r#"st_wait completed 1-2 ["a","b"]"#,
+                r#"st_wait failed 3-4 ["c","d"]"#,
+                r#"st_wait failed 5-5 ["retried"]"#,
+            ]
+        );
+    }
 }

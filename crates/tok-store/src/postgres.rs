@@ -89,12 +89,32 @@ impl PgStore {
     /// connection while they call out, so a handful serves many slots.
     pub async fn connect(url: &str, max_connections: u32) -> crate::Result<Self> {
         let options = Self::connect_options(url)?;
+        let pool = Self::pool_options(max_connections, Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        Ok(Self::on_pool(pool, url))
+    }
+
+    /// A store whose pool connects at its first use, each connection
+    /// waited for at most `acquire_timeout`: a tenant database that does
+    /// not answer does not hold up a start (see `routed`).
+    pub fn connect_lazy(
+        url: &str,
+        max_connections: u32,
+        acquire_timeout: Duration,
+    ) -> crate::Result<Self> {
+        let options = Self::connect_options(url)?;
+        let pool = Self::pool_options(max_connections, acquire_timeout).connect_lazy_with(options);
+        Ok(Self::on_pool(pool, url))
+    }
+
+    fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
         // A connection in steady use is not pinged before each use (a round
         // trip per transaction); one idle for a while is, so a server
         // restart is noticed before a statement fails on it.
-        let pool = PgPoolOptions::new()
+        PgPoolOptions::new()
             .max_connections(max_connections.max(2))
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(acquire_timeout)
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
@@ -104,8 +124,10 @@ impl PgStore {
                     Ok(true)
                 })
             })
-            .connect_with(options)
-            .await?;
+    }
+
+    /// The store on `pool`, its batchers started.
+    fn on_pool(pool: PgPool, url: &str) -> Self {
         let (events_pool, records_pool) = (pool.clone(), pool.clone());
         let events = Batcher::spawn(
             Arc::new(move |items, _lane, _turn| {
@@ -135,13 +157,13 @@ impl PgStore {
             |(job, _)| &job.tenant_id,
             None,
         );
-        Ok(Self {
+        Self {
             pool,
             events,
             records,
             keys: Keyring::default(),
             name: crate::routed::redact(url),
-        })
+        }
     }
 
     /// The store with `keys` (`TOK_SECRET_KEY`) to seal and open connection

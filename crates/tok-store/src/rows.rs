@@ -169,6 +169,7 @@ array_row!(EventRow, |r| [
     r.event.target_automation_id, // 10
     r.event.event_type,           // 11
     r.event.subject_ticket_id,    // 12
+    r.event.traceparent,          // 13
 ]);
 
 array_row!(RunRow, |r| [

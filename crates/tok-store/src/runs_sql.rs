@@ -58,7 +58,7 @@ macro_rules! impl_runs {
             .bind(run.as_str())
             .fetch_all(ex)
             .await?;
-            Ok(rows.iter().map(step_from_row).collect())
+            Ok(StepRow::as_they_became(rows.iter().map(step_from_row).collect()))
         }
 
         #[async_trait::async_trait]

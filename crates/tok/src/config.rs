@@ -65,6 +65,13 @@ pub struct Config {
     /// `*` for every other) on PostgreSQL databases of their own beside
     /// `TOK_DATABASE_URL`, which then must be PostgreSQL too. Empty by
     /// default: every tenant in the one database (see `tok_store::routed`).
+    /// With `TOK_TENANT_DATABASE_TIMEOUT` (a duration, 3 s by default):
+    /// how long a call to a tenant database may take, its connection
+    /// included, before that database counts as away; its tenants' calls
+    /// then fail at once (503 `tenant_database_unavailable`) until it
+    /// answers again, and the other tenants are not held up by it. Long
+    /// enough for any of tok's statements, short enough to cost the others
+    /// a few seconds once rather than a lease.
     pub tenant_databases: tok_store::TenantDatabases,
     /// `TOK_LISTEN`: `127.0.0.1:8080`; loopback by default so a laptop run is
     /// not exposed to the network.
@@ -119,6 +126,10 @@ pub struct Config {
     /// The leases of steps still running then are released, so another
     /// node takes them over at once instead of after a lease.
     pub shutdown_grace: Duration,
+    /// `TOK_RUN_TIMEOUT` (`24h`; off by default): the longest a run of an
+    /// automation without its own `settings.runTimeout` may stay unfinished
+    /// before the scheduler fails it with `run_timeout`.
+    pub run_timeout: Option<Duration>,
     /// `TOK_SCHEDULER_TICK`: how often the scheduler looks for due polls
     /// and schedules (1 s: a cron with seconds fires on time).
     pub scheduler_tick: Duration,
@@ -253,6 +264,17 @@ impl Config {
             backpressure_depth,
             signal_lookback,
             shutdown_grace: duration_var("TOK_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE)?,
+            run_timeout: match var("TOK_RUN_TIMEOUT").as_deref().map(str::trim) {
+                None | Some("off") => None,
+                Some(v) => Some(
+                    tok_core::duration::parse_duration(v)
+                        .ok()
+                        .filter(|d| !d.is_zero())
+                        .with_context(|| {
+                            format!("TOK_RUN_TIMEOUT must be a duration like 24h or 30m, or off; it is `{v}`")
+                        })?,
+                ),
+            },
             scheduler_tick: duration_var("TOK_SCHEDULER_TICK", scheduler.tick)?,
             scheduler_lease: duration_var("TOK_SCHEDULER_LEASE", scheduler.lease)?,
             queue_sample_every: duration_var(
@@ -338,5 +360,12 @@ fn tenant_databases() -> anyhow::Result<tok_store::TenantDatabases> {
             tok_store::TenantDatabases::parse_file(&text, &path).map_err(anyhow::Error::msg)?;
         databases.merge(file).map_err(anyhow::Error::msg)?;
     }
-    Ok(databases)
+    let timeout = duration_var(
+        "TOK_TENANT_DATABASE_TIMEOUT",
+        tok_store::routed::DEFAULT_TENANT_DATABASE_TIMEOUT,
+    )?;
+    if timeout < Duration::from_millis(100) {
+        bail!("TOK_TENANT_DATABASE_TIMEOUT must be at least 100ms");
+    }
+    Ok(databases.with_timeout(timeout))
 }

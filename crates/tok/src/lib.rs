@@ -9,6 +9,7 @@ pub mod config;
 pub mod demo;
 pub mod file_lock;
 pub mod secrets;
+pub mod traces;
 
 use std::sync::Arc;
 
@@ -177,6 +178,16 @@ pub async fn serve(
     options: ServeOptions,
 ) -> anyhow::Result<()> {
     let _serving = file_lock::lock_sqlite(&config.database_url)?;
+    // Installed before anything records: every node counts what it does
+    // (a worker its steps and connector calls, an API node its webhooks)
+    // and serves it on its own `/metrics`.
+    let metrics = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics are off: no recorder could be installed");
+            None
+        }
+    };
     let store = open_store(&config).await?;
     let mut registry = registry;
     registry.add_connectors(store.clone(), &config.outbound_allow);
@@ -200,6 +211,7 @@ pub async fn serve(
                 tick: config.scheduler_tick,
                 lease: config.scheduler_lease,
                 queue_sample_every: config.queue_sample_every,
+                run_timeout: config.run_timeout,
                 ..Default::default()
             },
             ..EngineConfig::default()
@@ -230,58 +242,63 @@ pub async fn serve(
     } else if config.outbound_allow != tok_engine::OutboundAllow::default() {
         tracing::info!(allow = %config.outbound_allow, "outbound guard exceptions (TOK_OUTBOUND_ALLOW)");
     }
+    let mut state = AppState::new(engine.clone(), &config.public_url)
+        .with_backpressure_depth(config.backpressure_depth);
+    if let Some(token) = &config.metrics_token {
+        state = state.with_metrics_token(&token.0);
+    }
+    if let Some(handle) = metrics {
+        state = state.with_metrics(handle);
+    }
+    // A worker node serves the probes and `/metrics` only, and is ready
+    // while it claims work; the others serve the whole API.
+    let (app, _queue_watch) = if config.role.serves_http() {
+        let watch = AbortOnDrop(state.watch_queue());
+        (tok_server::app(state.clone()), Some(watch))
+    } else {
+        state = state.ready_when_claiming();
+        (tok_server::probes(state.clone()), None)
+    };
+    state.set_ready();
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("could not listen on {}", config.listen))?;
     if config.role.serves_http() {
-        let mut state = AppState::new(engine.clone(), &config.public_url)
-            .with_backpressure_depth(config.backpressure_depth);
-        if let Some(token) = &config.metrics_token {
-            state = state.with_metrics_token(&token.0);
-        }
-        match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-            Ok(handle) => state = state.with_metrics(handle),
-            Err(e) => tracing::warn!(error = %e, "metrics are off: no recorder could be installed"),
-        }
-        let _queue_watch = AbortOnDrop(state.watch_queue());
-        state.set_ready();
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("could not listen on {}", config.listen))?;
         println!(
             "tok listening on http://{} ({})",
             listener.local_addr()?,
             config.public_url
         );
-        // HTTP keeps serving while the engine stops, so `/readyz` can
-        // answer 503 to the load balancer and the API stays up for the
-        // steps in flight; it stops once they are done.
-        let stream = engine.stream().clone();
-        let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = axum::serve(listener, tok_server::app(state.clone())).with_graceful_shutdown(
-            async move {
-                let _ = http_stopped.await;
-            },
-        );
-        let mut server = tokio::spawn(async move { server.await });
-        tokio::select! {
-            _ = shutdown_signal() => {}
-            ended = &mut server => {
-                ended??;
-                return Ok(());
-            }
-        }
-        state.set_stopping();
-        if let Some(running) = running {
-            running.shutdown().await;
-        }
-        // Open streams end, or the server would wait for them.
-        stream.close();
-        let _ = http_stop.send(());
-        server.await??;
     } else {
-        shutdown_signal().await;
-        if let Some(running) = running {
-            running.shutdown().await;
+        println!(
+            "tok listening on http://{} (a worker: /healthz, /readyz and /metrics only)",
+            listener.local_addr()?
+        );
+    }
+    // HTTP keeps serving while the engine stops, so `/readyz` can answer
+    // 503 to the load balancer and the API stays up for the steps in
+    // flight; it stops once they are done.
+    let stream = engine.stream().clone();
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = http_stopped.await;
+    });
+    let mut server = tokio::spawn(async move { server.await });
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        ended = &mut server => {
+            ended??;
+            return Ok(());
         }
     }
+    state.set_stopping();
+    if let Some(running) = running {
+        running.shutdown().await;
+    }
+    // Open streams end, or the server would wait for them.
+    stream.close();
+    let _ = http_stop.send(());
+    server.await??;
     tracing::info!("stopped");
     Ok(())
 }

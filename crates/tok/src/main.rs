@@ -113,25 +113,42 @@ fn registry() -> anyhow::Result<Registry> {
 /// Structured logs (`RUST_LOG` filters, `info` by default): plain text with
 /// colours only when stdout is a terminal, or one JSON object per line with
 /// `TOK_LOG_FORMAT=json`. Each line carries the spans it was logged in (the
-/// run and the step).
-fn init_logs(format: LogFormat) {
+/// run and the step). With `OTEL_EXPORTER_OTLP_ENDPOINT`, tok's spans are
+/// also exported ([`tok::traces`]).
+fn init_logs(format: LogFormat) -> anyhow::Result<tok::traces::Traces> {
     use std::io::IsTerminal as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Json => logs
+    let logs = match format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
             .with_span_list(true)
-            .init(),
-        LogFormat::Text => logs.with_ansi(std::io::stdout().is_terminal()).init(),
-    }
+            .boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stdout().is_terminal())
+            .boxed(),
+    };
+    // The exporter's blocking HTTP client is built off the runtime's threads.
+    let (traces, provider) = std::thread::scope(|scope| {
+        scope
+            .spawn(tok::traces::from_env::<tracing_subscriber::Registry>)
+            .join()
+            .map_err(|_| anyhow::anyhow!("the OTLP exporter's setup panicked"))
+    })??;
+    tracing_subscriber::registry()
+        .with(traces)
+        .with(logs.with_filter(filter))
+        .init();
+    Ok(provider)
 }
 
 #[tokio::main]
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    init_logs(LogFormat::from_env()?);
+    let traces = init_logs(LogFormat::from_env()?)?;
     if let Command::Client(command) = cli.command {
         // A client needs only TOK_URL and TOK_API_KEY, not the server's configuration.
         return tok::cli::run(command).await;
@@ -155,14 +172,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let config = Config::from_env()?;
     match cli.command {
-        Command::Serve { demo } => tok::serve(config, registry()?, ServeOptions { demo }).await,
+        Command::Serve { demo } => {
+            let served = tok::serve(config, registry()?, ServeOptions { demo }).await;
+            // What is still batched goes out before the process ends.
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+            served
+        }
         Command::BenchServe => {
             let mut registry = registry()?;
             tok::bench::register(&mut registry);
             tok::serve(config, registry, ServeOptions::default()).await
         }
         Command::Migrate => {
-            tok::open_store(&config).await?;
+            let store = tok::open_store(&config).await?;
+            let unreachable = store.unreachable_databases();
+            if !unreachable.is_empty() {
+                anyhow::bail!(
+                    "migrations applied, but not to the tenant database(s) of {} (they do not \
+                     answer; see the warnings above): run tok migrate again once they do",
+                    unreachable.join("; ")
+                );
+            }
             println!("migrations applied");
             Ok(())
         }

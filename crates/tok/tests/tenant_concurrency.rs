@@ -49,12 +49,12 @@ async fn slow(State(service): State<Arc<Service>>, headers: HeaderMap) -> axum::
 
 async fn slow_service() -> (String, Arc<Service>) {
     let service = Arc::new(Service::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = Router::new()
-        .route("/slow", post(slow))
-        .with_state(service.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = support::serve(
+        Router::new()
+            .route("/slow", post(slow))
+            .with_state(service.clone()),
+    )
+    .await;
     (base, service)
 }
 

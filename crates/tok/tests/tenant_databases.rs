@@ -6,7 +6,16 @@
 //! move` copies its rows, the server starts routed anew, and the signal sent
 //! after the move completes the waiting run on the new database; `tok
 //! tenant forget` then clears what the move left behind.
+//!
+//! And a tenant database that does not answer, behind a TCP proxy that
+//! refuses every connection: the server starts and is ready, the other
+//! tenants work, that tenant's calls and webhooks are 503
+//! `tenant_database_unavailable` with `Retry-After`, the failures are
+//! counted per database on `/metrics`, and once the database answers it is
+//! migrated and its tenant's work goes on there.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use std::process::Command;
@@ -16,6 +25,7 @@ use serde_json::{Value, json};
 use tok_store::testing::{TestDb, backends};
 use tok_store::{Backend, PgStore};
 
+use proxy::{Mode, Proxy};
 use support::{ADMIN_KEY, Api, Server, free_port};
 
 struct Tenant {
@@ -261,4 +271,247 @@ fn a_malformed_tenant_database_entry_stops_the_start_saying_where() {
         "{err}"
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The answer to a webhook of `source_url` and its `Retry-After`.
+async fn webhook(api: &Api, source_url: &str, key: &str) -> (u16, Option<String>, Value) {
+    let response = api
+        .http
+        .post(source_url)
+        .header("Idempotency-Key", key)
+        .json(&json!({ "kind": "order.created", "data": { "order": key } }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, retry, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A webhook source and an automation that logs what it got.
+async fn webhook_source(api: &Api, tenant: &Tenant) -> String {
+    let source = api
+        .post("/api/sources", &tenant.key, json!({ "name": "shop" }))
+        .await;
+    api.post(
+        "/api/automations",
+        &tenant.key,
+        json!({
+            "name": "Hook",
+            "trigger": { "kind": "webhook", "source": source["id"] },
+            "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": "got {{data.order}}" } }]
+        }),
+    )
+    .await;
+    source["url"].as_str().unwrap().to_owned()
+}
+
+/// The sum of `tok_database_errors_total` for `database` on `/metrics`.
+async fn database_errors(api: &Api, database: &str) -> f64 {
+    let text = api
+        .http
+        .get(format!("{}/metrics", api.base))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let label = format!("database=\"{database}\"");
+    text.lines()
+        .filter(|l| l.starts_with("tok_database_errors_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls until the webhook is answered 202; its event.
+async fn accepted_once_back(api: &Api, source_url: &str, key: &str) -> Value {
+    for _ in 0..300 {
+        let (status, _, body) = webhook(api, source_url, key).await;
+        if status == 202 {
+            return body;
+        }
+        assert_eq!(status, 503, "while its database comes back: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the tenant's webhook was not accepted within 30 s of its database answering");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_database_that_does_not_answer_stops_only_its_tenant_and_is_taken_back_when_it_does()
+ {
+    if !backends().contains(&Backend::Postgres) {
+        return;
+    }
+    let shared = TestDb::create(Backend::Postgres).await;
+    let own = TestDb::create(Backend::Postgres).await;
+    let mut own_url = reqwest::Url::parse(&own.url).unwrap();
+    let upstream = own_url.port().unwrap_or(5432);
+    let proxy = Proxy::start_in(upstream, Mode::Refusing).await;
+    own_url.set_port(Some(proxy.port)).unwrap();
+    let routes = format!("Apart={own_url}");
+    let port = free_port();
+    // The tenant database refuses from the start: the server starts anyway.
+    let server = Server::start(
+        &shared.url,
+        port,
+        &[],
+        &[("TOK_TENANT_DATABASES", routes.as_str())],
+    );
+    let api = Api::new(port);
+    api.wait_ready().await;
+    let (healthz, _) = api
+        .call(reqwest::Method::GET, "/healthz", "", None, None)
+        .await;
+    assert_eq!(healthz.as_u16(), 200);
+
+    let stays = tenant(&api, "Stays", false).await;
+    let run = start(&api, &stays, 1).await;
+    reaches(&api, &stays, &run, "completed").await;
+
+    // The tenant whose database refuses: made (tenants are the shared
+    // database's), but its own calls are answered 503 with when to try again.
+    let made = api
+        .post("/api/tenants", ADMIN_KEY, json!({ "name": "Apart" }))
+        .await;
+    let apart_key = made["api_key"].as_str().unwrap().to_owned();
+    let (status, body) = api
+        .call(
+            reqwest::Method::GET,
+            "/api/automations",
+            &apart_key,
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status.as_u16(), 503, "{body}");
+    assert_eq!(
+        body["error"]["code"], "tenant_database_unavailable",
+        "{body}"
+    );
+    let response = api
+        .http
+        .get(format!("{}/api/runs", api.base))
+        .bearer_auth(&apart_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("2"),
+        "a 503 of a tenant database away says when to try again"
+    );
+    // Readiness follows the shared database only; the failures are counted
+    // under the database's name.
+    api.wait_ready().await;
+    assert!(database_errors(&api, "Apart").await >= 1.0);
+    let other = start(&api, &stays, 2).await;
+    reaches(&api, &stays, &other, "completed").await;
+
+    // It answers: migrated, and the tenant works there.
+    proxy.set(Mode::Flowing);
+    let mut automations = Value::Null;
+    for _ in 0..300 {
+        let (status, body) = api
+            .call(
+                reqwest::Method::GET,
+                "/api/automations",
+                &apart_key,
+                None,
+                None,
+            )
+            .await;
+        if status.as_u16() == 200 {
+            automations = body;
+            break;
+        }
+        assert_eq!(status.as_u16(), 503, "{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        automations.is_object(),
+        "the tenant's calls did not come back within 30 s"
+    );
+    let apart = Tenant {
+        id: made["id"].as_str().unwrap().to_owned(),
+        key: apart_key.clone(),
+        automation: String::new(),
+    };
+    let apart_hook = webhook_source(&api, &apart).await;
+    let stays_hook = webhook_source(&api, &stays).await;
+    let (status, _, event) = webhook(&api, &apart_hook, "before").await;
+    assert_eq!(status, 202, "{event}");
+    let own_pg = PgStore::connect(&own.url, 2).await.unwrap();
+    let shared_pg = PgStore::connect(&shared.url, 2).await.unwrap();
+
+    // Down again under its webhooks: 503 with Retry-After, nothing stored,
+    // while the other tenant's webhooks are accepted and run.
+    proxy.set(Mode::Refusing);
+    let mut refused = None;
+    for _ in 0..100 {
+        let (status, retry, body) = webhook(&api, &apart_hook, "while-away").await;
+        if status == 503 {
+            refused = Some((retry, body));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (retry, body) = refused.expect("a webhook of a tenant whose database refuses is a 503");
+    assert_eq!(
+        body["error"]["code"], "tenant_database_unavailable",
+        "{body}"
+    );
+    assert_eq!(retry.as_deref(), Some("2"));
+    let (status, _, body) = webhook(&api, &stays_hook, "while-apart-away").await;
+    assert_eq!(status, 202, "the other tenant's webhook: {body}");
+
+    proxy.set(Mode::Flowing);
+    accepted_once_back(&api, &apart_hook, "while-away").await;
+    let apart_runs = |db: &PgStore| {
+        let pool = db.pool().clone();
+        let id = apart.id.clone();
+        async move {
+            let rows: Vec<(String,)> =
+                sqlx::query_as("SELECT status FROM runs WHERE tenant_id = $1")
+                    .bind(&id)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            rows
+        }
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..300 {
+        statuses = apart_runs(&own_pg).await;
+        if statuses.len() == 2 && statuses.iter().all(|(s,)| s == "completed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        statuses,
+        vec![("completed".to_owned(),), ("completed".to_owned(),)],
+        "the tenant's two webhooks, one from before its database went away and \
+         one refused while it was away and sent again, each ran once on its database"
+    );
+    assert!(apart_runs(&shared_pg).await.is_empty());
+    assert_eq!(
+        runs_in(&shared_pg, &stays).await.len(),
+        3,
+        "the other tenant's two manual runs and the run of its webhook sent while the tenant \
+         database was away"
+    );
+
+    drop(server);
+    drop((own_pg, shared_pg, proxy));
+    shared.cleanup().await;
+    own.cleanup().await;
 }

@@ -697,10 +697,16 @@ impl Decider<'_> {
             drop(scope);
             let started_at = self.now_ms();
             if let Ok(Outcome::WaitUntil { until, log }) = &outcome
-                && !step.escalations.is_empty()
                 && until.as_millisecond() > started_at
             {
-                return self.park_on_timer(step, *until, log.clone());
+                if !step.escalations.is_empty() {
+                    return self.park_on_timer(step, *until, log.clone());
+                }
+                if !self.leads_to_a_step(step, *until) {
+                    let end = until.as_millisecond();
+                    escalation::hold(&path, &mut self.state.context, started_at, end);
+                    return self.park_on_timer(step, *until, log.clone());
+                }
             }
             match outcome {
                 Ok(Outcome::Done { outputs, log }) => {
@@ -738,6 +744,19 @@ impl Decider<'_> {
                 Err(error) => return self.step_failed(step, None, started_at, error, env),
             }
         }
+    }
+
+    /// Whether the `wait` at the state's path, done at `until`, leads to
+    /// another step (where it parks its run) rather than to the end of its
+    /// list (the run's, a branch's, an iteration's), which must wait for it.
+    fn leads_to_a_step(&self, step: &Step, until: Timestamp) -> bool {
+        let mut context = self.state.context.clone();
+        let outputs = Map::from_iter([("until".to_owned(), json!(until.to_string()))]);
+        context.publish(&step.id, &outputs);
+        matches!(
+            flow::next(&self.automation.steps, &self.state.path, context.as_value()),
+            Ok(Next::Step(_))
+        )
     }
 
     fn complete(self) -> Transition {

@@ -386,6 +386,7 @@ mod tests {
             event_type: Some(source.into()),
             subject_ticket_id: ticket.map(str::to_owned),
             received_at: n as i64,
+            traceparent: None,
         }
     }
 

@@ -35,7 +35,8 @@ use crate::registry::Registry;
 /// The context a run of this event starts with: the contract's params at the
 /// top, then the body's own top-level fields where no param took the name
 /// (so a filter on `kind` works without declaring it), the whole body under
-/// `_body`, the event under `_event`.
+/// `_body`, the event under `_event` (with the trace context it was sent
+/// with, `_event.traceparent`, which the run's spans continue).
 pub fn initial_context(event: &PendingEvent) -> Context {
     let mut params = match &event.params {
         Value::Object(map) => map.clone(),
@@ -48,18 +49,18 @@ pub fn initial_context(event: &PendingEvent) -> Context {
             }
         }
     }
-    Context::new(
-        params,
-        event.payload.clone(),
-        json!({
-            "id": event.id,
-            "type": event.event_type.as_deref().unwrap_or(&event.source_kind),
-            "source": event.source_id,
-            "depth": event.depth,
-            "causeRunId": event.cause_run_id,
-            "actor": actor(event),
-        }),
-    )
+    let mut meta = json!({
+        "id": event.id,
+        "type": event.event_type.as_deref().unwrap_or(&event.source_kind),
+        "source": event.source_id,
+        "depth": event.depth,
+        "causeRunId": event.cause_run_id,
+        "actor": actor(event),
+    });
+    if let Some(traceparent) = &event.traceparent {
+        meta["traceparent"] = json!(traceparent);
+    }
+    Context::new(params, event.payload.clone(), meta)
 }
 
 /// Who starts a run of an event: the run whose change raised it, or the

@@ -143,8 +143,12 @@ async fn claim_and_start(
         )
         .await
     {
-        Ok(jobs) => jobs,
+        Ok(jobs) => {
+            slots(inner).claim_failing = None;
+            jobs
+        }
         Err(e) => {
+            slots(inner).claim_failing = Some(e.to_string());
             tracing::error!(error = %e, "claim failed; retrying shortly");
             tokio::time::sleep(Duration::from_secs(1)).await;
             return 0;
@@ -171,7 +175,13 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
         run = %job.run_id,
         tenant = %job.tenant_id,
         automation = %job.automation_id,
+        "otel.name" = "claim",
     );
+    if crate::traces::enabled() {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let trace = crate::traces::RunTrace::of(job.run_id.as_str(), &job.context);
+        let _ = span.set_parent(trace.run_context());
+    }
     tokio::spawn(
         async move {
             // Freed however the claim ends, a panic included: no slot is

@@ -217,6 +217,7 @@ async fn drive(
     .chaining(inner.config.fairness.chain_limit);
     let claim = run_claim(inner, job, automation, state, &cause, running).await?;
     count(job, &claim);
+    let ended = claim.status.is_final();
     // A wait may take a buffered signal (or find its runs ended) as it is
     // recorded: its job is then ready at once, like a next step due now;
     // so is the first job of a child run started in this record, a branch
@@ -269,6 +270,13 @@ async fn drive(
         }
         inner.store.record(job, record).await?;
         published.publish(&inner.stream);
+        if ended {
+            crate::traces::run_ended(
+                inner.store.clone(),
+                job.tenant_id.clone(),
+                job.run_id.clone(),
+            );
+        }
         return Ok(Driven::Recorded { advanced });
     }
     let mut tx = match claim.tx {
@@ -316,6 +324,13 @@ async fn drive(
         published.incident(&job.run_id, id, *created);
     }
     published.publish(&inner.stream);
+    if ended {
+        crate::traces::run_ended(
+            inner.store.clone(),
+            job.tenant_id.clone(),
+            job.run_id.clone(),
+        );
+    }
     Ok(Driven::Recorded { advanced })
 }
 
@@ -379,7 +394,18 @@ async fn run_claim(
             path = %step.path,
             kind = %step.kind,
             attempt = step.attempt,
+            "otel.name" = "execute",
         );
+        let trace = crate::traces::RunTrace::of(job.run_id.as_str(), state.context.as_value());
+        let step_path = step.path.to_string();
+        if crate::traces::enabled() {
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            let _ = span.set_parent(trace.step_context(
+                job.run_id.as_str(),
+                &step_path,
+                step.attempt as i32,
+            ));
+        }
         let authorized = {
             let asked = StepToAuthorize {
                 tenant_id: &job.tenant_id,
@@ -413,6 +439,11 @@ async fn run_claim(
                     run_input: state.context.as_value().get("_body"),
                     too_deep: false,
                     signal_lookback: inner.config.signal_lookback,
+                    traceparent: trace.for_child(
+                        job.run_id.as_str(),
+                        &step_path,
+                        step.attempt as i32,
+                    ),
                 };
                 let result = match inner.registry.in_transaction(&step.kind) {
                     Some(run) => {
@@ -434,7 +465,7 @@ async fn run_claim(
             }
             StepClass::External | StepClass::Control => {
                 let scope = std::mem::take(&mut step.scope);
-                call_handler(inner, job, &step, scope)
+                call_handler(inner, job, &step, scope, trace)
                     .instrument(span.clone())
                     .await
             }
@@ -506,6 +537,7 @@ async fn call_handler(
     job: &ClaimedJob,
     step: &Execute,
     scope: Value,
+    trace: crate::traces::RunTrace,
 ) -> Result<Map<String, Value>, StepError> {
     let Some(handler) = inner.registry.handler(&step.kind) else {
         return Err(StepError::terminal(format!(
@@ -514,6 +546,7 @@ async fn call_handler(
         )));
     };
     let path = step.path.to_string();
+    let traceparent = trace.outbound(job.run_id.as_str(), &path, step.attempt as i32);
     let call = StepCall {
         tenant_id: job.tenant_id.clone(),
         run_id: job.run_id.clone(),
@@ -526,6 +559,7 @@ async fn call_handler(
         config: step.config.clone(),
         context: scope,
         effects: crate::registry::Effects::in_store(inner.store.clone()),
+        traceparent: Some(traceparent),
     };
     let handled = async move { handler.run(call).await }.instrument(tracing::Span::current());
     match tokio::spawn(handled).await {

@@ -113,6 +113,10 @@ pub struct SchedulerConfig {
     /// are a short transaction; a month with more is raised as an
     /// incident and moved by hand.
     pub partition_move_rows: u64,
+    /// The platform's run timeout (`TOK_RUN_TIMEOUT`, off by default): a
+    /// run of an automation without `settings.runTimeout` unfinished this
+    /// long after it was made is failed like one past its own ([`watch`]).
+    pub run_timeout: Option<Duration>,
 }
 
 impl Default for SchedulerConfig {
@@ -127,6 +131,7 @@ impl Default for SchedulerConfig {
             sample_every: Duration::from_secs(5),
             queue_sample_every: Duration::from_secs(30),
             partition_move_rows: 50_000,
+            run_timeout: None,
         }
     }
 }
@@ -145,6 +150,16 @@ pub struct WakeReport {
     pub skipped: usize,
     /// Stuck runs found by the watch (see [`watch`]).
     pub stuck: usize,
+}
+
+/// Whether a tenant's part of a pass over many failed because its own
+/// database is away (`away`): the pass then skips it, its part waiting for
+/// the next pass, and goes on with the other tenants.
+fn skips(tenant: &TenantId, away: bool) -> bool {
+    if away {
+        tracing::debug!(%tenant, "skipped in this pass: the tenant's database is away");
+    }
+    away
 }
 
 /// One node's scheduler.

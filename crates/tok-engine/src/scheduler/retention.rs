@@ -154,9 +154,13 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
             };
             let mut batches = 0;
             loop {
-                let deleted = store
+                let deleted = match store
                     .expire(tenant, what, *before, config.expiry_batch)
-                    .await?;
+                    .await
+                {
+                    Err(e) if super::skips(tenant, e.is_tenant_database_away()) => break,
+                    deleted => deleted?,
+                };
                 *report.deleted.entry(what.table()).or_default() += deleted;
                 batches += 1;
                 if deleted < u64::from(config.expiry_batch) {
@@ -178,22 +182,21 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
         for table in ["event_keys", "queue_samples", "signals"] {
             let mut batches = 0;
             loop {
-                let deleted = match table {
+                let deleted = match match table {
                     "event_keys" => {
                         store
                             .expire_keys(tenant, keys_before, config.expiry_batch)
-                            .await?
+                            .await
                     }
                     "queue_samples" => {
                         store
                             .expire_queue_samples(tenant, samples_before, config.expiry_batch)
-                            .await?
+                            .await
                     }
-                    _ => {
-                        store
-                            .expire_signals(tenant, now, config.expiry_batch)
-                            .await?
-                    }
+                    _ => store.expire_signals(tenant, now, config.expiry_batch).await,
+                } {
+                    Err(e) if super::skips(tenant, e.is_tenant_database_away()) => break,
+                    deleted => deleted?,
                 };
                 *report.deleted.entry(table).or_default() += deleted;
                 batches += 1;

@@ -19,7 +19,9 @@ use tok_core::definition::Trigger;
 use tok_core::flow;
 use tok_core::ids::{RunId, TenantId};
 use tok_core::schedule::{Timing, instant};
-use tok_store::{AutomationRow, AutomationStatus, DueTrigger, NewEvent, NewRun, Store};
+use tok_store::{
+    AutomationRow, AutomationStatus, DueTrigger, NewEvent, NewRun, StaleSchedule, Store,
+};
 
 use super::{Scheduler, WakeReport};
 use crate::Result;
@@ -75,25 +77,37 @@ pub(super) async fn reconcile(scheduler: &Scheduler, tenants: &[TenantId]) -> Re
     let store = &*scheduler.store;
     let (stale, gone) = store.stale_schedules(tenants).await?;
     for (tenant, id) in gone {
-        store.remove_schedule(&tenant, &id).await?;
+        match store.remove_schedule(&tenant, &id).await {
+            Err(e) if !super::skips(&tenant, e.is_tenant_database_away()) => return Err(e.into()),
+            _ => {}
+        }
     }
     let now = scheduler.clock.now_ms();
     for s in stale {
-        let tenant = &s.tenant_id;
-        let Some(row) = store.automation(tenant, &s.automation_id).await? else {
-            continue;
-        };
-        let spec = row
-            .definition
-            .get("trigger")
-            .map(Value::to_string)
-            .unwrap_or_default();
-        let next = timing(&spec).and_then(|t| t.first_due(now));
-        let keep_due = s.spec.as_deref() == Some(spec.as_str());
-        store
-            .set_schedule(tenant, &row.id, row.version, &spec, next, keep_due)
-            .await?;
+        match bring_up_to_date(store, &s, now).await {
+            Err(e) if !super::skips(&s.tenant_id, e.is_tenant_database_away()) => return Err(e),
+            _ => {}
+        }
     }
+    Ok(())
+}
+
+/// Writes the schedule row of one automation whose row is older than it.
+async fn bring_up_to_date(store: &dyn Store, s: &StaleSchedule, now: i64) -> Result<()> {
+    let tenant = &s.tenant_id;
+    let Some(row) = store.automation(tenant, &s.automation_id).await? else {
+        return Ok(());
+    };
+    let spec = row
+        .definition
+        .get("trigger")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    let next = timing(&spec).and_then(|t| t.first_due(now));
+    let keep_due = s.spec.as_deref() == Some(spec.as_str());
+    store
+        .set_schedule(tenant, &row.id, row.version, &spec, next, keep_due)
+        .await?;
     Ok(())
 }
 
@@ -107,41 +121,57 @@ pub(super) async fn fire(
     let store = &*scheduler.store;
     let now = scheduler.clock.now_ms();
     for due in store.due(tenants, now, DUE_PER_TICK).await? {
-        let tenant = &due.tenant_id;
-        let Some(timing) = timing(&due.spec) else {
-            // Not a poll or schedule any more: the next reconcile removes it.
-            continue;
-        };
-        let next = timing.next_due(due.due_at, now);
-        if due.status != AutomationStatus::Active {
-            store
-                .advance(tenant, &due.automation_id, due.due_at, next, None, now)
-                .await?;
-            report.skipped += 1;
-            continue;
+        match fire_one(scheduler, &due, now, report).await {
+            Err(e) if !super::skips(&due.tenant_id, e.is_tenant_database_away()) => return Err(e),
+            _ => {}
         }
-        let pending = due.last_run_status.is_some_and(|s| !s.is_final());
-        if matches!(timing, Timing::Poll { .. }) && pending {
-            // At most one poll run per automation: due again once it ends.
-            report.skipped += 1;
-            continue;
-        }
-        let run = start(scheduler, tenant, &due, &timing, now).await?;
+    }
+    Ok(())
+}
+
+/// Fires one due row: starts its run (unless its automation is not
+/// active, or a poll's run is still going) and moves its due time on.
+async fn fire_one(
+    scheduler: &Scheduler,
+    due: &DueTrigger,
+    now: i64,
+    report: &mut WakeReport,
+) -> Result<()> {
+    let store = &*scheduler.store;
+    let tenant = &due.tenant_id;
+    let Some(timing) = timing(&due.spec) else {
+        // Not a poll or schedule any more: the next reconcile removes it.
+        return Ok(());
+    };
+    let next = timing.next_due(due.due_at, now);
+    if due.status != AutomationStatus::Active {
         store
-            .advance(
-                tenant,
-                &due.automation_id,
-                due.due_at,
-                next,
-                run.as_ref(),
-                now,
-            )
+            .advance(tenant, &due.automation_id, due.due_at, next, None, now)
             .await?;
-        match (run, timing) {
-            (None, _) => report.skipped += 1,
-            (Some(_), Timing::Poll { .. }) => report.polls += 1,
-            (Some(_), Timing::Cron(_)) => report.schedules += 1,
-        }
+        report.skipped += 1;
+        return Ok(());
+    }
+    let pending = due.last_run_status.is_some_and(|s| !s.is_final());
+    if matches!(timing, Timing::Poll { .. }) && pending {
+        // At most one poll run per automation: due again once it ends.
+        report.skipped += 1;
+        return Ok(());
+    }
+    let run = start(scheduler, tenant, due, &timing, now).await?;
+    store
+        .advance(
+            tenant,
+            &due.automation_id,
+            due.due_at,
+            next,
+            run.as_ref(),
+            now,
+        )
+        .await?;
+    match (run, timing) {
+        (None, _) => report.skipped += 1,
+        (Some(_), Timing::Poll { .. }) => report.polls += 1,
+        (Some(_), Timing::Cron(_)) => report.schedules += 1,
     }
     Ok(())
 }
@@ -171,6 +201,7 @@ async fn start(
         "runId": run_id,
         "scheduledAt": instant(due.due_at),
         "catchUp": timing.is_catch_up(due.due_at, now),
+        "actor": { "kind": "system", "source": kind },
     });
     let context = Context::new(Map::new(), json!({}), event);
     if let Some(filter) = automation.trigger.filter()

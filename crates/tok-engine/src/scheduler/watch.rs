@@ -9,7 +9,8 @@
 //! - `queue_stalled`: the oldest ready job older than [`QUEUE_STALLED`]
 //!   while this node's workers have free slots;
 //! - `run_timeout`: a run unfinished past its automation's
-//!   `settings.runTimeout`, which is then failed like a run the decider
+//!   `settings.runTimeout` (or, without one, the platform's
+//!   `TOK_RUN_TIMEOUT`), which is then failed like a run the decider
 //!   fails (the tenant's incident, `run.failed`, its parent told:
 //!   [`crate::failure`]).
 
@@ -53,41 +54,10 @@ pub(super) async fn look(
     let store = &*scheduler.store;
     let now = scheduler.clock.now_ms();
     for tenant in tenants {
-        for wait in store
-            .overdue_waits(tenant, now - ms(WAIT_OVERDUE), now, PER_LOOK)
-            .await?
-        {
-            report.stuck += 1;
-            let incident = NewPlatformIncident {
-                reason: "wait_overdue",
-                source: format!("wait_overdue:{}", wait.run_id),
-                tenant_id: Some(tenant.clone()),
-                run_id: Some(wait.run_id.clone()),
-                title: format!(
-                    "A wait of run {} was due {} s ago and has not been resumed",
-                    wait.run_id,
-                    (now - wait.due_at) / 1000
-                ),
-                detail: json!({ "path": wait.path, "due_at": tok_store::rfc3339::format(wait.due_at) }),
-            };
-            open(store, incident, now).await?;
+        match look_at(scheduler, tenant, now, report).await {
+            Err(e) if !super::skips(tenant, e.is_tenant_database_away()) => return Err(e),
+            _ => {}
         }
-        for job in store.leases_expired_repeatedly(tenant, PER_LOOK).await? {
-            report.stuck += 1;
-            let incident = NewPlatformIncident {
-                reason: "lease_expired_repeatedly",
-                source: format!("lease_expired_repeatedly:{}", job.run_id),
-                tenant_id: Some(tenant.clone()),
-                run_id: Some(job.run_id.clone()),
-                title: format!(
-                    "The lease on run {} expired {} times: a worker died or hung on it each time",
-                    job.run_id, job.lease_expiries
-                ),
-                detail: json!({ "path": job.path, "lease_expiries": job.lease_expiries }),
-            };
-            open(store, incident, now).await?;
-        }
-        time_out_runs(scheduler, tenant, now, report).await?;
     }
     if let Some(free) = &scheduler.free_slots
         && free() > 0
@@ -112,7 +82,55 @@ pub(super) async fn look(
     Ok(())
 }
 
-/// Fails the tenant's runs past their automation's `settings.runTimeout`.
+/// One tenant's part of a look: its overdue waits, its leases that
+/// expired again and again, its runs past their timeout.
+async fn look_at(
+    scheduler: &Scheduler,
+    tenant: &TenantId,
+    now: i64,
+    report: &mut WakeReport,
+) -> Result<()> {
+    let store = &*scheduler.store;
+    for wait in store
+        .overdue_waits(tenant, now - ms(WAIT_OVERDUE), now, PER_LOOK)
+        .await?
+    {
+        report.stuck += 1;
+        let incident = NewPlatformIncident {
+            reason: "wait_overdue",
+            source: format!("wait_overdue:{}", wait.run_id),
+            tenant_id: Some(tenant.clone()),
+            run_id: Some(wait.run_id.clone()),
+            title: format!(
+                "A wait of run {} was due {} s ago and has not been resumed",
+                wait.run_id,
+                (now - wait.due_at) / 1000
+            ),
+            detail: json!({ "path": wait.path, "due_at": tok_store::rfc3339::format(wait.due_at) }),
+        };
+        open(store, incident, now).await?;
+    }
+    for job in store.leases_expired_repeatedly(tenant, PER_LOOK).await? {
+        report.stuck += 1;
+        let incident = NewPlatformIncident {
+            reason: "lease_expired_repeatedly",
+            source: format!("lease_expired_repeatedly:{}", job.run_id),
+            tenant_id: Some(tenant.clone()),
+            run_id: Some(job.run_id.clone()),
+            title: format!(
+                "The lease on run {} expired {} times: a worker died or hung on it each time",
+                job.run_id, job.lease_expiries
+            ),
+            detail: json!({ "path": job.path, "lease_expiries": job.lease_expiries }),
+        };
+        open(store, incident, now).await?;
+    }
+    time_out_runs(scheduler, tenant, now, report).await?;
+    Ok(())
+}
+
+/// Fails the tenant's runs past their automation's `settings.runTimeout`,
+/// or the platform's for an automation without one.
 async fn time_out_runs(
     scheduler: &Scheduler,
     tenant: &TenantId,
@@ -124,17 +142,21 @@ async fn time_out_runs(
         let automation = scheduler
             .defs
             .parse(&row.id, row.version, &row.definition)?;
-        let Some(limit) = automation.settings.run_timeout else {
-            continue;
+        let (limit, whose) = match (
+            automation.settings.run_timeout,
+            scheduler.config.run_timeout,
+        ) {
+            (Some(own), _) => (own, "settings.runTimeout"),
+            (None, Some(platform)) => (platform, "TOK_RUN_TIMEOUT"),
+            (None, None) => continue,
         };
         for run in store
             .unfinished_runs(tenant, &row.id, now - ms(limit), PER_LOOK)
             .await?
         {
             let limit_text = tok_core::duration::format_duration(limit);
-            let error = format!(
-                "run_timeout: the run did not finish within {limit_text} (settings.runTimeout)"
-            );
+            let error =
+                format!("run_timeout: the run did not finish within {limit_text} ({whose})");
             if !crate::failure::fail_run(
                 store,
                 tenant,

@@ -205,6 +205,7 @@ impl Http {
     async fn send(
         &self,
         idempotency_key: Option<&str>,
+        traceparent: Option<&str>,
         request: Request,
         connection: Option<&Connection>,
     ) -> (Result<Map<String, Value>, StepError>, CallOutcome) {
@@ -243,6 +244,13 @@ impl Http {
         }
         if let Some(Ok(key)) = idempotency_key.map(HeaderValue::from_str) {
             headers.insert("idempotency-key", key);
+        }
+        // The run's trace, unless the automation sends a trace context of
+        // its own.
+        if let Some(Ok(value)) = traceparent.map(HeaderValue::from_str)
+            && !headers.contains_key("traceparent")
+        {
+            headers.insert("traceparent", value);
         }
         let body = match &request.body {
             Some(Value::String(text)) => Some(text.clone().into_bytes()),
@@ -401,6 +409,7 @@ impl Http {
         slot: JobId,
         lease_ms: i64,
         idempotency_key: Option<&str>,
+        traceparent: Option<&str>,
     ) -> Result<Map<String, Value>, StepError> {
         let connection = match config.get("connection").and_then(Value::as_str) {
             Some(name) => Some(
@@ -438,7 +447,7 @@ impl Http {
         }
         let started = Instant::now();
         let (result, outcome) = self
-            .send(idempotency_key, request, connection.as_ref())
+            .send(idempotency_key, traceparent, request, connection.as_ref())
             .await;
         let outcome_label = match &result {
             Ok(_) => "ok",
@@ -447,8 +456,16 @@ impl Http {
         };
         metrics::counter!("tok_connector_calls_total", "connector" => "http", "outcome" => outcome_label)
             .increment(1);
-        metrics::histogram!("tok_connector_call_seconds", "connector" => "http")
-            .record(started.elapsed().as_secs_f64());
+        // Per connection by its name (DESIGN §10: p95 per connection); a
+        // call without one counts under `connection=""`.
+        let connection_name = connection.as_ref().map_or("", |c| c.name.as_str());
+        metrics::histogram!(
+            "tok_connector_call_seconds",
+            "connector" => "http",
+            "tenant" => tenant.to_string(),
+            "connection" => connection_name.to_owned()
+        )
+        .record(started.elapsed().as_secs_f64());
         if let Some(c) = &connection
             && let Err(e) = self.store.release(tenant, &c.id, slot, outcome).await
         {
@@ -484,6 +501,7 @@ impl StepHandler for Http {
             call.job_id,
             call.lease_ms,
             Some(&call.idempotency_key),
+            call.traceparent.as_deref(),
         )
         .await
     }

@@ -129,9 +129,11 @@ fn parse(config: &Value) -> Result<Request, String> {
     })
 }
 
-/// The transport settings for a connection: its endpoint and credentials.
+/// The transport settings for a connection: its endpoint, credentials and
+/// the step's `traceparent` (unless the connection's headers set one).
 fn transport_config(
     connection: &Connection,
+    traceparent: Option<&str>,
 ) -> Result<StreamableHttpClientTransportConfig, StepError> {
     let bad = |what: &str| StepError::terminal(format!("connection `{}`: {what}", connection.name));
     let url = connection
@@ -158,6 +160,12 @@ fn transport_config(
                 })?;
             headers.insert(name, value);
         }
+    }
+    let traceparent_header = HeaderName::from_static("traceparent");
+    if let Some(Ok(value)) = traceparent.map(HeaderValue::from_str)
+        && !headers.contains_key(&traceparent_header)
+    {
+        headers.insert(traceparent_header, value);
     }
     let mut config = StreamableHttpClientTransportConfig::with_uri(url)
         .custom_headers(headers)
@@ -381,8 +389,9 @@ impl Mcp {
         &self,
         request: &Request,
         connection: &Connection,
+        traceparent: Option<&str>,
     ) -> (Result<Map<String, Value>, StepError>, CallOutcome) {
-        let config = match transport_config(connection) {
+        let config = match transport_config(connection, traceparent) {
             Ok(c) => c,
             Err(e) => return (Err(e), CallOutcome::Answered),
         };
@@ -508,7 +517,9 @@ impl StepHandler for Mcp {
             ));
         }
         let started = Instant::now();
-        let (result, outcome) = self.call(&request, &connection).await;
+        let (result, outcome) = self
+            .call(&request, &connection, call.traceparent.as_deref())
+            .await;
         let outcome_label = match &result {
             Ok(_) => "ok",
             Err(e) if e.is_retryable() => "retryable",
@@ -516,8 +527,13 @@ impl StepHandler for Mcp {
         };
         metrics::counter!("tok_connector_calls_total", "connector" => "mcp", "outcome" => outcome_label)
             .increment(1);
-        metrics::histogram!("tok_connector_call_seconds", "connector" => "mcp")
-            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!(
+            "tok_connector_call_seconds",
+            "connector" => "mcp",
+            "tenant" => call.tenant_id.to_string(),
+            "connection" => connection.name.clone()
+        )
+        .record(started.elapsed().as_secs_f64());
         if let Err(e) = self
             .store
             .release(&call.tenant_id, &connection.id, call.job_id, outcome)

@@ -88,6 +88,9 @@ pub(crate) struct TxContext<'a> {
     /// How long a signal the step sends stays buffered when it resumes no
     /// wait (the engine's `signal_lookback`).
     pub(crate) signal_lookback: std::time::Duration,
+    /// The trace context a child run started here continues: this step's
+    /// span in the run's trace.
+    pub(crate) traceparent: String,
 }
 
 /// A step inside the transaction fails as a step (its error decides about

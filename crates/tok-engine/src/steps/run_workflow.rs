@@ -117,6 +117,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             "parentRunId": parent,
             "parentStep": cx.step_id,
             "actor": { "kind": "parent", "runId": parent },
+            "traceparent": cx.traceparent,
         }),
     );
     let event = NewEvent {

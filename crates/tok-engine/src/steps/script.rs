@@ -228,6 +228,7 @@ mod tests {
             config,
             context: json!({}),
             effects: crate::registry::Effects::none(),
+            traceparent: None,
         };
         let e = step
             .run(call(json!({"source": "function main() { return {} }"})))

@@ -1,5 +1,6 @@
 //! `/healthz` answers as soon as the server listens; `/readyz` once the
 //! migrations ran and while the database answers, until a shutdown began.
+//! On a worker node `/readyz` also needs the worker pool to claim work.
 
 use axum::Json;
 use axum::extract::State;
@@ -25,7 +26,7 @@ async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, body = crate::openapi::schemas::Health), (status = 503, description = "Starting, stopping, or the database does not answer", body = crate::openapi::schemas::Health)))]
+#[utoipa::path(get, path = "/readyz", tag = "health", responses((status = 200, body = crate::openapi::schemas::Health), (status = 503, description = "Starting, stopping, the database does not answer, or (a worker node) its claims fail", body = crate::openapi::schemas::Health)))]
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     if state.is_stopping() {
         return (
@@ -37,6 +38,17 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({ "status": "starting" })),
+        );
+    }
+    if state.ready_when_claiming
+        && let Err(why) = state.engine.claims_work()
+    {
+        // The reason is logged, not answered: the probe is public, and a
+        // claim's error may name the database.
+        tracing::warn!(%why, "readiness check failed");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "not claiming" })),
         );
     }
     match state.engine.store().ping().await {

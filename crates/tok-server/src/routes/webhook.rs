@@ -178,6 +178,11 @@ async fn accept(
         cause_run_id: None,
         origin_automation_id: None,
         target_automation_id: None,
+        // The sender's trace, if it sent a valid one: the runs continue it.
+        traceparent: headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(tok_engine::traces::valid_traceparent),
         ..NewEvent::default()
     };
     let (event_id, accepted) = state

@@ -101,12 +101,12 @@ async fn a_parent_waits_for_its_child_and_goes_on_with_its_output(app: &TestApp)
     let run = start(app, &tenant, &order, "5001").await;
     let done = app.wait_for_final(&tenant, &run).await;
     assert_eq!(done["status"], "completed", "{done:#}");
-    let waited = step(&done, "st_child", "waiting");
-    let child = waited["output"]["runId"]
+    // One row: the wait, read as what it became.
+    let resumed = step(&done, "st_child", "completed");
+    let child = resumed["output"]["runId"]
         .as_str()
         .expect("the child")
         .to_owned();
-    let resumed = step(&done, "st_child", "completed");
     assert_eq!(
         resumed["output"],
         json!({ "runId": child, "status": "completed",
@@ -223,7 +223,7 @@ async fn a_failed_child_fails_the_waiting_step_with_child_failed(app: &TestApp) 
     let failed = app.wait_for_final(&tenant, &run).await;
     assert_eq!(failed["status"], "failed", "{failed:#}");
     let error = failed["error"].as_str().expect("an error");
-    let child = step(&failed, "st_child", "waiting")["output"]["runId"]
+    let child = step(&failed, "st_child", "failed")["output"]["runId"]
         .as_str()
         .expect("the child")
         .to_owned();

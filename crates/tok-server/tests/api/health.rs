@@ -12,6 +12,7 @@ use crate::helpers::{Reply, TestApp, backend_tests};
 backend_tests!(crate::helpers::run;
     healthz_and_readyz,
     metrics_answer_only_the_admin_key_or_the_metrics_token,
+    a_worker_node_serves_the_probes_only_and_is_ready_while_it_claims,
 );
 
 async fn healthz_and_readyz(app: &TestApp) {
@@ -33,6 +34,67 @@ async fn healthz_and_readyz(app: &TestApp) {
         .request(Method::GET, "/readyz", None, &[], Body::empty())
         .await;
     assert_eq!(ready.expect(StatusCode::OK), json!({ "status": "ready" }));
+}
+
+/// A worker node's router (`tok_server::probes`): the probes and
+/// `/metrics`, a 404 for the API, and readiness that follows the worker
+/// pool: 503 `not claiming` while it is stopped, 200 once it runs again.
+async fn a_worker_node_serves_the_probes_only_and_is_ready_while_it_claims(app: &TestApp) {
+    let state = app
+        .state
+        .clone()
+        .with_metrics(crate::retention::recorder())
+        .ready_when_claiming();
+    state.set_ready();
+    let router = tok_server::probes(state);
+    let get = async |path: &str, key: Option<&str>| -> Reply {
+        let mut request = Request::get(path);
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        crate::helpers::send(router.clone(), request.body(Body::empty()).unwrap()).await
+    };
+    assert_eq!(
+        get("/healthz", None).await.expect(StatusCode::OK),
+        json!({ "status": "ok" })
+    );
+    // The pool opens in its own task, soon after the engine started.
+    let ready = app
+        .poll("the worker pool to claim", async || {
+            let reply = get("/readyz", None).await;
+            (reply.status == StatusCode::OK).then_some(reply).ok_or(())
+        })
+        .await;
+    assert_eq!(ready.body, json!({ "status": "ready" }));
+    let metrics = get("/metrics", Some(&app.admin_key)).await;
+    assert_eq!(metrics.status, StatusCode::OK, "{:#}", metrics.body);
+    get("/metrics", None)
+        .await
+        .expect_error(StatusCode::UNAUTHORIZED, "unauthorized");
+    let api = get("/api/automations", Some(&app.admin_key))
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
+    assert!(
+        api["message"]
+            .as_str()
+            .unwrap()
+            .contains("/api/automations"),
+        "{api:#}"
+    );
+
+    app.stop_engine().await;
+    assert_eq!(
+        get("/readyz", None)
+            .await
+            .expect(StatusCode::SERVICE_UNAVAILABLE),
+        json!({ "status": "not claiming" })
+    );
+    app.start_engine().await;
+    app.poll("the worker pool to claim again", async || {
+        let ready = get("/readyz", None).await.status == StatusCode::OK;
+        ready.then_some(()).ok_or(())
+    })
+    .await;
 }
 
 async fn metrics_answer_only_the_admin_key_or_the_metrics_token(app: &TestApp) {

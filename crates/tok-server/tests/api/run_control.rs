@@ -17,6 +17,7 @@ backend_tests!(
     a_paused_run_waits_for_resume_and_a_cancelled_run_never_goes_on,
     a_failed_run_is_retried_from_the_failed_step,
     run_control_of_another_tenants_run_is_404,
+    a_wait_that_is_the_last_step_holds_the_run_until_it_ends,
 );
 
 /// A manual automation: log, wait `duration`, log.
@@ -302,4 +303,50 @@ async fn run_control_of_another_tenants_run_is_404(app: &TestApp) {
     app.get(&b.key, &format!("/api/runs/{run}"))
         .await
         .expect_error(StatusCode::NOT_FOUND, "not_found");
+}
+
+/// A run whose last step is a `wait` is not complete while it waits: it
+/// says `waiting` (also after a pause and a resume, which claim it early),
+/// and completes once the wait's `until` has passed, not before.
+async fn a_wait_that_is_the_last_step_holds_the_run_until_it_ends(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let automation = |duration: &str| {
+        manual(
+            &format!("Log, then wait {duration}"),
+            &json!([
+                log_step("st_before", "before"),
+                { "id": "st_wait", "type": "wait", "config": { "duration": duration } }
+            ]),
+        )
+    };
+    let long = app.create_automation(&tenant, &automation("1h")).await;
+    let run = waiting_run(app, &tenant, &long).await;
+    control(app, &tenant, &run, "pause")
+        .await
+        .expect(StatusCode::OK);
+    control(app, &tenant, &run, "resume")
+        .await
+        .expect(StatusCode::OK);
+    let held = show(app, &tenant, &run).await;
+    assert_eq!(held["status"], "waiting", "an hour to go: {held:#}");
+    assert!(held["finished_at"].is_null(), "{held:#}");
+
+    let short = app.create_automation(&tenant, &automation("2s")).await;
+    let run = app
+        .start_run(&tenant, &short, &json!({ "input": {} }))
+        .await;
+    let ended = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(ended["status"], "completed", "{ended:#}");
+    let until = ended["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|s| s["output"]["until"].as_str())
+        .unwrap_or_else(|| panic!("the wait's output says until when: {ended:#}"));
+    let until = until.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+    let finished = crate::helpers::ms(&ended["finished_at"]).unwrap();
+    assert!(
+        finished >= until,
+        "the run ended at {finished}, before its last step's wait ended at {until}: {ended:#}"
+    );
 }

@@ -12,7 +12,7 @@ SELECT * FROM (
     CROSS JOIN LATERAL (
         SELECT id, tenant_id, source_id, source_kind, payload, params, depth, cause_run_id,
             origin_automation_id, target_automation_id, event_type, subject_ticket_id,
-            received_at
+            received_at, traceparent
         FROM event_inbox
         WHERE status = 'pending' AND tenant_id = t.id
         ORDER BY received_at, id

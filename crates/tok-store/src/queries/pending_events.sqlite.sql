@@ -9,7 +9,7 @@
 SELECT * FROM (
     SELECT e.id, e.tenant_id, e.source_id, e.source_kind, e.payload, e.params, e.depth,
         e.cause_run_id, e.origin_automation_id, e.target_automation_id, e.event_type,
-        e.subject_ticket_id, e.received_at,
+        e.subject_ticket_id, e.received_at, e.traceparent,
         row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.received_at, e.id) AS rk
     FROM json_each($1) AS t
     JOIN event_inbox e ON e.id IN (

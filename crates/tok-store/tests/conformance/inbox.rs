@@ -19,7 +19,51 @@ backend_tests!(
     manual_starts_over_the_limit_are_refused_until_one_frees_up,
     refused_runs_are_written_without_a_job_and_are_no_starts,
     group_commits_of_the_same_duplicates_never_deadlock,
+    an_events_traceparent_comes_back_to_its_dispatch,
 );
+
+/// The trace context a webhook was sent with is kept with its event, alone
+/// or in a group commit, and read back by the dispatch that starts its
+/// runs; an event sent without one has none.
+async fn an_events_traceparent_comes_back_to_its_dispatch(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let shop = source(&*store, &t, "shop").await;
+    let traced = |key: &str, n: u32| NewEvent {
+        traceparent: Some(format!(
+            "00-4bf92f3577b34da6a3ce929d0e0e47{n:02x}-00f067aa0ba902b7-01"
+        )),
+        ..webhook_event(&shop, key)
+    };
+    store.accept_event(&t, traced("alone", 1)).await.unwrap();
+    store
+        .accept_event(&t, webhook_event(&shop, "untraced"))
+        .await
+        .unwrap();
+    let together = (2..8)
+        .map(|n| (t.clone(), traced(&format!("together-{n}"), n)))
+        .collect();
+    for answer in accept_together(&store, together).await {
+        answer.expect("accepted");
+    }
+    let mut tx = store
+        .begin_dispatch(std::slice::from_ref(&t), Lane::Bulk)
+        .await
+        .expect("begin");
+    let events = tx.pending_events(100).await.expect("select");
+    assert_eq!(events.len(), 8, "{backend:?}");
+    for event in &events {
+        let key = event.payload["key"].as_str().unwrap();
+        let wanted = match key {
+            "alone" => Some(1),
+            "untraced" => None,
+            _ => Some(key.trim_start_matches("together-").parse::<u32>().unwrap()),
+        }
+        .map(|n| format!("00-4bf92f3577b34da6a3ce929d0e0e47{n:02x}-00f067aa0ba902b7-01"));
+        assert_eq!(event.traceparent, wanted, "{backend:?}: event {key}");
+    }
+}
 
 /// On PostgreSQL the inbox is kept in monthly partitions, and no unique
 /// index spans two of them: here the current month is split so that the

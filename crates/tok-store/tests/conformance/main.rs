@@ -177,6 +177,7 @@ fn webhook_event(source: &SourceId, key: &str) -> NewEvent {
         cause_run_id: None,
         origin_automation_id: None,
         target_automation_id: None,
+        traceparent: None,
     }
 }
 
@@ -193,6 +194,7 @@ fn manual_event(automation: &AutomationId) -> NewEvent {
         cause_run_id: None,
         origin_automation_id: None,
         target_automation_id: Some(automation.clone()),
+        traceparent: None,
     }
 }
 

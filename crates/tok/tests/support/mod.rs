@@ -15,6 +15,15 @@ use serde_json::Value;
 /// The platform admin key every test server is started with.
 pub(crate) const ADMIN_KEY: &str = "tok-test-admin-key";
 
+/// Serves `app` on a free local port (a service a test's runs call, a
+/// collector it exports to); returns its base URL.
+pub(crate) async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
