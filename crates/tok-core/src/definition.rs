@@ -31,7 +31,7 @@ pub enum DefinitionError {
 
 /// One saved version of an automation. Unknown fields are refused here and
 /// in every part below (trigger, filter, rules, settings, steps), so a
-/// misspelt or misplaced key (`"flow": {…}`, `"thne"`) fails at save
+/// misspelt or misplaced key (`"flow": {"debounce": …}`, `"thne"`) fails at save
 /// instead of being dropped; a stored version was written from these types,
 /// so it always reads back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +39,9 @@ pub enum DefinitionError {
 pub struct Automation {
     pub name: String,
     pub trigger: Trigger,
+    /// `flow`: how its runs start (priority; see [`crate::start`]).
+    #[serde(default, skip_serializing_if = "crate::start::FlowControl::is_empty")]
+    pub flow: crate::start::FlowControl,
     pub steps: Vec<Step>,
     #[serde(default, skip_serializing_if = "Settings::is_empty")]
     pub settings: Settings,
@@ -692,7 +695,7 @@ mod tests {
             manual_with("steps", json!([s]))
         };
         let cases = [
-            (manual_with("flow", json!({})), "flow"),
+            (manual_with("flow", json!({"debounce": {"period": "5m"}})), "flow.debounce"),
             (
                 manual_with("settings", json!({"timezone": "UTC"})),
                 "settings.timezone",
@@ -814,6 +817,9 @@ mod tests {
                         value: json!([1]),
                     }],
                 }),
+            },
+            flow: crate::start::FlowControl {
+                priority: Some(json!("{{_body.tier}}")),
             },
             steps: vec![Step::new("s", "flow/log", json!({"message": "m"}))],
             settings: Settings {

@@ -33,6 +33,7 @@ pub mod retention;
 pub mod retry;
 pub mod run;
 pub mod schedule;
+pub mod start;
 pub mod template;
 pub mod uses;
 pub mod validate;

@@ -450,15 +450,17 @@ impl Engine {
             target_automation_id: Some(automation_id.clone()),
             ..NewEvent::default()
         };
+        let context = context.into_value();
+        let priority = dispatch::plan::run_priority(&automation, &context, automation_id);
         let run = NewRun {
             id: run_id,
             automation_id: automation_id.clone(),
             version: row.version,
             trigger_type: "manual".into(),
-            context: context.into_value(),
+            context,
             depth: 0,
             queue_key: None,
-            priority: 0,
+            priority,
             first_path: flow::first_path(&automation.steps).map(|path| path.to_string()),
             idempotency_key,
             subject_ticket_id: None,

@@ -108,9 +108,9 @@ macro_rules! impl_branches {
                             sqlx::query(concat!(
                                 "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts,
                                     queue_key, priority, created_at, held)
-                                 VALUES ($1, $2, $3, ",
+                                 SELECT $1, $2, $3, ",
                                 db_now!(),
-                                ", 0, $4, 0, $5, $6)"
+                                ", 0, $4, priority, $5, $6 FROM runs WHERE tenant_id = $2 AND id = $1"
                             ))
                             .bind(job.run_id.as_str())
                             .bind(job.tenant_id.as_str())

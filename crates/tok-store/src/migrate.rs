@@ -47,6 +47,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     25 "0025_let_sources_rotate_and_automations_archive",
     27 "0027_create_the_audit_log",
     28 "0028_keep_the_traceparent_of_events",
+    29 "0029_give_runs_a_priority",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -72,6 +73,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     22 "0022_let_sources_rotate_and_automations_archive",
     24 "0024_create_the_audit_log",
     25 "0025_keep_the_traceparent_of_events",
+    26 "0026_give_runs_a_priority",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

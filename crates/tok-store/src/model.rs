@@ -357,6 +357,8 @@ pub struct RunSummary {
     #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub finished_at: Option<i64>,
     pub error: Option<String>,
+    /// Its automation's `flow.priority` as it started (0 without one).
+    pub priority: i32,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -189,6 +189,7 @@ array_row!(RunRow, |r| [
     r.run.subject_ticket_id, // 13
     r.run.actions,           // 14
     r.run.refused,           // 15
+    r.run.priority,          // 16
 ]);
 
 array_row!(JobRow, |r| [

@@ -22,12 +22,14 @@ macro_rules! impl_runs {
                 started_at: row.get("started_at"),
                 finished_at: row.get("finished_at"),
                 error: row.get("error"),
+                priority: row.get("priority"),
             }
         }
 
         const RUN_COLUMNS: &str =
             "id, automation_id, version, event_id, status, trigger_type, depth,
-            actions, subject_ticket_id, parent_run_id, created_at, started_at, finished_at, error";
+            actions, subject_ticket_id, parent_run_id, created_at, started_at, finished_at, error,
+            priority";
 
         fn step_from_row(r: &<$db as sqlx::Database>::Row) -> StepRow {
             StepRow {
@@ -111,7 +113,7 @@ macro_rules! impl_runs {
                              SELECT id, tenant_id, $3, ",
                             db_now!(),
                             ", 0, CASE WHEN subject_ticket_id IS NULL THEN NULL
-                                ELSE 'ticket:' || subject_ticket_id END, 0, $4, $5
+                                ELSE 'ticket:' || subject_ticket_id END, priority, $4, $5
                              FROM runs WHERE tenant_id = $1 AND id = $2"
                         ))
                         .bind(tenant.as_str())
@@ -270,9 +272,9 @@ macro_rules! impl_runs {
                 sqlx::query(concat!(
                     "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
                         priority, created_at)
-                     VALUES ($1, $2, $3, ",
+                     SELECT $1, $2, $3, ",
                     db_now!(),
-                    ", 0, $4, 0, $5)"
+                    ", 0, $4, priority, $5 FROM runs WHERE tenant_id = $2 AND id = $1"
                 ))
                 .bind(id.as_str())
                 .bind(tenant.as_str())

@@ -373,6 +373,7 @@ fn a_step_is_checked_in_every_kind_of_child_list() {
         let def = Automation {
             name: "n".into(),
             trigger: Trigger::Manual { filter: None },
+            flow: Default::default(),
             steps: vec![holder],
             settings: Default::default(),
         };

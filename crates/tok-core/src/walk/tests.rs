@@ -174,6 +174,7 @@ fn every_holder_is_valid_once_it_holds_a_step() {
         let def = Automation {
             name: "n".into(),
             trigger: crate::definition::Trigger::Manual { filter: None },
+            flow: Default::default(),
             steps: vec![holder],
             settings: Default::default(),
         };

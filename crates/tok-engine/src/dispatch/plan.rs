@@ -196,6 +196,7 @@ pub fn plan(
             });
             continue;
         }
+        let priority = run_priority(&automation, &context, &candidate.automation_id);
         let run_context = Context::from_value(context.clone());
         let limit = fairness.dispatch_chain_limit;
         let (steps, first_path, run_context) = match flow::first(&automation.steps) {
@@ -221,7 +222,7 @@ pub fn plan(
             context: run_context.into_value(),
             depth: event.depth,
             queue_key: event.subject_ticket_id.as_deref().map(ticket_queue_key),
-            priority: 0,
+            priority,
             first_path: first_path.map(|p| p.to_string()),
             idempotency_key: None,
             subject_ticket_id: event.subject_ticket_id.clone(),
@@ -231,6 +232,20 @@ pub fn plan(
         });
     }
     plan
+}
+
+/// The priority of a run of `automation` starting with `context`
+/// (`flow.priority`); one its template could not give is 0, said in the log.
+pub(crate) fn run_priority(
+    automation: &Automation,
+    context: &Value,
+    id: &AutomationId,
+) -> i32 {
+    let (priority, why) = automation.flow.priority(context);
+    if let Some(why) = why {
+        tracing::warn!(automation = %id, "{why}");
+    }
+    priority
 }
 
 /// Begins a run at `first` through the decider, as a worker would, with

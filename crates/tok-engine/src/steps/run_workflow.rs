@@ -131,15 +131,17 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         target_automation_id: Some(row.id.clone()),
         ..NewEvent::default()
     };
+    let context = context.into_value();
+    let priority = crate::dispatch::plan::run_priority(&automation, &context, &row.id);
     let run = NewRun {
         id: run_id,
         automation_id: row.id.clone(),
         version: row.version,
         trigger_type: "parent".into(),
-        context: context.into_value(),
+        context,
         depth,
         queue_key: None,
-        priority: 0,
+        priority,
         first_path: flow::first_path(&automation.steps).map(|path| path.to_string()),
         idempotency_key: Some(key),
         subject_ticket_id: None,

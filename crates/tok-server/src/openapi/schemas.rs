@@ -53,6 +53,9 @@ pub(crate) struct RunSummary {
     finished_at: Option<String>,
     #[schema(required = true)]
     error: Option<String>,
+    /// Its automation's `flow.priority` when it started, -100..100 (0
+    /// without one): a tenant's jobs are claimed highest first.
+    priority: i32,
 }
 
 /// A page of runs; `next_cursor` is null on the last page.

@@ -24,7 +24,64 @@ backend_tests!(
     concurrent_manual_starts_with_one_key_share_one_run,
     blank_idempotency_key_is_no_key,
     manual_run_of_a_paused_automation_is_409,
+    a_runs_priority_is_its_automations_flow_priority_rendered_for_it,
 );
+
+/// `flow.priority` is checked at save, rendered for each run from what
+/// started it (a manual start's input, a webhook's body), held to
+/// -100..100 (0 when it renders no integer), and shown on the run. A start
+/// control tok does not have is refused by its name.
+async fn a_runs_priority_is_its_automations_flow_priority_rendered_for_it(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let mut ranked = manual("Ranked", &json!([log_step("st_log", "ranked")]));
+    ranked["flow"] = json!({ "priority": "{{tier}}" });
+    let automation = app.create_automation(&tenant, &ranked).await;
+    for (tier, wanted) in [
+        (json!(80), 80),
+        (json!(-5), -5),
+        (json!(1000), 100),
+        (json!("gold"), 0),
+    ] {
+        let run = app
+            .start_run(&tenant, &automation, &json!({ "input": { "tier": tier } }))
+            .await;
+        let run = app.wait_for_final(&tenant, &run).await;
+        assert_eq!(run["priority"], wanted, "tier {tier}: {run:#}");
+    }
+
+    let source = app.create_source(&tenant, &plain_source("eshop")).await;
+    let mut on_order = on_webhook(
+        "Orders",
+        source["id"].as_str().unwrap(),
+        &json!([log_step("st_log", "order")]),
+    );
+    on_order["flow"] = json!({ "priority": "{{_body.rank}}" });
+    let orders = app.create_automation(&tenant, &on_order).await;
+    app.webhook(source["token"].as_str().unwrap(), &json!({ "rank": 30 }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    let runs = app
+        .wait_for_runs(&tenant, &format!("automation={orders}"), 1)
+        .await;
+    let run = app
+        .get(&tenant.key, &format!("/api/runs/{}", runs[0]["id"].as_str().unwrap()))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(run["priority"], 30, "{run:#}");
+
+    let mut too_high = manual("Too high", &json!([log_step("st_log", "x")]));
+    too_high["flow"] = json!({ "priority": 500 });
+    let errors = rejected(app, &tenant, &too_high).await;
+    assert_eq!(errors[0]["path"], "flow.priority", "{errors:#?}");
+    assert!(
+        errors[0]["message"].as_str().unwrap().contains("-100 to 100"),
+        "{errors:#?}"
+    );
+    let mut debounced = manual("Debounced", &json!([log_step("st_log", "x")]));
+    debounced["flow"] = json!({ "debounce": { "period": "5m" } });
+    let errors = rejected(app, &tenant, &debounced).await;
+    assert_eq!(errors[0]["path"], "flow.debounce", "{errors:#?}");
+}
 
 /// Posts a definition that must be refused; returns its `errors`.
 async fn rejected(app: &TestApp, tenant: &Tenant, definition: &Value) -> Vec<Value> {

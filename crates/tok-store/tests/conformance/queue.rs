@@ -22,7 +22,70 @@ backend_tests!(
     a_process_stopped_inside_a_claim_holds_back_only_what_it_took,
     a_claim_passes_over_a_job_whose_run_another_transaction_holds,
     a_record_waits_for_its_run_before_it_locks_its_job,
+    a_tenants_jobs_are_claimed_highest_priority_first_and_a_retry_keeps_its_run_priority,
 );
+
+/// A run's priority is its first job's and that of every job written for
+/// it later (here a retry): a tenant's jobs are claimed highest priority
+/// first, then oldest first.
+async fn a_tenants_jobs_are_claimed_highest_priority_first_and_a_retry_keeps_its_run_priority(
+    db: &TestDb,
+) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let aut = manual_automation(store, &t, "a").await;
+    let mut ids = Vec::new();
+    for priority in [0, 50, -20, 50, 100] {
+        let run = NewRun {
+            priority,
+            ..new_run(&aut, "manual", None)
+        };
+        ids.push(
+            store
+                .start_run(&t, manual_event(&aut), run)
+                .await
+                .expect("start"),
+        );
+    }
+    let next = async || {
+        let mut jobs = store
+            .claim(std::slice::from_ref(&t), "n", 1, LONG_LEASE_MS)
+            .await
+            .expect("claim");
+        assert_eq!(jobs.len(), 1, "{backend:?}");
+        jobs.pop().unwrap()
+    };
+    let first = next().await;
+    assert_eq!(first.run_id, ids[4], "{backend:?}: priority 100 first");
+    let mut failed = step(&first.path, tok_store::StepStatus::Failed, json!({}));
+    failed.error = Some("HTTP 500".into());
+    let record = Record {
+        steps: vec![failed],
+        status: RunStatus::Failed,
+        error: Some("step failed: HTTP 500".into()),
+        ..finish(&first, RunStatus::Failed)
+    };
+    store.record(&first, record).await.expect("record");
+    assert_eq!(next().await.run_id, ids[1], "{backend:?}: the older 50");
+    // The retry's job is the newest, and still goes before every other.
+    store.retry_run(&t, &ids[4]).await.expect("retry");
+    let order = [next().await, next().await, next().await, next().await];
+    let order: Vec<&RunId> = order.iter().map(|j| &j.run_id).collect();
+    assert_eq!(
+        order,
+        [&ids[4], &ids[3], &ids[0], &ids[2]],
+        "{backend:?}: 100 (retried), 50, 0, -20"
+    );
+    let shown: std::collections::HashMap<RunId, i32> = all_runs(store, &t)
+        .await
+        .into_iter()
+        .map(|r| (r.id, r.priority))
+        .collect();
+    let wanted: std::collections::HashMap<RunId, i32> = ids.iter().cloned().zip([0, 50, -20, 50, 100]).collect();
+    assert_eq!(shown, wanted, "{backend:?}: each run shows its priority");
+}
 
 async fn a_small_tenant_is_not_starved_by_a_large_backlog(db: &TestDb) {
     let backend = db.backend;
