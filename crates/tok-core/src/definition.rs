@@ -695,7 +695,10 @@ mod tests {
             manual_with("steps", json!([s]))
         };
         let cases = [
-            (manual_with("flow", json!({"debounce": {"period": "5m"}})), "flow.debounce"),
+            (
+                manual_with("flow", json!({"debounce": {"period": "5m"}})),
+                "flow.debounce",
+            ),
             (
                 manual_with("settings", json!({"timezone": "UTC"})),
                 "settings.timezone",

@@ -191,9 +191,15 @@ pub struct RunEnded {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Resume {
-    /// A signal matched the wait.
+    /// A signal matched the wait; `actor` is who sent it (`{"kind":
+    /// "key", "id"}`, `{"kind": "run", "runId"}`), when known.
     #[serde(rename_all = "camelCase")]
-    Signal { signal_id: String, payload: Value },
+    Signal {
+        signal_id: String,
+        payload: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        actor: Option<Value>,
+    },
     /// The wait's due time passed first.
     TimedOut,
     /// A wait for runs: the awaited runs that have ended so far. A job

@@ -43,7 +43,12 @@ impl FlowControl {
         let rendered = match priority {
             Value::String(t) => match template::render(t, context) {
                 Ok(v) => v,
-                Err(e) => return (0, Some(format!("flow.priority: {e}; the run has priority 0"))),
+                Err(e) => {
+                    return (
+                        0,
+                        Some(format!("flow.priority: {e}; the run has priority 0")),
+                    );
+                }
             },
             other => other.clone(),
         };
@@ -102,14 +107,31 @@ mod tests {
 
     #[test]
     fn a_written_priority_is_checked_at_save() {
-        for ok in [json!(0), json!(-100), json!(100), json!("7"), json!("{{_body.tier}}")] {
+        for ok in [
+            json!(0),
+            json!(-100),
+            json!(100),
+            json!("7"),
+            json!("{{_body.tier}}"),
+        ] {
             assert_eq!(check_priority(&ok), None, "{ok}");
         }
-        for bad in [json!(101), json!(-101), json!(1.5), json!("high"), json!(true), json!([1])] {
+        for bad in [
+            json!(101),
+            json!(-101),
+            json!(1.5),
+            json!("high"),
+            json!(true),
+            json!([1]),
+        ] {
             let message = check_priority(&bad).unwrap_or_else(|| panic!("{bad} passed"));
             assert!(message.contains("-100 to 100"), "{message}");
         }
-        assert!(check_priority(&json!("{{ _body.tier")).unwrap().contains("does not parse"));
+        assert!(
+            check_priority(&json!("{{ _body.tier"))
+                .unwrap()
+                .contains("does not parse")
+        );
     }
 
     #[test]

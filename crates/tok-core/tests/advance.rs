@@ -113,6 +113,7 @@ fn signal(payload: Value) -> Input {
     Input::Signal {
         signal_id: "sig_1".into(),
         payload,
+        actor: None,
     }
 }
 
@@ -344,6 +345,26 @@ fn a_resumed_wait_publishes_the_signal_and_counts_no_second_action() {
         t.state.actions, 6,
         "the condition and the log; the wait counted before"
     );
+}
+
+#[test]
+fn a_resumed_wait_names_who_sent_its_signal() {
+    let key = json!({ "kind": "key", "id": "key_7" });
+    let by_key = Input::Signal {
+        signal_id: "sig_1".into(),
+        payload: json!({ "amount": 1500 }),
+        actor: Some(key.clone()),
+    };
+    let t = run(&order_tree(), state("3"), by_key);
+    assert_eq!(t.state.context.as_value()["st_paid"]["actor"], key);
+    assert_eq!(t.records[0].log, ["resumed by signal sig_1 from key key_7"]);
+    let by_run = Input::Signal {
+        signal_id: "sig_2".into(),
+        payload: json!({ "amount": 1500 }),
+        actor: Some(json!({ "kind": "run", "runId": "run_9" })),
+    };
+    let t = run(&order_tree(), state("3"), by_run);
+    assert_eq!(t.records[0].log, ["resumed by signal sig_2 from run run_9"]);
 }
 
 #[test]

@@ -119,6 +119,7 @@ fn a_decision_completes_the_step_with_the_decision_and_who_made_it() {
         Input::Signal {
             signal_id: "sig_1".into(),
             payload,
+            actor: None,
         },
     );
     assert_eq!(t.status, RunStatus::Completed, "{t:?}");

@@ -174,6 +174,7 @@ fn a_signal_ends_the_wait_and_its_pending_levels() {
     let signal = Input::Signal {
         signal_id: "sig_1".into(),
         payload: json!({ "paid": true }),
+        actor: None,
     };
     let resumed = run(&automation, claimed(&parked), signal, NOW_MS + MIN);
     assert_eq!(resumed.status, RunStatus::Completed);

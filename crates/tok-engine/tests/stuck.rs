@@ -279,6 +279,7 @@ async fn a_child_whose_definition_no_longer_reads_fails_the_parent_that_waits_fo
         payload: json!({}),
         idempotency_key: None,
         lookback_ms: 0,
+        actor: None,
     };
     store.send_signal(&t, signal).await.unwrap();
     wait_for_status(&*store, &t, &run, "failed").await;

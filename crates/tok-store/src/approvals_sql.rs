@@ -188,6 +188,7 @@ macro_rules! impl_approvals {
                     payload,
                     idempotency_key: None,
                     lookback_ms: 0,
+                    actor: Some(decision.actor.clone()),
                 };
                 let sent = send_signal_in(&mut tx, tenant, &signal).await?;
                 if sent.resumed.is_empty() {

@@ -48,6 +48,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     27 "0027_create_the_audit_log",
     28 "0028_keep_the_traceparent_of_events",
     29 "0029_give_runs_a_priority",
+    30 "0030_record_who_sent_a_signal",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -74,6 +75,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     24 "0024_create_the_audit_log",
     25 "0025_keep_the_traceparent_of_events",
     26 "0026_give_runs_a_priority",
+    27 "0027_record_who_sent_a_signal",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

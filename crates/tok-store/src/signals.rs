@@ -37,6 +37,9 @@ pub struct NewSignal {
     pub idempotency_key: Option<String>,
     /// How long the signal stays buffered if it resumes no wait (ms).
     pub lookback_ms: i64,
+    /// Who sent it (`{"kind": "key", "id"}`, `{"kind": "run", "runId"}`),
+    /// given to the wait it resumes, now or from the buffer.
+    pub actor: Option<Value>,
 }
 
 /// What a send did.

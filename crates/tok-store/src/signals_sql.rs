@@ -110,7 +110,11 @@ macro_rules! impl_signals {
                     .bind(list(matched.iter().map(|(wait, _, _)| wait.clone())))
                     .execute(&mut **tx)
                     .await?;
-                let resume = Resume::Signal { signal_id: id.clone(), payload: signal.payload.clone() };
+                let resume = Resume::Signal {
+                    signal_id: id.clone(),
+                    payload: signal.payload.clone(),
+                    actor: signal.actor.clone(),
+                };
                 sqlx::query(concat!(
                     "UPDATE jobs SET resume = $3, run_after = ", db_now!(), "
                      WHERE tenant_id = $1 AND id ", any_of!(2)
@@ -128,8 +132,8 @@ macro_rules! impl_signals {
             let buffered = resumed.is_empty();
             sqlx::query(
                 "INSERT INTO signals (id, tenant_id, key, payload, idempotency_key, received_at,
-                    expires_at, resumed, consumed_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    expires_at, resumed, consumed_at, actor)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             )
             .bind(&id)
             .bind(tenant.as_str())
@@ -140,6 +144,7 @@ macro_rules! impl_signals {
             .bind(if buffered { now.saturating_add(signal.lookback_ms.max(0)) } else { now })
             .bind(Json(&resumed))
             .bind((!buffered).then_some(now))
+            .bind(signal.actor.as_ref().map(Json))
             .execute(&mut **tx)
             .await?;
             Ok(SignalSent { signal_id: id, resumed, buffered, duplicate: false })
@@ -166,7 +171,7 @@ macro_rules! impl_signals {
                     None => (None, None),
                 };
                 let page = sqlx::query(
-                    "SELECT id, payload, received_at FROM signals
+                    "SELECT id, payload, received_at, actor FROM signals
                      WHERE tenant_id = $1 AND key = $2 AND consumed_at IS NULL AND expires_at > $3
                        AND (CAST($4 AS BIGINT) IS NULL OR received_at > $4
                             OR (received_at = $4 AND id > $5))
@@ -196,7 +201,8 @@ macro_rules! impl_signals {
                     .bind(now)
                     .execute(&mut **tx)
                     .await?;
-                    return Ok(Some(Resume::Signal { signal_id, payload }));
+                    let actor = row.try_get::<Option<Json<Value>>, _>("actor")?.map(|a| a.0);
+                    return Ok(Some(Resume::Signal { signal_id, payload, actor }));
                 }
                 let (Some(last), true) = (page.last(), page.len() as i64 == BUFFER_PAGE) else {
                     return Ok(None);

@@ -147,6 +147,7 @@ fn signal(key: &str, payload: Value) -> NewSignal {
         payload,
         idempotency_key: None,
         lookback_ms: LOOKBACK_MS,
+        actor: None,
     }
 }
 
@@ -199,6 +200,7 @@ fn resumed_by(sent: &SignalSent, payload: Value) -> Option<Resume> {
     Some(Resume::Signal {
         signal_id: sent.signal_id.clone(),
         payload,
+        actor: None,
     })
 }
 

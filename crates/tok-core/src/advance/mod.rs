@@ -133,8 +133,12 @@ pub enum Input {
         input: Option<Value>,
         started_at: i64,
     },
-    /// A signal matched the wait at the state's path.
-    Signal { signal_id: String, payload: Value },
+    /// A signal matched the wait at the state's path, sent by `actor`.
+    Signal {
+        signal_id: String,
+        payload: Value,
+        actor: Option<Value>,
+    },
     /// The wait at the state's path timed out.
     TimedOut,
     /// Runs the step at the state's path waited on ended (all of them, one
@@ -160,7 +164,15 @@ impl From<Option<Resume>> for Input {
     fn from(resume: Option<Resume>) -> Self {
         match resume {
             None => Input::Start,
-            Some(Resume::Signal { signal_id, payload }) => Input::Signal { signal_id, payload },
+            Some(Resume::Signal {
+                signal_id,
+                payload,
+                actor,
+            }) => Input::Signal {
+                signal_id,
+                payload,
+                actor,
+            },
             Some(Resume::TimedOut) => Input::TimedOut,
             Some(Resume::Runs { ended, timed_out }) => Input::RunsEnded { ended, timed_out },
             Some(Resume::Branches { total, failed, .. }) => Input::BranchesJoined { total, failed },
@@ -287,7 +299,9 @@ pub fn advance(
             input,
             started_at,
         } => decider.step_failed(step, input, started_at, error, env),
-        Input::Signal { signal_id, payload } if step.kind == APPROVAL => {
+        Input::Signal {
+            signal_id, payload, ..
+        } if step.kind == APPROVAL => {
             let mut decider = decider;
             escalation::end(&step_path, &mut decider.state.context);
             let now = decider.now_ms();
@@ -298,15 +312,23 @@ pub fn advance(
             let log = vec![approval::decided_line(&payload)];
             decider.completed(step, record, outputs, log, env)
         }
-        Input::Signal { signal_id, payload } if step.kind == WAIT_FOR_EVENT => {
+        Input::Signal {
+            signal_id,
+            payload,
+            actor,
+        } if step.kind == WAIT_FOR_EVENT => {
             let mut decider = decider;
             escalation::end(&step_path, &mut decider.state.context);
             let mut outputs = Map::new();
             outputs.insert("timedOut".into(), Value::Bool(false));
             outputs.insert("payload".into(), payload);
             outputs.insert("signalId".into(), Value::String(signal_id.clone()));
+            let from = actor.as_ref().map(sender).unwrap_or_default();
+            if let Some(actor) = actor {
+                outputs.insert("actor".into(), actor);
+            }
             let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec![format!("resumed by signal {signal_id}")];
+            let log = vec![format!("resumed by signal {signal_id}{from}")];
             decider.completed(step, record, outputs, log, env)
         }
         Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
@@ -1023,5 +1045,18 @@ pub fn humanize(d: Duration) -> String {
         format!("{:.0} min", secs / 60.0)
     } else {
         format!("{:.1} h", secs / 3600.0)
+    }
+}
+
+/// Who sent a signal, for its wait's log line (` from key key_…`).
+fn sender(actor: &Value) -> String {
+    match (
+        actor["kind"].as_str(),
+        actor["id"].as_str(),
+        actor["runId"].as_str(),
+    ) {
+        (Some("key"), Some(id), _) => format!(" from key {id}"),
+        (Some("run"), _, Some(run)) => format!(" from run {run}"),
+        _ => String::new(),
     }
 }

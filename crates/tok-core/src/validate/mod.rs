@@ -97,7 +97,12 @@ pub fn validate(
             "`startsPerMinute` must be at least 1 (leave it out for no limit)",
         );
     }
-    if let Some(message) = def.flow.priority.as_ref().and_then(crate::start::check_priority) {
+    if let Some(message) = def
+        .flow
+        .priority
+        .as_ref()
+        .and_then(crate::start::check_priority)
+    {
         c.error("flow.priority", message);
     }
     each_step(&def.steps, "steps", &mut |at, s| {

@@ -236,11 +236,7 @@ pub fn plan(
 
 /// The priority of a run of `automation` starting with `context`
 /// (`flow.priority`); one its template could not give is 0, said in the log.
-pub(crate) fn run_priority(
-    automation: &Automation,
-    context: &Value,
-    id: &AutomationId,
-) -> i32 {
+pub(crate) fn run_priority(automation: &Automation, context: &Value, id: &AutomationId) -> i32 {
     let (priority, why) = automation.flow.priority(context);
     if let Some(why) = why {
         tracing::warn!(automation = %id, "{why}");

@@ -79,6 +79,11 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
                 payload: payload.clone(),
                 idempotency_key: None,
                 lookback_ms,
+                actor: cx
+                    .cause
+                    .run_id
+                    .as_ref()
+                    .map(|run| json!({ "kind": "run", "runId": run })),
             })
             .await?;
         out.insert("signalId".into(), json!(sent.signal_id));

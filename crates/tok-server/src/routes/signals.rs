@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use tok_store::NewSignal;
 
 use crate::AppState;
-use crate::auth::Tenant;
+use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::{JsonBody, Routes, SIGNAL};
 
@@ -46,6 +46,7 @@ fn invalid(field: &str, message: impl Into<String>) -> ApiError {
 async fn send(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
+    KeyActor(actor): KeyActor,
     headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -98,6 +99,7 @@ async fn send(
         idempotency_key: idempotency_key(&headers)?,
         lookback_ms: i64::try_from(state.engine.config().signal_lookback.as_millis())
             .unwrap_or(i64::MAX),
+        actor: Some(actor),
     };
     let sent = state.engine.store().send_signal(&tenant, signal).await?;
     if !sent.resumed.is_empty() {

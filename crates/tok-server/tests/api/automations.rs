@@ -64,7 +64,10 @@ async fn a_runs_priority_is_its_automations_flow_priority_rendered_for_it(app: &
         .wait_for_runs(&tenant, &format!("automation={orders}"), 1)
         .await;
     let run = app
-        .get(&tenant.key, &format!("/api/runs/{}", runs[0]["id"].as_str().unwrap()))
+        .get(
+            &tenant.key,
+            &format!("/api/runs/{}", runs[0]["id"].as_str().unwrap()),
+        )
         .await
         .expect(StatusCode::OK);
     assert_eq!(run["priority"], 30, "{run:#}");
@@ -74,7 +77,10 @@ async fn a_runs_priority_is_its_automations_flow_priority_rendered_for_it(app: &
     let errors = rejected(app, &tenant, &too_high).await;
     assert_eq!(errors[0]["path"], "flow.priority", "{errors:#?}");
     assert!(
-        errors[0]["message"].as_str().unwrap().contains("-100 to 100"),
+        errors[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("-100 to 100"),
         "{errors:#?}"
     );
     let mut debounced = manual("Debounced", &json!([log_step("st_log", "x")]));

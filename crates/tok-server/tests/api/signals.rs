@@ -17,7 +17,84 @@ backend_tests!(crate::helpers::run;
     signals_are_the_tenants_own,
     an_emit_step_with_a_key_sends_a_signal,
     a_payload_postgresql_cannot_store_is_refused_on_every_backend,
+    a_resumed_wait_names_the_key_or_the_run_that_sent_its_signal,
 );
+
+/// A wait resumed by `POST /api/signals` publishes the key that sent it
+/// (by id, never the secret), also when it took the signal from the
+/// buffer; one resumed by an `emit` step names that step's run.
+async fn a_resumed_wait_names_the_key_or_the_run_that_sent_its_signal(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let keys = app
+        .get(&tenant.key, "/api/keys")
+        .await
+        .expect(StatusCode::OK);
+    let me = keys["items"][0]["id"].as_str().unwrap().to_owned();
+    let waiter = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Waits",
+                &json!([{ "id": "st_paid", "type": "wait_for_event",
+                          "config": { "key": "{{key}}", "timeout": "1h" } }]),
+            ),
+        )
+        .await;
+    let wait_for = async |key: &str| {
+        app.start_run(&tenant, &waiter, &json!({ "input": { "key": key } }))
+            .await
+    };
+    let paid = async |run: &str| {
+        let run = app.wait_for_final(&tenant, run).await;
+        assert_eq!(run["status"], "completed", "{run:#}");
+        run["steps"][0].clone()
+    };
+
+    // Sent while the run waits.
+    let run = wait_for("order-1").await;
+    app.wait_for_run(&tenant, &run, |r| r["status"] == "waiting")
+        .await;
+    send(app, &tenant, &json!({ "key": "order-1" })).await;
+    let step = paid(&run).await;
+    assert_eq!(
+        step["output"]["actor"],
+        json!({ "kind": "key", "id": me }),
+        "{step:#}"
+    );
+    let log = step["log"].to_string();
+    assert!(log.contains(&format!("from key {me}")), "{step:#}");
+    assert!(!log.contains(&tenant.key), "never the secret: {step:#}");
+
+    // Buffered before the wait began.
+    send(app, &tenant, &json!({ "key": "order-2" })).await;
+    let step = paid(&wait_for("order-2").await).await;
+    assert_eq!(
+        step["output"]["actor"],
+        json!({ "kind": "key", "id": me }),
+        "{step:#}"
+    );
+
+    // Sent by an emit step of another run.
+    let run = wait_for("order-3").await;
+    app.wait_for_run(&tenant, &run, |r| r["status"] == "waiting")
+        .await;
+    let emitter = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Emits",
+                &json!([{ "id": "st_emit", "type": "emit", "config": { "key": "order-3" } }]),
+            ),
+        )
+        .await;
+    let sender = app.start_run(&tenant, &emitter, &json!({})).await;
+    let step = paid(&run).await;
+    assert_eq!(
+        step["output"]["actor"],
+        json!({ "kind": "run", "runId": sender }),
+        "{step:#}"
+    );
+}
 
 async fn send(app: &TestApp, tenant: &Tenant, body: &Value) -> Value {
     app.post(&tenant.key, "/api/signals", body)

@@ -83,7 +83,8 @@ async fn a_tenants_jobs_are_claimed_highest_priority_first_and_a_retry_keeps_its
         .into_iter()
         .map(|r| (r.id, r.priority))
         .collect();
-    let wanted: std::collections::HashMap<RunId, i32> = ids.iter().cloned().zip([0, 50, -20, 50, 100]).collect();
+    let wanted: std::collections::HashMap<RunId, i32> =
+        ids.iter().cloned().zip([0, 50, -20, 50, 100]).collect();
     assert_eq!(shown, wanted, "{backend:?}: each run shows its priority");
 }
 
