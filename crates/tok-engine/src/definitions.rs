@@ -215,14 +215,14 @@ mod tests {
     fn a_shape_error_is_refused_at_its_path_with_its_position() {
         let errors = refused(
             &json!({"name": "n", "trigger": {"kind": "manual"}, "steps": [],
-                                     "flow": {"steps": []}}),
+                                     "flwo": {"priority": 5}}),
         );
         assert_eq!(errors.len(), 1, "{errors:#?}");
-        assert_eq!(errors[0].path, "flow");
+        assert_eq!(errors[0].path, "flwo");
         assert!(
             errors[0]
                 .message
-                .starts_with("unknown field `flow`, expected one of `name`, `trigger`, `steps`, `settings` (line 1, column "),
+                .starts_with("unknown field `flwo`, expected one of `name`, `trigger`, `flow`, `steps`, `settings` (line 1, column "),
             "{errors:#?}"
         );
     }

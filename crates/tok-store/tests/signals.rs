@@ -1036,6 +1036,10 @@ async fn a_wait_finds_the_oldest_match_past_a_page_of_others(fx: &Fixture) {
     // More than two pages of signals the wait does not want, then two it does.
     for n in 0..250 {
         fx.send(signal("k", json!({ "n": n }))).await;
+        if n == 0 {
+            // The oldest, alone in its millisecond (see below).
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
     let first = fx.send(signal("k", json!({ "n": "wanted", "i": 1 }))).await;
     // The buffer's order is the time received, in milliseconds (two of one

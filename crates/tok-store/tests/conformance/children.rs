@@ -199,6 +199,7 @@ async fn a_run_that_ends_resumes_the_job_parked_on_it(db: &TestDb) {
         payload: json!({}),
         idempotency_key: None,
         lookback_ms: 0,
+        actor: None,
     };
     let sent = store.send_signal(&t, signal).await.expect("send");
     assert!(sent.resumed.is_empty(), "{backend:?}");
