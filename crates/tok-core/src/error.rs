@@ -23,9 +23,14 @@ pub enum StepError {
     RetryAfter { message: String, after: Duration },
     /// Not attempted at all: a limit held the step back (rate limit,
     /// concurrency cap, open circuit breaker). It comes back after `after`
-    /// and spends no attempt.
+    /// and spends no attempt. `kind` names the limit as a run's
+    /// `blocked_by` says it ([`crate::blocked`]).
     #[error("{message} (deferred {after:?})")]
-    Deferred { message: String, after: Duration },
+    Deferred {
+        kind: &'static str,
+        message: String,
+        after: Duration,
+    },
 }
 
 impl StepError {
@@ -47,9 +52,10 @@ impl StepError {
         }
     }
 
-    /// A step a limit held back before it called anything.
-    pub fn deferred(message: impl Into<String>, after: Duration) -> Self {
+    /// A step the limit `kind` held back before it called anything.
+    pub fn deferred(kind: &'static str, message: impl Into<String>, after: Duration) -> Self {
         StepError::Deferred {
+            kind,
             message: message.into(),
             after,
         }

@@ -11,6 +11,7 @@
 
 pub mod advance;
 pub mod approval;
+pub mod blocked;
 pub mod builtin;
 pub mod children;
 pub mod compensation;

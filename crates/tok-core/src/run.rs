@@ -202,6 +202,10 @@ pub enum Resume {
     },
     /// The wait's due time passed first.
     TimedOut,
+    /// Not a resume: a step a limit held back (`limit`, one of
+    /// [`crate::blocked`]'s, and why) waits for its next claim, which
+    /// begins it as a start. Kept so a reader can say what holds the run.
+    Deferred { limit: String, reason: String },
     /// A wait for runs: the awaited runs that have ended so far. A job
     /// parked on runs carries this from the start with `timed_out` true
     /// (what its due time brings); each run that ends adds itself, and the
@@ -244,6 +248,9 @@ pub enum NextJob {
         path: String,
         attempts: i32,
         delay_ms: i64,
+        /// What the job carries meanwhile: [`Resume::Deferred`] when a
+        /// limit held the step back, `None` after a failed attempt.
+        held: Option<Resume>,
     },
     /// The run goes on at `path` now, and the worker that recorded keeps
     /// the job under the new claim `token` (leased for `lease_ms`) to run

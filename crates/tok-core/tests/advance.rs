@@ -243,7 +243,11 @@ fn every_input_moves_the_order_run_as_a_person_expects() {
         (
             "a deferred step spends no attempt and records nothing",
             at("2"),
-            failed(StepError::deferred("rate limited", Duration::from_secs(2))),
+            failed(StepError::deferred(
+                "connection_rate",
+                "rate limited",
+                Duration::from_secs(2),
+            )),
             (
                 vec![],
                 RunStatus::Running,

@@ -127,8 +127,14 @@ impl fmt::Debug for Connection {
 pub enum Admission {
     /// Go ahead; a slot is held until [`ConnectionStore::release`].
     Go,
-    /// Not now: come back in `delay_ms` (nothing was spent).
-    Wait { delay_ms: i64, reason: String },
+    /// Not now: come back in `delay_ms` (nothing was spent); `kind` names
+    /// the limit (`breaker`, `connection_concurrency`, `connection_rate`:
+    /// [`tok_core::blocked`]).
+    Wait {
+        delay_ms: i64,
+        reason: String,
+        kind: &'static str,
+    },
 }
 
 /// How a call ended, for the circuit breaker.
@@ -237,6 +243,7 @@ impl Gate {
                     Admission::Wait {
                         delay_ms: until - now,
                         reason: reason.into(),
+                        kind: tok_core::blocked::BREAKER,
                     },
                     None,
                 );
@@ -253,6 +260,7 @@ impl Gate {
                 Admission::Wait {
                     delay_ms: 100,
                     reason,
+                    kind: tok_core::blocked::CONNECTION_CONCURRENCY,
                 },
                 None,
             );
@@ -264,7 +272,15 @@ impl Gate {
             if tokens < 1.0 {
                 let delay_ms = (((1.0 - tokens) / rate) * 1000.0).ceil().max(1.0) as i64;
                 let reason = format!("the rate limit of {rate} calls per second is reached");
-                return (Admission::Wait { delay_ms, reason }, None);
+                let kind = tok_core::blocked::CONNECTION_RATE;
+                return (
+                    Admission::Wait {
+                        delay_ms,
+                        reason,
+                        kind,
+                    },
+                    None,
+                );
             }
             tokens -= 1.0;
         }
@@ -304,7 +320,8 @@ mod tests {
             g.decide(50).0,
             Admission::Wait {
                 delay_ms: 50,
-                reason: "the rate limit of 10 calls per second is reached".into()
+                reason: "the rate limit of 10 calls per second is reached".into(),
+                kind: "connection_rate",
             }
         );
         // After 10 s the bucket holds its burst of 5, one is taken.
@@ -320,7 +337,13 @@ mod tests {
             in_flight: 2,
             ..gate()
         };
-        assert!(matches!(g.decide(0).0, Admission::Wait { .. }));
+        assert!(matches!(
+            g.decide(0).0,
+            Admission::Wait {
+                kind: "connection_concurrency",
+                ..
+            }
+        ));
         let g = Gate {
             max_concurrency: Some(2),
             in_flight: 1,
@@ -340,7 +363,8 @@ mod tests {
             g.decide(1500).0,
             Admission::Wait {
                 delay_ms: 500,
-                reason: "the circuit breaker is open after repeated failures".into()
+                reason: "the circuit breaker is open after repeated failures".into(),
+                kind: "breaker",
             }
         );
         let (admission, state) = g.decide(2000);

@@ -446,6 +446,10 @@ pub struct RunDetail {
     pub steps: Vec<StepRow>,
     /// What a waiting run waits for; empty for every other run.
     pub waits: Vec<WaitRow>,
+    /// What holds a run that is neither running nor finished (a wait, a
+    /// connection's limit, a timer, a ticket's queue, its tenant's cap);
+    /// `null` otherwise ([`tok_core::blocked`]).
+    pub blocked_by: Option<tok_core::blocked::BlockedBy>,
 }
 
 /// A parked wait: the step, what it waits for (`kind` `event`: the signal

@@ -326,14 +326,16 @@ macro_rules! impl_record {
                     }
                     _ => None,
                 };
-                let (run_at, resume) = match parked {
-                    Some($crate::rows::Parked { run_at, resume }) => (run_at, Some(resume)),
-                    None => (None, None),
+                let (run_at, resume) = match (parked, &next) {
+                    (Some($crate::rows::Parked { run_at, resume }), _) => (run_at, Some(resume)),
+                    // A step a limit held back says so until its next claim.
+                    (None, NextJob::Retry { held, .. }) => (None, held.clone()),
+                    (None, _) => (None, None),
                 };
                 let (path, delay_ms, attempts, token, lease_ms) = match next {
                     NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
                     NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
-                    NextJob::Retry { path, attempts, delay_ms } => (path, delay_ms, attempts, None, 0),
+                    NextJob::Retry { path, attempts, delay_ms, .. } => (path, delay_ms, attempts, None, 0),
                     NextJob::Wait { path, .. }
                     | NextJob::WaitForRuns { path, .. }
                     | NextJob::Fork { path, .. } => (path, 0, 0, None, 0),

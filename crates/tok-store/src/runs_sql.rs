@@ -353,8 +353,11 @@ macro_rules! impl_runs {
                 let steps = steps_of(self.reader(), tenant, id).await?;
                 let waits = waits_of(self.reader(), tenant, id).await?;
                 let context = row.get::<Json<Value>, _>("context").0;
+                let run = run_from_row(&row);
+                let blocked_by = blocked_by(self.reader(), tenant, &run, &waits).await?;
                 Ok(Some(RunDetail {
-                    run: run_from_row(&row),
+                    run,
+                    blocked_by,
                     output: context
                         .get(tok_core::context::OUTPUT_KEY)
                         .cloned()
@@ -365,6 +368,77 @@ macro_rules! impl_runs {
                     waits,
                 }))
             }
+        }
+
+        /// What holds the run, read from its jobs, its waits and its
+        /// tenant's leases ([`tok_core::blocked::why`]).
+        async fn blocked_by(
+            db: &sqlx::Pool<$db>,
+            tenant: &TenantId,
+            run: &RunSummary,
+            waits: &[WaitRow],
+        ) -> Result<Option<tok_core::blocked::BlockedBy>> {
+            use tok_core::blocked::{Job, TenantLoad, Wait};
+            if !matches!(run.status.as_str(), "queued" | "running" | "waiting") {
+                return Ok(None);
+            }
+            let now = now_ms();
+            let rows = sqlx::query(
+                "SELECT j.path, j.run_after, j.held, j.resume, j.queue_key,
+                    (j.locked_by IS NOT NULL AND j.locked_until >= $3) AS leased,
+                    (SELECT q.run_id FROM jobs q
+                     WHERE q.tenant_id = j.tenant_id AND q.queue_key = j.queue_key
+                       AND q.run_id <> j.run_id
+                       AND (q.locked_until >= $3
+                            OR (q.id < j.id AND NOT q.held AND q.run_after <= $3))
+                     ORDER BY q.id LIMIT 1) AS key_holder
+                 FROM jobs j WHERE j.tenant_id = $1 AND j.run_id = $2 ORDER BY j.path",
+            )
+            .bind(tenant.as_str())
+            .bind(run.id.as_str())
+            .bind(now)
+            .fetch_all(db)
+            .await?;
+            let jobs: Vec<Job> = rows
+                .iter()
+                .map(|r| Job {
+                    path: r.get("path"),
+                    run_after: r.get("run_after"),
+                    leased: r.get("leased"),
+                    held: r.get("held"),
+                    resume: r
+                        .try_get::<Option<Json<tok_core::run::Resume>>, _>("resume")
+                        .ok()
+                        .flatten()
+                        .map(|j| j.0),
+                    queue_key: r.get("queue_key"),
+                    key_holder: r.get("key_holder"),
+                })
+                .collect();
+            let load = sqlx::query(concat!(
+                "SELECT ",
+                tenant_cap!(),
+                " AS cap, (SELECT COUNT(*) FROM jobs
+                    WHERE tenant_id = $1 AND locked_by IS NOT NULL AND locked_until >= $2) AS running
+                 FROM tenants tn WHERE tn.id = $1"
+            ))
+            .bind(tenant.as_str())
+            .bind(now)
+            .fetch_optional(db)
+            .await?;
+            let tenant_load = load.map_or(TenantLoad::default(), |r| TenantLoad {
+                cap: r.get("cap"),
+                running: r.get("running"),
+            });
+            let waits: Vec<Wait> = waits
+                .iter()
+                .map(|w| Wait {
+                    kind: w.kind.clone(),
+                    key: w.key.clone(),
+                    due_at: w.due_at,
+                })
+                .collect();
+            Ok(tok_core::blocked::why(&run.status, &jobs, &waits, tenant_load, now))
         }
 
         /// Where a cancelled run's compensation starts (the step it undoes

@@ -174,6 +174,8 @@ impl From<Option<Resume>> for Input {
                 actor,
             },
             Some(Resume::TimedOut) => Input::TimedOut,
+            // A step held back by a limit is begun again like any step.
+            Some(Resume::Deferred { .. }) => Input::Start,
             Some(Resume::Runs { ended, timed_out }) => Input::RunsEnded { ended, timed_out },
             Some(Resume::Branches { total, failed, .. }) => Input::BranchesJoined { total, failed },
             Some(Resume::Cancel { error }) => Input::Cancel { error },
@@ -942,7 +944,12 @@ impl Decider<'_> {
     ) -> Transition {
         let path = self.state.path.to_string();
         let attempt = self.state.attempt;
-        if let StepError::Deferred { after, .. } = &error {
+        if let StepError::Deferred {
+            after,
+            kind,
+            message,
+        } = &error
+        {
             // Held back before it called anything: no attempt is spent and
             // there is nothing to record but the wait.
             self.state.actions -= 1;
@@ -950,6 +957,10 @@ impl Decider<'_> {
                 path,
                 attempts: attempt as i32 - 1,
                 delay_ms: after.as_millis() as i64,
+                held: Some(Resume::Deferred {
+                    limit: (*kind).to_owned(),
+                    reason: message.clone(),
+                }),
             };
             return self.finish(RunStatus::Running, None, Then::Record(next));
         }
@@ -972,6 +983,7 @@ impl Decider<'_> {
                     path,
                     attempts: attempt as i32,
                     delay_ms: delay.as_millis() as i64,
+                    held: None,
                 };
                 self.finish(RunStatus::Running, None, Then::Record(next))
             }

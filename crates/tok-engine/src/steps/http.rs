@@ -436,10 +436,16 @@ impl Http {
                 .map_err(|e| {
                     StepError::retryable(format!("connection storage unavailable: {e}"))
                 })?;
-            if let Admission::Wait { delay_ms, reason } = admission {
+            if let Admission::Wait {
+                delay_ms,
+                reason,
+                kind,
+            } = admission
+            {
                 metrics::counter!("tok_connector_deferred_total", "connector" => "http")
                     .increment(1);
                 return Err(StepError::deferred(
+                    kind,
                     format!("connection `{}`: {reason}", c.name),
                     Duration::from_millis(delay_ms.max(1) as u64),
                 ));

@@ -509,9 +509,15 @@ impl StepHandler for Mcp {
             .admit(&call.tenant_id, &connection.id, call.job_id, call.lease_ms)
             .await
             .map_err(|e| StepError::retryable(format!("connection storage unavailable: {e}")))?;
-        if let Admission::Wait { delay_ms, reason } = admission {
+        if let Admission::Wait {
+            delay_ms,
+            reason,
+            kind,
+        } = admission
+        {
             metrics::counter!("tok_connector_deferred_total", "connector" => "mcp").increment(1);
             return Err(StepError::deferred(
+                kind,
                 format!("connection `{}`: {reason}", connection.name),
                 Duration::from_millis(delay_ms.max(1) as u64),
             ));

@@ -77,6 +77,28 @@ pub(crate) struct RunDetail {
     steps: Vec<StepRow>,
     /// What a waiting run waits for; empty for every other run.
     waits: Vec<WaitRow>,
+    /// What holds a run that is neither running nor finished; null
+    /// otherwise.
+    #[schema(required = true)]
+    blocked_by: Option<BlockedBy>,
+}
+
+/// What holds a run.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct BlockedBy {
+    /// `approval`, `signal`, `runs` (a wait), `breaker`,
+    /// `connection_concurrency`, `connection_rate` (a step its connection
+    /// held back), `timer` (a `wait` step, a retry's backoff), `queue_key`
+    /// (a ticket's queue another run holds), `tenant_concurrency` (the
+    /// tenant's `settings.limits.concurrency` reached).
+    kind: String,
+    /// When it lets go, where that is known.
+    #[schema(required = true, format = DateTime)]
+    until: Option<String>,
+    /// What the kind names: `{key}` of a signal, `{approvalId}`, `{runId}`
+    /// holding a queue key, `{reason}` of a connection's limit, `{limit,
+    /// running}` of the tenant's cap, `{path}` of a timer.
+    detail: Value,
 }
 
 /// One attempt of one step.

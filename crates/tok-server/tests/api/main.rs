@@ -9,6 +9,7 @@ mod approvals;
 mod audit;
 mod authorization;
 mod automations;
+mod blocked;
 mod branches;
 mod children;
 mod compensation;

@@ -59,6 +59,7 @@ async fn record_step_writes_the_step_and_moves_the_job_on(db: &TestDb) {
             path: "0".into(),
             attempts: 1,
             delay_ms: 0,
+            held: None,
         },
         NextJob::Done,
     ] {
@@ -242,6 +243,7 @@ async fn record_retry_delays_the_same_step_and_counts_attempts(db: &TestDb) {
                 path: job.path.clone(),
                 attempts: job.attempt,
                 delay_ms,
+                held: None,
             },
         };
         store.record(job, record).await.expect("record");
