@@ -59,7 +59,14 @@ async fn a_waiting_run_says_what_holds_it_and_until_when(app: &TestApp) {
         "timer",
     )
     .await;
-    assert_eq!(timer["status"], "waiting", "{timer:#}");
+    // The detail's reads are not one snapshot: the run's row may still say
+    // `queued` while its job already waits; it says `waiting` at once after.
+    let id = timer["id"].as_str().unwrap();
+    let timer = app
+        .wait_for_run(&tenant, id, |r| {
+            r["status"] == "waiting" && r["blocked_by"]["kind"] == "timer"
+        })
+        .await;
     until_within(&timer, 3_600_000);
 
     let signal = held(
