@@ -2,7 +2,8 @@
 //! real `tok serve`: a run waiting at an `approval` step shows its prompt
 //! and approvers, an approver's decision with a comment resumes the run (it
 //! completes with the decision as the step's output), and the page moves
-//! the approval out of the pending list without a reload. The automations
+//! the approval out of the pending list without a reload; the run's page
+//! says the approval holds it and links there. The automations
 //! page shows when a schedule trigger runs next (`next_run_at`).
 //!
 //! `TOK_DASHBOARD_SCREENSHOTS=<dir>` also saves the pages as `approvals.png`
@@ -113,6 +114,28 @@ async fn an_approver_decides_on_the_approvals_page_and_the_run_goes_on() {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(format!("{dir}/approvals.png"), browser.screenshot().await).unwrap();
         }
+
+        // The run's page says what holds it, and links to the approvals.
+        browser.open(&format!("{base}/#/runs/{run}")).await;
+        let held = browser
+            .wait_for(
+                "the run held by its approval",
+                "const c = document.querySelector('#run-held [data-kind=approval]'); \
+                 return c && c.innerText",
+                json!([]),
+            )
+            .await;
+        let held = held.as_str().unwrap();
+        assert!(held.contains("a decision on its approval"), "{held}");
+        assert!(held.contains("open approvals"), "{held}");
+        browser.click("#run-held a[href='#/approvals']").await;
+        browser
+            .wait_for(
+                "the pending approval again",
+                "return document.querySelector('#approvals .approval .pill.pending') !== null",
+                json!([]),
+            )
+            .await;
 
         // Bob approves, with a comment.
         browser

@@ -445,6 +445,34 @@ function tree(steps, taken, prefix = "") {
   }));
 }
 
+// What holds a run (`blocked_by`), as the operator reads it.
+const HELD = {
+  approval: "a decision on its approval",
+  signal: "a signal",
+  runs: "the runs it started",
+  breaker: "its connection's open circuit breaker",
+  connection_concurrency: "its connection's limit of calls in flight",
+  connection_rate: "its connection's rate limit",
+  timer: "a timer",
+  queue_key: "another run of its ticket",
+  tenant_concurrency: "the tenant's limit of steps in flight",
+};
+function heldBy(b) {
+  const d = b.detail || {};
+  const what = {
+    approval: () => h("a", { href: "#/approvals" }, "open approvals"),
+    signal: () => h("code", null, d.key),
+    runs: () => d.runId ? h("a", { href: `#/runs/${d.runId}` }, d.runId) : null,
+    queue_key: () => d.runId ? ["ahead: ", h("a", { href: `#/runs/${d.runId}` }, d.runId)] : null,
+    tenant_concurrency: () => `${d.running} of ${d.limit} steps in flight`,
+    timer: () => d.path ? `at step ${d.path}` : null,
+  }[b.kind];
+  const detail = what ? what() : d.reason || null;
+  return h("div", { dataset: { kind: b.kind } },
+    h("div", null, HELD[b.kind] || b.kind, b.until ? [" until ", when(b.until)] : ""),
+    detail ? h("div.muted", null, detail) : null);
+}
+
 async function runDetail(view, id) {
   $("#title").textContent = "Run";
   const head = h("div.card");
@@ -484,6 +512,7 @@ async function runDetail(view, id) {
     for (const step of run.steps) taken.set(step.path, step);
     fill(side,
       h("div.card", null, h("h2", null, "Path taken"), definition ? tree(definition.steps, taken) : h("p.muted", null, "The definition of this version is not available.")),
+      run.blocked_by ? h("div.card", { id: "run-held" }, h("h2", null, "Held by"), heldBy(run.blocked_by)) : null,
       run.waits && run.waits.length ? h("div.card", null, h("h2", null, "Waiting for"),
         run.waits.map((w) => h("div", null, h("code", null, w.key), " at ", w.path, w.due_at ? [" until ", when(w.due_at)] : ""))) : null,
       h("div.card", null, h("details", null, h("summary", null, "Context"), h("pre", null, JSON.stringify(run.context, null, 2)))));
