@@ -393,12 +393,14 @@ impl Engine {
         idempotency_key: Option<String>,
     ) -> Result<RunId> {
         let actor = json!({ "kind": "system", "source": "manual" });
-        self.start_run_as(tenant, automation_id, input, idempotency_key, actor)
+        self.start_run_as(tenant, automation_id, input, idempotency_key, actor, None)
             .await
     }
 
     /// [`Engine::start_run`] on behalf of `actor` (`{"kind": "key", "id"}`
-    /// for a start through the API), which the run records as its `actor`.
+    /// for a start through the API), which the run records as its `actor`;
+    /// `traceparent` (checked by [`traces::valid_traceparent`]) is the
+    /// trace the run continues.
     pub async fn start_run_as(
         &self,
         tenant: &TenantId,
@@ -406,6 +408,7 @@ impl Engine {
         input: Value,
         idempotency_key: Option<String>,
         actor: Value,
+        traceparent: Option<String>,
     ) -> Result<RunId> {
         let store = &self.inner.store;
         let row = store
@@ -436,7 +439,8 @@ impl Engine {
         let context = Context::new(
             params.clone(),
             input.clone(),
-            json!({ "type": "manual", "depth": 0, "runId": run_id, "actor": actor }),
+            json!({ "type": "manual", "depth": 0, "runId": run_id, "actor": actor,
+                    "traceparent": traceparent }),
         );
         let event = NewEvent {
             source_id: None,
@@ -448,6 +452,7 @@ impl Engine {
             cause_run_id: None,
             origin_automation_id: None,
             target_automation_id: Some(automation_id.clone()),
+            traceparent,
             ..NewEvent::default()
         };
         let context = context.into_value();

@@ -309,6 +309,98 @@ async fn a_webhooks_trace_becomes_its_runs_with_a_span_per_step_and_traceparent_
                 .count(),
             3
         );
+
+        // A run of control steps only ends in the dispatch that starts it,
+        // and is exported from there.
+        let pure = api
+            .post(
+                "/api/automations",
+                &key,
+                json!({
+                    "name": "Pure",
+                    "trigger": { "kind": "webhook", "source": source["id"] },
+                    "steps": [{ "id": "st_note", "type": "set", "config": { "values": { "seen": true } } }]
+                }),
+            )
+            .await;
+        let event = webhook(&api, url, Some(&sent), "o-3").await;
+        let run = run_of(&api, &key, pure["id"].as_str().unwrap(), &event).await;
+        let got = spans_of(&spans, run["id"].as_str().unwrap()).await;
+        let run_span = got.iter().find(|s| s.name == "run").unwrap();
+        assert_eq!(run_span.trace, TRACE, "{run_span:?}");
+        assert_eq!(
+            got.iter().filter(|s| s.name == "step" && s.parent == run_span.id).count(),
+            1,
+            "{got:#?}"
+        );
+
+        // A manual start sent with a traceparent continues it too.
+        let quick = api
+            .post(
+                "/api/automations",
+                &key,
+                json!({
+                    "name": "Quick",
+                    "trigger": { "kind": "manual" },
+                    "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": "quick" } }]
+                }),
+            )
+            .await;
+        let other_trace = "0af7651916cd43dd8448eb211c80319c";
+        let started: Value = api
+            .http
+            .post(format!("{}/api/automations/{}/runs", api.base, quick["id"].as_str().unwrap()))
+            .bearer_auth(&key)
+            .header("traceparent", format!("00-{other_trace}-b7ad6b7169203331-01"))
+            .json(&json!({ "input": {} }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let quick_run = started["run_id"].as_str().unwrap();
+        let got = spans_of(&spans, quick_run).await;
+        let run_span = got.iter().find(|s| s.name == "run").unwrap();
+        assert_eq!(run_span.trace, other_trace, "{run_span:?}");
+        assert_eq!(run_span.parent, "b7ad6b7169203331", "{run_span:?}");
+        assert_eq!(run_span.attribute("tok.trigger"), Some("manual"));
+
+        // A run cancelled through the API is exported when the cancel ends it.
+        let waits = api
+            .post(
+                "/api/automations",
+                &key,
+                json!({
+                    "name": "Waits",
+                    "trigger": { "kind": "manual" },
+                    "steps": [{ "id": "st_wait", "type": "wait_for_event",
+                                "config": { "key": "never", "timeout": "1h" } }]
+                }),
+            )
+            .await;
+        let started = api
+            .post(
+                &format!("/api/automations/{}/runs", waits["id"].as_str().unwrap()),
+                &key,
+                json!({ "input": {} }),
+            )
+            .await;
+        let waiting = started["run_id"].as_str().unwrap().to_owned();
+        for _ in 0..300 {
+            let run = api.get(&format!("/api/runs/{waiting}"), &key).await;
+            if run["status"] == "waiting" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let cancelled = api
+            .post(&format!("/api/runs/{waiting}/cancel"), &key, json!({}))
+            .await;
+        assert_eq!(cancelled["status"], "cancelled", "{cancelled:#}");
+        let got = spans_of(&spans, &waiting).await;
+        let run_span = got.iter().find(|s| s.name == "run").unwrap();
+        assert_eq!(run_span.attribute("tok.run.status"), Some("cancelled"));
         drop(_server);
         db.cleanup().await;
     }

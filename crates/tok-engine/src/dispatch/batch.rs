@@ -53,6 +53,9 @@ pub struct Dispatched {
     /// backlog, and other tenants' new events need not wait behind it
     /// (the dispatcher takes those apart, in the urgent lane).
     pub backlog: Option<TenantId>,
+    /// Runs that ended in the dispatch (all their steps ran there, or a
+    /// start limit refused them), for their traces.
+    pub ended: Vec<(TenantId, tok_core::ids::RunId)>,
 }
 
 impl Dispatched {
@@ -216,11 +219,17 @@ pub(crate) async fn dispatch(
         tx.mark_dispatched(&dispatched).await?;
     }
     tx.commit().await?;
+    let ended = runs
+        .iter()
+        .filter(|(_, _, run)| run.first_path.is_none())
+        .map(|(tenant, _, run)| (tenant.clone(), run.id.clone()))
+        .collect();
     Ok(Dispatched {
         left: selected - events.len(),
         received_at,
         claimed,
         backlog,
+        ended,
     })
 }
 

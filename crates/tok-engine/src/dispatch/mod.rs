@@ -77,6 +77,9 @@ async fn dispatch_once(
                 let lag = (now - received_at).max(0) as f64 / 1000.0;
                 metrics::histogram!("tok_inbox_lag_seconds").record(lag);
             }
+            for (tenant, run) in std::mem::take(&mut d.ended) {
+                crate::traces::run_ended(inner.store.clone(), tenant, run);
+            }
             std::mem::take(&mut d.claimed)
         }
         Err(_) => Vec::new(),

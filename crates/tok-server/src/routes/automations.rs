@@ -344,9 +344,14 @@ async fn start_run(
     } else {
         body.input
     };
+    // The caller's trace, if it sent a valid one: the run continues it.
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(tok_engine::traces::valid_traceparent);
     let run_id = state
         .engine
-        .start_run_as(&tenant, &AutomationId::from(id), input, key, actor)
+        .start_run_as(&tenant, &AutomationId::from(id), input, key, actor, traceparent)
         .await?;
     Ok((StatusCode::CREATED, Json(json!({ "run_id": run_id }))))
 }

@@ -143,6 +143,11 @@ async fn control(
     if matches!(control, Control::Retry | Control::Resume) {
         state.engine.job_ready();
     }
+    // A run the cancel ended exports its spans here; one that compensates
+    // first does when its compensation ends it.
+    if matches!(control, Control::Cancel) && run.status == "cancelled" {
+        tok_engine::traces::run_ended(store.clone(), tenant.clone(), id.clone());
+    }
     let data =
         json!({ "run_id": run.id, "automation_id": run.automation_id, "status": run.status });
     state
