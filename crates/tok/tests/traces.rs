@@ -325,11 +325,18 @@ async fn a_webhooks_trace_becomes_its_runs_with_a_span_per_step_and_traceparent_
             .await;
         let event = webhook(&api, url, Some(&sent), "o-3").await;
         let run = run_of(&api, &key, pure["id"].as_str().unwrap(), &event).await;
-        let got = spans_of(&spans, run["id"].as_str().unwrap()).await;
-        let run_span = got.iter().find(|s| s.name == "run").unwrap();
+        let pure_run = run["id"].as_str().unwrap();
+        // The sender's trace holds the other runs it started too.
+        let got = spans_of(&spans, pure_run).await;
+        let run_span = got
+            .iter()
+            .find(|s| s.name == "run" && s.attribute("tok.run_id") == Some(pure_run))
+            .unwrap();
         assert_eq!(run_span.trace, TRACE, "{run_span:?}");
         assert_eq!(
-            got.iter().filter(|s| s.name == "step" && s.parent == run_span.id).count(),
+            got.iter()
+                .filter(|s| s.name == "step" && s.parent == run_span.id)
+                .count(),
             1,
             "{got:#?}"
         );
@@ -349,9 +356,16 @@ async fn a_webhooks_trace_becomes_its_runs_with_a_span_per_step_and_traceparent_
         let other_trace = "0af7651916cd43dd8448eb211c80319c";
         let started: Value = api
             .http
-            .post(format!("{}/api/automations/{}/runs", api.base, quick["id"].as_str().unwrap()))
+            .post(format!(
+                "{}/api/automations/{}/runs",
+                api.base,
+                quick["id"].as_str().unwrap()
+            ))
             .bearer_auth(&key)
-            .header("traceparent", format!("00-{other_trace}-b7ad6b7169203331-01"))
+            .header(
+                "traceparent",
+                format!("00-{other_trace}-b7ad6b7169203331-01"),
+            )
             .json(&json!({ "input": {} }))
             .send()
             .await

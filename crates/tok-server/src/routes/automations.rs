@@ -351,7 +351,14 @@ async fn start_run(
         .and_then(tok_engine::traces::valid_traceparent);
     let run_id = state
         .engine
-        .start_run_as(&tenant, &AutomationId::from(id), input, key, actor, traceparent)
+        .start_run_as(
+            &tenant,
+            &AutomationId::from(id),
+            input,
+            key,
+            actor,
+            traceparent,
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(json!({ "run_id": run_id }))))
 }
