@@ -37,6 +37,8 @@ struct Seen {
     calls: Mutex<Vec<String>>,
     /// `Authorization` headers of every HTTP request.
     auth: Mutex<Vec<Option<String>>>,
+    /// `traceparent` headers of every HTTP request.
+    traceparents: Mutex<Vec<Option<String>>>,
     /// How many `tools/call` requests the gate still answers with 503.
     fail_calls: AtomicUsize,
     /// How many it did.
@@ -99,11 +101,19 @@ impl ServerHandler for Tools {
     }
 }
 
-/// In front of the MCP service: records `Authorization` and answers 503 to
+/// In front of the MCP service: records `Authorization` and `traceparent`
+/// and answers 503 to
 /// the first `fail_calls` `tools/call` requests.
 async fn gate(State(seen): State<Arc<Seen>>, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+    seen.traceparents.lock().unwrap().push(
+        parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    );
     seen.auth.lock().unwrap().push(
         parts
             .headers
@@ -276,6 +286,15 @@ async fn a_tool_gets_templated_arguments_and_its_structured_result_is_published(
             auth.iter()
                 .all(|a| a.as_deref() == Some("Bearer secret-token")),
             "{backend:?}: credentials on every request: {auth:?}"
+        );
+        // Every request of the session carries the step's trace context
+        // (no exporter here: the step's own span in the run's trace).
+        let trace = tok_engine::traces::RunTrace::of(detail.run.id.as_str(), &detail.context);
+        let wanted = trace.for_child(detail.run.id.as_str(), "0", 1);
+        let traceparents = seen.traceparents.lock().unwrap().clone();
+        assert!(
+            traceparents.iter().all(|t| t.as_deref() == Some(wanted.as_str())),
+            "{backend:?}: {wanted} on every request: {traceparents:?}"
         );
         s.cleanup().await;
     }
