@@ -293,7 +293,9 @@ async fn a_tool_gets_templated_arguments_and_its_structured_result_is_published(
         let wanted = trace.for_child(detail.run.id.as_str(), "0", 1);
         let traceparents = seen.traceparents.lock().unwrap().clone();
         assert!(
-            traceparents.iter().all(|t| t.as_deref() == Some(wanted.as_str())),
+            traceparents
+                .iter()
+                .all(|t| t.as_deref() == Some(wanted.as_str())),
             "{backend:?}: {wanted} on every request: {traceparents:?}"
         );
         s.cleanup().await;

@@ -19,6 +19,7 @@ backend_tests!(
     crate::helpers::run_with_service;
     a_waiting_run_says_what_holds_it_and_until_when,
     a_run_held_by_its_connections_rate_or_its_tenants_cap_says_so,
+    a_tickets_second_run_is_held_by_the_first_on_the_tickets_queue,
 );
 
 async fn detail(app: &TestApp, tenant: &Tenant, run: &str) -> Value {
@@ -220,5 +221,93 @@ async fn a_run_held_by_its_connections_rate_or_its_tenants_cap_says_so(app: &Tes
         let done = app.wait_for_final(&capped, &run).await;
         assert_eq!(done["status"], "completed", "{done:#}");
         assert_eq!(done["blocked_by"], Value::Null, "{done:#}");
+    }
+}
+
+/// Two automations run on one ticket's change: one step at a time per
+/// ticket, so while the first run's call hangs, the other run is held by
+/// the ticket's queue key and names the run ahead of it.
+async fn a_tickets_second_run_is_held_by_the_first_on_the_tickets_queue(app: &TestApp) {
+    let service = gated_service(app).await;
+    let tenant = app.create_tenant("Acme").await;
+    app.create_ticket_type(&tenant, "order", &["new", "shipped"])
+        .await;
+    let call = json!([{ "id": "st_call", "type": "http",
+                        "config": { "method": "POST", "url": format!("http://{}/hook", service.addr),
+                                    "timeoutMs": 60000 } }]);
+    let mut automations = Vec::new();
+    for name in ["Notify", "Invoice"] {
+        let definition = json!({ "name": name,
+                                 "trigger": { "kind": "event", "event": "ticket.updated" },
+                                 "steps": call });
+        automations.push(app.create_automation(&tenant, &definition).await);
+    }
+    let ticket = app
+        .create_ticket(&tenant, &json!({ "external_id": "T-1", "type": "order" }))
+        .await;
+    let ticket = ticket["id"].as_str().unwrap().to_owned();
+    app.patch(
+        &tenant.key,
+        &format!("/api/tickets/{ticket}"),
+        &json!({ "status": "shipped" }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    let runs: Vec<String> = app
+        .poll("a run of each automation", async || {
+            let mut ids = Vec::new();
+            for automation in &automations {
+                let page = app
+                    .get(&tenant.key, &format!("/api/runs?automation={automation}"))
+                    .await
+                    .expect(StatusCode::OK);
+                match page["items"][0]["id"].as_str() {
+                    Some(id) => ids.push(id.to_owned()),
+                    None => return Err(()),
+                }
+            }
+            Ok(ids)
+        })
+        .await;
+    // Whichever was claimed first calls and hangs; the other is held.
+    let (held, ahead) = app
+        .poll(
+            "one run held by the other on the ticket's queue",
+            async || {
+                for (me, other) in [(&runs[0], &runs[1]), (&runs[1], &runs[0])] {
+                    let run = detail(app, &tenant, me).await;
+                    if run["blocked_by"]["kind"] == "queue_key" {
+                        return Ok((run, other.clone()));
+                    }
+                }
+                Err(())
+            },
+        )
+        .await;
+    assert_eq!(
+        held["blocked_by"]["detail"],
+        json!({ "key": format!("ticket:{ticket}"), "runId": ahead }),
+        "{held:#}"
+    );
+    app.poll("the call of the run ahead", async || {
+        (service.calls.load(Ordering::SeqCst) > 0)
+            .then_some(())
+            .ok_or(())
+    })
+    .await;
+    let held_again = detail(app, &tenant, held["id"].as_str().unwrap()).await;
+    assert_eq!(
+        held_again["blocked_by"]["kind"], "queue_key",
+        "{held_again:#}"
+    );
+    assert_eq!(
+        service.calls.load(Ordering::SeqCst),
+        1,
+        "one call at a time on the ticket"
+    );
+    service.permits.add_permits(2);
+    for run in &runs {
+        let done = app.wait_for_final(&tenant, run).await;
+        assert_eq!(done["status"], "completed", "{done:#}");
     }
 }
