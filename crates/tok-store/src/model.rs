@@ -359,6 +359,11 @@ pub struct RunSummary {
     pub error: Option<String>,
     /// Its automation's `flow.priority` as it started (0 without one).
     pub priority: i32,
+    /// What holds a run that is neither running nor finished (a wait, a
+    /// connection's limit, a timer, a ticket's queue, its tenant's cap);
+    /// `null` otherwise, and in answers that are not a run's detail or a
+    /// runs listing ([`tok_core::blocked`]).
+    pub blocked_by: Option<tok_core::blocked::BlockedBy>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -446,10 +451,6 @@ pub struct RunDetail {
     pub steps: Vec<StepRow>,
     /// What a waiting run waits for; empty for every other run.
     pub waits: Vec<WaitRow>,
-    /// What holds a run that is neither running nor finished (a wait, a
-    /// connection's limit, a timer, a ticket's queue, its tenant's cap);
-    /// `null` otherwise ([`tok_core::blocked`]).
-    pub blocked_by: Option<tok_core::blocked::BlockedBy>,
 }
 
 /// A parked wait: the step, what it waits for (`kind` `event`: the signal

@@ -23,6 +23,7 @@ macro_rules! impl_runs {
                 finished_at: row.get("finished_at"),
                 error: row.get("error"),
                 priority: row.get("priority"),
+                blocked_by: None,
             }
         }
 
@@ -335,6 +336,7 @@ macro_rules! impl_runs {
                 } else {
                     None
                 };
+                fill_blocked_by(self.reader(), tenant, &mut items).await?;
                 Ok(Page { items, next_cursor })
             }
 
@@ -353,11 +355,11 @@ macro_rules! impl_runs {
                 let steps = steps_of(self.reader(), tenant, id).await?;
                 let waits = waits_of(self.reader(), tenant, id).await?;
                 let context = row.get::<Json<Value>, _>("context").0;
-                let run = run_from_row(&row);
-                let blocked_by = blocked_by(self.reader(), tenant, &run, &waits).await?;
+                let mut run = [run_from_row(&row)];
+                fill_blocked_by(self.reader(), tenant, &mut run).await?;
+                let [run] = run;
                 Ok(Some(RunDetail {
                     run,
-                    blocked_by,
                     output: context
                         .get(tok_core::context::OUTPUT_KEY)
                         .cloned()
@@ -370,21 +372,26 @@ macro_rules! impl_runs {
             }
         }
 
-        /// What holds the run, read from its jobs, its waits and its
-        /// tenant's leases ([`tok_core::blocked::why`]).
-        async fn blocked_by(
+        /// What holds each of `runs` that neither runs nor has ended, read
+        /// from their jobs, their waits and their tenant's leases
+        /// ([`tok_core::blocked::why`]), in three statements for the lot.
+        async fn fill_blocked_by(
             db: &sqlx::Pool<$db>,
             tenant: &TenantId,
-            run: &RunSummary,
-            waits: &[WaitRow],
-        ) -> Result<Option<tok_core::blocked::BlockedBy>> {
+            runs: &mut [RunSummary],
+        ) -> Result<()> {
             use tok_core::blocked::{Job, TenantLoad, Wait};
-            if !matches!(run.status.as_str(), "queued" | "running" | "waiting") {
-                return Ok(None);
+            let live: Vec<String> = runs
+                .iter()
+                .filter(|r| matches!(r.status.as_str(), "queued" | "running" | "waiting"))
+                .map(|r| r.id.to_string())
+                .collect();
+            if live.is_empty() {
+                return Ok(());
             }
             let now = now_ms();
-            let rows = sqlx::query(
-                "SELECT j.path, j.run_after, j.held, j.resume, j.queue_key,
+            let rows = sqlx::query(concat!(
+                "SELECT j.run_id, j.path, j.run_after, j.held, j.resume, j.queue_key,
                     (j.locked_by IS NOT NULL AND j.locked_until >= $3) AS leased,
                     (SELECT q.run_id FROM jobs q
                      WHERE q.tenant_id = j.tenant_id AND q.queue_key = j.queue_key
@@ -392,16 +399,17 @@ macro_rules! impl_runs {
                        AND (q.locked_until >= $3
                             OR (q.id < j.id AND NOT q.held AND q.run_after <= $3))
                      ORDER BY q.id LIMIT 1) AS key_holder
-                 FROM jobs j WHERE j.tenant_id = $1 AND j.run_id = $2 ORDER BY j.path",
-            )
+                 FROM jobs j WHERE j.tenant_id = $1 AND j.run_id ", any_of!(2), "
+                 ORDER BY j.path"
+            ))
             .bind(tenant.as_str())
-            .bind(run.id.as_str())
+            .bind(list(live.iter().cloned()))
             .bind(now)
             .fetch_all(db)
             .await?;
-            let jobs: Vec<Job> = rows
-                .iter()
-                .map(|r| Job {
+            let mut jobs: std::collections::HashMap<String, Vec<Job>> = Default::default();
+            for r in &rows {
+                jobs.entry(r.get("run_id")).or_default().push(Job {
                     path: r.get("path"),
                     run_after: r.get("run_after"),
                     leased: r.get("leased"),
@@ -413,8 +421,24 @@ macro_rules! impl_runs {
                         .map(|j| j.0),
                     queue_key: r.get("queue_key"),
                     key_holder: r.get("key_holder"),
-                })
-                .collect();
+                });
+            }
+            let rows = sqlx::query(concat!(
+                "SELECT run_id, kind, key, due_at FROM waits
+                 WHERE tenant_id = $1 AND run_id ", any_of!(2), " ORDER BY id"
+            ))
+            .bind(tenant.as_str())
+            .bind(list(live.iter().cloned()))
+            .fetch_all(db)
+            .await?;
+            let mut waits: std::collections::HashMap<String, Vec<Wait>> = Default::default();
+            for r in &rows {
+                waits.entry(r.get("run_id")).or_default().push(Wait {
+                    kind: r.get("kind"),
+                    key: r.get::<Option<String>, _>("key").unwrap_or_default(),
+                    due_at: r.get("due_at"),
+                });
+            }
             let load = sqlx::query(concat!(
                 "SELECT ",
                 tenant_cap!(),
@@ -426,19 +450,21 @@ macro_rules! impl_runs {
             .bind(now)
             .fetch_optional(db)
             .await?;
-            let tenant_load = load.map_or(TenantLoad::default(), |r| TenantLoad {
+            let load = load.map_or(TenantLoad::default(), |r| TenantLoad {
                 cap: r.get("cap"),
                 running: r.get("running"),
             });
-            let waits: Vec<Wait> = waits
-                .iter()
-                .map(|w| Wait {
-                    kind: w.kind.clone(),
-                    key: w.key.clone(),
-                    due_at: w.due_at,
-                })
-                .collect();
-            Ok(tok_core::blocked::why(&run.status, &jobs, &waits, tenant_load, now))
+            for run in runs.iter_mut() {
+                let id = run.id.as_str();
+                run.blocked_by = tok_core::blocked::why(
+                    &run.status,
+                    jobs.get(id).map_or(&[][..], Vec::as_slice),
+                    waits.get(id).map_or(&[][..], Vec::as_slice),
+                    load,
+                    now,
+                );
+            }
+            Ok(())
         }
 
         /// Where a cancelled run's compensation starts (the step it undoes

@@ -56,6 +56,10 @@ pub(crate) struct RunSummary {
     /// Its automation's `flow.priority` when it started, -100..100 (0
     /// without one): a tenant's jobs are claimed highest first.
     priority: i32,
+    /// What holds a run that is neither running nor finished (in a run's
+    /// detail and the runs listing); null otherwise.
+    #[schema(required = true)]
+    blocked_by: Option<BlockedBy>,
 }
 
 /// A page of runs; `next_cursor` is null on the last page.
@@ -77,10 +81,6 @@ pub(crate) struct RunDetail {
     steps: Vec<StepRow>,
     /// What a waiting run waits for; empty for every other run.
     waits: Vec<WaitRow>,
-    /// What holds a run that is neither running nor finished; null
-    /// otherwise.
-    #[schema(required = true)]
-    blocked_by: Option<BlockedBy>,
 }
 
 /// What holds a run.

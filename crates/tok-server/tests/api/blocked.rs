@@ -1,5 +1,5 @@
-//! Why a run waits (DESIGN §16): `GET /api/runs/{id}` says what holds a
-//! run that is neither running nor finished — a timer, a signal, a
+//! Why a run waits (DESIGN §16): `GET /api/runs/{id}` (and the runs
+//! listing) says what holds a run that is neither running nor finished — a timer, a signal, a
 //! decision, its connection's rate limit, its tenant's concurrency cap —
 //! with `until` where it is known, and `null` once it runs or ends.
 
@@ -69,6 +69,21 @@ async fn a_waiting_run_says_what_holds_it_and_until_when(app: &TestApp) {
         })
         .await;
     until_within(&timer, 3_600_000);
+    // The runs listing says it too.
+    let listed = app
+        .get(
+            &tenant.key,
+            &format!(
+                "/api/runs?automation={}",
+                timer["automation_id"].as_str().unwrap()
+            ),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        listed["items"][0]["blocked_by"], timer["blocked_by"],
+        "{listed:#}"
+    );
 
     let signal = held(
         app,
