@@ -23,6 +23,19 @@ use serde_json::{Value, json};
 
 use crate::run::Resume;
 
+/// Every kind [`why`] may say.
+pub const KINDS: &[&str] = &[
+    "approval",
+    "signal",
+    "runs",
+    BREAKER,
+    CONNECTION_CONCURRENCY,
+    CONNECTION_RATE,
+    "timer",
+    "queue_key",
+    "tenant_concurrency",
+];
+
 pub const BREAKER: &str = "breaker";
 pub const CONNECTION_CONCURRENCY: &str = "connection_concurrency";
 pub const CONNECTION_RATE: &str = "connection_rate";

@@ -335,6 +335,9 @@ pub struct RunFilter {
     pub trigger_type: Option<String>,
     /// The run that started them (`run_workflow`).
     pub parent_run_id: Option<String>,
+    /// Only runs that have not ended and are not paused (`queued`,
+    /// `running`, `waiting`): those that something may hold.
+    pub unfinished: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

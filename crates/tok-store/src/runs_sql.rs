@@ -316,6 +316,7 @@ macro_rules! impl_runs {
                        AND (CAST($4 AS TEXT) IS NULL OR trigger_type = $4)
                        AND (CAST($5 AS TEXT) IS NULL OR id < $5)
                        AND (CAST($7 AS TEXT) IS NULL OR parent_run_id = $7)
+                       AND ($8 = 0 OR status IN ('queued', 'running', 'waiting'))
                      ORDER BY id DESC
                      LIMIT $6"
                 );
@@ -327,6 +328,7 @@ macro_rules! impl_runs {
                     .bind(cursor)
                     .bind(i64::from(limit) + 1)
                     .bind(filter.parent_run_id.as_deref())
+                    .bind(i64::from(filter.unfinished))
                     .fetch_all(self.reader())
                     .await?;
                 let mut items: Vec<RunSummary> = rows.iter().map(run_from_row).collect();

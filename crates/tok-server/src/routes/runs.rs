@@ -42,6 +42,8 @@ struct ListQuery {
     trigger: Option<String>,
     /// Only the runs this run started (`run_workflow`).
     parent: Option<String>,
+    /// Only the runs held by this kind of thing (`blocked_by.kind`).
+    blocked_by: Option<String>,
     limit: Option<u32>,
     cursor: Option<String>,
 }
@@ -77,29 +79,68 @@ async fn list(
         limit: query.limit,
         cursor: query.cursor,
     };
+    if let Some(kind) = &query.blocked_by
+        && !tok_core::blocked::KINDS.contains(&kind.as_str())
+    {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!(
+                "blocked_by `{kind}` is not one of {}",
+                tok_core::blocked::KINDS.join(", ")
+            ),
+        ));
+    }
     let filter = RunFilter {
         status: query.status,
         automation_id: query.automation,
         trigger_type: query.trigger,
         parent_run_id: query.parent,
+        unfinished: query.blocked_by.is_some(),
     };
-    let runs = state
-        .engine
-        .store()
-        .runs(
-            &tenant,
-            &filter,
-            page.limit()?,
-            page.after("runs")?.as_deref(),
-        )
-        .await?;
-    let items = runs.items.iter().map(|r| json!(r)).collect();
-    Ok(Json(super::page(
-        "runs",
-        items,
-        runs.next_cursor.as_deref(),
-    )))
+    let limit = page.limit()?;
+    let store = state.engine.store();
+    let mut cursor = page.after("runs")?;
+    let Some(kind) = query.blocked_by else {
+        let runs = store
+            .runs(&tenant, &filter, limit, cursor.as_deref())
+            .await?;
+        let items = runs.items.iter().map(|r| json!(r)).collect();
+        return Ok(Json(super::page(
+            "runs",
+            items,
+            runs.next_cursor.as_deref(),
+        )));
+    };
+    // What holds a run is read from its rows, not a column: the unfinished
+    // runs are read a page at a time and kept when they are held by
+    // `kind`, for at most BLOCKED_SCAN_PAGES pages. A page may then hold
+    // fewer than `limit` runs while `next_cursor` goes on.
+    let mut items = Vec::new();
+    'scan: for _ in 0..BLOCKED_SCAN_PAGES {
+        let runs = store
+            .runs(&tenant, &filter, limit, cursor.as_deref())
+            .await?;
+        for run in runs.items {
+            if run.blocked_by.as_ref().is_some_and(|b| b.kind == kind) {
+                let id = run.id.to_string();
+                items.push(json!(run));
+                if items.len() == limit as usize {
+                    // The next page goes on after the last run shown.
+                    cursor = Some(id);
+                    break 'scan;
+                }
+            }
+        }
+        cursor = runs.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    Ok(Json(super::page("runs", items, cursor.as_deref())))
 }
+
+/// How many pages of unfinished runs one `?blocked_by=` page reads at most.
+const BLOCKED_SCAN_PAGES: usize = 10;
 
 #[utoipa::path(get, path = "/api/runs/{id}", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunDetail)))]
 async fn show(

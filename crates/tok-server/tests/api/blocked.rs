@@ -125,6 +125,54 @@ async fn a_waiting_run_says_what_holds_it_and_until_when(app: &TestApp) {
         approval["blocked_by"]["detail"]["approvalId"], pending["items"][0]["id"],
         "{approval:#}"
     );
+
+    // The listing filtered by what holds the runs, a page at a time.
+    let later = app
+        .start_run(
+            &tenant,
+            timer["automation_id"].as_str().unwrap(),
+            &json!({}),
+        )
+        .await;
+    app.wait_for_run(&tenant, &later, |r| r["blocked_by"]["kind"] == "timer")
+        .await;
+    let by = async |query: &str| {
+        app.get(&tenant.key, &format!("/api/runs?{query}"))
+            .await
+            .expect(StatusCode::OK)
+    };
+    let first = by("blocked_by=timer&limit=1").await;
+    assert_eq!(
+        first["items"][0]["id"],
+        later.as_str(),
+        "newest first: {first:#}"
+    );
+    let cursor = first["next_cursor"].as_str().expect("a next page");
+    let second = by(&format!("blocked_by=timer&limit=1&cursor={cursor}")).await;
+    assert_eq!(second["items"][0]["id"], timer["id"], "{second:#}");
+    let approvals = by("blocked_by=approval").await;
+    assert_eq!(
+        approvals["items"].as_array().unwrap().len(),
+        1,
+        "{approvals:#}"
+    );
+    assert_eq!(approvals["items"][0]["id"], approval["id"], "{approvals:#}");
+    assert_eq!(
+        by("blocked_by=signal").await["items"],
+        json!([]),
+        "the signalled run ended"
+    );
+    let error = app
+        .get(&tenant.key, "/api/runs?blocked_by=throttle")
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "bad_query");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant_concurrency"),
+        "{error:#}"
+    );
 }
 
 /// The test's service: its address, the permits its answers wait for,
