@@ -467,6 +467,16 @@ pub struct WaitRow {
     pub due_at: Option<i64>,
 }
 
+impl From<&WaitRow> for tok_core::blocked::Wait {
+    fn from(w: &WaitRow) -> Self {
+        Self {
+            kind: w.kind.clone(),
+            key: w.key.clone(),
+            due_at: w.due_at,
+        }
+    }
+}
+
 /// One page of a listing: `next_cursor` is `None` on the last page.
 #[derive(Debug, Clone, Serialize)]
 pub struct Page<T> {

@@ -338,7 +338,7 @@ macro_rules! impl_runs {
                 } else {
                     None
                 };
-                fill_blocked_by(self.reader(), tenant, &mut items).await?;
+                fill_blocked_by(self.reader(), tenant, &mut items, None).await?;
                 Ok(Page { items, next_cursor })
             }
 
@@ -358,7 +358,12 @@ macro_rules! impl_runs {
                 let waits = waits_of(self.reader(), tenant, id).await?;
                 let context = row.get::<Json<Value>, _>("context").0;
                 let mut run = [run_from_row(&row)];
-                fill_blocked_by(self.reader(), tenant, &mut run).await?;
+                // Its waits are read above: not again.
+                let known = std::collections::HashMap::from([(
+                    id.to_string(),
+                    waits.iter().map(tok_core::blocked::Wait::from).collect(),
+                )]);
+                fill_blocked_by(self.reader(), tenant, &mut run, Some(known)).await?;
                 let [run] = run;
                 Ok(Some(RunDetail {
                     run,
@@ -376,11 +381,13 @@ macro_rules! impl_runs {
 
         /// What holds each of `runs` that neither runs nor has ended, read
         /// from their jobs, their waits and their tenant's leases
-        /// ([`tok_core::blocked::why`]), in three statements for the lot.
+        /// ([`tok_core::blocked::why`]), in three statements for the lot
+        /// (two when the caller read their waits: `known`, by run id).
         async fn fill_blocked_by(
             db: &sqlx::Pool<$db>,
             tenant: &TenantId,
             runs: &mut [RunSummary],
+            known: Option<std::collections::HashMap<String, Vec<tok_core::blocked::Wait>>>,
         ) -> Result<()> {
             use tok_core::blocked::{Job, TenantLoad, Wait};
             let live: Vec<String> = runs
@@ -425,22 +432,29 @@ macro_rules! impl_runs {
                     key_holder: r.get("key_holder"),
                 });
             }
-            let rows = sqlx::query(concat!(
-                "SELECT run_id, kind, key, due_at FROM waits
-                 WHERE tenant_id = $1 AND run_id ", any_of!(2), " ORDER BY id"
-            ))
-            .bind(tenant.as_str())
-            .bind(list(live.iter().cloned()))
-            .fetch_all(db)
-            .await?;
-            let mut waits: std::collections::HashMap<String, Vec<Wait>> = Default::default();
-            for r in &rows {
-                waits.entry(r.get("run_id")).or_default().push(Wait {
-                    kind: r.get("kind"),
-                    key: r.get::<Option<String>, _>("key").unwrap_or_default(),
-                    due_at: r.get("due_at"),
-                });
-            }
+            let waits = match known {
+                Some(waits) => waits,
+                None => {
+                    let rows = sqlx::query(concat!(
+                        "SELECT run_id, kind, key, due_at FROM waits
+                         WHERE tenant_id = $1 AND run_id ", any_of!(2), " ORDER BY id"
+                    ))
+                    .bind(tenant.as_str())
+                    .bind(list(live.iter().cloned()))
+                    .fetch_all(db)
+                    .await?;
+                    let mut waits: std::collections::HashMap<String, Vec<Wait>> =
+                        Default::default();
+                    for r in &rows {
+                        waits.entry(r.get("run_id")).or_default().push(Wait {
+                            kind: r.get("kind"),
+                            key: r.get::<Option<String>, _>("key").unwrap_or_default(),
+                            due_at: r.get("due_at"),
+                        });
+                    }
+                    waits
+                }
+            };
             let load = sqlx::query(concat!(
                 "SELECT ",
                 tenant_cap!(),

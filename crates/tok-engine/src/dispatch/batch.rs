@@ -54,7 +54,8 @@ pub struct Dispatched {
     /// (the dispatcher takes those apart, in the urgent lane).
     pub backlog: Option<TenantId>,
     /// Runs that ended in the dispatch (all their steps ran there, or a
-    /// start limit refused them), for their traces.
+    /// start limit refused them), for their traces (empty unless traces
+    /// are exported).
     pub ended: Vec<(TenantId, tok_core::ids::RunId)>,
 }
 
@@ -219,11 +220,14 @@ pub(crate) async fn dispatch(
         tx.mark_dispatched(&dispatched).await?;
     }
     tx.commit().await?;
-    let ended = runs
-        .iter()
-        .filter(|(_, _, run)| run.first_path.is_none())
-        .map(|(tenant, _, run)| (tenant.clone(), run.id.clone()))
-        .collect();
+    let ended = if crate::traces::enabled() {
+        runs.iter()
+            .filter(|(_, _, run)| run.first_path.is_none())
+            .map(|(tenant, _, run)| (tenant.clone(), run.id.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(Dispatched {
         left: selected - events.len(),
         received_at,

@@ -344,11 +344,7 @@ async fn start_run(
     } else {
         body.input
     };
-    // The caller's trace, if it sent a valid one: the run continues it.
-    let traceparent = headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(tok_engine::traces::valid_traceparent);
+    let traceparent = super::traceparent(&headers);
     let run_id = state
         .engine
         .start_run_as(

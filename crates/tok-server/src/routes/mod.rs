@@ -183,6 +183,15 @@ where
 /// Refuses JSON (`what`: "the body", "`input`") with U+0000 in a string or
 /// key: PostgreSQL cannot store it, and both backends answer alike, with a
 /// 400 that names where it is.
+/// The caller's W3C trace context, when it sent a valid one: the runs it
+/// starts continue it ([`tok_engine::traces::valid_traceparent`]).
+pub(crate) fn traceparent(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(tok_engine::traces::valid_traceparent)
+}
+
 pub(crate) fn storable_json(what: &str, value: &Value) -> Result<(), ApiError> {
     match tok_store::storable::nul_at(value) {
         None => Ok(()),

@@ -179,10 +179,7 @@ async fn accept(
         origin_automation_id: None,
         target_automation_id: None,
         // The sender's trace, if it sent a valid one: the runs continue it.
-        traceparent: headers
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .and_then(tok_engine::traces::valid_traceparent),
+        traceparent: super::traceparent(headers),
         ..NewEvent::default()
     };
     let (event_id, accepted) = state
