@@ -9,6 +9,9 @@
 //! - `breaker`, `connection_concurrency`, `connection_rate`: a step its
 //!   connection held back before it called anything, `until` it is tried
 //!   again (the job carries [`Resume::Deferred`] with the limit);
+//! - `throttle`, `debounce`, `batch`: a run's first job its automation's
+//!   start control holds (`flow`, see [`crate::start`]), `until` it is
+//!   due — a debounce's or a batch's `until` moves when an event joins;
 //! - `timer`: a job due later (a `wait` step, a retry's backoff);
 //! - `queue_key`: a job due now whose queue key (a ticket's) another run
 //!   holds or was queued on first;
@@ -31,6 +34,9 @@ pub const KINDS: &[&str] = &[
     BREAKER,
     CONNECTION_CONCURRENCY,
     CONNECTION_RATE,
+    "throttle",
+    "debounce",
+    "batch",
     "timer",
     "queue_key",
     "tenant_concurrency",

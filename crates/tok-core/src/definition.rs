@@ -31,7 +31,7 @@ pub enum DefinitionError {
 
 /// One saved version of an automation. Unknown fields are refused here and
 /// in every part below (trigger, filter, rules, settings, steps), so a
-/// misspelt or misplaced key (`"flow": {"debounce": …}`, `"thne"`) fails at save
+/// misspelt or misplaced key (`"flow": {"debounse": …}`, `"thne"`) fails at save
 /// instead of being dropped; a stored version was written from these types,
 /// so it always reads back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -696,8 +696,8 @@ mod tests {
         };
         let cases = [
             (
-                manual_with("flow", json!({"debounce": {"period": "5m"}})),
-                "flow.debounce",
+                manual_with("flow", json!({"debounse": {"period": "5m"}})),
+                "flow.debounse",
             ),
             (
                 manual_with("settings", json!({"timezone": "UTC"})),
@@ -823,6 +823,12 @@ mod tests {
             },
             flow: crate::start::FlowControl {
                 priority: Some(json!("{{_body.tier}}")),
+                debounce: Some(crate::start::Debounce {
+                    key: Some("{{_body.customer}}".into()),
+                    period: std::time::Duration::from_secs(30),
+                    max_wait: None,
+                }),
+                ..Default::default()
             },
             steps: vec![Step::new("s", "flow/log", json!({"message": "m"}))],
             settings: Settings {

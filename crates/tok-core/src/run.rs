@@ -29,6 +29,9 @@ pub enum RunStatus {
     /// `settings.limits.startsPerMinute` (its error says
     /// `start_rate_exceeded`). No step runs; nothing moves it.
     Refused,
+    /// Never started: its automation's `flow.singleton` (`skip`) had a run
+    /// of its key unfinished (its error names it). No step runs.
+    Skipped,
 }
 
 impl RunStatus {
@@ -43,6 +46,7 @@ impl RunStatus {
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
             Self::Refused => "refused",
+            Self::Skipped => "skipped",
         }
     }
 
@@ -57,16 +61,17 @@ impl RunStatus {
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,
             "refused" => Self::Refused,
+            "skipped" => Self::Skipped,
             _ => return None,
         })
     }
 
-    /// Completed, failed, cancelled or refused: nothing moves the run any
-    /// more (but a retry of a failed one).
+    /// Completed, failed, cancelled, refused or skipped: nothing moves the
+    /// run any more (but a retry of a failed one).
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            Self::Completed | Self::Failed | Self::Cancelled | Self::Refused
+            Self::Completed | Self::Failed | Self::Cancelled | Self::Refused | Self::Skipped
         )
     }
 }
@@ -319,6 +324,32 @@ pub struct NewRun {
     /// …`): it is written `refused` with this error, no steps and no job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// Why the run is written `skipped` rather than started (a singleton
+    /// key's run is unfinished): no steps and no job, like a refused run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// The first job is due `delay_ms` after now, held by the automation's
+    /// start control meanwhile (`resume` says which, for `blocked_by`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+}
+
+/// A run's first job held back by its start control (`flow.debounce`,
+/// `throttle`, `batch`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hold {
+    pub delay_ms: i64,
+    /// [`Resume::Deferred`] naming the control.
+    pub resume: Resume,
+}
+
+/// A run the dispatch must pass through its automation's start control
+/// before it is written: the control and the run's rendered key.
+#[derive(Debug, Clone)]
+pub struct FlowStart {
+    pub run_id: RunId,
+    pub flow: crate::start::FlowControl,
+    pub key: String,
 }
 
 /// What the dispatcher's planner decided for one event.
@@ -327,6 +358,8 @@ pub struct Plan {
     pub runs: Vec<NewRun>,
     /// Lines for the event's ticket's trace (a run skipped by loop protection).
     pub notes: Vec<PlanNote>,
+    /// The runs of `runs` a start control decides on (`flow`).
+    pub flow: Vec<FlowStart>,
 }
 
 /// A line the dispatcher writes to a ticket's trace, for a person to see.

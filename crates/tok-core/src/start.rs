@@ -9,14 +9,53 @@
 //! A written priority is checked at save; a rendered one that is not an
 //! integer, or that a template cannot render, is 0 (said in the dispatch's
 //! log), and one outside the range is held to it.
+//!
+//! The start controls (`debounce`, `throttle`, `batch`, `singleton`; one
+//! per automation) each keep one row per key: the dispatch renders the
+//! control's `key` over the run's first context, reads the key's row
+//! (locked: two dispatchers decide one after the other) and asks
+//! [`decide`] what the event does. Its answer is in rows only — a run
+//! whose first job is due later, held by the control (what `blocked_by`
+//! says), an open run the event joins, a run written `skipped` — so a
+//! restart loses no debounce window and no batch. The table, for a key
+//! whose row names a run that is *open* (its first job not yet claimed),
+//! *active* (begun, not finished) or neither (ended, or no row):
+//!
+//! | control | open | active | neither |
+//! |---|---|---|---|
+//! | `debounce` | join: due `min(now + period, opened + maxWait)`, the last body | start, due `now + period` | start, due `now + period` |
+//! | `batch` | join while under `maxSize` (due now at `maxSize`), else start | start, due `now + timeout` | start, due `now + timeout` |
+//! | `throttle` | start at the next free slot | same | same |
+//! | `singleton` `skip` | `skipped` | `skipped` | start now |
+//! | `singleton` `cancel` | cancel it, start now | cancel it, start now | start now |
+//!
+//! `throttle`'s slot is a generic cell rate (GCRA): each key keeps the time
+//! its next start is due (`next`); with `T = period / limit`, a start is
+//! due at `max(now, next − (burst − 1)·T)` and moves `next` to
+//! `max(next, now) + T`. So `limit` starts per `period`, `burst` of them at
+//! once, and every event gets its run: queued, never dropped.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::duration::{format_duration, serde_duration, serde_optional_duration};
 use crate::template;
 
 pub const MIN_PRIORITY: i64 = -100;
 pub const MAX_PRIORITY: i64 = 100;
+
+/// The shortest period, window or timeout a control may have.
+pub const MIN_PERIOD: Duration = Duration::from_millis(100);
+/// The longest: a window longer than this is a schedule, not a debounce.
+pub const MAX_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Most events one batch run takes.
+pub const MAX_BATCH: u32 = 100;
+/// Most starts a throttle allows per period.
+pub const MAX_THROTTLE: u32 = 10_000;
+/// Longest key a control keeps: a longer rendered key is cut to it.
+pub const MAX_KEY_LEN: usize = 200;
 
 /// `flow`: the start controls of an automation. Unknown keys are refused
 /// like everywhere in a definition.
@@ -27,11 +66,317 @@ pub struct FlowControl {
     /// [`check_priority`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<Debounce>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<Throttle>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Batch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub singleton: Option<Singleton>,
+}
+
+/// `debounce: {key?, period, maxWait?}`: a key's events start one run
+/// `period` after the last of them (at the latest `maxWait` after the
+/// first), with the last one's body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Debounce {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(with = "serde_duration")]
+    pub period: Duration,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "serde_optional_duration"
+    )]
+    pub max_wait: Option<Duration>,
+}
+
+/// `throttle: {key?, limit, period, burst?}`: at most `limit` starts per
+/// `period` per key, `burst` (default 1) of them at once; the others wait.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Throttle {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub limit: u32,
+    #[serde(with = "serde_duration")]
+    pub period: Duration,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+}
+
+/// `batch: {key?, maxSize, timeout}`: up to `maxSize` events of a key, or
+/// what came within `timeout` of the first, start one run whose context
+/// has `_events` (their bodies, in order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Batch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub max_size: u32,
+    #[serde(with = "serde_duration")]
+    pub timeout: Duration,
+}
+
+/// `singleton: {key?, mode}`: one run per key at a time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Singleton {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub mode: SingletonMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SingletonMode {
+    /// An event while a run of its key is unfinished makes a `skipped` run.
+    Skip,
+    /// It cancels that run (with its compensation) and starts its own.
+    Cancel,
+    /// It waits behind it (not built yet: refused at save).
+    Queue,
+}
+
+/// The one start control of an automation, if it has one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Control<'a> {
+    Debounce(&'a Debounce),
+    Throttle(&'a Throttle),
+    Batch(&'a Batch),
+    Singleton(&'a Singleton),
+}
+
+impl Control<'_> {
+    /// The control's name, as its row and `blocked_by` say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Control::Debounce(_) => "debounce",
+            Control::Throttle(_) => "throttle",
+            Control::Batch(_) => "batch",
+            Control::Singleton(_) => "singleton",
+        }
+    }
+
+    fn key_template(&self) -> Option<&str> {
+        match self {
+            Control::Debounce(c) => c.key.as_deref(),
+            Control::Throttle(c) => c.key.as_deref(),
+            Control::Batch(c) => c.key.as_deref(),
+            Control::Singleton(c) => c.key.as_deref(),
+        }
+    }
+
+    /// The key of a run starting with `context`: the control's `key`
+    /// rendered over it (cut to [`MAX_KEY_LEN`]), `""` without one. A key
+    /// the template cannot render is `""` too, with the reason.
+    pub fn key(&self, context: &Value) -> (String, Option<String>) {
+        let Some(t) = self.key_template() else {
+            return (String::new(), None);
+        };
+        match template::render(t, context) {
+            Ok(Value::String(s)) => (cut(s), None),
+            Ok(Value::Null) => (
+                String::new(),
+                Some(format!(
+                    "flow.{}.key rendered null; the run has the key \"\"",
+                    self.name()
+                )),
+            ),
+            Ok(other) => (cut(other.to_string()), None),
+            Err(e) => (
+                String::new(),
+                Some(format!(
+                    "flow.{}.key: {e}; the run has the key \"\"",
+                    self.name()
+                )),
+            ),
+        }
+    }
+
+    /// Whether the run waits for its key's row to say when it starts: its
+    /// first steps are not begun at dispatch (a join changes its context).
+    pub fn holds(&self) -> bool {
+        !matches!(self, Control::Singleton(_))
+    }
+
+    /// What the control says of a run it holds, for `blocked_by`.
+    pub fn reason(&self, key: &str) -> String {
+        let key = if key.is_empty() {
+            String::new()
+        } else {
+            format!(" of key \u{201c}{key}\u{201d}")
+        };
+        match self {
+            Control::Debounce(c) => format!(
+                "debounced: starts {} after the last event{key}",
+                format_duration(c.period)
+            ),
+            Control::Throttle(c) => format!(
+                "throttled: at most {} starts per {}{key}",
+                c.limit,
+                format_duration(c.period)
+            ),
+            Control::Batch(c) => format!(
+                "batching: starts with {} events{key} or {} after the first",
+                c.max_size,
+                format_duration(c.timeout)
+            ),
+            Control::Singleton(_) => format!("singleton{key}"),
+        }
+    }
+}
+
+fn cut(mut key: String) -> String {
+    if key.len() > MAX_KEY_LEN {
+        let mut at = MAX_KEY_LEN;
+        while !key.is_char_boundary(at) {
+            at -= 1;
+        }
+        key.truncate(at);
+    }
+    key
+}
+
+/// What the run a key's row names is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRun {
+    /// Not begun: its first job is written and no worker has claimed it.
+    Open,
+    /// Begun and not finished.
+    Active,
+    /// Finished, or gone.
+    Ended,
+}
+
+/// A key's row, as the dispatch read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyState {
+    /// The run the key's last start made, and what it is now.
+    pub run_id: String,
+    pub run: KeyRun,
+    /// When that run's window opened (Unix ms; debounce, batch).
+    pub opened_at: i64,
+    /// Events in it (batch).
+    pub count: i64,
+    /// When the key's next start is due (Unix ms; throttle).
+    pub next_at: i64,
+}
+
+/// What an event does, by [`decide`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// A new run, its first step due at `due` (held by the control until
+    /// then when that is later than now); the key's row then says
+    /// `opened_at`, `count` and `next_at` of it.
+    Start {
+        due: i64,
+        opened_at: i64,
+        count: i64,
+        next_at: i64,
+    },
+    /// The event goes into the key's open run `run_id`, whose first step
+    /// is then due at `due`, with `count` events.
+    Join {
+        run_id: String,
+        due: i64,
+        count: i64,
+    },
+    /// A run of the key is unfinished: the event's run is `skipped`.
+    Skip { active: String },
+    /// That run is cancelled first, then the event's starts now.
+    Replace { active: String },
+}
+
+/// The start control's decision for one event at `now` (Unix ms), given
+/// its key's row (see the table in the module doc).
+pub fn decide(control: Control<'_>, state: Option<&KeyState>, now: i64) -> Gate {
+    let start = |due: i64, count: i64, next_at: i64| Gate::Start {
+        due,
+        opened_at: now,
+        count,
+        next_at,
+    };
+    let open = state.filter(|s| s.run == KeyRun::Open);
+    let unfinished = state.filter(|s| s.run != KeyRun::Ended);
+    match control {
+        Control::Debounce(c) => {
+            let period = ms(c.period);
+            match open {
+                Some(s) => {
+                    let latest = c
+                        .max_wait
+                        .map_or(i64::MAX, |w| s.opened_at.saturating_add(ms(w)));
+                    Gate::Join {
+                        run_id: s.run_id.clone(),
+                        due: (now + period).min(latest).max(now),
+                        count: s.count + 1,
+                    }
+                }
+                None => {
+                    let latest = c.max_wait.map_or(i64::MAX, |w| now.saturating_add(ms(w)));
+                    start((now + period).min(latest), 1, 0)
+                }
+            }
+        }
+        Control::Batch(c) => match open {
+            Some(s) if s.count < i64::from(c.max_size) => {
+                let count = s.count + 1;
+                let due = if count >= i64::from(c.max_size) {
+                    now
+                } else {
+                    (s.opened_at + ms(c.timeout)).max(now)
+                };
+                Gate::Join {
+                    run_id: s.run_id.clone(),
+                    due,
+                    count,
+                }
+            }
+            _ if c.max_size <= 1 => start(now, 1, 0),
+            _ => start(now + ms(c.timeout), 1, 0),
+        },
+        Control::Throttle(c) => {
+            let limit = i64::from(c.limit.max(1));
+            let interval = (ms(c.period) + limit - 1) / limit;
+            let burst = i64::from(c.burst.unwrap_or(1).clamp(1, c.limit.max(1)));
+            let next = state.map_or(now, |s| s.next_at);
+            let due = (next - (burst - 1) * interval).max(now);
+            start(due, 1, next.max(now) + interval)
+        }
+        Control::Singleton(c) => match (unfinished, c.mode) {
+            (Some(s), SingletonMode::Skip | SingletonMode::Queue) => Gate::Skip {
+                active: s.run_id.clone(),
+            },
+            (Some(s), SingletonMode::Cancel) => Gate::Replace {
+                active: s.run_id.clone(),
+            },
+            (None, _) => start(now, 1, 0),
+        },
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
 impl FlowControl {
     pub fn is_empty(&self) -> bool {
-        self.priority.is_none()
+        self.priority.is_none() && self.control().is_none()
+    }
+
+    /// The automation's start control: the first it has of `debounce`,
+    /// `throttle`, `batch`, `singleton` ([`check`] refuses more than one).
+    pub fn control(&self) -> Option<Control<'_>> {
+        self.debounce
+            .as_ref()
+            .map(Control::Debounce)
+            .or(self.throttle.as_ref().map(Control::Throttle))
+            .or(self.batch.as_ref().map(Control::Batch))
+            .or(self.singleton.as_ref().map(Control::Singleton))
     }
 
     /// The priority of a run that starts with `context`, and why it is 0
@@ -94,6 +439,132 @@ pub fn check_priority(priority: &Value) -> Option<String> {
     }
 }
 
+/// What is wrong with a written `flow`: (path, message) pairs.
+pub fn check(flow: &FlowControl) -> Vec<(String, String)> {
+    let mut errors = Vec::new();
+    let mut error = |path: &str, message: String| errors.push((format!("flow.{path}"), message));
+    if let Some(message) = flow.priority.as_ref().and_then(check_priority) {
+        error("priority", message);
+    }
+    let named: Vec<&str> = [
+        flow.debounce.as_ref().map(|_| "debounce"),
+        flow.throttle.as_ref().map(|_| "throttle"),
+        flow.batch.as_ref().map(|_| "batch"),
+        flow.singleton.as_ref().map(|_| "singleton"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if named.len() > 1 {
+        error(
+            named[1],
+            format!(
+                "`{}` and `{}` both shape the starts; an automation has one of debounce, \
+                 throttle, batch and singleton (priority goes with any)",
+                named[0], named[1]
+            ),
+        );
+    }
+    let range = format!(
+        "from {} to {}",
+        format_duration(MIN_PERIOD),
+        format_duration(MAX_PERIOD)
+    );
+    let period = |path: &str, d: Duration| {
+        if !(MIN_PERIOD..=MAX_PERIOD).contains(&d) {
+            Some((
+                path.to_owned(),
+                format!("`{path}` is {}; it must be {range}", format_duration(d)),
+            ))
+        } else {
+            None
+        }
+    };
+    let mut found = Vec::new();
+    let key = |control: &str, key: &Option<String>| {
+        if let Some(t) = key
+            && let Err(e) = template::check(t)
+        {
+            Some((
+                format!("{control}.key"),
+                format!("the key template does not parse: {e}"),
+            ))
+        } else {
+            None
+        }
+    };
+    if let Some(c) = &flow.debounce {
+        found.extend(key("debounce", &c.key));
+        found.extend(period("debounce.period", c.period));
+        if let Some(w) = c.max_wait {
+            found.extend(period("debounce.maxWait", w));
+            if w < c.period {
+                found.push((
+                    "debounce.maxWait".into(),
+                    format!(
+                        "`maxWait` is {}, shorter than the period {}; it bounds how long \
+                         events may keep a run waiting, so it is at least the period",
+                        format_duration(w),
+                        format_duration(c.period)
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(c) = &flow.throttle {
+        found.extend(key("throttle", &c.key));
+        found.extend(period("throttle.period", c.period));
+        if !(1..=MAX_THROTTLE).contains(&c.limit) {
+            found.push((
+                "throttle.limit".into(),
+                format!(
+                    "`limit` is {}; it must be from 1 to {MAX_THROTTLE} starts per period",
+                    c.limit
+                ),
+            ));
+        }
+        if let Some(b) = c.burst
+            && !(1..=c.limit.max(1)).contains(&b)
+        {
+            found.push((
+                "throttle.burst".into(),
+                format!(
+                    "`burst` is {b}; it must be from 1 to the limit ({})",
+                    c.limit
+                ),
+            ));
+        }
+    }
+    if let Some(c) = &flow.batch {
+        found.extend(key("batch", &c.key));
+        found.extend(period("batch.timeout", c.timeout));
+        if !(1..=MAX_BATCH).contains(&c.max_size) {
+            found.push((
+                "batch.maxSize".into(),
+                format!(
+                    "`maxSize` is {}; it must be from 1 to {MAX_BATCH} events",
+                    c.max_size
+                ),
+            ));
+        }
+    }
+    if let Some(c) = &flow.singleton {
+        found.extend(key("singleton", &c.key));
+        if c.mode == SingletonMode::Queue {
+            found.push((
+                "singleton.mode".into(),
+                "`queue` is not available yet; use `skip` (a later event's run is skipped) or \
+                 `cancel` (it replaces the running one)"
+                    .into(),
+            ));
+        }
+    }
+    for (path, message) in found {
+        error(&path, message);
+    }
+    errors
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +573,7 @@ mod tests {
     fn flow(priority: Value) -> FlowControl {
         FlowControl {
             priority: Some(priority),
+            ..Default::default()
         }
     }
 
@@ -148,5 +620,269 @@ mod tests {
         let (n, why) = flow(json!("{{_body.missing}}")).priority(&context);
         assert_eq!(n, 0);
         assert!(why.unwrap().contains("_body.missing"));
+    }
+
+    fn control(flow: Value) -> FlowControl {
+        serde_json::from_value(flow).expect("a flow")
+    }
+
+    fn row(run: KeyRun, opened_at: i64, count: i64, next_at: i64) -> KeyState {
+        KeyState {
+            run_id: "r1".into(),
+            run,
+            opened_at,
+            count,
+            next_at,
+        }
+    }
+
+    #[test]
+    fn debounce_joins_the_open_run_until_max_wait_and_starts_anew_once_it_began() {
+        let flow = control(json!({ "debounce": { "period": "10s", "maxWait": "25s" } }));
+        let c = flow.control().unwrap();
+        assert_eq!(
+            decide(c, None, 1_000),
+            Gate::Start {
+                due: 11_000,
+                opened_at: 1_000,
+                count: 1,
+                next_at: 0
+            }
+        );
+        let open = row(KeyRun::Open, 1_000, 1, 0);
+        assert_eq!(
+            decide(c, Some(&open), 5_000),
+            Gate::Join {
+                run_id: "r1".into(),
+                due: 15_000,
+                count: 2
+            }
+        );
+        // Past maxWait of the first event, the run is due at it.
+        assert_eq!(
+            decide(c, Some(&row(KeyRun::Open, 1_000, 3, 0)), 20_000),
+            Gate::Join {
+                run_id: "r1".into(),
+                due: 26_000,
+                count: 4
+            }
+        );
+        for began in [KeyRun::Active, KeyRun::Ended] {
+            assert!(matches!(
+                decide(c, Some(&row(began, 1_000, 1, 0)), 30_000),
+                Gate::Start {
+                    due: 40_000,
+                    opened_at: 30_000,
+                    ..
+                }
+            ));
+        }
+    }
+
+    #[test]
+    fn a_batch_fills_to_max_size_then_is_due_at_once_and_the_next_event_opens_another() {
+        let flow = control(json!({ "batch": { "maxSize": 3, "timeout": "5s" } }));
+        let c = flow.control().unwrap();
+        assert!(matches!(
+            decide(c, None, 0),
+            Gate::Start {
+                due: 5_000,
+                count: 1,
+                ..
+            }
+        ));
+        let second = decide(c, Some(&row(KeyRun::Open, 0, 1, 0)), 1_000);
+        assert_eq!(
+            second,
+            Gate::Join {
+                run_id: "r1".into(),
+                due: 5_000,
+                count: 2
+            }
+        );
+        let third = decide(c, Some(&row(KeyRun::Open, 0, 2, 0)), 2_000);
+        assert_eq!(
+            third,
+            Gate::Join {
+                run_id: "r1".into(),
+                due: 2_000,
+                count: 3
+            }
+        );
+        assert!(matches!(
+            decide(c, Some(&row(KeyRun::Open, 0, 3, 0)), 2_500),
+            Gate::Start {
+                due: 7_500,
+                count: 1,
+                ..
+            }
+        ));
+        let one = control(json!({ "batch": { "maxSize": 1, "timeout": "5s" } }));
+        assert!(matches!(
+            decide(one.control().unwrap(), None, 9),
+            Gate::Start { due: 9, .. }
+        ));
+    }
+
+    #[test]
+    fn throttle_spaces_starts_by_period_over_limit_with_a_burst_and_drops_none() {
+        let flow = control(json!({ "throttle": { "limit": 2, "period": "1s" } }));
+        let c = flow.control().unwrap();
+        let mut state: Option<KeyState> = None;
+        let mut dues = Vec::new();
+        for _ in 0..10 {
+            let Gate::Start { due, next_at, .. } = decide(c, state.as_ref(), 0) else {
+                panic!("a throttle always starts");
+            };
+            dues.push(due);
+            state = Some(row(KeyRun::Open, 0, 1, next_at));
+        }
+        assert_eq!(
+            dues,
+            [
+                0, 500, 1_000, 1_500, 2_000, 2_500, 3_000, 3_500, 4_000, 4_500
+            ]
+        );
+        // After a quiet while the key is due at once again.
+        assert!(matches!(
+            decide(c, state.as_ref(), 60_000),
+            Gate::Start {
+                due: 60_000,
+                next_at: 60_500,
+                ..
+            }
+        ));
+        let burst = control(json!({ "throttle": { "limit": 4, "period": "4s", "burst": 2 } }));
+        let c = burst.control().unwrap();
+        let mut state: Option<KeyState> = None;
+        let mut dues = Vec::new();
+        for _ in 0..4 {
+            let Gate::Start { due, next_at, .. } = decide(c, state.as_ref(), 0) else {
+                panic!("a throttle always starts");
+            };
+            dues.push(due);
+            state = Some(row(KeyRun::Open, 0, 1, next_at));
+        }
+        assert_eq!(dues, [0, 0, 1_000, 2_000]);
+    }
+
+    #[test]
+    fn singleton_skips_or_replaces_an_unfinished_run_and_starts_when_none_is() {
+        let skip = control(json!({ "singleton": { "key": "{{_body.order}}", "mode": "skip" } }));
+        let cancel = control(json!({ "singleton": { "mode": "cancel" } }));
+        for run in [KeyRun::Open, KeyRun::Active] {
+            assert_eq!(
+                decide(skip.control().unwrap(), Some(&row(run, 0, 1, 0)), 5),
+                Gate::Skip {
+                    active: "r1".into()
+                }
+            );
+            assert_eq!(
+                decide(cancel.control().unwrap(), Some(&row(run, 0, 1, 0)), 5),
+                Gate::Replace {
+                    active: "r1".into()
+                }
+            );
+        }
+        for c in [skip.control().unwrap(), cancel.control().unwrap()] {
+            assert!(matches!(
+                decide(c, Some(&row(KeyRun::Ended, 0, 1, 0)), 5),
+                Gate::Start { due: 5, .. }
+            ));
+            assert!(matches!(decide(c, None, 5), Gate::Start { due: 5, .. }));
+        }
+    }
+
+    #[test]
+    fn a_key_is_its_template_rendered_over_the_context_cut_to_its_bound() {
+        let flow = control(json!({ "debounce": { "key": "{{_body.customer}}", "period": "1s" } }));
+        let c = flow.control().unwrap();
+        assert_eq!(
+            c.key(&json!({ "_body": { "customer": "c-1" } })),
+            ("c-1".into(), None)
+        );
+        assert_eq!(
+            c.key(&json!({ "_body": { "customer": 42 } })),
+            ("42".into(), None)
+        );
+        let (key, why) = c.key(&json!({ "_body": {} }));
+        assert_eq!(key, "");
+        assert!(why.unwrap().contains("_body.customer"));
+        let long = "é".repeat(300);
+        let (key, _) = c.key(&json!({ "_body": { "customer": long } }));
+        assert!(key.len() <= MAX_KEY_LEN && key.chars().all(|ch| ch == 'é'));
+        let unkeyed = control(json!({ "throttle": { "limit": 1, "period": "1s" } }));
+        assert_eq!(
+            unkeyed.control().unwrap().key(&json!({})),
+            (String::new(), None)
+        );
+    }
+
+    #[test]
+    fn a_written_flow_is_checked_at_save_with_the_path_and_the_bound() {
+        let errors = |flow: Value| -> Vec<(String, String)> { check(&control(flow)) };
+        assert!(
+            errors(json!({ "debounce": { "period": "5m", "maxWait": "1h", "key": "{{id}}" } }))
+                .is_empty()
+        );
+        assert!(
+            errors(
+                json!({ "throttle": { "limit": 2, "period": "1s", "burst": 2 }, "priority": 5 })
+            )
+            .is_empty()
+        );
+        for (flow, path, says) in [
+            (
+                json!({ "debounce": { "period": "10ms" } }),
+                "flow.debounce.period",
+                "from 100ms",
+            ),
+            (
+                json!({ "debounce": { "period": "8d" } }),
+                "flow.debounce.period",
+                "to 7d",
+            ),
+            (
+                json!({ "debounce": { "period": "1m", "maxWait": "30s" } }),
+                "flow.debounce.maxWait",
+                "at least the period",
+            ),
+            (
+                json!({ "throttle": { "limit": 0, "period": "1s" } }),
+                "flow.throttle.limit",
+                "from 1",
+            ),
+            (
+                json!({ "throttle": { "limit": 2, "period": "1s", "burst": 3 } }),
+                "flow.throttle.burst",
+                "to the limit",
+            ),
+            (
+                json!({ "batch": { "maxSize": 101, "timeout": "1s" } }),
+                "flow.batch.maxSize",
+                "to 100",
+            ),
+            (
+                json!({ "batch": { "maxSize": 5, "timeout": "1s", "key": "{{ x" } }),
+                "flow.batch.key",
+                "does not parse",
+            ),
+            (
+                json!({ "singleton": { "mode": "queue" } }),
+                "flow.singleton.mode",
+                "not available yet",
+            ),
+            (
+                json!({ "debounce": { "period": "1s" }, "batch": { "maxSize": 2, "timeout": "1s" } }),
+                "flow.batch",
+                "one of debounce",
+            ),
+        ] {
+            let found = errors(flow.clone());
+            assert!(
+                found.iter().any(|(p, m)| p == path && m.contains(says)),
+                "{flow}: {found:?}"
+            );
+        }
     }
 }

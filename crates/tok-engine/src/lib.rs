@@ -472,6 +472,8 @@ impl Engine {
             steps: Vec::new(),
             actions: 0,
             refused: None,
+            skipped: None,
+            hold: None,
         };
         // An automation without a start limit of its own has its tenant's.
         let per_minute = match automation.settings.limits.starts_per_minute {

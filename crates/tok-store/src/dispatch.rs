@@ -10,7 +10,9 @@
 use std::collections::HashSet;
 
 use async_trait::async_trait;
+use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
+use tok_core::start::KeyState;
 
 use crate::{Candidate, Cause, ClaimedJob, NewRun, PendingEvent, Result};
 
@@ -94,6 +96,47 @@ pub trait DispatchTx: Send {
         runs: &[(TenantId, EventId, NewRun)],
         claims: Option<Claims<'_>>,
     ) -> Result<Vec<ClaimedJob>>;
+
+    /// The row of `key` of `automation`'s start control `control`
+    /// (`tok_core::start`), with what the run it names is now; the key
+    /// stays locked until the transaction ends, so a dispatch deciding on
+    /// the same key waits for this one's decision.
+    async fn flow_key(
+        &mut self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        control: &str,
+        key: &str,
+    ) -> Result<Option<KeyState>>;
+
+    /// Writes the row of a start control's key.
+    async fn put_flow_key(
+        &mut self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        control: &str,
+        key: &str,
+        state: &KeyState,
+    ) -> Result<()>;
+
+    /// The context of a written run.
+    async fn run_context(&mut self, tenant: &TenantId, run: &RunId) -> Result<Option<Value>>;
+
+    /// An event joins the open run `run` (a debounce's, a batch's): the
+    /// run's context becomes `context` and its first job is due `delay_ms`
+    /// from now. False, with nothing changed, when a worker claimed that
+    /// job meanwhile (the run began; the event needs a run of its own).
+    async fn join_run(
+        &mut self,
+        tenant: &TenantId,
+        run: &RunId,
+        context: &Value,
+        delay_ms: i64,
+    ) -> Result<bool>;
+
+    /// Cancels the run `run` if it is unfinished, with `reason` as its
+    /// error (and its compensation, like a cancel through the API).
+    async fn cancel_run(&mut self, tenant: &TenantId, run: &RunId, reason: &str) -> Result<()>;
 
     /// Marks events of the tenants dispatched.
     async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()>;

@@ -52,7 +52,7 @@ macro_rules! impl_dispatch {
             let rows = sqlx::query(
                 "SELECT created_at FROM runs
                  WHERE tenant_id = $1 AND automation_id = $2 AND created_at > $3
-                   AND status <> 'refused'
+                   AND status NOT IN ('refused', 'skipped')
                  ORDER BY created_at DESC
                  LIMIT $4",
             )
@@ -82,6 +82,7 @@ macro_rules! impl_dispatch {
                     let started = !run.steps.is_empty();
                     let (status, started_at, finished_at) = match run.first_path {
                         _ if run.refused.is_some() => (RunStatus::Refused, None, Some(now)),
+                        _ if run.skipped.is_some() => (RunStatus::Skipped, None, Some(now)),
                         Some(_) if is_handed(run) || started => (RunStatus::Running, Some(now), None),
                         Some(_) => (RunStatus::Queued, None, None),
                         None => (RunStatus::Completed, started.then_some(now), Some(now)),
@@ -90,6 +91,7 @@ macro_rules! impl_dispatch {
                         tenant_id,
                         event_id,
                         status: status.as_str(),
+                        error: run.refused.as_deref().or(run.skipped.as_deref()),
                         started_at,
                         finished_at,
                         run,
@@ -144,7 +146,7 @@ macro_rules! impl_dispatch {
             let jobs: Vec<$crate::rows::JobRow> = runs
                 .iter()
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))
-                .filter(|(_, _, run)| run.refused.is_none())
+                .filter(|(_, _, run)| run.refused.is_none() && run.skipped.is_none())
                 .filter_map(|(tenant_id, _, run)| {
                     let path = run.first_path.as_deref()?;
                     let claim = handed.filter(|_| is_handed(run));
@@ -157,6 +159,8 @@ macro_rules! impl_dispatch {
                         attempts: i32::from(claim.is_some()),
                         locked_by: claim.map(|h| h.node),
                         claim_token: claim.map(|h| h.token),
+                        delay_ms: run.hold.as_ref().map_or(0, |h| h.delay_ms),
+                        resume: run.hold.as_ref().map(|h| &h.resume),
                     })
                 })
                 .collect();
@@ -165,12 +169,12 @@ macro_rules! impl_dispatch {
             }
             let ids = sqlx::query(concat!(
                 "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
-                    priority, created_at, locked_by, locked_until, claim_token)
+                    priority, created_at, locked_by, locked_until, claim_token, resume)
                  SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2, ",
-                    db_now!(), ", CAST(x.value ->> 3 AS INTEGER), x.value ->> 4,
-                    CAST(x.value ->> 5 AS INTEGER), $2, x.value ->> 6,
+                    db_now!(), " + CAST(x.value ->> 8 AS BIGINT), CAST(x.value ->> 3 AS INTEGER),
+                    x.value ->> 4, CAST(x.value ->> 5 AS INTEGER), $2, x.value ->> 6,
                     CASE WHEN x.value ->> 6 IS NULL THEN NULL ELSE ", db_now!(), " + $3 END,
-                    x.value ->> 7
+                    x.value ->> 7, NULLIF(x.value -> 9, 'null')
                  FROM ", batch_rows!(1), "
                  ORDER BY x.key
                  RETURNING id, run_id"
@@ -400,6 +404,137 @@ macro_rules! impl_dispatch {
                     sqlx::query(notify_work!()).execute(&mut *self.tx).await?;
                 }
                 Ok(claimed)
+            }
+
+            async fn flow_key(
+                &mut self,
+                tenant: &TenantId,
+                automation: &AutomationId,
+                control: &str,
+                key: &str,
+            ) -> Result<Option<tok_core::start::KeyState>> {
+                use tok_core::start::{KeyRun, KeyState};
+                let lock = key_lock(tenant, &format!("flow:{automation}/{control}/{key}"));
+                lock_names(&mut self.tx, vec![lock]).await?;
+                let row = sqlx::query(
+                    "SELECT f.run_id, f.opened_at, f.count, f.next_at, r.status,
+                        (SELECT COUNT(*) FROM jobs j
+                         WHERE j.tenant_id = f.tenant_id AND j.run_id = f.run_id
+                           AND j.locked_by IS NULL AND j.attempts = 0) AS unclaimed
+                     FROM flow_keys f
+                     LEFT JOIN runs r ON r.tenant_id = f.tenant_id AND r.id = f.run_id
+                     WHERE f.tenant_id = $1 AND f.automation_id = $2 AND f.control = $3
+                       AND f.key = $4",
+                )
+                .bind(tenant.as_str())
+                .bind(automation.as_str())
+                .bind(control)
+                .bind(key)
+                .fetch_optional(&mut *self.tx)
+                .await?;
+                Ok(row.map(|r| {
+                    let status = r
+                        .get::<Option<String>, _>("status")
+                        .and_then(|s| RunStatus::parse(&s));
+                    let run = match status {
+                        None => KeyRun::Ended,
+                        Some(s) if s.is_final() => KeyRun::Ended,
+                        Some(RunStatus::Queued) if r.get::<i64, _>("unclaimed") > 0 => KeyRun::Open,
+                        Some(_) => KeyRun::Active,
+                    };
+                    KeyState {
+                        run_id: r.get("run_id"),
+                        run,
+                        opened_at: r.get("opened_at"),
+                        count: r.get("count"),
+                        next_at: r.get("next_at"),
+                    }
+                }))
+            }
+
+            async fn put_flow_key(
+                &mut self,
+                tenant: &TenantId,
+                automation: &AutomationId,
+                control: &str,
+                key: &str,
+                state: &tok_core::start::KeyState,
+            ) -> Result<()> {
+                sqlx::query(
+                    "INSERT INTO flow_keys (tenant_id, automation_id, control, key, run_id,
+                        opened_at, count, next_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     ON CONFLICT (tenant_id, automation_id, control, key) DO UPDATE SET
+                        run_id = excluded.run_id, opened_at = excluded.opened_at,
+                        count = excluded.count, next_at = excluded.next_at,
+                        updated_at = excluded.updated_at",
+                )
+                .bind(tenant.as_str())
+                .bind(automation.as_str())
+                .bind(control)
+                .bind(key)
+                .bind(&state.run_id)
+                .bind(state.opened_at)
+                .bind(state.count)
+                .bind(state.next_at)
+                .bind(now_ms())
+                .execute(&mut *self.tx)
+                .await?;
+                Ok(())
+            }
+
+            async fn run_context(&mut self, tenant: &TenantId, run: &RunId) -> Result<Option<Value>> {
+                let row = sqlx::query("SELECT context FROM runs WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .fetch_optional(&mut *self.tx)
+                    .await?;
+                Ok(row.map(|r| r.get::<Json<Value>, _>("context").0))
+            }
+
+            async fn join_run(
+                &mut self,
+                tenant: &TenantId,
+                run: &RunId,
+                context: &Value,
+                delay_ms: i64,
+            ) -> Result<bool> {
+                // A claim takes the job's row first: this update waits for
+                // a claim in flight and then finds the job taken.
+                let moved = sqlx::query(concat!(
+                    "UPDATE jobs SET run_after = ", db_now!(), " + $3
+                     WHERE tenant_id = $1 AND run_id = $2 AND locked_by IS NULL AND attempts = 0"
+                ))
+                .bind(tenant.as_str())
+                .bind(run.as_str())
+                .bind(delay_ms)
+                .execute(&mut *self.tx)
+                .await?
+                .rows_affected();
+                if moved == 0 {
+                    return Ok(false);
+                }
+                let updated = sqlx::query(
+                    "UPDATE runs SET context = $3 WHERE tenant_id = $1 AND id = $2
+                       AND status = 'queued'",
+                )
+                .bind(tenant.as_str())
+                .bind(run.as_str())
+                .bind(Json(context))
+                .execute(&mut *self.tx)
+                .await?
+                .rows_affected();
+                Ok(updated == 1)
+            }
+
+            async fn cancel_run(&mut self, tenant: &TenantId, run: &RunId, reason: &str) -> Result<()> {
+                match run_status(&mut self.tx, tenant, run).await {
+                    Ok(status) if !status.is_final() && status != RunStatus::Compensating => {
+                        cancel_in(&mut self.tx, tenant, run, Some(reason.to_owned())).await
+                    }
+                    Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),
+                    Err(e) => Err(e),
+                }
             }
 
             async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()> {

@@ -58,6 +58,8 @@ pub(crate) struct RunRow<'a> {
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
     pub(crate) event_id: &'a tok_core::ids::EventId,
     pub(crate) status: &'static str,
+    /// Why a refused or skipped run did not start.
+    pub(crate) error: Option<&'a str>,
     pub(crate) started_at: Option<i64>,
     pub(crate) finished_at: Option<i64>,
     pub(crate) run: &'a crate::NewRun,
@@ -81,6 +83,9 @@ pub(crate) struct JobRow<'a> {
     pub(crate) attempts: i32,
     pub(crate) locked_by: Option<&'a str>,
     pub(crate) claim_token: Option<&'a str>,
+    /// Due this long after now (a start control's hold).
+    pub(crate) delay_ms: i64,
+    pub(crate) resume: Option<&'a tok_core::run::Resume>,
 }
 
 /// A claim to fence: the job, its tenant and the token it holds.
@@ -188,7 +193,7 @@ array_row!(RunRow, |r| [
     r.run.idempotency_key,   // 12
     r.run.subject_ticket_id, // 13
     r.run.actions,           // 14
-    r.run.refused,           // 15
+    r.error,                 // 15
     r.run.priority,          // 16
 ]);
 
@@ -201,6 +206,8 @@ array_row!(JobRow, |r| [
     r.priority,    // 5
     r.locked_by,   // 6
     r.claim_token, // 7
+    r.delay_ms,    // 8
+    r.resume,      // 9
 ]);
 
 array_row!(FenceRow, |r| [r.id, r.tenant_id, r.token]);

@@ -64,6 +64,90 @@ macro_rules! impl_runs {
             Ok(StepRow::as_they_became(rows.iter().map(step_from_row).collect()))
         }
 
+        /// Cancels the unfinished run `id` in `tx` (its status checked by
+        /// the caller), with `reason` as its error when given: the runs it
+        /// waits for go with it, and a run with completed steps to undo goes
+        /// on compensating.
+        async fn cancel_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+            reason: Option<String>,
+        ) -> Result<()> {
+            // The runs this one waits for are cancelled with it, the
+            // deepest first (see `children_sql.rs` for the lock order);
+            // each cancelled run's end reaches the waits on it.
+            let tree = cancel_tree(tx, tenant, id).await?;
+            for run in tree.iter().rev() {
+                let error = match run == id {
+                    true => reason.clone(),
+                    false => match run_status(tx, tenant, run).await? {
+                        RunStatus::Compensating => continue,
+                        status if status.is_final() => continue,
+                        _ => Some(format!("cancelled with the run {id} that waited for it")),
+                    },
+                };
+                for sql in [
+                    "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
+                    "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
+                ] {
+                    for_run(tx, sql, tenant, run).await?;
+                }
+                // A run with completed steps to undo goes on compensating:
+                // one job hands the cancel to the decider, which runs
+                // the compensations and ends the run (and tells its
+                // parent) when they are done.
+                if let Some(path) = compensation_start(tx, tenant, run).await? {
+                    sqlx::query(concat!(
+                        "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
+                            priority, created_at, resume)
+                         SELECT id, tenant_id, $3, ",
+                        db_now!(),
+                        ", 0, CASE WHEN subject_ticket_id IS NULL THEN NULL
+                            ELSE 'ticket:' || subject_ticket_id END, priority, $4, $5
+                         FROM runs WHERE tenant_id = $1 AND id = $2"
+                    ))
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .bind(&path)
+                    .bind(now_ms())
+                    .bind(Json(&Resume::Cancel { error: error.clone() }))
+                    .execute(&mut **tx)
+                    .await?;
+                    sqlx::query(
+                        "UPDATE runs SET status = 'compensating', error = COALESCE($3, error)
+                         WHERE tenant_id = $1 AND id = $2",
+                    )
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .bind(error.as_deref())
+                    .execute(&mut **tx)
+                    .await?;
+                    continue;
+                }
+                sqlx::query(
+                    "UPDATE runs SET status = 'cancelled', finished_at = $3,
+                        error = COALESCE($4, error)
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(run.as_str())
+                .bind(now_ms())
+                .bind(error.as_deref())
+                .execute(&mut **tx)
+                .await?;
+                trace_run_ends(tx, &[(tenant, run, RunStatus::Cancelled, None)]).await?;
+                let ended = RunEnded {
+                    run_id: run.to_string(),
+                    status: RunStatus::Cancelled,
+                    output: Value::Null,
+                    error: Some(error.unwrap_or_else(|| "the run was cancelled".into())),
+                };
+                run_ended_in(tx, tenant, &ended).await?;
+            }
+            Ok(())
+        }
+
         #[async_trait::async_trait]
         impl RunStore for $store {
             async fn cancel_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
@@ -84,77 +168,7 @@ macro_rules! impl_runs {
                         status.as_str()
                     ))).await;
                 }
-                // The runs this one waits for are cancelled with it, the
-                // deepest first (see `children_sql.rs` for the lock order);
-                // each cancelled run's end reaches the waits on it.
-                let tree = cancel_tree(&mut tx, tenant, id).await?;
-                for run in tree.iter().rev() {
-                    let error = match run == id {
-                        true => None,
-                        false => match run_status(&mut tx, tenant, run).await? {
-                            RunStatus::Compensating => continue,
-                            status if status.is_final() => continue,
-                            _ => Some(format!("cancelled with the run {id} that waited for it")),
-                        },
-                    };
-                    for sql in [
-                        "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
-                        "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2",
-                    ] {
-                        for_run(&mut tx, sql, tenant, run).await?;
-                    }
-                    // A run with completed steps to undo goes on compensating:
-                    // one job hands the cancel to the decider, which runs
-                    // the compensations and ends the run (and tells its
-                    // parent) when they are done.
-                    if let Some(path) = compensation_start(&mut tx, tenant, run).await? {
-                        sqlx::query(concat!(
-                            "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
-                                priority, created_at, resume)
-                             SELECT id, tenant_id, $3, ",
-                            db_now!(),
-                            ", 0, CASE WHEN subject_ticket_id IS NULL THEN NULL
-                                ELSE 'ticket:' || subject_ticket_id END, priority, $4, $5
-                             FROM runs WHERE tenant_id = $1 AND id = $2"
-                        ))
-                        .bind(tenant.as_str())
-                        .bind(run.as_str())
-                        .bind(&path)
-                        .bind(now_ms())
-                        .bind(Json(&Resume::Cancel { error: error.clone() }))
-                        .execute(&mut *tx)
-                        .await?;
-                        sqlx::query(
-                            "UPDATE runs SET status = 'compensating', error = COALESCE($3, error)
-                             WHERE tenant_id = $1 AND id = $2",
-                        )
-                        .bind(tenant.as_str())
-                        .bind(run.as_str())
-                        .bind(error.as_deref())
-                        .execute(&mut *tx)
-                        .await?;
-                        continue;
-                    }
-                    sqlx::query(
-                        "UPDATE runs SET status = 'cancelled', finished_at = $3,
-                            error = COALESCE($4, error)
-                         WHERE tenant_id = $1 AND id = $2",
-                    )
-                    .bind(tenant.as_str())
-                    .bind(run.as_str())
-                    .bind(now_ms())
-                    .bind(error.as_deref())
-                    .execute(&mut *tx)
-                    .await?;
-                    trace_run_ends(&mut tx, &[(tenant, run, RunStatus::Cancelled, None)]).await?;
-                    let ended = RunEnded {
-                        run_id: run.to_string(),
-                        status: RunStatus::Cancelled,
-                        output: Value::Null,
-                        error: Some(error.unwrap_or_else(|| "the run was cancelled".into())),
-                    };
-                    run_ended_in(&mut tx, tenant, &ended).await?;
-                }
+                cancel_in(&mut tx, tenant, id, None).await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(run)

@@ -234,6 +234,8 @@ impl Fixture {
                 steps: Vec::new(),
                 actions: 0,
                 refused: None,
+                skipped: None,
+                hold: None,
             };
             let event = NewEvent {
                 source_kind: "manual".into(),

@@ -97,13 +97,8 @@ pub fn validate(
             "`startsPerMinute` must be at least 1 (leave it out for no limit)",
         );
     }
-    if let Some(message) = def
-        .flow
-        .priority
-        .as_ref()
-        .and_then(crate::start::check_priority)
-    {
-        c.error("flow.priority", message);
+    for (path, message) in crate::start::check(&def.flow) {
+        c.error(&path, message);
     }
     each_step(&def.steps, "steps", &mut |at, s| {
         step::check_step(&mut c, at, s)

@@ -14,13 +14,15 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
-use tok_core::ids::{AutomationId, EventId, TenantId};
+use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
+use tok_core::run::FlowStart;
 use tok_store::{
     Candidate, Cause, ClaimedJob, Claims, DispatchTx, PendingEvent, Plan, Result, now_ms,
 };
 
 use tok_core::limits::{START_WINDOW_MS, start_allowed, start_rate_exceeded};
 
+use super::gate::{Gated, Keys};
 use super::plan::{PlannedOnTickets, TICKET_WINDOW_MS};
 use crate::fairness::{self, Crowding};
 
@@ -120,6 +122,8 @@ pub(crate) async fn dispatch(
     // read once per tenant and batch.
     let mut tenant_limits: HashMap<TenantId, tok_core::quotas::TenantLimits> = HashMap::new();
     let mut runs = Vec::new();
+    // The start controls' keys this batch decided on.
+    let mut keys = Keys::default();
     let mut dispatched: Vec<EventId> = Vec::with_capacity(events.len());
     let mut received_at = Vec::with_capacity(events.len());
     for event in &events {
@@ -171,7 +175,29 @@ pub(crate) async fn dispatch(
             )
             .await?;
         }
+        let mut flow: HashMap<RunId, FlowStart> = plan
+            .flow
+            .into_iter()
+            .map(|f| (f.run_id.clone(), f))
+            .collect();
         for mut run in plan.runs {
+            let mut key = None;
+            if let Some(start) = flow.remove(&run.id) {
+                match keys
+                    .gate(&mut *tx, &mut runs, &event.tenant_id, &start, run, now)
+                    .await?
+                {
+                    Gated::Joined => continue,
+                    Gated::Run(gated, _) if gated.skipped.is_some() => {
+                        runs.push((event.tenant_id.clone(), event.id.clone(), *gated));
+                        continue;
+                    }
+                    Gated::Run(gated, of) => {
+                        run = *gated;
+                        key = of;
+                    }
+                }
+            }
             let own = starts_per_minute(cached, &run.automation_id);
             let tenant_limit = if own.is_none() {
                 if !tenant_limits.contains_key(&event.tenant_id) {
@@ -197,6 +223,10 @@ pub(crate) async fn dispatch(
                     Err(_) => refuse(&mut run, per_minute),
                 }
             }
+            if let Some(key) = key {
+                let written = run.refused.is_none().then_some(runs.len());
+                keys.planned(&key, written);
+            }
             runs.push((event.tenant_id.clone(), event.id.clone(), run));
         }
     }
@@ -205,7 +235,8 @@ pub(crate) async fn dispatch(
     let mut taken = HashSet::new();
     if let Some(handoff) = handoff.as_mut() {
         for (tenant, _, run) in &runs {
-            if run.first_path.is_some() && run.queue_key.is_none() && (handoff.take)(tenant) {
+            let due = run.first_path.is_some() && run.hold.is_none();
+            if due && run.queue_key.is_none() && (handoff.take)(tenant) {
                 taken.insert(run.id.clone());
             }
         }
@@ -216,6 +247,7 @@ pub(crate) async fn dispatch(
         runs: &taken,
     });
     let claimed = tx.insert_runs(&runs, claims).await?;
+    keys.write(&mut *tx).await?;
     if !dispatched.is_empty() {
         tx.mark_dispatched(&dispatched).await?;
     }
@@ -267,6 +299,7 @@ mod tests {
     use async_trait::async_trait;
     use serde_json::json;
     use tok_core::ids::{RunId, TenantId};
+    use tok_core::run::Resume;
     use tok_store::{Candidate, NewRun, PendingEvent};
 
     use super::*;
@@ -282,6 +315,10 @@ mod tests {
         marked: Vec<EventId>,
         lookups: usize,
         committed: bool,
+        /// Start controls' rows by (control, key), and how often read.
+        keys: HashMap<(String, String), tok_core::start::KeyState>,
+        key_reads: usize,
+        cancelled: Vec<(RunId, String)>,
     }
 
     /// A dispatch transaction that selects `events`, finds `candidates`
@@ -373,6 +410,72 @@ mod tests {
             Ok(Vec::new())
         }
 
+        async fn flow_key(
+            &mut self,
+            _tenant: &TenantId,
+            _automation: &AutomationId,
+            control: &str,
+            key: &str,
+        ) -> Result<Option<tok_core::start::KeyState>> {
+            let mut written = self.written();
+            written.key_reads += 1;
+            Ok(written.keys.get(&(control.into(), key.into())).cloned())
+        }
+
+        async fn put_flow_key(
+            &mut self,
+            _tenant: &TenantId,
+            _automation: &AutomationId,
+            control: &str,
+            key: &str,
+            state: &tok_core::start::KeyState,
+        ) -> Result<()> {
+            let id = (control.to_owned(), key.to_owned());
+            self.written().keys.insert(id, state.clone());
+            Ok(())
+        }
+
+        async fn run_context(
+            &mut self,
+            _tenant: &TenantId,
+            run: &RunId,
+        ) -> Result<Option<serde_json::Value>> {
+            let written = self.written();
+            let found = written.runs.iter().find(|(_, _, r)| &r.id == run);
+            Ok(found.map(|(_, _, r)| r.context.clone()))
+        }
+
+        async fn join_run(
+            &mut self,
+            _tenant: &TenantId,
+            run: &RunId,
+            context: &serde_json::Value,
+            delay_ms: i64,
+        ) -> Result<bool> {
+            let mut written = self.written();
+            let found = written.runs.iter_mut().find(|(_, _, r)| &r.id == run);
+            let Some((_, _, open)) = found else {
+                return Ok(false);
+            };
+            open.context = context.clone();
+            if let Some(hold) = &mut open.hold {
+                hold.delay_ms = delay_ms;
+            }
+            Ok(true)
+        }
+
+        async fn cancel_run(
+            &mut self,
+            _tenant: &TenantId,
+            run: &RunId,
+            reason: &str,
+        ) -> Result<()> {
+            self.written()
+                .cancelled
+                .push((run.clone(), reason.to_owned()));
+            Ok(())
+        }
+
         async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()> {
             self.written().marked.extend(events.iter().cloned());
             Ok(())
@@ -426,10 +529,18 @@ mod tests {
     }
 
     fn answers(events: Vec<PendingEvent>, earlier: i64) -> (Box<Answers>, Arc<Mutex<Written>>) {
-        let written = Arc::new(Mutex::new(Written::default()));
+        answers_for(events, earlier, watcher(), Arc::default())
+    }
+
+    fn answers_for(
+        events: Vec<PendingEvent>,
+        earlier: i64,
+        candidate: Candidate,
+        written: Arc<Mutex<Written>>,
+    ) -> (Box<Answers>, Arc<Mutex<Written>>) {
         let tx = Answers {
             events,
-            candidates: vec![watcher()],
+            candidates: vec![candidate],
             earlier,
             written: written.clone(),
         };
@@ -556,5 +667,149 @@ mod tests {
         assert_eq!(offered, ["a", "b"], "not the run queued behind its ticket");
         let b = written.runs.iter().find(|(t, _, _)| t.as_str() == "b");
         assert_eq!(written.claimed_runs, [b.unwrap().2.id.clone()]);
+    }
+
+    /// The watcher with `flow`.
+    fn controlled(flow: serde_json::Value) -> Candidate {
+        let mut candidate = watcher();
+        candidate.definition["flow"] = flow;
+        candidate
+    }
+
+    /// Events of tenant `a` whose bodies name `keys` (`"aab"`: two of key
+    /// `a`, one of `b`), numbered from `from`.
+    fn keyed(keys: &str, from: usize) -> Vec<PendingEvent> {
+        keys.chars()
+            .enumerate()
+            .map(|(n, key)| {
+                let mut e = event(from + n, "a", "ticket.updated", None);
+                e.payload = json!({ "n": from + n, "customer": key.to_string() });
+                e
+            })
+            .collect()
+    }
+
+    fn bodies(run: &NewRun, field: &str) -> serde_json::Value {
+        run.context[field].clone()
+    }
+
+    #[tokio::test]
+    async fn debounced_events_of_a_key_join_one_held_run_in_the_batch_and_after_it() {
+        let written = Arc::default();
+        let debounce =
+            || controlled(json!({ "debounce": { "key": "{{_body.customer}}", "period": "10s" } }));
+        let (tx, _) = answers_for(keyed("aaba", 0), 0, debounce(), Arc::clone(&written));
+        let mut take = |_: &TenantId| true;
+        run(tx, 16, true, &Mutex::default(), Some(&mut take)).await;
+        {
+            let w = written.lock().unwrap();
+            assert_eq!(w.runs.len(), 2, "one run per key");
+            assert_eq!(w.key_reads, 2, "each key's row read once per batch");
+            let a = &w.runs[0].2;
+            assert_eq!(bodies(a, "_body")["n"], 3, "the last body");
+            let hold = a.hold.as_ref().expect("held");
+            assert!((9_000..=10_000).contains(&hold.delay_ms), "{hold:?}");
+            assert!(matches!(&hold.resume, Resume::Deferred { limit, .. } if limit == "debounce"));
+            assert!(a.steps.is_empty(), "begun when due, not at dispatch");
+            assert!(
+                w.claimed_runs.is_empty(),
+                "a held run is no one's to start now"
+            );
+        }
+        // The next dispatch's event of key a joins the written run.
+        let (tx, _) = answers_for(keyed("a", 9), 0, debounce(), Arc::clone(&written));
+        run(tx, 16, true, &Mutex::default(), None).await;
+        let w = written.lock().unwrap();
+        assert_eq!(w.runs.len(), 2, "no third run");
+        assert_eq!(bodies(&w.runs[0].2, "_body")["n"], 9);
+        assert_eq!(w.keys[&("debounce".into(), "a".into())].count, 4);
+    }
+
+    #[tokio::test]
+    async fn twelve_batched_events_make_runs_of_five_five_and_two_with_their_bodies() {
+        let written = Arc::default();
+        let batch = controlled(json!({ "batch": { "maxSize": 5, "timeout": "1m" } }));
+        let (tx, _) = answers_for(keyed(&"x".repeat(12), 0), 0, batch, Arc::clone(&written));
+        run(tx, 16, true, &Mutex::default(), None).await;
+        let w = written.lock().unwrap();
+        let sizes: Vec<usize> = w
+            .runs
+            .iter()
+            .map(|(_, _, r)| bodies(r, "_events").as_array().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [5, 5, 2]);
+        let ns: Vec<&serde_json::Value> = w.runs[1].2.context["_events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| &b["n"])
+            .collect();
+        assert_eq!(ns, [5, 6, 7, 8, 9], "in order");
+        let delays: Vec<i64> = w
+            .runs
+            .iter()
+            .map(|(_, _, r)| r.hold.as_ref().unwrap().delay_ms)
+            .collect();
+        assert_eq!(&delays[..2], [0, 0], "a full batch is due at once");
+        assert!(
+            delays[2] > 50_000,
+            "the last waits for its timeout: {delays:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn singleton_skip_writes_skipped_runs_and_cancel_replaces_the_active_one() {
+        let written: Arc<Mutex<Written>> = Arc::default();
+        let skip =
+            || controlled(json!({ "singleton": { "key": "{{_body.customer}}", "mode": "skip" } }));
+        let (tx, _) = answers_for(keyed("aab", 0), 0, skip(), Arc::clone(&written));
+        run(tx, 16, true, &Mutex::default(), None).await;
+        {
+            let w = written.lock().unwrap();
+            let skipped: Vec<bool> = w.runs.iter().map(|(_, _, r)| r.skipped.is_some()).collect();
+            assert_eq!(skipped, [false, true, false]);
+            let why = w.runs[1].2.skipped.as_deref().unwrap();
+            assert!(
+                why.contains(w.runs[0].2.id.as_str()) && why.contains("\u{201c}a\u{201d}"),
+                "{why}"
+            );
+            assert_eq!(w.runs[1].2.first_path, None);
+        }
+        // A run of the key written before: cancel mode cancels it.
+        let (first, _) = {
+            let w = written.lock().unwrap();
+            (w.runs[0].2.id.clone(), ())
+        };
+        let cancel =
+            controlled(json!({ "singleton": { "key": "{{_body.customer}}", "mode": "cancel" } }));
+        written.lock().unwrap().keys.insert(
+            ("singleton".into(), "a".into()),
+            tok_core::start::KeyState {
+                run_id: first.to_string(),
+                run: tok_core::start::KeyRun::Active,
+                opened_at: 0,
+                count: 1,
+                next_at: 0,
+            },
+        );
+        let (tx, _) = answers_for(keyed("aa", 5), 0, cancel, Arc::clone(&written));
+        run(tx, 16, true, &Mutex::default(), None).await;
+        let w = written.lock().unwrap();
+        assert_eq!(w.cancelled.len(), 1, "{:?}", w.cancelled);
+        assert_eq!(w.cancelled[0].0, first);
+        let new: Vec<&NewRun> = w.runs[3..].iter().map(|(_, _, r)| r).collect();
+        assert_eq!(new.len(), 2);
+        assert!(
+            new[0]
+                .skipped
+                .as_deref()
+                .is_some_and(|s| s.contains("replaced")),
+            "the second replaced the first before it was written"
+        );
+        assert!(new[1].skipped.is_none());
+        assert_eq!(
+            w.keys[&("singleton".into(), "a".into())].run_id,
+            new[1].id.as_str()
+        );
     }
 }

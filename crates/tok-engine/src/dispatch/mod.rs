@@ -9,6 +9,7 @@
 //! decides the runs, purely.
 
 mod batch;
+mod gate;
 pub mod plan;
 
 use std::sync::Arc;

@@ -25,7 +25,8 @@ use tok_core::definition::Automation;
 use tok_core::flow::{self, Next};
 use tok_core::ids::{AutomationId, RunId, TenantId};
 use tok_core::path::FlowPath;
-use tok_core::run::ticket_queue_key;
+use tok_core::run::{FlowStart, ticket_queue_key};
+use tok_core::start::Control;
 use tok_store::{Candidate, NewRun, NextJob, PendingEvent, Plan, PlanNote, RunStatus, StepRecord};
 
 use crate::definitions::DefinitionCache;
@@ -155,6 +156,8 @@ pub fn plan(
                     actions: 0,
                     steps: Vec::new(),
                     refused: None,
+                    skipped: None,
+                    hold: None,
                 });
                 continue;
             }
@@ -197,9 +200,21 @@ pub fn plan(
             continue;
         }
         let priority = run_priority(&automation, &context, &candidate.automation_id);
-        let run_context = Context::from_value(context.clone());
+        let control = automation.flow.control();
+        let mut run_context = Context::from_value(context.clone());
+        if let Some(Control::Batch(_)) = control {
+            // A batch's run has its events' bodies, the first one's now.
+            let mut value = run_context.into_value();
+            value["_events"] = json!([event.payload]);
+            run_context = Context::from_value(value);
+        }
         let limit = fairness.dispatch_chain_limit;
         let (steps, first_path, run_context) = match flow::first(&automation.steps) {
+            // A run its start control holds begins when it is due: an
+            // event joining it may change its context until then.
+            Next::Step(path) if control.is_some_and(|c| c.holds()) => {
+                (Vec::new(), Some(path), run_context)
+            }
             Next::Step(path) => begin(&automation, path, run_context, registry, limit),
             Next::Complete
             | Next::BranchDone { .. }
@@ -207,6 +222,18 @@ pub fn plan(
             | Next::EscalationDone { .. }
             | Next::CompensationDone { .. } => (Vec::new(), None, run_context),
         };
+        let id = RunId::generate();
+        if let Some(control) = control {
+            let (key, why) = control.key(&context);
+            if let Some(why) = why {
+                tracing::warn!(automation = %candidate.automation_id, "{why}");
+            }
+            plan.flow.push(FlowStart {
+                run_id: id.clone(),
+                flow: automation.flow.clone(),
+                key,
+            });
+        }
         count_steps(event, &steps, first_path.is_none());
         // Stored like a worker's records (see `tok_core::retention`).
         let keep = automation.settings.keep_step_data;
@@ -215,7 +242,7 @@ pub fn plan(
             .map(|step| tok_core::retention::for_storage(step, keep))
             .collect();
         plan.runs.push(NewRun {
-            id: RunId::generate(),
+            id,
             automation_id: candidate.automation_id.clone(),
             version: candidate.version,
             trigger_type: event.source_kind.clone(),
@@ -228,6 +255,8 @@ pub fn plan(
             subject_ticket_id: event.subject_ticket_id.clone(),
             actions: steps.len() as i32,
             refused: None,
+            skipped: None,
+            hold: None,
             steps,
         });
     }

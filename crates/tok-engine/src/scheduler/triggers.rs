@@ -241,6 +241,8 @@ async fn start(
         steps: Vec::new(),
         actions: 0,
         refused: None,
+        skipped: None,
+        hold: None,
     };
     Ok(Some(store.start_run(tenant, new_event, run).await?))
 }

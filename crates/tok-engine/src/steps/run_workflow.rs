@@ -148,6 +148,8 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         steps: Vec::new(),
         actions: 0,
         refused: None,
+        skipped: None,
+        hold: None,
     };
     let mut run = run;
     let own = automation.settings.limits.starts_per_minute;

@@ -331,7 +331,7 @@ const onLive = (fn) => live.listeners.add(fn);
 
 // ---------- Runs ----------
 
-const STATUSES = ["queued", "running", "waiting", "paused", "compensating", "completed", "failed", "cancelled", "refused"];
+const STATUSES = ["queued", "running", "waiting", "paused", "compensating", "completed", "failed", "cancelled", "refused", "skipped"];
 const TRIGGERS = ["webhook", "event", "poll", "schedule", "manual"];
 let automationNames = new Map();
 
@@ -418,7 +418,7 @@ function controlsFor(status) {
   return {
     retry: status === "failed",
     // A compensating run undoes its steps; a cancel does not interrupt that.
-    cancel: !["compensating", "completed", "failed", "cancelled", "refused"].includes(status),
+    cancel: !["compensating", "completed", "failed", "cancelled", "refused", "skipped"].includes(status),
     pause: ["queued", "running", "waiting"].includes(status),
     resume: status === "paused",
   };
@@ -574,6 +574,19 @@ pages.automations = async (view, id) => {
     })))));
 };
 
+/** How an automation's `flow` shapes its starts, in a line; "" without one. */
+function flowText(flow) {
+  if (!flow) return "";
+  const per = (c) => (c.key ? ` per ${c.key}` : "");
+  const parts = [];
+  if (flow.debounce) parts.push(`debounced${per(flow.debounce)}: one run ${flow.debounce.period} after the last event${flow.debounce.maxWait ? `, at most ${flow.debounce.maxWait} after the first` : ""}`);
+  if (flow.throttle) parts.push(`throttled${per(flow.throttle)}: at most ${flow.throttle.limit} starts per ${flow.throttle.period}${flow.throttle.burst ? `, ${flow.throttle.burst} at once` : ""}`);
+  if (flow.batch) parts.push(`batched${per(flow.batch)}: up to ${flow.batch.maxSize} events per run, or what came in ${flow.batch.timeout}`);
+  if (flow.singleton) parts.push(`one run at a time${per(flow.singleton)}; a later event ${flow.singleton.mode === "cancel" ? "cancels the running one" : "is skipped"}`);
+  if (flow.priority !== undefined) parts.push(`priority ${flow.priority}`);
+  return parts.join(" · ");
+}
+
 function triggerText(trigger) {
   switch (trigger.kind) {
     case "webhook": return "a webhook from its source";
@@ -618,6 +631,7 @@ pages.automation_detail = async (view, id) => {
         h("a.button", { href: `#/runs`, onclick: () => { runFilters.automation = a.id; } }, "Its runs"))),
     h("dl.kv", null,
       h("dt", null, "Runs on"), h("dd", null, triggerText(trigger)),
+      flowText(a.definition.flow) ? [h("dt", null, "Starts"), h("dd", { id: "flow-control" }, flowText(a.definition.flow))] : null,
       a.next_run_at ? [h("dt", null, "Next run"), h("dd", { id: "next-run" }, until(a.next_run_at), h("span.muted", null, ` · ${toDate(a.next_run_at).toLocaleString()}`))] : null,
       h("dt", null, "Version"), h("dd", null, `v${a.version}`, h("span.muted", null, ` · hash ${String(a.hash || "").slice(0, 12)}`)),
       h("dt", null, "Updated"), h("dd", null, when(a.updated_at || a.created_at))));

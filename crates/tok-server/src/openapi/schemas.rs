@@ -13,7 +13,8 @@ use utoipa::ToSchema;
 /// failed, with `settings.compensateOnFailure`) run undoes its completed
 /// steps; it ends `cancelled` or `failed`. `refused`: an event would have
 /// started the run over its automation's `settings.limits.startsPerMinute`;
-/// no step ran.
+/// no step ran. `skipped`: its automation's `flow.singleton` (mode `skip`)
+/// had a run of the same key unfinished; no step ran.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum RunStatusName {
@@ -26,6 +27,7 @@ pub(crate) enum RunStatusName {
     Failed,
     Cancelled,
     Refused,
+    Skipped,
 }
 
 /// One run as listings show it.
@@ -88,7 +90,9 @@ pub(crate) struct RunDetail {
 pub(crate) struct BlockedBy {
     /// `approval`, `signal`, `runs` (a wait), `breaker`,
     /// `connection_concurrency`, `connection_rate` (a step its connection
-    /// held back), `timer` (a `wait` step, a retry's backoff), `queue_key`
+    /// held back), `throttle`, `debounce`, `batch` (its automation's start
+    /// control holds its first step; `until` it is due, which a joining
+    /// event moves), `timer` (a `wait` step, a retry's backoff), `queue_key`
     /// (a ticket's queue another run holds), `tenant_concurrency` (the
     /// tenant's `settings.limits.concurrency` reached).
     kind: String,

@@ -18,6 +18,7 @@ mod dashboard;
 mod desk;
 mod errors;
 mod escalations;
+mod flow;
 mod fuzz;
 mod fuzz_definitions;
 mod health;

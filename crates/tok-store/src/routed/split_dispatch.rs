@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
+use serde_json::Value;
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
+use tok_core::start::KeyState;
 
 use super::database::Database;
 use crate::dispatch::{Claims, DispatchTx};
@@ -193,6 +195,55 @@ impl DispatchTx for SplitDispatch {
             .collect();
         claimed.sort_by_key(|job| order.get(&job.run_id).copied().unwrap_or(usize::MAX));
         Ok(claimed)
+    }
+
+    async fn flow_key(
+        &mut self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        control: &str,
+        key: &str,
+    ) -> Result<Option<KeyState>> {
+        let part = self.part(tenant)?;
+        let asked = part.tx.flow_key(tenant, automation, control, key);
+        part.db.call(asked).await
+    }
+
+    async fn put_flow_key(
+        &mut self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        control: &str,
+        key: &str,
+        state: &KeyState,
+    ) -> Result<()> {
+        let part = self.part(tenant)?;
+        let written = part
+            .tx
+            .put_flow_key(tenant, automation, control, key, state);
+        part.db.call(written).await
+    }
+
+    async fn run_context(&mut self, tenant: &TenantId, run: &RunId) -> Result<Option<Value>> {
+        let part = self.part(tenant)?;
+        part.db.call(part.tx.run_context(tenant, run)).await
+    }
+
+    async fn join_run(
+        &mut self,
+        tenant: &TenantId,
+        run: &RunId,
+        context: &Value,
+        delay_ms: i64,
+    ) -> Result<bool> {
+        let part = self.part(tenant)?;
+        let joined = part.tx.join_run(tenant, run, context, delay_ms);
+        part.db.call(joined).await
+    }
+
+    async fn cancel_run(&mut self, tenant: &TenantId, run: &RunId, reason: &str) -> Result<()> {
+        let part = self.part(tenant)?;
+        part.db.call(part.tx.cancel_run(tenant, run, reason)).await
     }
 
     async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()> {

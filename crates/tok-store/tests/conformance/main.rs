@@ -204,6 +204,8 @@ fn new_run(automation: &AutomationId, trigger: &str, queue_key: Option<&str>) ->
         steps: Vec::new(),
         actions: 0,
         refused: None,
+        skipped: None,
+        hold: None,
         id: RunId::generate(),
         automation_id: automation.clone(),
         version: 1,
@@ -236,6 +238,7 @@ async fn start(
 fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan {
     Plan {
         notes: Vec::new(),
+        flow: Vec::new(),
         runs: candidates
             .iter()
             .map(|c| NewRun {
@@ -243,6 +246,8 @@ fn one_run_per_candidate(event: &PendingEvent, candidates: &[Candidate]) -> Plan
                 steps: Vec::new(),
                 actions: 0,
                 refused: None,
+                skipped: None,
+                hold: None,
                 id: RunId::generate(),
                 automation_id: c.automation_id.clone(),
                 version: c.version,

@@ -1,0 +1,18 @@
+-- One row per key of an automation's start control (`flow.debounce`,
+-- `throttle`, `batch`, `singleton`): the run its last start made, when
+-- that run's window opened, how many events it holds, and when the key's
+-- next throttled start is due. The dispatch reads a key's row under a lock
+-- on its name and decides from it; nothing of a window is kept in memory.
+CREATE TABLE flow_keys (
+    tenant_id     TEXT NOT NULL,
+    automation_id TEXT NOT NULL,
+    control       TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    run_id        TEXT NOT NULL,
+    opened_at     BIGINT NOT NULL,
+    count         BIGINT NOT NULL,
+    next_at       BIGINT NOT NULL,
+    updated_at    BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, automation_id, control, key)
+);
+CREATE INDEX flow_keys_by_age ON flow_keys (updated_at);
