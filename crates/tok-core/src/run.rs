@@ -32,6 +32,9 @@ pub enum RunStatus {
     /// Never started: its automation's `flow.singleton` (`skip`) had a run
     /// of its key unfinished (its error names it). No step runs.
     Skipped,
+    /// Never started: its automation's `flow.startTimeout` passed while it
+    /// was queued (held by a start control, a cap, a queue key). No step ran.
+    Expired,
 }
 
 impl RunStatus {
@@ -47,6 +50,7 @@ impl RunStatus {
             Self::Cancelled => "cancelled",
             Self::Refused => "refused",
             Self::Skipped => "skipped",
+            Self::Expired => "expired",
         }
     }
 
@@ -62,16 +66,22 @@ impl RunStatus {
             "cancelled" => Self::Cancelled,
             "refused" => Self::Refused,
             "skipped" => Self::Skipped,
+            "expired" => Self::Expired,
             _ => return None,
         })
     }
 
-    /// Completed, failed, cancelled, refused or skipped: nothing moves the
-    /// run any more (but a retry of a failed one).
+    /// Completed, failed, cancelled, refused, skipped or expired: nothing
+    /// moves the run any more (but a retry of a failed one).
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            Self::Completed | Self::Failed | Self::Cancelled | Self::Refused | Self::Skipped
+            Self::Completed
+                | Self::Failed
+                | Self::Cancelled
+                | Self::Refused
+                | Self::Skipped
+                | Self::Expired
         )
     }
 }
@@ -332,6 +342,10 @@ pub struct NewRun {
     /// start control meanwhile (`resume` says which, for `blocked_by`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
+    /// When the run expires if no worker has begun it by then (Unix ms;
+    /// `flow.startTimeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_by: Option<i64>,
 }
 
 /// A run's first job held back by its start control (`flow.debounce`,

@@ -60,7 +60,7 @@ pub const MAX_KEY_LEN: usize = 200;
 /// `flow`: the start controls of an automation. Unknown keys are refused
 /// like everywhere in a definition.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct FlowControl {
     /// `priority`: a number, or a template string (checked by
     /// [`check_priority`]).
@@ -74,6 +74,14 @@ pub struct FlowControl {
     pub batch: Option<Batch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub singleton: Option<Singleton>,
+    /// `startTimeout`: a run no worker has begun this long after it was
+    /// made ends `expired` (held by a start control, a cap, a queue key).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "serde_optional_duration"
+    )]
+    pub start_timeout: Option<Duration>,
 }
 
 /// `debounce: {key?, period, maxWait?}`: a key's events start one run
@@ -365,7 +373,7 @@ fn ms(d: Duration) -> i64 {
 
 impl FlowControl {
     pub fn is_empty(&self) -> bool {
-        self.priority.is_none() && self.control().is_none()
+        self.priority.is_none() && self.control().is_none() && self.start_timeout.is_none()
     }
 
     /// The automation's start control: the first it has of `debounce`,
@@ -547,6 +555,9 @@ pub fn check(flow: &FlowControl) -> Vec<(String, String)> {
                 ),
             ));
         }
+    }
+    if let Some(d) = flow.start_timeout {
+        found.extend(period("startTimeout", d));
     }
     if let Some(c) = &flow.singleton {
         found.extend(key("singleton", &c.key));

@@ -474,6 +474,7 @@ impl Engine {
             refused: None,
             skipped: None,
             hold: None,
+            start_by: None,
         };
         // An automation without a start limit of its own has its tenant's.
         let per_minute = match automation.settings.limits.starts_per_minute {

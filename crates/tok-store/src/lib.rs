@@ -104,7 +104,7 @@ pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
 pub use watch::{
     ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, UnfinishedRun,
-    WatchStore,
+    UnstartedRun, WatchStore,
 };
 pub use widgets::{NewWidget, Widget, WidgetPatch, WidgetStore};
 

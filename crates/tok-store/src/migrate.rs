@@ -49,7 +49,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     28 "0028_keep_the_traceparent_of_events",
     29 "0029_give_runs_a_priority",
     30 "0030_record_who_sent_a_signal",
-    31 "0031_keep_a_row_per_flow_key",
+    31 "0031_keep_flow_keys_and_start_deadlines",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -77,7 +77,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     25 "0025_keep_the_traceparent_of_events",
     26 "0026_give_runs_a_priority",
     27 "0027_record_who_sent_a_signal",
-    28 "0028_keep_a_row_per_flow_key",
+    28 "0028_keep_flow_keys_and_start_deadlines",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

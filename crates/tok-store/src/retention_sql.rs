@@ -23,7 +23,7 @@ macro_rules! impl_retention {
                 Expiring::Runs => {
                     "DELETE FROM runs WHERE tenant_id = $1 AND id IN (
                          SELECT id FROM runs WHERE tenant_id = $1 AND finished_at < $2
-                           AND status IN ('completed', 'failed', 'cancelled', 'refused', 'skipped') LIMIT $3)"
+                           AND status IN ('completed', 'failed', 'cancelled', 'refused', 'skipped', 'expired') LIMIT $3)"
                 }
                 Expiring::Trace => {
                     "DELETE FROM ticket_trace WHERE tenant_id = $1 AND at < $2 AND id IN (

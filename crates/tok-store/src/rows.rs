@@ -195,6 +195,7 @@ array_row!(RunRow, |r| [
     r.run.actions,           // 14
     r.error,                 // 15
     r.run.priority,          // 16
+    r.run.start_by,          // 17
 ]);
 
 array_row!(JobRow, |r| [

@@ -41,6 +41,14 @@ pub struct UnfinishedRun {
     pub created_at: i64,
 }
 
+/// A queued run past its `start_by`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnstartedRun {
+    pub tenant_id: TenantId,
+    pub run_id: RunId,
+    pub start_by: i64,
+}
+
 /// How [`WatchStore::fail_run`] fails a run: its error, and the tenant's
 /// incident and the `run.failed` event a run failed by the decider gets.
 #[derive(Debug, Clone)]
@@ -112,6 +120,27 @@ pub trait WatchStore: Send + Sync {
         created_before: i64,
         limit: u32,
     ) -> Result<Vec<UnfinishedRun>>;
+
+    /// Up to `limit` runs of `tenants` still queued, never begun, past
+    /// their `start_by` (`flow.startTimeout`) at `now`, earliest first.
+    async fn unstarted_past(
+        &self,
+        tenants: &[TenantId],
+        now: i64,
+        limit: u32,
+    ) -> Result<Vec<UnstartedRun>>;
+
+    /// Ends a run no worker has begun `expired` with `error`, in one
+    /// transaction: its jobs and waits go, the runs waiting on it learn it
+    /// ended, its ticket's trace says so. False, and nothing written, when
+    /// a worker claimed it first (it began) or it ended meanwhile.
+    async fn expire_run(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        error: &str,
+        now: i64,
+    ) -> Result<bool>;
 
     /// Fails a queued, running or waiting run from outside the decider
     /// (its `settings.runTimeout` passed, its definition no longer reads),

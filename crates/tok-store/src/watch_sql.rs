@@ -114,6 +114,100 @@ macro_rules! impl_watch {
                     .collect())
             }
 
+            async fn unstarted_past(
+                &self,
+                tenants: &[TenantId],
+                now: i64,
+                limit: u32,
+            ) -> Result<Vec<$crate::watch::UnstartedRun>> {
+                if tenants.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let rows = sqlx::query(concat!(
+                    "SELECT tenant_id, id, start_by FROM runs
+                     WHERE start_by IS NOT NULL AND status = 'queued' AND start_by < $2
+                       AND tenant_id ",
+                    unindexed_any_of!(1),
+                    "
+                     ORDER BY start_by
+                     LIMIT $3"
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| $crate::watch::UnstartedRun {
+                        tenant_id: TenantId::from(r.get::<String, _>("tenant_id")),
+                        run_id: RunId::from(r.get::<String, _>("id")),
+                        start_by: r.get("start_by"),
+                    })
+                    .collect())
+            }
+
+            async fn expire_run(
+                &self,
+                tenant: &TenantId,
+                run: &RunId,
+                error: &str,
+                now: i64,
+            ) -> Result<bool> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                // The jobs first, as a claim takes them: a claim in flight
+                // is waited for, and then its job is no longer unclaimed.
+                sqlx::query(
+                    "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2 AND locked_by IS NULL",
+                )
+                .bind(tenant.as_str())
+                .bind(run.as_str())
+                .execute(&mut *tx)
+                .await?;
+                let claimed: i64 = sqlx::query(
+                    "SELECT COUNT(*) AS n FROM jobs WHERE tenant_id = $1 AND run_id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(run.as_str())
+                .fetch_one(&mut *tx)
+                .await?
+                .get("n");
+                let expired = claimed == 0
+                    && sqlx::query(
+                        "UPDATE runs SET status = 'expired', error = $3, finished_at = $4
+                         WHERE tenant_id = $1 AND id = $2 AND status = 'queued'
+                           AND started_at IS NULL",
+                    )
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .bind(error)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                        > 0;
+                if !expired {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                sqlx::query("DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2")
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                trace_run_ends(&mut tx, &[(tenant, run, RunStatus::Expired, Some(error))]).await?;
+                let ended = RunEnded {
+                    run_id: run.to_string(),
+                    status: RunStatus::Expired,
+                    output: Value::Null,
+                    error: Some(error.to_owned()),
+                };
+                run_ended_in(&mut tx, tenant, &ended).await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+
             async fn fail_run(
                 &self,
                 tenant: &TenantId,

@@ -236,6 +236,7 @@ impl Fixture {
                 refused: None,
                 skipped: None,
                 hold: None,
+                start_by: None,
             };
             let event = NewEvent {
                 source_kind: "manual".into(),

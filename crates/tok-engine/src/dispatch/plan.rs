@@ -158,6 +158,7 @@ pub fn plan(
                     refused: None,
                     skipped: None,
                     hold: None,
+                    start_by: None,
                 });
                 continue;
             }
@@ -257,6 +258,10 @@ pub fn plan(
             refused: None,
             skipped: None,
             hold: None,
+            start_by: automation
+                .flow
+                .start_timeout
+                .map(|d| Timestamp::now().as_millisecond() + d.as_millis() as i64),
             steps,
         });
     }

@@ -150,6 +150,8 @@ pub struct WakeReport {
     pub skipped: usize,
     /// Stuck runs found by the watch (see [`watch`]).
     pub stuck: usize,
+    /// Runs ended `expired`: not begun within their `flow.startTimeout`.
+    pub expired: usize,
 }
 
 /// Whether a tenant's part of a pass over many failed because its own
@@ -222,6 +224,7 @@ impl Scheduler {
             return Ok(WakeReport::default());
         }
         let mut report = self.fire_due(tenants).await?;
+        report.expired = watch::expire_unstarted(self, tenants).await?;
         let now = self.clock.now_ms();
         let every = self.config.watch_every.as_millis() as i64;
         if now.saturating_sub(self.watched_at.load(Ordering::SeqCst)) >= every {

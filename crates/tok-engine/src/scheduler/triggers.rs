@@ -243,6 +243,7 @@ async fn start(
         refused: None,
         skipped: None,
         hold: None,
+        start_by: None,
     };
     Ok(Some(store.start_run(tenant, new_event, run).await?))
 }

@@ -13,6 +13,9 @@
 //!   `TOK_RUN_TIMEOUT`), which is then failed like a run the decider
 //!   fails (the tenant's incident, `run.failed`, its parent told:
 //!   [`crate::failure`]).
+//!
+//! And at every wake, [`expire_unstarted`] ends `expired` the runs no
+//! worker began within their automation's `flow.startTimeout`.
 
 use std::time::Duration;
 
@@ -127,6 +130,33 @@ async fn look_at(
     }
     time_out_runs(scheduler, tenant, now, report).await?;
     Ok(())
+}
+
+/// Runs one wake expires at most; the rest at the next.
+const EXPIRED_PER_WAKE: u32 = 500;
+
+/// Ends `expired` the runs of `tenants` that no worker began by their
+/// `flow.startTimeout` (every wake: one read of an index that holds only
+/// queued runs with a deadline). Returns how many.
+pub(super) async fn expire_unstarted(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<usize> {
+    let store = &*scheduler.store;
+    let now = scheduler.clock.now_ms();
+    let mut expired = 0;
+    for run in store.unstarted_past(tenants, now, EXPIRED_PER_WAKE).await? {
+        let error = format!(
+            "expired: not started by {} (flow.startTimeout)",
+            tok_store::rfc3339::format(run.start_by)
+        );
+        if store
+            .expire_run(&run.tenant_id, &run.run_id, &error, now)
+            .await?
+        {
+            tracing::info!(tenant = %run.tenant_id, run = %run.run_id, "run expired before it started");
+            metrics::counter!("tok_runs_finished_total", "status" => "expired").increment(1);
+            expired += 1;
+        }
+    }
+    Ok(expired)
 }
 
 /// Fails the tenant's runs past their automation's `settings.runTimeout`,

@@ -150,6 +150,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         refused: None,
         skipped: None,
         hold: None,
+        start_by: None,
     };
     let mut run = run;
     let own = automation.settings.limits.starts_per_minute;

@@ -331,7 +331,7 @@ const onLive = (fn) => live.listeners.add(fn);
 
 // ---------- Runs ----------
 
-const STATUSES = ["queued", "running", "waiting", "paused", "compensating", "completed", "failed", "cancelled", "refused", "skipped"];
+const STATUSES = ["queued", "running", "waiting", "paused", "compensating", "completed", "failed", "cancelled", "refused", "skipped", "expired"];
 const TRIGGERS = ["webhook", "event", "poll", "schedule", "manual"];
 let automationNames = new Map();
 
@@ -418,7 +418,7 @@ function controlsFor(status) {
   return {
     retry: status === "failed",
     // A compensating run undoes its steps; a cancel does not interrupt that.
-    cancel: !["compensating", "completed", "failed", "cancelled", "refused", "skipped"].includes(status),
+    cancel: !["compensating", "completed", "failed", "cancelled", "refused", "skipped", "expired"].includes(status),
     pause: ["queued", "running", "waiting"].includes(status),
     resume: status === "paused",
   };
@@ -584,6 +584,7 @@ function flowText(flow) {
   if (flow.batch) parts.push(`batched${per(flow.batch)}: up to ${flow.batch.maxSize} events per run, or what came in ${flow.batch.timeout}`);
   if (flow.singleton) parts.push(`one run at a time${per(flow.singleton)}; a later event ${flow.singleton.mode === "cancel" ? "cancels the running one" : "is skipped"}`);
   if (flow.priority !== undefined) parts.push(`priority ${flow.priority}`);
+  if (flow.startTimeout) parts.push(`expires if not started within ${flow.startTimeout}`);
   return parts.join(" · ");
 }
 

@@ -14,7 +14,8 @@ use utoipa::ToSchema;
 /// steps; it ends `cancelled` or `failed`. `refused`: an event would have
 /// started the run over its automation's `settings.limits.startsPerMinute`;
 /// no step ran. `skipped`: its automation's `flow.singleton` (mode `skip`)
-/// had a run of the same key unfinished; no step ran.
+/// had a run of the same key unfinished; no step ran. `expired`: no worker
+/// began it within its automation's `flow.startTimeout`; no step ran.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum RunStatusName {
@@ -28,6 +29,7 @@ pub(crate) enum RunStatusName {
     Cancelled,
     Refused,
     Skipped,
+    Expired,
 }
 
 /// One run as listings show it.

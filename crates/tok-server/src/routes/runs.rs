@@ -63,7 +63,7 @@ async fn list(
         return Err(ApiError::bad_request(
             "bad_query",
             format!(
-                "status `{status}` is not one of queued, running, waiting, paused, compensating, completed, failed, cancelled, refused, skipped"
+                "status `{status}` is not one of queued, running, waiting, paused, compensating, completed, failed, cancelled, refused, skipped, expired"
             ),
         ));
     }

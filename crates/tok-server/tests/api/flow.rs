@@ -18,6 +18,7 @@ backend_tests!(crate::helpers::run;
     twelve_batched_events_run_in_batches_of_five_five_and_two,
     a_debounce_window_and_a_batch_outlive_a_restart,
     a_flow_is_checked_at_save_and_shown_in_the_automation,
+    a_run_not_started_within_its_start_timeout_expires,
 );
 
 /// A source and an automation on it with `flow`; returns the token and
@@ -294,6 +295,30 @@ async fn a_debounce_window_and_a_batch_outlive_a_restart(app: &TestApp) {
         json!([{ "n": 1 }, { "n": 2 }]),
         "{run:#}"
     );
+}
+
+async fn a_run_not_started_within_its_start_timeout_expires(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let flow = json!({ "throttle": { "limit": 1, "period": "1h" }, "startTimeout": "1s" });
+    let (token, automation) =
+        controlled(app, &tenant, flow, json!([log_step("st_log", "x")])).await;
+    send(app, &token, json!({ "n": 1 })).await;
+    send(app, &token, json!({ "n": 2 })).await;
+    let mut runs = finished_runs(app, &tenant, &automation, 2).await;
+    runs.sort_by_key(|r| r["status"].as_str().unwrap().to_owned());
+    let statuses: Vec<&str> = runs.iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["completed", "expired"], "{runs:#?}");
+    let expired = detail(app, &tenant, &runs[1]).await;
+    assert!(
+        expired["error"]
+            .as_str()
+            .unwrap()
+            .contains("flow.startTimeout"),
+        "{expired:#}"
+    );
+    assert_eq!(expired["steps"], json!([]), "{expired:#}");
+    assert!(expired["started_at"].is_null(), "{expired:#}");
+    assert!(expired["blocked_by"].is_null(), "{expired:#}");
 }
 
 async fn a_flow_is_checked_at_save_and_shown_in_the_automation(app: &TestApp) {

@@ -602,7 +602,7 @@ pub(crate) fn json_request(
 pub(crate) fn is_final(run: &Value) -> bool {
     matches!(
         run["status"].as_str(),
-        Some("completed" | "failed" | "cancelled" | "refused" | "skipped")
+        Some("completed" | "failed" | "cancelled" | "refused" | "skipped" | "expired")
     )
 }
 

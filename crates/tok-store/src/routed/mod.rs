@@ -844,8 +844,26 @@ by_tenant! {
         fn leases_expired_repeatedly(&self, tenant: &TenantId, limit: u32) -> Result<Vec<ExpiringJob>>;
         fn unfinished_runs(&self, tenant: &TenantId, automation: &AutomationId, created_before: i64, limit: u32) -> Result<Vec<UnfinishedRun>>;
         fn fail_run(&self, tenant: &TenantId, run: &RunId, failure: RunFailure, now: i64) -> Result<bool>;
+        fn expire_run(&self, tenant: &TenantId, run: &RunId, error: &str, now: i64) -> Result<bool>;
     }
     also {
+        async fn unstarted_past(
+            &self,
+            tenants: &[TenantId],
+            now: i64,
+            limit: u32,
+        ) -> Result<Vec<UnstartedRun>> {
+            let parts = self
+                .by_database("unstarted runs", tenants, |db, tenants| async move {
+                    db.unstarted_past(&tenants, now, limit).await
+                })
+                .await?;
+            let mut runs: Vec<UnstartedRun> = parts.into_iter().flatten().collect();
+            runs.sort_by_key(|r| r.start_by);
+            runs.truncate(limit as usize);
+            Ok(runs)
+        }
+
         async fn open_platform_incident(
             &self,
             incident: NewPlatformIncident,
