@@ -346,6 +346,25 @@ pub struct NewRun {
     /// `flow.startTimeout`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_by: Option<i64>,
+    /// What cancels the run (`flow.cancelOn`), written with it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cancels: Vec<CancelKey>,
+    /// The run never starts: an event of its automation's `flow.cancelOn`
+    /// came in the same dispatch after its own (this says which). It is
+    /// written `cancelled`, with no steps and no job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<String>,
+}
+
+/// A run's row of one `flow.cancelOn` entry: an event of `source` whose
+/// value at `path` is `value`, and whose context `filter` holds for,
+/// cancels it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CancelKey {
+    pub source: String,
+    pub path: String,
+    pub value: String,
+    pub filter: Option<crate::definition::Filter>,
 }
 
 /// A run's first job held back by its start control (`flow.debounce`,

@@ -40,6 +40,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::condition::Condition;
+use crate::definition::Filter;
 use crate::duration::{format_duration, serde_duration, serde_optional_duration};
 use crate::template;
 
@@ -82,6 +84,51 @@ pub struct FlowControl {
         with = "serde_optional_duration"
     )]
     pub start_timeout: Option<Duration>,
+    /// `cancelOn`: the events that cancel a run of the automation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancel_on: Vec<CancelOn>,
+}
+
+/// Most `cancelOn` entries an automation has.
+pub const MAX_CANCEL_ON: usize = 10;
+
+/// One `cancelOn` entry: an event of `source` whose `where` holds and
+/// whose value at `match` equals the run's (its first context's, where
+/// the same path is read) cancels the run, with its compensation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelOn {
+    /// A webhook or poll source's id (as `trigger.source` names it), or an
+    /// internal event's type (`ticket.closed`, as `trigger.event`).
+    pub source: String,
+    #[serde(rename = "where", default, skip_serializing_if = "Option::is_none")]
+    pub where_: Option<Filter>,
+    /// The path whose values must be equal (`_body.orderId`, `orderId`).
+    #[serde(rename = "match")]
+    pub match_: String,
+}
+
+impl CancelOn {
+    /// The value a context has at the entry's `match` path, as the row
+    /// keeps it (compact JSON); none when it has none or null there.
+    pub fn value(&self, context: &Value) -> Option<String> {
+        match crate::context::lookup(context, &self.match_) {
+            crate::context::Lookup::Found(Value::Null) | crate::context::Lookup::Missing => None,
+            crate::context::Lookup::Found(v) => Some(v.to_string()),
+        }
+    }
+}
+
+/// Whether an event whose context is `event` cancels a run whose row says
+/// `value` at `path`, with the entry's `where` (`filter`).
+pub fn cancels(path: &str, value: &str, filter: Option<&Filter>, event: &Value) -> bool {
+    let matches = match crate::context::lookup(event, path) {
+        crate::context::Lookup::Found(v) if !v.is_null() => {
+            serde_json::to_string(v).is_ok_and(|text| text == value)
+        }
+        _ => false,
+    };
+    matches && filter.is_none_or(|f| Condition::from_filter(f).evaluate(event).result)
 }
 
 /// `debounce: {key?, period, maxWait?}`: a key's events start one run
@@ -373,7 +420,10 @@ fn ms(d: Duration) -> i64 {
 
 impl FlowControl {
     pub fn is_empty(&self) -> bool {
-        self.priority.is_none() && self.control().is_none() && self.start_timeout.is_none()
+        self.priority.is_none()
+            && self.control().is_none()
+            && self.start_timeout.is_none()
+            && self.cancel_on.is_empty()
     }
 
     /// The automation's start control: the first it has of `debounce`,
@@ -553,6 +603,31 @@ pub fn check(flow: &FlowControl) -> Vec<(String, String)> {
                     "`maxSize` is {}; it must be from 1 to {MAX_BATCH} events",
                     c.max_size
                 ),
+            ));
+        }
+    }
+    if flow.cancel_on.len() > MAX_CANCEL_ON {
+        found.push((
+            "cancelOn".into(),
+            format!(
+                "{} entries; an automation has at most {MAX_CANCEL_ON}",
+                flow.cancel_on.len()
+            ),
+        ));
+    }
+    for (i, c) in flow.cancel_on.iter().enumerate() {
+        if c.source.trim().is_empty() || c.source.len() > MAX_KEY_LEN {
+            found.push((
+                format!("cancelOn.{i}.source"),
+                "`source` names a source's id or an internal event's type (`ticket.closed`)".into(),
+            ));
+        }
+        if c.match_.trim().is_empty() || c.match_.len() > MAX_KEY_LEN || c.match_.contains("{{") {
+            found.push((
+                format!("cancelOn.{i}.match"),
+                "`match` is a path read in the run's context and the event's \
+                 (`_body.orderId`), not a template"
+                    .into(),
             ));
         }
     }

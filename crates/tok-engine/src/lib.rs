@@ -475,6 +475,8 @@ impl Engine {
             skipped: None,
             hold: None,
             start_by: None,
+            cancels: Vec::new(),
+            cancelled: None,
         };
         // An automation without a start limit of its own has its tenant's.
         let per_minute = match automation.settings.limits.starts_per_minute {

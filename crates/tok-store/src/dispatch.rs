@@ -135,8 +135,28 @@ pub trait DispatchTx: Send {
     ) -> Result<bool>;
 
     /// Cancels the run `run` if it is unfinished, with `reason` as its
-    /// error (and its compensation, like a cancel through the API).
+    /// error (and its compensation, like a cancel through the API); its
+    /// `flow.cancelOn` rows go.
     async fn cancel_run(&mut self, tenant: &TenantId, run: &RunId, reason: &str) -> Result<()>;
+
+    /// The (source, path) pairs of `flow.cancelOn` rows of the tenant's
+    /// unfinished runs that events of one of `sources` may cancel (rows of
+    /// finished runs that come up are deleted).
+    async fn cancel_paths(
+        &mut self,
+        tenant: &TenantId,
+        sources: &[&str],
+    ) -> Result<Vec<(String, String)>>;
+
+    /// The unfinished runs whose `flow.cancelOn` row of `source` says
+    /// `value` at `path`, with the row's `where` (a filter).
+    async fn cancel_matches(
+        &mut self,
+        tenant: &TenantId,
+        source: &str,
+        path: &str,
+        value: &str,
+    ) -> Result<Vec<(RunId, Option<Value>)>>;
 
     /// Marks events of the tenants dispatched.
     async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()>;

@@ -83,6 +83,7 @@ macro_rules! impl_dispatch {
                     let (status, started_at, finished_at) = match run.first_path {
                         _ if run.refused.is_some() => (RunStatus::Refused, None, Some(now)),
                         _ if run.skipped.is_some() => (RunStatus::Skipped, None, Some(now)),
+                        _ if run.cancelled.is_some() => (RunStatus::Cancelled, None, Some(now)),
                         Some(_) if is_handed(run) || started => (RunStatus::Running, Some(now), None),
                         Some(_) => (RunStatus::Queued, None, None),
                         None => (RunStatus::Completed, started.then_some(now), Some(now)),
@@ -91,7 +92,11 @@ macro_rules! impl_dispatch {
                         tenant_id,
                         event_id,
                         status: status.as_str(),
-                        error: run.refused.as_deref().or(run.skipped.as_deref()),
+                        error: run
+                            .refused
+                            .as_deref()
+                            .or(run.skipped.as_deref())
+                            .or(run.cancelled.as_deref()),
                         started_at,
                         finished_at,
                         run,
@@ -135,6 +140,34 @@ macro_rules! impl_dispatch {
                 })
                 .collect();
             insert_steps(tx, &steps, now).await?;
+            let cancels: Vec<$crate::rows::CancelRow> = runs
+                .iter()
+                .filter(|(_, _, run)| written.contains(run.id.as_str()))
+                .filter(|(_, _, run)| run.first_path.is_some() && run.refused.is_none())
+                .flat_map(|(tenant_id, _, run)| {
+                    run.cancels.iter().map(move |key| $crate::rows::CancelRow {
+                        tenant_id,
+                        run_id: &run.id,
+                        key,
+                    })
+                })
+                .collect();
+            if !cancels.is_empty() {
+                sqlx::query(concat!(
+                    "INSERT INTO run_cancels (tenant_id, source, path, value, run_id, filter,
+                        created_at)
+                     SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2, x.value ->> 3,
+                        x.value ->> 4, NULLIF(x.value -> 5, 'null'), $2
+                     FROM ", batch_rows!(1), "
+                     WHERE true
+                     ORDER BY x.key
+                     ON CONFLICT DO NOTHING"
+                ))
+                .bind(Json(&cancels))
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+            }
             // A run of a ticket that ended in the dispatch (its steps all
             // ran here) says so in the ticket's trace.
             let ends: Vec<(&TenantId, &RunId, RunStatus, Option<&str>)> = rows
@@ -147,7 +180,9 @@ macro_rules! impl_dispatch {
             let jobs: Vec<$crate::rows::JobRow> = runs
                 .iter()
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))
-                .filter(|(_, _, run)| run.refused.is_none() && run.skipped.is_none())
+                .filter(|(_, _, run)| {
+                    run.refused.is_none() && run.skipped.is_none() && run.cancelled.is_none()
+                })
                 .filter_map(|(tenant_id, _, run)| {
                     let path = run.first_path.as_deref()?;
                     let claim = handed.filter(|_| is_handed(run));
@@ -531,11 +566,81 @@ macro_rules! impl_dispatch {
             async fn cancel_run(&mut self, tenant: &TenantId, run: &RunId, reason: &str) -> Result<()> {
                 match run_status(&mut self.tx, tenant, run).await {
                     Ok(status) if !status.is_final() && status != RunStatus::Compensating => {
-                        cancel_in(&mut self.tx, tenant, run, Some(reason.to_owned())).await
+                        cancel_in(&mut self.tx, tenant, run, Some(reason.to_owned())).await?;
                     }
-                    Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),
-                    Err(e) => Err(e),
+                    Ok(_) | Err(StoreError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
                 }
+                sqlx::query("DELETE FROM run_cancels WHERE tenant_id = $1 AND run_id = $2")
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .execute(&mut *self.tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn cancel_paths(
+                &mut self,
+                tenant: &TenantId,
+                sources: &[&str],
+            ) -> Result<Vec<(String, String)>> {
+                if sources.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let rows = sqlx::query(concat!(
+                    "SELECT DISTINCT source, path FROM run_cancels
+                     WHERE tenant_id = $1 AND source ", any_of!(2), "
+                     ORDER BY source, path"
+                ))
+                .bind(tenant.as_str())
+                .bind(list(sources.iter().copied()))
+                .fetch_all(&mut *self.tx)
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| (r.get::<String, _>("source"), r.get::<String, _>("path")))
+                    .collect())
+            }
+
+            async fn cancel_matches(
+                &mut self,
+                tenant: &TenantId,
+                source: &str,
+                path: &str,
+                value: &str,
+            ) -> Result<Vec<(RunId, Option<Value>)>> {
+                let rows = sqlx::query(
+                    "SELECT c.run_id, c.filter, r.status FROM run_cancels c
+                     LEFT JOIN runs r ON r.tenant_id = c.tenant_id AND r.id = c.run_id
+                     WHERE c.tenant_id = $1 AND c.source = $2 AND c.path = $3 AND c.value = $4
+                     ORDER BY c.run_id",
+                )
+                .bind(tenant.as_str())
+                .bind(source)
+                .bind(path)
+                .bind(value)
+                .fetch_all(&mut *self.tx)
+                .await?;
+                let mut live = Vec::new();
+                for r in &rows {
+                    let run = RunId::from(r.get::<String, _>("run_id"));
+                    let over = r
+                        .get::<Option<String>, _>("status")
+                        .and_then(|s| RunStatus::parse(&s))
+                        .is_none_or(RunStatus::is_final);
+                    if over {
+                        // Its run ended: the row is of no use any more.
+                        sqlx::query("DELETE FROM run_cancels WHERE tenant_id = $1 AND run_id = $2")
+                            .bind(tenant.as_str())
+                            .bind(run.as_str())
+                            .execute(&mut *self.tx)
+                            .await?;
+                        continue;
+                    }
+                    let filter = r.get::<Option<Json<Value>>, _>("filter").map(|j| j.0);
+                    live.push((run, filter));
+                }
+                Ok(live)
             }
 
             async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()> {

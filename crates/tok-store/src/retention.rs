@@ -35,16 +35,24 @@ pub enum Expiring {
     /// PostgreSQL. The platform's own rows (no tenant) expire by
     /// [`AuditStore::expire_platform_audit`](crate::AuditStore::expire_platform_audit).
     Audit,
+    /// Start controls' key rows (`flow_keys`) no event touched for as long
+    /// as finished runs are kept (`runsDays`).
+    FlowKeys,
+    /// `flow.cancelOn`'s rows of runs (`run_cancels`) by `created_at`, as
+    /// long as finished runs are kept (`runsDays`).
+    RunCancels,
 }
 
 impl Expiring {
-    pub const ALL: [Expiring; 6] = [
+    pub const ALL: [Expiring; 8] = [
         Self::StepData,
         Self::Runs,
         Self::Trace,
         Self::Inbox,
         Self::Effects,
         Self::Audit,
+        Self::FlowKeys,
+        Self::RunCancels,
     ];
 
     /// The table its rows are in.
@@ -56,6 +64,8 @@ impl Expiring {
             Self::Inbox => "event_inbox",
             Self::Effects => "step_effects",
             Self::Audit => "audit",
+            Self::FlowKeys => "flow_keys",
+            Self::RunCancels => "run_cancels",
         }
     }
 
@@ -63,7 +73,7 @@ impl Expiring {
     pub fn days(self, retention: &Retention) -> u32 {
         match self {
             Self::StepData | Self::Effects => retention.step_data_days,
-            Self::Runs => retention.runs_days,
+            Self::Runs | Self::FlowKeys | Self::RunCancels => retention.runs_days,
             Self::Trace => retention.trace_days,
             Self::Inbox => retention.inbox_days,
             Self::Audit => retention.audit_days,

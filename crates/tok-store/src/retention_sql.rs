@@ -35,6 +35,15 @@ macro_rules! impl_retention {
                          SELECT idempotency_key FROM step_effects
                          WHERE tenant_id = $1 AND created_at < $2 LIMIT $3)"
                 }
+                Expiring::FlowKeys => {
+                    "DELETE FROM flow_keys WHERE tenant_id = $1 AND updated_at < $2 AND key IN (
+                         SELECT key FROM flow_keys WHERE tenant_id = $1 AND updated_at < $2 LIMIT $3)"
+                }
+                Expiring::RunCancels => {
+                    "DELETE FROM run_cancels WHERE tenant_id = $1 AND created_at < $2 AND run_id IN (
+                         SELECT run_id FROM run_cancels WHERE tenant_id = $1 AND created_at < $2
+                         LIMIT $3)"
+                }
                 Expiring::Audit => {
                     "DELETE FROM audit WHERE tenant_id = $1 AND at < $2 AND seq IN (
                          SELECT seq FROM audit WHERE tenant_id = $1 AND at < $2 LIMIT $3)"

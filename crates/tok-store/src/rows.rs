@@ -74,6 +74,13 @@ pub(crate) struct HandedOff<'a> {
     pub(crate) runs: &'a std::collections::HashSet<tok_core::ids::RunId>,
 }
 
+/// A run's `flow.cancelOn` row.
+pub(crate) struct CancelRow<'a> {
+    pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) run_id: &'a tok_core::ids::RunId,
+    pub(crate) key: &'a tok_core::run::CancelKey,
+}
+
 pub(crate) struct JobRow<'a> {
     pub(crate) run_id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
@@ -209,6 +216,15 @@ array_row!(JobRow, |r| [
     r.claim_token, // 7
     r.delay_ms,    // 8
     r.resume,      // 9
+]);
+
+array_row!(CancelRow, |r| [
+    r.tenant_id,  // 0
+    r.key.source, // 1
+    r.key.path,   // 2
+    r.key.value,  // 3
+    r.run_id,     // 4
+    r.key.filter, // 5
 ]);
 
 array_row!(FenceRow, |r| [r.id, r.tenant_id, r.token]);

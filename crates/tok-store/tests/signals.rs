@@ -237,6 +237,8 @@ impl Fixture {
                 skipped: None,
                 hold: None,
                 start_by: None,
+                cancels: Vec::new(),
+                cancelled: None,
             };
             let event = NewEvent {
                 source_kind: "manual".into(),

@@ -100,6 +100,11 @@ pub fn validate(
     for (path, message) in crate::start::check(&def.flow) {
         c.error(&path, message);
     }
+    for (i, entry) in def.flow.cancel_on.iter().enumerate() {
+        if let Some(filter) = &entry.where_ {
+            check_filter(&mut c, &format!("flow.cancelOn.{i}.where"), filter);
+        }
+    }
     each_step(&def.steps, "steps", &mut |at, s| {
         step::check_step(&mut c, at, s)
     });

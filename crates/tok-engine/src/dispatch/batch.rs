@@ -22,7 +22,7 @@ use tok_store::{
 
 use tok_core::limits::{START_WINDOW_MS, start_allowed, start_rate_exceeded};
 
-use super::gate::{Gated, Keys};
+use super::gate::{CancelPaths, Gated, Keys, cancel_on};
 use super::plan::{PlannedOnTickets, TICKET_WINDOW_MS};
 use crate::fairness::{self, Crowding};
 
@@ -124,6 +124,7 @@ pub(crate) async fn dispatch(
     let mut runs = Vec::new();
     // The start controls' keys this batch decided on.
     let mut keys = Keys::default();
+    let mut cancel_paths = CancelPaths::default();
     let mut dispatched: Vec<EventId> = Vec::with_capacity(events.len());
     let mut received_at = Vec::with_capacity(events.len());
     for event in &events {
@@ -134,6 +135,8 @@ pub(crate) async fn dispatch(
             let found = tx.candidates(event).await?;
             matching.insert(key.clone(), found);
         }
+        // The runs this event cancels go before the runs it starts.
+        cancel_on(&mut *tx, &mut cancel_paths, &mut runs, event).await?;
         let cached = &matching[&key];
         if cached.is_empty() {
             // No automation listens: nothing to plan.
@@ -462,6 +465,44 @@ mod tests {
                 hold.delay_ms = delay_ms;
             }
             Ok(true)
+        }
+
+        async fn cancel_paths(
+            &mut self,
+            _tenant: &TenantId,
+            sources: &[&str],
+        ) -> Result<Vec<(String, String)>> {
+            let written = self.written();
+            let mut paths: Vec<(String, String)> = written
+                .runs
+                .iter()
+                .flat_map(|(_, _, r)| r.cancels.iter())
+                .filter(|k| sources.contains(&k.source.as_str()))
+                .map(|k| (k.source.clone(), k.path.clone()))
+                .collect();
+            paths.sort();
+            paths.dedup();
+            Ok(paths)
+        }
+
+        async fn cancel_matches(
+            &mut self,
+            _tenant: &TenantId,
+            source: &str,
+            path: &str,
+            value: &str,
+        ) -> Result<Vec<(RunId, Option<serde_json::Value>)>> {
+            let written = self.written();
+            Ok(written
+                .runs
+                .iter()
+                .filter(|(_, _, r)| {
+                    r.cancels
+                        .iter()
+                        .any(|k| k.source == source && k.path == path && k.value == value)
+                })
+                .map(|(_, _, r)| (r.id.clone(), None))
+                .collect())
         }
 
         async fn cancel_run(
@@ -811,5 +852,49 @@ mod tests {
             w.keys[&("singleton".into(), "a".into())].run_id,
             new[1].id.as_str()
         );
+    }
+
+    #[tokio::test]
+    async fn an_event_of_cancel_on_cancels_the_matching_runs_written_or_planned_before_it() {
+        let written: Arc<Mutex<Written>> = Arc::default();
+        let cancelling = || {
+            controlled(
+                json!({ "cancelOn": [{ "source": "order.cancelled", "match": "_body.customer" }] }),
+            )
+        };
+        let (tx, _) = answers_for(keyed("ab", 0), 0, cancelling(), Arc::clone(&written));
+        run(tx, 16, true, &Mutex::default(), None).await;
+        let (a, b) = {
+            let w = written.lock().unwrap();
+            assert_eq!(w.runs[0].2.cancels[0].value, "\"a\"");
+            (w.runs[0].2.id.clone(), w.runs[1].2.id.clone())
+        };
+        // Later: an order of c, then c's and a's cancels, in one dispatch.
+        let mut later = keyed("c", 2);
+        for (n, customer) in [(3, "c"), (4, "a")] {
+            let mut e = event(n, "a", "order.cancelled", None);
+            e.payload = json!({ "customer": customer });
+            later.push(e);
+        }
+        let (tx, _) = answers_for(later, 0, cancelling(), Arc::clone(&written));
+        run(tx, 16, true, &Mutex::default(), None).await;
+        let w = written.lock().unwrap();
+        let cancelled: Vec<&RunId> = w.cancelled.iter().map(|(r, _)| r).collect();
+        assert_eq!(cancelled, [&a], "a's written run, not b's");
+        assert!(w.cancelled[0].1.contains("ev_a_4"), "{:?}", w.cancelled);
+        let c = w
+            .runs
+            .iter()
+            .find(|(_, _, r)| r.context["_body"]["customer"] == "c")
+            .unwrap();
+        assert!(
+            c.2.cancelled
+                .as_deref()
+                .is_some_and(|s| s.contains("ev_a_3")),
+            "{:?}",
+            c.2.cancelled
+        );
+        assert_eq!(c.2.first_path, None, "never started");
+        assert!(!w.cancelled.iter().any(|(r, _)| r == &b));
     }
 }

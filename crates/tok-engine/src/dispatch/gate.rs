@@ -5,6 +5,10 @@
 //! is due, the event joined to the key's open run instead of a run of its
 //! own, a `skipped` run, an active run cancelled.
 //!
+//! `flow.cancelOn` too: an event first cancels the runs whose rows it
+//! matches ([`cancel_on`]), those already written and those this dispatch
+//! planned before it, then starts its own.
+//!
 //! A key's row is read once per dispatch (locked: another dispatcher
 //! deciding on the key waits for this one to commit) and kept here for the
 //! dispatch's later events, with the run this dispatch planned for it: an
@@ -13,9 +17,10 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
+use tok_core::definition::Filter;
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
 use tok_core::run::{FlowStart, Hold, Resume};
-use tok_core::start::{Control, Gate, KeyRun, KeyState, decide};
+use tok_core::start::{Control, Gate, KeyRun, KeyState, cancels, decide};
 use tok_store::{DispatchTx, NewRun, Result};
 
 /// A key: its tenant, automation, control and rendered key.
@@ -196,6 +201,81 @@ impl Keys {
         }
         Ok(())
     }
+}
+
+/// The (source, path) pairs of cancel rows the tenant has for a set of
+/// sources, read once per dispatch.
+#[derive(Default)]
+pub(crate) struct CancelPaths(HashMap<(TenantId, Vec<String>), Vec<SourcePath>>);
+
+/// A cancel row's source and `match` path.
+type SourcePath = (String, String);
+
+/// Cancels the runs `event` cancels by their
+/// automations' `flow.cancelOn`: written ones through `tx` (with their
+/// compensation), ones this dispatch planned before it in `runs` (written
+/// `cancelled`, never started). Returns how many.
+pub(crate) async fn cancel_on(
+    tx: &mut dyn DispatchTx,
+    paths: &mut CancelPaths,
+    runs: &mut [(TenantId, EventId, NewRun)],
+    event: &tok_store::PendingEvent,
+) -> Result<usize> {
+    let sources: Vec<String> = [
+        event.source_id.as_ref().map(|s| s.to_string()),
+        event.event_type.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let id = (event.tenant_id.clone(), sources);
+    if !paths.0.contains_key(&id) {
+        let asked: Vec<&str> = id.1.iter().map(String::as_str).collect();
+        let found = tx.cancel_paths(&event.tenant_id, &asked).await?;
+        paths.0.insert(id.clone(), found);
+    }
+    let found = &paths.0[&id];
+    if found.is_empty() {
+        return Ok(0);
+    }
+    // The event's context as a run of it would start with: its values
+    // are read where the run's were.
+    let context = &super::plan::initial_context(event).into_value();
+    let reason = format!("cancelled by event {} (flow.cancelOn)", event.id);
+    let mut cancelled = 0;
+    for (source, path) in found.clone() {
+        let value = match tok_core::context::lookup(context, &path) {
+            tok_core::context::Lookup::Found(v) if !v.is_null() => v.to_string(),
+            _ => continue,
+        };
+        for (tenant, _, run) in runs.iter_mut() {
+            let matched = run.cancels.iter().any(|k| {
+                k.source == source
+                    && k.path == path
+                    && cancels(&path, &k.value, k.filter.as_ref(), context)
+            });
+            if tenant == &event.tenant_id && matched && run.first_path.is_some() {
+                run.cancelled = Some(format!("{reason} before it started"));
+                run.first_path = None;
+                run.steps.clear();
+                run.actions = 0;
+                run.hold = None;
+                cancelled += 1;
+            }
+        }
+        for (run, filter) in tx
+            .cancel_matches(&event.tenant_id, &source, &path, &value)
+            .await?
+        {
+            let filter: Option<Filter> = filter.and_then(|f| serde_json::from_value(f).ok());
+            if cancels(&path, &value, filter.as_ref(), context) {
+                tracing::info!(run = %run, event = %event.id, "run cancelled by flow.cancelOn");
+                tx.cancel_run(&event.tenant_id, &run, &reason).await?;
+                cancelled += 1;
+            }
+        }
+    }
+    Ok(cancelled)
 }
 
 /// The context of an open run after an event joins it: a debounce's is

@@ -159,6 +159,8 @@ pub fn plan(
                     skipped: None,
                     hold: None,
                     start_by: None,
+                    cancels: Vec::new(),
+                    cancelled: None,
                 });
                 continue;
             }
@@ -262,10 +264,31 @@ pub fn plan(
                 .flow
                 .start_timeout
                 .map(|d| Timestamp::now().as_millisecond() + d.as_millis() as i64),
+            cancels: cancel_keys(&automation, &context),
+            cancelled: None,
             steps,
         });
     }
     plan
+}
+
+/// The rows of a run of `automation` starting with `context` that its
+/// `flow.cancelOn` entries cancel it by: one per entry the context has a
+/// value at the entry's `match` path for.
+fn cancel_keys(automation: &Automation, context: &Value) -> Vec<tok_core::run::CancelKey> {
+    automation
+        .flow
+        .cancel_on
+        .iter()
+        .filter_map(|entry| {
+            Some(tok_core::run::CancelKey {
+                source: entry.source.clone(),
+                path: entry.match_.clone(),
+                value: entry.value(context)?,
+                filter: entry.where_.clone(),
+            })
+        })
+        .collect()
 }
 
 /// The priority of a run of `automation` starting with `context`

@@ -244,6 +244,8 @@ async fn start(
         skipped: None,
         hold: None,
         start_by: None,
+        cancels: Vec::new(),
+        cancelled: None,
     };
     Ok(Some(store.start_run(tenant, new_event, run).await?))
 }

@@ -151,6 +151,8 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         skipped: None,
         hold: None,
         start_by: None,
+        cancels: Vec::new(),
+        cancelled: None,
     };
     let mut run = run;
     let own = automation.settings.limits.starts_per_minute;

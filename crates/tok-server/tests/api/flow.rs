@@ -19,6 +19,7 @@ backend_tests!(crate::helpers::run;
     a_debounce_window_and_a_batch_outlive_a_restart,
     a_flow_is_checked_at_save_and_shown_in_the_automation,
     a_run_not_started_within_its_start_timeout_expires,
+    a_cancel_event_cancels_only_the_run_it_matches,
 );
 
 /// A source and an automation on it with `flow`; returns the token and
@@ -319,6 +320,91 @@ async fn a_run_not_started_within_its_start_timeout_expires(app: &TestApp) {
     assert_eq!(expired["steps"], json!([]), "{expired:#}");
     assert!(expired["started_at"].is_null(), "{expired:#}");
     assert!(expired["blocked_by"].is_null(), "{expired:#}");
+}
+
+async fn a_cancel_event_cancels_only_the_run_it_matches(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let cancellations = app
+        .create_source(&tenant, &plain_source("cancellations"))
+        .await;
+    let flow = json!({ "cancelOn": [{
+        "source": cancellations["id"],
+        "where": { "rules": [{ "field": "_body.reason", "operator": "neq", "value": "test" }] },
+        "match": "_body.orderId"
+    }] });
+    let steps = json!([
+        { "id": "st_wait", "type": "wait", "config": { "duration": "1h" } },
+        log_step("st_log", "shipped")
+    ]);
+    let (orders, automation) = controlled(app, &tenant, flow, steps).await;
+    send(app, &orders, json!({ "orderId": "o-1" })).await;
+    send(app, &orders, json!({ "orderId": "o-2" })).await;
+    let waiting = app
+        .poll("two waiting orders", async || {
+            let runs = runs_of(app, &tenant, &automation).await;
+            let all = runs.len() == 2 && runs.iter().all(|r| r["status"] == "waiting");
+            all.then_some(runs).ok_or(())
+        })
+        .await;
+    let mut of_order = std::collections::HashMap::new();
+    for run in &waiting {
+        let run = detail(app, &tenant, run).await;
+        of_order.insert(
+            run["context"]["_body"]["orderId"].clone(),
+            run["id"].clone(),
+        );
+    }
+    let cancel_token = cancellations["token"].as_str().unwrap();
+    // `where` does not hold: nothing is cancelled.
+    send(
+        app,
+        cancel_token,
+        json!({ "orderId": "o-1", "reason": "test" }),
+    )
+    .await;
+    // A tenant's events are dispatched oldest first: once a later order
+    // has its run, the test cancel has been dispatched.
+    send(app, &orders, json!({ "orderId": "o-3" })).await;
+    let runs = app
+        .poll("o-3's run", async || {
+            let runs = runs_of(app, &tenant, &automation).await;
+            (runs.len() == 3).then_some(runs).ok_or(())
+        })
+        .await;
+    assert!(runs.iter().all(|r| r["status"] != "cancelled"), "{runs:#?}");
+    send(
+        app,
+        cancel_token,
+        json!({ "orderId": "o-1", "reason": "customer" }),
+    )
+    .await;
+    let cancelled = app
+        .poll("o-1 cancelled", async || {
+            let runs = runs_of(app, &tenant, &automation).await;
+            let gone: Vec<Value> = runs
+                .into_iter()
+                .filter(|r| r["status"] == "cancelled")
+                .collect();
+            (!gone.is_empty()).then_some(gone).ok_or(())
+        })
+        .await;
+    assert_eq!(cancelled.len(), 1, "{cancelled:#?}");
+    assert_eq!(cancelled[0]["id"], of_order[&json!("o-1")]);
+    assert!(
+        cancelled[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("flow.cancelOn"),
+        "{cancelled:#?}"
+    );
+    let other = app
+        .get(
+            &tenant.key,
+            &format!("/api/runs/{}", of_order[&json!("o-2")].as_str().unwrap()),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(other["status"], "waiting", "{other:#}");
 }
 
 async fn a_flow_is_checked_at_save_and_shown_in_the_automation(app: &TestApp) {

@@ -15,10 +15,26 @@ CREATE TABLE flow_keys (
     updated_at    BIGINT NOT NULL,
     PRIMARY KEY (tenant_id, automation_id, control, key)
 );
-CREATE INDEX flow_keys_by_age ON flow_keys (updated_at);
+CREATE INDEX flow_keys_by_age ON flow_keys (tenant_id, updated_at);
 
 -- `flow.startTimeout`: when a run no worker has begun by then expires.
 -- Only queued runs with one are in the index the scheduler reads.
 ALTER TABLE runs ADD COLUMN start_by BIGINT;
 CREATE INDEX runs_to_start_by ON runs (start_by)
     WHERE start_by IS NOT NULL AND status = 'queued';
+
+-- `flow.cancelOn`: for each run of an automation with one, the value its
+-- first context has at each entry's `match` path, and the entry's `where`.
+-- An event of `source` whose value at `path` is `value` (and whose context
+-- `filter` holds for) cancels the run.
+CREATE TABLE run_cancels (
+    tenant_id  TEXT NOT NULL,
+    source     TEXT NOT NULL,
+    path       TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    filter     JSONB,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, source, path, value, run_id)
+);
+CREATE INDEX run_cancels_by_age ON run_cancels (tenant_id, created_at);

@@ -246,6 +246,27 @@ impl DispatchTx for SplitDispatch {
         part.db.call(part.tx.cancel_run(tenant, run, reason)).await
     }
 
+    async fn cancel_paths(
+        &mut self,
+        tenant: &TenantId,
+        sources: &[&str],
+    ) -> Result<Vec<(String, String)>> {
+        let part = self.part(tenant)?;
+        part.db.call(part.tx.cancel_paths(tenant, sources)).await
+    }
+
+    async fn cancel_matches(
+        &mut self,
+        tenant: &TenantId,
+        source: &str,
+        path: &str,
+        value: &str,
+    ) -> Result<Vec<(RunId, Option<Value>)>> {
+        let part = self.part(tenant)?;
+        let asked = part.tx.cancel_matches(tenant, source, path, value);
+        part.db.call(asked).await
+    }
+
     async fn mark_dispatched(&mut self, events: &[EventId]) -> Result<()> {
         let mut by_part: Vec<Vec<EventId>> = vec![Vec::new(); self.parts.len()];
         for event in events {
