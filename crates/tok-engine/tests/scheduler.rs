@@ -103,6 +103,7 @@ fn fired(polls: usize, schedules: usize, skipped: usize) -> WakeReport {
         schedules,
         skipped,
         stuck: 0,
+        expired: 0,
     }
 }
 

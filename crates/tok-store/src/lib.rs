@@ -378,6 +378,15 @@ pub trait QueueStore: Send + Sync {
     async fn release_claims(&self, node: &str) -> Result<u64>;
 
     async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats>;
+
+    /// How many of `tenants`' runs each kind of hold holds now, by the
+    /// kinds a row says alone (`tok_core::blocked`): a wait's (`approval`,
+    /// `signal`, `runs`), a held job's limit (`throttle`, `debounce`,
+    /// `batch`, `breaker`, `connection_concurrency`, `connection_rate`)
+    /// and a job due later with nothing else (`timer`). The kinds that
+    /// depend on other runs (`queue_key`, `tenant_concurrency`) are not
+    /// counted here. Kinds with none are left out.
+    async fn held_counts(&self, tenants: &[TenantId]) -> Result<Vec<(String, i64)>>;
 }
 
 /// Everything a tok process needs from its database.

@@ -252,6 +252,35 @@ macro_rules! impl_queue {
                 Ok(done.rows_affected())
             }
 
+            async fn held_counts(&self, tenants: &[TenantId]) -> Result<Vec<(String, i64)>> {
+                if tenants.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let rows = sqlx::query(concat!(
+                    "SELECT kind, COUNT(*) AS n FROM (
+                        SELECT CASE WHEN kind = 'runs' THEN 'runs'
+                                    WHEN key LIKE 'approval:%' THEN 'approval'
+                                    ELSE 'signal' END AS kind
+                        FROM waits WHERE tenant_id ", any_of!(1), "
+                        UNION ALL
+                        SELECT CASE WHEN resume IS NULL THEN 'timer'
+                                    ELSE resume ->> 'limit' END AS kind
+                        FROM jobs, (SELECT ", db_now!(), " AS n) clock
+                        WHERE tenant_id ", any_of!(1), " AND run_after > n
+                          AND (locked_until IS NULL OR locked_until < n) AND NOT held
+                          AND (resume IS NULL OR resume ->> 'kind' = 'deferred')
+                     ) held
+                     GROUP BY kind ORDER BY kind"
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| (r.get::<String, _>("kind"), r.get::<i64, _>("n")))
+                    .collect())
+            }
+
             async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats> {
                 if tenants.is_empty() {
                     return Ok(QueueStats::default());

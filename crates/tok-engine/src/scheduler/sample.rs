@@ -31,6 +31,18 @@ pub fn record_queue_gauges(stats: &QueueStats) {
     metrics::gauge!("tok_queue_oldest_ready_seconds").set(oldest);
 }
 
+/// Sets `tok_runs_held{kind}` from one count: every kind a row says alone,
+/// 0 where none is held (so a kind that emptied reads 0, not its last).
+pub fn record_held_gauges(held: &[(String, i64)]) {
+    for kind in tok_core::blocked::KINDS {
+        if matches!(*kind, "queue_key" | "tenant_concurrency") {
+            continue;
+        }
+        let n = held.iter().find(|(k, _)| k == kind).map_or(0, |(_, n)| *n);
+        metrics::gauge!("tok_runs_held", "kind" => *kind).set(n as f64);
+    }
+}
+
 /// Samples the queue every [`SchedulerConfig::sample_every`](super::SchedulerConfig::sample_every)
 /// until shutdown.
 pub(crate) async fn sample_loop(
@@ -39,9 +51,14 @@ pub(crate) async fn sample_loop(
 ) {
     let every = inner.config.scheduler.sample_every;
     loop {
-        match inner.store.queue_stats(&inner.tenants()).await {
+        let tenants = inner.tenants();
+        match inner.store.queue_stats(&tenants).await {
             Ok(stats) => record_queue_gauges(&stats),
             Err(e) => tracing::warn!(error = %e, "could not sample the queue for the metrics"),
+        }
+        match inner.store.held_counts(&tenants).await {
+            Ok(held) => record_held_gauges(&held),
+            Err(e) => tracing::warn!(error = %e, "could not count the held runs for the metrics"),
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}

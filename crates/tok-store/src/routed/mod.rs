@@ -710,6 +710,19 @@ impl QueueStore for RoutedStore {
         Ok(released.into_iter().map(|(_, n)| n).sum())
     }
 
+    async fn held_counts(&self, tenants: &[TenantId]) -> Result<Vec<(String, i64)>> {
+        let parts = self
+            .by_database("held runs", tenants, |db, tenants| async move {
+                db.held_counts(&tenants).await
+            })
+            .await?;
+        let mut total: std::collections::BTreeMap<String, i64> = Default::default();
+        for (kind, n) in parts.into_iter().flatten() {
+            *total.entry(kind).or_default() += n;
+        }
+        Ok(total.into_iter().collect())
+    }
+
     async fn queue_stats(&self, tenants: &[TenantId]) -> Result<QueueStats> {
         let mut total = QueueStats::default();
         let parts = self

@@ -4,7 +4,7 @@
 //! dropped even when the test fails. One module per part of the store:
 //! `queue` (claims, leases, fencing), `record` (the record transaction),
 //! `children` (child runs and waits on runs), `branches` (parallel branches' jobs),
-//! `dispatch`, `inbox` (events and manual starts), `runs` (the listing),
+//! `dispatch`, `flow` (the start controls' rows), `inbox` (events and manual starts), `runs` (the listing),
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
 //! `tenancy` (scoping across all of them), `tenant_caps` (a tenant's
 //! concurrency cap across claims and dispatches), `widgets`, `connections`
@@ -61,6 +61,7 @@ mod connections;
 mod desk;
 mod dispatch;
 mod effects;
+mod flow;
 mod inbox;
 mod keys;
 mod lifecycle;
