@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tok_core::ids::{RunId, TenantId};
-use tok_store::{ClaimedJob, PendingEvent, Plan, Record, RunStatus, StepRecord, StepStatus, Store};
+use tok_store::{ClaimedJob, NewRun, Record, RunStatus, StepRecord, StepStatus, Store};
 use tokio::sync::{broadcast, watch};
 
 /// How often a process sends its committed events to the others.
@@ -498,38 +498,48 @@ fn run_updated(job: &ClaimedJob, status: RunStatus) -> Value {
     })
 }
 
-/// The runs a dispatch planned, published once the dispatch committed.
+/// The runs a dispatch wrote, published once the dispatch committed: each
+/// as its start control left it (an event that joined an open run made
+/// none), with what holds it.
 #[derive(Default)]
 pub(crate) struct Planned {
     runs: Mutex<Vec<(TenantId, Kind, Value)>>,
 }
 
 impl Planned {
-    /// Notes the runs of `plan` (called in the planner, inside the dispatch).
-    pub(crate) fn note(&self, event: &PendingEvent, plan: &Plan) {
+    /// Notes the runs a dispatch writes (called inside the dispatch, with
+    /// the runs as they are written).
+    pub(crate) fn note(&self, written: &[(TenantId, tok_core::ids::EventId, NewRun)]) {
         let mut runs = lock(&self.runs);
-        for run in &plan.runs {
+        let now = jiff::Timestamp::now().as_millisecond();
+        for (tenant, _, run) in written {
             for step in &run.steps {
                 runs.push((
-                    event.tenant_id.clone(),
+                    tenant.clone(),
                     Kind::StepRecorded,
                     step_recorded(&run.id, step),
                 ));
             }
-            let status = if run.first_path.is_none() {
-                RunStatus::Completed
-            } else {
-                RunStatus::Queued
+            let status = match run {
+                r if r.refused.is_some() => RunStatus::Refused,
+                r if r.skipped.is_some() => RunStatus::Skipped,
+                r if r.cancelled.is_some() => RunStatus::Cancelled,
+                r if r.first_path.is_none() => RunStatus::Completed,
+                _ => RunStatus::Queued,
             };
-            runs.push((
-                event.tenant_id.clone(),
-                Kind::RunUpdated,
-                json!({
-                    "run_id": run.id,
-                    "automation_id": run.automation_id,
-                    "status": status.as_str(),
-                }),
-            ));
+            let mut data = json!({
+                "run_id": run.id,
+                "automation_id": run.automation_id,
+                "status": status.as_str(),
+            });
+            if let Some(hold) = &run.hold
+                && let tok_core::run::Resume::Deferred { limit, reason } = &hold.resume
+            {
+                let until = tok_store::rfc3339::format(now + hold.delay_ms);
+                data["blocked_by"] =
+                    json!({ "kind": limit, "until": until, "detail": { "reason": reason } });
+            }
+            runs.push((tenant.clone(), Kind::RunUpdated, data));
         }
     }
 

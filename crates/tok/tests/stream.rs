@@ -19,6 +19,7 @@ tok_store::backend_tests!(run_on_fresh_db;
     a_runs_events_arrive_in_commit_order_and_a_reconnect_gets_what_it_missed,
     a_tenant_sees_only_its_own_events_and_the_admin_follows_one,
     a_repeated_incident_is_updated_not_opened_again,
+    a_run_its_start_control_holds_says_so_in_the_stream,
 );
 
 /// One server-sent event.
@@ -536,4 +537,56 @@ async fn a_client_reconnecting_to_another_api_process_gets_what_it_missed() {
         assert_eq!(stale.next().await.kind, "reload");
     })
     .await;
+}
+
+async fn a_run_its_start_control_holds_says_so_in_the_stream(db: &TestDb) {
+    let port = free_port();
+    let api = Api::new(port);
+    let _server = Server::start(&db.url, port, &[], &[]);
+    api.wait_ready().await;
+    let tenant = api
+        .post("/api/tenants", ADMIN_KEY, json!({ "name": "Shop" }))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_owned();
+    let source = api
+        .post("/api/sources", &key, json!({ "name": "shop" }))
+        .await;
+    api.post(
+        "/api/automations",
+        &key,
+        json!({
+            "name": "Throttled",
+            "trigger": { "kind": "webhook", "source": source["id"] },
+            "flow": { "throttle": { "limit": 1, "period": "1h" } },
+            "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": "x" } }]
+        }),
+    )
+    .await;
+    let url = source["url"].as_str().unwrap();
+    let mut stream = Stream::open(&api, &key, None, None).await;
+    let first = order(&api, url, "A-1").await;
+    let second = order(&api, url, "A-2").await;
+    let first = run_of(&api, &key, &first).await;
+    let second = run_of(&api, &key, &second).await;
+    let mut held = None;
+    while held.is_none() {
+        let event = stream.next().await;
+        if event.kind == "run.updated" && event.data["run_id"] == second {
+            held = Some(event.data);
+        }
+    }
+    let held = held.unwrap();
+    assert_eq!(held["status"], "queued", "{held:#}");
+    assert_eq!(held["blocked_by"]["kind"], "throttle", "{held:#}");
+    assert!(held["blocked_by"]["until"].is_string(), "{held:#}");
+    // The first of the key's runs was not held.
+    let mut status = String::new();
+    for _ in 0..1200 {
+        status = run_status(&api, &key, &first).await;
+        if status == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, "completed");
 }

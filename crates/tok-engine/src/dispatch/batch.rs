@@ -30,6 +30,9 @@ use crate::fairness::{self, Crowding};
 /// automations whose trigger matches, which runs to create.
 pub(crate) type Planner<'a> = &'a (dyn Fn(&PendingEvent, &[Candidate]) -> Plan + Send + Sync);
 
+/// Told the runs a dispatch writes, as they are written (for the stream).
+pub(crate) type Noted<'a> = &'a (dyn Fn(&[(TenantId, EventId, tok_store::NewRun)]) + Send + Sync);
+
 /// A dispatching process's offer to run new jobs itself. It is asked once
 /// for each new run whose first step is due now and has no queue key, in
 /// the order the runs are written, whether it takes that run's job.
@@ -91,6 +94,7 @@ pub(crate) async fn dispatch(
     bulk: bool,
     crowding: &Mutex<Crowding>,
     planner: Planner<'_>,
+    noted: Noted<'_>,
     mut handoff: Option<Handoff<'_>>,
 ) -> Result<Dispatched> {
     let events = tx.pending_events(limit).await?;
@@ -250,6 +254,7 @@ pub(crate) async fn dispatch(
         runs: &taken,
     });
     let claimed = tx.insert_runs(&runs, claims).await?;
+    noted(&runs);
     keys.write(&mut *tx).await?;
     if !dispatched.is_empty() {
         tx.mark_dispatched(&dispatched).await?;
@@ -607,7 +612,7 @@ mod tests {
             lease_ms: 30_000,
             take,
         });
-        dispatch(tx, limit, bulk, crowding, &planner, handoff)
+        dispatch(tx, limit, bulk, crowding, &planner, &|_| {}, handoff)
             .await
             .expect("dispatch")
     }

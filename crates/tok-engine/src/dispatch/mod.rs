@@ -48,7 +48,6 @@ async fn dispatch_once(
             &inner.registry,
             &inner.config.fairness,
         );
-        planned.note(event, &plan);
         plan
     };
     let most = 4 * least;
@@ -65,7 +64,9 @@ async fn dispatch_once(
     let mut dispatched = match store.begin_dispatch(tenants, lane).await {
         Ok(tx) => {
             let bulk = lane == Lane::Bulk;
-            batch::dispatch(tx, size, bulk, &inner.crowding, &planner, Some(handoff)).await
+            let noted = |runs: &[_]| planned.note(runs);
+            let crowding = &inner.crowding;
+            batch::dispatch(tx, size, bulk, crowding, &planner, &noted, Some(handoff)).await
         }
         Err(e) => Err(e),
     };
