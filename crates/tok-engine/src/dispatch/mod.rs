@@ -41,14 +41,13 @@ async fn dispatch_once(
     let store: &dyn InboxStore = &*inner.store;
     let planned = crate::stream::Planned::default();
     let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
-        let plan = plan::plan(
+        plan::plan(
             event,
             candidates,
             &inner.defs,
             &inner.registry,
             &inner.config.fairness,
-        );
-        plan
+        )
     };
     let most = 4 * least;
     let mut offer = pool::offer(inner, most as usize, all_reserved);
