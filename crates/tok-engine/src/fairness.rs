@@ -19,6 +19,16 @@
 //! (Fairness of the selections themselves — round robin between tenants
 //! in the claim and the dispatch, one running job per queue key — is the
 //! store's claim and dispatch queries.)
+//!
+//! **The share is per tenant, never per key.** Every rule here counts a
+//! tenant's slots, events and claims, and the store's claim ranks each
+//! tenant's jobs among themselves before it goes round robin between
+//! tenants; a queue key (a ticket's) only drops a job whose key another
+//! job holds, after that ranking, and a start control's key (`flow`) only
+//! says when a run's first job is due. So a tenant that splits its backlog
+//! over a thousand keys holds the same share as with one keyless backlog:
+//! more keys let more of its own jobs be candidates, never more than its
+//! turn. `tok bench --only fairness` measures it (`fairness_split`).
 
 use std::collections::{HashMap, HashSet};
 

@@ -83,10 +83,11 @@ async fn a_runs_priority_is_its_automations_flow_priority_rendered_for_it(app: &
             .contains("-100 to 100"),
         "{errors:#?}"
     );
-    let mut debounced = manual("Debounced", &json!([log_step("st_log", "x")]));
-    debounced["flow"] = json!({ "debounce": { "period": "5m" } });
-    let errors = rejected(app, &tenant, &debounced).await;
-    assert_eq!(errors[0]["path"], "flow.debounce", "{errors:#?}");
+    // A mode not built yet is refused by name, not saved and ignored.
+    let mut queued = manual("Queued", &json!([log_step("st_log", "x")]));
+    queued["flow"] = json!({ "singleton": { "mode": "queue" } });
+    let errors = rejected(app, &tenant, &queued).await;
+    assert_eq!(errors[0]["path"], "flow.singleton.mode", "{errors:#?}");
 }
 
 /// Posts a definition that must be refused; returns its `errors`.

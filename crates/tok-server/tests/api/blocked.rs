@@ -163,7 +163,7 @@ async fn a_waiting_run_says_what_holds_it_and_until_when(app: &TestApp) {
         "the signalled run ended"
     );
     let error = app
-        .get(&tenant.key, "/api/runs?blocked_by=throttle")
+        .get(&tenant.key, "/api/runs?blocked_by=weather")
         .await
         .expect_error(StatusCode::BAD_REQUEST, "bad_query");
     assert!(

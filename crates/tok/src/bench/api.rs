@@ -129,16 +129,33 @@ impl Api {
         source: &Source,
         steps: Vec<Value>,
     ) -> anyhow::Result<String> {
+        self.automation_with_flow(tenant, name, source, steps, None)
+            .await
+    }
+
+    /// [`Api::automation`] with a `flow` (start controls).
+    pub(crate) async fn automation_with_flow(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        source: &Source,
+        steps: Vec<Value>,
+        flow: Option<Value>,
+    ) -> anyhow::Result<String> {
+        let mut definition = json!({
+            "name": name,
+            "trigger": { "kind": "webhook", "source": source.id },
+            "steps": steps,
+        });
+        if let Some(flow) = flow {
+            definition["flow"] = flow;
+        }
         let created = self
             .send(
                 self.http
                     .post(format!("{}/api/automations", self.base))
                     .bearer_auth(&tenant.key)
-                    .json(&json!({
-                        "name": name,
-                        "trigger": { "kind": "webhook", "source": source.id },
-                        "steps": steps,
-                    })),
+                    .json(&definition),
                 &format!("create the automation `{name}`"),
             )
             .await?;
@@ -373,9 +390,14 @@ pub(crate) struct Answer {
 
 /// The body of webhook `n`: distinct per bench run and per event (the
 /// server de-duplicates identical bodies), about 300 bytes.
+/// How many `shard`s the bench's webhook bodies cycle through: the keys
+/// a backlog split over keys uses (`fairness`).
+pub(crate) const SHARDS: usize = 1000;
+
 pub(crate) fn webhook_body(nonce: &str, n: usize) -> Vec<u8> {
+    let shard = n % SHARDS;
     format!(
-        r#"{{"kind":"bench.event","n":{n},"nonce":"{nonce}","data":{{"customer":"c-{n}","items":[{{"sku":"A-1","qty":2}},{{"sku":"B-7","qty":1}}],"note":"The quick brown fox jumps over the lazy dog; the bench pads each body to a size webhooks have."}}}}"#
+        r#"{{"kind":"bench.event","n":{n},"nonce":"{nonce}","shard":"s-{shard}","data":{{"customer":"c-{n}","items":[{{"sku":"A-1","qty":2}},{{"sku":"B-7","qty":1}}],"note":"The quick brown fox jumps over the lazy dog; the bench pads each body to a size webhooks have."}}}}"#
     )
     .into_bytes()
 }

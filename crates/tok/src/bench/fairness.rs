@@ -18,6 +18,14 @@
 //! accepted and most of them are still queued when the small tenant starts
 //! again. With less than half of them queued then, the figure says it was
 //! not measured: the small tenant had no backlog to get past.
+//!
+//! Then the same flood again, its runs split over [`api::SHARDS`] keys
+//! (`flow.throttle` keyed on the body's `shard`, far above the flood's
+//! rate: each event goes through its key's row, none is held back), and
+//! the small tenant once more: `fairness_split` is the ratio of its p99
+//! under the split flood to its p99 under the unsplit one, measured one
+//! after the other in one run. Fairness is per tenant first, so a tenant
+//! gains nothing by splitting its backlog over keys.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -124,35 +132,48 @@ async fn small_phase(
     })
 }
 
-async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figure>> {
+/// One flood of the large tenant and the small tenant's phase under it:
+/// what the flood sent, its backlog when the small tenant began, and the
+/// small tenant's latencies.
+struct Flooded {
+    sent: api::Sent,
+    flood: usize,
+    backlog: usize,
+    under: Phase,
+}
+
+/// Floods the large tenant's automation `label` (its runs started under
+/// `flow`), then runs the small tenant's phase `under-{label}`; waits for
+/// the flood to drain before it returns, so the next phase starts clean.
+async fn flood_then_small(
+    bench: &Bench,
+    server: &mut Server,
+    large: &Tenant,
+    small: &Tenant,
+    label: &str,
+    flow: Option<Value>,
+) -> anyhow::Result<Flooded> {
     let api = &server.api.clone();
-    let large = api
-        .tenant(&format!("bench fairness large {}", bench.nonce))
-        .await?;
-    let small = api
-        .tenant(&format!("bench fairness small {}", bench.nonce))
-        .await?;
-    let flood_source = api.source(&large, "flood").await?;
+    let flood_source = api.source(large, label).await?;
     let flood_automation = api
-        .automation(&large, "flood", &flood_source, steps::steps(Kind::Queued))
+        .automation_with_flow(
+            large,
+            label,
+            &flood_source,
+            steps::steps(Kind::Queued),
+            flow,
+        )
         .await
         .with_context(super::noop::not_registered)?;
-
-    bench.progress.line(
-        NAME,
-        &format!("small tenant alone: {SMALL_EVENTS} webhooks at {SMALL_RATE:.0}/s"),
-    );
-    let alone = small_phase(bench, api, &small, "alone", Duration::from_secs(120)).await?;
-
     let flood = bench.scaled(50_000, 500);
     bench.progress.line(
         NAME,
-        &format!("large tenant: {flood} webhooks as fast as possible"),
+        &format!("large tenant ({label}): {flood} webhooks as fast as possible"),
     );
     let sent = api::send_closed_loop(
         &bench.http,
         &flood_source.url,
-        &format!("{}-flood", bench.nonce),
+        &format!("{}-{label}", bench.nonce),
         flood,
         bench.options().senders,
         false,
@@ -167,33 +188,95 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
             sent.elapsed.as_secs_f64()
         ),
     );
-    let under = small_phase(bench, api, &small, "under-flood", TIME_LIMIT).await?;
+    let under = small_phase(bench, api, small, &format!("under-{label}"), TIME_LIMIT).await?;
     server.check_alive()?;
-
     // How many of the large tenant's runs were still to finish when the
     // small tenant began: the backlog it had to get past.
-    let large_runs = api.all_runs(&large, Some(&flood_automation)).await?;
+    let large_runs = api.all_runs(large, Some(&flood_automation)).await?;
     let backlog = sent.accepted
         - large_runs
             .iter()
             .filter(|r| r.finished_at.is_some_and(|f| f <= under.started_ms))
             .count()
             .min(sent.accepted);
-    if server.is_external() {
-        bench.progress.line(
-            NAME,
-            "waiting for the flood to drain from the external server",
-        );
-        api.wait_runs(
-            &large,
-            Some(&flood_automation),
-            sent.accepted,
-            TIME_LIMIT,
-            (&bench.progress, NAME),
-        )
-        .await?;
-    }
+    bench
+        .progress
+        .line(NAME, &format!("waiting for the {label} flood to drain"));
+    api.wait_runs(
+        large,
+        Some(&flood_automation),
+        sent.accepted,
+        TIME_LIMIT,
+        (&bench.progress, NAME),
+    )
+    .await?;
+    Ok(Flooded {
+        sent,
+        flood,
+        backlog,
+        under,
+    })
+}
 
+async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figure>> {
+    let api = &server.api.clone();
+    let large = api
+        .tenant(&format!("bench fairness large {}", bench.nonce))
+        .await?;
+    let small = api
+        .tenant(&format!("bench fairness small {}", bench.nonce))
+        .await?;
+
+    bench.progress.line(
+        NAME,
+        &format!("small tenant alone: {SMALL_EVENTS} webhooks at {SMALL_RATE:.0}/s"),
+    );
+    let alone = small_phase(bench, api, &small, "alone", Duration::from_secs(120)).await?;
+    let one = flood_then_small(bench, server, &large, &small, "flood", None).await?;
+    // The same flood split over the shards' keys: a key's throttle far
+    // above what the flood sends, so every event goes through its key's
+    // row and none is held back.
+    let split_flow = json!({ "throttle": { "key": "{{shard}}", "limit": 10_000, "period": "1s", "burst": 10_000 } });
+    let split = flood_then_small(bench, server, &large, &small, "split", Some(split_flow)).await?;
+    let mut figures = vec![figure(&alone, &one, "")];
+    let mut split_figure = figure(&alone, &split, &format!(" over {} keys", api::SHARDS));
+    // The split's own figure: its small tenant against the unsplit one's,
+    // side by side in one run.
+    if let (Some(a), Some(b)) = (p99(&one), p99(&split)) {
+        let ratio = b / a.max(1.0);
+        split_figure = Figure::new(SPLIT, (ratio * 100.0).round() / 100.0, "× p99")
+            .target(Target::AtMost(1.5))
+            .notes(format!(
+                "small tenant's p99 under the large tenant's flood split over {} flow keys ÷ under the same flood unsplit: {b} / {a} ms; {}",
+                api::SHARDS,
+                split_figure.notes.clone()
+            ))
+            .details(split_figure.details.clone());
+    } else {
+        split_figure = Figure::missing(SPLIT, "×", split_figure.notes.clone())
+            .details(split_figure.details.clone());
+    }
+    figures.push(split_figure);
+    Ok(figures)
+}
+
+const SPLIT: &str = "fairness_split";
+
+/// The small tenant's p99 under a flood that queued up, if it did.
+fn p99(flooded: &Flooded) -> Option<f64> {
+    let queued = flooded.backlog * 2 >= flooded.sent.accepted;
+    (queued && !flooded.under.latencies.is_empty()).then(|| flooded.under.p(99.0))
+}
+
+/// The `fairness` figure of one flood: the small tenant's p99 under it ÷
+/// alone.
+fn figure(alone: &Phase, flooded: &Flooded, split: &str) -> Figure {
+    let Flooded {
+        sent,
+        flood,
+        backlog,
+        under,
+    } = flooded;
     let mut problems: Vec<String> = alone
         .problems
         .iter()
@@ -205,7 +288,7 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
     }
     let notes = format!(
         "small tenant, {SMALL_EVENTS} runs of `set`, `{NOOP_STEP}`, `set` at {SMALL_RATE:.0}/s, event accepted → run finished: \
-         alone p50 {} / p99 {} ms; with {backlog} of {} large-tenant runs (10 `{NOOP_STEP}` steps each) unfinished: p50 {} / p99 {} ms{}",
+         alone p50 {} / p99 {} ms; with {backlog} of {} large-tenant runs (10 `{NOOP_STEP}` steps each{split}) unfinished: p50 {} / p99 {} ms{}",
         alone.p(50.0),
         alone.p(99.0),
         sent.accepted,
@@ -223,25 +306,19 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
         "flood": { "sent": flood, "accepted": sent.accepted, "seconds": sent.elapsed.as_secs_f64(), "backlog_at_start": backlog },
     });
     if alone.latencies.is_empty() || under.latencies.is_empty() {
-        return Ok(vec![
-            Figure::missing(NAME, "×", format!("no runs finished: {notes}")).details(details),
-        ]);
+        return Figure::missing(NAME, "×", format!("no runs finished: {notes}")).details(details);
     }
     if backlog * 2 < sent.accepted {
-        return Ok(vec![
-            Figure::missing(
-                NAME,
-                "×",
-                format!("not measured: the large tenant's runs did not queue up; {notes}"),
-            )
-            .details(details),
-        ]);
+        return Figure::missing(
+            NAME,
+            "×",
+            format!("not measured: the large tenant's runs did not queue up; {notes}"),
+        )
+        .details(details);
     }
     let ratio = under.p(99.0) / alone.p(99.0).max(1.0);
-    Ok(vec![
-        Figure::new(NAME, (ratio * 100.0).round() / 100.0, "× p99")
-            .target(Target::AtMost(2.0))
-            .notes(notes)
-            .details(details),
-    ])
+    Figure::new(NAME, (ratio * 100.0).round() / 100.0, "× p99")
+        .target(Target::AtMost(2.0))
+        .notes(notes)
+        .details(details)
 }
