@@ -239,23 +239,23 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
     let split_flow = json!({ "throttle": { "key": "{{shard}}", "limit": 10_000, "period": "1s", "burst": 10_000 } });
     let split = flood_then_small(bench, server, &large, &small, "split", Some(split_flow)).await?;
     let mut figures = vec![figure(&alone, &one, "")];
-    let mut split_figure = figure(&alone, &split, &format!(" over {} keys", api::SHARDS));
+    let split_shown = figure(&alone, &split, &format!(" over {} keys", api::SHARDS));
     // The split's own figure: its small tenant against the unsplit one's,
     // side by side in one run.
-    if let (Some(a), Some(b)) = (p99(&one), p99(&split)) {
-        let ratio = b / a.max(1.0);
-        split_figure = Figure::new(SPLIT, (ratio * 100.0).round() / 100.0, "× p99")
-            .target(Target::AtMost(1.5))
-            .notes(format!(
-                "small tenant's p99 under the large tenant's flood split over {} flow keys ÷ under the same flood unsplit: {b} / {a} ms; {}",
-                api::SHARDS,
-                split_figure.notes.clone()
-            ))
-            .details(split_figure.details.clone());
-    } else {
-        split_figure = Figure::missing(SPLIT, "×", split_figure.notes.clone())
-            .details(split_figure.details.clone());
-    }
+    let split_figure = match (p99(&one), p99(&split)) {
+        (Some(a), Some(b)) => {
+            let ratio = b / a.max(1.0);
+            Figure::new(SPLIT, (ratio * 100.0).round() / 100.0, "× p99")
+                .target(Target::AtMost(1.5))
+                .notes(format!(
+                    "small tenant's p99 under the large tenant's flood split over {} flow keys ÷ under the same flood unsplit: {b} / {a} ms; {}",
+                    api::SHARDS,
+                    split_shown.notes
+                ))
+                .details(split_shown.details)
+        }
+        _ => Figure::missing(SPLIT, "×", split_shown.notes).details(split_shown.details),
+    };
     figures.push(split_figure);
     Ok(figures)
 }
