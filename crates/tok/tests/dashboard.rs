@@ -91,6 +91,7 @@ async fn shop(api: &Api, name: &str, invoicing: &str) -> Shop {
             json!({
                 "name": format!("{name}: new order"),
                 "trigger": { "kind": "webhook", "source": orders["id"] },
+                "flow": { "priority": 10, "startTimeout": "1h" },
                 "steps": [
                     { "id": "st_mark", "type": "set", "config": { "values": { "order": "{{orderId}}" } } },
                     { "id": "st_pause", "type": "flow/pause", "config": { "seconds": 0.3 } },
@@ -262,6 +263,10 @@ async fn an_operator_sees_runs_live_opens_a_failed_one_and_retries_it() {
             )
             .await;
         assert_eq!(shown, json!(shop.order_url));
+        let starts = browser
+            .eval("return document.querySelector('#flow-control').textContent", json!([]))
+            .await;
+        assert_eq!(starts, json!("priority 10 · expires if not started within 1h"), "how its runs start");
         assert!(shop.order_url.starts_with(&format!("http://localhost:{port}/webhook/")));
         picture(&browser, "automation").await;
         browser
