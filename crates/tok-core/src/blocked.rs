@@ -9,9 +9,11 @@
 //! - `breaker`, `connection_concurrency`, `connection_rate`: a step its
 //!   connection held back before it called anything, `until` it is tried
 //!   again (the job carries [`Resume::Deferred`] with the limit);
-//! - `throttle`, `debounce`, `batch`: a run's first job its automation's
-//!   start control holds (`flow`, see [`crate::start`]), `until` it is
-//!   due — a debounce's or a batch's `until` moves when an event joins;
+//! - `throttle`, `debounce`, `batch`, `singleton`: a run's first job its
+//!   automation's start control holds (`flow`, see [`crate::start`]),
+//!   `until` it is due — a debounce's or a batch's `until` moves when an
+//!   event joins; a queued singleton run has none (it goes when the run
+//!   ahead of it ends);
 //! - `timer`: a job due later (a `wait` step, a retry's backoff);
 //! - `queue_key`: a job due now whose queue key (a ticket's) another run
 //!   holds or was queued on first;
@@ -37,6 +39,7 @@ pub const KINDS: &[&str] = &[
     "throttle",
     "debounce",
     "batch",
+    "singleton",
     "timer",
     "queue_key",
     "tenant_concurrency",
@@ -139,11 +142,10 @@ pub fn why(
         if let Some(Resume::Deferred { limit, reason }) = &job.resume
             && job.run_after > now
         {
-            return Some(blocked(
-                limit,
-                Some(job.run_after),
-                json!({ "reason": reason }),
-            ));
+            // A queued singleton run goes when the run ahead ends: when
+            // that is, nobody knows.
+            let until = Some(job.run_after).filter(|_| limit != "singleton");
+            return Some(blocked(limit, until, json!({ "reason": reason })));
         }
     }
     if let Some(job) = jobs.iter().find(|j| j.run_after > now) {

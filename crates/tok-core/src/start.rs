@@ -28,6 +28,12 @@
 //! | `throttle` | start at the next free slot | same | same |
 //! | `singleton` `skip` | `skipped` | `skipped` | start now |
 //! | `singleton` `cancel` | cancel it, start now | cancel it, start now | start now |
+//! | `singleton` `queue` | queue behind it | queue behind it | start now |
+//!
+//! A singleton key's row counts its queued runs (`count`); a queued run's
+//! first job is held (`blocked_by: singleton`) until the scheduler, which
+//! looks for keys whose run ended with runs queued, lets the oldest go and
+//! names it the key's run.
 //!
 //! `throttle`'s slot is a generic cell rate (GCRA): each key keeps the time
 //! its next start is due (`next`); with `T = period / limit`, a start is
@@ -192,7 +198,8 @@ pub enum SingletonMode {
     Skip,
     /// It cancels that run (with its compensation) and starts its own.
     Cancel,
-    /// It waits behind it (not built yet: refused at save).
+    /// It waits behind it, and behind the key's runs queued before it:
+    /// one run at a time, in the order the events came.
     Queue,
 }
 
@@ -252,10 +259,14 @@ impl Control<'_> {
         }
     }
 
-    /// Whether the run waits for its key's row to say when it starts: its
-    /// first steps are not begun at dispatch (a join changes its context).
+    /// Whether the run may wait for its key's row to say when it starts:
+    /// its first steps are not begun at dispatch (a join changes its
+    /// context; a queued singleton run must not begin before its turn).
     pub fn holds(&self) -> bool {
-        !matches!(self, Control::Singleton(_))
+        match self {
+            Control::Singleton(c) => c.mode == SingletonMode::Queue,
+            _ => true,
+        }
     }
 
     /// What the control says of a run it holds, for `blocked_by`.
@@ -284,6 +295,16 @@ impl Control<'_> {
         }
     }
 }
+
+/// The queue key of a run queued on a singleton key (`mode: queue`): the
+/// scheduler finds a key's queued runs by it, oldest first.
+pub fn singleton_queue_key(automation: &str, key: &str) -> String {
+    format!("flow:{automation}/{key}")
+}
+
+/// How long a queued singleton run's first job is due after (for ever, in
+/// effect): the scheduler makes it due when its turn comes.
+pub const QUEUED_FOR_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
 
 fn cut(mut key: String) -> String {
     if key.len() > MAX_KEY_LEN {
@@ -344,6 +365,10 @@ pub enum Gate {
     Skip { active: String },
     /// That run is cancelled first, then the event's starts now.
     Replace { active: String },
+    /// The event's run waits behind `behind` (the key's unfinished run)
+    /// and the runs queued before it; the key then has `waiting` queued.
+    /// The scheduler lets the oldest go when the key's run ends.
+    Queue { behind: String, waiting: i64 },
 }
 
 /// The start control's decision for one event at `now` (Unix ms), given
@@ -403,13 +428,17 @@ pub fn decide(control: Control<'_>, state: Option<&KeyState>, now: i64) -> Gate 
             start(due, 1, next.max(now) + interval)
         }
         Control::Singleton(c) => match (unfinished, c.mode) {
-            (Some(s), SingletonMode::Skip | SingletonMode::Queue) => Gate::Skip {
+            (Some(s), SingletonMode::Skip) => Gate::Skip {
                 active: s.run_id.clone(),
+            },
+            (Some(s), SingletonMode::Queue) => Gate::Queue {
+                behind: s.run_id.clone(),
+                waiting: s.count + 1,
             },
             (Some(s), SingletonMode::Cancel) => Gate::Replace {
                 active: s.run_id.clone(),
             },
-            (None, _) => start(now, 1, 0),
+            (None, _) => start(now, 0, 0),
         },
     }
 }
@@ -636,14 +665,7 @@ pub fn check(flow: &FlowControl) -> Vec<(String, String)> {
     }
     if let Some(c) = &flow.singleton {
         found.extend(key("singleton", &c.key));
-        if c.mode == SingletonMode::Queue {
-            found.push((
-                "singleton.mode".into(),
-                "`queue` is not available yet; use `skip` (a later event's run is skipped) or \
-                 `cancel` (it replaces the running one)"
-                    .into(),
-            ));
-        }
+
     }
     for (path, message) in found {
         error(&path, message);
@@ -856,6 +878,15 @@ mod tests {
     fn singleton_skips_or_replaces_an_unfinished_run_and_starts_when_none_is() {
         let skip = control(json!({ "singleton": { "key": "{{_body.order}}", "mode": "skip" } }));
         let cancel = control(json!({ "singleton": { "mode": "cancel" } }));
+        let queue = control(json!({ "singleton": { "mode": "queue" } }));
+        assert_eq!(
+            decide(queue.control().unwrap(), Some(&row(KeyRun::Active, 0, 2, 0)), 5),
+            Gate::Queue { behind: "r1".into(), waiting: 3 }
+        );
+        assert!(matches!(
+            decide(queue.control().unwrap(), Some(&row(KeyRun::Ended, 0, 0, 0)), 5),
+            Gate::Start { due: 5, count: 0, .. }
+        ));
         for run in [KeyRun::Open, KeyRun::Active] {
             assert_eq!(
                 decide(skip.control().unwrap(), Some(&row(run, 0, 1, 0)), 5),
@@ -952,11 +983,6 @@ mod tests {
                 json!({ "batch": { "maxSize": 5, "timeout": "1s", "key": "{{ x" } }),
                 "flow.batch.key",
                 "does not parse",
-            ),
-            (
-                json!({ "singleton": { "mode": "queue" } }),
-                "flow.singleton.mode",
-                "not available yet",
             ),
             (
                 json!({ "debounce": { "period": "1s" }, "batch": { "maxSize": 2, "timeout": "1s" } }),

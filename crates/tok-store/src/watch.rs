@@ -41,6 +41,14 @@ pub struct UnfinishedRun {
     pub created_at: i64,
 }
 
+/// A singleton key with runs queued on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SingletonKey {
+    pub tenant_id: TenantId,
+    pub automation_id: AutomationId,
+    pub key: String,
+}
+
 /// A queued run past its `start_by`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnstartedRun {
@@ -141,6 +149,21 @@ pub trait WatchStore: Send + Sync {
         error: &str,
         now: i64,
     ) -> Result<bool>;
+
+    /// Up to `limit` singleton keys (`flow.singleton` mode `queue`) of
+    /// `tenants` whose run has ended while runs are queued on them.
+    async fn singletons_to_release(
+        &self,
+        tenants: &[TenantId],
+        limit: u32,
+    ) -> Result<Vec<SingletonKey>>;
+
+    /// Lets the oldest run queued on a singleton key go (its first job due
+    /// now) and names it the key's run, under the key's lock as the
+    /// dispatch takes it; none when the key's run is unfinished again or
+    /// nothing is queued any more (then the key counts none). Returns the
+    /// run let go.
+    async fn release_singleton(&self, key: &SingletonKey) -> Result<Option<RunId>>;
 
     /// Fails a queued, running or waiting run from outside the decider
     /// (its `settings.runTimeout` passed, its definition no longer reads),

@@ -147,6 +147,111 @@ macro_rules! impl_watch {
                     .collect())
             }
 
+            async fn singletons_to_release(
+                &self,
+                tenants: &[TenantId],
+                limit: u32,
+            ) -> Result<Vec<$crate::watch::SingletonKey>> {
+                if tenants.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let rows = sqlx::query(concat!(
+                    "SELECT f.tenant_id, f.automation_id, f.key FROM flow_keys f
+                     LEFT JOIN runs r ON r.tenant_id = f.tenant_id AND r.id = f.run_id
+                     WHERE f.control = 'singleton' AND f.count > 0
+                       AND f.tenant_id ", unindexed_any_of!(1), "
+                       AND (r.id IS NULL OR r.status IN
+                            ('completed', 'failed', 'cancelled', 'refused', 'skipped', 'expired'))
+                     ORDER BY f.updated_at
+                     LIMIT $2"
+                ))
+                .bind(list(tenants.iter().map(|t| t.as_str())))
+                .bind(i64::from(limit))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| $crate::watch::SingletonKey {
+                        tenant_id: TenantId::from(r.get::<String, _>("tenant_id")),
+                        automation_id: AutomationId::from(r.get::<String, _>("automation_id")),
+                        key: r.get("key"),
+                    })
+                    .collect())
+            }
+
+            async fn release_singleton(
+                &self,
+                key: &$crate::watch::SingletonKey,
+            ) -> Result<Option<RunId>> {
+                let tenant = &key.tenant_id;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let lock = key_lock(tenant, &format!("flow:{}/singleton/{}", key.automation_id, key.key));
+                lock_names(&mut tx, vec![lock]).await?;
+                let row = sqlx::query(
+                    "SELECT f.count, r.status FROM flow_keys f
+                     LEFT JOIN runs r ON r.tenant_id = f.tenant_id AND r.id = f.run_id
+                     WHERE f.tenant_id = $1 AND f.automation_id = $2 AND f.control = 'singleton'
+                       AND f.key = $3",
+                )
+                .bind(tenant.as_str())
+                .bind(key.automation_id.as_str())
+                .bind(&key.key)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let ended = row.as_ref().is_some_and(|r| {
+                    r.get::<i64, _>("count") > 0
+                        && r.get::<Option<String>, _>("status")
+                            .and_then(|s| RunStatus::parse(&s))
+                            .is_none_or(RunStatus::is_final)
+                });
+                if !ended {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                let queue = tok_core::start::singleton_queue_key(key.automation_id.as_str(), &key.key);
+                let next = sqlx::query(
+                    "SELECT j.id, j.run_id FROM jobs j
+                     WHERE j.tenant_id = $1 AND j.queue_key = $2 AND j.locked_by IS NULL
+                       AND j.resume ->> 'limit' = 'singleton'
+                     ORDER BY j.id
+                     LIMIT 1",
+                )
+                .bind(tenant.as_str())
+                .bind(&queue)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let released = match &next {
+                    Some(job) => {
+                        sqlx::query(concat!(
+                            "UPDATE jobs SET run_after = ", db_now!(), ", resume = NULL
+                             WHERE tenant_id = $1 AND id = $2"
+                        ))
+                        .bind(tenant.as_str())
+                        .bind(job.get::<i64, _>("id"))
+                        .execute(&mut *tx)
+                        .await?;
+                        Some(RunId::from(job.get::<String, _>("run_id")))
+                    }
+                    None => None,
+                };
+                sqlx::query(
+                    "UPDATE flow_keys SET run_id = COALESCE($4, run_id),
+                        count = CASE WHEN $4 IS NULL THEN 0 ELSE count - 1 END, updated_at = $5
+                     WHERE tenant_id = $1 AND automation_id = $2 AND control = 'singleton'
+                       AND key = $3",
+                )
+                .bind(tenant.as_str())
+                .bind(key.automation_id.as_str())
+                .bind(&key.key)
+                .bind(released.as_ref().map(|r| r.as_str()))
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(released)
+            }
+
             async fn expire_run(
                 &self,
                 tenant: &TenantId,

@@ -902,4 +902,32 @@ mod tests {
         assert_eq!(c.2.first_path, None, "never started");
         assert!(!w.cancelled.iter().any(|(r, _)| r == &b));
     }
+
+    #[tokio::test]
+    async fn singleton_queue_holds_the_keys_later_runs_on_the_keys_queue() {
+        let written: Arc<Mutex<Written>> = Arc::default();
+        let queue = controlled(json!({ "singleton": { "key": "{{_body.customer}}", "mode": "queue" } }));
+        let (tx, _) = answers_for(keyed("aab", 0), 0, queue, Arc::clone(&written));
+        let mut take = |_: &TenantId| true;
+        run(tx, 16, true, &Mutex::default(), Some(&mut take)).await;
+        let w = written.lock().unwrap();
+        let held: Vec<Option<&str>> = w
+            .runs
+            .iter()
+            .map(|(_, _, r)| match r.hold.as_ref().map(|h| &h.resume) {
+                Some(Resume::Deferred { limit, .. }) => Some(limit.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(held, [None, Some("singleton"), None], "a's second waits, b's runs");
+        let queued = &w.runs[1].2;
+        assert_eq!(
+            queued.queue_key.as_deref(),
+            Some(format!("flow:{}/a", queued.automation_id).as_str())
+        );
+        assert!(queued.steps.is_empty() && queued.first_path.is_some());
+        let row = &w.keys[&("singleton".into(), "a".into())];
+        assert_eq!((row.run_id.as_str(), row.count), (w.runs[0].2.id.as_str(), 1));
+        assert_eq!(w.claimed_runs.len(), 2, "the queued one is no one's to start now");
+    }
 }

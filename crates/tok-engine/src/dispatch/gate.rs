@@ -141,6 +141,30 @@ impl Keys {
                     // and the event starts a run of its own.
                     state.run = KeyRun::Active;
                 }
+                Gate::Queue { behind, waiting } => {
+                    run.hold = Some(Hold {
+                        delay_ms: tok_core::start::QUEUED_FOR_MS,
+                        resume: Resume::Deferred {
+                            limit: control.name().to_owned(),
+                            reason: format!(
+                                "queued behind run {behind} of the same singleton key{}: \
+                                 one run at a time, in the order the events came",
+                                shown(&start.key)
+                            ),
+                        },
+                    });
+                    // Its jobs carry the key's queue: how the scheduler
+                    // finds the oldest queued run when the key's run ends.
+                    run.queue_key = Some(tok_core::start::singleton_queue_key(
+                        run.automation_id.as_str(),
+                        &start.key,
+                    ));
+                    if let Some(state) = entry.state.as_mut() {
+                        state.count = waiting;
+                    }
+                    entry.changed = true;
+                    return Ok(Gated::Run(Box::new(run), None));
+                }
                 Gate::Skip { active } => {
                     run.skipped = Some(format!(
                         "skipped: run {active} of the same singleton key{} is not finished \

@@ -225,6 +225,7 @@ impl Scheduler {
         }
         let mut report = self.fire_due(tenants).await?;
         report.expired = watch::expire_unstarted(self, tenants).await?;
+        watch::release_singletons(self, tenants).await?;
         let now = self.clock.now_ms();
         let every = self.config.watch_every.as_millis() as i64;
         if now.saturating_sub(self.watched_at.load(Ordering::SeqCst)) >= every {

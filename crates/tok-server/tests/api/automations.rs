@@ -83,9 +83,9 @@ async fn a_runs_priority_is_its_automations_flow_priority_rendered_for_it(app: &
             .contains("-100 to 100"),
         "{errors:#?}"
     );
-    // A mode not built yet is refused by name, not saved and ignored.
+    // A mode that does not exist is refused by name, not saved and ignored.
     let mut queued = manual("Queued", &json!([log_step("st_log", "x")]));
-    queued["flow"] = json!({ "singleton": { "mode": "queue" } });
+    queued["flow"] = json!({ "singleton": { "mode": "later" } });
     let errors = rejected(app, &tenant, &queued).await;
     assert_eq!(errors[0]["path"], "flow.singleton.mode", "{errors:#?}");
 }

@@ -14,6 +14,7 @@ backend_tests!(crate::helpers::run;
     events_in_a_quiet_period_start_one_run_with_the_last_body_per_key,
     a_singleton_skips_events_while_its_run_is_unfinished,
     a_singleton_in_cancel_mode_replaces_the_running_run,
+    a_singleton_in_queue_mode_runs_its_events_one_after_the_other,
     throttled_events_all_run_spread_over_the_period_and_a_waiting_one_says_so,
     twelve_batched_events_run_in_batches_of_five_five_and_two,
     a_debounce_window_and_a_batch_outlive_a_restart,
@@ -192,6 +193,48 @@ async fn a_singleton_in_cancel_mode_replaces_the_running_run(app: &TestApp) {
         .unwrap();
     let error = cancelled[0]["error"].as_str().unwrap();
     assert!(error.contains(newest["id"].as_str().unwrap()), "{error}");
+}
+
+async fn a_singleton_in_queue_mode_runs_its_events_one_after_the_other(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let flow = json!({ "singleton": { "key": "{{_body.order}}", "mode": "queue" } });
+    let steps = json!([
+        { "id": "st_wait", "type": "wait", "config": { "duration": "1s" } },
+        log_step("st_log", "{{_body.n}}")
+    ]);
+    let (token, automation) = controlled(app, &tenant, flow, steps).await;
+    for n in 0..3 {
+        send(app, &token, json!({ "order": "o-1", "n": n })).await;
+    }
+    send(app, &token, json!({ "order": "o-2", "n": 9 })).await;
+    let queued = app
+        .poll("a queued run", async || {
+            let runs = runs_of(app, &tenant, &automation).await;
+            let held = runs.into_iter().find(|r| r["blocked_by"]["kind"] == "singleton");
+            held.ok_or(())
+        })
+        .await;
+    assert!(queued["blocked_by"]["until"].is_null(), "{queued:#}");
+    assert_eq!(queued["status"], "queued", "{queued:#}");
+    let runs = finished_runs(app, &tenant, &automation, 4).await;
+    let mut of_key = Vec::new();
+    for run in &runs {
+        assert_eq!(run["status"], "completed", "{run:#}");
+        let run = detail(app, &tenant, run).await;
+        if run["context"]["_body"]["order"] == "o-1" {
+            of_key.push((
+                ms(&run["started_at"]).unwrap(),
+                ms(&run["finished_at"]).unwrap(),
+                run["context"]["_body"]["n"].as_i64().unwrap(),
+            ));
+        }
+    }
+    of_key.sort();
+    let order: Vec<i64> = of_key.iter().map(|(_, _, n)| *n).collect();
+    assert_eq!(order, [0, 1, 2], "in the order the events came");
+    for pair in of_key.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "one at a time: {of_key:?}");
+    }
 }
 
 async fn throttled_events_all_run_spread_over_the_period_and_a_waiting_one_says_so(app: &TestApp) {

@@ -16,6 +16,10 @@ CREATE TABLE flow_keys (
     PRIMARY KEY (tenant_id, automation_id, control, key)
 );
 CREATE INDEX flow_keys_by_age ON flow_keys (tenant_id, updated_at);
+-- The singleton keys with runs queued on them (`count`), which the
+-- scheduler looks at every tick for one whose run has ended.
+CREATE INDEX flow_keys_queued ON flow_keys (tenant_id)
+    WHERE control = 'singleton' AND count > 0;
 
 -- `flow.startTimeout`: when a run no worker has begun by then expires.
 -- Only queued runs with one are in the index the scheduler reads.

@@ -860,6 +860,26 @@ by_tenant! {
         fn expire_run(&self, tenant: &TenantId, run: &RunId, error: &str, now: i64) -> Result<bool>;
     }
     also {
+        async fn singletons_to_release(
+            &self,
+            tenants: &[TenantId],
+            limit: u32,
+        ) -> Result<Vec<SingletonKey>> {
+            let parts = self
+                .by_database("queued singleton runs", tenants, |db, tenants| async move {
+                    db.singletons_to_release(&tenants, limit).await
+                })
+                .await?;
+            let mut keys: Vec<SingletonKey> = parts.into_iter().flatten().collect();
+            keys.truncate(limit as usize);
+            Ok(keys)
+        }
+
+        async fn release_singleton(&self, key: &SingletonKey) -> Result<Option<RunId>> {
+            let db = self.db_for(&key.tenant_id).await?;
+            db.call(<PgStore as WatchStore>::release_singleton(&db.store, key)).await
+        }
+
         async fn unstarted_past(
             &self,
             tenants: &[TenantId],

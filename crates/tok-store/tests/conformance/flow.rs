@@ -20,6 +20,7 @@ backend_tests!(
     a_held_first_job_says_what_holds_it_and_takes_joins_until_it_is_claimed,
     a_run_not_begun_by_its_start_timeout_expires_and_a_begun_one_does_not,
     cancel_rows_are_found_by_value_and_go_with_their_run,
+    a_queued_singleton_run_goes_when_the_keys_run_has_ended,
 );
 
 fn key(run: &RunId) -> KeyState {
@@ -305,4 +306,61 @@ async fn cancel_rows_are_found_by_value_and_go_with_their_run(db: &TestDb) {
         .await
         .unwrap();
     assert_eq!(found.len(), 1, "{backend:?}: the other's stay");
+}
+
+async fn a_queued_singleton_run_goes_when_the_keys_run_has_ended(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let src = source(store, &t, "eshop").await;
+    let aut = webhook_automation(store, &t, "orders", &src).await;
+    let tenants = [t.clone()];
+    let first = held_run(store, &t, &src, &aut, "e1", new_run(&aut, "webhook", None)).await;
+    let queue = tok_core::start::singleton_queue_key(aut.as_str(), "o-1");
+    let mut queued = Vec::new();
+    for n in ["e2", "e3"] {
+        let mut run = new_run(&aut, "webhook", Some(&queue));
+        run.hold = Some(Hold {
+            delay_ms: tok_core::start::QUEUED_FOR_MS,
+            resume: Resume::Deferred {
+                limit: "singleton".into(),
+                reason: "queued".into(),
+            },
+        });
+        queued.push(held_run(store, &t, &src, &aut, n, run).await);
+    }
+    let mut tx = store.begin_dispatch(&tenants, Lane::Bulk).await.unwrap();
+    let mut row = key(&first);
+    row.count = 2;
+    tx.put_flow_key(&t, &aut, "singleton", "o-1", &row).await.unwrap();
+    tx.commit().await.unwrap();
+    let detail = store.run(&t, &queued[0]).await.unwrap().unwrap();
+    let blocked = detail.run.blocked_by.expect("held");
+    assert_eq!((blocked.kind.as_str(), blocked.until), ("singleton", None), "{backend:?}");
+
+    // The key's run is unfinished: nothing goes.
+    assert!(store.singletons_to_release(&tenants, 10).await.unwrap().is_empty());
+    let job = store.claim(&tenants, "n", 10, LONG_LEASE_MS).await.unwrap();
+    assert_eq!(run_ids(&job), HashSet::from([first.clone()]), "{backend:?}");
+    store
+        .record(&job[0], finish(&job[0], RunStatus::Completed))
+        .await
+        .unwrap();
+    let keys = store.singletons_to_release(&tenants, 10).await.unwrap();
+    assert_eq!(keys.len(), 1, "{backend:?}");
+    let went = store.release_singleton(&keys[0]).await.unwrap();
+    assert_eq!(went.as_ref(), Some(&queued[0]), "{backend:?}: the oldest first");
+    assert!(
+        store.singletons_to_release(&tenants, 10).await.unwrap().is_empty(),
+        "{backend:?}: its run is the key's now, unfinished"
+    );
+    let job = store.claim(&tenants, "n", 10, LONG_LEASE_MS).await.unwrap();
+    assert_eq!(run_ids(&job), HashSet::from([queued[0].clone()]), "{backend:?}");
+    store
+        .record(&job[0], finish(&job[0], RunStatus::Completed))
+        .await
+        .unwrap();
+    let keys = store.singletons_to_release(&tenants, 10).await.unwrap();
+    assert_eq!(store.release_singleton(&keys[0]).await.unwrap().as_ref(), Some(&queued[1]));
 }
