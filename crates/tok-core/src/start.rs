@@ -665,7 +665,6 @@ pub fn check(flow: &FlowControl) -> Vec<(String, String)> {
     }
     if let Some(c) = &flow.singleton {
         found.extend(key("singleton", &c.key));
-
     }
     for (path, message) in found {
         error(&path, message);
@@ -880,12 +879,27 @@ mod tests {
         let cancel = control(json!({ "singleton": { "mode": "cancel" } }));
         let queue = control(json!({ "singleton": { "mode": "queue" } }));
         assert_eq!(
-            decide(queue.control().unwrap(), Some(&row(KeyRun::Active, 0, 2, 0)), 5),
-            Gate::Queue { behind: "r1".into(), waiting: 3 }
+            decide(
+                queue.control().unwrap(),
+                Some(&row(KeyRun::Active, 0, 2, 0)),
+                5
+            ),
+            Gate::Queue {
+                behind: "r1".into(),
+                waiting: 3
+            }
         );
         assert!(matches!(
-            decide(queue.control().unwrap(), Some(&row(KeyRun::Ended, 0, 0, 0)), 5),
-            Gate::Start { due: 5, count: 0, .. }
+            decide(
+                queue.control().unwrap(),
+                Some(&row(KeyRun::Ended, 0, 0, 0)),
+                5
+            ),
+            Gate::Start {
+                due: 5,
+                count: 0,
+                ..
+            }
         ));
         for run in [KeyRun::Open, KeyRun::Active] {
             assert_eq!(

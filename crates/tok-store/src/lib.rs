@@ -103,8 +103,8 @@ pub use secrets::{Keyring, Reseal, Resealed, SecretError};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::SqliteStore;
 pub use watch::{
-    ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, UnfinishedRun,
-    UnstartedRun, WatchStore,
+    ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, SingletonKey,
+    UnfinishedRun, UnstartedRun, WatchStore,
 };
 pub use widgets::{NewWidget, Widget, WidgetPatch, WidgetStore};
 

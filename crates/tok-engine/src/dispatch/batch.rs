@@ -906,7 +906,8 @@ mod tests {
     #[tokio::test]
     async fn singleton_queue_holds_the_keys_later_runs_on_the_keys_queue() {
         let written: Arc<Mutex<Written>> = Arc::default();
-        let queue = controlled(json!({ "singleton": { "key": "{{_body.customer}}", "mode": "queue" } }));
+        let queue =
+            controlled(json!({ "singleton": { "key": "{{_body.customer}}", "mode": "queue" } }));
         let (tx, _) = answers_for(keyed("aab", 0), 0, queue, Arc::clone(&written));
         let mut take = |_: &TenantId| true;
         run(tx, 16, true, &Mutex::default(), Some(&mut take)).await;
@@ -919,7 +920,11 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(held, [None, Some("singleton"), None], "a's second waits, b's runs");
+        assert_eq!(
+            held,
+            [None, Some("singleton"), None],
+            "a's second waits, b's runs"
+        );
         let queued = &w.runs[1].2;
         assert_eq!(
             queued.queue_key.as_deref(),
@@ -927,7 +932,14 @@ mod tests {
         );
         assert!(queued.steps.is_empty() && queued.first_path.is_some());
         let row = &w.keys[&("singleton".into(), "a".into())];
-        assert_eq!((row.run_id.as_str(), row.count), (w.runs[0].2.id.as_str(), 1));
-        assert_eq!(w.claimed_runs.len(), 2, "the queued one is no one's to start now");
+        assert_eq!(
+            (row.run_id.as_str(), row.count),
+            (w.runs[0].2.id.as_str(), 1)
+        );
+        assert_eq!(
+            w.claimed_runs.len(),
+            2,
+            "the queued one is no one's to start now"
+        );
     }
 }

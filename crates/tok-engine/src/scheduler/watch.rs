@@ -164,10 +164,16 @@ pub(super) async fn expire_unstarted(scheduler: &Scheduler, tenants: &[TenantId]
 /// Lets the next queued run of every singleton key (`flow.singleton` mode
 /// `queue`) whose run has ended go, at every wake (one read of an index of
 /// the keys with runs queued). Returns how many went.
-pub(super) async fn release_singletons(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<usize> {
+pub(super) async fn release_singletons(
+    scheduler: &Scheduler,
+    tenants: &[TenantId],
+) -> Result<usize> {
     let store = &*scheduler.store;
     let mut released = 0;
-    for key in store.singletons_to_release(tenants, EXPIRED_PER_WAKE).await? {
+    for key in store
+        .singletons_to_release(tenants, EXPIRED_PER_WAKE)
+        .await?
+    {
         if let Some(run) = store.release_singleton(&key).await? {
             tracing::debug!(tenant = %key.tenant_id, run = %run, "queued singleton run released");
             released += 1;

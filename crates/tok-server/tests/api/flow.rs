@@ -210,7 +210,9 @@ async fn a_singleton_in_queue_mode_runs_its_events_one_after_the_other(app: &Tes
     let queued = app
         .poll("a queued run", async || {
             let runs = runs_of(app, &tenant, &automation).await;
-            let held = runs.into_iter().find(|r| r["blocked_by"]["kind"] == "singleton");
+            let held = runs
+                .into_iter()
+                .find(|r| r["blocked_by"]["kind"] == "singleton");
             held.ok_or(())
         })
         .await;

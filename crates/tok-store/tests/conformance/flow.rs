@@ -333,14 +333,26 @@ async fn a_queued_singleton_run_goes_when_the_keys_run_has_ended(db: &TestDb) {
     let mut tx = store.begin_dispatch(&tenants, Lane::Bulk).await.unwrap();
     let mut row = key(&first);
     row.count = 2;
-    tx.put_flow_key(&t, &aut, "singleton", "o-1", &row).await.unwrap();
+    tx.put_flow_key(&t, &aut, "singleton", "o-1", &row)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let detail = store.run(&t, &queued[0]).await.unwrap().unwrap();
     let blocked = detail.run.blocked_by.expect("held");
-    assert_eq!((blocked.kind.as_str(), blocked.until), ("singleton", None), "{backend:?}");
+    assert_eq!(
+        (blocked.kind.as_str(), blocked.until),
+        ("singleton", None),
+        "{backend:?}"
+    );
 
     // The key's run is unfinished: nothing goes.
-    assert!(store.singletons_to_release(&tenants, 10).await.unwrap().is_empty());
+    assert!(
+        store
+            .singletons_to_release(&tenants, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let job = store.claim(&tenants, "n", 10, LONG_LEASE_MS).await.unwrap();
     assert_eq!(run_ids(&job), HashSet::from([first.clone()]), "{backend:?}");
     store
@@ -350,17 +362,32 @@ async fn a_queued_singleton_run_goes_when_the_keys_run_has_ended(db: &TestDb) {
     let keys = store.singletons_to_release(&tenants, 10).await.unwrap();
     assert_eq!(keys.len(), 1, "{backend:?}");
     let went = store.release_singleton(&keys[0]).await.unwrap();
-    assert_eq!(went.as_ref(), Some(&queued[0]), "{backend:?}: the oldest first");
+    assert_eq!(
+        went.as_ref(),
+        Some(&queued[0]),
+        "{backend:?}: the oldest first"
+    );
     assert!(
-        store.singletons_to_release(&tenants, 10).await.unwrap().is_empty(),
+        store
+            .singletons_to_release(&tenants, 10)
+            .await
+            .unwrap()
+            .is_empty(),
         "{backend:?}: its run is the key's now, unfinished"
     );
     let job = store.claim(&tenants, "n", 10, LONG_LEASE_MS).await.unwrap();
-    assert_eq!(run_ids(&job), HashSet::from([queued[0].clone()]), "{backend:?}");
+    assert_eq!(
+        run_ids(&job),
+        HashSet::from([queued[0].clone()]),
+        "{backend:?}"
+    );
     store
         .record(&job[0], finish(&job[0], RunStatus::Completed))
         .await
         .unwrap();
     let keys = store.singletons_to_release(&tenants, 10).await.unwrap();
-    assert_eq!(store.release_singleton(&keys[0]).await.unwrap().as_ref(), Some(&queued[1]));
+    assert_eq!(
+        store.release_singleton(&keys[0]).await.unwrap().as_ref(),
+        Some(&queued[1])
+    );
 }
