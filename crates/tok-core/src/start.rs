@@ -60,6 +60,9 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(100);
 pub const MAX_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Most events one batch run takes.
 pub const MAX_BATCH: u32 = 100;
+/// Most bytes of bodies one batch run's `_events` holds: an event that
+/// would pass it makes the batch full (it starts now) and opens the next.
+pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// Most starts a throttle allows per period.
 pub const MAX_THROTTLE: u32 = 10_000;
 /// Longest key a control keeps: a longer rendered key is cut to it.

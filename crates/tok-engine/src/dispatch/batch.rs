@@ -942,4 +942,35 @@ mod tests {
             "the queued one is no one's to start now"
         );
     }
+
+    #[tokio::test]
+    async fn a_batch_whose_bodies_would_pass_their_bound_goes_as_it_is() {
+        let written: Arc<Mutex<Written>> = Arc::default();
+        let batch = controlled(json!({ "batch": { "maxSize": 10, "timeout": "1m" } }));
+        let mut events = keyed("xxxxx", 0);
+        let big = "b".repeat(400 * 1024);
+        for e in &mut events {
+            e.payload["pad"] = json!(big);
+        }
+        let (tx, _) = answers_for(events, 0, batch, Arc::clone(&written));
+        run(tx, 16, true, &Mutex::default(), None).await;
+        let w = written.lock().unwrap();
+        let sizes: Vec<usize> = w
+            .runs
+            .iter()
+            .map(|(_, _, r)| bodies(r, "_events").as_array().unwrap().len())
+            .collect();
+        assert_eq!(
+            sizes,
+            [2, 2, 1],
+            "at most {} bytes of bodies a run",
+            tok_core::start::MAX_BATCH_BYTES
+        );
+        let delays: Vec<i64> = w
+            .runs
+            .iter()
+            .map(|(_, _, r)| r.hold.as_ref().unwrap().delay_ms)
+            .collect();
+        assert_eq!(&delays[..2], [0, 0], "a full batch goes at once");
+    }
 }

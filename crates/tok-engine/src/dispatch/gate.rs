@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tok_core::definition::Filter;
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
 use tok_core::run::{FlowStart, Hold, Resume};
-use tok_core::start::{Control, Gate, KeyRun, KeyState, cancels, decide};
+use tok_core::start::{Control, Gate, KeyRun, KeyState, MAX_BATCH_BYTES, cancels, decide};
 use tok_store::{DispatchTx, NewRun, Result};
 
 /// A key: its tenant, automation, control and rendered key.
@@ -111,20 +111,36 @@ impl Keys {
                 }
                 Gate::Join { run_id, due, count } => {
                     let delay_ms = (due - now).max(0);
+                    // A batch whose bodies would pass their bound is full:
+                    // it goes now as it is, and the event opens the next.
+                    let fits = |context: &Value| {
+                        !matches!(control, Control::Batch(_))
+                            || serde_json::to_vec(&context["_events"])
+                                .is_ok_and(|b| b.len() <= MAX_BATCH_BYTES)
+                    };
                     let joined = match entry.planned.and_then(|i| runs.get_mut(i)) {
                         Some((_, _, open)) if open.id.as_str() == run_id => {
-                            open.context = joined(control, &open.context, &run.context);
-                            if let Some(hold) = &mut open.hold {
-                                hold.delay_ms = delay_ms;
+                            let context = joined(control, &open.context, &run.context);
+                            let fits = fits(&context);
+                            if fits {
+                                open.context = context;
                             }
-                            true
+                            if let Some(hold) = &mut open.hold {
+                                hold.delay_ms = if fits { delay_ms } else { 0 };
+                            }
+                            fits
                         }
                         _ => {
                             let open = RunId::from(run_id.as_str());
                             match tx.run_context(tenant, &open).await? {
                                 Some(context) => {
-                                    let context = joined(control, &context, &run.context);
-                                    tx.join_run(tenant, &open, &context, delay_ms).await?
+                                    let grown = joined(control, &context, &run.context);
+                                    if fits(&grown) {
+                                        tx.join_run(tenant, &open, &grown, delay_ms).await?
+                                    } else {
+                                        tx.join_run(tenant, &open, &context, 0).await?;
+                                        false
+                                    }
                                 }
                                 None => false,
                             }
@@ -137,8 +153,8 @@ impl Keys {
                         entry.changed = true;
                         return Ok(Gated::Joined);
                     }
-                    // A worker claimed the open run meanwhile: it began,
-                    // and the event starts a run of its own.
+                    // A worker claimed the open run meanwhile (it began), or
+                    // the batch is full: the event starts a run of its own.
                     state.run = KeyRun::Active;
                 }
                 Gate::Queue { behind, waiting } => {
