@@ -149,7 +149,8 @@ pub trait DispatchTx: Send {
     ) -> Result<Vec<(String, String)>>;
 
     /// The unfinished runs whose `flow.cancelOn` row of `source` says
-    /// `value` at `path`, with the row's `where` (a filter).
+    /// `value` at `path`, with the row's `where` (a filter): at most a
+    /// thousand rows are read for one event, so one dispatch stays short.
     async fn cancel_matches(
         &mut self,
         tenant: &TenantId,

@@ -613,7 +613,8 @@ macro_rules! impl_dispatch {
                     "SELECT c.run_id, c.filter, r.status FROM run_cancels c
                      LEFT JOIN runs r ON r.tenant_id = c.tenant_id AND r.id = c.run_id
                      WHERE c.tenant_id = $1 AND c.source = $2 AND c.path = $3 AND c.value = $4
-                     ORDER BY c.run_id",
+                     ORDER BY c.run_id
+                     LIMIT 1000",
                 )
                 .bind(tenant.as_str())
                 .bind(source)
