@@ -168,6 +168,7 @@ async fn connectors(backend: Backend) {
         "tok_runs_finished_total",
         "tok_connector_calls_total",
         "tok_queue_ready_jobs",
+        "tok_runs_held{kind=\"timer\"}",
     ] {
         assert!(
             metrics.contains(name),
