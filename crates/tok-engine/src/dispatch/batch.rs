@@ -8,8 +8,11 @@
 //! candidates are looked up once per trigger and batch, its ticket's recent
 //! runs counted for the loop protection (with the runs planned earlier in
 //! the batch), and [`super::plan`] decides its runs; the loop protection's
-//! notes go to the ticket's trace. The runs the dispatching process starts
-//! itself are written already claimed by it.
+//! notes go to the ticket's trace. Before an event's runs, the runs it
+//! cancels (`flow.cancelOn`) are cancelled; each run of an automation with
+//! a start control passes its key's row ([`super::gate`]) before the start
+//! limits count it. The runs the dispatching process starts itself are
+//! written already claimed by it (never a run its control holds).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
