@@ -190,8 +190,11 @@ macro_rules! impl_approvals {
                     lookback_ms: 0,
                     actor: Some(decision.actor.clone()),
                 };
+                // While the step's escalation runs, the decision waits in
+                // the buffer for the step to park again, which takes it.
+                let escalating = escalating_wait(&mut tx, tenant, &signal.key).await?;
                 let sent = send_signal_in(&mut tx, tenant, &signal).await?;
-                if sent.resumed.is_empty() {
+                if sent.resumed.is_empty() && !escalating {
                     // Its job was claimed for the timeout meanwhile: the
                     // timeout won. Nothing of the decision is kept.
                     approval.status = "closed".into();

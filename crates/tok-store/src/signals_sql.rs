@@ -16,6 +16,24 @@ pub(crate) fn idempotency_lock(tenant: &tok_core::ids::TenantId, key: &str) -> S
     format!("idempotency:{tenant}/{key}")
 }
 
+/// How long a signal waits in the buffer for a wait whose step's
+/// escalation runs (at least): the escalation's own steps may wait.
+pub(crate) const ESCALATION_HOLD_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// Whether a claimed job's record moves it from its waiting step into that
+/// step's escalation (`<path>.escalations.…`).
+pub(crate) fn into_escalation(job: &crate::ClaimedJob, next: &tok_core::run::NextJob) -> bool {
+    use tok_core::run::NextJob;
+    let to = match next {
+        NextJob::Step { path, .. }
+        | NextJob::Continue { path, .. }
+        | NextJob::Retry { path, .. } => path,
+        _ => return false,
+    };
+    to.strip_prefix(job.path.as_str())
+        .is_some_and(|rest| rest.starts_with(".escalations."))
+}
+
 macro_rules! impl_signals {
     (
         store = $store:ty,
@@ -130,6 +148,12 @@ macro_rules! impl_signals {
             }
             let resumed: Vec<RunId> = matched.into_iter().map(|(_, run, _)| RunId::from(run)).collect();
             let buffered = resumed.is_empty();
+            // A wait on the key whose step's escalation runs takes it when
+            // it parks again: until then it stays in the buffer.
+            let lookback_ms = match buffered && escalating_wait(tx, tenant, &signal.key).await? {
+                true => signal.lookback_ms.max(ESCALATION_HOLD_MS),
+                false => signal.lookback_ms.max(0),
+            };
             sqlx::query(
                 "INSERT INTO signals (id, tenant_id, key, payload, idempotency_key, received_at,
                     expires_at, resumed, consumed_at, actor)
@@ -141,13 +165,37 @@ macro_rules! impl_signals {
             .bind(Json(&signal.payload))
             .bind(signal.idempotency_key.as_deref())
             .bind(now)
-            .bind(if buffered { now.saturating_add(signal.lookback_ms.max(0)) } else { now })
+            .bind(if buffered { now.saturating_add(lookback_ms) } else { now })
             .bind(Json(&resumed))
             .bind((!buffered).then_some(now))
             .bind(signal.actor.as_ref().map(Json))
             .execute(&mut **tx)
             .await?;
             Ok(SignalSent { signal_id: id, resumed, buffered, duplicate: false })
+        }
+
+        /// Whether a wait on `key` is kept while its step's escalation runs:
+        /// its row is there, its run's job is elsewhere (at the escalation's
+        /// steps). A signal on the key then waits in the buffer for the wait
+        /// to park again ([`ESCALATION_HOLD_MS`] at least).
+        async fn escalating_wait(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            key: &str,
+        ) -> Result<bool> {
+            let found = sqlx::query(
+                "SELECT w.id FROM waits w
+                 WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
+                   AND NOT EXISTS (SELECT 1 FROM jobs j
+                       WHERE j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                         AND j.path = w.path)
+                 LIMIT 1",
+            )
+            .bind(tenant.as_str())
+            .bind(key)
+            .fetch_optional(&mut **tx)
+            .await?;
+            Ok(found.is_some())
         }
 
         /// Takes the oldest signal buffered on the wait's key, unexpired,
@@ -161,10 +209,13 @@ macro_rules! impl_signals {
             tenant: &TenantId,
             run: &RunId,
             wait: &SignalWait,
+            since: Option<i64>,
             now: i64,
         ) -> Result<Option<Resume>> {
-            // Where the last page ended: (received_at, id).
-            let mut after: Option<(i64, String)> = None;
+            // Where the last page ended: (received_at, id); from `since`
+            // on when it is given.
+            let since = since.map(|at| (at, String::new()));
+            let mut after: Option<(i64, String)> = since;
             loop {
                 let (after_at, after_id) = match &after {
                     Some((at, id)) => (Some(*at), Some(id.as_str())),
@@ -256,10 +307,33 @@ macro_rules! impl_signals {
             if settled.is_empty() {
                 return Ok(parked);
             }
+            // A job that leaves its wait for the step's escalation keeps the
+            // wait's row (a decision, a signal still reach it: they wait in
+            // the buffer until it parks again), due at no time meanwhile;
+            // one that parks again after its escalation replaces that row.
+            let escalating: Vec<&ClaimedJob> = items
+                .iter()
+                .filter(|(job, record, _)| job.resume.is_some() && into_escalation(job, &record.next))
+                .map(|(job, _, _)| job)
+                .collect();
+            for job in &escalating {
+                sqlx::query(
+                    "UPDATE waits SET due_at = NULL WHERE tenant_id = $1 AND run_id = $2 AND path = $3",
+                )
+                .bind(job.tenant_id.as_str())
+                .bind(job.run_id.as_str())
+                .bind(&job.path)
+                .execute(&mut **tx)
+                .await?;
+            }
             // A run's jobs (its parallel branches) each wait at their own path.
             let keys: Vec<[&str; 3]> = settled
                 .iter()
+                .filter(|job| !escalating.iter().any(|e| e.id == job.id))
                 .map(|job| [job.tenant_id.as_str(), job.run_id.as_str(), job.path.as_str()])
+                .chain(parking.iter().map(|(job, path, _)| {
+                    [job.tenant_id.as_str(), job.run_id.as_str(), *path]
+                }))
                 .collect();
             sqlx::query(concat!(
                 "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
@@ -285,10 +359,24 @@ macro_rules! impl_signals {
             lock_names(tx, keys.collect()).await?;
             let now = now_ms();
             for (job, path, wait) in parking {
-                let taken = if wait.lookback {
-                    take_buffered(tx, &job.tenant_id, &job.run_id, wait, now).await?
-                } else {
-                    None
+                // Parked again after its escalation: what came since the
+                // wait began and resumed nothing was for it.
+                let since = job
+                    .path
+                    .strip_prefix(path)
+                    .filter(|rest| rest.starts_with(".escalations."))
+                    .and_then(|_| {
+                        let record = items.iter().find(|(j, _, _)| j.id == job.id)?;
+                        let at: tok_core::path::FlowPath = path.parse().ok()?;
+                        let context = tok_core::context::Context::from_value(record.1.context.clone());
+                        tok_core::escalation::began(&at, &context).map(|(since, _)| since)
+                    });
+                let taken = match (wait.lookback, since) {
+                    (true, _) => take_buffered(tx, &job.tenant_id, &job.run_id, wait, None, now).await?,
+                    (false, Some(since)) => {
+                        take_buffered(tx, &job.tenant_id, &job.run_id, wait, Some(since), now).await?
+                    }
+                    (false, None) => None,
                 };
                 let Some(resume) = taken else {
                     sqlx::query(

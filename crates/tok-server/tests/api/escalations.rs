@@ -12,6 +12,7 @@ use crate::helpers::{TestApp, backend_tests, log_step, manual};
 backend_tests!(crate::helpers::run;
     an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting,
     a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends,
+    an_approval_stays_decidable_and_a_signal_kept_while_an_escalation_runs,
 );
 
 async fn an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting(app: &TestApp) {
@@ -101,6 +102,87 @@ async fn an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting(a
         done["context"].get("_escalations").is_none(),
         "the wait's escalations are over: {done:#}"
     );
+}
+
+/// An escalation whose steps take a while: its first step is recorded at
+/// once, its second holds a worker for `pause` seconds.
+fn slow_escalation(pause: f64) -> Value {
+    json!([{ "after": "100ms", "steps": [
+        { "id": "st_late", "type": "incident/create",
+          "config": { "title": "Still waiting", "impact": "a customer waits" } },
+        { "id": "st_slow", "type": "flow/pause", "config": { "seconds": pause } } ] }])
+}
+
+async fn an_approval_stays_decidable_and_a_signal_kept_while_an_escalation_runs(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let group = app.create_group(&tenant, "Finance", &["Alice"]).await;
+    let alice = group["members"][0]["id"].as_str().unwrap().to_owned();
+    let approval = manual(
+        "Refund",
+        &json!([
+            { "id": "st_ok", "type": "approval",
+              "config": { "approvers": { "group": "Finance" }, "prompt": "Refund?", "timeout": "1h" },
+              "escalations": slow_escalation(3.0) },
+            log_step("st_after", "{{st_ok.decision}}")
+        ]),
+    );
+    let signal = manual(
+        "Paid",
+        &json!([
+            { "id": "st_paid", "type": "wait_for_event",
+              "config": { "key": "pay-1", "timeout": "1h", "lookback": false },
+              "escalations": slow_escalation(3.0) },
+            log_step("st_after", "{{st_paid.payload.amount}}")
+        ]),
+    );
+    let approval = app.create_automation(&tenant, &approval).await;
+    let signal = app.create_automation(&tenant, &signal).await;
+    let refund = app
+        .start_run(&tenant, &approval, &json!({ "input": {} }))
+        .await;
+    let paid = app
+        .start_run(&tenant, &signal, &json!({ "input": {} }))
+        .await;
+    let escalating = |r: &Value| {
+        r["steps"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["step_id"] == "st_late"))
+    };
+    app.wait_for_run(&tenant, &refund, escalating).await;
+    // The escalation's pause runs: the approval is still there to decide.
+    let pending = app
+        .get(&tenant.key, "/api/approvals")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(pending["items"][0]["status"], "pending", "{pending:#}");
+    let id = pending["items"][0]["id"].as_str().unwrap();
+    app.post(
+        &tenant.key,
+        &format!("/api/approvals/{id}"),
+        &json!({ "decision": "approve", "member": alice }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.wait_for_run(&tenant, &paid, escalating).await;
+    app.post(
+        &tenant.key,
+        "/api/signals",
+        &json!({ "key": "pay-1", "payload": { "amount": 42 } }),
+    )
+    .await
+    .expect(StatusCode::ACCEPTED);
+    // Each goes on with what came while its escalation ran.
+    for (run, said) in [(&refund, "approve"), (&paid, "42")] {
+        let done = app.wait_for_final(&tenant, run).await;
+        assert_eq!(done["status"], "completed", "{done:#}");
+        let after = done["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["step_id"] == "st_after")
+            .unwrap_or_else(|| panic!("no st_after: {done:#}"));
+        assert_eq!(after["log"], json!([format!("info: {said}")]), "{done:#}");
+    }
 }
 
 async fn a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends(app: &TestApp) {
