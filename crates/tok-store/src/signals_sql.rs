@@ -304,6 +304,25 @@ macro_rules! impl_signals {
                         || on_runs.iter().any(|(p, _, _)| p.id == job.id)
                 })
                 .collect();
+            // A run that ends (or undoes its steps) waits for nothing any
+            // more: a wait kept through an escalation whose step failed the
+            // run goes with it.
+            let ended: Vec<[&str; 2]> = items
+                .iter()
+                .filter(|(_, record, _)| {
+                    record.status.is_final() || record.status == RunStatus::Compensating
+                })
+                .map(|(job, _, _)| [job.tenant_id.as_str(), job.run_id.as_str()])
+                .collect();
+            if !ended.is_empty() {
+                sqlx::query(concat!(
+                    "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
+                     JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1)"
+                ))
+                .bind(Json(&ended))
+                .execute(&mut **tx)
+                .await?;
+            }
             if settled.is_empty() {
                 return Ok(parked);
             }

@@ -13,6 +13,7 @@ backend_tests!(crate::helpers::run;
     an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting,
     a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends,
     an_approval_stays_decidable_and_a_signal_kept_while_an_escalation_runs,
+    an_escalation_that_fails_its_run_closes_the_approval,
 );
 
 async fn an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting(app: &TestApp) {
@@ -183,6 +184,42 @@ async fn an_approval_stays_decidable_and_a_signal_kept_while_an_escalation_runs(
             .unwrap_or_else(|| panic!("no st_after: {done:#}"));
         assert_eq!(after["log"], json!([format!("info: {said}")]), "{done:#}");
     }
+}
+
+async fn an_escalation_that_fails_its_run_closes_the_approval(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    app.create_group(&tenant, "Finance", &["Alice"]).await;
+    let automation = manual(
+        "Refund",
+        &json!([
+            { "id": "st_ok", "type": "approval",
+              "config": { "approvers": { "group": "Finance" }, "prompt": "Refund?", "timeout": "1h" },
+              "escalations": [{ "after": "100ms", "steps": [
+                  { "id": "st_bad", "type": "set", "config": { "values": { "x": "{{nothing.here}}" } } } ] }] },
+            log_step("st_after", "{{st_ok.decision}}")
+        ]),
+    );
+    let automation = app.create_automation(&tenant, &automation).await;
+    let run = app
+        .start_run(&tenant, &automation, &json!({ "input": {} }))
+        .await;
+    let done = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(done["status"], "failed", "{done:#}");
+    assert_eq!(done["waits"], json!([]), "it waits for nothing: {done:#}");
+    let approvals = app
+        .get(&tenant.key, "/api/approvals")
+        .await
+        .expect(StatusCode::OK);
+    let shown: Vec<&Value> = approvals["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["status"] == "pending")
+        .collect();
+    assert!(
+        shown.is_empty(),
+        "a failed run's approval is no longer pending: {approvals:#}"
+    );
 }
 
 async fn a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends(app: &TestApp) {
