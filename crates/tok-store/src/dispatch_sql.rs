@@ -450,7 +450,7 @@ macro_rules! impl_dispatch {
                 key: &str,
             ) -> Result<Option<tok_core::start::KeyState>> {
                 use tok_core::start::{KeyRun, KeyState};
-                let lock = key_lock(tenant, &format!("flow:{automation}/{control}/{key}"));
+                let lock = flow_lock(tenant, automation.as_str(), control, key);
                 lock_names(&mut self.tx, vec![lock]).await?;
                 let row = sqlx::query(
                     "SELECT f.run_id, f.opened_at, f.count, f.next_at, r.status,

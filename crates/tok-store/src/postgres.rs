@@ -33,7 +33,7 @@ use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
-use crate::signals_sql::{ESCALATION_HOLD_MS, impl_signals, into_escalation};
+use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::watch_sql::impl_watch;
 use crate::widgets_sql::impl_widgets;
 

@@ -10,6 +10,18 @@ pub(crate) fn key_lock(tenant: &tok_core::ids::TenantId, key: &str) -> String {
     format!("key:{tenant}/{key}")
 }
 
+/// Names the lock of a start control's key (`flow_keys`): the dispatch
+/// deciding on it and the scheduler releasing a queued singleton run take
+/// it, one after the other.
+pub(crate) fn flow_lock(
+    tenant: &tok_core::ids::TenantId,
+    automation: &str,
+    control: &str,
+    key: &str,
+) -> String {
+    key_lock(tenant, &format!("flow:{automation}/{control}/{key}"))
+}
+
 /// Names the lock that serializes sends repeating one idempotency key, so
 /// that the second finds the first's row instead of resuming waits too.
 pub(crate) fn idempotency_lock(tenant: &tok_core::ids::TenantId, key: &str) -> String {

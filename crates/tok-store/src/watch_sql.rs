@@ -186,7 +186,7 @@ macro_rules! impl_watch {
                 let tenant = &key.tenant_id;
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
-                let lock = key_lock(tenant, &format!("flow:{}/singleton/{}", key.automation_id, key.key));
+                let lock = flow_lock(tenant, key.automation_id.as_str(), "singleton", &key.key);
                 lock_names(&mut tx, vec![lock]).await?;
                 let row = sqlx::query(
                     "SELECT f.count, r.status FROM flow_keys f
