@@ -22,6 +22,7 @@ pub mod definition;
 pub mod duration;
 pub mod error;
 pub mod escalation;
+pub mod fairness;
 pub mod flow;
 pub mod ids;
 pub mod incident;

@@ -16,19 +16,22 @@
 //!   back to back on one lease, before its job queues again like everyone
 //!   else's; and how many control steps a dispatch runs for a new run.
 //!
-//! (Fairness of the selections themselves — round robin between tenants
-//! in the claim and the dispatch, one running job per queue key — is the
-//! store's claim and dispatch queries.)
+//! - **The claim** ([`tok_core::fairness`]): which of the claimable jobs
+//!   one claim takes — each tenant's ranked by its own priority, the
+//!   tenants round robin, then caps and queue keys drop jobs, never add
+//!   turns. Pure, and tested there without a database.
 //!
-//! **The share is per tenant, never per key.** Every rule here counts a
-//! tenant's slots, events and claims, and the store's claim ranks each
-//! tenant's jobs among themselves before it goes round robin between
-//! tenants; a queue key (a ticket's) only drops a job whose key another
-//! job holds, after that ranking, and a start control's key (`flow`) only
-//! says when a run's first job is due. So a tenant that splits its backlog
-//! over a thousand keys holds the same share as with one keyless backlog:
+//! **The share is per tenant first, then per key.** Every rule here counts
+//! a tenant's slots, events and claims, and the claim ranks each tenant's
+//! jobs among themselves before it goes round robin between tenants; a
+//! queue key (a ticket's) only drops a job whose key another job holds,
+//! after that ranking, and a start control's key (`flow`) only says when a
+//! run's first job is due. So a tenant that splits its backlog over a
+//! thousand keys holds the share it would hold with one keyless backlog:
 //! more keys let more of its own jobs be candidates, never more than its
-//! turn. `tok bench --only fairness` measures it (`fairness_split`).
+//! turn. `tok bench --only fairness` measures it end to end
+//! (`fairness_split`). (The dispatch's round robin between tenants' events
+//! is the store's dispatch query.)
 
 use std::collections::{HashMap, HashSet};
 

@@ -35,64 +35,53 @@ macro_rules! impl_queue {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
                 sqlx::Executor::execute(&mut *tx, claim_prelude!()).await?;
-                // Candidates come fairly ordered (each tenant's first job,
-                // then each tenant's second, …), over-fetched so that jobs
-                // sharing a queue key can be dropped here.
-                let candidates = sqlx::query(CLAIM_CANDIDATES)
+                // Each tenant's first claimable jobs, over-fetched so that
+                // jobs sharing a queue key or past a cap can be dropped;
+                // which of them this claim takes is `fairness::pick`'s.
+                let rows = sqlx::query(CLAIM_CANDIDATES)
                     .bind(list(tenants.iter().map(|t| t.as_str())))
                     .bind(i64::from(limit))
-                    .bind(i64::from(limit) * 2)
+                    .bind(i64::from(limit * tok_core::fairness::CANDIDATES_PER_SLOT))
                     .fetch_all(&mut *tx)
                     .await?;
                 // A tenant with a concurrency cap gets what its cap leaves
                 // of its leases (`caps_sql.rs`); the others are not counted.
-                let caps: std::collections::HashMap<String, i64> = candidates
+                let caps: std::collections::HashMap<String, i64> = rows
                     .iter()
                     .filter_map(|row| {
                         Some((row.get::<String, _>("tenant_id"), row.get::<Option<i64>, _>("cap")?))
                     })
                     .collect();
                 let mut room = room_under_caps(&mut tx, &caps, running).await?;
-                let mut keys = std::collections::HashSet::new();
-                let mut picked: Vec<(i64, Option<String>)> = Vec::with_capacity(limit as usize);
-                for row in &candidates {
-                    if picked.len() == limit as usize {
-                        break;
-                    }
-                    if running.contains(&JobId(row.get::<i64, _>("id"))) {
-                        continue;
-                    }
-                    let tenant: String = row.get("tenant_id");
-                    let room = room.get_mut(&tenant);
-                    if room.as_deref() == Some(&0) {
-                        continue;
-                    }
-                    let key: Option<String> = row.get("queue_key");
-                    let key = key.map(|key| format!("{tenant}:{key}"));
-                    if let Some(key) = &key {
-                        if !keys.insert(key.clone()) {
-                            continue;
-                        }
-                    }
-                    if let Some(room) = room {
-                        *room -= 1;
-                    }
-                    picked.push((row.get::<i64, _>("id"), key));
-                }
+                let candidates: Vec<tok_core::fairness::Candidate> = rows
+                    .iter()
+                    .map(|row| tok_core::fairness::Candidate {
+                        id: row.get("id"),
+                        tenant: row.get("tenant_id"),
+                        queue_key: row.get("queue_key"),
+                        priority: row.get("priority"),
+                        run_after: row.get("run_after"),
+                    })
+                    .collect();
+                let running_ids: Vec<i64> = running.iter().map(|j| j.0).collect();
+                let mut picked =
+                    tok_core::fairness::pick(&candidates, &mut room, &running_ids, limit as usize);
+                let keys: std::collections::HashSet<&str> =
+                    picked.iter().filter_map(|p| p.key.as_deref()).collect();
                 // A job with a queue key is taken only under its key's lock,
                 // held to the commit, so two claims never take two jobs of
                 // one key: the take below, a statement after the lock, sees
                 // every lease committed by the claim that held it before.
                 if !CLAIM_KEYS.is_empty() && !keys.is_empty() {
                     let got: std::collections::HashSet<String> = sqlx::query_scalar(CLAIM_KEYS)
-                        .bind(list(keys.iter().map(|k| k.as_str())))
+                        .bind(list(keys.iter().copied()))
                         .fetch_all(&mut *tx)
                         .await?
                         .into_iter()
                         .collect();
-                    picked.retain(|(_, key)| key.as_ref().is_none_or(|k| got.contains(k)));
+                    picked.retain(|p| p.key.as_ref().is_none_or(|k| got.contains(k)));
                 }
-                let ids: Vec<i64> = picked.iter().map(|(id, _)| *id).collect();
+                let ids: Vec<i64> = picked.iter().map(|p| p.id).collect();
                 if ids.is_empty() {
                     tx.commit().await?;
                     return Ok(Vec::new());

@@ -5,13 +5,14 @@
 -- Each row carries its tenant's concurrency cap (`cap`, NULL: none), read
 -- from the tenant's `settings.limits.concurrency` as `tenant_cap!` in
 -- `fragments.rs` reads it (a value that is no number is no cap).
--- Each tenant's jobs in its own order (priority, then due time), the
--- tenants round robin: every tenant's first job, then every tenant's
--- second, and so on. A job is claimable when it is due, not leased, not
+-- Each tenant's jobs in its own order (priority, then due time), cut to
+-- a prefix of the tenants' round robin (every tenant's first job, then
+-- every tenant's second, and so on; the earlier due first within a
+-- round): the claim's order and picks are `tok_core::fairness::pick`'s. A job is claimable when it is due, not leased, not
 -- held (a paused run), and no other job of its queue key is leased or
 -- older and due. Nothing is locked here: the take locks only the rows it
 -- leases, skipping those another claim holds, and checks them again.
-SELECT c.id, c.tenant_id, c.queue_key,
+SELECT c.id, c.tenant_id, c.queue_key, CAST(c.priority AS BIGINT) AS priority, c.run_after,
     CASE WHEN jsonb_typeof(tn.settings #> '{limits,concurrency}') = 'number'
     THEN LEAST(GREATEST((tn.settings #>> '{limits,concurrency}')::numeric, 0), 1000000)::BIGINT
     END AS cap
@@ -39,7 +40,6 @@ FROM (SELECT id, tenant_id, queue_key, rk, priority, run_after FROM (
         LIMIT $2
     ) j
 ) c
-ORDER BY rk, priority DESC, run_after, id
+ORDER BY rk, run_after, id
 LIMIT $3) c
 LEFT JOIN tenants tn ON tn.id = c.tenant_id
-ORDER BY c.rk, c.priority DESC, c.run_after, c.id

@@ -5,12 +5,13 @@
 -- Each row carries its tenant's concurrency cap (`cap`, NULL: none), read
 -- from the tenant's `settings.limits.concurrency` as `tenant_cap!` in
 -- `fragments.rs` reads it (a value that is no number is no cap).
--- Each tenant's jobs in its own order (priority, then due time), the
--- tenants round robin: every tenant's first job, then every tenant's
--- second, and so on. A job is claimable when it is due, not leased, not
+-- Each tenant's jobs in its own order (priority, then due time), cut to
+-- a prefix of the tenants' round robin (every tenant's first job, then
+-- every tenant's second, and so on; the earlier due first within a
+-- round): the claim's order and picks are `tok_core::fairness::pick`'s. A job is claimable when it is due, not leased, not
 -- held (a paused run), and no other job of its queue key is leased or
 -- older and due. (The one writer serializes claims: nothing to lock.)
-SELECT c.id, c.tenant_id, c.queue_key,
+SELECT c.id, c.tenant_id, c.queue_key, CAST(c.priority AS BIGINT) AS priority, c.run_after,
     CASE WHEN json_type(tn.settings, '$.limits.concurrency') IN ('integer', 'real')
     THEN MIN(MAX(CAST(json_extract(tn.settings, '$.limits.concurrency') AS INTEGER), 0), 1000000)
     END AS cap
@@ -36,7 +37,6 @@ FROM (SELECT id, tenant_id, queue_key, rk, priority, run_after FROM (
         ORDER BY k.priority DESC, k.run_after, k.id
         LIMIT $2)
 )
-ORDER BY rk, priority DESC, run_after, id
+ORDER BY rk, run_after, id
 LIMIT $3) c
 LEFT JOIN tenants tn ON tn.id = c.tenant_id
-ORDER BY c.rk, c.priority DESC, c.run_after, c.id

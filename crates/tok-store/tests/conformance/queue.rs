@@ -23,7 +23,60 @@ backend_tests!(
     a_claim_passes_over_a_job_whose_run_another_transaction_holds,
     a_record_waits_for_its_run_before_it_locks_its_job,
     a_tenants_jobs_are_claimed_highest_priority_first_and_a_retry_keeps_its_run_priority,
+    a_tenants_priority_orders_its_own_jobs_never_its_turn,
 );
+
+/// `priority` orders a tenant's own jobs (DESIGN §16, "within its tenant's
+/// share"): a tenant whose every run has priority 100 does not go before
+/// another tenant's older run of priority 0, and takes one job per round.
+async fn a_tenants_priority_orders_its_own_jobs_never_its_turn(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let quiet = tenant(store, "quiet").await;
+    let loud = tenant(store, "loud").await;
+    let quiet_aut = manual_automation(store, &quiet, "q").await;
+    let loud_aut = manual_automation(store, &loud, "l").await;
+    let quiet_first = start(store, &quiet, &quiet_aut, "manual", None).await;
+    let quiet_second = start(store, &quiet, &quiet_aut, "manual", None).await;
+    let mut loud_runs = Vec::new();
+    for _ in 0..3 {
+        let run = NewRun {
+            priority: 100,
+            ..new_run(&loud_aut, "manual", None)
+        };
+        loud_runs.push(
+            store
+                .start_run(&loud, manual_event(&loud_aut), run)
+                .await
+                .expect("start"),
+        );
+    }
+    let both = [quiet.clone(), loud.clone()];
+    let first = store
+        .claim(&both, "n", 1, LONG_LEASE_MS)
+        .await
+        .expect("claim");
+    assert_eq!(
+        first.iter().map(|j| &j.run_id).collect::<Vec<_>>(),
+        [&quiet_first],
+        "{backend:?}: the older run goes first, priority 100 or not"
+    );
+    let mut next: Vec<RunId> = store
+        .claim(&both, "n", 2, LONG_LEASE_MS)
+        .await
+        .expect("claim")
+        .into_iter()
+        .map(|j| j.run_id)
+        .collect();
+    next.sort();
+    let mut wanted = vec![quiet_second, loud_runs[0].clone()];
+    wanted.sort();
+    assert_eq!(
+        next, wanted,
+        "{backend:?}: one job of each tenant per round"
+    );
+}
 
 /// A run's priority is its first job's and that of every job written for
 /// it later (here a retry): a tenant's jobs are claimed highest priority
