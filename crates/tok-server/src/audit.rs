@@ -92,6 +92,7 @@ pub const EXEMPT: &[(&str, &str, &str)] = &[
 pub const NAMED: &[(&str, &str, &str)] = &[
     ("POST", "/api/approvals/{id}", "approval.decided"),
     ("DELETE", "/api/keys/{id}", "key.revoked"),
+    ("POST", "/api/events/replay", "event.replayed"),
     (
         "POST",
         "/api/platform/incidents/{id}/resolve",

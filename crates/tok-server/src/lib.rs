@@ -172,6 +172,7 @@ fn routes() -> Routes {
         .merge(routes::sources::router())
         .merge(routes::automations::router())
         .merge(routes::runs::router())
+        .merge(routes::events::router())
         .merge(routes::signals::router())
         .merge(routes::widgets::router())
         .merge(routes::approvals::router())

@@ -70,6 +70,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         routes::sources::Api::openapi(),
         routes::automations::Api::openapi(),
         routes::runs::Api::openapi(),
+        routes::events::Api::openapi(),
         routes::signals::Api::openapi(),
         routes::approvals::Api::openapi(),
         routes::widgets::Api::openapi(),

@@ -325,6 +325,113 @@ macro_rules! impl_inbox {
             }
         }
 
+        /// An inbox row as [`StoredEvent`].
+        fn stored_event(row: &<$db as sqlx::Database>::Row) -> StoredEvent {
+            StoredEvent {
+                id: EventId::from(row.get::<String, _>("id")),
+                source_id: row.get::<Option<String>, _>("source_id").map(SourceId::from),
+                source_kind: row.get("source_kind"),
+                event_type: row.get("event_type"),
+                status: row.get("status"),
+                replay_of: row.get::<Option<String>, _>("replay_of").map(EventId::from),
+                received_at: row.get("received_at"),
+            }
+        }
+
+        /// The events a filtered replay takes (`EventFilter`), in SQL:
+        /// `$1` the tenant, `$2` the source, `$3` since, `$4` until.
+        const REPLAYABLE: &str = "tenant_id = $1 AND source_id IS NOT NULL AND replay_of IS NULL
+               AND (CAST($2 AS TEXT) IS NULL OR source_id = $2)
+               AND (CAST($3 AS BIGINT) IS NULL OR received_at >= $3)
+               AND (CAST($4 AS BIGINT) IS NULL OR received_at < $4)";
+
+        /// Decides and writes one replay in the caller's transaction
+        /// ([`InboxStore::replay_event`]).
+        async fn replay_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &EventId,
+            mode: ReplayMode,
+        ) -> Result<Option<Replayed>> {
+            let Some(row) = sqlx::query(
+                "SELECT id, source_id, source_kind, payload, params, depth, cause_run_id,
+                    origin_automation_id, target_automation_id, event_type, subject_ticket_id,
+                    traceparent, replay_of
+                 FROM event_inbox WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?
+            else {
+                return Ok(None);
+            };
+            // Replays hang off the first event, so "its runs" are the
+            // runs of the whole family whichever member is replayed.
+            let root: String = row
+                .get::<Option<String>, _>("replay_of")
+                .unwrap_or_else(|| id.to_string());
+            lock_names(tx, vec![key_lock(tenant, &format!("replay:{root}"))]).await?;
+            if mode == ReplayMode::IfNoRuns {
+                let runs: Vec<String> = sqlx::query_scalar(
+                    "SELECT r.id FROM runs r
+                     WHERE r.tenant_id = $1 AND r.event_id IN (
+                        SELECT e.id FROM event_inbox e
+                        WHERE e.tenant_id = $1 AND (e.id = $2 OR e.replay_of = $2))
+                     ORDER BY r.id LIMIT 100",
+                )
+                .bind(tenant.as_str())
+                .bind(&root)
+                .fetch_all(&mut **tx)
+                .await?;
+                if !runs.is_empty() {
+                    return Ok(Some(Replayed::HasRuns(runs.into_iter().map(RunId::from).collect())));
+                }
+                let pending: Option<String> = sqlx::query_scalar(
+                    "SELECT id FROM event_inbox
+                     WHERE tenant_id = $1 AND (id = $2 OR replay_of = $2) AND status = 'pending'
+                     ORDER BY id LIMIT 1",
+                )
+                .bind(tenant.as_str())
+                .bind(&root)
+                .fetch_optional(&mut **tx)
+                .await?;
+                if let Some(pending) = pending {
+                    return Ok(Some(Replayed::Pending(EventId::from(pending))));
+                }
+            }
+            let event = NewEvent {
+                source_id: row.get::<Option<String>, _>("source_id").map(SourceId::from),
+                source_kind: row.get("source_kind"),
+                // Its own key: a replay is never taken for a repeat of the
+                // sender's event, nor a later repeat for a repeat of it.
+                idempotency_key: format!("replay:{root}:{}", new_id("rpl")),
+                payload: row.get::<Json<Value>, _>("payload").0,
+                params: row.get::<Json<Value>, _>("params").0,
+                depth: row.get("depth"),
+                cause_run_id: row.get::<Option<String>, _>("cause_run_id").map(RunId::from),
+                origin_automation_id: row
+                    .get::<Option<String>, _>("origin_automation_id")
+                    .map(AutomationId::from),
+                target_automation_id: row
+                    .get::<Option<String>, _>("target_automation_id")
+                    .map(AutomationId::from),
+                event_type: row.get("event_type"),
+                subject_ticket_id: row.get("subject_ticket_id"),
+                traceparent: row.get("traceparent"),
+            };
+            let replay = insert_event(tx, tenant, &event, "pending")
+                .await?
+                .ok_or_else(|| StoreError::Conflict("a replay's own key was taken".into()))?;
+            sqlx::query("UPDATE event_inbox SET replay_of = $3 WHERE tenant_id = $1 AND id = $2")
+                .bind(tenant.as_str())
+                .bind(replay.as_str())
+                .bind(&root)
+                .execute(&mut **tx)
+                .await?;
+            Ok(Some(Replayed::Accepted(replay)))
+        }
+
         #[async_trait::async_trait]
         impl InboxStore for $store {
             async fn accept_event(
@@ -405,6 +512,74 @@ macro_rules! impl_inbox {
                     }
                     Err(e) => Err(e),
                 }
+            }
+
+            async fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>> {
+                let row = sqlx::query(
+                    "SELECT id, source_id, source_kind, event_type, status, replay_of, received_at
+                     FROM event_inbox WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_optional(self.reader())
+                .await?;
+                Ok(row.as_ref().map(stored_event))
+            }
+
+            async fn replay_event(
+                &self,
+                tenant: &TenantId,
+                id: &EventId,
+                mode: ReplayMode,
+            ) -> Result<Option<Replayed>> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let replayed = replay_in(&mut tx, tenant, id, mode).await?;
+                tx.commit().await?;
+                Ok(replayed)
+            }
+
+            async fn events(
+                &self,
+                tenant: &TenantId,
+                filter: &EventFilter,
+                limit: u32,
+                after: Option<&str>,
+            ) -> Result<Page<StoredEvent>> {
+                let sql = format!(
+                    "SELECT id, source_id, source_kind, event_type, status, replay_of, received_at
+                     FROM event_inbox
+                     WHERE {REPLAYABLE} AND (CAST($5 AS TEXT) IS NULL OR id > $5)
+                     ORDER BY id LIMIT $6"
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(tenant.as_str())
+                    .bind(filter.source_id.as_ref().map(|s| s.as_str()))
+                    .bind(filter.since)
+                    .bind(filter.until)
+                    .bind(after)
+                    .bind(i64::from(limit) + 1)
+                    .fetch_all(self.reader())
+                    .await?;
+                let mut items: Vec<StoredEvent> = rows.iter().map(stored_event).collect();
+                let next_cursor = if items.len() > limit as usize {
+                    items.truncate(limit as usize);
+                    items.last().map(|e| e.id.to_string())
+                } else {
+                    None
+                };
+                Ok(Page { items, next_cursor })
+            }
+
+            async fn count_events(&self, tenant: &TenantId, filter: &EventFilter) -> Result<i64> {
+                let sql = format!("SELECT COUNT(*) FROM event_inbox WHERE {REPLAYABLE}");
+                Ok(sqlx::query_scalar(&sql)
+                    .bind(tenant.as_str())
+                    .bind(filter.source_id.as_ref().map(|s| s.as_str()))
+                    .bind(filter.since)
+                    .bind(filter.until)
+                    .fetch_one(self.reader())
+                    .await?)
             }
         }
     };

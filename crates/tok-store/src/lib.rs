@@ -282,6 +282,34 @@ pub trait InboxStore: Send + Sync {
         run: NewRun,
         starts_per_minute: Option<u32>,
     ) -> Result<Started>;
+
+    /// One event of the tenant, if the inbox still keeps it.
+    async fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>>;
+
+    /// Writes a replay of the tenant's event `id` ([`ReplayMode`]): a new
+    /// pending event with its source, body, params and loop depth, that the
+    /// dispatcher then takes like any other (its filters, start controls
+    /// and loop protection apply). `None` when the inbox does not keep the
+    /// event. Replays of one event are decided one after the other.
+    async fn replay_event(
+        &self,
+        tenant: &TenantId,
+        id: &EventId,
+        mode: ReplayMode,
+    ) -> Result<Option<Replayed>>;
+
+    /// A page of the events a filtered replay takes, oldest first, after
+    /// the event id `after`.
+    async fn events(
+        &self,
+        tenant: &TenantId,
+        filter: &EventFilter,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<StoredEvent>>;
+
+    /// How many events a filtered replay takes.
+    async fn count_events(&self, tenant: &TenantId, filter: &EventFilter) -> Result<i64>;
 }
 
 /// What [`InboxStore::start_run_limited`] did.

@@ -50,6 +50,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     29 "0029_give_runs_a_priority",
     30 "0030_record_who_sent_a_signal",
     31 "0031_keep_flow_keys_and_start_deadlines",
+    32 "0032_remember_what_an_event_replays",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -78,6 +79,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     26 "0026_give_runs_a_priority",
     27 "0027_record_who_sent_a_signal",
     28 "0028_keep_flow_keys_and_start_deadlines",
+    29 "0029_remember_what_an_event_replays",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

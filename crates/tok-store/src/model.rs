@@ -247,6 +247,53 @@ pub struct Accepted {
     pub duplicate: bool,
 }
 
+/// An event as the inbox keeps it, for reading and replaying.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoredEvent {
+    pub id: EventId,
+    pub source_id: Option<SourceId>,
+    /// `webhook`, `manual`, `event`, …
+    pub source_kind: String,
+    pub event_type: Option<String>,
+    /// `pending` until the dispatcher took it, then `dispatched`.
+    pub status: String,
+    /// The event this one replays (the first one, never a replay).
+    pub replay_of: Option<EventId>,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
+    pub received_at: i64,
+}
+
+/// Which events a filtered replay takes: the tenant's events from a
+/// source (webhooks and polls; not replays, internal events or manual
+/// starts), received in `[since, until)`.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    pub source_id: Option<SourceId>,
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+}
+
+/// When a replay writes a new event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// Always: the event goes through the dispatch once more.
+    Always,
+    /// Only when neither the event nor any replay of it started a run,
+    /// and no replay of it waits for the dispatcher.
+    IfNoRuns,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replayed {
+    /// A new event, pending for the dispatcher.
+    Accepted(EventId),
+    /// `if_no_runs`, and the event or a replay of it started these runs.
+    HasRuns(Vec<RunId>),
+    /// `if_no_runs`, and this replay of it is still pending.
+    Pending(EventId),
+}
+
 /// An inbox row waiting for the dispatcher.
 #[derive(Debug, Clone)]
 pub struct PendingEvent {
@@ -338,6 +385,8 @@ pub struct RunFilter {
     /// Only runs that have not ended and are not paused (`queued`,
     /// `running`, `waiting`): those that something may hold.
     pub unfinished: bool,
+    /// The runs this event started.
+    pub event_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

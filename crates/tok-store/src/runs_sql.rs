@@ -331,6 +331,7 @@ macro_rules! impl_runs {
                        AND (CAST($5 AS TEXT) IS NULL OR id < $5)
                        AND (CAST($7 AS TEXT) IS NULL OR parent_run_id = $7)
                        AND ($8 = 0 OR status IN ('queued', 'running', 'waiting'))
+                       AND (CAST($9 AS TEXT) IS NULL OR event_id = $9)
                      ORDER BY id DESC
                      LIMIT $6"
                 );
@@ -343,6 +344,7 @@ macro_rules! impl_runs {
                     .bind(i64::from(limit) + 1)
                     .bind(filter.parent_run_id.as_deref())
                     .bind(i64::from(filter.unfinished))
+                    .bind(filter.event_id.as_deref())
                     .fetch_all(self.reader())
                     .await?;
                 let mut items: Vec<RunSummary> = rows.iter().map(run_from_row).collect();

@@ -743,3 +743,91 @@ pub(crate) struct AuditPage {
     #[schema(required = true)]
     next_cursor: Option<String>,
 }
+
+/// An accepted event as the inbox keeps it.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Event {
+    id: String,
+    /// The source it came from; null for internal events and manual starts.
+    #[schema(required = true)]
+    source_id: Option<String>,
+    /// webhook, poll, event, manual, …
+    source_kind: String,
+    /// An internal event's type (`ticket.created`, …).
+    #[schema(required = true)]
+    event_type: Option<String>,
+    /// `pending` until the dispatcher takes it, then `dispatched`.
+    status: String,
+    /// The event this one replays (always the first, never a replay).
+    #[schema(required = true)]
+    replay_of: Option<String>,
+    #[schema(format = DateTime)]
+    received_at: String,
+}
+
+/// An event and the runs it started.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventDetail {
+    #[serde(flatten)]
+    event: Event,
+    /// The runs this event started (not those of its replays: each replay
+    /// is an event of its own), newest first.
+    runs: Vec<RunSummary>,
+}
+
+/// What a replay of one event did.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventReplayed {
+    /// Whether a replay was written.
+    replayed: bool,
+    /// Why not (`if_no_runs`): `has_runs` (the event or a replay of it
+    /// started runs) or `pending` (a replay waits for the dispatcher).
+    reason: Option<String>,
+    /// The replay written, or the one still pending.
+    event_id: Option<String>,
+    /// The event replayed.
+    replay_of: Option<String>,
+    /// The replay's status: `pending` while the dispatcher has not taken it
+    /// (the answer is then 202).
+    status: Option<String>,
+    /// The ids of the runs the replay started, or with `has_runs` of those
+    /// the event already has.
+    runs: Vec<String>,
+}
+
+/// One event a filtered replay wrote a replay for.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventReplay {
+    event_id: String,
+    replay_id: String,
+}
+
+/// One event a filtered replay left (`if_no_runs`).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventNotReplayed {
+    event_id: String,
+    /// `has_runs`, `pending` or `gone` (expired meanwhile).
+    reason: String,
+    /// With `has_runs`: the runs it has.
+    runs: Option<Vec<String>>,
+    /// With `pending`: the replay still waiting for the dispatcher.
+    pending: Option<String>,
+}
+
+/// What a filtered replay did, or with `dry_run` would do.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EventsReplayed {
+    /// A dry run: nothing was written.
+    dry_run: Option<bool>,
+    /// Dry run: every event the filter takes.
+    count: Option<i64>,
+    /// Dry run: the first page of them, oldest first.
+    events: Option<Vec<Event>>,
+    /// The events of this page replayed, oldest first.
+    replayed: Option<Vec<EventReplay>>,
+    /// The events of this page `if_no_runs` left.
+    skipped: Option<Vec<EventNotReplayed>>,
+    /// The next page of the filter (send it as `cursor`).
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}

@@ -12,6 +12,7 @@ pub(crate) mod audit;
 pub(crate) mod automations;
 pub(crate) mod connections;
 pub(crate) mod dashboard;
+pub(crate) mod events;
 pub(crate) mod groups;
 pub(crate) mod health;
 pub(crate) mod in_use;

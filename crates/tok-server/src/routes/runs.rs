@@ -44,6 +44,8 @@ struct ListQuery {
     parent: Option<String>,
     /// Only the runs held by this kind of thing (`blocked_by.kind`).
     blocked_by: Option<String>,
+    /// Only the runs this event started.
+    event: Option<String>,
     limit: Option<u32>,
     cursor: Option<String>,
 }
@@ -96,6 +98,7 @@ async fn list(
         trigger_type: query.trigger,
         parent_run_id: query.parent,
         unfinished: query.blocked_by.is_some(),
+        event_id: query.event,
     };
     let limit = page.limit()?;
     let store = state.engine.store();

@@ -29,6 +29,8 @@ struct Owned {
     source: String,
     automation: String,
     run: String,
+    /// The webhook's event that started `run`.
+    event: String,
 }
 
 async fn tenant_with_a_run(app: &TestApp, name: &str) -> Owned {
@@ -50,11 +52,13 @@ async fn tenant_with_a_run(app: &TestApp, name: &str) -> Owned {
         .expect(StatusCode::ACCEPTED);
     let runs = app.wait_for_runs(&tenant, "", 1).await;
     let run = runs[0]["id"].as_str().unwrap().to_owned();
+    let event = runs[0]["event_id"].as_str().unwrap().to_owned();
     Owned {
         tenant,
         source: source_id,
         automation,
         run,
+        event,
     }
 }
 
@@ -309,6 +313,8 @@ struct Estate {
     connection_name: String,
     widget: String,
     key: String,
+    /// The webhook's event behind the first run.
+    event: String,
 }
 
 async fn estate(app: &TestApp, name: &str) -> Estate {
@@ -411,6 +417,7 @@ async fn estate(app: &TestApp, name: &str) -> Estate {
         owned.source.clone(),
         owned.automation.clone(),
         owned.run.clone(),
+        owned.event.clone(),
         approve.clone(),
         waiting_run.clone(),
         approval.clone(),
@@ -442,6 +449,7 @@ async fn estate(app: &TestApp, name: &str) -> Estate {
         connection_name,
         widget,
         key,
+        event: owned.event,
     }
 }
 
@@ -560,6 +568,17 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
         ("POST", "/api/runs/{id}/cancel" | "/api/runs/{id}/pause" | "/api/runs/{id}/resume") => {
             Theirs(m, route.path.replace("{id}", &a.waiting_run), empty)
         }
+        ("GET", "/api/events/{id}") => Theirs(m, format!("/api/events/{}", a.event), empty),
+        ("POST", "/api/events/{id}/replay") => Theirs(
+            m,
+            format!("/api/events/{}/replay", a.event),
+            json!({ "mode": "always" }),
+        ),
+        ("POST", "/api/events/replay") => Write(
+            route.path.into(),
+            json!({ "filter": { "source": a.source }, "mode": "always" }),
+            false,
+        ),
         ("GET", "/api/sources/{id}") => Theirs(m, format!("/api/sources/{}", a.source), empty),
         ("PATCH", "/api/sources/{id}") => Theirs(
             m,
@@ -710,6 +729,7 @@ async fn every_route_keeps_tenants_apart(app: &TestApp) {
         format!("/api/groups/{}", a.group),
         format!("/api/ticket-types/{}", a.ticket_type),
         format!("/api/sources/{}", a.source),
+        format!("/api/events/{}", a.event),
         "/api/incidents".to_owned(),
     ];
     let mut before = Vec::new();

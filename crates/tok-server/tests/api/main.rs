@@ -34,6 +34,7 @@ mod pages;
 mod platform_incidents;
 mod quotas;
 mod repeat;
+mod replay;
 mod retention;
 mod run_control;
 mod runs;

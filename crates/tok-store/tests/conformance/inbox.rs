@@ -6,6 +6,7 @@
 //! commits holding the same duplicates in any order never deadlock.
 
 use super::*;
+use tok_store::{EventFilter, ReplayMode, Replayed};
 
 backend_tests!(
     run_on_fresh_db;
@@ -20,7 +21,131 @@ backend_tests!(
     refused_runs_are_written_without_a_job_and_are_no_starts,
     group_commits_of_the_same_duplicates_never_deadlock,
     an_events_traceparent_comes_back_to_its_dispatch,
+    a_replay_if_no_runs_is_written_once_and_always_each_time,
 );
+
+/// A replay (`InboxStore::replay_event`) of an event that started no run:
+/// `if_no_runs` writes one replay even when two are sent at once (the
+/// other finds it pending), none once the family has a run, and `always`
+/// one each time, each naming the first event; a filtered page takes the
+/// source's events and not their replays; another tenant reaches none.
+async fn a_replay_if_no_runs_is_written_once_and_always_each_time(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let other = tenant(store, "beta").await;
+    let src = source(store, &t, "eshop").await;
+    let tenants = [t.clone()];
+    let (event, _) = store
+        .accept_event(&t, webhook_event(&src, "before-its-automation"))
+        .await
+        .expect("accept");
+    assert_eq!(
+        store
+            .replay_event(&t, &event, ReplayMode::IfNoRuns)
+            .await
+            .unwrap(),
+        Some(Replayed::Pending(event.clone())),
+        "{backend:?}: the dispatcher has not taken it yet"
+    );
+    dispatch(store, &tenants, 10, &one_run_per_candidate)
+        .await
+        .expect("dispatch");
+    assert!(all_runs(store, &t).await.is_empty(), "{backend:?}");
+    webhook_automation(store, &t, "orders", &src).await;
+
+    let (a, b) = tokio::join!(
+        store.replay_event(&t, &event, ReplayMode::IfNoRuns),
+        store.replay_event(&t, &event, ReplayMode::IfNoRuns),
+    );
+    let (replay, pending) = match (a.unwrap().unwrap(), b.unwrap().unwrap()) {
+        (Replayed::Accepted(r), Replayed::Pending(p))
+        | (Replayed::Pending(p), Replayed::Accepted(r)) => (r, p),
+        other => panic!("{backend:?}: one replay written and one pending, not {other:?}"),
+    };
+    assert_eq!(pending, replay, "{backend:?}");
+    let written = store.event(&t, &replay).await.unwrap().expect("the replay");
+    assert_eq!(
+        (
+            written.replay_of.as_ref(),
+            written.source_id.as_ref(),
+            written.status.as_str()
+        ),
+        (Some(&event), Some(&src), "pending"),
+        "{backend:?}"
+    );
+    dispatch(store, &tenants, 10, &one_run_per_candidate)
+        .await
+        .expect("dispatch");
+    let runs = all_runs(store, &t).await;
+    assert_eq!(runs.len(), 1, "{backend:?}");
+    assert_eq!(runs[0].event_id, replay, "{backend:?}");
+    for member in [&event, &replay] {
+        assert_eq!(
+            store
+                .replay_event(&t, member, ReplayMode::IfNoRuns)
+                .await
+                .unwrap(),
+            Some(Replayed::HasRuns(vec![runs[0].id.clone()])),
+            "{backend:?}: replaying {member}"
+        );
+    }
+    let Some(Replayed::Accepted(again)) = store
+        .replay_event(&t, &replay, ReplayMode::Always)
+        .await
+        .unwrap()
+    else {
+        panic!("{backend:?}: `always` writes a replay");
+    };
+    let again = store
+        .event(&t, &again)
+        .await
+        .unwrap()
+        .expect("the second replay");
+    assert_eq!(
+        again.replay_of,
+        Some(event.clone()),
+        "{backend:?}: named after the first"
+    );
+
+    let filter = EventFilter {
+        source_id: Some(src.clone()),
+        ..EventFilter::default()
+    };
+    let page = store.events(&t, &filter, 10, None).await.unwrap();
+    let listed: Vec<_> = page.items.iter().map(|e| e.id.clone()).collect();
+    assert_eq!(
+        listed,
+        std::slice::from_ref(&event),
+        "{backend:?}: replays are not listed"
+    );
+    assert_eq!(
+        store.count_events(&t, &filter).await.unwrap(),
+        1,
+        "{backend:?}"
+    );
+
+    assert_eq!(
+        store.event(&other, &event).await.unwrap().map(|e| e.id),
+        None
+    );
+    assert_eq!(
+        store
+            .replay_event(&other, &event, ReplayMode::Always)
+            .await
+            .unwrap(),
+        None,
+        "{backend:?}: another tenant's event"
+    );
+    assert_eq!(
+        store
+            .count_events(&other, &EventFilter::default())
+            .await
+            .unwrap(),
+        0
+    );
+}
 
 /// The trace context a webhook was sent with is kept with its event, alone
 /// or in a group commit, and read back by the dispatch that starts its
