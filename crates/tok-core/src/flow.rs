@@ -69,6 +69,24 @@ pub fn step_at<'a>(steps: &'a [Step], path: &FlowPath) -> Option<&'a Step> {
     Some(step)
 }
 
+/// Whether a failed run can go on with `steps` (another version of its
+/// automation) at the `path` of its failed step `step_id`: the path must
+/// lead to a step of that id there, else a retry on that version would run
+/// another step in its place. The reason says what is there instead.
+pub fn resumes_at(steps: &[Step], path: &str, step_id: &str) -> Result<(), String> {
+    let at: FlowPath = path.parse().map_err(|e| format!("{e}"))?;
+    match step_at(steps, &at) {
+        Some(step) if step.id == step_id => Ok(()),
+        Some(step) => Err(format!(
+            "the failed step `{step_id}` is not at {path} in that version (`{}` is)",
+            step.id
+        )),
+        None => Err(format!(
+            "the failed step `{step_id}` is not at {path} in that version (no step is)"
+        )),
+    }
+}
+
 fn children(step: &Step, branch: Branch) -> &[Step] {
     match branch {
         Branch::Then => &step.then,
@@ -311,6 +329,18 @@ mod tests {
         assert!(step_at(&t, &p("1.else.1")).is_none());
         assert!(step_at(&t, &p("4")).is_none());
         assert!(step_at(&t, &p("0.then.0")).is_none());
+    }
+
+    #[test]
+    fn a_retry_resumes_only_where_the_failed_step_still_is() {
+        let t = tree();
+        assert_eq!(resumes_at(&t, "1.then.1", "t1"), Ok(()));
+        assert_eq!(resumes_at(&t, "2.do.3.1", "d1"), Ok(()));
+        let moved = resumes_at(&t, "1.then.1", "t0").unwrap_err();
+        assert!(moved.contains("`t1` is"), "{moved}");
+        let gone = resumes_at(&t, "7", "t1").unwrap_err();
+        assert!(gone.contains("no step is"), "{gone}");
+        assert!(resumes_at(&t, "x.y", "t1").is_err());
     }
 
     #[test]

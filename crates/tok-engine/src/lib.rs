@@ -19,6 +19,7 @@ pub mod dispatch;
 mod execute;
 mod failure;
 pub mod fairness;
+pub mod operations;
 pub mod outbound;
 pub mod registry;
 pub mod scheduler;
@@ -176,6 +177,8 @@ pub(crate) struct Inner {
     pub(crate) crowding: std::sync::Mutex<fairness::Crowding>,
     /// Wakes the worker pool: a job may be ready or a slot came free.
     pub(crate) work: Notify,
+    /// Wakes the bulk operations' loop: an operation was made.
+    pub(crate) operations: Notify,
     /// The worker pool's slots, which the dispatcher may fill directly.
     pub(crate) slots: std::sync::Mutex<fairness::Slots>,
     /// What committed, for the live stream.
@@ -251,6 +254,7 @@ impl Engine {
                 backlog: Default::default(),
                 crowding: Default::default(),
                 work: Notify::new(),
+                operations: Notify::new(),
                 slots: Default::default(),
                 stream: Stream::default(),
                 authorizer,
@@ -302,6 +306,12 @@ impl Engine {
     /// Tells the worker pool a job may be ready now (a retried or resumed run).
     pub fn job_ready(&self) {
         self.inner.work.notify_one();
+    }
+
+    /// Tells the bulk operations' loop an operation was made (on this node;
+    /// another node's loop finds it at its next tick).
+    pub fn operation_started(&self) {
+        self.inner.operations.notify_one();
     }
 
     /// Whether this process's worker pool claims work: it runs (started,

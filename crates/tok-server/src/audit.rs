@@ -93,6 +93,7 @@ pub const NAMED: &[(&str, &str, &str)] = &[
     ("POST", "/api/approvals/{id}", "approval.decided"),
     ("DELETE", "/api/keys/{id}", "key.revoked"),
     ("POST", "/api/events/replay", "event.replayed"),
+    ("POST", "/api/runs/bulk", "operation.created"),
     (
         "POST",
         "/api/platform/incidents/{id}/resolve",

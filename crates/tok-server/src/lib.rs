@@ -173,6 +173,7 @@ fn routes() -> Routes {
         .merge(routes::automations::router())
         .merge(routes::runs::router())
         .merge(routes::events::router())
+        .merge(routes::operations::router())
         .merge(routes::signals::router())
         .merge(routes::widgets::router())
         .merge(routes::approvals::router())

@@ -71,6 +71,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         routes::automations::Api::openapi(),
         routes::runs::Api::openapi(),
         routes::events::Api::openapi(),
+        routes::operations::Api::openapi(),
         routes::signals::Api::openapi(),
         routes::approvals::Api::openapi(),
         routes::widgets::Api::openapi(),

@@ -47,6 +47,8 @@ pub mod keys;
 mod keys_sql;
 mod migrate;
 pub mod model;
+pub mod operations;
+mod operations_sql;
 mod partitions;
 mod postgres;
 pub mod queue_samples;
@@ -92,6 +94,9 @@ pub use effects::EffectStore;
 pub use gate::Lane;
 pub use keys::{ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope};
 pub use model::*;
+pub use operations::{
+    Applied, NewOperation, Operation, OperationAction, OperationStore, RunAction,
+};
 pub use postgres::PgStore;
 pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
 pub use relay::{Heard, StreamRelay};
@@ -342,6 +347,14 @@ pub trait RunStore: Send + Sync {
     /// Continues a failed run from the step that failed, with its context
     /// as it was: the steps before it do not run again.
     async fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
+
+    /// The contexts of these runs of the tenant (those it has), for a
+    /// filter over what the runs carry (`where`).
+    async fn run_contexts(
+        &self,
+        tenant: &TenantId,
+        ids: &[RunId],
+    ) -> Result<Vec<(RunId, serde_json::Value)>>;
 }
 
 /// The job queue: claim, heartbeat, record.
@@ -438,6 +451,7 @@ pub trait Store:
     + ApprovalStore
     + EffectStore
     + AuditStore
+    + OperationStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on

@@ -51,6 +51,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     30 "0030_record_who_sent_a_signal",
     31 "0031_keep_flow_keys_and_start_deadlines",
     32 "0032_remember_what_an_event_replays",
+    33 "0033_keep_bulk_operations_in_rows",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -80,6 +81,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     27 "0027_record_who_sent_a_signal",
     28 "0028_keep_flow_keys_and_start_deadlines",
     29 "0029_remember_what_an_event_replays",
+    30 "0030_keep_bulk_operations_in_rows",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

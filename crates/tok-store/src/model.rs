@@ -387,6 +387,10 @@ pub struct RunFilter {
     pub unfinished: bool,
     /// The runs this event started.
     pub event_id: Option<String>,
+    /// Runs created at or after this time (ms since the epoch).
+    pub since: Option<i64>,
+    /// Runs created before this time (ms since the epoch).
+    pub until: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -148,27 +148,128 @@ macro_rules! impl_runs {
             Ok(())
         }
 
+        /// Cancels the run unless its state does not allow it (then the
+        /// reason, and nothing changed).
+        async fn cancel_checked_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<std::result::Result<(), String>> {
+            let status = run_status(tx, tenant, id).await?;
+            if status == RunStatus::Compensating {
+                return Ok(Err(
+                    "the run is compensating: it is undoing its completed steps after a \
+                     cancel or a failure, which a cancel does not interrupt; it ends \
+                     cancelled or failed when they are undone"
+                        .into(),
+                ));
+            }
+            if status.is_final() {
+                return Ok(Err(format!(
+                    "the run is already {}; only an unfinished run can be cancelled",
+                    status.as_str()
+                )));
+            }
+            cancel_in(tx, tenant, id, None).await?;
+            Ok(Ok(()))
+        }
+
+        /// The path of the step a retry of the run starts again at (its
+        /// last failed step), or why the run cannot be retried.
+        async fn retry_path_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+        ) -> Result<std::result::Result<String, String>> {
+            let status = run_status(tx, tenant, id).await?;
+            if status != RunStatus::Failed {
+                return Ok(Err(format!(
+                    "the run is {}; only a failed run can be retried",
+                    status.as_str()
+                )));
+            }
+            let failed = sqlx::query(
+                "SELECT path FROM run_steps
+                 WHERE tenant_id = $1 AND run_id = $2 AND status = 'failed'
+                 ORDER BY id DESC LIMIT 1",
+            )
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+            let Some(failed) = failed else {
+                return Ok(Err(
+                    "the run failed before any step ran; start a new run instead".into(),
+                ));
+            };
+            let compensated = sqlx::query(
+                "SELECT 1 FROM run_steps
+                 WHERE tenant_id = $1 AND run_id = $2 AND path LIKE '%.compensate.%'
+                 LIMIT 1",
+            )
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+            if compensated.is_some() {
+                return Ok(Err(
+                    "the run undid its completed steps when it failed \
+                     (settings.compensateOnFailure); start a new run instead"
+                        .into(),
+                ));
+            }
+            Ok(Ok(failed.get("path")))
+        }
+
+        /// Queues the failed run again at `path` (from [`retry_path_in`]),
+        /// on its automation's `version` when given (else its own).
+        async fn retry_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            id: &RunId,
+            path: &str,
+            version: Option<i32>,
+        ) -> Result<()> {
+            let run = summary_in(tx, tenant, id).await?;
+            sqlx::query(concat!(
+                "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
+                    priority, created_at)
+                 SELECT $1, $2, $3, ",
+                db_now!(),
+                ", 0, $4, priority, $5 FROM runs WHERE tenant_id = $2 AND id = $1"
+            ))
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .bind(path)
+            .bind(
+                run.subject_ticket_id
+                    .as_ref()
+                    .map(|t| format!("ticket:{t}")),
+            )
+            .bind(now_ms())
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query(
+                "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL,
+                    version = COALESCE($3, version)
+                 WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(id.as_str())
+            .bind(version)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
         #[async_trait::async_trait]
         impl RunStore for $store {
             async fn cancel_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
-                let status = run_status(&mut tx, tenant, id).await?;
-                if status == RunStatus::Compensating {
-                    return refused(tx, StoreError::Conflict(
-                        "the run is compensating: it is undoing its completed steps after a \
-                         cancel or a failure, which a cancel does not interrupt; it ends \
-                         cancelled or failed when they are undone"
-                            .into(),
-                    )).await;
+                if let Err(why) = cancel_checked_in(&mut tx, tenant, id).await? {
+                    return refused(tx, StoreError::Conflict(why)).await;
                 }
-                if status.is_final() {
-                    return refused(tx, StoreError::Conflict(format!(
-                        "the run is already {}; only an unfinished run can be cancelled",
-                        status.as_str()
-                    ))).await;
-                }
-                cancel_in(&mut tx, tenant, id, None).await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(run)
@@ -245,74 +346,41 @@ macro_rules! impl_runs {
             async fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary> {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
-                let status = run_status(&mut tx, tenant, id).await?;
-                if status != RunStatus::Failed {
-                    return refused(tx, StoreError::Conflict(format!(
-                        "the run is {}; only a failed run can be retried",
-                        status.as_str()
-                    ))).await;
-                }
-                let failed = sqlx::query(
-                    "SELECT path FROM run_steps
-                     WHERE tenant_id = $1 AND run_id = $2 AND status = 'failed'
-                     ORDER BY id DESC LIMIT 1",
-                )
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-                let Some(failed) = failed else {
-                    return refused(tx, StoreError::Conflict(
-                        "the run failed before any step ran; start a new run instead".into(),
-                    )).await;
+                let path = match retry_path_in(&mut tx, tenant, id).await? {
+                    Ok(path) => path,
+                    Err(why) => return refused(tx, StoreError::Conflict(why)).await,
                 };
-                let path: String = failed.get("path");
-                let compensated = sqlx::query(
-                    "SELECT 1 FROM run_steps
-                     WHERE tenant_id = $1 AND run_id = $2 AND path LIKE '%.compensate.%'
-                     LIMIT 1",
-                )
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-                if compensated.is_some() {
-                    return refused(tx, StoreError::Conflict(
-                        "the run undid its completed steps when it failed \
-                         (settings.compensateOnFailure); start a new run instead"
-                            .into(),
-                    )).await;
-                }
-                let run = summary_in(&mut tx, tenant, id).await?;
-                sqlx::query(concat!(
-                    "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
-                        priority, created_at)
-                     SELECT $1, $2, $3, ",
-                    db_now!(),
-                    ", 0, $4, priority, $5 FROM runs WHERE tenant_id = $2 AND id = $1"
-                ))
-                .bind(id.as_str())
-                .bind(tenant.as_str())
-                .bind(&path)
-                .bind(
-                    run.subject_ticket_id
-                        .as_ref()
-                        .map(|t| format!("ticket:{t}")),
-                )
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query(
-                    "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL
-                     WHERE tenant_id = $1 AND id = $2",
-                )
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .execute(&mut *tx)
-                .await?;
+                retry_in(&mut tx, tenant, id, &path, None).await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(run)
+            }
+
+            async fn run_contexts(
+                &self,
+                tenant: &TenantId,
+                ids: &[RunId],
+            ) -> Result<Vec<(RunId, Value)>> {
+                if ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let rows = sqlx::query(concat!(
+                    "SELECT id, context FROM runs WHERE tenant_id = $1 AND id ",
+                    any_of!(2)
+                ))
+                .bind(tenant.as_str())
+                .bind(list(ids.iter().map(|id| id.as_str())))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| {
+                        (
+                            RunId::from(r.get::<String, _>("id")),
+                            r.get::<Json<Value>, _>("context").0,
+                        )
+                    })
+                    .collect())
             }
 
             async fn runs(
@@ -332,6 +400,8 @@ macro_rules! impl_runs {
                        AND (CAST($7 AS TEXT) IS NULL OR parent_run_id = $7)
                        AND ($8 = 0 OR status IN ('queued', 'running', 'waiting'))
                        AND (CAST($9 AS TEXT) IS NULL OR event_id = $9)
+                       AND (CAST($10 AS BIGINT) IS NULL OR created_at >= $10)
+                       AND (CAST($11 AS BIGINT) IS NULL OR created_at < $11)
                      ORDER BY id DESC
                      LIMIT $6"
                 );
@@ -345,6 +415,8 @@ macro_rules! impl_runs {
                     .bind(filter.parent_run_id.as_deref())
                     .bind(i64::from(filter.unfinished))
                     .bind(filter.event_id.as_deref())
+                    .bind(filter.since)
+                    .bind(filter.until)
                     .fetch_all(self.reader())
                     .await?;
                 let mut items: Vec<RunSummary> = rows.iter().map(run_from_row).collect();

@@ -322,6 +322,11 @@ pub(crate) async fn wake_loop(
         shutdown.clone(),
     ));
     let sampling = tokio::spawn(sample::sample_loop(inner.clone(), shutdown.clone()));
+    let operations = tokio::spawn(crate::operations::operations_loop(
+        inner.clone(),
+        holds.clone(),
+        shutdown.clone(),
+    ));
     let history = tokio::spawn(sample::history_loop(
         inner.clone(),
         holds.clone(),
@@ -365,6 +370,9 @@ pub(crate) async fn wake_loop(
     expiry.abort();
     sampling.abort();
     history.abort();
+    // A page in progress is cut short: each run is its own transaction,
+    // and the next holder goes on from the page's start.
+    operations.abort();
     if holding && let Err(e) = scheduler.release().await {
         tracing::warn!(error = %e, "could not release the scheduler lease; it expires by itself");
     }

@@ -831,3 +831,72 @@ pub(crate) struct EventsReplayed {
     #[schema(required = true)]
     next_cursor: Option<String>,
 }
+
+/// What a bulk operation's dry run would touch.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct BulkDryRun {
+    dry_run: bool,
+    /// Every run the filter takes.
+    count: i64,
+    /// The first of them, newest first (at most 50).
+    runs: Vec<RunSummary>,
+}
+
+/// A bulk operation made.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct BulkStarted {
+    operation_id: String,
+    /// The runs the filter took when it was made.
+    total: i64,
+    status: String,
+}
+
+/// A bulk retry or cancel of the runs a filter takes.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Operation {
+    id: String,
+    /// `retry` or `cancel`.
+    action: String,
+    /// A retry's version: `original` or `current`.
+    version: String,
+    /// The filter as it was sent.
+    filter: Value,
+    /// `running`, `done` or `cancelled`.
+    status: String,
+    /// The runs the filter took when it was made.
+    total: i64,
+    /// Runs acted on.
+    done: i64,
+    /// Runs it could not act on (`failures` says why).
+    failed: i64,
+    /// The key that made it: `{"kind": "key", "id"}`.
+    #[schema(required = true)]
+    actor: Option<Value>,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(required = true, format = DateTime)]
+    finished_at: Option<String>,
+}
+
+/// One run an operation could not act on.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct OperationFailure {
+    run_id: String,
+    reason: String,
+}
+
+/// An operation with the runs it could not act on (the first 100).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct OperationDetail {
+    #[serde(flatten)]
+    operation: Operation,
+    failures: Vec<OperationFailure>,
+}
+
+/// A page of the tenant's operations, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct OperationPage {
+    items: Vec<Operation>,
+    #[schema(required = true)]
+    next_cursor: Option<String>,
+}

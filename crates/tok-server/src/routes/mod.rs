@@ -19,6 +19,7 @@ pub(crate) mod in_use;
 pub(crate) mod incidents;
 pub(crate) mod keys;
 pub(crate) mod metrics;
+pub(crate) mod operations;
 pub(crate) mod platform_incidents;
 pub(crate) mod runs;
 pub(crate) mod signals;

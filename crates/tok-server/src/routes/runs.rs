@@ -50,7 +50,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-const TRIGGERS: &[&str] = &["webhook", "event", "poll", "schedule", "manual", "parent"];
+use tok_engine::operations::TRIGGERS;
 
 #[utoipa::path(get, path = "/api/runs", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunPage)))]
 async fn list(
@@ -99,6 +99,7 @@ async fn list(
         parent_run_id: query.parent,
         unfinished: query.blocked_by.is_some(),
         event_id: query.event,
+        ..RunFilter::default()
     };
     let limit = page.limit()?;
     let store = state.engine.store();

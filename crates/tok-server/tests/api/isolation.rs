@@ -315,6 +315,8 @@ struct Estate {
     key: String,
     /// The webhook's event behind the first run.
     event: String,
+    /// A bulk operation (a retry of the failed runs: none).
+    operation: String,
 }
 
 async fn estate(app: &TestApp, name: &str) -> Estate {
@@ -411,7 +413,25 @@ async fn estate(app: &TestApp, name: &str) -> Estate {
         .as_str()
         .unwrap()
         .to_owned();
+    let operation = app
+        .post(
+            &tenant.key,
+            "/api/runs/bulk",
+            &json!({ "filter": { "status": "failed" }, "action": "retry" }),
+        )
+        .await
+        .expect(StatusCode::ACCEPTED)["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let uri = format!("/api/operations/{operation}");
+    app.poll("the operation done", async || {
+        let op = app.get(&tenant.key, &uri).await.expect(StatusCode::OK);
+        (op["status"] == "done").then_some(()).ok_or(())
+    })
+    .await;
     let ids = vec![
+        operation.clone(),
         key.clone(),
         tenant.id.clone(),
         owned.source.clone(),
@@ -450,6 +470,7 @@ async fn estate(app: &TestApp, name: &str) -> Estate {
         widget,
         key,
         event: owned.event,
+        operation,
     }
 }
 
@@ -568,6 +589,18 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
         ("POST", "/api/runs/{id}/cancel" | "/api/runs/{id}/pause" | "/api/runs/{id}/resume") => {
             Theirs(m, route.path.replace("{id}", &a.waiting_run), empty)
         }
+        ("GET", "/api/operations/{id}") => {
+            Theirs(m, format!("/api/operations/{}", a.operation), empty)
+        }
+        ("POST", "/api/operations/{id}/cancel") => {
+            Theirs(m, format!("/api/operations/{}/cancel", a.operation), empty)
+        }
+        ("POST", "/api/runs/bulk") => Write(
+            route.path.into(),
+            // A dry run: an operation B made would name A's id in its filter.
+            json!({ "filter": { "automation": a.automation }, "action": "cancel", "dry_run": true }),
+            false,
+        ),
         ("GET", "/api/events/{id}") => Theirs(m, format!("/api/events/{}", a.event), empty),
         ("POST", "/api/events/{id}/replay") => Theirs(
             m,
@@ -639,6 +672,7 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             | "/api/ticket-types"
             | "/api/tickets"
             | "/api/widgets"
+            | "/api/operations"
             | "/api/stream",
         ) => Listing(route.path.into()),
         ("POST", "/api/automations") => Write(
@@ -730,6 +764,7 @@ async fn every_route_keeps_tenants_apart(app: &TestApp) {
         format!("/api/ticket-types/{}", a.ticket_type),
         format!("/api/sources/{}", a.source),
         format!("/api/events/{}", a.event),
+        format!("/api/operations/{}", a.operation),
         "/api/incidents".to_owned(),
     ];
     let mut before = Vec::new();

@@ -11,6 +11,7 @@ mod authorization;
 mod automations;
 mod blocked;
 mod branches;
+mod bulk;
 mod children;
 mod compensation;
 mod connections;

@@ -617,6 +617,7 @@ by_tenant! {
         fn pause_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
         fn resume_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
         fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
+        fn run_contexts(&self, tenant: &TenantId, ids: &[RunId]) -> Result<Vec<(RunId, Value)>>;
     }
 }
 
@@ -932,6 +933,28 @@ by_tenant! {
         fn update_widget(&self, tenant: &TenantId, id: &str, patch: WidgetPatch) -> Result<Option<Widget>>;
         fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool>;
         fn save_widget_data(&self, tenant: &TenantId, id: &str, data: &Value, fetched_at: i64) -> Result<bool>;
+    }
+}
+
+by_tenant! {
+    impl OperationStore {
+        fn create_operation(&self, tenant: &TenantId, new: NewOperation) -> Result<Operation>;
+        fn operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
+        fn operations(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Operation>>;
+        fn operation_failures(&self, tenant: &TenantId, id: &str, limit: u32) -> Result<Vec<(RunId, String)>>;
+        fn cancel_operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
+        fn apply(&self, tenant: &TenantId, operation: &str, run: &RunId, action: RunAction) -> Result<Applied>;
+        fn advance_operation(&self, tenant: &TenantId, id: &str, after: Option<&str>, finished: bool) -> Result<()>;
+    }
+    also {
+        async fn running_operations(&self, tenants: &[TenantId]) -> Result<Vec<Operation>> {
+            let parts = self
+                .by_database("running operations", tenants, |db, tenants| async move {
+                    db.running_operations(&tenants).await
+                })
+                .await?;
+            Ok(parts.into_iter().flatten().collect())
+        }
     }
 }
 

@@ -66,6 +66,7 @@ mod inbox;
 mod keys;
 mod lifecycle;
 mod migrations;
+mod operations;
 mod outcomes;
 mod pages;
 mod queue;

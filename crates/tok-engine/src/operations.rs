@@ -1,0 +1,299 @@
+//! Bulk operations on runs (DESIGN §16): which runs a filter takes, and the
+//! loop that retries or cancels them in pages.
+//!
+//! A filter is the runs listing's (status, automation, trigger, a time
+//! range of `created_at`) and `where`, the rules of a condition (§4) over
+//! each run's context. An operation takes the runs created before it was
+//! made, newest first, one page of [`PAGE`] runs at a time; the page's
+//! last run is kept in the operation's row, and each run is acted on in
+//! one transaction with the row that says so (`OperationStore::apply`), so
+//! a restart goes on from the page it was in and acts on no run twice.
+//!
+//! The loop runs on the node that holds the scheduler's lease, beside its
+//! wake. Each pass takes the oldest running operation of every tenant and
+//! does one page of it: a tenant with a bulk retry of 100,000 runs gets a
+//! page a pass like a tenant with 20, and the runs it queues wait for the
+//! claim's fair share like every other job (`tok_core::fairness`).
+//!
+//! A retry on the `current` version moves the run to its automation's
+//! current version when its failed step is at the same path there
+//! (`tok_core::flow::resumes_at`); a run it cannot move is counted failed
+//! with the reason, and left as it was.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::Deserialize;
+use serde_json::Value;
+use tok_core::condition::Condition;
+use tok_core::definition::{Automation, Filter};
+use tok_core::ids::{AutomationId, RunId, TenantId};
+use tok_store::{Applied, Operation, OperationAction, RunAction, RunFilter, RunSummary, Store};
+
+use crate::{Inner, Result};
+
+/// Runs one pass of an operation looks at (and the page of a count).
+pub const PAGE: u32 = 100;
+
+/// Between two passes while an operation has pages left.
+const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The most runs a filter may take: a count stops there.
+pub const MAX_RUNS: i64 = 100_000;
+
+/// What started a run (`trigger_type`), as filters name it.
+pub const TRIGGERS: &[&str] = &["webhook", "event", "poll", "schedule", "manual", "parent"];
+
+/// Which runs a bulk operation takes, as `POST /api/runs/bulk` sends it.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkFilter {
+    pub status: Option<String>,
+    pub automation: Option<String>,
+    pub trigger: Option<String>,
+    /// RFC 3339: runs created at or after it.
+    pub since: Option<String>,
+    /// RFC 3339: runs created before it.
+    pub until: Option<String>,
+    /// Rules over the run's context (`_body.order`, a step's output, …).
+    #[serde(rename = "where")]
+    pub where_: Option<Filter>,
+}
+
+/// A [`BulkFilter`] ready to take runs.
+#[derive(Debug, Clone)]
+pub struct RunSelection {
+    listing: RunFilter,
+    condition: Option<Condition>,
+}
+
+impl BulkFilter {
+    /// Reads the filter; the error names the field and what it must be.
+    pub fn parse(value: &Value) -> std::result::Result<BulkFilter, String> {
+        serde_json::from_value(value.clone()).map_err(|e| format!("`filter`: {e}"))
+    }
+
+    /// The selection, taking only runs created before `before` (ms) when
+    /// given: an operation's runs are those that existed when it was made.
+    pub fn selection(&self, before: Option<i64>) -> std::result::Result<RunSelection, String> {
+        let time =
+            |field: &str, value: &Option<String>| -> std::result::Result<Option<i64>, String> {
+                value
+                    .as_deref()
+                    .map(|v| {
+                        v.parse::<jiff::Timestamp>()
+                            .map(|t| t.as_millisecond())
+                            .map_err(|e| {
+                                format!("`filter.{field}` is `{v}`, not an RFC 3339 time ({e})")
+                            })
+                    })
+                    .transpose()
+            };
+        if let Some(status) = &self.status
+            && tok_core::run::RunStatus::parse(status).is_none()
+        {
+            return Err(format!(
+                "`filter.status` is `{status}`, not one of queued, running, waiting, paused, \
+                 compensating, completed, failed, cancelled, refused, skipped, expired"
+            ));
+        }
+        if let Some(trigger) = &self.trigger
+            && !TRIGGERS.contains(&trigger.as_str())
+        {
+            return Err(format!(
+                "`filter.trigger` is `{trigger}`, not one of {}",
+                TRIGGERS.join(", ")
+            ));
+        }
+        let until = match (time("until", &self.until)?, before) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(RunSelection {
+            listing: RunFilter {
+                status: self.status.clone(),
+                automation_id: self.automation.clone(),
+                trigger_type: self.trigger.clone(),
+                since: time("since", &self.since)?,
+                until,
+                ..RunFilter::default()
+            },
+            condition: self.where_.as_ref().map(Condition::from_filter),
+        })
+    }
+}
+
+/// One page of the runs listing after `after`, and the runs of it the
+/// selection takes; the page's last run is the cursor of the next (none
+/// when it was the last page).
+pub async fn page(
+    store: &dyn Store,
+    tenant: &TenantId,
+    selection: &RunSelection,
+    after: Option<&str>,
+    limit: u32,
+) -> Result<(Vec<RunSummary>, Option<String>)> {
+    let page = store.runs(tenant, &selection.listing, limit, after).await?;
+    let Some(condition) = &selection.condition else {
+        return Ok((page.items, page.next_cursor));
+    };
+    let ids: Vec<RunId> = page.items.iter().map(|r| r.id.clone()).collect();
+    let contexts: std::collections::HashMap<RunId, Value> = store
+        .run_contexts(tenant, &ids)
+        .await?
+        .into_iter()
+        .collect();
+    let taken = page
+        .items
+        .into_iter()
+        .filter(|run| {
+            contexts
+                .get(&run.id)
+                .is_some_and(|context| condition.evaluate(context).result)
+        })
+        .collect();
+    Ok((taken, page.next_cursor))
+}
+
+/// How many runs the selection takes, and the first `first` of them;
+/// `None` past [`MAX_RUNS`].
+pub async fn count(
+    store: &dyn Store,
+    tenant: &TenantId,
+    selection: &RunSelection,
+    first: usize,
+) -> Result<Option<(i64, Vec<RunSummary>)>> {
+    let mut total = 0i64;
+    let mut shown = Vec::new();
+    let mut after = None;
+    loop {
+        let (taken, next) = page(store, tenant, selection, after.as_deref(), 500).await?;
+        total += taken.len() as i64;
+        if total > MAX_RUNS {
+            return Ok(None);
+        }
+        shown.extend(taken.into_iter().take(first.saturating_sub(shown.len())));
+        match next {
+            Some(next) => after = Some(next),
+            None => return Ok(Some((total, shown))),
+        }
+    }
+}
+
+/// Does one page of the operation; true when it has no page left.
+pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
+    let store = &*inner.store;
+    let tenant = &operation.tenant_id;
+    let filter = BulkFilter::parse(&operation.filter).map_err(crate::EngineError::Definition)?;
+    let selection = filter
+        .selection(Some(operation.created_at))
+        .map_err(crate::EngineError::Definition)?;
+    let (runs, next) = page(store, tenant, &selection, operation.after.as_deref(), PAGE).await?;
+    let action = OperationAction::parse(&operation.action).unwrap_or(OperationAction::Retry);
+    let mut queued = false;
+    for run in &runs {
+        let what = match action {
+            OperationAction::Cancel => RunAction::Cancel,
+            OperationAction::Retry if operation.version == "current" => {
+                current_version(inner, tenant, run).await?
+            }
+            OperationAction::Retry => RunAction::Retry { version: None },
+        };
+        let applied = store.apply(tenant, &operation.id, &run.id, what).await?;
+        match applied {
+            Applied::Done => {
+                queued |= action == OperationAction::Retry;
+                if action == OperationAction::Cancel {
+                    crate::traces::run_ended(inner.store.clone(), tenant.clone(), run.id.clone());
+                }
+            }
+            Applied::Stopped => return Ok(true),
+            Applied::Failed(_) | Applied::Already => {}
+        }
+    }
+    if queued {
+        inner.work.notify_one();
+    }
+    store
+        .advance_operation(tenant, &operation.id, next.as_deref(), next.is_none())
+        .await?;
+    Ok(next.is_none())
+}
+
+/// A retry of `run` on its automation's current version, or why it
+/// cannot move there.
+async fn current_version(inner: &Inner, tenant: &TenantId, run: &RunSummary) -> Result<RunAction> {
+    let store = &*inner.store;
+    let automation = AutomationId::from(run.automation_id.to_string());
+    let Some(row) = store.automation(tenant, &automation).await? else {
+        return Ok(RunAction::Refuse("its automation is gone".into()));
+    };
+    if row.version == run.version {
+        return Ok(RunAction::Retry { version: None });
+    }
+    let Some(detail) = store.run(tenant, &run.id).await? else {
+        return Ok(RunAction::Refuse("the run is gone".into()));
+    };
+    let Some(failed) = detail.steps.iter().rev().find(|s| s.status == "failed") else {
+        // Not failed (or failed before a step ran): the store says why.
+        return Ok(RunAction::Retry { version: None });
+    };
+    let current: Arc<Automation> = inner
+        .defs
+        .parse(&automation, row.version, &row.definition)?;
+    Ok(
+        match tok_core::flow::resumes_at(&current.steps, &failed.path, &failed.step_id) {
+            Ok(()) => RunAction::Retry {
+                version: Some(row.version),
+            },
+            Err(why) => RunAction::Refuse(format!(
+                "not moved to version {}: {why}; retry it on its version {} instead",
+                row.version, run.version
+            )),
+        },
+    )
+}
+
+/// The holder's bulk operations, beside the wake loop: a page of each
+/// tenant's oldest running operation a pass, a pass a tick (after [`PAUSE`]
+/// while pages remain).
+pub(crate) async fn operations_loop(
+    inner: Arc<Inner>,
+    holds: Arc<AtomicBool>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let tick = inner.config.scheduler.tick;
+    let mut wait = tick;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = inner.operations.notified() => {}
+            _ = shutdown.changed() => {}
+        }
+        if crate::stopping(&shutdown) {
+            return;
+        }
+        wait = tick;
+        if !holds.load(Ordering::SeqCst) {
+            continue;
+        }
+        let running = match inner.store.running_operations(&inner.tenants()).await {
+            Ok(running) => running,
+            Err(e) => {
+                tracing::warn!(error = %e, "bulk operations could not be read; trying again");
+                continue;
+            }
+        };
+        for operation in &running {
+            match step(&inner, operation).await {
+                // More pages: the next soon, with a pause for live traffic.
+                Ok(false) => wait = PAUSE,
+                Ok(true) => {}
+                Err(e) => tracing::warn!(
+                    error = %e, operation = %operation.id, tenant = %operation.tenant_id,
+                    "a page of a bulk operation failed; it is done again at the next pass"
+                ),
+            }
+        }
+    }
+}
