@@ -356,6 +356,8 @@ async function runList(view) {
     select("automation", automations.map((a) => a.id), automations.map((a) => a.name)),
     select("trigger", TRIGGERS));
   for (const [name, value] of Object.entries(runFilters)) $(`#filter-${name}`, toolbar).value = value;
+  const bulk = h("div.bulk", { id: "bulk" });
+  if (allows("write")) toolbar.append(bulk);
   const table = h("div.card.table-card");
   view.append(toolbar, table);
   // Rows by run id: an update redraws a row's cells in the same row, so
@@ -405,12 +407,105 @@ async function runList(view) {
     if (cursor) table.append(h("div.more", null, h("button.button.small", { onclick: () => load(true) }, "Load more")));
   }
 
+  // Every run the filters take, not only the page shown: a dry run
+  // counts them and arms the button; its second click makes the operation.
+  function bulkBar() {
+    const action = runFilters.status === "failed" ? "retry"
+      : ["queued", "running", "waiting", "paused"].includes(runFilters.status) ? "cancel" : null;
+    if (!action) {
+      fill(bulk, h("span.muted", null, "Filter by status failed (to retry) or unfinished (to cancel) to act on every matching run."));
+      return;
+    }
+    const filter = Object.fromEntries(Object.entries(runFilters).filter(([, v]) => v));
+    const version = h("select", { id: "bulk-version", title: "The version a retried run goes on with" },
+      h("option", { value: "original" }, "on their version"),
+      h("option", { value: "current" }, "on the current version"));
+    const label = action === "retry" ? "Retry all matching" : "Cancel all matching";
+    const button = h("button.button.small", { id: "bulk-act", type: "button" }, label);
+    button.onclick = async () => {
+      const body = { filter, action };
+      if (action === "retry") body.version = version.value;
+      try {
+        if (!button.dataset.armed) {
+          const dry = await api("/api/runs/bulk", { method: "POST", body: { ...body, dry_run: true } });
+          if (!dry.count) return flash("No run matches.");
+          button.dataset.armed = String(dry.count);
+          button.textContent = `${action === "retry" ? "Retry" : "Cancel"} ${dry.count} runs: click again`;
+          button.classList.add("danger");
+          return;
+        }
+        const made = await api("/api/runs/bulk", { method: "POST", body });
+        flash(`${action === "retry" ? "Retrying" : "Cancelling"} ${made.total} runs`, true);
+        location.hash = `#/operations/${made.operation_id}`;
+      } catch (e) {
+        delete button.dataset.armed;
+        button.textContent = label;
+        button.classList.remove("danger");
+        flash(e.message);
+      }
+    };
+    fill(bulk, action === "retry" ? version : null, button);
+  }
+
+  bulkBar();
+  for (const sel of toolbar.querySelectorAll("select[id^=filter-]")) sel.addEventListener("change", bulkBar);
   await load();
   const refresh = debounce(() => load().catch(() => {}), 250);
   onLive((type) => {
     if (type === "run.updated" || type === "reload") refresh();
   });
 }
+
+// ---------- Operations ----------
+
+// Bulk retries and cancels: how far each is, and the runs it could not
+// act on. The page polls while an operation runs.
+pages.operations = async (view, id) => {
+  $("#title").textContent = "Operations";
+  const table = h("div.card.table-card");
+  const detail = h("div", { id: "operation-detail" });
+  view.append(h("div.stack", null, detail, table));
+  let timer = null;
+  leaving = () => clearTimeout(timer);
+
+  const progress = (op) => `${op.done + op.failed} of ${op.total}`;
+  function row(op) {
+    return h("tr.link", { dataset: { operation: op.id, status: op.status }, onclick: () => (location.hash = `#/operations/${op.id}`) },
+      h("td", null, pill(op.status)),
+      h("td", null, op.action, op.action === "retry" ? h("span.muted", null, ` (${op.version} version)`) : null),
+      h("td.progress", null, progress(op)),
+      h("td", null, String(op.failed)),
+      h("td", null, when(op.created_at)),
+      h("td.mono", null, short(op.id)));
+  }
+
+  async function load() {
+    const page = await api("/api/operations?limit=50");
+    let running = page.items.some((op) => op.status === "running");
+    fill(table, page.items.length
+      ? h("table", { id: "operations" },
+        h("thead", null, h("tr", null, ["Status", "Action", "Progress", "Failed", "Made", "Operation"].map((c) => h("th", null, c)))),
+        h("tbody", null, page.items.map(row)))
+      : h("div.empty", null, "No operations yet. Filter the runs page by status to retry or cancel every matching run at once."));
+    if (id) {
+      const op = await api(`/api/operations/${encodeURIComponent(id)}`);
+      running ||= op.status === "running";
+      const stop = h("button.button.small", { id: "operation-cancel", type: "button" }, "Stop");
+      stop.onclick = () => api(`/api/operations/${op.id}/cancel`, { method: "POST", body: {} }).then(load).catch((e) => flash(e.message));
+      fill(detail, h("div.card", { dataset: { operation: op.id, status: op.status } },
+        h("h2", null, `${op.action === "retry" ? "Retry" : "Cancel"} of ${op.total} runs `, pill(op.status)),
+        h("p", null, h("span.progress", null, progress(op)), ` done: ${op.done} acted on, ${op.failed} could not be.`),
+        op.failures.length
+          ? h("table", { id: "operation-failures" }, h("tbody", null, op.failures.map((f) =>
+            h("tr", null, h("td.mono", null, h("a", { href: `#/runs/${f.run_id}` }, short(f.run_id))), h("td", null, f.reason)))))
+          : null,
+        op.status === "running" && allows("write") ? stop : null));
+    }
+    if (running) timer = setTimeout(() => load().catch((e) => flash(e.message)), 1000);
+  }
+
+  await load();
+};
 
 // ---------- Run detail ----------
 
