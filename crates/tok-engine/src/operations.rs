@@ -155,6 +155,42 @@ pub async fn page(
     Ok((taken, page.next_cursor))
 }
 
+/// At most `limit` runs the selection takes after `after`, newest first,
+/// looking at no more than `budget` runs: a search over a large tenant
+/// answers in bounded time, and its cursor (the last run looked at) goes
+/// on from there. The cursor is `None` once no run is left.
+pub async fn search(
+    store: &dyn Store,
+    tenant: &TenantId,
+    selection: &RunSelection,
+    after: Option<String>,
+    limit: usize,
+    budget: u32,
+) -> Result<(Vec<RunSummary>, Option<String>)> {
+    let mut found = Vec::new();
+    let mut after = after;
+    let mut looked = 0u32;
+    while looked < budget {
+        let size = PAGE.min(budget - looked);
+        let (taken, next) = page(store, tenant, selection, after.as_deref(), size).await?;
+        looked += size;
+        for run in taken {
+            if found.len() == limit {
+                // The page holds more than the answer takes: go on after
+                // the last run answered.
+                let last = found.last().map(|r: &RunSummary| r.id.to_string());
+                return Ok((found, last));
+            }
+            found.push(run);
+        }
+        match next {
+            Some(next) => after = Some(next),
+            None => return Ok((found, None)),
+        }
+    }
+    Ok((found, after))
+}
+
 /// How many runs the selection takes, and the first `first` of them;
 /// `None` past [`MAX_RUNS`].
 pub async fn count(

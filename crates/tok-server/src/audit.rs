@@ -82,6 +82,11 @@ pub const EXEMPT: &[(&str, &str, &str)] = &[
     ),
     (
         "POST",
+        "/api/runs/search",
+        "a read whose rules travel in the body: it changes nothing",
+    ),
+    (
+        "POST",
         "/api/automations/{id}/runs",
         "starting a run is the automation's use, not a change to it: the run itself is the record, with its actor",
     ),

@@ -174,6 +174,7 @@ fn routes() -> Routes {
         .merge(routes::runs::router())
         .merge(routes::events::router())
         .merge(routes::operations::router())
+        .merge(routes::search::router())
         .merge(routes::signals::router())
         .merge(routes::widgets::router())
         .merge(routes::approvals::router())

@@ -72,6 +72,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         routes::runs::Api::openapi(),
         routes::events::Api::openapi(),
         routes::operations::Api::openapi(),
+        routes::search::Api::openapi(),
         routes::signals::Api::openapi(),
         routes::approvals::Api::openapi(),
         routes::widgets::Api::openapi(),

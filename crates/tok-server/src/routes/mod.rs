@@ -22,6 +22,7 @@ pub(crate) mod metrics;
 pub(crate) mod operations;
 pub(crate) mod platform_incidents;
 pub(crate) mod runs;
+pub(crate) mod search;
 pub(crate) mod signals;
 pub(crate) mod sources;
 pub(crate) mod stream;

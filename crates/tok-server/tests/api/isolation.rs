@@ -595,6 +595,14 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
         ("POST", "/api/operations/{id}/cancel") => {
             Theirs(m, format!("/api/operations/{}/cancel", a.operation), empty)
         }
+        // What A's webhook carried: B finds none of A's runs by it.
+        ("POST", "/api/runs/search") => Write(
+            route.path.into(),
+            json!({ "where": { "rules": [
+                { "field": "_body.who", "operator": "isNotEmpty" }
+            ] } }),
+            false,
+        ),
         ("POST", "/api/runs/bulk") => Write(
             route.path.into(),
             // A dry run: an operation B made would name A's id in its filter.

@@ -40,6 +40,7 @@ mod retention;
 mod run_control;
 mod runs;
 mod schedules;
+mod search;
 mod signals;
 mod signatures;
 mod tenant_concurrency;
