@@ -14,7 +14,7 @@ use std::cmp::Ordering;
 use jiff::Timestamp;
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::context::{Lookup, lookup};
 use crate::definition::{Filter, Match, Operator, Rule, Step};
@@ -105,6 +105,68 @@ impl Condition {
             Match::Any => results.iter().any(|&r| r),
         };
         Evaluation { result, lines }
+    }
+}
+
+impl Condition {
+    /// A JSON document that the value at `root` of every scope the
+    /// condition holds for contains (PostgreSQL's `@>`), for an index to
+    /// find the candidates that [`Condition::evaluate`] then decides; `None`
+    /// when no rule pins one down. Only `eq` rules on `root.…` whose value
+    /// equals one JSON value and nothing else go in: a string that reads as
+    /// neither a number nor an instant (those also equal other spellings),
+    /// a boolean; no template, no array index in the path, no quote,
+    /// backslash, bracket, `$` or `*` in a key (the path stays one a JSON
+    /// path spells plainly). With `match:
+    /// any`, only a condition of one rule.
+    pub fn containment(&self, root: &str) -> Option<Value> {
+        if self.match_ == Match::Any && self.rules.len() != 1 {
+            return None;
+        }
+        let mut document = Value::Object(Map::new());
+        let mut pinned = false;
+        for rule in &self.rules {
+            let Some(path) = field_path(&rule.field)
+                .strip_prefix(root)
+                .and_then(|p| p.strip_prefix('.'))
+            else {
+                continue;
+            };
+            let exact = match &rule.value {
+                Value::String(s) => {
+                    !s.contains("{{")
+                        && as_number(&rule.value).is_none()
+                        && instant(&rule.value).is_none()
+                }
+                Value::Bool(_) => true,
+                _ => false,
+            };
+            let segments: Vec<&str> = path.split('.').collect();
+            if rule.operator != Operator::Eq
+                || !exact
+                || segments.iter().any(|s| {
+                    s.is_empty()
+                        || s.parse::<usize>().is_ok()
+                        || s.contains(['"', '\\', '[', ']', '$', '*'])
+                })
+            {
+                continue;
+            }
+            let mut at = &mut document;
+            for segment in &segments[..segments.len() - 1] {
+                at = at
+                    .as_object_mut()
+                    .map(|m| {
+                        m.entry(*segment)
+                            .or_insert_with(|| Value::Object(Map::new()))
+                    })
+                    .filter(|v| v.is_object())?;
+            }
+            at.as_object_mut()?
+                .insert(segments[segments.len() - 1].to_owned(), rule.value.clone());
+            pinned = true;
+        }
+        pinned.then_some(document)
     }
 }
 
@@ -318,6 +380,72 @@ mod tests {
 
     fn holds(field: &str, operator: Operator, value: Value, scope: &Value) -> bool {
         eval(field, operator, value, scope).result
+    }
+
+    /// Whether `doc` holds `part` as PostgreSQL's `@>` means it for objects
+    /// and scalars.
+    fn contains_doc(doc: &Value, part: &Value) -> bool {
+        match (doc, part) {
+            (Value::Object(d), Value::Object(p)) => p
+                .iter()
+                .all(|(k, v)| d.get(k).is_some_and(|dv| contains_doc(dv, v))),
+            (d, p) => d == p,
+        }
+    }
+
+    #[test]
+    fn containment_pins_only_what_every_matching_scope_holds() {
+        let all = |rules: Vec<Rule>| Condition {
+            match_: Match::All,
+            rules,
+        };
+        let c = all(vec![
+            rule("_body.order.id", Operator::Eq, json!("A-2")),
+            rule("_body.paid", Operator::Eq, json!(true)),
+            rule("_body.total", Operator::Eq, json!(10)),
+            rule("_body.day", Operator::Eq, json!("2026-12-01")),
+            rule("_body.code", Operator::Eq, json!("007")),
+            rule("_body.items.0.sku", Operator::Eq, json!("X")),
+            rule("_body.who", Operator::Eq, json!("{{name}}")),
+            rule("_body.shop", Operator::Neq, json!("cz")),
+            rule("st_a.ok", Operator::Eq, json!("yes")),
+        ]);
+        assert_eq!(
+            c.containment("_body"),
+            Some(json!({ "order": { "id": "A-2" }, "paid": true }))
+        );
+        let any = Condition {
+            match_: Match::Any,
+            rules: vec![
+                rule("_body.a", Operator::Eq, json!("x")),
+                rule("_body.b", Operator::Eq, json!("y")),
+            ],
+        };
+        assert_eq!(any.containment("_body"), None);
+        assert_eq!(
+            all(vec![rule("_body.total", Operator::Gt, json!(3))]).containment("_body"),
+            None
+        );
+
+        // Every scope the condition holds for contains the document.
+        let scopes = [
+            json!({ "_body": { "order": { "id": "A-2", "n": 1 }, "paid": true, "total": "10",
+                               "day": "2026-12-01T00:00:00Z", "code": 7,
+                               "items": [{ "sku": "X" }], "who": "Ann", "shop": "sk" },
+                    "st_a": { "ok": "yes" }, "name": "Ann" }),
+            json!({ "_body": { "order": { "id": "A-2" }, "paid": true, "total": 10.0,
+                               "day": "2026-12-01", "code": "007", "items": [{ "sku": "X" }],
+                               "who": "Ann" }, "st_a": { "ok": "yes" }, "name": "Ann" }),
+        ];
+        let doc = c.containment("_body").unwrap();
+        for scope in &scopes {
+            assert!(
+                c.evaluate(scope).result,
+                "{scope}: {:?}",
+                c.evaluate(scope).lines
+            );
+            assert!(contains_doc(&scope["_body"], &doc), "{scope}");
+        }
     }
 
     #[test]

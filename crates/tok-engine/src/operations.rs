@@ -105,6 +105,7 @@ impl BulkFilter {
                 TRIGGERS.join(", ")
             ));
         }
+        let condition = self.where_.as_ref().map(Condition::from_filter);
         let until = match (time("until", &self.until)?, before) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -116,9 +117,10 @@ impl BulkFilter {
                 trigger_type: self.trigger.clone(),
                 since: time("since", &self.since)?,
                 until,
+                body_contains: condition.as_ref().and_then(|c| c.containment("_body")),
                 ..RunFilter::default()
             },
-            condition: self.where_.as_ref().map(Condition::from_filter),
+            condition,
         })
     }
 }

@@ -106,7 +106,7 @@ macro_rules! impl_dispatch {
             let written: std::collections::HashSet<String> = sqlx::query(concat!(
                 "INSERT INTO runs (id, tenant_id, automation_id, version, event_id, trigger_type,
                     status, depth, queue_key, context, actions, created_at, started_at,
-                    finished_at, idempotency_key, subject_ticket_id, error, priority, start_by)
+                    finished_at, idempotency_key, subject_ticket_id, error, priority, start_by, body)
                  SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
                     CAST(x.value ->> 3 AS INTEGER), x.value ->> 4,
                     x.value ->> 5, x.value ->> 6,
@@ -114,7 +114,7 @@ macro_rules! impl_dispatch {
                     x.value -> 9, CAST(x.value ->> 14 AS INTEGER), $2, CAST(x.value ->> 10 AS BIGINT),
                     CAST(x.value ->> 11 AS BIGINT),
                     x.value ->> 12, x.value ->> 13, x.value ->> 15, CAST(x.value ->> 16 AS INTEGER),
-                    CAST(x.value ->> 17 AS BIGINT)
+                    CAST(x.value ->> 17 AS BIGINT), x.value -> 9 -> '_body'
                  FROM ", batch_rows!(1), "
                  WHERE true
                  ORDER BY x.key

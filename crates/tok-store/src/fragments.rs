@@ -68,6 +68,15 @@ pub(crate) mod postgres {
     pub(crate) const CLAIM_TENANTS: &str = "SELECT t FROM unnest($1::text[]) AS t \
          WHERE pg_try_advisory_xact_lock(10, hashtext(t))";
     pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.postgres.sql");
+    /// The runs listing's test that `body` contains `doc`
+    /// (`RunFilter::body_contains`), its parameters from `$first` on, and
+    /// the text each binds: one containment, which the GIN index answers.
+    pub(crate) fn body_contains(doc: &serde_json::Value, first: usize) -> (String, Vec<String>) {
+        (
+            format!("AND body @> CAST(${first} AS JSONB)"),
+            vec![doc.to_string()],
+        )
+    }
 
     macro_rules! db_now {
         () => {
@@ -221,6 +230,52 @@ pub(crate) mod sqlite {
     /// Nor does a tenant's count of leases.
     pub(crate) const CLAIM_TENANTS: &str = "";
     pub(crate) const PENDING_EVENTS: &str = include_str!("queries/pending_events.sqlite.sql");
+    /// The runs listing's test that `body` contains `doc`, as PostgreSQL's
+    /// `@>` means it for the documents `Condition::containment` makes
+    /// (objects down to strings and booleans): a test of each leaf's type
+    /// and value (SQLite has no containment, nor an index for one).
+    pub(crate) fn body_contains(doc: &serde_json::Value, first: usize) -> (String, Vec<String>) {
+        let mut leaves = Vec::new();
+        leaves_of(doc, "$".to_owned(), &mut leaves);
+        let mut sql = String::new();
+        let mut binds = Vec::new();
+        for (path, value) in leaves {
+            let n = first + binds.len();
+            match value {
+                serde_json::Value::String(s) => {
+                    sql.push_str(&format!(
+                        "AND json_type(body, ${n}) = 'text' AND json_extract(body, ${n}) = ${} ",
+                        n + 1
+                    ));
+                    binds.push(path);
+                    binds.push(s.clone());
+                }
+                serde_json::Value::Bool(b) => {
+                    sql.push_str(&format!("AND json_type(body, ${n}) = '{b}' "));
+                    binds.push(path);
+                }
+                // Not made by `Condition::containment`: no run matches.
+                _ => sql.push_str("AND 0 "),
+            }
+        }
+        (sql, binds)
+    }
+
+    fn leaves_of<'a>(
+        value: &'a serde_json::Value,
+        path: String,
+        out: &mut Vec<(String, &'a serde_json::Value)>,
+    ) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    // `Condition::containment`'s keys hold no quote.
+                    leaves_of(v, format!("{path}.\"{key}\""), out);
+                }
+            }
+            leaf => out.push((path, leaf)),
+        }
+    }
 
     macro_rules! db_now {
         () => {

@@ -52,6 +52,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     31 "0031_keep_flow_keys_and_start_deadlines",
     32 "0032_remember_what_an_event_replays",
     33 "0033_keep_bulk_operations_in_rows",
+    34 "0034_index_what_started_a_run",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -82,6 +83,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     28 "0028_keep_flow_keys_and_start_deadlines",
     29 "0029_remember_what_an_event_replays",
     30 "0030_keep_bulk_operations_in_rows",
+    31 "0031_index_what_started_a_run",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -391,6 +391,11 @@ pub struct RunFilter {
     pub since: Option<i64>,
     /// Runs created before this time (ms since the epoch).
     pub until: Option<i64>,
+    /// Runs whose `_body` (what started them) contains this JSON document
+    /// (PostgreSQL's `@>`; objects down to strings and booleans, as
+    /// `Condition::containment` makes them); on PostgreSQL an index finds
+    /// them.
+    pub body_contains: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -6,7 +6,80 @@ use super::*;
 backend_tests!(
     run_on_fresh_db;
     runs_are_listed_newest_first_with_filters_and_cursor_pages,
+    runs_are_found_by_what_their_body_contains,
 );
+
+/// `RunFilter::body_contains`: the runs whose body (their context's
+/// `_body`, kept as it was when they started) holds every string and
+/// boolean of the document at its place, and of the tenant only.
+async fn runs_are_found_by_what_their_body_contains(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let other = tenant(store, "beta").await;
+    let x = manual_automation(store, &t, "x").await;
+    let theirs = manual_automation(store, &other, "x").await;
+    let bodies = [
+        json!({ "order": { "id": "A-1", "paid": true }, "shop": "cz" }),
+        json!({ "order": { "id": "A-2", "paid": false }, "shop": "cz" }),
+        json!({ "order": { "id": "A-2", "paid": "true" }, "shop": "sk" }),
+        json!({ "order": [{ "id": "A-2" }], "shop": "cz" }),
+        json!({ "order": { "id": 2 } }),
+    ];
+    let mut ids = Vec::new();
+    for body in &bodies {
+        let mut run = new_run(&x, "manual", None);
+        run.context = json!({ "_body": body, "st_a": { "id": "A-2" } });
+        ids.push(store.start_run(&t, manual_event(&x), run).await.unwrap());
+    }
+    let mut run = new_run(&theirs, "manual", None);
+    run.context = json!({ "_body": bodies[1] });
+    store
+        .start_run(&other, manual_event(&theirs), run)
+        .await
+        .unwrap();
+    let found = |doc: Value| {
+        let filter = RunFilter {
+            body_contains: Some(doc),
+            ..RunFilter::default()
+        };
+        let t = &t;
+        async move {
+            let mut got: Vec<RunId> = store
+                .runs(t, &filter, 50, None)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|r| r.id)
+                .collect();
+            got.sort();
+            got
+        }
+    };
+    let of = |i: &[usize]| {
+        let mut v: Vec<RunId> = i.iter().map(|&i| ids[i].clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        found(json!({ "order": { "id": "A-2" } })).await,
+        of(&[1, 2]),
+        "{backend:?}"
+    );
+    assert_eq!(
+        found(json!({ "order": { "paid": true } })).await,
+        of(&[0]),
+        "{backend:?}"
+    );
+    assert_eq!(
+        found(json!({ "order": { "id": "A-2" }, "shop": "cz" })).await,
+        of(&[1]),
+        "{backend:?}"
+    );
+    assert_eq!(found(json!({ "shop": "pl" })).await, of(&[]), "{backend:?}");
+}
 
 async fn runs_are_listed_newest_first_with_filters_and_cursor_pages(db: &TestDb) {
     let backend = db.backend;
