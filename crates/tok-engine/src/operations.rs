@@ -38,6 +38,10 @@ pub const PAGE: u32 = 100;
 /// Between two passes while an operation has pages left.
 const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// The most rules a filter's `where` may hold: each is evaluated on every
+/// run a count or a page looks at.
+pub const MAX_RULES: usize = 20;
+
 /// The most runs a filter may take: a count stops there.
 pub const MAX_RUNS: i64 = 100_000;
 
@@ -89,6 +93,14 @@ impl BulkFilter {
                     })
                     .transpose()
             };
+        if let Some(rules) = &self.where_
+            && rules.rules.len() > MAX_RULES
+        {
+            return Err(format!(
+                "`filter.where` has {} rules; it takes at most {MAX_RULES}",
+                rules.rules.len()
+            ));
+        }
         if let Some(status) = &self.status
             && tok_core::run::RunStatus::parse(status).is_none()
         {
@@ -239,9 +251,16 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
         };
         let applied = store.apply(tenant, &operation.id, &run.id, what).await?;
         match applied {
-            Applied::Done => {
+            Applied::Done(status) => {
                 queued |= action == OperationAction::Retry;
-                if action == OperationAction::Cancel {
+                // As a retry or a cancel by hand tells the live stream.
+                inner.stream.publish(
+                    tenant,
+                    crate::stream::Kind::RunUpdated,
+                    serde_json::json!({ "run_id": run.id, "automation_id": run.automation_id,
+                                        "status": status.as_str() }),
+                );
+                if status == tok_core::run::RunStatus::Cancelled {
                     crate::traces::run_ended(inner.store.clone(), tenant.clone(), run.id.clone());
                 }
             }

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
 use tok_core::ids::{RunId, TenantId};
+use tok_core::run::RunStatus;
 
 use crate::{Page, Result};
 
@@ -94,8 +95,9 @@ pub enum RunAction {
 /// What [`OperationStore::apply`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// The action was taken.
-    Done,
+    /// The action was taken; the run's status after it (`queued`, or
+    /// `cancelled` or `compensating`).
+    Done(RunStatus),
     /// The run's state did not allow it (why), or it was refused.
     Failed(String),
     /// The operation had acted on the run already: nothing was done.

@@ -233,11 +233,12 @@ macro_rules! impl_operations {
                     .execute(&mut *tx)
                     .await?;
                 }
-                tx.commit().await?;
-                Ok(match outcome {
-                    Ok(()) => Applied::Done,
+                let applied = match outcome {
+                    Ok(()) => Applied::Done(run_status(&mut tx, tenant, run).await?),
                     Err(why) => Applied::Failed(why),
-                })
+                };
+                tx.commit().await?;
+                Ok(applied)
             }
 
             async fn advance_operation(

@@ -94,9 +94,14 @@ async fn search(
         until: body.until,
         where_: Some(rules),
     };
-    let selection = filter
-        .selection(None)
-        .map_err(|e| invalid("filter", e.replace("`filter.", "`")))?;
+    let selection = filter.selection(None).map_err(|e| {
+        let field = if e.starts_with("`filter.where") {
+            "where"
+        } else {
+            "filter"
+        };
+        invalid(field, e.replace("`filter.", "`"))
+    })?;
     let page = super::PageQuery {
         limit: None,
         cursor: body.cursor,

@@ -283,7 +283,14 @@ async fn a_retry_on_the_current_version_says_which_runs_it_could_not_move(app: &
     assert_eq!(calls(&service, "/broken/invoice"), 2, "nothing ran again");
 
     // What the body gets wrong is named.
+    let many: Vec<Value> = (0..21)
+        .map(|i| json!({ "field": format!("_body.f{i}"), "operator": "isEmpty" }))
+        .collect();
     for (body, field) in [
+        (
+            json!({ "action": "retry", "filter": { "where": { "rules": many } } }),
+            "filter",
+        ),
         (json!({ "action": "restart" }), "action"),
         (json!({ "filter": {} }), "action"),
         (

@@ -64,7 +64,7 @@ async fn an_operation_acts_on_each_run_once_and_stops_when_cancelled(db: &TestDb
             .apply(&t, &op.id, &runs[0], retry.clone())
             .await
             .unwrap(),
-        Applied::Done,
+        Applied::Done(RunStatus::Queued),
         "{backend:?}"
     );
     assert_eq!(
