@@ -239,7 +239,12 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
         .selection(Some(operation.created_at))
         .map_err(crate::EngineError::Definition)?;
     let (runs, next) = page(store, tenant, &selection, operation.after.as_deref(), PAGE).await?;
-    let action = OperationAction::parse(&operation.action).unwrap_or(OperationAction::Retry);
+    let action = OperationAction::parse(&operation.action).ok_or_else(|| {
+        crate::EngineError::Definition(format!(
+            "operation {} has the action `{}`, neither retry nor cancel",
+            operation.id, operation.action
+        ))
+    })?;
     let mut queued = false;
     for run in &runs {
         let what = match action {
