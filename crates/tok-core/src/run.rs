@@ -38,6 +38,26 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Every status, in the order of a run's life.
+    pub const ALL: [RunStatus; 11] = [
+        Self::Queued,
+        Self::Running,
+        Self::Waiting,
+        Self::Paused,
+        Self::Compensating,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+        Self::Refused,
+        Self::Skipped,
+        Self::Expired,
+    ];
+
+    /// The statuses' names, `queued, running, …`, for an error that lists them.
+    pub fn names() -> String {
+        Self::ALL.map(Self::as_str).join(", ")
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
@@ -408,4 +428,20 @@ pub struct PlanNote {
 /// interleave.
 pub fn ticket_queue_key(ticket_id: &str) -> String {
     format!("ticket:{ticket_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_is_listed_once_and_reads_back() {
+        for status in RunStatus::ALL {
+            assert_eq!(RunStatus::parse(status.as_str()), Some(status));
+        }
+        let names = RunStatus::names();
+        assert!(names.starts_with("queued, running, waiting"), "{names}");
+        let unique: std::collections::HashSet<_> = RunStatus::ALL.into_iter().collect();
+        assert_eq!(unique.len(), RunStatus::ALL.len());
+    }
 }

@@ -509,7 +509,7 @@ impl Engine {
                 });
             }
         };
-        let data = json!({ "run_id": id, "automation_id": automation_id, "status": "queued" });
+        let data = stream::run_update(&id, automation_id, tok_store::RunStatus::Queued);
         self.inner
             .stream
             .publish(tenant, stream::Kind::RunUpdated, data);

@@ -20,6 +20,8 @@
 //! (`tok_core::flow::resumes_at`); a run it cannot move is counted failed
 //! with the reason, and left as it was.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -27,8 +29,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use tok_core::condition::Condition;
 use tok_core::definition::{Automation, Filter};
-use tok_core::ids::{AutomationId, RunId, TenantId};
-use tok_store::{Applied, Operation, OperationAction, RunAction, RunFilter, RunSummary, Store};
+use tok_core::ids::{RunId, TenantId};
+use tok_store::{
+    Applied, AutomationRow, Operation, OperationAction, RunAction, RunFilter, RunSummary, Store,
+};
 
 use crate::{Inner, Result};
 
@@ -80,19 +84,14 @@ impl BulkFilter {
     /// The selection, taking only runs created before `before` (ms) when
     /// given: an operation's runs are those that existed when it was made.
     pub fn selection(&self, before: Option<i64>) -> std::result::Result<RunSelection, String> {
-        let time =
-            |field: &str, value: &Option<String>| -> std::result::Result<Option<i64>, String> {
-                value
-                    .as_deref()
-                    .map(|v| {
-                        v.parse::<jiff::Timestamp>()
-                            .map(|t| t.as_millisecond())
-                            .map_err(|e| {
-                                format!("`filter.{field}` is `{v}`, not an RFC 3339 time ({e})")
-                            })
-                    })
-                    .transpose()
-            };
+        let time = |field: &str,
+                    value: &Option<String>|
+         -> std::result::Result<Option<i64>, String> {
+            value
+                .as_deref()
+                .map(|v| tok_store::rfc3339::parse(v).map_err(|e| format!("`filter.{field}`: {e}")))
+                .transpose()
+        };
         if let Some(rules) = &self.where_
             && rules.rules.len() > MAX_RULES
         {
@@ -105,8 +104,8 @@ impl BulkFilter {
             && tok_core::run::RunStatus::parse(status).is_none()
         {
             return Err(format!(
-                "`filter.status` is `{status}`, not one of queued, running, waiting, paused, \
-                 compensating, completed, failed, cancelled, refused, skipped, expired"
+                "`filter.status` is `{status}`, not one of {}",
+                tok_core::run::RunStatus::names()
             ));
         }
         if let Some(trigger) = &self.trigger
@@ -246,11 +245,19 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
         ))
     })?;
     let mut queued = false;
+    // A page's runs are mostly of a few automations: each is read once.
+    let mut automations = HashMap::new();
     for run in &runs {
         let what = match action {
             OperationAction::Cancel => RunAction::Cancel,
             OperationAction::Retry if operation.version == "current" => {
-                current_version(inner, tenant, run).await?
+                let automation = match automations.entry(run.automation_id.clone()) {
+                    Entry::Occupied(known) => known.into_mut(),
+                    Entry::Vacant(slot) => {
+                        slot.insert(store.automation(tenant, &run.automation_id).await?)
+                    }
+                };
+                current_version(inner, automation.as_ref(), tenant, run).await?
             }
             OperationAction::Retry => RunAction::Retry { version: None },
         };
@@ -262,8 +269,7 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
                 inner.stream.publish(
                     tenant,
                     crate::stream::Kind::RunUpdated,
-                    serde_json::json!({ "run_id": run.id, "automation_id": run.automation_id,
-                                        "status": status.as_str() }),
+                    crate::stream::run_update(&run.id, &run.automation_id, status),
                 );
                 if status == tok_core::run::RunStatus::Cancelled {
                     crate::traces::run_ended(inner.store.clone(), tenant.clone(), run.id.clone());
@@ -282,12 +288,16 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
     Ok(next.is_none())
 }
 
-/// A retry of `run` on its automation's current version, or why it
-/// cannot move there.
-async fn current_version(inner: &Inner, tenant: &TenantId, run: &RunSummary) -> Result<RunAction> {
+/// A retry of `run` on its automation's current version (`row`), or why
+/// it cannot move there.
+async fn current_version(
+    inner: &Inner,
+    row: Option<&AutomationRow>,
+    tenant: &TenantId,
+    run: &RunSummary,
+) -> Result<RunAction> {
     let store = &*inner.store;
-    let automation = AutomationId::from(run.automation_id.to_string());
-    let Some(row) = store.automation(tenant, &automation).await? else {
+    let Some(row) = row else {
         return Ok(RunAction::Refuse("its automation is gone".into()));
     };
     if row.version == run.version {
@@ -300,9 +310,7 @@ async fn current_version(inner: &Inner, tenant: &TenantId, run: &RunSummary) -> 
         // Not failed (or failed before a step ran): the store says why.
         return Ok(RunAction::Retry { version: None });
     };
-    let current: Arc<Automation> = inner
-        .defs
-        .parse(&automation, row.version, &row.definition)?;
+    let current: Arc<Automation> = inner.defs.parse(&row.id, row.version, &row.definition)?;
     Ok(
         match tok_core::flow::resumes_at(&current.steps, &failed.path, &failed.step_id) {
             Ok(()) => RunAction::Retry {

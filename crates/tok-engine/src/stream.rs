@@ -491,9 +491,18 @@ fn step_recorded(run_id: &RunId, step: &StepRecord) -> Value {
 }
 
 fn run_updated(job: &ClaimedJob, status: RunStatus) -> Value {
+    run_update(&job.run_id, &job.automation_id, status)
+}
+
+/// The data of a `run.updated` event: the run, its automation, its status.
+pub(crate) fn run_update(
+    run: &tok_core::ids::RunId,
+    automation: &tok_core::ids::AutomationId,
+    status: RunStatus,
+) -> Value {
     json!({
-        "run_id": job.run_id,
-        "automation_id": job.automation_id,
+        "run_id": run,
+        "automation_id": automation,
         "status": status.as_str(),
     })
 }

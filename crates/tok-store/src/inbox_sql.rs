@@ -354,9 +354,9 @@ macro_rules! impl_inbox {
             mode: ReplayMode,
         ) -> Result<Option<Replayed>> {
             let Some(row) = sqlx::query(
-                "SELECT id, source_id, source_kind, payload, params, depth, cause_run_id,
-                    origin_automation_id, target_automation_id, event_type, subject_ticket_id,
-                    traceparent, replay_of
+                "SELECT id, tenant_id, source_id, source_kind, payload, params, depth,
+                    cause_run_id, origin_automation_id, target_automation_id, event_type,
+                    subject_ticket_id, received_at, traceparent, replay_of
                  FROM event_inbox WHERE tenant_id = $1 AND id = $2",
             )
             .bind(tenant.as_str())
@@ -400,25 +400,23 @@ macro_rules! impl_inbox {
                     return Ok(Some(Replayed::Pending(EventId::from(pending))));
                 }
             }
+            // The inbox row as the dispatcher reads it (`dispatch_sql.rs`).
+            let first = event_from_row(&row);
             let event = NewEvent {
-                source_id: row.get::<Option<String>, _>("source_id").map(SourceId::from),
-                source_kind: row.get("source_kind"),
+                source_id: first.source_id,
+                source_kind: first.source_kind,
                 // Its own key: a replay is never taken for a repeat of the
                 // sender's event, nor a later repeat for a repeat of it.
                 idempotency_key: format!("replay:{root}:{}", new_id("rpl")),
-                payload: row.get::<Json<Value>, _>("payload").0,
-                params: row.get::<Json<Value>, _>("params").0,
-                depth: row.get("depth"),
-                cause_run_id: row.get::<Option<String>, _>("cause_run_id").map(RunId::from),
-                origin_automation_id: row
-                    .get::<Option<String>, _>("origin_automation_id")
-                    .map(AutomationId::from),
-                target_automation_id: row
-                    .get::<Option<String>, _>("target_automation_id")
-                    .map(AutomationId::from),
-                event_type: row.get("event_type"),
-                subject_ticket_id: row.get("subject_ticket_id"),
-                traceparent: row.get("traceparent"),
+                payload: first.payload,
+                params: first.params,
+                depth: first.depth,
+                cause_run_id: first.cause_run_id,
+                origin_automation_id: first.origin_automation_id,
+                target_automation_id: first.target_automation_id,
+                event_type: first.event_type,
+                subject_ticket_id: first.subject_ticket_id,
+                traceparent: first.traceparent,
             };
             let replay = insert_event(tx, tenant, &event, "pending")
                 .await?
@@ -561,14 +559,8 @@ macro_rules! impl_inbox {
                     .bind(i64::from(limit) + 1)
                     .fetch_all(self.reader())
                     .await?;
-                let mut items: Vec<StoredEvent> = rows.iter().map(stored_event).collect();
-                let next_cursor = if items.len() > limit as usize {
-                    items.truncate(limit as usize);
-                    items.last().map(|e| e.id.to_string())
-                } else {
-                    None
-                };
-                Ok(Page { items, next_cursor })
+                let items = rows.iter().map(stored_event).collect();
+                Ok(Page::of(items, limit, |e: &StoredEvent| e.id.to_string()))
             }
 
             async fn count_events(&self, tenant: &TenantId, filter: &EventFilter) -> Result<i64> {

@@ -114,9 +114,6 @@ macro_rules! impl_operations {
                 tenant: &TenantId,
                 id: &str,
             ) -> Result<Option<Operation>> {
-                let Some(operation) = self.operation(tenant, id).await? else {
-                    return Ok(None);
-                };
                 let stopped = sqlx::query(
                     "UPDATE operations SET status = 'cancelled', finished_at = $3
                      WHERE tenant_id = $1 AND id = $2 AND status = 'running'",
@@ -126,13 +123,14 @@ macro_rules! impl_operations {
                 .bind(now_ms())
                 .execute(&*self.writer().await)
                 .await?;
-                if stopped.rows_affected() == 0 {
-                    return Err(StoreError::Conflict(format!(
+                let operation = self.operation(tenant, id).await?;
+                match operation {
+                    Some(op) if stopped.rows_affected() == 0 => Err(StoreError::Conflict(format!(
                         "the operation is {}; only a running operation can be cancelled",
-                        operation.status
-                    )));
+                        op.status
+                    ))),
+                    found => Ok(found),
                 }
-                self.operation(tenant, id).await
             }
 
             async fn running_operations(&self, tenants: &[TenantId]) -> Result<Vec<Operation>> {

@@ -230,22 +230,20 @@ macro_rules! impl_runs {
             path: &str,
             version: Option<i32>,
         ) -> Result<()> {
-            let run = summary_in(tx, tenant, id).await?;
+            // The run's ticket is its queue key, as the compensation job's
+            // of `cancel_in`.
             sqlx::query(concat!(
                 "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
                     priority, created_at)
                  SELECT $1, $2, $3, ",
                 db_now!(),
-                ", 0, $4, priority, $5 FROM runs WHERE tenant_id = $2 AND id = $1"
+                ", 0, CASE WHEN subject_ticket_id IS NULL THEN NULL
+                    ELSE 'ticket:' || subject_ticket_id END, priority, $4
+                 FROM runs WHERE tenant_id = $2 AND id = $1"
             ))
             .bind(id.as_str())
             .bind(tenant.as_str())
             .bind(path)
-            .bind(
-                run.subject_ticket_id
-                    .as_ref()
-                    .map(|t| format!("ticket:{t}")),
-            )
             .bind(now_ms())
             .execute(&mut **tx)
             .await?;

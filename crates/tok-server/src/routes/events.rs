@@ -200,14 +200,11 @@ fn instant(field: &str, value: Option<&str>) -> ApiResult<Option<i64>> {
     let Some(value) = value else {
         return Ok(None);
     };
-    let at: jiff::Timestamp = value.parse().map_err(|e| {
-        ApiError::bad_request(
-            "invalid_body",
-            format!("`filter.{field}` is `{value}`, not an RFC 3339 time ({e}); e.g. 2026-12-04T08:00:00Z"),
-        )
-        .with("field", format!("filter.{field}"))
+    let at = tok_store::rfc3339::parse(value).map_err(|e| {
+        ApiError::bad_request("invalid_body", format!("`filter.{field}`: {e}"))
+            .with("field", format!("filter.{field}"))
     })?;
-    Ok(Some(at.as_millisecond()))
+    Ok(Some(at))
 }
 
 #[utoipa::path(post, path = "/api/events/replay", tag = "events", responses((status = 200, description = "With `dry_run`: `count` and the first page of `events`; else `replayed` and `skipped`", body = crate::openapi::schemas::EventsReplayed)))]

@@ -64,9 +64,7 @@ async fn list(
     {
         return Err(ApiError::bad_request(
             "bad_query",
-            format!(
-                "status `{status}` is not one of queued, running, waiting, paused, compensating, completed, failed, cancelled, refused, skipped, expired"
-            ),
+            format!("status `{status}` is not one of {}", RunStatus::names()),
         ));
     }
     if let Some(trigger) = &query.trigger
