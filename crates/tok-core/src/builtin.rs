@@ -118,15 +118,19 @@ fn describe(v: &Value) -> String {
         text.truncate(cut);
         text.push('…');
     }
-    let kind = match v {
+    format!("{} ({text})", json_kind(v))
+}
+
+/// What a JSON value is, as an error says it: `an array`, `null`.
+pub fn json_kind(v: &Value) -> &'static str {
+    match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
-    };
-    format!("{kind} ({text})")
+    }
 }
 
 fn condition(step: &Step, scope: &Value) -> Result<Outcome, StepError> {

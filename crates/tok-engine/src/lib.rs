@@ -21,6 +21,7 @@ mod failure;
 pub mod fairness;
 pub mod operations;
 pub mod outbound;
+pub mod recorded;
 pub mod registry;
 pub mod scheduler;
 mod steps;

@@ -256,6 +256,21 @@ impl Registry {
         self
     }
 
+    /// Adds the `http` step answered as `answers` says (`tok test`: from a
+    /// recorded file, or the services into one; [`crate::recorded`]).
+    /// Call it before [`Registry::add_connectors`], which keeps it.
+    pub fn add_answered_http(
+        &mut self,
+        store: Arc<dyn tok_store::ConnectionStore>,
+        allow: &crate::outbound::OutboundAllow,
+        answers: crate::recorded::Answers,
+    ) -> &mut Self {
+        self.register(
+            "http",
+            crate::steps::http::Http::answered(store, allow, answers),
+        )
+    }
+
     /// Registers (or replaces) the handler of a step type. The names of the
     /// control and in-transaction built-in types cannot be taken.
     pub fn register(&mut self, kind: impl Into<String>, handler: impl StepHandler) -> &mut Self {

@@ -520,7 +520,7 @@ impl Planned {
     /// the runs as they are written).
     pub(crate) fn note(&self, written: &[(TenantId, tok_core::ids::EventId, NewRun)]) {
         let mut runs = lock(&self.runs);
-        let now = jiff::Timestamp::now().as_millisecond();
+        let now = tok_store::now_ms();
         for (tenant, _, run) in written {
             for step in &run.steps {
                 runs.push((

@@ -19,7 +19,7 @@ use tok_core::ids::{JobId, TenantId};
 use tok_store::{Store, StoreError, Widget, now_ms};
 
 use crate::outbound::{self, OutboundAllow, origin};
-use crate::steps::http::{self, Http};
+use crate::steps::http::{self, Caller, Http};
 
 /// The longest a widget's call may hold a connection's slot: the longest
 /// `timeoutMs` an `http` request may have, and a margin.
@@ -164,7 +164,7 @@ impl Widgets {
         let slot = JobId(-(rand::random::<i64>() & i64::MAX) - 1);
         let mut answer = self
             .http
-            .call(tenant, &config, slot, SLOT_LEASE_MS, None, None)
+            .call(tenant, &config, slot, SLOT_LEASE_MS, Caller::default())
             .await?;
         Ok(answer.remove("body").unwrap_or(Value::Null))
     }

@@ -277,9 +277,13 @@ pub(crate) mod sqlite {
         }
     }
 
+    // SQLite's clock plus the offset `tok test` moves forward
+    // (`SqliteStore::advance_clock`); zero on every other store. The
+    // subquery is not correlated, so SQLite reads it once per statement.
     macro_rules! db_now {
         () => {
-            "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+            "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) \
+             + (SELECT offset_ms FROM clock_offset))"
         };
     }
 

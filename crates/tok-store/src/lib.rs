@@ -102,11 +102,11 @@ pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
 pub use relay::{Heard, StreamRelay};
 pub use retention::{Expiring, MovedRows, PartitionProblem, RetentionStore};
 pub use routed::{RoutedStore, TENANT_DATABASE_RETRY, TenantDatabases};
-pub use rows::{IDEMPOTENCY_WINDOW, now_ms};
+pub use rows::{IDEMPOTENCY_WINDOW, advance_clock, now, now_ms};
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use secrets::{Keyring, Reseal, Resealed, SecretError};
 pub use signals::{NewSignal, SignalSent, SignalStore};
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, WorkLeft};
 pub use watch::{
     ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, SingletonKey,
     UnfinishedRun, UnstartedRun, WatchStore,

@@ -84,6 +84,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     29 "0029_remember_what_an_event_replays",
     30 "0030_keep_bulk_operations_in_rows",
     31 "0031_index_what_started_a_run",
+    32 "0032_keep_a_clock_offset",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

@@ -23,12 +23,34 @@
 //! and `sqlite.rs`.
 
 /// Unix milliseconds of the process clock, for `created_at`-style columns.
-/// Leases and due times use the database clock instead (`db_now!`, `fragments.rs`).
+/// Leases and due times use the database clock instead (`db_now!`,
+/// `fragments.rs`), which on SQLite adds the same offset (table `clock_offset`).
+///
+/// The clock is the system's plus an offset that only [`advance_clock`]
+/// moves: `tok test` moves it past a wait instead of waiting.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
+    let system = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    system + CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// [`now_ms`] as a timestamp: what the engine hands its decider as "now".
+pub fn now() -> jiff::Timestamp {
+    jiff::Timestamp::from_millisecond(now_ms()).unwrap_or_else(|_| jiff::Timestamp::now())
+}
+
+/// How far [`now_ms`] is ahead of the system clock. Zero but in `tok test`.
+static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Moves the process clock (and SQLite's `db_now!`) forward by `by_ms`:
+/// the virtual clock of `tok test`, which runs the engine on a SQLite
+/// store of its own and moves time to the next due job when nothing else
+/// is left to do. PostgreSQL's clock is the server's and never moves, so
+/// nothing that serves PostgreSQL calls this.
+pub fn advance_clock(by_ms: i64) {
+    CLOCK_OFFSET_MS.fetch_add(by_ms.max(0), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Events older than this no longer deduplicate a repeated idempotency key.

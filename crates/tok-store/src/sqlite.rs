@@ -241,6 +241,59 @@ impl SqliteStore {
     fn reader(&self) -> &SqlitePool {
         &self.reader
     }
+
+    /// Moves this store's clock (`db_now!`) and the process's
+    /// ([`crate::now_ms`]) forward by `by_ms`, together: `tok test`'s
+    /// virtual clock. For a store of its own, never one that serves.
+    pub async fn advance_clock(&self, by_ms: i64) -> crate::Result<()> {
+        let by_ms = by_ms.max(0);
+        let writer = self.writer().await;
+        sqlx::query("UPDATE clock_offset SET offset_ms = offset_ms + $1")
+            .bind(by_ms)
+            .execute(&*writer)
+            .await?;
+        crate::advance_clock(by_ms);
+        Ok(())
+    }
+
+    /// What is left for the engine to do for `tenant` (`tok test` asks,
+    /// to know when moving the clock is all that is left).
+    pub async fn work_left(&self, tenant: &TenantId) -> crate::Result<WorkLeft> {
+        let row = sqlx::query(concat!(
+            "SELECT
+                (SELECT COUNT(*) FROM event_inbox WHERE tenant_id = $1 AND status = 'pending')
+                    AS events,
+                (SELECT COUNT(*) FROM jobs WHERE tenant_id = $1 AND locked_by IS NOT NULL)
+                    AS leased,
+                (SELECT MIN(run_after) FROM jobs
+                  WHERE tenant_id = $1 AND locked_by IS NULL AND held = 0 AND run_after < $2)
+                    AS next_due,
+                ",
+            db_now!(),
+            " AS now"
+        ))
+        .bind(tenant.as_str())
+        .bind(crate::signals::NEVER_DUE_MS)
+        .fetch_one(self.reader())
+        .await?;
+        Ok(WorkLeft {
+            busy: row.get::<i64, _>("events") > 0 || row.get::<i64, _>("leased") > 0,
+            next_due_ms: row.get("next_due"),
+            now_ms: row.get("now"),
+        })
+    }
+}
+
+/// What [`SqliteStore::work_left`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkLeft {
+    /// An event not dispatched yet, or a job a worker holds.
+    pub busy: bool,
+    /// When the soonest job no worker holds is due (none: every job left
+    /// waits for something with no deadline, a signal or an approval).
+    pub next_due_ms: Option<i64>,
+    /// The store's clock as the query read it.
+    pub now_ms: i64,
 }
 
 /// A run whose status and ticket stay is updated by a statement that does

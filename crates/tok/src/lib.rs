@@ -1,5 +1,5 @@
 //! The `tok` binary's library half: configuration and the `serve`,
-//! `migrate`, `secrets`, `bench` and `capacity` commands, and the API client behind `apply`,
+//! `migrate`, `secrets`, `bench`, `capacity` and `test` commands, and the API client behind `apply`,
 //! `runs` and `signal`, callable from tests.
 
 pub mod bench;
@@ -9,6 +9,7 @@ pub mod config;
 pub mod demo;
 pub mod file_lock;
 pub mod secrets;
+pub mod test_run;
 pub mod traces;
 
 use std::sync::Arc;

@@ -50,6 +50,11 @@ enum Command {
         #[command(subcommand)]
         action: SecretsAction,
     },
+    /// Run an automation once on the real engine with a virtual clock (a
+    /// `wait` of days passes at once) and connector calls answered from a
+    /// recording; prints each step; exits 0 when the run completed, 1
+    /// otherwise (docs/workflows.md, "Testing an automation").
+    Test(tok::test_run::TestOptions),
     #[command(flatten)]
     Client(tok::cli::Command),
     /// A worker's script sandbox: runs the JavaScript requests it reads on
@@ -115,13 +120,13 @@ fn registry() -> anyhow::Result<Registry> {
 /// `TOK_LOG_FORMAT=json`. Each line carries the spans it was logged in (the
 /// run and the step). With `OTEL_EXPORTER_OTLP_ENDPOINT`, tok's spans are
 /// also exported ([`tok::traces`]).
-fn init_logs(format: LogFormat) -> anyhow::Result<tok::traces::Traces> {
+fn init_logs(format: LogFormat, default: &str) -> anyhow::Result<tok::traces::Traces> {
     use std::io::IsTerminal as _;
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let logs = match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
@@ -148,7 +153,20 @@ fn init_logs(format: LogFormat) -> anyhow::Result<tok::traces::Traces> {
 
 #[tokio::main]
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let traces = init_logs(LogFormat::from_env()?)?;
+    // A test prints its run; the engine's own lines would drown it.
+    let default_logs = match cli.command {
+        Command::Test(_) => "warn,sqlx=warn",
+        _ => "info,sqlx=warn",
+    };
+    let traces = init_logs(LogFormat::from_env()?, default_logs)?;
+    if let Command::Test(options) = &cli.command {
+        // A store and a server of its own: no configuration.
+        let completed = tok::test_run::run(options, registry()?, &mut std::io::stdout()).await?;
+        if !completed {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     if let Command::Client(command) = cli.command {
         // A client needs only TOK_URL and TOK_API_KEY, not the server's configuration.
         return tok::cli::run(command).await;
@@ -206,6 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ScriptSandbox => unreachable!("the sandbox starts before the runtime"),
         Command::Client(_) => unreachable!("client commands return above"),
         Command::Capacity(_) => unreachable!("capacity returns above"),
+        Command::Test(_) => unreachable!("test returns above"),
         Command::Tenant { .. } => unreachable!("tenant commands return above"),
     }
 }

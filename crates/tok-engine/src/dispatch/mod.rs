@@ -73,7 +73,7 @@ async fn dispatch_once(
         Ok(d) => {
             // Before the handed-off jobs run: their steps come after.
             planned.publish(&inner.stream);
-            let now = jiff::Timestamp::now().as_millisecond();
+            let now = tok_store::now_ms();
             for received_at in &d.received_at {
                 let lag = (now - received_at).max(0) as f64 / 1000.0;
                 metrics::histogram!("tok_inbox_lag_seconds").record(lag);

@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 
-use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 use tok_core::advance::{Env, Input, RunState, StepClass, Then, Transition, advance};
 use tok_core::condition::Condition;
@@ -263,7 +262,7 @@ pub fn plan(
             start_by: automation
                 .flow
                 .start_timeout
-                .map(|d| Timestamp::now().as_millisecond() + d.as_millis() as i64),
+                .map(|d| tok_store::now_ms() + d.as_millis() as i64),
             cancels: cancel_keys(&automation, &context),
             cancelled: None,
             steps,
@@ -342,7 +341,7 @@ fn decide(automation: &Automation, state: RunState, registry: &Registry) -> Tran
     let kinds = |kind: &str| registry.class(kind);
     let mut rng = rand::rng();
     let mut env = Env {
-        now: Timestamp::now(),
+        now: tok_store::now(),
         kinds: &kinds,
         rng: &mut rng,
     };

@@ -14,7 +14,6 @@
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt as _;
-use jiff::Timestamp;
 use serde_json::{Map, Value};
 use tok_core::advance::{Effect, Env, Execute, Input, RunState, StepClass, Then, advance};
 use tok_core::context::Context;
@@ -355,7 +354,7 @@ async fn run_claim(
         let transition = {
             let mut rng = rand::rng();
             let mut env = Env {
-                now: Timestamp::now(),
+                now: tok_store::now(),
                 kinds: &kinds,
                 rng: &mut rng,
             };

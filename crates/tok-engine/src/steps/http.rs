@@ -29,6 +29,7 @@ use tok_core::limits::MAX_OUTPUT_BYTES;
 use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
 use crate::outbound::{Exchange, Outbound, OutboundAllow, SendError, body, origin};
+use crate::recorded::Answers;
 use crate::registry::{StepCall, StepHandler};
 
 /// Default and largest per-call timeouts.
@@ -38,16 +39,39 @@ const MAX_TIMEOUT_MS: u64 = 120_000;
 pub(crate) struct Http {
     store: Arc<dyn ConnectionStore>,
     outbound: Outbound,
+    answers: Answers,
 }
 
 impl Http {
     /// Calls go through the outbound guard with `allow`'s exceptions.
     pub(crate) fn new(store: Arc<dyn ConnectionStore>, allow: &OutboundAllow) -> Self {
+        Self::answered(store, allow, Answers::Live)
+    }
+
+    /// Calls answered as `answers` says: by the services (through the
+    /// guard), by a recording, or by the services into a recording
+    /// (`tok test`, `crate::recorded`).
+    pub(crate) fn answered(
+        store: Arc<dyn ConnectionStore>,
+        allow: &OutboundAllow,
+        answers: Answers,
+    ) -> Self {
         Self {
             store,
             outbound: Outbound::new(allow),
+            answers,
         }
     }
+}
+
+/// Who makes a call: a step (its id, which recorded answers are matched
+/// by; the `Idempotency-Key` every attempt sends; the run's trace), or
+/// nobody in particular (a widget: `Caller::default()`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Caller<'a> {
+    pub(crate) step: Option<&'a str>,
+    pub(crate) idempotency_key: Option<&'a str>,
+    pub(crate) traceparent: Option<&'a str>,
 }
 
 /// How much of an error answer's body its message shows.
@@ -195,7 +219,7 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         return Some(Duration::from_secs(secs));
     }
     let at = jiff::fmt::rfc2822::parse(value).ok()?.timestamp();
-    let wait = at.as_millisecond() - jiff::Timestamp::now().as_millisecond();
+    let wait = at.as_millisecond() - tok_store::now_ms();
     Some(Duration::from_millis(wait.max(0) as u64))
 }
 
@@ -204,8 +228,7 @@ impl Http {
     /// or a classified error. The body is read against the byte budget.
     async fn send(
         &self,
-        idempotency_key: Option<&str>,
-        traceparent: Option<&str>,
+        caller: Caller<'_>,
         request: Request,
         connection: Option<&Connection>,
     ) -> (Result<Map<String, Value>, StepError>, CallOutcome) {
@@ -242,6 +265,11 @@ impl Http {
                 }
             }
         }
+        let Caller {
+            step,
+            idempotency_key,
+            traceparent,
+        } = caller;
         if let Some(Ok(key)) = idempotency_key.map(HeaderValue::from_str) {
             headers.insert("idempotency-key", key);
         }
@@ -266,6 +294,7 @@ impl Http {
             None => None,
         };
         let method = request.method.clone();
+        let called = url.clone();
         let exchange = Exchange {
             method: method.clone(),
             url,
@@ -274,7 +303,29 @@ impl Http {
             timeout: request.timeout,
             credentials_origin,
         };
-        let response = match self.outbound.send(exchange).await {
+        let sent = match &self.answers {
+            Answers::Live => self.outbound.send(exchange).await,
+            Answers::Replay(recording) => match recording.replay(step, &method, &called) {
+                Ok(response) => Ok(response),
+                Err(missing) => return (Err(StepError::terminal(missing)), CallOutcome::Answered),
+            },
+            Answers::Record(recording) => match self.outbound.send(exchange).await {
+                // One byte past the budget is kept, so that a replay of an
+                // answer too large fails as the call did.
+                Ok(answer) => recording
+                    .record(step, &method, &called, answer, MAX_OUTPUT_BYTES + 1)
+                    .await
+                    .map_err(SendError::Http),
+                Err(e) => Err(e),
+            },
+        };
+        // A replayed answer was not fetched from anywhere: it is shown
+        // under the URL called.
+        let answered_url = match (&sent, &self.answers) {
+            (Ok(response), Answers::Live | Answers::Record(_)) => response.url().clone(),
+            _ => called,
+        };
+        let response = match sent {
             Ok(r) => r,
             Err(SendError::Refused(refused)) => {
                 return (
@@ -295,7 +346,7 @@ impl Http {
         let status = response.status();
         let response_headers = response.headers().clone();
         let code = status.as_u16();
-        let answered = format!("{} {} answered {status}", method, response.url());
+        let answered = format!("{method} {answered_url} answered {status}");
         if code == 429 {
             let message = format!("{answered}: too many requests");
             return match retry_after(&response_headers) {
@@ -408,8 +459,7 @@ impl Http {
         config: &Value,
         slot: JobId,
         lease_ms: i64,
-        idempotency_key: Option<&str>,
-        traceparent: Option<&str>,
+        caller: Caller<'_>,
     ) -> Result<Map<String, Value>, StepError> {
         let connection = match config.get("connection").and_then(Value::as_str) {
             Some(name) => Some(
@@ -452,9 +502,7 @@ impl Http {
             }
         }
         let started = Instant::now();
-        let (result, outcome) = self
-            .send(idempotency_key, traceparent, request, connection.as_ref())
-            .await;
+        let (result, outcome) = self.send(caller, request, connection.as_ref()).await;
         let outcome_label = match &result {
             Ok(_) => "ok",
             Err(e) if e.is_retryable() => "retryable",
@@ -506,8 +554,11 @@ impl StepHandler for Http {
             &call.config,
             call.job_id,
             call.lease_ms,
-            Some(&call.idempotency_key),
-            call.traceparent.as_deref(),
+            Caller {
+                step: Some(&call.step_id),
+                idempotency_key: Some(&call.idempotency_key),
+                traceparent: call.traceparent.as_deref(),
+            },
         )
         .await
     }

@@ -217,7 +217,7 @@ fn retry_after(value: &str) -> Option<Duration> {
         return Some(Duration::from_secs(secs));
     }
     let at = jiff::fmt::rfc2822::parse(value).ok()?.timestamp();
-    let wait = at.as_millisecond() - jiff::Timestamp::now().as_millisecond();
+    let wait = at.as_millisecond() - tok_store::now_ms();
     Some(Duration::from_millis(wait.max(0) as u64))
 }
 

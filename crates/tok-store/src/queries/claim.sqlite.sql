@@ -23,17 +23,17 @@ FROM (SELECT id, tenant_id, queue_key, rk, priority, run_after FROM (
     JOIN jobs j ON j.id IN (
         SELECT k.id FROM jobs k
         WHERE k.tenant_id = t.value
-          AND k.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+          AND k.run_after <= (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + (SELECT offset_ms FROM clock_offset))
           AND (k.locked_until IS NULL
-               OR k.locked_until < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))
+               OR k.locked_until < (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + (SELECT offset_ms FROM clock_offset)))
           AND NOT k.held
           AND (k.queue_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM jobs q
                 WHERE q.tenant_id = k.tenant_id AND q.queue_key = k.queue_key
                   AND q.id <> k.id
-                  AND (q.locked_until >= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+                  AND (q.locked_until >= (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + (SELECT offset_ms FROM clock_offset))
                        OR (q.id < k.id AND NOT q.held
-                           AND q.run_after <= CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)))))
+                           AND q.run_after <= (CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + (SELECT offset_ms FROM clock_offset))))))
         ORDER BY k.priority DESC, k.run_after, k.id
         LIMIT $2)
 )

@@ -11,6 +11,8 @@ mod signal;
 
 use clap::{Args, Subcommand};
 
+pub use apply::ApplyOptions;
+pub(crate) use apply::apply;
 pub use client::Client;
 
 /// Where the server is and who is asking.

@@ -158,7 +158,7 @@ struct Tally {
     deleted: usize,
 }
 
-pub(super) async fn apply(
+pub(crate) async fn apply(
     client: &Client,
     options: &ApplyOptions,
     out: &mut impl Write,

@@ -1,0 +1,271 @@
+//! `tok test` as a real process: an automation that waits three days, calls
+//! a service and sets a field completes at once on the virtual clock and
+//! prints every step; a recorded 503 is retried and the next recorded
+//! answer used; a recorded 402 fails the run and the process (exit 1)
+//! with the step's error; a call with no recorded answer says which; and
+//! `--record` calls a real local service once and writes what it answered,
+//! which a later test replays without it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+/// A directory of the test's files, removed at the end.
+struct Files(PathBuf);
+
+impl Files {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("tok-test-command-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn write(&self, name: &str, value: &Value) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, serde_json::to_string_pretty(value).unwrap()).unwrap();
+        path.display().to_string()
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A source, and an automation on it that waits three days, charges the
+/// order at `url` and sets a field.
+fn automation(url: &str) -> Value {
+    json!([
+        { "kind": "source", "name": "eshop",
+          "params": [{ "name": "orderId", "path": "order.id", "type": "string", "required": true }] },
+        { "kind": "automation", "name": "Follow up",
+          "trigger": { "kind": "webhook", "source": "eshop" },
+          "steps": [
+            { "id": "st_wait", "type": "wait", "config": { "duration": "3d" } },
+            { "id": "st_charge", "type": "http",
+              "config": { "method": "POST", "url": url, "body": { "order": "{{orderId}}" } } },
+            { "id": "st_set", "type": "set",
+              "config": { "values": { "followed": "{{orderId}}" } } }
+          ] }
+    ])
+}
+
+fn tok_test(files: &Files, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let automation = files.path("automation.json");
+    let event = files.write("event.json", &json!({ "order": { "id": "A-17" } }));
+    Command::new(env!("CARGO_BIN_EXE_tok"))
+        .args(["test", &automation, "--event", &event])
+        .args(args)
+        .env_remove("TOK_OUTBOUND_ALLOW")
+        .envs(env.iter().copied())
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run tok test")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn explain(output: &Output) -> String {
+    format!(
+        "exit {}; stdout:\n{}\nstderr:\n{}",
+        output.status,
+        stdout(output),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn a_three_day_wait_passes_at_once_and_every_step_is_printed() {
+    let files = Files::new("wait");
+    files.write(
+        "automation.json",
+        &automation("https://pay.example/charges"),
+    );
+    let responses = files.write(
+        "responses.json",
+        &json!({ "responses": [
+            { "step": "st_charge", "status": 503, "body": "busy" },
+            { "step": "st_charge", "status": 201, "body": { "id": "ch_1" } }
+        ] }),
+    );
+    let output = tok_test(&files, &["--responses", &responses], &[]);
+    assert!(output.status.success(), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(
+        out.contains("\"Follow up\" (version 1): completed"),
+        "{out}"
+    );
+    assert!(out.contains("completed  0 st_wait (wait)"), "{out}");
+    assert!(out.contains("log: Wait until"), "{out}");
+    // The 503 was retried after its backoff, on the virtual clock too.
+    assert!(
+        out.contains("completed  1 st_charge (http, attempt 2)"),
+        "{out}"
+    );
+    assert!(out.contains(r#""body":{"id":"ch_1"}"#), "{out}");
+    assert!(out.contains("completed  2 st_set (set)"), "{out}");
+    assert!(out.contains(r#"output: {"followed":"A-17"}"#), "{out}");
+    assert!(out.contains("3d 0h on the run's clock"), "{out}");
+}
+
+#[test]
+fn a_failing_recorded_answer_fails_the_run_and_the_process_with_the_steps_error() {
+    let files = Files::new("fail");
+    files.write(
+        "automation.json",
+        &automation("https://pay.example/charges"),
+    );
+    let responses = files.write(
+        "responses.json",
+        &json!({ "responses": [
+            { "step": "st_charge", "status": 402, "body": { "error": "card declined" } }
+        ] }),
+    );
+    let output = tok_test(&files, &["--responses", &responses], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(out.contains("(version 1): failed"), "{out}");
+    assert!(
+        out.contains(
+            r#"error: POST https://pay.example/charges answered 402 Payment Required: {"error":"card declined"}"#
+        ),
+        "{out}"
+    );
+    assert!(
+        !out.contains("st_set"),
+        "the step after it never ran: {out}"
+    );
+
+    // A call the file has no answer for names the step and the call.
+    let other = files.write(
+        "other.json",
+        &json!({ "responses": [{ "step": "st_other", "status": 200 }] }),
+    );
+    let output = tok_test(&files, &["--responses", &other], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(
+        out.contains(
+            "no recorded response for step `st_charge` (POST https://pay.example/charges)"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_with_what_was_wrong() {
+    let files = Files::new("bad");
+    files.write(
+        "automation.json",
+        &automation("https://pay.example/charges"),
+    );
+    let responses = files.write("responses.json", &json!({ "answers": [] }));
+    let output = tok_test(&files, &["--responses", &responses], &[]);
+    assert!(!output.status.success(), "{}", explain(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is not a responses file"), "{stderr}");
+    assert!(stderr.contains("unknown field `answers`"), "{stderr}");
+
+    let event = files.write("event.json", &json!({ "order": {} }));
+    let output = Command::new(env!("CARGO_BIN_EXE_tok"))
+        .args(["test", &files.path("automation.json"), "--event", &event])
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{}", explain(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the event does not match source \"eshop\"'s params"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("order.id"), "{stderr}");
+}
+
+/// A local service that answers every POST with 201 and the order it was
+/// sent, counting its calls.
+async fn service() -> (SocketAddr, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = axum::Router::new().route(
+        "/charges",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                (
+                    axum::http::StatusCode::CREATED,
+                    [("set-cookie", "session=secret")],
+                    axum::Json(json!({ "id": "ch_9", "order": body["order"] })),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, calls)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn record_calls_the_service_once_and_writes_what_a_replay_then_answers() {
+    let (addr, calls) = service().await;
+    let files = Files::new("record");
+    files.write(
+        "automation.json",
+        &automation(&format!("http://{addr}/charges")),
+    );
+    let responses = files.path("recorded.json");
+    let allow = format!("127.0.0.1:{}", addr.port());
+    let recorded = {
+        let (files, responses) = (&files, responses.clone());
+        tokio::task::block_in_place(|| {
+            tok_test(
+                files,
+                &["--responses", &responses, "--record"],
+                &[("TOK_OUTBOUND_ALLOW", &allow)],
+            )
+        })
+    };
+    assert!(recorded.status.success(), "{}", explain(&recorded));
+    assert!(
+        stdout(&recorded).contains("recorded 1 answer(s) to"),
+        "{}",
+        stdout(&recorded)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(&responses)).unwrap()).unwrap();
+    let answer = &file["responses"][0];
+    assert_eq!(answer["step"], "st_charge");
+    assert_eq!(answer["method"], "POST");
+    assert_eq!(answer["url"], format!("http://{addr}/charges"));
+    assert_eq!(answer["status"], 201);
+    assert_eq!(answer["body"], json!({ "id": "ch_9", "order": "A-17" }));
+    assert!(
+        answer["headers"].get("set-cookie").is_none(),
+        "a cookie is not written: {answer}"
+    );
+
+    // Replayed, the service is not called again: the guard would not even
+    // let it (no TOK_OUTBOUND_ALLOW).
+    let replayed =
+        tokio::task::block_in_place(|| tok_test(&files, &["--responses", &responses], &[]));
+    assert!(replayed.status.success(), "{}", explain(&replayed));
+    assert!(
+        stdout(&replayed).contains(r#""order":"A-17""#),
+        "{}",
+        stdout(&replayed)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
