@@ -20,10 +20,16 @@
 //! the step's retry. A JSON `body` is sent as JSON (with `content-type:
 //! application/json` unless `headers` names another), a string as it is.
 //!
+//! An `mcp` step's answer is the tool's result instead of an HTTP answer:
+//! `{"step": "classify", "tool": "classify_document", "result": {"content":
+//! [{"type": "text", "text": "invoice"}], "structuredContent": {"kind":
+//! "invoice"}}}` (the `CallToolResult` of MCP as JSON, `isError` too).
+//!
 //! A replayed answer goes through the same mapping as a live one (status
-//! to retry or failure, the byte budget, the JSON body): only the network
-//! is left out. Recording writes no request header (credentials stay out
-//! of the file) and no `set-cookie`.
+//! to retry or failure, the byte budget, the JSON body; a tool's `isError`
+//! and structured content): only the network is left out. Recording
+//! writes no request header (credentials stay out of the file) and no
+//! `set-cookie`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -46,7 +52,7 @@ pub enum Answers {
 }
 
 /// One recorded answer (see the module doc for the file).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Recorded {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,11 +61,25 @@ pub struct Recorded {
     pub method: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-    pub status: u16,
+    /// An `http` answer's status; `None` on an `mcp` answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub headers: Map<String, Value>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub body: Value,
+    /// An `mcp` answer's tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// An `mcp` answer: the tool's `CallToolResult`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+impl Recorded {
+    fn is_tool(&self) -> bool {
+        self.tool.is_some()
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -100,12 +120,22 @@ impl Recording {
             )
         })?;
         for (i, answer) in file.responses.iter().enumerate() {
-            if reqwest::StatusCode::from_u16(answer.status).is_err() {
-                return Err(format!(
-                    "{}: responses[{i}].status {} is not an HTTP status (100 to 999)",
-                    path.display(),
-                    answer.status
-                ));
+            match (answer.status, &answer.tool, &answer.result) {
+                (Some(status), None, None) => {
+                    if reqwest::StatusCode::from_u16(status).is_err() {
+                        return Err(format!(
+                            "{}: responses[{i}].status {status} is not an HTTP status (100 to 999)",
+                            path.display(),
+                        ));
+                    }
+                }
+                (None, Some(_), Some(_)) => {}
+                _ => {
+                    return Err(format!(
+                        "{}: responses[{i}] is neither an http answer (with `status`) nor an mcp                          answer (with `tool` and `result`, and no `status`)",
+                        path.display()
+                    ));
+                }
             }
             if let Some(method) = &answer.method
                 && Method::from_bytes(method.as_bytes()).is_err()
@@ -147,6 +177,28 @@ impl Recording {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The next answer of those `matches` picks for the call `key`: each in
+    /// turn, then the last again.
+    fn next(
+        &self,
+        key: (String, String, String),
+        matches: impl Fn(&Recorded) -> bool,
+    ) -> Option<Recorded> {
+        let mut state = self.lock();
+        let matching: Vec<usize> = state
+            .answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches(a))
+            .map(|(i, _)| i)
+            .collect();
+        let &last = matching.last()?;
+        let used = state.used.entry(key).or_default();
+        let index = matching.get(*used).copied().unwrap_or(last);
+        *used += 1;
+        Some(state.answers[index].clone())
+    }
+
     /// The answer to this call, as the HTTP client would have returned it,
     /// or why there is none.
     pub(crate) fn replay(
@@ -155,36 +207,57 @@ impl Recording {
         method: &Method,
         url: &Url,
     ) -> Result<reqwest::Response, String> {
-        let mut state = self.lock();
-        let matching: Vec<usize> = state
-            .answers
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| {
-                a.step.as_deref().is_none_or(|s| Some(s) == step)
-                    && a.method
-                        .as_deref()
-                        .is_none_or(|m| m.eq_ignore_ascii_case(method.as_str()))
-                    && a.url.as_deref().is_none_or(|u| same_url(u, url))
-            })
-            .map(|(i, _)| i)
-            .collect();
-        let Some(&last) = matching.last() else {
-            return Err(format!(
-                "no recorded response for step `{}` ({method} {url}); add one to the responses \
-                 file, or run with --record to call the service once and write it",
-                step.unwrap_or("?")
-            ));
-        };
         let key = (
             step.unwrap_or_default().to_owned(),
             method.to_string(),
             url.to_string(),
         );
-        let used = state.used.entry(key).or_default();
-        let index = matching.get(*used).copied().unwrap_or(last);
-        *used += 1;
-        response(&state.answers[index])
+        let answer = self.next(key, |a| {
+            !a.is_tool()
+                && a.step.as_deref().is_none_or(|s| Some(s) == step)
+                && a.method
+                    .as_deref()
+                    .is_none_or(|m| m.eq_ignore_ascii_case(method.as_str()))
+                && a.url.as_deref().is_none_or(|u| same_url(u, url))
+        });
+        match answer {
+            Some(answer) => response(&answer),
+            None => Err(format!(
+                "no recorded response for step `{}` ({method} {url}); add one to the responses \
+                 file, or run with --record to call the service once and write it",
+                step.unwrap_or("?")
+            )),
+        }
+    }
+
+    /// The recorded result of this `tools/call`, or why there is none.
+    pub(crate) fn replay_tool(&self, step: Option<&str>, tool: &str) -> Result<Value, String> {
+        let key = (
+            step.unwrap_or_default().to_owned(),
+            "tools/call".to_owned(),
+            tool.to_owned(),
+        );
+        let answer = self.next(key, |a| {
+            a.tool.as_deref() == Some(tool) && a.step.as_deref().is_none_or(|s| Some(s) == step)
+        });
+        match answer.and_then(|a| a.result) {
+            Some(result) => Ok(result),
+            None => Err(format!(
+                "no recorded response for step `{}` (tools/call `{tool}`); add one to the \
+                 responses file, or run with --record to call the tool once and write it",
+                step.unwrap_or("?")
+            )),
+        }
+    }
+
+    /// Adds a tool's result to the recording.
+    pub(crate) fn record_tool(&self, step: Option<&str>, tool: &str, result: Value) {
+        self.lock().answers.push(Recorded {
+            step: step.map(str::to_owned),
+            tool: Some(tool.to_owned()),
+            result: Some(result),
+            ..Recorded::default()
+        });
     }
 
     /// Reads `answer`'s body (no further than `budget` bytes, as the step
@@ -229,9 +302,10 @@ impl Recording {
             step: step.map(str::to_owned),
             method: Some(method.to_string()),
             url: Some(url.to_string()),
-            status,
+            status: Some(status),
             headers: kept,
             body,
+            ..Recorded::default()
         };
         let mut rebuilt = http::Response::builder().status(status);
         for (name, value) in &headers {
@@ -255,7 +329,7 @@ fn same_url(recorded: &str, url: &Url) -> bool {
 }
 
 fn response(answer: &Recorded) -> Result<reqwest::Response, String> {
-    let mut builder = http::Response::builder().status(answer.status);
+    let mut builder = http::Response::builder().status(answer.status.unwrap_or(200));
     let mut typed = false;
     for (name, value) in &answer.headers {
         let Some(value) = value.as_str() else {
@@ -317,6 +391,28 @@ mod tests {
         let answer = rec.replay(Some("a"), &Method::POST, &url).unwrap();
         assert_eq!(answer.headers()["content-type"], "application/json");
         assert_eq!(answer.text().await.unwrap(), r#"{"ok":true}"#);
+    }
+
+    #[test]
+    fn a_tool_is_answered_by_its_own_answers_only() {
+        let rec = recording(json!([
+            {"step": "a", "status": 200, "body": "http"},
+            {"step": "a", "tool": "lookup", "result": {"content": [], "isError": true}},
+            {"step": "a", "tool": "lookup", "result": {"content": []}},
+        ]));
+        assert_eq!(
+            rec.replay_tool(Some("a"), "lookup").unwrap()["isError"],
+            true
+        );
+        assert_eq!(
+            rec.replay_tool(Some("a"), "lookup").unwrap(),
+            json!({"content": []})
+        );
+        let error = rec.replay_tool(Some("a"), "other").unwrap_err();
+        assert!(error.contains("step `a` (tools/call `other`)"), "{error}");
+        let url = Url::parse("https://svc.example/x").unwrap();
+        let answer = rec.replay(Some("a"), &Method::GET, &url).unwrap();
+        assert_eq!(answer.status().as_u16(), 200);
     }
 
     #[test]

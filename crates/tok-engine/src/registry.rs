@@ -256,10 +256,10 @@ impl Registry {
         self
     }
 
-    /// Adds the `http` step answered as `answers` says (`tok test`: from a
-    /// recorded file, or the services into one; [`crate::recorded`]).
-    /// Call it before [`Registry::add_connectors`], which keeps it.
-    pub fn add_answered_http(
+    /// Adds the connector steps (`http`, `mcp`) answered as `answers` says
+    /// (`tok test`: from a recorded file, or the services into one;
+    /// [`crate::recorded`]), in place of any registered before.
+    pub fn add_answered_connectors(
         &mut self,
         store: Arc<dyn tok_store::ConnectionStore>,
         allow: &crate::outbound::OutboundAllow,
@@ -267,7 +267,11 @@ impl Registry {
     ) -> &mut Self {
         self.register(
             "http",
-            crate::steps::http::Http::answered(store, allow, answers),
+            crate::steps::http::Http::answered(store.clone(), allow, answers.clone()),
+        );
+        self.register(
+            "mcp",
+            crate::steps::mcp::Mcp::answered(store, allow, answers),
         )
     }
 

@@ -3,7 +3,8 @@
 //! templated arguments reach the tool and its structured result is
 //! published; a tool error, an unknown tool and a call that outlives its
 //! timeout fail the run with one call (MCP has no idempotency key); a 503 in
-//! front of the server is retried. Both backends.
+//! front of the server is retried. Both backends. A result recorded from
+//! the server (`tok test --record`) is replayed without calling it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -456,5 +457,34 @@ async fn a_step_without_tool_or_connection_is_rejected_at_save() {
             .unwrap_or_default();
         assert!(error.contains(missing), "{missing}: {error}");
     }
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_recorded_tool_result_is_replayed_without_calling_the_server() {
+    use tok_engine::recorded::{Answers, Recording};
+    let seen = Arc::new(Seen::default());
+    let url = serve(seen.clone()).await;
+    let mut s = Setup::new(Backend::Sqlite).await;
+    s.connection("calculator", &url).await;
+    let automation = s
+        .automation(json!({ "connection": "calculator", "tool": "add",
+                            "arguments": { "a": "{{x}}", "b": "{{y}}" } }))
+        .await;
+    let allow = tok_engine::OutboundAllow::parse("127.0.0.1/32").unwrap();
+    let recording = Arc::new(Recording::new());
+    s.registry
+        .add_answered_connectors(s.store.clone(), &allow, Answers::Record(recording.clone()));
+    let recorded = s.run(&automation, json!({ "x": 2, "y": 40 })).await;
+    assert_eq!(recorded.run.status, "completed", "{:?}", recorded.run.error);
+    assert_eq!(seen.calls(), ["add"]);
+    assert_eq!(recording.len(), 1);
+
+    s.registry
+        .add_answered_connectors(s.store.clone(), &allow, Answers::Replay(recording));
+    let replayed = s.run(&automation, json!({ "x": 2, "y": 40 })).await;
+    assert_eq!(replayed.run.status, "completed", "{:?}", replayed.run.error);
+    assert_eq!(replayed.context["st_tool"]["sum"], 42);
+    assert_eq!(seen.calls(), ["add"], "the replay called nobody");
     s.cleanup().await;
 }

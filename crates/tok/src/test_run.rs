@@ -14,7 +14,7 @@
 //!   backoff, a wait's timeout and its escalations pass at once, in the
 //!   order and with the times a server would give them.
 //! - **Connector calls can be answered from a file.** With `--responses`,
-//!   each `http` call is answered by the recording
+//!   each `http` call and `mcp` tool call is answered by the recording
 //!   ([`tok_engine::recorded`]); a call it has no answer for fails its
 //!   step. With `--record` too, the services are called (through the
 //!   outbound guard, `TOK_OUTBOUND_ALLOW` applies) and what they answered
@@ -112,8 +112,7 @@ pub async fn run(
         .id;
 
     let mut registry = registry;
-    registry.add_answered_http(store.clone(), &outbound, answers.clone());
-    registry.add_connectors(store.clone(), &outbound);
+    registry.add_answered_connectors(store.clone(), &outbound, answers.clone());
     let engine = Engine::new(
         store.clone(),
         registry,

@@ -4,7 +4,8 @@
 //! answer used; a recorded 402 fails the run and the process (exit 1)
 //! with the step's error; a call with no recorded answer says which; and
 //! `--record` calls a real local service once and writes what it answered,
-//! which a later test replays without it.
+//! which a later test replays without it; an `mcp` tool's recorded result
+//! is its step's output, or its error when the tool marked it one.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -268,4 +269,61 @@ async fn record_calls_the_service_once_and_writes_what_a_replay_then_answers() {
         stdout(&replayed)
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn an_mcp_tool_is_answered_from_its_recorded_result() {
+    let files = Files::new("mcp");
+    files.write(
+        "automation.json",
+        &json!([
+            { "kind": "connection", "name": "classifier", "service": "mcp",
+              "base_url": "https://mcp.example/mcp" },
+            { "kind": "automation", "name": "Classify", "trigger": { "kind": "manual" },
+              "steps": [
+                { "id": "st_classify", "type": "mcp",
+                  "config": { "connection": "classifier", "tool": "classify_document",
+                              "arguments": { "text": "{{_body.text}}" } } },
+                { "id": "st_set", "type": "set", "config": { "values": { "kind": "{{st_classify.kind}}" } } }
+              ] }
+        ]),
+    );
+    let responses = files.write(
+        "responses.json",
+        &json!({ "responses": [
+            { "step": "st_classify", "tool": "classify_document",
+              "result": { "content": [{ "type": "text", "text": "an invoice" }],
+                          "structuredContent": { "kind": "invoice" } } }
+        ] }),
+    );
+    let event = files.write("input.json", &json!({ "text": "Invoice 2026-17" }));
+    let run = |responses: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tok"))
+            .args(["test", &files.path("automation.json"), "--event", &event])
+            .args(["--responses", responses])
+            .output()
+            .unwrap()
+    };
+    let output = run(&responses);
+    assert!(output.status.success(), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(out.contains("completed  0 st_classify (mcp)"), "{out}");
+    assert!(out.contains(r#"output: {"kind":"invoice"}"#), "{out}");
+
+    // A result the tool marked as an error fails the step with its text.
+    let failing = files.write(
+        "failing.json",
+        &json!({ "responses": [
+            { "step": "st_classify", "tool": "classify_document",
+              "result": { "content": [{ "type": "text", "text": "unreadable scan" }],
+                          "isError": true } }
+        ] }),
+    );
+    let output = run(&failing);
+    assert_eq!(output.status.code(), Some(1), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(
+        out.contains("error: tool `classify_document` reported an error: unreadable scan"),
+        "{out}"
+    );
 }

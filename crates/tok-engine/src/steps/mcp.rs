@@ -44,6 +44,7 @@ use tok_core::limits::MAX_OUTPUT_BYTES;
 use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
 use crate::outbound::{Outbound, OutboundAllow, refusal_in};
+use crate::recorded::Answers;
 use crate::registry::{StepCall, StepHandler};
 
 /// Default and largest per-call timeouts (handshake and tool call together).
@@ -64,6 +65,7 @@ pub(crate) struct Mcp {
     store: Arc<dyn ConnectionStore>,
     outbound: Outbound,
     client: reqwest::Client,
+    answers: Answers,
 }
 
 impl Mcp {
@@ -71,6 +73,17 @@ impl Mcp {
     /// guard's client (its resolver, no proxies) and its check of the
     /// endpoint URL before each session.
     pub(crate) fn new(store: Arc<dyn ConnectionStore>, allow: &OutboundAllow) -> Self {
+        Self::answered(store, allow, Answers::Live)
+    }
+
+    /// Tools answered as `answers` says: by the servers, by a recording of
+    /// their results, or by the servers into one (`tok test`,
+    /// `crate::recorded`).
+    pub(crate) fn answered(
+        store: Arc<dyn ConnectionStore>,
+        allow: &OutboundAllow,
+        answers: Answers,
+    ) -> Self {
         let outbound = Outbound::new(allow);
         // Redirects are not followed (the guard's client follows none): a
         // 301-303 would turn the POST into a GET and lose the message, and
@@ -85,6 +98,7 @@ impl Mcp {
             store,
             outbound,
             client,
+            answers,
         }
     }
 }
@@ -387,10 +401,27 @@ impl Mcp {
     /// classified error.
     async fn call(
         &self,
+        step: Option<&str>,
         request: &Request,
         connection: &Connection,
         traceparent: Option<&str>,
     ) -> (Result<Map<String, Value>, StepError>, CallOutcome) {
+        if let Answers::Replay(recording) = &self.answers {
+            let result = recording
+                .replay_tool(step, &request.tool)
+                .and_then(|json| {
+                    serde_json::from_value::<CallToolResult>(json).map_err(|e| {
+                        format!(
+                            "the recorded result of tools/call `{}` is not an MCP \
+                             CallToolResult: {e}",
+                            request.tool
+                        )
+                    })
+                })
+                .map_err(StepError::terminal)
+                .and_then(|result| outputs(result, &request.tool));
+            return (result, CallOutcome::Answered);
+        }
         let config = match transport_config(connection, traceparent) {
             Ok(c) => c,
             Err(e) => return (Err(e), CallOutcome::Answered),
@@ -464,7 +495,14 @@ impl Mcp {
 
         let what = format!("{endpoint}: tools/call `{}`", request.tool);
         match called {
-            Called::Answer(Ok(result)) => (outputs(result, &request.tool), CallOutcome::Answered),
+            Called::Answer(Ok(result)) => {
+                if let Answers::Record(recording) = &self.answers
+                    && let Ok(json) = serde_json::to_value(&result)
+                {
+                    recording.record_tool(step, &request.tool, json);
+                }
+                (outputs(result, &request.tool), CallOutcome::Answered)
+            }
             Called::Answer(Err(e)) => {
                 let (error, outcome) = classify_call(&e, &what);
                 (Err(error), outcome)
@@ -524,7 +562,12 @@ impl StepHandler for Mcp {
         }
         let started = Instant::now();
         let (result, outcome) = self
-            .call(&request, &connection, call.traceparent.as_deref())
+            .call(
+                Some(&call.step_id),
+                &request,
+                &connection,
+                call.traceparent.as_deref(),
+            )
             .await;
         let outcome_label = match &result {
             Ok(_) => "ok",
