@@ -283,15 +283,7 @@ impl Recording {
         };
         let mut kept = Map::new();
         for (name, value) in &headers {
-            // The body is written decoded and whole: its framing headers
-            // would no longer describe it.
-            let skip = [
-                "set-cookie",
-                "content-length",
-                "transfer-encoding",
-                "content-encoding",
-            ];
-            if skip.contains(&name.as_str()) {
+            if NOT_RECORDED.contains(&name.as_str()) {
                 continue;
             }
             if let Ok(v) = value.to_str() {
@@ -321,6 +313,15 @@ impl Recording {
             .expect("a status and headers read from a response build one"))
     }
 }
+
+/// Answer headers a recording leaves out: a cookie, and the framing
+/// headers, which no longer describe a body written decoded and whole.
+const NOT_RECORDED: [&str; 4] = [
+    "set-cookie",
+    "content-length",
+    "transfer-encoding",
+    "content-encoding",
+];
 
 /// Equal URLs, however the file spells them (`https://a.example` and
 /// `https://a.example/`).

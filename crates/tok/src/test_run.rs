@@ -42,6 +42,7 @@ use tok_store::{
     StepRow, Store, hash_secret, random_token,
 };
 
+use crate::AbortOnDrop;
 use crate::cli::{ApplyOptions, Client, Target};
 
 /// What `tok test` was asked for.
@@ -449,14 +450,6 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -319,10 +319,11 @@ impl Http {
                 Err(e) => Err(e),
             },
         };
-        // A replayed answer was not fetched from anywhere: it is shown
-        // under the URL called.
+        // A live answer is shown under the URL it came from (after its
+        // redirects); a replayed or recorded one, rebuilt from bytes, under
+        // the URL called.
         let answered_url = match (&sent, &self.answers) {
-            (Ok(response), Answers::Live | Answers::Record(_)) => response.url().clone(),
+            (Ok(response), Answers::Live) => response.url().clone(),
             _ => called,
         };
         let response = match sent {
