@@ -302,11 +302,13 @@ async fn start(
         ..RunFilter::default()
     };
     loop {
+        // What is left is read before the runs: an event found dispatched
+        // has its run (written in the same transaction) seen below.
+        let left = store.work_left(tenant).await?;
         let page = store.runs(tenant, &filter, 1, None).await?;
         if let Some(run) = page.items.into_iter().next() {
             return Ok(run.id);
         }
-        let left = store.work_left(tenant).await?;
         if !left.busy || Instant::now() > deadline {
             bail!(
                 "the event started no run of \"{}\": its trigger's filter or flow control kept \
