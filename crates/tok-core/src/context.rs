@@ -6,6 +6,8 @@
 //! under its id (`st_x.status`) and, where that does not shadow anything, under
 //! their bare keys (`status`). Keys starting with `_` are reserved for tok.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -15,13 +17,38 @@ pub const OUTPUT_KEY: &str = "_output";
 /// The context of one run: always a JSON object, held as a [`Value`] so
 /// templates and the flow read it in place ([`Context::as_value`]) instead
 /// of from a copy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Context(Value);
+///
+/// It remembers which of its top-level entries changed since it was made
+/// ([`Context::changed`]): a record stores only those ([`Changes`]), not
+/// the whole context again, so a step of a long run costs what a step of a
+/// short one does. Two contexts are equal when their values are.
+#[derive(Debug, Clone)]
+pub struct Context {
+    value: Value,
+    changed: BTreeSet<String>,
+}
+
+impl PartialEq for Context {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl Serialize for Context {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Context {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(Context::from_value)
+    }
+}
 
 impl Default for Context {
     fn default() -> Self {
-        Context(Value::Object(Map::new()))
+        Context::of(Value::Object(Map::new()))
     }
 }
 
@@ -32,25 +59,46 @@ impl Context {
         let mut map = params;
         map.insert("_body".to_owned(), body);
         map.insert("_event".to_owned(), event);
-        Context(Value::Object(map))
+        Context::of(Value::Object(map))
+    }
+
+    fn of(value: Value) -> Context {
+        Context {
+            value,
+            changed: BTreeSet::new(),
+        }
     }
 
     /// A stored context; anything but an object is an empty context.
     pub fn from_value(value: Value) -> Context {
         match value {
-            Value::Object(_) => Context(value),
+            Value::Object(_) => Context::of(value),
             _ => Context::default(),
         }
     }
 
-    fn map_mut(&mut self) -> &mut Map<String, Value> {
-        if !self.0.is_object() {
-            self.0 = Value::Object(Map::new());
+    /// The context's entries, to change `keys` of them: each is counted
+    /// as changed.
+    fn map_mut<'k>(&mut self, keys: impl IntoIterator<Item = &'k str>) -> &mut Map<String, Value> {
+        for key in keys {
+            if !self.changed.contains(key) {
+                self.changed.insert(key.to_owned());
+            }
         }
-        match &mut self.0 {
+        if !self.value.is_object() {
+            self.value = Value::Object(Map::new());
+        }
+        match &mut self.value {
             Value::Object(map) => map,
             _ => unreachable!("the context was just made an object"),
         }
+    }
+
+    /// The top-level entries set or removed since the context was made
+    /// (from a stored value, or new), in order: what a record of it must
+    /// store ([`Changes`]).
+    pub fn changed(&self) -> Vec<String> {
+        self.changed.iter().cloned().collect()
     }
 
     /// Publishes a finished step's outputs: always as `ctx[step_id]`
@@ -59,10 +107,23 @@ impl Context {
     /// does not start with `_`. So a tool returning `status` never overwrites
     /// the trigger's `status`, and a later step never overwrites an earlier one.
     pub fn publish(&mut self, step_id: &str, outputs: &Map<String, Value>) {
-        let map = self.map_mut();
+        let bare: Vec<&String> = match &self.value {
+            Value::Object(map) => outputs
+                .keys()
+                .filter(|key| {
+                    !key.starts_with('_') && *key != step_id && !map.contains_key(key.as_str())
+                })
+                .collect(),
+            _ => outputs
+                .keys()
+                .filter(|key| !key.starts_with('_') && *key != step_id)
+                .collect(),
+        };
+        let keys = std::iter::once(step_id).chain(bare.iter().map(|key| key.as_str()));
+        let map = self.map_mut(keys);
         map.insert(step_id.to_owned(), Value::Object(outputs.clone()));
-        for (key, value) in outputs {
-            if !key.starts_with('_') && !map.contains_key(key) {
+        for key in bare {
+            if let Some(value) = outputs.get(key) {
                 map.insert(key.clone(), value.clone());
             }
         }
@@ -70,12 +131,12 @@ impl Context {
 
     /// A reserved entry of the context (a key starting with `_`).
     pub fn reserved(&self, key: &str) -> Option<&Value> {
-        self.0.get(key)
+        self.value.get(key)
     }
 
     /// Sets (or, with `None`, removes) a reserved entry of the context.
     pub fn set_reserved(&mut self, key: &str, value: Option<Value>) {
-        let map = self.map_mut();
+        let map = self.map_mut([key]);
         match value {
             Some(value) => map.insert(key.to_owned(), value),
             None => map.remove(key),
@@ -85,38 +146,113 @@ impl Context {
     /// Sets the run's output (the `output` of its `end` step), kept under
     /// the reserved `_output`.
     pub fn set_output(&mut self, output: Value) {
-        self.map_mut().insert(OUTPUT_KEY.to_owned(), output);
+        self.map_mut([OUTPUT_KEY])
+            .insert(OUTPUT_KEY.to_owned(), output);
     }
 
     /// The run's output; `null` when its `end` step gave none.
     pub fn output(&self) -> Value {
-        self.0.get(OUTPUT_KEY).cloned().unwrap_or(Value::Null)
+        self.value.get(OUTPUT_KEY).cloned().unwrap_or(Value::Null)
     }
 
     /// Looks a dot path up (see [`lookup`]).
     pub fn lookup(&self, path: &str) -> Lookup<'_> {
-        lookup(&self.0, path)
+        lookup(&self.value, path)
     }
 
     /// The context as a JSON value, borrowed.
     pub fn as_value(&self) -> &Value {
-        &self.0
+        &self.value
     }
 
     /// The context as a JSON value (a copy).
     pub fn to_value(&self) -> Value {
-        self.0.clone()
+        self.value.clone()
     }
 
     /// The context as a JSON value, without copying.
     pub fn into_value(self) -> Value {
-        self.0
+        self.value
     }
 }
 
 impl From<Map<String, Value>> for Context {
     fn from(map: Map<String, Value>) -> Self {
-        Context(Value::Object(map))
+        Context::of(Value::Object(map))
+    }
+}
+
+/// What a record changed of its run's context, as it is stored: the
+/// top-level entries it set, with their values, and those it removed.
+/// Serialized from the context in place (`{"set": {…}, "unset": […]}`),
+/// never copied first; read back as a [`ContextDelta`].
+pub struct Changes<'a> {
+    context: &'a Value,
+    keys: &'a [String],
+}
+
+impl<'a> Changes<'a> {
+    /// The entries `keys` of `context` (the keys a [`Context`] reported
+    /// [`changed`](Context::changed)), as they are now.
+    pub fn of(context: &'a Value, keys: &'a [String]) -> Self {
+        Changes { context, keys }
+    }
+}
+
+impl Serialize for Changes<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        struct Set<'a>(&'a Value, &'a [String]);
+        impl Serialize for Set<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut map = serializer.serialize_map(None)?;
+                for key in self.1 {
+                    if let Some(value) = self.0.get(key) {
+                        map.serialize_entry(key, value)?;
+                    }
+                }
+                map.end()
+            }
+        }
+        let unset: Vec<&String> = self
+            .keys
+            .iter()
+            .filter(|key| self.context.get(key.as_str()).is_none())
+            .collect();
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("set", &Set(self.context, self.keys))?;
+        if !unset.is_empty() {
+            map.serialize_entry("unset", &unset)?;
+        }
+        map.end()
+    }
+}
+
+/// A record's change of its run's context, read back ([`Changes`] wrote
+/// it): folded over the context before it in the order the records were
+/// written, it gives the context after.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct ContextDelta {
+    #[serde(default)]
+    pub set: Map<String, Value>,
+    #[serde(default)]
+    pub unset: Vec<String>,
+}
+
+impl ContextDelta {
+    /// Writes this change over `context` (a stored context, before it).
+    pub fn apply(self, context: &mut Value) {
+        if !context.is_object() {
+            *context = Value::Object(Map::new());
+        }
+        if let Value::Object(map) = context {
+            for key in &self.unset {
+                map.remove(key);
+            }
+            for (key, value) in self.set {
+                map.insert(key, value);
+            }
+        }
     }
 }
 
@@ -221,6 +357,51 @@ mod tests {
         assert!(lookup(&root, "").is_missing());
         assert!(lookup(&root, "a..items").is_missing());
         assert_eq!(lookup(&root, "a.items.0").value(), Some(&json!({"id": 7})));
+    }
+
+    /// The change a record stores, folded over the context its claim
+    /// read, gives the context the record ends with.
+    fn folded(before: &Value, after: &Context) -> Value {
+        let keys = after.changed();
+        let stored = serde_json::to_value(Changes::of(after.as_value(), &keys)).unwrap();
+        let delta: ContextDelta = serde_json::from_value(stored).unwrap();
+        let mut context = before.clone();
+        delta.apply(&mut context);
+        context
+    }
+
+    #[test]
+    fn a_context_knows_what_changed_and_its_changes_fold_into_it() {
+        let before = json!({"orderId": "A1", "_body": {"big": [1, 2, 3]},
+                            "_compensable": ["0"], "old": 1});
+        let mut ctx = Context::from_value(before.clone());
+        assert!(ctx.changed().is_empty());
+        ctx.publish(
+            "st_a",
+            &obj(json!({"orderId": "B2", "status": 200, "_x": 1})),
+        );
+        ctx.set_reserved("_compensable", None);
+        ctx.set_output(json!({"done": true}));
+        assert_eq!(
+            ctx.changed(),
+            vec!["_compensable", "_output", "st_a", "status"],
+            "the step, its new bare key, the removed and the set reserved entries; \
+             not `orderId` (taken) nor `_body` (untouched)"
+        );
+        assert_eq!(folded(&before, &ctx), *ctx.as_value());
+        let stored = serde_json::to_value(Changes::of(ctx.as_value(), &ctx.changed())).unwrap();
+        assert_eq!(stored["unset"], json!(["_compensable"]));
+        assert!(
+            stored["set"].get("_body").is_none(),
+            "an untouched entry is not stored again"
+        );
+    }
+
+    #[test]
+    fn a_step_named_like_its_output_keeps_its_publication() {
+        let mut ctx = Context::default();
+        ctx.publish("status", &obj(json!({"status": 200})));
+        assert_eq!(ctx.lookup("status.status"), Lookup::Found(&json!(200)));
     }
 
     #[test]

@@ -288,14 +288,11 @@ pub enum NextJob {
         held: Option<Resume>,
     },
     /// The run goes on at `path` now, and the worker that recorded keeps
-    /// the job under the new claim `token` (leased for `lease_ms`) to run
-    /// that step at once, without a claim in between. A run paused
+    /// the job under its claim (its lease going on with its heartbeats;
+    /// `lease_ms` is the lease a branch's job is given again with its row)
+    /// to run that step at once, without a claim in between. A run paused
     /// meanwhile is released instead.
-    Continue {
-        path: String,
-        token: String,
-        lease_ms: i64,
-    },
+    Continue { path: String, lease_ms: i64 },
     /// The job parks at `path` (a `wait_for_event` step) until a signal
     /// matches `wait` or its due time passes; then it is claimed again with
     /// a [`Resume`]. A signal buffered within the lookback window may

@@ -550,6 +550,67 @@ async fn heartbeats_keep_a_long_step_from_running_twice() {
     }
 }
 
+/// The same after a step that went on under its lease: a job that goes on
+/// to its next step keeps its claim, and the heartbeats keep that step too.
+#[tokio::test]
+async fn heartbeats_keep_a_long_step_after_a_continued_one_from_running_twice() {
+    for backend in backends() {
+        let started = Arc::new(AtomicU32::new(0));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/quick",
+            Slow {
+                started: Arc::new(AtomicU32::new(0)),
+                for_ms: 0,
+            },
+        );
+        registry.register(
+            "acme/slow",
+            Slow {
+                started: started.clone(),
+                for_ms: 2500,
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_quick", "type": "acme/quick" },
+                { "id": "st_slow", "type": "acme/slow" }
+            ])))
+            .await;
+        let short = EngineConfig {
+            lease: Duration::from_millis(600),
+            heartbeat: Duration::from_millis(150),
+            ..quick()
+        };
+        let a = h.engine("node-a", short.clone());
+        let b = h.engine("node-b", short);
+        let running_a = a.start(true).await.unwrap();
+        let running_b = b.start(true).await.unwrap();
+        let run = a
+            .start_run(&h.tenant, &automation, json!({}), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running_a.shutdown().await;
+        running_b.shutdown().await;
+
+        assert_eq!(detail.run.status, "completed", "{backend:?}");
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "{backend:?}: the long step ran once"
+        );
+        let steps: Vec<(&str, i32)> = detail
+            .steps
+            .iter()
+            .map(|s| (s.step_id.as_str(), s.attempt))
+            .collect();
+        assert_eq!(steps, [("st_quick", 1), ("st_slow", 1)], "{backend:?}");
+        h.cleanup().await;
+    }
+}
+
 /// A process whose heartbeats did not reach the database for a whole lease
 /// (here: none is sent before the step ends) finds its own job claimable
 /// again while it still runs it. It must not claim it a second time: the

@@ -39,7 +39,7 @@ macro_rules! impl_branches {
         /// gets the result of all of them.
         async fn merged_contexts(
             tx: &mut sqlx::Transaction<'_, $db>,
-            items: &[(ClaimedJob, Record, String)],
+            items: &[(ClaimedJob, Record, $crate::rows::Fenced)],
         ) -> Result<Vec<Option<(Value, i32)>>> {
             let mut runs: std::collections::HashMap<String, (tok_core::context::Context, i32)> =
                 std::collections::HashMap::new();
@@ -52,13 +52,17 @@ macro_rules! impl_branches {
                 let key = job.run_id.to_string();
                 if !runs.contains_key(&key) {
                     let row = sqlx::query(
-                        "SELECT context, actions FROM runs WHERE tenant_id = $1 AND id = $2",
+                        "SELECT context, actions, context_upto, tail_since FROM runs
+                         WHERE tenant_id = $1 AND id = $2",
                     )
                     .bind(job.tenant_id.as_str())
                     .bind(job.run_id.as_str())
                     .fetch_one(&mut **tx)
                     .await?;
-                    let context = row.get::<Json<Value>, _>("context").0;
+                    let mut context = row.get::<Json<Value>, _>("context").0;
+                    let stored = stored_of(&row);
+                    fold_changes(&mut **tx, &job.tenant_id, &mut [(key.as_str(), &mut context, stored)])
+                        .await?;
                     let actions: i32 = row.get("actions");
                     runs.insert(
                         key.clone(),
@@ -92,7 +96,7 @@ macro_rules! impl_branches {
         /// that end a branch (after the batch's jobs moved on).
         async fn fork_and_join(
             tx: &mut sqlx::Transaction<'_, $db>,
-            items: &[(ClaimedJob, Record, String)],
+            items: &[(ClaimedJob, Record, $crate::rows::Fenced)],
         ) -> Result<()> {
             let now = now_ms();
             let mut woke = false;
@@ -103,7 +107,7 @@ macro_rules! impl_branches {
                             .subject_ticket_id
                             .as_ref()
                             .map(|t| format!("ticket:{t}"));
-                        let held = current == "paused";
+                        let held = current.status == "paused";
                         for (_, path) in branches {
                             sqlx::query(concat!(
                                 "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts,

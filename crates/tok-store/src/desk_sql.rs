@@ -1041,9 +1041,9 @@ macro_rules! impl_desk {
         pub(crate) struct OpenRecord {
             tx: sqlx::Transaction<'static, $db>,
             job: ClaimedJob,
-            /// The run's status under the fence (its row stays locked on
+            /// The run under the fence (its row stays locked on
             /// PostgreSQL; SQLite's one writer serves this transaction alone).
-            status: String,
+            status: $crate::rows::Fenced,
         }
 
         #[async_trait::async_trait]

@@ -136,6 +136,8 @@ macro_rules! impl_dispatch {
                         run_id: &run.id,
                         tenant_id,
                         step,
+                        // Written with its run, whose context is whole.
+                        change: None,
                     })
                 })
                 .collect();
@@ -237,6 +239,7 @@ macro_rules! impl_dispatch {
                         run_id: run.id.clone(),
                         path: run.first_path.clone()?,
                         attempt: 1,
+                        row_attempts: 1,
                         claim_token: handed.token.to_string(),
                         automation_id: run.automation_id.clone(),
                         version: run.version,
@@ -520,12 +523,7 @@ macro_rules! impl_dispatch {
             }
 
             async fn run_context(&mut self, tenant: &TenantId, run: &RunId) -> Result<Option<Value>> {
-                let row = sqlx::query("SELECT context FROM runs WHERE tenant_id = $1 AND id = $2")
-                    .bind(tenant.as_str())
-                    .bind(run.as_str())
-                    .fetch_optional(&mut *self.tx)
-                    .await?;
-                Ok(row.map(|r| r.get::<Json<Value>, _>("context").0))
+                context_in(&mut self.tx, tenant, run).await
             }
 
             async fn join_run(

@@ -31,6 +31,7 @@ mod caps_sql;
 mod children_sql;
 pub mod connections;
 mod connections_sql;
+mod contexts_sql;
 mod definitions_sql;
 pub mod desk;
 mod desk_sql;

@@ -344,8 +344,12 @@ pub struct ClaimedJob {
     pub tenant_id: TenantId,
     pub run_id: RunId,
     pub path: String,
-    /// Executions of this job so far, this one included (1 on the first).
+    /// Executions of this job's step so far, this one included (1 on the first).
     pub attempt: i32,
+    /// The job row's `attempts` when it was claimed. A job that goes on to
+    /// the next step under its lease keeps its row as it was (the run's
+    /// row says where it is), and counts that step's attempts from here.
+    pub row_attempts: i32,
     pub claim_token: String,
     pub automation_id: AutomationId,
     pub version: i32,
@@ -364,6 +368,8 @@ pub struct ClaimedJob {
 pub struct Record {
     pub steps: Vec<StepRecord>,
     pub context: Value,
+    /// What `context` is to the run's stored context.
+    pub changed: ContextChange,
     pub actions: i32,
     pub status: RunStatus,
     pub error: Option<String>,
@@ -372,6 +378,20 @@ pub struct Record {
     /// carries the queue key `ticket:<id>`, so runs on one ticket never
     /// interleave.
     pub subject_ticket_id: Option<String>,
+}
+
+/// What a [`Record`]'s context is to its run's stored context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContextChange {
+    /// The run's whole context, to be written whole.
+    Whole,
+    /// The run's whole context, of which the record changed these
+    /// top-level entries ([`tok_core::context::Context::changed`]): the
+    /// store may keep just those, with the record's last step row.
+    Keys(Vec<String>),
+    /// Not the run's context (a record made outside the decider, which
+    /// knows only that the step failed): the stored context stays.
+    Kept,
 }
 
 /// Filters of the runs listing; `None` means any.

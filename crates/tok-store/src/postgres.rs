@@ -18,6 +18,7 @@ use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
+use crate::contexts_sql::impl_contexts;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
@@ -237,6 +238,10 @@ impl_runs! {
 
 impl_caps! {
     store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_contexts! {
     db = sqlx::Postgres,
 }
 

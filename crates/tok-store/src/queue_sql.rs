@@ -131,7 +131,9 @@ macro_rules! impl_queue {
                 .execute(&mut *tx)
                 .await?;
                 let runs = sqlx::query(concat!(
-                    "SELECT id, automation_id, version, context, actions, depth, subject_ticket_id
+                    "SELECT id, tenant_id, automation_id, version, context, actions, depth,
+                        subject_ticket_id, cursor_job, cursor_path, cursor_base,
+                        context_upto, tail_since
                      FROM runs
                      WHERE tenant_id ", unindexed_any_of!(1), " AND id ", any_of!(2)
                 ))
@@ -139,7 +141,33 @@ macro_rules! impl_queue {
                 .bind(list(run_ids.iter().map(|r| r.as_str())))
                 .fetch_all(&mut *tx)
                 .await?;
+                // Each run's context as it is now: what its step rows
+                // changed since it was written whole, folded over it, read
+                // while this claim holds the runs' rows.
+                let mut contexts: Vec<(String, String, Value, $crate::contexts_sql::Stored)> = runs
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.get::<String, _>("tenant_id"),
+                            r.get::<String, _>("id"),
+                            r.get::<Json<Value>, _>("context").0,
+                            stored_of(r),
+                        )
+                    })
+                    .collect();
+                for tenant in tenants {
+                    let mut of_tenant: Vec<(&str, &mut Value, $crate::contexts_sql::Stored)> = contexts
+                        .iter_mut()
+                        .filter(|(t, _, _, _)| t == tenant.as_str())
+                        .map(|(_, run, context, stored)| (run.as_str(), context, *stored))
+                        .collect();
+                    fold_changes(&mut *tx, tenant, &mut of_tenant).await?;
+                }
                 tx.commit().await?;
+                let mut contexts: std::collections::HashMap<String, Value> = contexts
+                    .into_iter()
+                    .map(|(_, run, context, _)| (run, context))
+                    .collect();
                 let runs: std::collections::HashMap<String, _> = runs
                     .into_iter()
                     .map(|r| (r.get::<String, _>("id"), r))
@@ -150,16 +178,34 @@ macro_rules! impl_queue {
                         let run_id: String = job.get("run_id");
                         // Jobs of one run (its parallel branches) share its row.
                         let run = runs.get(&run_id)?;
+                        let id: i64 = job.get("id");
+                        let row_attempts: i32 = job.get("attempts");
+                        // A job that went on under a lease since it was
+                        // last written is where its run's row says, and
+                        // its step's attempts count from there.
+                        let (path, attempt) = match run.get::<Option<i64>, _>("cursor_job") {
+                            Some(cursor) if cursor == id => (
+                                run.get::<Option<String>, _>("cursor_path").unwrap_or_default(),
+                                (row_attempts - run.get::<Option<i32>, _>("cursor_base").unwrap_or(0)).max(1),
+                            ),
+                            _ => (job.get("path"), row_attempts),
+                        };
+                        // A run's branches share its context: each gets a copy.
+                        let context = match jobs.iter().filter(|j| j.get::<String, _>("run_id") == run_id).count() {
+                            1 => contexts.remove(&run_id).unwrap_or_default(),
+                            _ => contexts.get(&run_id).cloned().unwrap_or_default(),
+                        };
                         Some(ClaimedJob {
-                            id: JobId(job.get("id")),
+                            id: JobId(id),
                             tenant_id: TenantId::from(job.get::<String, _>("tenant_id")),
                             run_id: RunId::from(run_id),
-                            path: job.get("path"),
-                            attempt: job.get("attempts"),
+                            path,
+                            attempt,
+                            row_attempts,
                             claim_token: token.clone(),
                             automation_id: AutomationId::from(run.get::<String, _>("automation_id")),
                             version: run.get("version"),
-                            context: run.get::<Json<Value>, _>("context").0,
+                            context,
                             actions: run.get("actions"),
                             depth: run.get("depth"),
                             subject_ticket_id: run.get("subject_ticket_id"),

@@ -2,6 +2,37 @@
 //! the fence of a claim, and the statements that move jobs on and write
 //! step rows and runs' new states (see `rows.rs` for why a macro per file).
 
+/// The `SET` list every update of a record's run begins with (the run's
+/// row of a batch as `x`, the record's time at `$3`; see [`RunUpdate`]
+/// for the row and `contexts_sql.rs` for the context's columns): the
+/// context written whole, where its changes now begin (after the run's
+/// last step row) and its size; or the size of the change its last step
+/// row keeps, counted toward the run's changes since the context was
+/// written whole; then where the job that goes on under its lease is, the
+/// actions and the error.
+///
+/// [`RunUpdate`]: crate::rows::RunUpdate
+macro_rules! run_record_set {
+    () => {
+        "context = CASE WHEN x.value ->> 2 IS NULL THEN runs.context ELSE x.value -> 2 END,
+        context_bytes = CASE WHEN x.value ->> 2 IS NULL THEN runs.context_bytes
+            ELSE CAST(x.value ->> 8 AS BIGINT) END,
+        context_upto = CASE WHEN x.value ->> 2 IS NULL THEN runs.context_upto
+            ELSE COALESCE((SELECT MAX(s.id) FROM run_steps s
+                           WHERE s.tenant_id = runs.tenant_id AND s.run_id = runs.id), 0) END,
+        tail_since = CASE WHEN x.value ->> 2 IS NOT NULL THEN NULL
+            WHEN CAST(x.value ->> 8 AS BIGINT) > 0 THEN COALESCE(runs.tail_since, $3)
+            ELSE runs.tail_since END,
+        tail_bytes = CASE WHEN x.value ->> 2 IS NULL
+            THEN runs.tail_bytes + CAST(x.value ->> 8 AS BIGINT) ELSE 0 END,
+        cursor_job = CAST(x.value ->> 9 AS BIGINT),
+        cursor_path = x.value ->> 10,
+        cursor_base = CAST(x.value ->> 11 AS INTEGER),
+        actions = CAST(x.value ->> 3 AS INTEGER),
+        error = x.value ->> 5"
+    };
+}
+
 macro_rules! impl_record {
     (
         store = $store:ty,
@@ -72,9 +103,9 @@ macro_rules! impl_record {
                 // first one's lease lost while it ran) may share a batch, and
                 // only the one holding the current token is written.
                 match held.get(&(job.id.0, job.claim_token.clone())) {
-                    Some(status) => {
+                    Some(held) => {
                         kept.push(true);
-                        fenced.push((job, record, status.clone()));
+                        fenced.push((job, record, held.clone()));
                     }
                     None => {
                         kept.push(false);
@@ -122,7 +153,7 @@ macro_rules! impl_record {
         /// the run waiting on it: it learns it here, the same way.
         async fn ended_outside_the_decider(
             tx: &mut sqlx::Transaction<'_, $db>,
-            items: &[(ClaimedJob, Record, String)],
+            items: &[(ClaimedJob, Record, $crate::rows::Fenced)],
         ) -> Result<()> {
             for (job, record, _) in items {
                 if record.status != RunStatus::Failed
@@ -194,14 +225,16 @@ macro_rules! impl_record {
             }
             sqlx::query(concat!(
                 "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
-                    status, input, output, error, log, started_at, finished_at, created_at)
+                    status, input, output, error, log, started_at, finished_at, created_at,
+                    context_delta)
                  SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
                     x.value ->> 3, x.value ->> 4,
                     CAST(x.value ->> 5 AS INTEGER), x.value ->> 6,
                     NULLIF(x.value -> 7, 'null'), NULLIF(x.value -> 8, 'null'),
                     x.value ->> 9, x.value -> 10,
                     CAST(x.value ->> 11 AS BIGINT),
-                    CAST(x.value ->> 12 AS BIGINT), $2
+                    CAST(x.value ->> 12 AS BIGINT), $2,
+                    NULLIF(x.value -> 13, 'null')
                  FROM ", batch_rows!(1), "
                  ORDER BY x.key"
             ))
@@ -212,21 +245,23 @@ macro_rules! impl_record {
             Ok(())
         }
 
-        /// The fence of a batch of claims and their runs' statuses (the
-        /// rows locked on PostgreSQL): the jobs whose claim token still
-        /// holds, with their run's status. A job missing from the answer
-        /// has lost its lease. Keyed by (job, claim token).
+        /// The fence of a batch of claims: the jobs whose claim token
+        /// still holds, with what their records need of their runs
+        /// ([`Fenced`](crate::rows::Fenced)), keyed by (job, claim token).
+        /// A job missing from the answer has lost its lease.
         ///
-        /// The runs' rows are locked first, in one order, and the jobs'
-        /// rows after them: runs before jobs is the store's lock order (a
-        /// cancel, a pause or a failed run's end locks its run, then
-        /// deletes or holds its jobs; a branch's record deletes its
-        /// siblings' jobs under the run). Jobs and runs locked row by row
-        /// together would hold one run's job while waiting for its run.
+        /// On PostgreSQL the runs' rows are locked, in one order, by a
+        /// statement of their own, and the jobs are read after it: every
+        /// change of a job's claim (a claim, a cancel, a branch's failure)
+        /// locks its run's row first, so the second statement, whose
+        /// snapshot begins after the lock was granted, sees the token that
+        /// holds. The jobs' rows are not locked: a job that goes on under
+        /// its lease is not written at all (its run's row says where it is),
+        /// and the record that moves or deletes one locks it as it does.
         async fn fenced_statuses<'j>(
             tx: &mut sqlx::Transaction<'_, $db>,
             jobs: impl Iterator<Item = &'j ClaimedJob>,
-        ) -> Result<std::collections::HashMap<(i64, String), String>> {
+        ) -> Result<std::collections::HashMap<(i64, String), $crate::rows::Fenced>> {
             let jobs: Vec<&ClaimedJob> = jobs.collect();
             if !lock_rows!().is_empty() {
                 sqlx::query(concat!(
@@ -252,14 +287,14 @@ macro_rules! impl_record {
             // PostgreSQL the run is found by its key alone (a plan that
             // seeks by tenant reads all of the tenant's runs).
             Ok(sqlx::query(concat!(
-                "SELECT j.id, j.claim_token, r.status, r.actions FROM ", batch_rows!(1), "
+                "SELECT j.id, j.claim_token, r.status, r.actions, r.tail_bytes, r.context_bytes
+                 FROM ", batch_rows!(1), "
                  JOIN jobs j ON j.id = CAST(x.value ->> 0 AS BIGINT)
                     AND j.tenant_id = x.value ->> 1
                     AND j.claim_token = x.value ->> 2
                  JOIN runs r ON r.tenant_id ", unindexed!(), " = j.tenant_id AND r.id = j.run_id
                  WHERE j.id ", any_of!(2), "
-                 ORDER BY j.id ",
-                lock_rows_of!(j, r)
+                 ORDER BY j.id"
             ))
             .bind(Json(&rows))
             .bind(list(jobs.iter().map(|job| job.id.0)))
@@ -268,7 +303,12 @@ macro_rules! impl_record {
             .iter()
             .map(|r| {
                 let claim = (r.get::<i64, _>("id"), r.get::<String, _>("claim_token"));
-                (claim, r.get::<String, _>("status"))
+                let fenced = $crate::rows::Fenced {
+                    status: r.get::<String, _>("status"),
+                    tail_bytes: r.get::<i64, _>("tail_bytes"),
+                    context_bytes: r.get::<i64, _>("context_bytes"),
+                };
+                (claim, fenced)
             })
             .collect())
         }
@@ -276,13 +316,24 @@ macro_rules! impl_record {
         /// The end of record transactions: each job moves on (or goes), the
         /// step rows and the runs' new states are written, a statement each
         /// for the whole batch. The jobs were fenced by the caller, and
-        /// `current` is each run's status read under that fence: a run
+        /// `fenced` has each run's status read under that fence: a run
         /// paused meanwhile stays paused, its job held back.
+        ///
+        /// A record whose run goes on under the same lease (`Continue`,
+        /// outside a parallel branch) leaves its job's row as it was
+        /// claimed: the run's row carries where the job is now (`cursor_*`).
+        /// And a record keeps what it changed of its run's context in its
+        /// last step row rather than writing the context whole again
+        /// (`contexts_sql.rs` says when it is written whole). So a step that
+        /// goes on writes two rows, its step row and its run's row, and
+        /// neither grows with the run.
+        ///
         /// Returns, per record, whether the job stays leased for a `Continue`.
         async fn write_records(
             tx: &mut sqlx::Transaction<'_, $db>,
-            items: &[(ClaimedJob, Record, String)],
+            items: &[(ClaimedJob, Record, $crate::rows::Fenced)],
         ) -> Result<Vec<bool>> {
+            use serde_json::value::RawValue;
             if items.is_empty() {
                 return Ok(Vec::new());
             }
@@ -291,6 +342,49 @@ macro_rules! impl_record {
             // A branch's job writes its publications over the run's
             // current context (`branches_sql.rs`), not its own copy.
             let merged = merged_contexts(tx, items).await?;
+            // What each record writes of its run's context: the context
+            // whole, or its change in its last step row (serialized once,
+            // here, so that its size is known), or nothing.
+            enum Written {
+                Whole(Box<RawValue>),
+                Change(Box<RawValue>),
+                Unchanged,
+            }
+            let mut written = Vec::with_capacity(items.len());
+            for (i, (job, record, fenced)) in items.iter().enumerate() {
+                let whole = |context: &Value| $crate::rows::raw_json(context).map(Written::Whole);
+                written.push(match (&merged[i], &record.changed) {
+                    (Some((context, _)), _) => whole(context)?,
+                    (None, ContextChange::Whole) => whole(&record.context)?,
+                    // A run that ends keeps its context whole, as it is.
+                    (None, ContextChange::Kept) if record.status.is_final() => {
+                        let context = context_in(tx, &job.tenant_id, &job.run_id).await?;
+                        whole(&context.unwrap_or_default())?
+                    }
+                    (None, ContextChange::Kept) => Written::Unchanged,
+                    (None, ContextChange::Keys(_))
+                        if record.steps.is_empty() || record.status.is_final() =>
+                    {
+                        whole(&record.context)?
+                    }
+                    (None, ContextChange::Keys(keys)) if keys.is_empty() => Written::Unchanged,
+                    (None, ContextChange::Keys(keys)) => {
+                        let change = $crate::rows::raw_json(&tok_core::context::Changes::of(
+                            &record.context,
+                            keys,
+                        ))?;
+                        let size = change.get().len() as i64;
+                        match $crate::contexts_sql::outgrown(
+                            fenced.tail_bytes,
+                            fenced.context_bytes,
+                            size,
+                        ) {
+                            true => whole(&record.context)?,
+                            false => Written::Change(change),
+                        }
+                    }
+                });
+            }
             let mut continued = Vec::with_capacity(items.len());
             let mut moves = Vec::new();
             let mut moved_ids = Vec::new();
@@ -298,10 +392,11 @@ macro_rules! impl_record {
             let mut steps = Vec::new();
             let mut runs = Vec::with_capacity(items.len());
             let mut staying = Vec::with_capacity(items.len());
-            for (i, (job, record, current)) in items.iter().enumerate() {
-                let (context, actions) = match &merged[i] {
-                    Some((context, actions)) => (context, *actions),
-                    None => (&record.context, record.actions),
+            for (i, (job, record, fenced)) in items.iter().enumerate() {
+                let current = fenced.status.as_str();
+                let actions = match &merged[i] {
+                    Some((_, actions)) => *actions,
+                    None => record.actions,
                 };
                 let paused = current == "paused" && !record.status.is_final();
                 let status = if paused { RunStatus::Paused } else { record.status };
@@ -314,12 +409,23 @@ macro_rules! impl_record {
                     next => next.clone(),
                 };
                 continued.push(matches!(next, NextJob::Continue { .. }));
-                // Continue keeps the lease under a new token (and leaves
-                // `run_after`, an indexed column, alone, so PostgreSQL can
-                // update the row in place); Step and Retry release it.
-                // A wait parks the job (released, due at its timeout) or
-                // resumes it at once with a buffered signal: `settle_waits`
-                // decided which.
+                // A job that goes on under its lease stays as it was: the
+                // run's row says where it is. A branch's job writes its own
+                // row (a run's branches go on side by side, and its row has
+                // room for one).
+                let cursor = match &record.next {
+                    NextJob::Continue { path, .. }
+                        if !paused && !tok_core::parallel::in_branch(&job.path) =>
+                    {
+                        Some(path.as_str())
+                    }
+                    _ => None,
+                };
+                // Continue in a branch keeps the lease under its token (and
+                // leaves `run_after`, an indexed column, alone, so PostgreSQL
+                // can update the row in place); Step and Retry release it. A wait parks the job (released, due at its
+                // timeout) or resumes it at once with a buffered signal:
+                // `settle_waits` decided which.
                 let parked = match next {
                     NextJob::Wait { .. } | NextJob::WaitForRuns { .. } | NextJob::Fork { .. } => {
                         parked.remove(&job.id.0)
@@ -333,7 +439,9 @@ macro_rules! impl_record {
                     (None, _) => (None, None),
                 };
                 let (path, delay_ms, attempts, token, lease_ms) = match next {
-                    NextJob::Continue { path, token, lease_ms } => (path, 0, 1, Some(token), lease_ms),
+                    NextJob::Continue { path, lease_ms, .. } => {
+                        (path, 0, 1, Some(job.claim_token.clone()), lease_ms)
+                    }
                     NextJob::Step { path, delay_ms } => (path, delay_ms, 0, None, 0),
                     NextJob::Retry { path, attempts, delay_ms, .. } => (path, delay_ms, attempts, None, 0),
                     NextJob::Wait { path, .. }
@@ -344,7 +452,7 @@ macro_rules! impl_record {
                         (String::new(), 0, 0, None, 0)
                     }
                 };
-                if !matches!(record.next, NextJob::Done | NextJob::BranchDone { .. }) {
+                if cursor.is_none() && !matches!(record.next, NextJob::Done | NextJob::BranchDone { .. }) {
                     moved_ids.push(job.id.0);
                     moves.push($crate::rows::JobMove {
                         id: job.id.0,
@@ -360,11 +468,17 @@ macro_rules! impl_record {
                         resume,
                     });
                 }
-                for step in &record.steps {
+                let change = match &written[i] {
+                    Written::Change(change) => Some(&**change),
+                    _ => None,
+                };
+                let last = record.steps.len().saturating_sub(1);
+                for (n, step) in record.steps.iter().enumerate() {
                     steps.push($crate::rows::StepRow {
                         run_id: &job.run_id,
                         tenant_id: &job.tenant_id,
                         step,
+                        change: change.filter(|_| n == last),
                     });
                 }
                 // A run whose status and ticket stay is updated without
@@ -373,10 +487,15 @@ macro_rules! impl_record {
                 // names, changed or not. (PostgreSQL compares the values, and
                 // one statement is one round trip less.)
                 let stays = UPDATE_STAYING_RUNS_APART
-                    && status.as_str() == current.as_str()
+                    && status.as_str() == current
                     && (record.subject_ticket_id.is_none()
                         || record.subject_ticket_id == job.subject_ticket_id);
                 let runs = if stays { &mut staying } else { &mut runs };
+                let (context, bytes) = match &written[i] {
+                    Written::Whole(context) => (Some(&**context), context.get().len() as i64),
+                    Written::Change(change) => (None, change.get().len() as i64),
+                    Written::Unchanged => (None, 0),
+                };
                 runs.push($crate::rows::RunUpdate {
                     id: &job.run_id,
                     tenant_id: &job.tenant_id,
@@ -386,6 +505,10 @@ macro_rules! impl_record {
                     error: record.error.as_deref(),
                     finished_at: status.is_final().then_some(now),
                     subject_ticket_id: record.subject_ticket_id.as_deref(),
+                    bytes,
+                    cursor_job: cursor.map(|_| job.id.0),
+                    cursor_path: cursor,
+                    cursor_base: cursor.map(|_| job.row_attempts - 1),
                 });
             }
             // Rows are matched one by one on (id, tenant) from the batch's own
@@ -431,37 +554,37 @@ macro_rules! impl_record {
                 .await?
                 .rows_affected();
             }
-            if moved != items.len() as u64 {
+            let expected = (moves.len() + done.len()) as u64;
+            if moved != expected {
                 // The caller's fence said every job was held: a job that
                 // changed under it is a broken invariant, and nothing is kept.
                 return Err(StoreError::Conflict(format!(
-                    "{} of {} fenced jobs could be moved on",
-                    moved,
-                    items.len()
+                    "{moved} of {expected} fenced jobs could be moved on"
                 )));
             }
             fork_and_join(tx, items).await?;
             insert_steps(tx, &steps, now).await?;
+            // What every update of a record's run sets: the context whole
+            // (with where its changes now begin) or the size of the change
+            // its step row keeps, where the job that goes on is, the
+            // actions and the error.
             if !staying.is_empty() {
                 sqlx::query(concat!(
-                    "UPDATE runs SET context = x.value -> 2,
-                        actions = CAST(x.value ->> 3 AS INTEGER),
-                        error = x.value ->> 5
+                    "UPDATE runs SET ", $crate::record_sql::run_record_set!(), "
                      FROM ", batch_rows!(1), "
                      WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
                        seek_keys!(runs, 2)
                 ))
                 .bind(Json(&staying))
                 .bind(list(staying.iter().map(|run| run.id.as_str())))
+                .bind(now)
                 .execute(&mut **tx)
                 .await?;
             }
             if !runs.is_empty() {
                 sqlx::query(concat!(
-                    "UPDATE runs SET context = x.value -> 2,
-                        actions = CAST(x.value ->> 3 AS INTEGER),
+                    "UPDATE runs SET ", $crate::record_sql::run_record_set!(), ",
                         status = x.value ->> 4,
-                        error = x.value ->> 5,
                         finished_at = COALESCE(CAST(x.value ->> 6 AS BIGINT), runs.finished_at),
                         subject_ticket_id = COALESCE(x.value ->> 7, runs.subject_ticket_id)
                      FROM ", batch_rows!(1), "
@@ -470,15 +593,16 @@ macro_rules! impl_record {
                 ))
                 .bind(Json(&runs))
                 .bind(list(runs.iter().map(|run| run.id.as_str())))
+                .bind(now)
                 .execute(&mut **tx)
                 .await?;
             }
             // The runs these records end tell their tickets how they ended.
             let mut ends = Vec::new();
-            for (job, record, current) in items {
+            for (job, record, fenced) in items {
                 let ended_now = record.status.is_final()
                     && record.status != RunStatus::Refused
-                    && !RunStatus::parse(current).is_some_and(RunStatus::is_final);
+                    && !RunStatus::parse(&fenced.status).is_some_and(RunStatus::is_final);
                 let ticket = record.subject_ticket_id.is_some() || job.subject_ticket_id.is_some();
                 if ended_now && ticket && !ends.iter().any(|(_, run, _, _)| *run == &job.run_id) {
                     ends.push((&job.tenant_id, &job.run_id, record.status, record.error.as_deref()));
@@ -491,3 +615,4 @@ macro_rules! impl_record {
 }
 
 pub(crate) use impl_record;
+pub(crate) use run_record_set;

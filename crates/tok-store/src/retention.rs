@@ -142,6 +142,21 @@ pub trait RetentionStore: Send + Sync {
         limit: u32,
     ) -> Result<u64>;
 
+    /// Writes whole the context of at most `limit` of the tenant's runs
+    /// whose changes in step rows began before `before_ms` (give or take
+    /// the clocks' skew), in one short transaction; returns how many. The
+    /// caller repeats while a batch comes back full, before it expires step
+    /// rows from before `before_ms`: a run that waits longer than its
+    /// tenant keeps step data must not lose what its steps changed of its
+    /// context with them (`contexts_sql.rs`). A run whose record is being
+    /// written is left for the next pass.
+    async fn keep_contexts_whole(
+        &self,
+        tenant: &TenantId,
+        before_ms: i64,
+        limit: u32,
+    ) -> Result<u64>;
+
     /// Deletes at most `limit` of the tenant's idempotency keys
     /// (`event_keys`) taken before `before_ms`, in one short transaction;
     /// returns how many. A key older than the idempotency window no longer

@@ -111,6 +111,52 @@ macro_rules! impl_retention {
                 Ok(done.rows_affected())
             }
 
+            async fn keep_contexts_whole(
+                &self,
+                tenant: &TenantId,
+                before_ms: i64,
+                limit: u32,
+            ) -> Result<u64> {
+                let writer = self.writer_in(crate::Lane::Bulk).await;
+                let mut tx = writer.begin().await?;
+                // Only a run that has not ended has changes outside its
+                // context (a run's last record writes it whole).
+                let runs: Vec<String> = sqlx::query_scalar(concat!(
+                    "SELECT id FROM runs
+                     WHERE tenant_id = $1
+                       AND status IN ('queued', 'running', 'waiting', 'paused', 'compensating')
+                       AND tail_since < $2
+                     ORDER BY id LIMIT $3 ", lock_rows_skip_locked!()
+                ))
+                .bind(tenant.as_str())
+                .bind(before_ms.saturating_add($crate::contexts_sql::CLOCK_SKEW_MS))
+                .bind(i64::from(limit))
+                .fetch_all(&mut *tx)
+                .await?;
+                for run in &runs {
+                    let run = RunId::from(run.clone());
+                    let Some(context) = context_in(&mut tx, tenant, &run).await? else {
+                        continue;
+                    };
+                    let whole = $crate::rows::raw_json(&context)?;
+                    sqlx::query(
+                        "UPDATE runs SET context = $3, context_bytes = $4,
+                            context_upto = COALESCE((SELECT MAX(s.id) FROM run_steps s
+                                WHERE s.tenant_id = runs.tenant_id AND s.run_id = runs.id), 0),
+                            tail_since = NULL, tail_bytes = 0
+                         WHERE tenant_id = $1 AND id = $2",
+                    )
+                    .bind(tenant.as_str())
+                    .bind(run.as_str())
+                    .bind(Json(&context))
+                    .bind(whole.get().len() as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(runs.len() as u64)
+            }
+
             async fn expire_keys(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64> {
                 let done = sqlx::query(
                     "DELETE FROM event_keys WHERE tenant_id = $1

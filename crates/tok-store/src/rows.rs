@@ -159,17 +159,51 @@ pub(crate) struct StepRow<'a> {
     pub(crate) run_id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
     pub(crate) step: &'a crate::StepRecord,
+    /// What the record changed of the run's context, on its last step row
+    /// (`contexts_sql.rs`).
+    pub(crate) change: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A claim whose token still holds, with what its record needs of its run
+/// read under the fence.
+#[derive(Debug, Clone)]
+pub(crate) struct Fenced {
+    pub(crate) status: String,
+    /// The size of the changes the run's step rows hold since its context
+    /// was last written whole, and of that context (`contexts_sql.rs`).
+    pub(crate) tail_bytes: i64,
+    pub(crate) context_bytes: i64,
 }
 
 pub(crate) struct RunUpdate<'a> {
     pub(crate) id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
-    pub(crate) context: &'a serde_json::Value,
+    /// The context written whole; `None` when the record's change went to
+    /// its last step row instead.
+    pub(crate) context: Option<&'a serde_json::value::RawValue>,
     pub(crate) actions: i32,
     pub(crate) status: &'static str,
     pub(crate) error: Option<&'a str>,
     pub(crate) finished_at: Option<i64>,
     pub(crate) subject_ticket_id: Option<&'a str>,
+    /// The size of the context written whole, or of the change kept in
+    /// the step row (0: nothing changed).
+    pub(crate) bytes: i64,
+    /// The job that continues under its lease, where it is, and its row's
+    /// `attempts` before that step (`None`: no job continues outside its row).
+    pub(crate) cursor_job: Option<i64>,
+    pub(crate) cursor_path: Option<&'a str>,
+    pub(crate) cursor_base: Option<i32>,
+}
+
+/// `value` serialized once, to go into a batch row as it is (a run's
+/// context, or a record's change of it, whose size the record keeps).
+pub(crate) fn raw_json<T: serde::Serialize + ?Sized>(
+    value: &T,
+) -> crate::Result<Box<serde_json::value::RawValue>> {
+    serde_json::value::to_raw_value(value).map_err(|e| {
+        crate::StoreError::Conflict(format!("a run's context does not serialize: {e}"))
+    })
 }
 
 /// Serializes a batch row as a JSON array: `row` names the row inside the
@@ -280,6 +314,7 @@ array_row!(StepRow, |r| [
     r.step.log,         // 10
     r.step.started_at,  // 11
     r.step.finished_at, // 12
+    r.change,           // 13
 ]);
 
 array_row!(RunUpdate, |r| [
@@ -291,4 +326,8 @@ array_row!(RunUpdate, |r| [
     r.error,             // 5
     r.finished_at,       // 6
     r.subject_ticket_id, // 7
+    r.bytes,             // 8
+    r.cursor_job,        // 9
+    r.cursor_path,       // 10
+    r.cursor_base,       // 11
 ]);

@@ -363,21 +363,25 @@ macro_rules! impl_runs {
                     return Ok(Vec::new());
                 }
                 let rows = sqlx::query(concat!(
-                    "SELECT id, context FROM runs WHERE tenant_id = $1 AND id ",
+                    "SELECT id, context, context_upto, tail_since FROM runs WHERE tenant_id = $1 AND id ",
                     any_of!(2)
                 ))
                 .bind(tenant.as_str())
                 .bind(list(ids.iter().map(|id| id.as_str())))
                 .fetch_all(self.reader())
                 .await?;
-                Ok(rows
+                let mut contexts: Vec<(String, Value, $crate::contexts_sql::Stored)> = rows
                     .iter()
-                    .map(|r| {
-                        (
-                            RunId::from(r.get::<String, _>("id")),
-                            r.get::<Json<Value>, _>("context").0,
-                        )
-                    })
+                    .map(|r| (r.get::<String, _>("id"), r.get::<Json<Value>, _>("context").0, stored_of(r)))
+                    .collect();
+                let mut folding: Vec<(&str, &mut Value, $crate::contexts_sql::Stored)> = contexts
+                    .iter_mut()
+                    .map(|(id, context, stored)| (id.as_str(), context, *stored))
+                    .collect();
+                fold_changes(self.reader(), tenant, &mut folding).await?;
+                Ok(contexts
+                    .into_iter()
+                    .map(|(id, context, _)| (RunId::from(id), context))
                     .collect())
             }
 
@@ -439,7 +443,8 @@ macro_rules! impl_runs {
 
             async fn run(&self, tenant: &TenantId, id: &RunId) -> Result<Option<RunDetail>> {
                 let sql = format!(
-                    "SELECT {RUN_COLUMNS}, context FROM runs WHERE tenant_id = $1 AND id = $2"
+                    "SELECT {RUN_COLUMNS}, context, context_upto, tail_since FROM runs
+                     WHERE tenant_id = $1 AND id = $2"
                 );
                 let Some(row) = sqlx::query(&sql)
                     .bind(tenant.as_str())
@@ -451,7 +456,9 @@ macro_rules! impl_runs {
                 };
                 let steps = steps_of(self.reader(), tenant, id).await?;
                 let waits = waits_of(self.reader(), tenant, id).await?;
-                let context = row.get::<Json<Value>, _>("context").0;
+                let mut context = row.get::<Json<Value>, _>("context").0;
+                fold_changes(self.reader(), tenant, &mut [(id.as_str(), &mut context, stored_of(&row))])
+                    .await?;
                 let mut run = [run_from_row(&row)];
                 // Its waits are read above: not again.
                 let known = std::collections::HashMap::from([(
@@ -495,7 +502,9 @@ macro_rules! impl_runs {
             }
             let now = now_ms();
             let rows = sqlx::query(concat!(
-                "SELECT j.run_id, j.path, j.run_after, j.held, j.resume, j.queue_key,
+                "SELECT j.run_id,
+                    CASE WHEN r.cursor_job = j.id THEN r.cursor_path ELSE j.path END AS path,
+                    j.run_after, j.held, j.resume, j.queue_key,
                     (j.locked_by IS NOT NULL AND j.locked_until >= $3) AS leased,
                     (SELECT q.run_id FROM jobs q
                      WHERE q.tenant_id = j.tenant_id AND q.queue_key = j.queue_key
@@ -503,8 +512,9 @@ macro_rules! impl_runs {
                        AND (q.locked_until >= $3
                             OR (q.id < j.id AND NOT q.held AND q.run_after <= $3))
                      ORDER BY q.id LIMIT 1) AS key_holder
-                 FROM jobs j WHERE j.tenant_id = $1 AND j.run_id ", any_of!(2), "
-                 ORDER BY j.path"
+                 FROM jobs j JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
+                 WHERE j.tenant_id = $1 AND j.run_id ", any_of!(2), "
+                 ORDER BY path"
             ))
             .bind(tenant.as_str())
             .bind(list(live.iter().cloned()))
@@ -586,12 +596,7 @@ macro_rules! impl_runs {
             tenant: &TenantId,
             id: &RunId,
         ) -> Result<Option<String>> {
-            let row = sqlx::query("SELECT context FROM runs WHERE tenant_id = $1 AND id = $2")
-                .bind(tenant.as_str())
-                .bind(id.as_str())
-                .fetch_one(&mut **tx)
-                .await?;
-            let context = row.get::<Json<Value>, _>("context").0;
+            let context = context_in(tx, tenant, id).await?.ok_or(StoreError::NotFound("run"))?;
             Ok(tok_core::compensation::cancel_at(
                 &tok_core::context::Context::from_value(context),
             ))

@@ -187,7 +187,8 @@ macro_rules! impl_signals {
         }
 
         /// Whether a wait on `key` is kept while its step's escalation runs:
-        /// its row is there, its run's job is elsewhere (at the escalation's
+        /// its row is there, its run's job is elsewhere (where its run's row
+        /// says, for a job that went on under its lease: at the escalation's
         /// steps). A signal on the key then waits in the buffer for the wait
         /// to park again ([`ESCALATION_HOLD_MS`] at least).
         async fn escalating_wait(
@@ -199,8 +200,10 @@ macro_rules! impl_signals {
                 "SELECT w.id FROM waits w
                  WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
                    AND NOT EXISTS (SELECT 1 FROM jobs j
+                       JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
                        WHERE j.tenant_id = w.tenant_id AND j.run_id = w.run_id
-                         AND j.path = w.path)
+                         AND CASE WHEN r.cursor_job = j.id THEN r.cursor_path ELSE j.path END
+                             = w.path)
                  LIMIT 1",
             )
             .bind(tenant.as_str())
@@ -282,7 +285,7 @@ macro_rules! impl_signals {
         /// row becomes.
         async fn settle_waits(
             tx: &mut sqlx::Transaction<'_, $db>,
-            items: &[(ClaimedJob, Record, String)],
+            items: &[(ClaimedJob, Record, $crate::rows::Fenced)],
         ) -> Result<std::collections::HashMap<i64, $crate::rows::Parked>> {
             let mut parked = std::collections::HashMap::new();
             let parking: Vec<(&ClaimedJob, &str, &SignalWait)> = items

@@ -22,6 +22,7 @@ use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
+use crate::contexts_sql::impl_contexts;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
@@ -338,6 +339,10 @@ impl_runs! {
 
 impl_caps! {
     store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_contexts! {
     db = sqlx::Sqlite,
 }
 

@@ -16,7 +16,9 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use crate::{ClaimedJob, NextJob, Record, RunStatus, StepRecord, StepStatus, StoreError};
+use crate::{
+    ClaimedJob, ContextChange, NextJob, Record, RunStatus, StepRecord, StepStatus, StoreError,
+};
 
 /// What takes U+0000's place in text tok writes itself.
 pub const REPLACEMENT: char = '\u{FFFD}';
@@ -192,8 +194,8 @@ pub(crate) fn deadlocked(e: &StoreError) -> bool {
 }
 
 /// What a lone record the database refused is written as instead: the run
-/// fails at the claimed step, with its context as it was when the step was
-/// claimed and an error saying why, and its job goes. The step is not run
+/// fails at the claimed step, with its context as it was before the step
+/// (as stored) and an error saying why, and its job goes. The step is not run
 /// again by itself (it would be refused again, for ever); a retry of the
 /// run runs it again.
 pub(crate) fn refused_record(job: &ClaimedJob, refused: &Record, now: i64) -> Record {
@@ -219,7 +221,8 @@ pub(crate) fn refused_record(job: &ClaimedJob, refused: &Record, now: i64) -> Re
     };
     Record {
         steps: vec![step],
-        context: job.context.clone(),
+        context: Value::Null,
+        changed: ContextChange::Kept,
         actions: job.actions,
         status: RunStatus::Failed,
         error: Some(error),

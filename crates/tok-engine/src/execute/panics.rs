@@ -105,6 +105,7 @@ pub(super) async fn fail(
     tx.commit(Record {
         steps: vec![step],
         context,
+        changed: tok_store::ContextChange::Whole,
         actions: job.actions,
         status: RunStatus::Failed,
         error: Some(error),

@@ -21,8 +21,8 @@ use tok_core::definition::Automation;
 use tok_core::error::StepError;
 use tok_core::path::FlowPath;
 use tok_store::{
-    Cause, ClaimedJob, NextJob, Record, RecordTx, RunEnded, RunStatus, StepRecord, StoreError,
-    now_ms,
+    Cause, ClaimedJob, ContextChange, NextJob, Record, RecordTx, RunEnded, RunStatus, StepRecord,
+    StoreError, now_ms,
 };
 use tracing::Instrument as _;
 
@@ -153,10 +153,12 @@ enum Driven {
     Continue(Box<ClaimedJob>),
 }
 
-fn failed_without_step(job: &ClaimedJob, error: String) -> Record {
+/// The run fails before any step of the claim ran: its context as claimed.
+fn failed_without_step(job: &ClaimedJob, context: Value, error: String) -> Record {
     Record {
         steps: Vec::new(),
-        context: job.context.clone(),
+        context,
+        changed: ContextChange::Whole,
         actions: job.actions,
         status: RunStatus::Failed,
         error: Some(error),
@@ -194,9 +196,8 @@ async fn drive(
     let path = match job.path.parse::<FlowPath>() {
         Ok(path) => path,
         Err(e) => {
-            let mut record =
-                failed_without_step(job, format!("job path `{}` is not valid: {e}", job.path));
-            record.context = context;
+            let error = format!("job path `{}` is not valid: {e}", job.path);
+            let record = failed_without_step(job, context, error);
             inner.store.record(job, record).await?;
             return Ok(Driven::Recorded { advanced: false });
         }
@@ -230,8 +231,10 @@ async fn drive(
             | NextJob::BranchDone { .. }
     );
     let needs_tx = claim.tx.is_some() || claim.too_deep || !claim.effects.is_empty();
+    let changed = ContextChange::Keys(claim.state.context.changed());
     let record = Record {
         steps: stored(inner, automation, claim.records),
+        changed,
         context: claim.state.context.into_value(),
         actions: claim.state.actions,
         status: claim.status,
@@ -244,10 +247,11 @@ async fn drive(
         // Nothing else to write with it: the record joins the store's group
         // commit with other claims' records.
         if let (true, NextJob::Step { path, delay_ms: 0 }) = (may_continue, &record.next) {
+            // The job goes on under its claim: same token, its lease kept
+            // by the pool's heartbeats.
             let next = ClaimedJob {
                 path: path.clone(),
                 attempt: 1,
-                claim_token: tok_store::random_token(),
                 context: record.context.clone(),
                 actions: record.actions,
                 subject_ticket_id: record.subject_ticket_id.clone(),
@@ -257,7 +261,6 @@ async fn drive(
             let mut record = record;
             record.next = NextJob::Continue {
                 path: next.path.clone(),
-                token: next.claim_token.clone(),
                 lease_ms: inner.lease_ms(),
             };
             let continues = inner.store.record_and_continue(job, record).await?;

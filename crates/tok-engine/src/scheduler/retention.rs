@@ -143,10 +143,45 @@ pub(super) async fn pass(scheduler: &Scheduler, tenants: &[TenantId]) -> Result<
             .iter()
             .map(|(tenant, r)| (tenant.clone(), cutoff(now, what.days(r))))
             .collect();
-        report
-            .dropped
-            .extend(store.drop_expired_partitions(what, &cutoffs).await?);
+        // What a waiting run's steps changed of its context is kept in
+        // their rows until the context is written whole: first that, and
+        // the step rows of a tenant with more of it to do stay this pass.
+        let mut unfinished = Vec::new();
+        if what == Expiring::StepData {
+            for (tenant, before) in &cutoffs {
+                let mut batches = 0;
+                loop {
+                    let kept = match store
+                        .keep_contexts_whole(tenant, *before, config.expiry_batch)
+                        .await
+                    {
+                        Err(e) if super::skips(tenant, e.is_tenant_database_away()) => {
+                            unfinished.push(tenant.clone());
+                            break;
+                        }
+                        kept => kept?,
+                    };
+                    if kept < u64::from(config.expiry_batch) {
+                        break;
+                    }
+                    batches += 1;
+                    if batches >= config.expiry_batches {
+                        unfinished.push(tenant.clone());
+                        report.more = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if unfinished.is_empty() {
+            report
+                .dropped
+                .extend(store.drop_expired_partitions(what, &cutoffs).await?);
+        }
         for (tenant, before) in &cutoffs {
+            if unfinished.contains(tenant) {
+                continue;
+            }
             let before = if by_month && what.partitioned() {
                 &month_start(*before)
             } else {

@@ -990,6 +990,7 @@ by_tenant! {
     impl RetentionStore {
         fn expire_keys(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64>;
         fn expire_signals(&self, tenant: &TenantId, now_ms: i64, limit: u32) -> Result<u64>;
+        fn keep_contexts_whole(&self, tenant: &TenantId, before_ms: i64, limit: u32) -> Result<u64>;
     }
     also {
         // A tenant's rows are on its database, but for its audit log, which

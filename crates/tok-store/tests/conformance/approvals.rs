@@ -75,6 +75,7 @@ async fn waiting(store: &dyn Store, t: &TenantId) -> (RunId, String, Vec<Approve
         subject_ticket_id: None,
         steps: vec![step("0", tok_store::StepStatus::Waiting, json!({}))],
         context: job.context.clone(),
+        changed: tok_store::ContextChange::Whole,
         actions: 1,
         status: RunStatus::Waiting,
         error: None,

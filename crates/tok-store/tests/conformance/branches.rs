@@ -22,6 +22,7 @@ fn record(job: &ClaimedJob, steps: Vec<StepRecord>, next: NextJob) -> Record {
         actions: job.actions + steps.len() as i32,
         steps,
         context: job.context.clone(),
+        changed: tok_store::ContextChange::Whole,
         status: RunStatus::Running,
         error: None,
         next,

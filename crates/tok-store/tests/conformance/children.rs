@@ -38,6 +38,7 @@ fn parked(job: &ClaimedJob, next: NextJob) -> Record {
         subject_ticket_id: None,
         steps: vec![step(&job.path, tok_store::StepStatus::Waiting, json!({}))],
         context: job.context.clone(),
+        changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status: RunStatus::Waiting,
         error: None,

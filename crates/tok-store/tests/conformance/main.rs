@@ -4,6 +4,7 @@
 //! dropped even when the test fails. One module per part of the store:
 //! `queue` (claims, leases, fencing), `record` (the record transaction),
 //! `children` (child runs and waits on runs), `branches` (parallel branches' jobs),
+//! `contexts` (a run's position and context in the rows its steps write),
 //! `dispatch`, `flow` (the start controls' rows), `inbox` (events and manual starts), `runs` (the listing),
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
 //! `tenancy` (scoping across all of them), `tenant_caps` (a tenant's
@@ -58,6 +59,7 @@ mod branches;
 mod children;
 mod compensation;
 mod connections;
+mod contexts;
 mod desk;
 mod dispatch;
 mod effects;
@@ -383,6 +385,7 @@ fn finish(job: &ClaimedJob, status: RunStatus) -> Record {
         subject_ticket_id: None,
         steps: vec![step(&job.path, tok_store::StepStatus::Completed, json!({}))],
         context: job.context.clone(),
+        changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status,
         error: None,

@@ -71,6 +71,7 @@ async fn record_step_writes_the_step_and_moves_the_job_on(db: &TestDb) {
                 json!({ "forged": true }),
             )],
             context: json!({ "forged": true }),
+            changed: tok_store::ContextChange::Whole,
             actions: 9,
             status: RunStatus::Completed,
             error: Some("forged".into()),
@@ -111,6 +112,7 @@ async fn record_step_writes_the_step_and_moves_the_job_on(db: &TestDb) {
             json!({ "a": 1 }),
         )],
         context: json!({ "n": 1, "st_0": { "a": 1 } }),
+        changed: tok_store::ContextChange::Whole,
         actions: 1,
         status: RunStatus::Running,
         error: None,
@@ -174,6 +176,7 @@ async fn record_step_writes_the_step_and_moves_the_job_on(db: &TestDb) {
         subject_ticket_id: None,
         steps: vec![step("1", tok_store::StepStatus::Completed, json!({}))],
         context: detail.context.clone(),
+        changed: tok_store::ContextChange::Whole,
         actions: 2,
         status: RunStatus::Waiting,
         error: None,
@@ -236,6 +239,7 @@ async fn record_retry_delays_the_same_step_and_counts_attempts(db: &TestDb) {
             subject_ticket_id: None,
             steps: vec![failed],
             context: job.context.clone(),
+            changed: tok_store::ContextChange::Whole,
             actions: 1,
             status: RunStatus::Running,
             error: None,
@@ -364,19 +368,18 @@ async fn a_continued_job_stays_leased_unless_its_run_was_paused(db: &TestDb) {
         .await
         .expect("claim");
     assert_eq!(jobs.len(), 2, "{backend:?}");
-    let continued_record = |job: &ClaimedJob, token: &str| Record {
+    let continued_record = |job: &ClaimedJob| Record {
         next: NextJob::Continue {
             path: "1".into(),
-            token: token.into(),
             lease_ms: 30_000,
         },
         status: RunStatus::Running,
         ..finish(job, RunStatus::Running)
     };
-    // One run goes on under a new token, held by the same worker.
+    // One run goes on under its claim, held by the same worker.
     let (going, paused) = (&jobs[0], &jobs[1]);
     let kept = store
-        .record_and_continue(going, continued_record(going, "token-2"))
+        .record_and_continue(going, continued_record(going))
         .await
         .expect("record");
     assert!(kept, "{backend:?}");
@@ -391,7 +394,7 @@ async fn a_continued_job_stays_leased_unless_its_run_was_paused(db: &TestDb) {
     // The other run is paused while its step runs: it is released and held.
     store.pause_run(&t, &paused.run_id).await.expect("pause");
     let kept = store
-        .record_and_continue(paused, continued_record(paused, "token-3"))
+        .record_and_continue(paused, continued_record(paused))
         .await
         .expect("record");
     assert!(!kept, "{backend:?}: a paused run kept its lease");
@@ -405,15 +408,20 @@ async fn a_continued_job_stays_leased_unless_its_run_was_paused(db: &TestDb) {
             .is_empty(),
         "{backend:?}: a job was claimable while one is leased and one held"
     );
-    // The continued job records under its new token; the old one is fenced off.
+    // The continued job records its next step under the same claim; a
+    // token it does not hold is fenced off.
     let next = ClaimedJob {
         path: "1".into(),
-        claim_token: "token-2".into(),
+        attempt: 1,
         ..going.clone()
+    };
+    let forged = ClaimedJob {
+        claim_token: "not-the-claim".into(),
+        ..next.clone()
     };
     assert!(matches!(
         store
-            .record(going, finish(going, RunStatus::Completed))
+            .record(&forged, finish(&forged, RunStatus::Completed))
             .await,
         Err(StoreError::LeaseLost(_))
     ));
@@ -470,6 +478,7 @@ fn step_done(job: &ClaimedJob, error: Option<&str>) -> Record {
         subject_ticket_id: None,
         steps: vec![done],
         context: job.context.clone(),
+        changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status: RunStatus::Running,
         error: None,
