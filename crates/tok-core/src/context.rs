@@ -7,6 +7,7 @@
 //! their bare keys (`status`). Keys starting with `_` are reserved for tok.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -21,10 +22,13 @@ pub const OUTPUT_KEY: &str = "_output";
 /// It remembers which of its top-level entries changed since it was made
 /// ([`Context::changed`]): a record stores only those ([`Changes`]), not
 /// the whole context again, so a step of a long run costs what a step of a
-/// short one does. Two contexts are equal when their values are.
+/// short one does. And it is shared, not copied: a step's handler and a
+/// record read the same value ([`Context::shared`]), and a change after
+/// them copies it only if one of them still holds it. Two contexts are
+/// equal when their values are.
 #[derive(Debug, Clone)]
 pub struct Context {
-    value: Value,
+    value: Arc<Value>,
     changed: BTreeSet<String>,
 }
 
@@ -63,6 +67,19 @@ impl Context {
     }
 
     fn of(value: Value) -> Context {
+        Context::of_shared(Arc::new(value))
+    }
+
+    /// A stored context shared with whoever else holds it; anything but an
+    /// object is an empty context.
+    pub fn from_shared(value: Arc<Value>) -> Context {
+        match *value {
+            Value::Object(_) => Context::of_shared(value),
+            _ => Context::default(),
+        }
+    }
+
+    fn of_shared(value: Arc<Value>) -> Context {
         Context {
             value,
             changed: BTreeSet::new(),
@@ -85,10 +102,11 @@ impl Context {
                 self.changed.insert(key.to_owned());
             }
         }
-        if !self.value.is_object() {
-            self.value = Value::Object(Map::new());
+        let value = Arc::make_mut(&mut self.value);
+        if !value.is_object() {
+            *value = Value::Object(Map::new());
         }
-        match &mut self.value {
+        match value {
             Value::Object(map) => map,
             _ => unreachable!("the context was just made an object"),
         }
@@ -107,7 +125,7 @@ impl Context {
     /// does not start with `_`. So a tool returning `status` never overwrites
     /// the trigger's `status`, and a later step never overwrites an earlier one.
     pub fn publish(&mut self, step_id: &str, outputs: &Map<String, Value>) {
-        let bare: Vec<&String> = match &self.value {
+        let bare: Vec<&String> = match &*self.value {
             Value::Object(map) => outputs
                 .keys()
                 .filter(|key| {
@@ -167,11 +185,22 @@ impl Context {
 
     /// The context as a JSON value (a copy).
     pub fn to_value(&self) -> Value {
-        self.value.clone()
+        (*self.value).clone()
     }
 
-    /// The context as a JSON value, without copying.
+    /// The context as a JSON value, copied only if someone else holds it.
     pub fn into_value(self) -> Value {
+        Arc::try_unwrap(self.value).unwrap_or_else(|shared| (*shared).clone())
+    }
+
+    /// The context's value, shared: a handler's view of it, a record of it,
+    /// without a copy.
+    pub fn shared(&self) -> Arc<Value> {
+        Arc::clone(&self.value)
+    }
+
+    /// [`Context::shared`], taking the context.
+    pub fn into_shared(self) -> Arc<Value> {
         self.value
     }
 }

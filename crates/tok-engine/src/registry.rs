@@ -42,8 +42,9 @@ pub struct StepCall {
     pub lease_ms: i64,
     /// The step's `config` with every template rendered against the context.
     pub config: Value,
-    /// The context as this step sees it (loop variables included).
-    pub context: Value,
+    /// The context as this step sees it (loop variables included), shared
+    /// with the run rather than copied for each step.
+    pub context: Arc<Value>,
     /// Where [`StepCall::once`] keeps its results.
     pub effects: Effects,
     /// The W3C trace context of the step (`traceparent`): the `http` step

@@ -401,6 +401,9 @@ pub trait RecordTx: Send {
     /// This job's run ended: the waits on it learn how (a waiting parent
     /// is resumed when its wait is over), when the record commits.
     async fn run_ended(&mut self, ended: RunEnded) -> Result<()>;
+    /// This job's run's context as it is stored: as the claim found it,
+    /// with what the records before this one changed.
+    async fn run_context(&mut self) -> Result<Value>;
     /// The tenant's members with these ids (those that exist), in that order.
     async fn members(&mut self, ids: &[String]) -> Result<Vec<Member>>;
     /// Opens an approval for this run; returns its id.

@@ -1140,6 +1140,11 @@ macro_rules! impl_desk {
                 run_ended_in(&mut self.tx, &self.job.tenant_id, &ended).await
             }
 
+            async fn run_context(&mut self) -> Result<Value> {
+                let context = context_in(&mut self.tx, &self.job.tenant_id, &self.job.run_id).await?;
+                context.ok_or(StoreError::NotFound("run"))
+            }
+
             async fn members(&mut self, ids: &[String]) -> Result<Vec<Member>> {
                 members_in(&mut self.tx, &self.job.tenant_id, ids).await
             }

@@ -367,7 +367,9 @@ pub struct ClaimedJob {
 #[derive(Debug, Clone)]
 pub struct Record {
     pub steps: Vec<StepRecord>,
-    pub context: Value,
+    /// The run's context after the record, shared with the worker that
+    /// goes on with it (see [`ContextChange`] for what it is to the store).
+    pub context: std::sync::Arc<Value>,
     /// What `context` is to the run's stored context.
     pub changed: ContextChange,
     pub actions: i32,

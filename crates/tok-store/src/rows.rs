@@ -197,13 +197,23 @@ pub(crate) struct RunUpdate<'a> {
 }
 
 /// `value` serialized once, to go into a batch row as it is (a run's
-/// context, or a record's change of it, whose size the record keeps).
+/// context, or a record's change of it, whose size the record keeps), and
+/// storable on every backend: U+0000, which PostgreSQL cannot keep in
+/// JSON, is serialized as `\u0000`, and only a value whose text has that
+/// is mended, on a copy (`storable.rs`).
 pub(crate) fn raw_json<T: serde::Serialize + ?Sized>(
     value: &T,
 ) -> crate::Result<Box<serde_json::value::RawValue>> {
-    serde_json::value::to_raw_value(value).map_err(|e| {
+    let unserializable = |e: serde_json::Error| {
         crate::StoreError::Conflict(format!("a run's context does not serialize: {e}"))
-    })
+    };
+    let raw = serde_json::value::to_raw_value(value).map_err(unserializable)?;
+    if !raw.get().contains("\\u0000") {
+        return Ok(raw);
+    }
+    let mut mended: serde_json::Value = serde_json::from_str(raw.get()).map_err(unserializable)?;
+    crate::storable::mend_value(&mut mended);
+    serde_json::value::to_raw_value(&mended).map_err(unserializable)
 }
 
 /// Serializes a batch row as a JSON array: `row` names the row inside the

@@ -402,7 +402,7 @@ macro_rules! impl_signals {
                     .and_then(|_| {
                         let record = items.iter().find(|(j, _, _)| j.id == job.id)?;
                         let at: tok_core::path::FlowPath = path.parse().ok()?;
-                        let context = tok_core::context::Context::from_value(record.1.context.clone());
+                        let context = tok_core::context::Context::from_shared(record.1.context.clone());
                         tok_core::escalation::began(&at, &context).map(|(since, _)| since)
                     });
                 let taken = match (wait.lookback, since) {

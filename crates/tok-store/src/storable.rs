@@ -131,13 +131,15 @@ pub fn mend_value(value: &mut Value) {
 }
 
 /// Makes a record storable on every backend: U+0000 in its steps' input,
-/// output, error and log, in the run's context and error becomes U+FFFD.
-/// A record without U+0000 is left as it is (and nothing is copied).
+/// output, error and log, and in the run's error becomes U+FFFD. A record
+/// without U+0000 is left as it is (and nothing is copied). The run's
+/// context is mended as it is written (`rows::raw_json`), where what is
+/// written of it is serialized anyway, rather than walked whole here at
+/// every step.
 pub fn mend_record(record: &mut Record) {
     for step in &mut record.steps {
         mend_step(step);
     }
-    mend_value(&mut record.context);
     if let Some(error) = &mut record.error {
         mend_string(error);
     }
@@ -221,7 +223,7 @@ pub(crate) fn refused_record(job: &ClaimedJob, refused: &Record, now: i64) -> Re
     };
     Record {
         steps: vec![step],
-        context: Value::Null,
+        context: Value::Null.into(),
         changed: ContextChange::Kept,
         actions: job.actions,
         status: RunStatus::Failed,

@@ -172,7 +172,7 @@ fn waiting(job: &ClaimedJob, wait: SignalWait) -> Record {
     Record {
         subject_ticket_id: None,
         steps: vec![step_record(job, StepStatus::Waiting)],
-        context: job.context.clone(),
+        context: job.context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status: RunStatus::Waiting,
@@ -189,7 +189,7 @@ fn finished(job: &ClaimedJob) -> Record {
     Record {
         subject_ticket_id: None,
         steps: vec![step_record(job, StepStatus::Completed)],
-        context: job.context.clone(),
+        context: job.context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status: RunStatus::Completed,

@@ -9,6 +9,7 @@ pub mod config;
 pub mod demo;
 pub mod file_lock;
 pub mod secrets;
+pub mod statements;
 pub mod test_run;
 pub mod traces;
 

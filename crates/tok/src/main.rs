@@ -146,6 +146,7 @@ fn init_logs(format: LogFormat, default: &str) -> anyhow::Result<tok::traces::Tr
     })??;
     tracing_subscriber::registry()
         .with(traces)
+        .with(tok::statements::layer())
         .with(logs.with_filter(filter))
         .init();
     Ok(provider)

@@ -194,7 +194,7 @@ pub struct Execute {
     /// The step's config with every template rendered.
     pub config: Value,
     /// The context as the step sees it (loop variables included).
-    pub scope: Value,
+    pub scope: std::sync::Arc<Value>,
 }
 
 /// What the claim does next.
@@ -630,7 +630,12 @@ impl Decider<'_> {
             let scope = flow::scope(&automation.steps, &path, self.state.context.as_value());
             if class != StepClass::Control {
                 let rendered = template::render_value(&step.config, &scope);
-                let scope = scope.into_owned();
+                // The handler reads the run's context as it is, shared,
+                // or the view of an iteration (a copy).
+                let scope = match scope {
+                    std::borrow::Cow::Borrowed(_) => self.state.context.shared(),
+                    std::borrow::Cow::Owned(view) => std::sync::Arc::new(view),
+                };
                 let config = match rendered {
                     Ok(config) => config,
                     Err(e) => {

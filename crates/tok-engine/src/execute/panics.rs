@@ -52,7 +52,6 @@ pub(super) async fn fail(
     inner: &Inner,
     job: &ClaimedJob,
     automation: &Automation,
-    context: Value,
     running: Running,
     panic: String,
 ) -> Result<(), StoreError> {
@@ -75,6 +74,8 @@ pub(super) async fn fail(
         actor: format!("automation \u{201c}{}\u{201d}", automation.name),
     };
     let mut tx = inner.store.begin_record(job).await?;
+    // What the claim did is lost with it: the context as it was stored.
+    let context = tx.run_context().await?;
     let subject = job.subject_ticket_id.as_deref();
     effects::run_failed(
         &mut *tx, job, automation, subject, &context, &failure, &cause,
@@ -104,7 +105,7 @@ pub(super) async fn fail(
     };
     tx.commit(Record {
         steps: vec![step],
-        context,
+        context: context.into(),
         changed: tok_store::ContextChange::Whole,
         actions: job.actions,
         status: RunStatus::Failed,

@@ -91,8 +91,6 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
         // The job's context moves into the claim; the store needs the
         // rest of the job (its key and token) to fence the record.
         let context = std::mem::take(&mut job.context);
-        // Kept for the failure of a panic, which loses the claim's state.
-        let before = context.clone();
         let mut running = Running::of_job(&job, &automation);
         let driven = AssertUnwindSafe(drive(
             inner,
@@ -108,8 +106,7 @@ pub(crate) async fn execute(inner: &Inner, job: ClaimedJob) {
             Ok(driven) => driven,
             Err(panic) => {
                 let panic = crate::panic_message(&*panic);
-                if let Err(e) = panics::fail(inner, &job, &automation, before, running, panic).await
-                {
+                if let Err(e) = panics::fail(inner, &job, &automation, running, panic).await {
                     tracing::error!(job = %job.id, error = %e, "could not record a panicked claim; the job returns after its lease");
                 }
                 return;
@@ -157,7 +154,7 @@ enum Driven {
 fn failed_without_step(job: &ClaimedJob, context: Value, error: String) -> Record {
     Record {
         steps: Vec::new(),
-        context,
+        context: context.into(),
         changed: ContextChange::Whole,
         actions: job.actions,
         status: RunStatus::Failed,
@@ -235,7 +232,7 @@ async fn drive(
     let record = Record {
         steps: stored(inner, automation, claim.records),
         changed,
-        context: claim.state.context.into_value(),
+        context: claim.state.context.into_shared(),
         actions: claim.state.actions,
         status: claim.status,
         error: claim.error,
@@ -248,11 +245,13 @@ async fn drive(
         // commit with other claims' records.
         if let (true, NextJob::Step { path, delay_ms: 0 }) = (may_continue, &record.next) {
             // The job goes on under its claim: same token, its lease kept
-            // by the pool's heartbeats.
+            // by the pool's heartbeats. The context is shared with the
+            // record until it is written, and is the job's alone after.
+            let context = std::sync::Arc::clone(&record.context);
             let next = ClaimedJob {
                 path: path.clone(),
                 attempt: 1,
-                context: record.context.clone(),
+                context: Value::Null,
                 actions: record.actions,
                 subject_ticket_id: record.subject_ticket_id.clone(),
                 resume: None,
@@ -266,7 +265,10 @@ async fn drive(
             let continues = inner.store.record_and_continue(job, record).await?;
             published.publish(&inner.stream);
             return Ok(match continues {
-                true => Driven::Continue(Box::new(next)),
+                true => Driven::Continue(Box::new(ClaimedJob {
+                    context: std::sync::Arc::unwrap_or_clone(context),
+                    ..next
+                })),
                 false => Driven::Recorded { advanced: false },
             });
         }
@@ -538,7 +540,7 @@ async fn call_handler(
     inner: &Inner,
     job: &ClaimedJob,
     step: &Execute,
-    scope: Value,
+    scope: std::sync::Arc<Value>,
     trace: crate::traces::RunTrace,
 ) -> Result<Map<String, Value>, StepError> {
     let Some(handler) = inner.registry.handler(&step.kind) else {

@@ -13,6 +13,7 @@
 //! new automation version with a changed script compiles afresh, and two
 //! tenants never share a context.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -120,7 +121,10 @@ impl StepHandler for ScriptStep {
         );
         let request = ScriptRequest {
             source: config.source.to_owned(),
-            input: config.input.cloned().unwrap_or(call.context),
+            input: config
+                .input
+                .cloned()
+                .unwrap_or_else(|| Arc::unwrap_or_clone(call.context)),
             timeout: config.timeout,
             cache_key,
         };
@@ -226,7 +230,7 @@ mod tests {
             job_id: tok_core::ids::JobId(1),
             lease_ms: 30_000,
             config,
-            context: json!({}),
+            context: Arc::new(json!({})),
             effects: crate::registry::Effects::none(),
             traceparent: None,
         };

@@ -74,7 +74,7 @@ async fn waiting(store: &dyn Store, t: &TenantId) -> (RunId, String, Vec<Approve
     let record = Record {
         subject_ticket_id: None,
         steps: vec![step("0", tok_store::StepStatus::Waiting, json!({}))],
-        context: job.context.clone(),
+        context: job.context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: 1,
         status: RunStatus::Waiting,

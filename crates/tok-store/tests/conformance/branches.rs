@@ -21,7 +21,7 @@ fn record(job: &ClaimedJob, steps: Vec<StepRecord>, next: NextJob) -> Record {
         subject_ticket_id: None,
         actions: job.actions + steps.len() as i32,
         steps,
-        context: job.context.clone(),
+        context: job.context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         status: RunStatus::Running,
         error: None,

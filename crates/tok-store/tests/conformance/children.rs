@@ -37,7 +37,7 @@ fn parked(job: &ClaimedJob, next: NextJob) -> Record {
     Record {
         subject_ticket_id: None,
         steps: vec![step(&job.path, tok_store::StepStatus::Waiting, json!({}))],
-        context: job.context.clone(),
+        context: job.context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status: RunStatus::Waiting,
@@ -115,7 +115,7 @@ async fn end_run(store: &dyn Store, job: &ClaimedJob, status: RunStatus, output:
     .await
     .expect("the end reaches its waits");
     let mut record = finish(job, status);
-    record.context["_output"] = output;
+    std::sync::Arc::make_mut(&mut record.context)["_output"] = output;
     tx.commit(record).await.expect("commit");
 }
 
@@ -360,7 +360,7 @@ async fn a_run_failed_outside_the_decider_resumes_the_run_parked_on_it(db: &Test
     let job = claim_one(store, &t, &child_a.run_id).await;
     let mut record = finish(&job, RunStatus::Failed);
     record.error = Some("job path `x` is not valid".into());
-    record.context["_event"] = json!({ "parentRunId": parent_a });
+    std::sync::Arc::make_mut(&mut record.context)["_event"] = json!({ "parentRunId": parent_a });
     store.record(&job, record).await.expect("record");
     let resumed = claim_one(store, &t, &parent_a).await;
     assert_eq!(

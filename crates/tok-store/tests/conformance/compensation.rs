@@ -30,7 +30,7 @@ fn parked_at(job: &ClaimedJob, path: &str, context: Value) -> Record {
     Record {
         subject_ticket_id: None,
         steps: vec![step(path, StepStatus::Waiting, json!({}))],
-        context,
+        context: context.into(),
         changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status: RunStatus::Waiting,
@@ -107,7 +107,7 @@ async fn a_cancelled_run_with_steps_to_undo_compensates_on_one_job(db: &TestDb) 
     let done = Record {
         subject_ticket_id: None,
         steps: vec![undo],
-        context: job.context.clone(),
+        context: job.context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status: RunStatus::Cancelled,
@@ -134,7 +134,7 @@ async fn branch_records_add_their_completed_steps_to_the_runs_list(db: &TestDb) 
     let fork = Record {
         subject_ticket_id: None,
         steps: vec![step("0", StepStatus::Waiting, json!({}))],
-        context: jobs[0].context.clone(),
+        context: jobs[0].context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: 1,
         status: RunStatus::Running,
@@ -155,7 +155,7 @@ async fn branch_records_add_their_completed_steps_to_the_runs_list(db: &TestDb) 
         let record = Record {
             subject_ticket_id: None,
             steps: vec![step(&job.path, StepStatus::Completed, json!({}))],
-            context,
+            context: context.into(),
             changed: tok_store::ContextChange::Whole,
             actions: job.actions + 1,
             status: RunStatus::Running,
@@ -192,7 +192,7 @@ async fn a_run_that_undid_its_steps_on_failure_is_not_retried(db: &TestDb) {
             failed,
             step("0.compensate.0", StepStatus::Completed, json!({})),
         ],
-        context: jobs[0].context.clone(),
+        context: jobs[0].context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: 2,
         status: RunStatus::Failed,

@@ -60,7 +60,7 @@ fn went_on(job: &ClaimedJob, outputs: Value, next: &str) -> Record {
     let changed = ContextChange::Keys(context.changed());
     Record {
         steps: vec![step(&job.path, tok_store::StepStatus::Completed, outputs)],
-        context: context.into_value(),
+        context: context.into_value().into(),
         changed,
         actions: job.actions + 1,
         status: RunStatus::Running,
@@ -79,7 +79,7 @@ fn going_on(job: &ClaimedJob, record: &Record, next: &str) -> ClaimedJob {
     ClaimedJob {
         path: next.into(),
         attempt: 1,
-        context: record.context.clone(),
+        context: (*record.context).clone(),
         actions: record.actions,
         ..job.clone()
     }
@@ -180,7 +180,7 @@ async fn what_records_changed_reads_back_as_the_runs_context(db: &TestDb) {
     context.set_reserved("_escalations", Some(json!({ "1": { "since": 5 } })));
     let record = Record {
         changed: ContextChange::Keys(context.changed()),
-        context: context.into_value(),
+        context: context.into_value().into(),
         ..went_on(&job, json!({}), "2")
     };
     assert!(
@@ -198,7 +198,7 @@ async fn what_records_changed_reads_back_as_the_runs_context(db: &TestDb) {
     );
     let record = Record {
         changed: ContextChange::Keys(context.changed()),
-        context: context.into_value(),
+        context: context.into_value().into(),
         ..went_on(&job, json!({}), "3")
     };
     assert!(
@@ -268,11 +268,11 @@ async fn a_change_that_outgrows_the_context_writes_it_whole(db: &TestDb) {
     );
     let stored = stored_context(db, &run).await;
     assert_eq!(
-        stored, big.context,
+        stored, *big.context,
         "{backend:?}: written whole, the small change with it"
     );
     let detail = store.run(&t, &run).await.unwrap().unwrap();
-    assert_eq!(detail.context, big.context, "{backend:?}");
+    assert_eq!(detail.context, *big.context, "{backend:?}");
 }
 
 async fn retention_writes_whole_the_context_of_a_run_whose_changes_are_old(db: &TestDb) {
@@ -310,7 +310,11 @@ async fn retention_writes_whole_the_context_of_a_run_whose_changes_are_old(db: &
         .await
         .expect("keep");
     assert_eq!(kept, 1, "{backend:?}");
-    assert_eq!(stored_context(db, &run).await, waits.context, "{backend:?}");
+    assert_eq!(
+        stored_context(db, &run).await,
+        *waits.context,
+        "{backend:?}"
+    );
     assert_eq!(
         store
             .keep_contexts_whole(&t, later, 100)
@@ -327,7 +331,7 @@ async fn retention_writes_whole_the_context_of_a_run_whose_changes_are_old(db: &
     let detail = store.run(&t, &run).await.unwrap().unwrap();
     assert!(detail.steps.is_empty(), "{backend:?}");
     assert_eq!(
-        detail.context, waits.context,
+        detail.context, *waits.context,
         "{backend:?}: the context outlives its steps"
     );
 }
@@ -344,7 +348,7 @@ async fn a_cancel_undoes_what_steps_that_went_on_completed(db: &TestDb) {
     context.set_reserved(tok_core::compensation::COMPENSABLE_KEY, Some(json!(["0"])));
     let record = Record {
         changed: ContextChange::Keys(context.changed()),
-        context: context.into_value(),
+        context: context.into_value().into(),
         next: NextJob::Step {
             path: "1".into(),
             delay_ms: 3_600_000,

@@ -384,7 +384,7 @@ fn finish(job: &ClaimedJob, status: RunStatus) -> Record {
     Record {
         subject_ticket_id: None,
         steps: vec![step(&job.path, tok_store::StepStatus::Completed, json!({}))],
-        context: job.context.clone(),
+        context: job.context.clone().into(),
         changed: tok_store::ContextChange::Whole,
         actions: job.actions + 1,
         status,

@@ -56,7 +56,7 @@ async fn a_runs_context_and_its_steps_json_are_stored_with_lz4(db: &TestDb) {
         .map(|i| json!({ "item": i, "status": "shipped", "note": "delivered to the address" }))
         .collect();
     let mut record = finish(&job, RunStatus::Completed);
-    record.context = json!({ "steps": { "fetch": { "items": answer } } });
+    record.context = json!({ "steps": { "fetch": { "items": answer } } }).into();
     record.steps = vec![step(
         &job.path,
         tok_store::StepStatus::Completed,

@@ -2,11 +2,14 @@
 //! database, the inputs of the capacity model (`docs/capacity.md`,
 //! `tok capacity`).
 //!
-//! Two shapes, each on a fresh database and server: `ingest` (webhooks to a
+//! Shapes, each on a fresh database and server: `ingest` (webhooks to a
 //! source without automations: the inbox row, its key and the dispatch that
-//! marks it) and `steps-queued` (webhooks each starting a run of ten
-//! `bench/noop` steps, each step a claim and a record). After a warm-up,
-//! over the measured load only, the bench reads:
+//! marks it), `steps-queued` (webhooks each starting a run of ten
+//! `bench/noop` steps, each step its own record), scenario B's steps
+//! (`steps-b`, `steps-b-peak`: outputs of 1-3 kB), and runs whose context
+//! grows by 2 kB a step, of 10 steps (`steps-short`) and of 200
+//! (`steps-long`): a step of the long run must cost what one of the short
+//! run does. After a warm-up, over the measured load only, the bench reads:
 //!
 //! - **CPU** of the PostgreSQL processes of that database (its backends
 //!   and autovacuum workers, by process title, sampled every 100 ms; the
@@ -24,6 +27,10 @@
 //!   (partitions counted in their table), read after the server stopped, so
 //!   every backend has flushed its counts; and `pg_stat_database`'s
 //!   commits;
+//! - **statements**: `pg_stat_statements`' calls in this database where the
+//!   server preloads it, else the server's own count of what it ran
+//!   (`TOK_COUNT_STATEMENTS`, [`crate::statements`]), which costs the
+//!   server a little CPU of its own;
 //! - **bytes kept**: after `VACUUM ANALYZE`, each table's
 //!   `pg_total_relation_size` over its live rows.
 //!
@@ -39,7 +46,7 @@ use sqlx::Row as _;
 
 use super::api::{self, Api, Tenant};
 use super::report::{Figure, Target};
-use super::server::pg_connect;
+use super::server::{ChildSpec, pg_connect};
 use super::steps::{self, Kind, STEPS_PER_RUN};
 use super::sys::{CpuMeter, DatabaseCpu};
 use super::{BackendKind, Bench, Server};
@@ -65,7 +72,20 @@ enum Shape {
     /// open loop): the cost per step where the node works, with the
     /// smaller batches of a lighter load.
     StepsBPeak,
+    /// Runs of [`SHORT_RUN`] `bench/noop` steps in a `loop`, each answering
+    /// 2 kB under a key of its own (the context grows by 2 kB a step):
+    /// what a step of a short run costs, beside [`Shape::StepsLong`].
+    StepsShort,
+    /// The same runs with [`LONG_RUN`] steps: a step of a long run, whose
+    /// context reaches 400 kB, must cost what a step of a short one does.
+    StepsLong,
 }
+
+/// Steps of [`Shape::StepsShort`]'s and [`Shape::StepsLong`]'s runs, and
+/// the bytes each answers.
+pub(crate) const SHORT_RUN: usize = 10;
+pub(crate) const LONG_RUN: usize = 200;
+pub(crate) const RUN_OUTPUT_BYTES: u64 = 2_000;
 
 /// Webhooks per second of [`Shape::StepsBPeak`].
 pub(crate) const PEAK_EVENTS_PER_SEC: f64 = 40.0;
@@ -77,13 +97,86 @@ impl Shape {
             Shape::StepsQueued => "steps-queued",
             Shape::StepsB => "steps-b",
             Shape::StepsBPeak => "steps-b-peak",
+            Shape::StepsShort => "steps-short",
+            Shape::StepsLong => "steps-long",
         }
     }
 
+    /// The step rows one event's run writes (a `loop` step and its
+    /// iterations' steps for the short and long runs).
     fn steps_per_event(self) -> usize {
         match self {
             Shape::Ingest => 0,
             Shape::StepsQueued | Shape::StepsB | Shape::StepsBPeak => STEPS_PER_RUN,
+            Shape::StepsShort => SHORT_RUN + 1,
+            Shape::StepsLong => LONG_RUN + 1,
+        }
+    }
+}
+
+/// Where the statements a step costs are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Statements {
+    /// PostgreSQL's `pg_stat_statements` (preloaded by the server).
+    PgStatStatements,
+    /// The server's own count (`TOK_COUNT_STATEMENTS`, `/metrics`).
+    Counted,
+}
+
+impl Statements {
+    fn name(self) -> &'static str {
+        match self {
+            Statements::PgStatStatements => "pg_stat_statements",
+            Statements::Counted => "counted by the server (TOK_COUNT_STATEMENTS)",
+        }
+    }
+
+    /// `pg_stat_statements` where the server preloads it, else the server's count.
+    async fn of(conn: &mut sqlx::PgConnection) -> Statements {
+        let preloaded: Option<String> =
+            sqlx::query_scalar("SELECT current_setting('shared_preload_libraries')")
+                .fetch_one(&mut *conn)
+                .await
+                .ok();
+        match preloaded.is_some_and(|p| p.contains("pg_stat_statements")) {
+            true => Statements::PgStatStatements,
+            false => Statements::Counted,
+        }
+    }
+}
+
+/// The statements run so far: of this database's, in `pg_stat_statements`
+/// (the bench's own readings left out), or the server's count.
+async fn statements_so_far(
+    conn: &mut sqlx::PgConnection,
+    api: &Api,
+    source: Statements,
+) -> anyhow::Result<i64> {
+    match source {
+        Statements::PgStatStatements => Ok(sqlx::query_scalar(
+            "SELECT COALESCE(SUM(calls), 0)::BIGINT FROM pg_stat_statements
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND query NOT LIKE '%pg_stat%' AND query NOT LIKE '%pg_current_wal_lsn%'
+                AND query NOT LIKE 'SELECT (SELECT COUNT(*) FROM event_inbox)%'",
+        )
+        .fetch_one(conn)
+        .await
+        .context("reading pg_stat_statements")?),
+        Statements::Counted => {
+            let text = api
+                .http
+                .get(format!("{}/metrics", api.base))
+                .bearer_auth(&api.admin_key)
+                .send()
+                .await?
+                .error_for_status()?
+                .text()
+                .await?;
+            Ok(text
+                .lines()
+                .find_map(|line| line.strip_prefix("tok_db_statements_total "))
+                .and_then(|n| n.trim().parse::<f64>().ok())
+                .unwrap_or(0.0) as i64)
         }
     }
 }
@@ -96,21 +189,35 @@ pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
             "PostgreSQL only, on the bench's own server: run with --database-url postgres://…",
         )]);
     }
+    let statements = {
+        let url = bench.options().database_url.clone().unwrap_or_default();
+        let mut conn = pg_connect(&url).await?;
+        let source = Statements::of(&mut conn).await;
+        let _ = sqlx::Connection::close(conn).await;
+        source
+    };
     let mut shapes = serde_json::Map::new();
     for shape in [
         Shape::Ingest,
         Shape::StepsQueued,
         Shape::StepsB,
         Shape::StepsBPeak,
+        Shape::StepsShort,
+        Shape::StepsLong,
     ] {
         let label = format!("{NAME} {}", shape.name());
-        let mut server = bench.server(&label, None).await?;
-        let measured = measure(bench, &mut server, shape, &label).await;
+        let spec = ChildSpec {
+            count_statements: statements == Statements::Counted,
+            ..ChildSpec::both()
+        };
+        let mut server = bench.server_of(&label, spec).await?;
+        let measured = measure(bench, &mut server, shape, statements, &label).await;
         bench.release(&label, server).await;
         shapes.insert(shape.name().to_owned(), measured?);
     }
     let details = json!({
         "claim": CLAIM,
+        "statements": statements.name(),
         "tok_version": env!("CARGO_PKG_VERSION"),
         "date": jiff::Timestamp::now().to_string(),
         "scale": bench.options().scale,
@@ -159,6 +266,14 @@ fn figures(details: Value) -> Vec<Figure> {
         )
         .notes(wal_note(queued)),
     );
+    // The rows of a step of a run that goes on, apart from its run's own
+    // (the event, its key, the run, its job): those a step adds to a run.
+    let table = |name: &str, what: &str| {
+        queued["tables"][name][what].as_f64().unwrap_or(0.0)
+            / queued["steps"].as_f64().unwrap_or(1.0)
+    };
+    let chain =
+        table("run_steps", "inserted") + table("runs", "updated") + table("jobs", "updated");
     out.push(
         Figure::new(
             "db-cost-rows",
@@ -166,11 +281,31 @@ fn figures(details: Value) -> Vec<Figure> {
             "rows/step",
         )
         .notes(format!(
-            "per steps-queued step: {} inserted, {} updated ({} in place), {} deleted",
+            "per steps-queued step: {} inserted, {} updated ({} in place), {} deleted; of them \
+             {} step rows, {} runs and {} jobs updated ({} rows a step adds to its run: the \
+             rest is each run's event, key, run and job, written once a run)",
             step("rows_inserted").map(round).unwrap_or(0.0),
             step("rows_updated").map(round).unwrap_or(0.0),
             step("rows_hot_updated").map(round).unwrap_or(0.0),
             step("rows_deleted").map(round).unwrap_or(0.0),
+            round(table("run_steps", "inserted")),
+            round(table("runs", "updated")),
+            round(table("jobs", "updated")),
+            round(chain),
+        )),
+    );
+    out.push(
+        Figure::new(
+            "db-cost-statements",
+            round(step("statements").unwrap_or(0.0)),
+            "statements/step",
+        )
+        .notes(format!(
+            "per steps-queued step, {}; {} commits/step",
+            details["statements"].as_str().unwrap_or("?"),
+            step("commits")
+                .map(|c| (c * 1000.0).round() / 1000.0)
+                .unwrap_or(0.0),
         )),
     );
     out.push(
@@ -206,7 +341,46 @@ fn figures(details: Value) -> Vec<Figure> {
                 )),
         );
     }
+    let (short, long) = (
+        &details["shapes"]["steps-short"],
+        &details["shapes"]["steps-long"],
+    );
+    let of = |shape: &Value, key: &str| shape["per_step"][key].as_f64().unwrap_or(0.0);
+    let ratio = |key: &str| match of(short, key) {
+        0.0 => 0.0,
+        base => (of(long, key) / base * 100.0).round() / 100.0,
+    };
+    out.push(
+        Figure::new("db-cost-long-runs", ratio("wal_bytes"), "× WAL/step")
+            .target(Target::AtMost(1.3))
+            .notes(format!(
+                "a step of a {LONG_RUN}-step run against one of a {SHORT_RUN}-step run, each \
+                 answering {RUN_OUTPUT_BYTES} B kept in the context: WAL {:.0} against {:.0} \
+                 B/step, PostgreSQL CPU {:.0} against {:.0} µs/step ({}×), {:.1} against {:.1} \
+                 rows/step",
+                of(long, "wal_bytes"),
+                of(short, "wal_bytes"),
+                of(long, "pg_cpu_us"),
+                of(short, "pg_cpu_us"),
+                ratio("pg_cpu_us"),
+                of(long, "rows_written"),
+                of(short, "rows_written"),
+            )),
+    );
     out
+}
+
+/// A `loop` of `steps` `bench/noop` steps, each answering
+/// [`RUN_OUTPUT_BYTES`] under a key of its own.
+fn growing_run(steps: usize) -> Vec<Value> {
+    vec![json!({
+        "id": "each", "type": "loop",
+        "config": { "items": (0..steps).collect::<Vec<_>>() },
+        "do": [{
+            "id": "s", "type": super::NOOP_STEP,
+            "config": { "outputBytes": RUN_OUTPUT_BYTES, "outputKey": "k{{index}}" }
+        }]
+    })]
 }
 
 /// Output sizes of scenario B's ten steps: 1 to 3 kB, 2 kB on average.
@@ -464,6 +638,7 @@ async fn measure(
     bench: &Bench,
     server: &mut Server,
     shape: Shape,
+    statements: Statements,
     label: &str,
 ) -> anyhow::Result<Value> {
     let url = server
@@ -514,11 +689,20 @@ async fn measure(
                 .await
                 .with_context(super::noop::not_registered)?;
         }
+        Shape::StepsShort | Shape::StepsLong => {
+            let steps = shape.steps_per_event() - 1;
+            api.automation(&tenant, shape.name(), &source, growing_run(steps))
+                .await
+                .with_context(super::noop::not_registered)?;
+        }
     }
     let (warm, count) = match shape {
         Shape::Ingest => (500, bench.scaled(20_000, 500)),
         Shape::StepsQueued => (100, bench.scaled(2_000, 50)),
         Shape::StepsB => (50, bench.scaled(1_000, 30)),
+        // The same steps in all, in runs of 10 and of 200.
+        Shape::StepsShort => (50, bench.scaled(1_000, 40)),
+        Shape::StepsLong => (3, bench.scaled(50, 2)),
         // 30 s at scale 1, never under 10 s.
         Shape::StepsBPeak => (
             50,
@@ -546,6 +730,7 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let before = counters(&mut conn).await?;
+    let statements_before = statements_so_far(&mut conn, &api, statements).await?;
     let from = current_lsn(&mut conn).await?;
     let db_cpu = DatabaseCpu::start(&database, u32::try_from(own_pid).ok());
     let all_cpu = CpuMeter::start(&server.pids());
@@ -563,6 +748,7 @@ async fn measure(
     wait_done(bench, &mut conn, shape, (warm + count) as i64, label).await?;
     let seconds = started.elapsed().as_secs_f64();
     let to = current_lsn(&mut conn).await?;
+    let statements_run = statements_so_far(&mut conn, &api, statements).await? - statements_before;
     let all = all_cpu.finish();
     let (db_cpu_seconds, db_seconds, processes) = db_cpu.finish();
     server.check_alive()?;
@@ -643,6 +829,7 @@ async fn measure(
             "rows_deleted": totals[3] as f64 / n,
             "rows_written": (totals[0] + totals[1] + totals[3]) as f64 / n,
             "commits": commits / n,
+            "statements": statements_run as f64 / n,
         })
     };
     let mut out = json!({
@@ -653,7 +840,11 @@ async fn measure(
         "events_per_sec": events / seconds,
         "steps_per_sec": steps / seconds,
         "offered_events_per_sec": rate,
-        "output_bytes": matches!(shape, Shape::StepsB | Shape::StepsBPeak).then_some(SCENARIO_B_OUTPUT_BYTES),
+        "output_bytes": match shape {
+            Shape::StepsB | Shape::StepsBPeak => json!(SCENARIO_B_OUTPUT_BYTES),
+            Shape::StepsShort | Shape::StepsLong => json!(RUN_OUTPUT_BYTES),
+            Shape::Ingest | Shape::StepsQueued => Value::Null,
+        },
         "per_event": per(events),
         "cpu": {
             "database_processes_seconds": db_cpu_seconds,

@@ -228,6 +228,15 @@ impl Bench {
         figure: &str,
         concurrency: Option<usize>,
     ) -> anyhow::Result<Server> {
+        let spec = ChildSpec {
+            concurrency,
+            ..ChildSpec::both()
+        };
+        self.server_of(figure, spec).await
+    }
+
+    /// [`Bench::server`] of a `both` child as `spec` says.
+    pub(crate) async fn server_of(&self, figure: &str, spec: ChildSpec) -> anyhow::Result<Server> {
         match &self.mode {
             Mode::External { base } => {
                 if let Some(url) = &self.options.database_url {
@@ -246,10 +255,6 @@ impl Bench {
             }
             Mode::Own { backend, exe, .. } => {
                 let database = Database::create(backend).await?;
-                let spec = ChildSpec {
-                    concurrency,
-                    ..ChildSpec::both()
-                };
                 self.progress.update(figure, "starting tok serve");
                 let child =
                     match Child::start(exe, &database.url, &self.admin_key, spec, &self.http).await

@@ -33,18 +33,23 @@ pub(crate) fn not_registered() -> String {
 
 /// Returns no outputs, at once; with `config.outputBytes` an output of
 /// about that many bytes of JSON, like a service's answer (`db-cost`'s
-/// scenario-B shape).
+/// scenario-B shape), and with `config.outputKey` that answer under that
+/// one key (in a loop, `k{{index}}`: each iteration's answer stays in the
+/// run's context under a key of its own, so the context grows with the
+/// run, `db-cost`'s long runs).
 pub struct Noop;
 
 #[async_trait]
 impl StepHandler for Noop {
     async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
-        Ok(
-            match call.config.get("outputBytes").and_then(Value::as_u64) {
-                Some(bytes) => answer(usize::try_from(bytes).unwrap_or(usize::MAX).min(1 << 20)),
-                None => Map::new(),
-            },
-        )
+        let Some(bytes) = call.config.get("outputBytes").and_then(Value::as_u64) else {
+            return Ok(Map::new());
+        };
+        let answer = answer(usize::try_from(bytes).unwrap_or(usize::MAX).min(1 << 20));
+        Ok(match call.config.get("outputKey").and_then(Value::as_str) {
+            Some(key) => Map::from_iter([(key.to_owned(), Value::Object(answer))]),
+            None => answer,
+        })
     }
 }
 

@@ -137,6 +137,9 @@ pub(crate) struct ChildSpec {
     /// `TOK_CONCURRENCY`; `None` keeps the bench's own environment (or
     /// tok's default).
     pub(crate) concurrency: Option<usize>,
+    /// `TOK_COUNT_STATEMENTS=1`: the server counts the statements it runs
+    /// (`tok_db_statements_total`, `db-cost` without `pg_stat_statements`).
+    pub(crate) count_statements: bool,
 }
 
 impl ChildSpec {
@@ -145,6 +148,7 @@ impl ChildSpec {
             role: "both",
             node_id: "bench".into(),
             concurrency: None,
+            count_statements: false,
         }
     }
 }
@@ -229,6 +233,9 @@ impl Child {
         // so `TOK_CONCURRENCY=16 tok bench` measures that setting.
         if let Some(n) = spec.concurrency {
             command.env("TOK_CONCURRENCY", n.to_string());
+        }
+        if spec.count_statements {
+            command.env("TOK_COUNT_STATEMENTS", "1");
         }
         let mut process = command
             .spawn()

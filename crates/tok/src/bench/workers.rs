@@ -98,6 +98,7 @@ async fn phases(
                 role: "api",
                 node_id: "bench-api".into(),
                 concurrency: None,
+                count_statements: false,
             },
         )
         .await?;
@@ -137,6 +138,7 @@ async fn phases(
                             role: "worker",
                             node_id: format!("bench-worker-{}-{i}", kind.name()),
                             concurrency: Some(SLOTS),
+                            count_statements: false,
                         },
                     )
                     .await?;
