@@ -37,6 +37,9 @@
 //!   cannot stop every claim).
 //! - `notify_work!()`: a statement telling other processes that jobs are
 //!   ready (empty: nobody to tell).
+//! - `step_change!()`: a step row's change of its run's context in the
+//!   step rows' insert (`contexts_sql.rs`): from the text array bound at
+//!   `$3`, or from the row's batch JSON.
 //!
 //! Two queries differ as a whole, and each backend's is a file of its own
 //! in `queries/`: `CLAIM_CANDIDATES` (`queries/claim.*.sql`), the claim's
@@ -49,6 +52,8 @@
 //! pending events; each file says what it binds.
 //!
 //! Besides these each backend has `list` (how a list is bound) and
+//! `CHANGES_APART` (whether the step rows' changes of the context are bound
+//! apart from the batch, for `step_change!`) and
 //! `UPDATE_STAYING_RUNS_APART` (whether a run whose status and ticket stay
 //! is updated by a statement that does not name them).
 
@@ -209,6 +214,14 @@ pub(crate) mod postgres {
         };
     }
 
+    // A step row's change of its run's context, from the text array bound
+    // at `$3` beside the batch (`CHANGES_APART`).
+    macro_rules! step_change {
+        () => {
+            "CAST((CAST($3 AS TEXT[]))[x.key] AS JSON)"
+        };
+    }
+
     // The channel is `WORK_CHANNEL` in `postgres.rs`.
     macro_rules! notify_work {
         () => {
@@ -219,7 +232,7 @@ pub(crate) mod postgres {
     pub(crate) use {
         any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
         lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        tenant_cap, unindexed, unindexed_any_of,
+        step_change, tenant_cap, unindexed, unindexed_any_of,
     };
 }
 
@@ -383,6 +396,13 @@ pub(crate) mod sqlite {
         };
     }
 
+    // A step row's change of its run's context, in the row's batch JSON.
+    macro_rules! step_change {
+        () => {
+            "NULLIF(x.value -> 13, 'null')"
+        };
+    }
+
     macro_rules! tenant_cap {
         () => {
             "CASE WHEN json_type(tn.settings, '$.limits.concurrency') IN ('integer', 'real')
@@ -394,6 +414,6 @@ pub(crate) mod sqlite {
     pub(crate) use {
         any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
         lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        tenant_cap, unindexed, unindexed_any_of,
+        step_change, tenant_cap, unindexed, unindexed_any_of,
     };
 }

@@ -201,6 +201,13 @@ impl PgStore {
 /// round trip less (see `record_sql.rs`).
 const UPDATE_STAYING_RUNS_APART: bool = false;
 
+/// A record's change of its run's context goes to its step row as JSON
+/// text of its own (a `TEXT[]` beside the batch, cast to `json`), never
+/// through `jsonb`: it is written once and read back as it was, and a
+/// claim that reads a run's changes would otherwise convert each of them
+/// from `jsonb` to text again (`contexts_sql.rs`).
+const CHANGES_APART: bool = true;
+
 /// How a list is bound: as an array (`any_of!`).
 fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
     items.into_iter().collect()

@@ -5,8 +5,10 @@
 /// The `SET` list every update of a record's run begins with (the run's
 /// row of a batch as `x`, the record's time at `$3`; see [`RunUpdate`]
 /// for the row and `contexts_sql.rs` for the context's columns): the
-/// context written whole, where its changes now begin (after the run's
-/// last step row) and its size; or the size of the change its last step
+/// context written whole (the row's `whole`, tested on its own: reading
+/// the context element as text would render it whole), where its changes
+/// now begin (after the run's last step row) and its size; or the size of
+/// the change its last step
 /// row keeps, counted toward the run's changes since the context was
 /// written whole; then where the job that goes on under its lease is, the
 /// actions and the error.
@@ -14,17 +16,19 @@
 /// [`RunUpdate`]: crate::rows::RunUpdate
 macro_rules! run_record_set {
     () => {
-        "context = CASE WHEN x.value ->> 2 IS NULL THEN runs.context ELSE x.value -> 2 END,
-        context_bytes = CASE WHEN x.value ->> 2 IS NULL THEN runs.context_bytes
-            ELSE CAST(x.value ->> 8 AS BIGINT) END,
-        context_upto = CASE WHEN x.value ->> 2 IS NULL THEN runs.context_upto
-            ELSE COALESCE((SELECT MAX(s.id) FROM run_steps s
-                           WHERE s.tenant_id = runs.tenant_id AND s.run_id = runs.id), 0) END,
-        tail_since = CASE WHEN x.value ->> 2 IS NOT NULL THEN NULL
+        "context = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1 THEN x.value -> 2
+            ELSE runs.context END,
+        context_bytes = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1
+            THEN CAST(x.value ->> 8 AS BIGINT) ELSE runs.context_bytes END,
+        context_upto = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1
+            THEN COALESCE((SELECT MAX(s.id) FROM run_steps s
+                           WHERE s.tenant_id = runs.tenant_id AND s.run_id = runs.id), 0)
+            ELSE runs.context_upto END,
+        tail_since = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1 THEN NULL
             WHEN CAST(x.value ->> 8 AS BIGINT) > 0 THEN COALESCE(runs.tail_since, $3)
             ELSE runs.tail_since END,
-        tail_bytes = CASE WHEN x.value ->> 2 IS NULL
-            THEN runs.tail_bytes + CAST(x.value ->> 8 AS BIGINT) ELSE 0 END,
+        tail_bytes = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1 THEN 0
+            ELSE runs.tail_bytes + CAST(x.value ->> 8 AS BIGINT) END,
         cursor_job = CAST(x.value ->> 9 AS BIGINT),
         cursor_path = x.value ->> 10,
         cursor_base = CAST(x.value ->> 11 AS INTEGER),
@@ -214,7 +218,9 @@ macro_rules! impl_record {
             Ok(())
         }
 
-        /// Writes step rows, one statement for all of them.
+        /// Writes step rows, one statement for all of them, each with its
+        /// record's change of the context where it has one (in its row, or
+        /// apart: `CHANGES_APART`).
         async fn insert_steps(
             tx: &mut sqlx::Transaction<'_, $db>,
             steps: &[$crate::rows::StepRow<'_>],
@@ -223,7 +229,20 @@ macro_rules! impl_record {
             if steps.is_empty() {
                 return Ok(());
             }
-            sqlx::query(concat!(
+            let apart: Vec<$crate::rows::StepRow<'_>>;
+            let (steps, changes) = match CHANGES_APART {
+                true => {
+                    let changes: Vec<Option<&str>> =
+                        steps.iter().map(|s| s.change.map(|c| c.get())).collect();
+                    apart = steps
+                        .iter()
+                        .map(|s| $crate::rows::StepRow { change: None, ..*s })
+                        .collect();
+                    (apart.as_slice(), changes)
+                }
+                false => (steps, Vec::new()),
+            };
+            let query = sqlx::query(concat!(
                 "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
                     status, input, output, error, log, started_at, finished_at, created_at,
                     context_delta)
@@ -233,15 +252,17 @@ macro_rules! impl_record {
                     NULLIF(x.value -> 7, 'null'), NULLIF(x.value -> 8, 'null'),
                     x.value ->> 9, x.value -> 10,
                     CAST(x.value ->> 11 AS BIGINT),
-                    CAST(x.value ->> 12 AS BIGINT), $2,
-                    NULLIF(x.value -> 13, 'null')
+                    CAST(x.value ->> 12 AS BIGINT), $2, ", step_change!(), "
                  FROM ", batch_rows!(1), "
                  ORDER BY x.key"
             ))
             .bind(Json(steps))
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
+            .bind(now);
+            let query = match CHANGES_APART {
+                true => query.bind(list(changes)),
+                false => query,
+            };
+            query.execute(&mut **tx).await?;
             Ok(())
         }
 
@@ -509,6 +530,7 @@ macro_rules! impl_record {
                     cursor_job: cursor.map(|_| job.id.0),
                     cursor_path: cursor,
                     cursor_base: cursor.map(|_| job.row_attempts - 1),
+                    whole: i32::from(context.is_some()),
                 });
             }
             // Rows are matched one by one on (id, tenant) from the batch's own

@@ -155,6 +155,7 @@ pub(crate) struct Parked {
     pub(crate) resume: crate::Resume,
 }
 
+#[derive(Clone, Copy)]
 pub(crate) struct StepRow<'a> {
     pub(crate) run_id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
@@ -194,6 +195,9 @@ pub(crate) struct RunUpdate<'a> {
     pub(crate) cursor_job: Option<i64>,
     pub(crate) cursor_path: Option<&'a str>,
     pub(crate) cursor_base: Option<i32>,
+    /// 1 when `context` is written whole (a flag of its own, so that the
+    /// statement need not render the context to test it).
+    pub(crate) whole: i32,
 }
 
 /// `value` serialized once, to go into a batch row as it is (a run's
@@ -340,4 +344,5 @@ array_row!(RunUpdate, |r| [
     r.cursor_job,        // 9
     r.cursor_path,       // 10
     r.cursor_base,       // 11
+    r.whole,             // 12
 ]);

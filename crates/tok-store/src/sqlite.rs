@@ -302,6 +302,10 @@ pub struct WorkLeft {
 /// `SET` list names, changed or not (see `record_sql.rs`).
 const UPDATE_STAYING_RUNS_APART: bool = true;
 
+/// A record's change of its run's context travels in its step row's batch
+/// JSON, as the row's other JSON does (`step_change!`).
+const CHANGES_APART: bool = false;
+
 /// SQLite has no arrays: a list is bound as a JSON array and read with `json_each`.
 fn list<T: serde::Serialize, I: IntoIterator<Item = T>>(items: I) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<T>>()).unwrap_or_else(|_| "[]".into())

@@ -22,7 +22,9 @@ ALTER TABLE runs ADD COLUMN context_upto BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN tail_since BIGINT;
 ALTER TABLE runs ADD COLUMN tail_bytes BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN context_bytes BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE run_steps ADD COLUMN context_delta JSONB;
+-- `json`, not `jsonb`: a change is written once and read back as it was,
+-- never looked into by the database, so it is kept as its text.
+ALTER TABLE run_steps ADD COLUMN context_delta JSON;
 
 -- Compressed like the step rows' other JSON (migration 0021), where the
 -- server has lz4; the partitions there are now one by one.

@@ -297,7 +297,7 @@ fn figures(details: Value) -> Vec<Figure> {
     out.push(
         Figure::new(
             "db-cost-statements",
-            round(step("statements").unwrap_or(0.0)),
+            (step("statements").unwrap_or(0.0) * 100.0).round() / 100.0,
             "statements/step",
         )
         .notes(format!(
@@ -658,6 +658,12 @@ async fn measure(
         .await
         .map(|_| ())
         .map_err(|e| format!("{e}"));
+    if statements == Statements::PgStatStatements {
+        sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(&mut conn)
+            .await
+            .context("pg_stat_statements is preloaded, but its extension cannot be created")?;
+    }
     if let Err(e) = &walinspect {
         bench.progress.line(
             label,

@@ -237,6 +237,11 @@ impl Child {
         if spec.count_statements {
             command.env("TOK_COUNT_STATEMENTS", "1");
         }
+        // The `io` figure's stub listens on loopback, which the outbound
+        // guard refuses unless told otherwise (DESIGN §15).
+        if std::env::var_os("TOK_OUTBOUND_ALLOW").is_none() {
+            command.env("TOK_OUTBOUND_ALLOW", "127.0.0.1/32");
+        }
         let mut process = command
             .spawn()
             .with_context(|| format!("could not start {} serve", exe.display()))?;
