@@ -53,6 +53,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     32 "0032_remember_what_an_event_replays",
     33 "0033_keep_bulk_operations_in_rows",
     34 "0034_index_what_started_a_run",
+    36 "0036_let_sources_name_their_sender_and_schema",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -85,6 +86,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     30 "0030_keep_bulk_operations_in_rows",
     31 "0031_index_what_started_a_run",
     32 "0032_keep_a_clock_offset",
+    34 "0034_let_sources_name_their_sender_and_schema",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (
