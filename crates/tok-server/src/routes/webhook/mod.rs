@@ -1,15 +1,22 @@
-//! `POST /webhook/{token}`: fast and dumb. Check the token, the size, that
-//! the JSON can be stored (no U+0000) and the source's contract, write one
-//! inbox row, answer 202 — nothing is evaluated and nothing external is
-//! awaited. `GET` on the same URL explains what the webhook expects.
+//! `POST /webhook/{token}`: fast and dumb. Check the token, the size, the
+//! sender's signature on the raw bytes ([`crate::senders`]), that the JSON
+//! can be stored (no U+0000), the source's schema and its contract, write
+//! one inbox row, answer 202 — nothing is evaluated and nothing external
+//! is awaited. A Slack source answers Slack's `url_verification` with its
+//! challenge and stores nothing. `?dry_run=true` goes through the same
+//! checks and answers what would happen instead of storing anything
+//! ([`dry_run`]). `GET` on the same URL explains what the webhook expects.
+
+mod dry_run;
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tok_core::contract::{self, ContractError};
 use tok_core::ids::EventId;
@@ -18,6 +25,7 @@ use tok_store::NewEvent;
 use crate::error::{ApiError, ApiResult};
 use crate::intake::WebhookSource;
 use crate::routes::{OwnSecret, Path, Routes};
+use crate::senders::{Preset, Signed};
 use crate::{AppState, MAX_WEBHOOK_BYTES};
 
 pub(crate) fn router() -> Routes {
@@ -41,19 +49,19 @@ async fn source(state: &AppState, token: &str) -> ApiResult<Arc<WebhookSource>> 
     if let Some(source) = state.sources.get(token, now) {
         return Ok(source);
     }
-    let source = state
-        .engine
-        .store()
-        .source_by_token(token)
-        .await?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_webhook",
-                "no webhook has this URL",
-            )
-        })?;
-    Ok(state.sources.put(token, source, now))
+    let store = state.engine.store();
+    let source = store.source_by_token(token).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_webhook",
+            "no webhook has this URL",
+        )
+    })?;
+    let tenant = store.tenant(&source.tenant_id).await?;
+    let require_signature = tenant.map_or(state.require_signed_webhooks, |t| {
+        t.webhooks.requires_signature(state.require_signed_webhooks)
+    });
+    Ok(state.sources.put(token, source, require_signature, now))
 }
 
 fn too_large() -> ApiError {
@@ -84,15 +92,46 @@ fn sha256_key(prefix: &str, data: &[u8]) -> String {
     key
 }
 
-#[utoipa::path(post, path = "/webhook/{token}", tag = "webhook", responses((status = 202, body = Answer)))]
+/// Whether `?dry_run=` asks for a dry run (`true`/`1`; `false`/`0` or no
+/// such parameter: a real one).
+fn dry_run_asked(query: Option<&str>) -> ApiResult<bool> {
+    let Some(query) = query else {
+        return Ok(false);
+    };
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        if name == "dry_run" {
+            return match value {
+                "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                other => Err(ApiError::bad_request(
+                    "invalid_query",
+                    format!(
+                        "`dry_run` is `{}`; expected true or false",
+                        other.chars().take(40).collect::<String>()
+                    ),
+                )
+                .with("field", "dry_run")),
+            };
+        }
+    }
+    Ok(false)
+}
+
+#[utoipa::path(post, path = "/webhook/{token}", tag = "webhook", responses(
+    (status = 202, body = Answer),
+    (status = 200, description = "`?dry_run=true`: what would happen, nothing stored; or, for a Slack source, the `challenge` of Slack's `url_verification`", body = crate::openapi::schemas::WebhookAnswered),
+    (status = 401, description = "the sender's signature is missing (`signature_missing`), does not match (`signature_invalid`) or its timestamp is too far from now (`timestamp_out_of_range`), with the `header` read; or the tenant requires signed webhooks and the source has no `verify` (`signature_required`)", body = crate::openapi::ErrorBody),
+))]
 async fn accept(
     State(state): State<AppState>,
     Path(token): Path<String>,
     request: Request,
-) -> ApiResult<(StatusCode, Json<Answer>)> {
+) -> ApiResult<Response> {
     // The request's own headers: the `HeaderMap` extractor would copy them.
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
+    let dry = dry_run_asked(parts.uri.query())?;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -120,7 +159,9 @@ async fn accept(
         )
         .with("retry_after_ms", wait.as_millis() as u64));
     }
-    if !source.critical
+    // A dry run adds nothing to the queue, so it is not held back by it.
+    if !dry
+        && !source.critical
         && let Some(depth) = state.backpressure.overloaded()
     {
         return Err(ApiError::new(
@@ -133,41 +174,52 @@ async fn accept(
         )
         .with("retry_after_ms", 5000));
     }
-    if source.secret.is_some() {
-        let secrets = source.secrets(tok_store::now_ms());
-        verify_signature(
-            &secrets,
-            headers,
-            &bytes,
-            jiff::Timestamp::now().as_second(),
-        )?;
-    }
+    let signature = check_signature(&state, &cached, headers, &bytes, dry).await?;
     let payload: Value = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
             .with("line", e.line())
             .with("column", e.column())
     })?;
     crate::routes::storable_json("the body", &payload)?;
-    let params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
-    // Standard Webhooks senders name each message with `webhook-id`. On a
-    // signed source it is the key, whatever else is sent: it is part of
-    // what was signed, so a captured request replayed with another
-    // `Idempotency-Key` is the same event, not a new one.
-    let key_header = if source.secret.is_some() {
-        headers.get("webhook-id")
-    } else {
-        headers
-            .get("idempotency-key")
-            .or_else(|| headers.get("webhook-id"))
+    let preset = signature.preset();
+    if let Some(challenge) = preset.and_then(|p| p.challenge(&payload)) {
+        // Slack's handshake: answered, never an event.
+        let challenge = challenge.to_owned();
+        return Ok(if dry {
+            Json(dry_run::challenged(&cached, &signature, &challenge)).into_response()
+        } else {
+            Json(json!({ "challenge": challenge })).into_response()
+        });
     }
-    .and_then(|v| v.to_str().ok());
-    let idempotency_key = match key_header {
-        Some(key) if !key.trim().is_empty() && key.len() <= MAX_KEY_LEN => {
-            format!("key:{}", key.trim())
+    match &cached.schema {
+        Some(Ok(schema)) => crate::body_schema::check(schema, &payload)?,
+        Some(Err(why)) => {
+            return Err(ApiError::bad_request(
+                "invalid_schema",
+                format!("the source's schema no longer compiles, so nothing is accepted until it is fixed with PATCH /api/sources/{}: {why}", source.id),
+            )
+            .with("field", "schema"));
         }
-        Some(key) if !key.trim().is_empty() => sha256_key("key-sha256:", key.trim().as_bytes()),
-        _ => sha256_key("body-sha256:", &bytes),
-    };
+        None => {}
+    }
+    let mut params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
+    if let Some(preset) = preset {
+        let signed = signature.signed().cloned().unwrap_or_default();
+        params.insert("_sender".into(), sender_params(preset, &signed));
+    }
+    let idempotency_key = idempotency_key(&signature, headers, &payload, &bytes);
+    if dry {
+        let answer = dry_run::answer(
+            &state,
+            &cached,
+            &signature,
+            &payload,
+            params,
+            &idempotency_key,
+        )
+        .await?;
+        return Ok(Json(answer).into_response());
+    }
     let event = NewEvent {
         source_id: Some(source.id.clone()),
         source_kind: "webhook".into(),
@@ -197,90 +249,141 @@ async fn accept(
             event_id,
             duplicate: accepted.duplicate,
         }),
-    ))
+    )
+        .into_response())
 }
 
-/// How far a signed webhook's timestamp may be from our clock.
-const SIGNATURE_TOLERANCE_SECS: u64 = 300;
-
-fn unsigned(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::UNAUTHORIZED, "bad_signature", message)
+/// How a request's signature was taken.
+pub(crate) enum Signature {
+    /// The source has no `verify` and the tenant does not require one.
+    Unsigned,
+    /// The sender's signature holds.
+    Verified(Preset, Signed),
+    /// A dry run asked with the tenant's own API key and none of the
+    /// sender's headers: not checked (the dashboard's "try a body").
+    NotChecked(Preset),
 }
 
-/// Verifies a Standard Webhooks signature: HMAC-SHA256 over
-/// `<webhook-id>.<webhook-timestamp>.<body>` with the source's secret
-/// (`whsec_<base64>`, or the raw string), sent as `webhook-signature:
-/// v1,<base64>` (several, space-separated, during a key rotation). During
-/// a rotation's overlap `secrets` holds the new secret and the one before,
-/// and a signature by either is accepted. The timestamp must be within
-/// five minutes of `now`, so a captured request cannot be replayed later.
-fn verify_signature(secrets: &[&str], headers: &HeaderMap, body: &[u8], now: i64) -> ApiResult<()> {
-    use base64::Engine as _;
-    use base64::engine::general_purpose::STANDARD;
-    use hmac::{Hmac, Mac};
+impl Signature {
+    fn preset(&self) -> Option<Preset> {
+        match self {
+            Signature::Unsigned => None,
+            Signature::Verified(preset, _) | Signature::NotChecked(preset) => Some(*preset),
+        }
+    }
 
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
-    let (Some(id), Some(timestamp), Some(signatures)) = (
-        header("webhook-id"),
-        header("webhook-timestamp"),
-        header("webhook-signature"),
-    ) else {
-        return Err(unsigned(
-            "this webhook is signed: send webhook-id, webhook-timestamp and webhook-signature (Standard Webhooks)",
-        ));
-    };
-    let sent_at: i64 = timestamp
-        .parse()
-        .map_err(|_| unsigned("webhook-timestamp must be unix seconds"))?;
-    // Any i64 may be sent: the distance is taken without overflow.
-    let away = now.abs_diff(sent_at);
-    if away > SIGNATURE_TOLERANCE_SECS {
-        return Err(unsigned(format!(
-            "webhook-timestamp is {away} s away from the server's clock; at most {SIGNATURE_TOLERANCE_SECS} s are accepted"
-        )));
+    fn signed(&self) -> Option<&Signed> {
+        match self {
+            Signature::Verified(_, signed) => Some(signed),
+            _ => None,
+        }
     }
-    let mut matches = false;
-    for secret in secrets {
-        let key = match secret.strip_prefix("whsec_") {
-            Some(encoded) => STANDARD
-                .decode(encoded)
-                .unwrap_or_else(|_| secret.as_bytes().to_vec()),
-            None => secret.as_bytes().to_vec(),
-        };
-        let mut mac = Hmac::<Sha256>::new_from_slice(&key)
-            .map_err(|_| unsigned("the source's secret cannot be used as an HMAC key"))?;
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        let expected = mac.finalize().into_bytes();
-        matches |= signatures.split_whitespace().any(|candidate| {
-            candidate
-                .strip_prefix("v1,")
-                .and_then(|b64| STANDARD.decode(b64).ok())
-                .is_some_and(|sig| {
-                    // Constant-time comparison.
-                    sig.len() == expected.len()
-                        && sig
-                            .iter()
-                            .zip(expected.iter())
-                            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                            == 0
-                })
-        });
+}
+
+/// Checks the request against the source's sender, before the body is
+/// parsed: a refusal is a 401 naming the header, and nothing of the
+/// request is kept.
+async fn check_signature(
+    state: &AppState,
+    cached: &WebhookSource,
+    headers: &HeaderMap,
+    body: &[u8],
+    dry: bool,
+) -> ApiResult<Signature> {
+    let source = &cached.source;
+    let preset = match &cached.preset {
+        None if cached.require_signature => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "signature_required",
+                format!(
+                    "this tenant accepts signed webhooks only, and source `{}` checks no sender's signature; give it one with PATCH /api/sources/{} {{\"verify\": {{\"preset\", \"secret\"}}}}",
+                    source.name, source.id
+                ),
+            ));
+        }
+        None => return Ok(Signature::Unsigned),
+        Some(Err(name)) => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "signature_invalid",
+                format!(
+                    "source `{}` checks the signature of sender `{name}`, which this version of tok does not know; nothing is accepted unchecked",
+                    source.name
+                ),
+            ));
+        }
+        Some(Ok(preset)) => *preset,
+    };
+    if dry && !preset.sent_any(headers) && signed_in(state, cached, headers).await {
+        return Ok(Signature::NotChecked(preset));
     }
-    if matches {
-        Ok(())
-    } else {
-        Err(unsigned(
-            "webhook-signature does not match the body and the source's secret",
-        ))
+    let now = jiff::Timestamp::now().as_second();
+    let secrets = source.secrets(tok_store::now_ms());
+    let signed = preset.verify(&secrets, headers, body, now)?;
+    Ok(Signature::Verified(preset, signed))
+}
+
+/// Whether the request carries an API key of the source's tenant (or the
+/// platform admin key): a dry run asked so needs no sender's signature.
+async fn signed_in(state: &AppState, cached: &WebhookSource, headers: &HeaderMap) -> bool {
+    let Some(secret) = crate::auth::bearer_of(headers) else {
+        return false;
+    };
+    match crate::auth::valid_key(state, secret).await {
+        Ok(Some(key)) => match key.owner() {
+            tok_store::KeyOwner::Platform => true,
+            tok_store::KeyOwner::Tenant(tenant) => tenant == cached.source.tenant_id,
+        },
+        _ => false,
+    }
+}
+
+/// `_sender` in the run's context: the sender, and what it named in its
+/// headers that the body does not say (GitHub's event, Shopify's topic).
+fn sender_params(preset: Preset, signed: &Signed) -> Value {
+    let mut sender = Map::new();
+    sender.insert("preset".into(), json!(preset.as_str()));
+    if let Some(event) = &signed.event {
+        sender.insert("event".into(), json!(event));
+    }
+    if let Some(delivery) = &signed.delivery {
+        sender.insert("delivery".into(), json!(delivery));
+    }
+    Value::Object(sender)
+}
+
+/// The event's idempotency key: on a signed source the sender's own name
+/// of the delivery (its header, or the body's event id), and only then
+/// the body's hash; an `Idempotency-Key` header is not signed, so a
+/// signed source ignores it (a captured request replayed with another is
+/// still the same event). An unsigned source takes `Idempotency-Key`, then
+/// `webhook-id`, then the body's hash.
+fn idempotency_key(
+    signature: &Signature,
+    headers: &HeaderMap,
+    payload: &Value,
+    bytes: &[u8],
+) -> String {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let in_body = |preset: Preset| {
+        preset
+            .body_key()
+            .and_then(|field| payload.get(field))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let named: Option<String> = match signature {
+        Signature::Verified(preset, signed) => signed.delivery.clone().or_else(|| in_body(*preset)),
+        Signature::NotChecked(preset) => in_body(*preset),
+        Signature::Unsigned => header("idempotency-key")
+            .or_else(|| header("webhook-id"))
+            .map(str::to_owned),
+    };
+    match named.as_deref().map(str::trim) {
+        Some(key) if !key.is_empty() && key.len() <= MAX_KEY_LEN => format!("key:{key}"),
+        Some(key) if !key.is_empty() => sha256_key("key-sha256:", key.as_bytes()),
+        _ => sha256_key("body-sha256:", bytes),
     }
 }
 
@@ -312,15 +415,53 @@ async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiRe
         map.insert("url".into(), json!(state.webhook_url(&token)));
         map.insert("source".into(), json!(source.name));
         map.insert("max_body_bytes".into(), json!(MAX_WEBHOOK_BYTES));
-        if source.secret.is_some() {
-            map.insert(
-                "signature".into(),
-                json!("required: Standard Webhooks headers webhook-id, webhook-timestamp (unix seconds, within 5 minutes) and webhook-signature (v1,<base64 HMAC-SHA256 of id.timestamp.body>)"),
-            );
+        match &cached.preset {
+            Some(Ok(preset)) => {
+                map.insert(
+                    "signature".into(),
+                    json!(format!("required: {}", preset.summary())),
+                );
+                map.insert(
+                    "verify".into(),
+                    json!({ "preset": preset.as_str(), "headers": preset.sent_headers() }),
+                );
+            }
+            Some(Err(name)) => {
+                map.insert(
+                    "signature".into(),
+                    json!(format!(
+                        "required: sender `{name}`, unknown to this version of tok"
+                    )),
+                );
+            }
+            None if cached.require_signature => {
+                map.insert(
+                    "signature".into(),
+                    json!("required, but this source checks no sender's signature: its webhooks are refused until it is given `verify`"),
+                );
+            }
+            None => {}
         }
+        if let Some(schema) = &source.schema {
+            map.insert("schema".into(), schema.clone());
+        }
+        let idempotency = match &cached.preset {
+            Some(Ok(Preset::Github)) => "X-GitHub-Delivery is the key",
+            Some(Ok(Preset::Shopify)) => "X-Shopify-Webhook-Id is the key",
+            Some(Ok(Preset::Standard)) => "webhook-id is the key",
+            Some(Ok(Preset::Stripe)) => "the event's `id` is the key",
+            Some(Ok(Preset::Slack)) => {
+                "the Events API's `event_id` is the key, else the body's hash"
+            }
+            _ => "send an Idempotency-Key header; without one, the body's hash is the key",
+        };
         map.insert(
             "idempotency".into(),
-            json!("send an Idempotency-Key header; without one, the body's hash is the key. A repeat within 24 h answers 202 with the first event_id and \"duplicate\": true"),
+            json!(format!("{idempotency}. A repeat within 24 h answers 202 with the first event_id and \"duplicate\": true")),
+        );
+        map.insert(
+            "dry_run".into(),
+            json!("POST with ?dry_run=true: checked like a real webhook, answered 200 with the params and which automations would start; nothing is stored"),
         );
     }
     Ok(Json(help))
