@@ -17,6 +17,11 @@ backend_tests!(
     the_setting_is_the_admins_and_is_checked,
 );
 
+backend_tests!(
+    crate::helpers::run_requiring_signatures;
+    the_platforms_default_holds_for_a_tenant_without_its_own_choice,
+);
+
 async fn require(app: &TestApp, tenant: &Tenant, value: Value) -> Value {
     app.patch(
         &app.admin_key,
@@ -181,4 +186,44 @@ async fn the_setting_is_the_admins_and_is_checked(app: &TestApp) {
     }
     // Nothing was changed by the refused requests.
     app.create_source(&tenant, &plain_source("still")).await;
+}
+
+/// `TOK_REQUIRE_SIGNED_WEBHOOKS=true`: a tenant that did not choose accepts
+/// signed webhooks only; one the admin exempts (`false`) takes unsigned
+/// ones, until it is back to the default (`null`).
+async fn the_platforms_default_holds_for_a_tenant_without_its_own_choice(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    app.post(&tenant.key, "/api/sources", &plain_source("plain"))
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "signature_required");
+    let exempt = require(app, &tenant, json!(false)).await;
+    assert_eq!(
+        exempt["settings"]["webhooks"],
+        json!({ "requireSignature": false, "inForce": false }),
+        "{exempt:#}"
+    );
+    let plain = app.create_source(&tenant, &plain_source("plain")).await;
+    let token = plain["token"].as_str().unwrap();
+    app.webhook(token, &json!({ "n": 1 }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    let back = require(app, &tenant, Value::Null).await;
+    assert_eq!(
+        back["settings"]["webhooks"],
+        json!({ "requireSignature": null, "inForce": true }),
+        "{back:#}"
+    );
+    app.webhook(token, &json!({ "n": 2 }))
+        .await
+        .expect_error(StatusCode::UNAUTHORIZED, "signature_required");
+    // Another tenant, which never chose, is held to the default.
+    let other = app.create_tenant("Other").await;
+    let secret = Sender::Slack.secret("app");
+    let (_, slack) = signed_source(app, &other, Sender::Slack, &secret).await;
+    send_signed(app, Sender::Slack, &slack, &secret, "", &json!({ "n": 3 }))
+        .await
+        .expect(StatusCode::ACCEPTED);
+    app.post(&other.key, "/api/sources", &plain_source("plain"))
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "signature_required");
 }
