@@ -192,6 +192,58 @@ mod tests {
         );
     }
 
+    fn source(
+        secret: Option<&str>,
+        preset: Option<&str>,
+        schema: Option<serde_json::Value>,
+    ) -> Source {
+        Source {
+            id: SourceId::from("src_1"),
+            tenant_id: TenantId::from("ten_1"),
+            name: "shop".into(),
+            token: "tok_1".into(),
+            params: serde_json::json!([]),
+            critical: false,
+            rate_limit: None,
+            secret: secret.map(str::to_owned),
+            verify_preset: preset.map(str::to_owned),
+            schema,
+            previous_token: None,
+            previous_token_until: None,
+            previous_secret: None,
+            previous_secret_until: None,
+            created_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_sources_sender_is_read_once_and_an_unknown_one_lets_nothing_in() {
+        let plain = WebhookSource::new(source(None, None, None), "tok_1", false);
+        assert!(plain.preset.is_none());
+        // A secret without a sender's name is Standard Webhooks'.
+        let older = WebhookSource::new(source(Some("s"), None, None), "tok_1", false);
+        assert_eq!(older.preset, Some(Ok(Preset::Standard)));
+        let github = WebhookSource::new(source(Some("s"), Some("github"), None), "tok_1", false);
+        assert_eq!(github.preset, Some(Ok(Preset::Github)));
+        // A sender a newer tok saved: known as such, never as no sender.
+        let newer = WebhookSource::new(source(Some("s"), Some("paypal"), None), "tok_1", false);
+        assert_eq!(newer.preset, Some(Err("paypal".to_owned())));
+    }
+
+    #[test]
+    fn a_sources_schema_is_compiled_when_it_is_cached() {
+        let schema = serde_json::json!({ "required": ["id"] });
+        let cached = WebhookSource::new(source(None, None, Some(schema)), "tok_1", false);
+        let compiled = cached.schema.unwrap().unwrap();
+        assert!(!compiled.is_valid(&serde_json::json!({})));
+        let broken = serde_json::json!({ "type": 5 });
+        let cached = WebhookSource::new(source(None, None, Some(broken)), "tok_1", false);
+        assert!(
+            cached.schema.unwrap().is_err(),
+            "kept as broken, not as none"
+        );
+    }
+
     #[test]
     fn backpressure_starts_past_its_threshold() {
         let pressure = Backpressure::new(100);
