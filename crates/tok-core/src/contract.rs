@@ -201,7 +201,7 @@ fn insert_at(node: &mut Value, segments: &[&str], value: Value) {
 }
 
 /// Checks a source's declarations: names non-empty, unique and not starting
-/// with `_` (reserved for `_body` and `_event`), paths made of non-empty
+/// with `_` (reserved for `_body`, `_event` and `_sender`), paths made of non-empty
 /// segments. All problems are reported, separated by `; `.
 pub fn validate_params(params: &[Param]) -> Result<(), String> {
     let mut problems = Vec::new();
@@ -212,7 +212,7 @@ pub fn validate_params(params: &[Param]) -> Result<(), String> {
             problems.push(format!("param {i} has an empty name"));
         } else if name.starts_with('_') {
             problems.push(format!(
-                "param `{name}` starts with `_`, which is reserved for `_body` and `_event`"
+                "param `{name}` starts with `_`, which is reserved for `_body`, `_event` and `_sender`"
             ));
         } else if !seen.insert(name.as_str()) {
             problems.push(format!("param `{name}` is declared more than once"));

@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize as _;
 use tok_core::contract::Param;
-use tok_core::ids::SourceId;
+use tok_core::ids::{SourceId, TenantId};
 use tok_store::Source;
+
+use crate::senders::Preset;
 
 /// How long a webhook token's source is kept in memory: the webhook path
 /// then reads nothing before its one insert. A change, rotation or delete
@@ -24,25 +26,49 @@ use tok_store::Source;
 /// process sees it within this time.
 const SOURCE_TTL: Duration = Duration::from_secs(10);
 
-/// A webhook source as ingest reads it: the row and its params contract,
-/// parsed once when the source is cached rather than on every request.
+/// A webhook source as ingest reads it: the row, its params contract, its
+/// sender and its schema, parsed and compiled once when the source is
+/// cached rather than on every request.
 pub(crate) struct WebhookSource {
     pub(crate) source: Source,
     /// The declared params; a declaration that does not parse counts as
     /// none (the source API validates them before saving).
     pub(crate) params: Vec<Param>,
+    /// Whose signature it checks: `None` for a source without a secret;
+    /// `Err(name)` for a sender this version of tok does not know (a newer
+    /// one saved it), whose webhooks are all refused rather than let in
+    /// unchecked.
+    pub(crate) preset: Option<Result<Preset, String>>,
+    /// The compiled schema; `Err` with why, should a saved schema no
+    /// longer compile (its webhooks are then refused, never let through).
+    pub(crate) schema: Option<Result<jsonschema::Validator, String>>,
+    /// Whether the tenant requires its webhooks signed
+    /// (`settings.webhooks.requireSignature`, else the platform's
+    /// `TOK_REQUIRE_SIGNED_WEBHOOKS`), as it was when the source was read.
+    pub(crate) require_signature: bool,
     /// Until when the token it was found by opens it (ms since the epoch):
     /// the overlap's end for the token before a rotation, else none.
     until: Option<i64>,
 }
 
 impl WebhookSource {
-    pub(crate) fn new(source: Source, token: &str) -> Self {
+    pub(crate) fn new(source: Source, token: &str, require_signature: bool) -> Self {
         let params = Vec::<Param>::deserialize(&source.params).unwrap_or_default();
         let until = source.token_until(token);
+        let preset = source.secret.as_ref().map(|_| {
+            let name = source.verify_preset.as_deref().unwrap_or("standard");
+            Preset::parse(name).ok_or_else(|| name.to_owned())
+        });
+        let schema = source
+            .schema
+            .as_ref()
+            .map(|schema| crate::body_schema::compile(schema).map_err(|e| e.message));
         Self {
             source,
             params,
+            preset,
+            schema,
+            require_signature,
             until,
         }
     }
@@ -67,8 +93,14 @@ impl SourceCache {
     }
 
     /// Keeps `source` as what `token` opens.
-    pub(crate) fn put(&self, token: &str, source: Source, now: Instant) -> Arc<WebhookSource> {
-        let source = Arc::new(WebhookSource::new(source, token));
+    pub(crate) fn put(
+        &self,
+        token: &str,
+        source: Source,
+        require_signature: bool,
+        now: Instant,
+    ) -> Arc<WebhookSource> {
+        let source = Arc::new(WebhookSource::new(source, token, require_signature));
         let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() > 100_000 {
             cache.clear();
@@ -81,6 +113,12 @@ impl SourceCache {
     pub(crate) fn forget(&self, id: &SourceId) {
         let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
         cache.retain(|_, (s, _)| s.source.id != *id);
+    }
+
+    /// Drops every source of `tenant`, after its settings changed.
+    pub(crate) fn forget_tenant(&self, tenant: &TenantId) {
+        let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
+        cache.retain(|_, (s, _)| s.source.tenant_id != *tenant);
     }
 }
 
@@ -151,6 +189,58 @@ mod tests {
             limits
                 .take(&source, 2.0, 2.0, t0 + Duration::from_millis(500))
                 .is_ok()
+        );
+    }
+
+    fn source(
+        secret: Option<&str>,
+        preset: Option<&str>,
+        schema: Option<serde_json::Value>,
+    ) -> Source {
+        Source {
+            id: SourceId::from("src_1"),
+            tenant_id: TenantId::from("ten_1"),
+            name: "shop".into(),
+            token: "tok_1".into(),
+            params: serde_json::json!([]),
+            critical: false,
+            rate_limit: None,
+            secret: secret.map(str::to_owned),
+            verify_preset: preset.map(str::to_owned),
+            schema,
+            previous_token: None,
+            previous_token_until: None,
+            previous_secret: None,
+            previous_secret_until: None,
+            created_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_sources_sender_is_read_once_and_an_unknown_one_lets_nothing_in() {
+        let plain = WebhookSource::new(source(None, None, None), "tok_1", false);
+        assert!(plain.preset.is_none());
+        // A secret without a sender's name is Standard Webhooks'.
+        let older = WebhookSource::new(source(Some("s"), None, None), "tok_1", false);
+        assert_eq!(older.preset, Some(Ok(Preset::Standard)));
+        let github = WebhookSource::new(source(Some("s"), Some("github"), None), "tok_1", false);
+        assert_eq!(github.preset, Some(Ok(Preset::Github)));
+        // A sender a newer tok saved: known as such, never as no sender.
+        let newer = WebhookSource::new(source(Some("s"), Some("paypal"), None), "tok_1", false);
+        assert_eq!(newer.preset, Some(Err("paypal".to_owned())));
+    }
+
+    #[test]
+    fn a_sources_schema_is_compiled_when_it_is_cached() {
+        let schema = serde_json::json!({ "required": ["id"] });
+        let cached = WebhookSource::new(source(None, None, Some(schema)), "tok_1", false);
+        let compiled = cached.schema.unwrap().unwrap();
+        assert!(!compiled.is_valid(&serde_json::json!({})));
+        let broken = serde_json::json!({ "type": 5 });
+        let cached = WebhookSource::new(source(None, None, Some(broken)), "tok_1", false);
+        assert!(
+            cached.schema.unwrap().is_err(),
+            "kept as broken, not as none"
         );
     }
 

@@ -6,12 +6,14 @@
 
 mod audit;
 mod auth;
+mod body_schema;
 mod dashboard;
 mod error;
 mod intake;
 pub mod openapi;
 mod quotas;
 mod routes;
+mod senders;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +60,9 @@ pub struct AppState {
     /// `/readyz` also asks whether the engine claims work: a worker
     /// node's readiness ([`AppState::ready_when_claiming`]).
     pub(crate) ready_when_claiming: bool,
+    /// Whether a tenant that did not choose requires its webhooks signed
+    /// (`TOK_REQUIRE_SIGNED_WEBHOOKS`, [`AppState::require_signed_webhooks`]).
+    pub(crate) require_signed_webhooks: bool,
 }
 
 impl AppState {
@@ -80,7 +85,17 @@ impl AppState {
             quotas: Arc::default(),
             key_uses: Arc::default(),
             ready_when_claiming: false,
+            require_signed_webhooks: false,
         }
+    }
+
+    /// Makes signed webhooks the platform's default: a tenant whose
+    /// `settings.webhooks.requireSignature` is unset then cannot create a
+    /// source without `verify`, and its older unsigned sources' webhooks
+    /// are refused (`TOK_REQUIRE_SIGNED_WEBHOOKS`).
+    pub fn require_signed_webhooks(mut self, required: bool) -> Self {
+        self.require_signed_webhooks = required;
+        self
     }
 
     /// `/readyz` answers 200 only while this process's worker pool claims

@@ -20,6 +20,7 @@ macro_rules! impl_admin {
                     .and_then(Value::as_bool)
                     .unwrap_or(false),
                 limits: tok_core::quotas::TenantLimits::of_settings(&settings),
+                webhooks: crate::WebhookSettings::of_settings(&settings),
             }
         }
 
@@ -51,6 +52,7 @@ macro_rules! impl_admin {
                     created_at: now_ms(),
                     suspended: false,
                     limits: Default::default(),
+                    webhooks: Default::default(),
                 };
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;

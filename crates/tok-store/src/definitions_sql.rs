@@ -16,6 +16,10 @@ macro_rules! impl_definitions {
                 critical: row.get("critical"),
                 rate_limit: row.get("rate_limit"),
                 secret: row.get("secret"),
+                verify_preset: row.get("verify_preset"),
+                schema: row
+                    .get::<Option<Json<Value>>, _>("body_schema")
+                    .map(|schema| schema.0),
                 previous_token: row.get("previous_token"),
                 previous_token_until: row.get("previous_token_until"),
                 previous_secret: row.get("previous_secret"),
@@ -57,6 +61,8 @@ macro_rules! impl_definitions {
                     critical: source.critical,
                     rate_limit: source.rate_limit,
                     secret: source.secret,
+                    verify_preset: source.verify_preset,
+                    schema: source.schema,
                     previous_token: None,
                     previous_token_until: None,
                     previous_secret: None,
@@ -65,8 +71,8 @@ macro_rules! impl_definitions {
                 };
                 sqlx::query(
                     "INSERT INTO sources (id, tenant_id, name, token, params, critical, rate_limit,
-                        secret, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                        secret, created_at, verify_preset, body_schema)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 )
                 .bind(source.id.as_str())
                 .bind(tenant.as_str())
@@ -77,6 +83,8 @@ macro_rules! impl_definitions {
                 .bind(source.rate_limit)
                 .bind(source.secret.as_deref())
                 .bind(source.created_at)
+                .bind(source.verify_preset.as_deref())
+                .bind(source.schema.as_ref().map(Json))
                 .execute(&*self.writer().await)
                 .await?;
                 Ok(source)
@@ -140,7 +148,10 @@ macro_rules! impl_definitions {
                 let row = sqlx::query(
                     "UPDATE sources SET name = COALESCE($3, name), params = COALESCE($4, params),
                         critical = COALESCE($5, critical),
-                        rate_limit = CASE WHEN $6 THEN $7 ELSE rate_limit END
+                        rate_limit = CASE WHEN $6 THEN $7 ELSE rate_limit END,
+                        body_schema = CASE WHEN $8 THEN $9 ELSE body_schema END,
+                        verify_preset = COALESCE($10, verify_preset),
+                        secret = COALESCE($11, secret)
                      WHERE tenant_id = $1 AND id = $2
                      RETURNING *",
                 )
@@ -151,6 +162,10 @@ macro_rules! impl_definitions {
                 .bind(patch.critical)
                 .bind(patch.rate_limit.is_some())
                 .bind(patch.rate_limit.flatten())
+                .bind(patch.schema.is_some())
+                .bind(patch.schema.as_ref().and_then(|s| s.as_ref()).map(Json))
+                .bind(patch.verify.as_ref().map(|(preset, _)| preset.as_str()))
+                .bind(patch.verify.as_ref().map(|(_, secret)| secret.as_str()))
                 .fetch_optional(&*self.writer().await)
                 .await?;
                 Ok(row.as_ref().map(source_from_row))

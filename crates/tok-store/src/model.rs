@@ -35,6 +35,38 @@ pub struct Tenant {
     /// that no longer reads (written by hand) counts as none set.
     #[serde(skip)]
     pub limits: tok_core::quotas::TenantLimits,
+    /// How its webhooks are guarded (`settings.webhooks`).
+    #[serde(skip)]
+    pub webhooks: WebhookSettings,
+}
+
+/// `settings.webhooks`: how a tenant's webhooks are guarded, as the
+/// platform admin set it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookSettings {
+    /// `requireSignature`: every source must check its sender's signature
+    /// (a source without `verify` cannot be created, and an older one's
+    /// webhooks are refused). `None`: the platform's default
+    /// (`TOK_REQUIRE_SIGNED_WEBHOOKS`) decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_signature: Option<bool>,
+}
+
+impl WebhookSettings {
+    /// The setting in a tenant's `settings` object; one that no longer
+    /// reads (written by hand) counts as none set.
+    pub fn of_settings(settings: &Value) -> Self {
+        settings
+            .get("webhooks")
+            .and_then(|w| serde_json::from_value(w.clone()).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether signatures are required, given the platform's default.
+    pub fn requires_signature(&self, platform_default: bool) -> bool {
+        self.require_signature.unwrap_or(platform_default)
+    }
 }
 
 /// What the platform admin changes of a tenant (`PATCH /api/tenants/{id}`):
@@ -45,6 +77,8 @@ pub struct TenantPatch {
     pub suspended: Option<bool>,
     /// Replaces `settings.limits` whole (the caller merged the change).
     pub limits: Option<tok_core::quotas::TenantLimits>,
+    /// Replaces `settings.webhooks` whole (the caller merged the change).
+    pub webhooks: Option<WebhookSettings>,
 }
 
 impl TenantPatch {
@@ -58,6 +92,11 @@ impl TenantPatch {
             let limits =
                 serde_json::to_value(limits).unwrap_or_else(|_| Value::Object(Default::default()));
             map.insert("limits".into(), limits);
+        }
+        if let Some(webhooks) = &self.webhooks {
+            let webhooks = serde_json::to_value(webhooks)
+                .unwrap_or_else(|_| Value::Object(Default::default()));
+            map.insert("webhooks".into(), webhooks);
         }
         map
     }
@@ -78,6 +117,11 @@ pub struct NewSource {
     pub critical: bool,
     pub rate_limit: Option<i32>,
     pub secret: Option<String>,
+    /// Whose signature the secret checks (`standard`, `stripe`, …); the
+    /// server knows the senders, the store keeps the name.
+    pub verify_preset: Option<String>,
+    /// A JSON Schema the bodies must meet, checked by the server at ingest.
+    pub schema: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -92,6 +136,12 @@ pub struct Source {
     pub rate_limit: Option<i32>,
     #[serde(skip)]
     pub secret: Option<String>,
+    /// Whose signature `secret` checks, as the server names the senders;
+    /// `None` with a secret is `standard` (Standard Webhooks), as every
+    /// signed source was before senders had names.
+    pub verify_preset: Option<String>,
+    /// The JSON Schema its bodies must meet, if it has one.
+    pub schema: Option<Value>,
     /// The token before the last rotation, valid until
     /// `previous_token_until` (ms since the epoch).
     #[serde(skip)]
@@ -137,6 +187,11 @@ pub struct SourcePatch {
     pub critical: Option<bool>,
     /// `Some(None)` removes the rate limit.
     pub rate_limit: Option<Option<i32>>,
+    /// `Some(None)` removes the schema.
+    pub schema: Option<Option<Value>>,
+    /// The sender and its secret, for a source that had none: a signed
+    /// source's secret rotates ([`SourceRotation`]) instead.
+    pub verify: Option<(String, String)>,
 }
 
 /// A rotation of a source's token, its signing secret, or both. What is

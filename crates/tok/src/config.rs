@@ -157,6 +157,13 @@ pub struct Config {
     /// must not reach the platform's own network (loopback, private,
     /// link-local and so cloud metadata, CGNAT), DESIGN §15.
     pub outbound_allow: tok_engine::OutboundAllow,
+    /// `TOK_REQUIRE_SIGNED_WEBHOOKS` (`true` or `false`): whether a tenant
+    /// that did not choose (`settings.webhooks.requireSignature`) accepts
+    /// signed webhooks only: no source without `verify`, and every unsigned
+    /// webhook of an older source refused with 401. Off by default, so a
+    /// laptop's `curl` reaches a webhook as it always did; a hosted
+    /// platform whose tenants connect Stripe or GitHub turns it on.
+    pub require_signed_webhooks: bool,
 }
 
 /// How log lines are written (`TOK_LOG_FORMAT`).
@@ -300,6 +307,13 @@ impl Config {
                     tok_engine::OutboundAllow::parse(&text).map_err(anyhow::Error::msg)?
                 }
                 None => tok_engine::OutboundAllow::default(),
+            },
+            require_signed_webhooks: match var("TOK_REQUIRE_SIGNED_WEBHOOKS").as_deref().map(str::trim) {
+                None | Some("false" | "0") => false,
+                Some("true" | "1") => true,
+                Some(other) => bail!(
+                    "TOK_REQUIRE_SIGNED_WEBHOOKS must be true or false; it is `{other}`"
+                ),
             },
         };
         config.validate()?;

@@ -242,6 +242,8 @@ async fn ensure_source(
                 critical: false,
                 rate_limit: None,
                 secret: None,
+                verify_preset: None,
+                schema: None,
             },
         )
         .await
@@ -358,6 +360,8 @@ mod tests {
             critical: false,
             rate_limit: None,
             secret: None,
+            verify_preset: None,
+            schema: None,
             previous_token: None,
             previous_token_until: None,
             previous_secret: None,

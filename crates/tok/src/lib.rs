@@ -245,7 +245,8 @@ pub async fn serve(
         tracing::info!(allow = %config.outbound_allow, "outbound guard exceptions (TOK_OUTBOUND_ALLOW)");
     }
     let mut state = AppState::new(engine.clone(), &config.public_url)
-        .with_backpressure_depth(config.backpressure_depth);
+        .with_backpressure_depth(config.backpressure_depth)
+        .require_signed_webhooks(config.require_signed_webhooks);
     if let Some(token) = &config.metrics_token {
         state = state.with_metrics_token(&token.0);
     }

@@ -3,7 +3,8 @@
 //! reload, a failed run shows what its condition compared and its error and
 //! runs again on Retry, the webhook's full URL is copied, and one tenant's
 //! session shows nothing of another's; the queue page charts the samples
-//! the scheduler kept before it opened, and keeps adding points.
+//! the scheduler kept before it opened, and keeps adding points; the
+//! "Try a body" box shows which automation a webhook would start.
 //!
 //! `TOK_DASHBOARD_SCREENSHOTS=<dir>` also saves the pages as PNG files
 //! (the pictures in docs/dashboard.md are made so).
@@ -416,6 +417,126 @@ async fn a_tenants_session_shows_nothing_of_another_tenant() {
             )
             .await;
         assert_eq!(rows, 0);
+    })
+    .await;
+}
+
+/// The automation page's "Try a body" box: the body typed is sent to the
+/// webhook as a dry run with the operator's key (the source is signed by
+/// GitHub; the box sends no signature, and says it was not checked), and
+/// the page shows which automation would start and what its filter
+/// compared. Nothing is stored: the tenant has no event and no run after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_try_a_body_box_shows_what_a_webhook_would_start() {
+    run_on_fresh_db(Backend::Sqlite, async |db: &TestDb| {
+        let port = free_port();
+        let api = Api::new(port);
+        let _server = Server::start(&db.url, port, &[], &[]);
+        api.wait_ready().await;
+        let tenant = api
+            .post("/api/tenants", ADMIN_KEY, json!({ "name": "Acme" }))
+            .await;
+        let key = tenant["api_key"].as_str().unwrap().to_owned();
+        let source = api
+            .post(
+                "/api/sources",
+                &key,
+                json!({ "name": "repository", "params": [
+                    { "name": "ref", "path": "ref", "type": "string", "required": true }
+                ], "verify": { "preset": "github", "secret": "a GitHub hook's secret" } }),
+            )
+            .await;
+        let source_id = source["id"].as_str().unwrap();
+        let on_main = |name: &str, branch: &str| {
+            json!({
+                "name": name,
+                "trigger": { "kind": "webhook", "source": source_id, "filter": {
+                    "match": "all",
+                    "rules": [{ "field": "ref", "operator": "eq", "value": branch }]
+                } },
+                "steps": [{ "id": "st_log", "type": "flow/log", "config": { "message": "pushed" } }]
+            })
+        };
+        let deploy = api.post("/api/automations", &key, on_main("Deploy", "refs/heads/main")).await;
+        let preview = api
+            .post("/api/automations", &key, on_main("Preview", "refs/heads/preview"))
+            .await;
+        let (deploy, preview) = (
+            deploy["id"].as_str().unwrap().to_owned(),
+            preview["id"].as_str().unwrap().to_owned(),
+        );
+
+        let browser = Browser::start().await;
+        let base = format!("http://localhost:{port}");
+        browser.sign_in(&base, &key).await;
+        browser.open(&format!("{base}/#/automations/{deploy}")).await;
+        browser
+            .wait_for(
+                "the box filled with the help's example",
+                "const b = document.querySelector('#try-body'); return b && b.value.includes('ref')",
+                json!([]),
+            )
+            .await;
+        assert!(browser.text("#webhook-sender").await.contains("github"));
+        browser
+            .eval(
+                "document.querySelector('#try-body').value = arguments[0]",
+                json!([r#"{"ref": "refs/heads/main", "after": "a1b2c3"}"#]),
+            )
+            .await;
+        browser.click("#try-send").await;
+        let summary = browser
+            .wait_for(
+                "the dry run's answer",
+                "const s = document.querySelector('#try-summary'); return s && s.textContent",
+                json!([]),
+            )
+            .await;
+        let summary = summary.as_str().unwrap();
+        assert!(summary.starts_with("1 automation would start."), "{summary}");
+        assert!(summary.contains("github signature was not checked"), "{summary}");
+        let starts = |id: &str| {
+            format!("return document.querySelector('li[data-automation=\"{id}\"]').dataset.wouldStart")
+        };
+        assert_eq!(browser.eval(&starts(&deploy), json!([])).await, json!("true"));
+        assert_eq!(browser.eval(&starts(&preview), json!([])).await, json!("false"));
+        let lines = browser
+            .eval(
+                "return document.querySelector(`li[data-automation=\"${arguments[0]}\"] pre`).textContent",
+                json!([preview]),
+            )
+            .await;
+        assert!(
+            lines.as_str().unwrap().contains("ref = \"refs/heads/main\", compared with \"refs/heads/preview\""),
+            "{lines}"
+        );
+        browser
+            .eval("document.querySelector('#try-box').scrollIntoView()", json!([]))
+            .await;
+        picture(&browser, "try-a-body").await;
+
+        // A body the source's contract refuses: the 400 is shown as it is.
+        browser
+            .eval(
+                "document.querySelector('#try-body').value = '{\"after\": \"a1b2c3\"}'",
+                json!([]),
+            )
+            .await;
+        browser.click("#try-send").await;
+        let error = browser
+            .wait_for(
+                "the refusal",
+                "const e = document.querySelector('#try-error'); return e && e.textContent",
+                json!([]),
+            )
+            .await;
+        assert!(error.as_str().unwrap().starts_with("400: required param `ref`"), "{error}");
+
+        // Nothing was stored.
+        let queue = api.get("/api/dashboard/queue", &key).await;
+        assert_eq!(queue["pending_events"], 0, "{queue}");
+        let runs = api.get("/api/runs", &key).await;
+        assert_eq!(runs["items"], json!([]), "{runs}");
     })
     .await;
 }

@@ -767,19 +767,71 @@ pages.automation_detail = async (view, id) => {
         flash(e.message);
       }
     };
+    const tryBox = tryBodyBox(source);
     box.append(h("div.card.stack", null, h("h2", null, `Webhook · ${source.name}`),
       h("div.url-row", null, input, copy),
       allows("write") ? h("div.url-row", null, overlap, h("button.button", { id: "rotate-url", type: "button", onclick: rotate }, "Rotate URL")) : null,
+      source.verify ? h("p.note", { id: "webhook-sender" }, `Signed by ${source.verify.preset}: a webhook without its signature is refused.`) : null,
       h("p.note", null, "Send a POST with a JSON body to this URL. A GET on it answers this help:"),
-      help));
+      help),
+      tryBox.card);
     fetch(source.url.replace(/^https?:\/\/[^/]+/, ""))
       .then((r) => r.json())
-      .then((j) => (help.textContent = JSON.stringify(j, null, 2)))
+      .then((j) => {
+        help.textContent = JSON.stringify(j, null, 2);
+        tryBox.example(j.example);
+      })
       .catch(() => (help.textContent = "the help could not be loaded"));
   } else {
     box.append(h("div.card", null, h("h2", null, "Trigger"), h("pre", null, JSON.stringify(trigger, null, 2))));
   }
 };
+
+/**
+ * "Try a body": sends the body typed to the source's webhook as a dry run
+ * (`?dry_run=true`) with the signed-in key, so a signed source's signature
+ * is not asked for, and shows which automations would start and why.
+ * Nothing is stored.
+ */
+function tryBodyBox(source) {
+  const path = `${source.url.replace(/^https?:\/\/[^/]+/, "")}?dry_run=true`;
+  const body = h("textarea", { id: "try-body", rows: 7, spellcheck: "false" });
+  const result = h("div.stack", { id: "try-result" });
+  const send = async () => {
+    const headers = { Authorization: `Bearer ${session.key}`, "Content-Type": "application/json" };
+    if (session.kind === "admin" && session.tenant) headers["X-Tok-Tenant"] = session.tenant;
+    fill(result, h("p.muted", null, "checking…"));
+    try {
+      const response = await fetch(path, { method: "POST", headers, body: body.value });
+      const answer = await response.json().catch(() => ({ error: { message: `answered ${response.status}` } }));
+      fill(result, response.ok ? dryRunView(answer) : h("p.error-text", { id: "try-error" }, `${response.status}: ${answer.error ? answer.error.message : ""}`));
+    } catch (e) {
+      fill(result, h("p.error-text", { id: "try-error" }, e.message));
+    }
+  };
+  const card = h("div.card.stack", { id: "try-box" }, h("h2", null, "Try a body"),
+    h("p.note", null, "Checked like a real webhook and answered with what would start; nothing is stored and nothing starts."),
+    body,
+    h("div.actions", null, h("button.button.primary", { id: "try-send", type: "button", onclick: send }, "Try it")),
+    result);
+  return { card, example: (example) => { if (!body.value && example) body.value = JSON.stringify(example, null, 2); } };
+}
+
+/** A dry run's answer: each automation, whether it would start, and why. */
+function dryRunView(answer) {
+  if (answer.answer) return h("p", { id: "try-summary" }, `Answered ${JSON.stringify(answer.answer)}; ${answer.note || "nothing starts"}.`);
+  const n = answer.would_start;
+  return [
+    h("p", { id: "try-summary" }, `${n} automation${n === 1 ? "" : "s"} would start.`,
+      answer.signature && !answer.signature.checked && answer.signature.preset ? h("span.muted", null, ` The ${answer.signature.preset} signature was not checked.`) : null),
+    h("ul.try-automations", null, answer.automations.map((a) =>
+      h("li", { dataset: { automation: a.id, wouldStart: String(a.would_start) } },
+        h("strong", null, a.name), " ", pill(a.would_start ? "starts" : "skipped"), h("span.muted", null, ` ${a.why}`),
+        a.filter ? h("pre", null, a.filter.lines.join("\n")) : null,
+        a.flow ? h("p.note", null, a.flow) : null))),
+    h("details", null, h("summary", null, "Params"), h("pre", null, JSON.stringify(answer.params, null, 2))),
+  ];
+}
 
 /** Copies `text` to the clipboard; the fallback works where the async API is not allowed. */
 async function copyText(text, button) {

@@ -312,8 +312,15 @@ pub(crate) struct Source {
     /// Events a second; null: no limit.
     #[schema(required = true)]
     rate_limit: Option<i32>,
-    /// Sends must carry a Standard Webhooks signature.
+    /// The JSON Schema (draft 2020-12) every body must meet; null: none.
+    #[schema(required = true)]
+    schema: Option<Value>,
+    /// Sends must carry the signature of the sender `verify` names.
     signed: bool,
+    /// The sender whose signature is checked; null: none. Its secret is
+    /// never shown.
+    #[schema(required = true)]
+    verify: Option<SourceVerify>,
     /// Until when the token before the last rotation still opens the
     /// source; null when none does.
     #[schema(required = true, format = DateTime)]
@@ -324,6 +331,13 @@ pub(crate) struct Source {
     previous_secret_expires_at: Option<String>,
     #[schema(format = DateTime)]
     created_at: String,
+}
+
+/// The sender a source checks.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SourceVerify {
+    /// `standard`, `stripe`, `github`, `shopify` or `slack`.
+    preset: String,
 }
 
 /// A page of sources, oldest first.
@@ -349,6 +363,102 @@ pub(crate) struct WebhookHelp {
     idempotency: String,
     /// Present when sends must be signed: what the headers must be.
     signature: Option<String>,
+    /// Present when the source checks a sender's signature: the sender and
+    /// the headers it sends.
+    verify: Option<WebhookSender>,
+    /// The source's JSON Schema, when it has one.
+    schema: Option<Value>,
+    /// How to try a body without storing it.
+    dry_run: String,
+}
+
+/// A sender and the headers it sends, for the webhook's help.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WebhookSender {
+    preset: String,
+    headers: Vec<crate::senders::SentHeader>,
+}
+
+/// A 200 of `POST /webhook/{token}`: the answer of a dry run, or the
+/// challenge of Slack's `url_verification`.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(crate) enum WebhookAnswered {
+    DryRun(WebhookDryRun),
+    Challenge(SlackChallenge),
+}
+
+/// What Slack's `url_verification` is answered: its own challenge.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SlackChallenge {
+    challenge: String,
+}
+
+/// What a webhook would do (`?dry_run=true`); nothing was stored.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WebhookDryRun {
+    /// Always true.
+    dry_run: bool,
+    /// The source's name.
+    source: String,
+    signature: DryRunSignature,
+    /// The key the event would be kept under (a repeat within 24 h is a
+    /// duplicate); absent for Slack's `url_verification`.
+    idempotency_key: Option<String>,
+    /// What the runs' context would hold at the top: the contract's
+    /// params, and `_sender` for a signed source.
+    params: Value,
+    /// Each automation the source triggers (archived ones left out).
+    automations: Vec<DryRunAutomation>,
+    /// How many of them would start a run.
+    would_start: i64,
+    /// What a real request would be answered instead of an event (Slack's
+    /// `url_verification`: `{challenge}`).
+    answer: Option<SlackChallenge>,
+    note: Option<String>,
+}
+
+/// How a dry run took the sender's signature.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DryRunSignature {
+    /// The sender checked; null for a source that checks none.
+    #[schema(required = true)]
+    preset: Option<String>,
+    /// Whether the signature was checked (a dry run asked with the
+    /// tenant's API key and none of the sender's headers is not).
+    checked: bool,
+    note: String,
+}
+
+/// One automation of the source in a dry run.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DryRunAutomation {
+    id: String,
+    name: String,
+    /// `active` or `paused`.
+    status: String,
+    /// Whether this webhook would start a run of it (its start controls
+    /// aside: see `flow`).
+    would_start: bool,
+    /// Its trigger filter over the run's context; null when it has none.
+    #[schema(required = true)]
+    filter: Option<DryRunFilter>,
+    /// Why it would start or not.
+    why: String,
+    /// Present when a start control (`flow.debounce`, …) decides when the
+    /// run starts.
+    flow: Option<String>,
+}
+
+/// A trigger filter evaluated: the result and one line per rule.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DryRunFilter {
+    /// `all` or `any`.
+    #[serde(rename = "match")]
+    match_: String,
+    holds: bool,
+    /// What each rule compared, as the dispatcher logs it.
+    lines: Vec<String>,
 }
 
 /// A ticket type: its statuses, in order, and its custom fields.
@@ -572,8 +682,10 @@ pub(crate) struct TenantChanged {
     #[serde(flatten)]
     tenant: Tenant,
     /// `{retention: {stepDataDays, runsDays, traceDays, inboxDays, auditDays}, limits:
-    /// {signalsPerSecond: {rate, burst}, streams, startsPerMinute, concurrency}}`: the
-    /// limits in force, defaults filled in.
+    /// {signalsPerSecond: {rate, burst}, streams, startsPerMinute, concurrency},
+    /// webhooks: {requireSignature, inForce}}`: the limits in force, defaults
+    /// filled in (`requireSignature`: the tenant's own choice, null when it
+    /// has none; `inForce`: with the platform's default).
     settings: Value,
 }
 

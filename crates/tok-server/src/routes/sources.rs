@@ -1,8 +1,12 @@
 //! Webhook sources: a name, a contract (params with the dot paths where the
-//! sender puts them) and a token that makes the URL. A source is changed
-//! with `PATCH`, its token and signing secret rotate (what they replace
-//! stays valid for the overlap asked, none by default), and it is deleted
-//! once no automation's trigger names it.
+//! sender puts them), optionally a JSON Schema for the whole body and the
+//! sender whose signature it checks (`verify: {preset, secret}`), and a
+//! token that makes the URL. A source is changed with `PATCH`, its token
+//! and signing secret rotate (what they replace stays valid for the
+//! overlap asked, none by default), and it is deleted once no automation's
+//! trigger names it. A tenant that requires signed webhooks
+//! (`settings.webhooks.requireSignature`, else `TOK_REQUIRE_SIGNED_WEBHOOKS`)
+//! creates no source without `verify`.
 
 use std::time::Duration;
 
@@ -21,6 +25,7 @@ use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
 use crate::routes::in_use::{automations_using, refuse_if_used};
 use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
+use crate::senders::Preset;
 
 pub(crate) fn router() -> Routes {
     Routes::new()
@@ -49,19 +54,57 @@ struct NewSourceBody {
     #[serde(default)]
     critical: bool,
     rate_limit: Option<i32>,
+    /// A Standard Webhooks secret: `verify: {preset: "standard", secret}`
+    /// as it was written before senders had names.
     secret: Option<String>,
+    verify: Option<VerifyBody>,
+    /// A JSON Schema (draft 2020-12) every body must meet.
+    schema: Option<Value>,
+}
+
+/// `verify`: the sender whose signature the source checks, and the secret
+/// the sender signs with.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyBody {
+    preset: String,
+    secret: String,
+}
+
+impl VerifyBody {
+    /// The preset and the secret, checked.
+    fn checked(self) -> ApiResult<(Preset, String)> {
+        let preset = Preset::parse(&self.preset).ok_or_else(|| {
+            let names: Vec<&str> = Preset::ALL.iter().map(|p| p.as_str()).collect();
+            invalid(format!(
+                "`verify.preset` is `{}`; expected one of {}",
+                self.preset.chars().take(40).collect::<String>(),
+                names.join(", ")
+            ))
+            .with("field", "verify.preset")
+        })?;
+        checked_secret(preset, &self.secret, "verify.secret")?;
+        Ok((preset, self.secret))
+    }
 }
 
 fn view(state: &AppState, source: &Source) -> Value {
+    let preset = source
+        .secret
+        .as_ref()
+        .map(|_| source.verify_preset.as_deref().unwrap_or("standard"));
     json!({
         "id": source.id,
         "name": source.name,
         "token": source.token,
         "url": state.webhook_url(&source.token),
         "params": source.params,
+        "schema": source.schema,
         "critical": source.critical,
         "rate_limit": source.rate_limit,
         "signed": source.secret.is_some(),
+        // The sender whose signature is checked; never its secret.
+        "verify": preset.map(|preset| json!({ "preset": preset })),
         // Until when the token and the secret before the last rotation
         // still work (null: none does).
         "previous_token_expires_at": live(source.previous_token_until),
@@ -97,23 +140,30 @@ fn checked_rate_limit(rate_limit: Option<i32>) -> ApiResult<()> {
     Ok(())
 }
 
-/// A Standard Webhooks signing secret: `whsec_<base64>` or a plain string,
-/// of at least 16 bytes either way.
-fn checked_secret(secret: &str) -> ApiResult<()> {
-    use base64::Engine as _;
-    let key_len = match secret.strip_prefix("whsec_") {
-        Some(encoded) => base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .map_err(|_| invalid("`secret` starts with whsec_ but the rest is not base64"))?
-            .len(),
-        None => secret.len(),
-    };
-    if key_len < 16 {
-        return Err(invalid(
-            "`secret` must hold at least 16 bytes (Standard Webhooks: whsec_<base64>)",
-        ));
+/// A sender's signing secret as `preset` hands it out (`field` names it in
+/// the request).
+fn checked_secret(preset: Preset, secret: &str, field: &str) -> ApiResult<()> {
+    preset
+        .check_secret(secret)
+        .map_err(|why| invalid(format!("`{field}` {why}")).with("field", field))
+}
+
+/// The schema, compiled to be sure it does, as it is kept.
+fn checked_schema(schema: Option<&Value>) -> ApiResult<()> {
+    if let Some(schema) = schema {
+        crate::body_schema::compile(schema)?;
+        crate::routes::storable_json("`schema`", schema)?;
     }
     Ok(())
+}
+
+/// Whether the tenant requires its webhooks signed: its own setting, else
+/// the platform's default.
+async fn requires_signature(state: &AppState, tenant: &tok_core::ids::TenantId) -> ApiResult<bool> {
+    let tenant = state.engine.store().tenant(tenant).await?;
+    Ok(tenant.map_or(state.require_signed_webhooks, |t| {
+        t.webhooks.requires_signature(state.require_signed_webhooks)
+    }))
 }
 
 #[utoipa::path(post, path = "/api/sources", tag = "sources", responses((status = 201, body = crate::openapi::schemas::Source)))]
@@ -125,10 +175,33 @@ async fn create(
     let name = checked_name(&body.name)?;
     contract::validate_params(&body.params)
         .map_err(|message| ApiError::bad_request("invalid_params", message))?;
-    if let Some(secret) = &body.secret {
-        checked_secret(secret)?;
-    }
+    let verify = match (body.verify, body.secret) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "give `verify: {preset, secret}` or the older `secret` (a Standard Webhooks secret), not both",
+            )
+            .with("field", "secret"));
+        }
+        (Some(verify), None) => Some(verify.checked()?),
+        (None, Some(secret)) => {
+            checked_secret(Preset::Standard, &secret, "secret")?;
+            Some((Preset::Standard, secret))
+        }
+        (None, None) => None,
+    };
+    checked_schema(body.schema.as_ref())?;
     checked_rate_limit(body.rate_limit)?;
+    if verify.is_none() && requires_signature(&state, &tenant).await? {
+        return Err(ApiError::bad_request(
+            "signature_required",
+            "this tenant accepts signed webhooks only: give the source `verify: {\"preset\": \"standard\" | \"stripe\" | \"github\" | \"shopify\" | \"slack\", \"secret\": \"…\"}`",
+        )
+        .with("field", "verify"));
+    }
+    let (verify_preset, secret) = match verify {
+        Some((preset, secret)) => (Some(preset.as_str().to_owned()), Some(secret)),
+        None => (None, None),
+    };
     let source = state
         .engine
         .store()
@@ -140,7 +213,9 @@ async fn create(
                 params: serde_json::to_value(&body.params).unwrap_or(Value::Array(Vec::new())),
                 critical: body.critical,
                 rate_limit: body.rate_limit,
-                secret: body.secret,
+                secret,
+                verify_preset,
+                schema: body.schema,
             },
         )
         .await?;
@@ -179,6 +254,8 @@ async fn show(
 
 /// A change to a source: any of its fields but the token and the secret,
 /// which rotate (`POST /api/sources/{id}/rotate`). An absent field stays.
+/// `verify` gives a source that checks no signature a sender; a signed
+/// source's secret rotates instead, and its sender stays.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SourcePatchBody {
@@ -188,6 +265,10 @@ struct SourcePatchBody {
     /// `null` removes the limit.
     #[serde(default, deserialize_with = "super::present")]
     rate_limit: Option<Option<i32>>,
+    /// `null` removes the schema.
+    #[serde(default, deserialize_with = "super::present")]
+    schema: Option<Option<Value>>,
+    verify: Option<VerifyBody>,
 }
 
 #[utoipa::path(patch, path = "/api/sources/{id}", tag = "sources", responses((status = 200, body = crate::openapi::schemas::Source)))]
@@ -203,6 +284,27 @@ async fn update(
             .map_err(|message| ApiError::bad_request("invalid_params", message))?;
     }
     checked_rate_limit(body.rate_limit.flatten())?;
+    checked_schema(body.schema.as_ref().and_then(Option::as_ref))?;
+    let id = SourceId::from(id);
+    let verify = match body.verify {
+        Some(verify) => {
+            let (preset, secret) = verify.checked()?;
+            let current = state
+                .engine
+                .store()
+                .source(&tenant, &id)
+                .await?
+                .ok_or_else(|| ApiError::not_found("source"))?;
+            if current.secret.is_some() {
+                return Err(invalid(
+                    "the source already checks a sender's signature; its secret rotates with POST /api/sources/{id}/rotate {\"secret\", \"overlap\"}, and another sender needs a source of its own",
+                )
+                .with("field", "verify"));
+            }
+            Some((preset.as_str().to_owned(), secret))
+        }
+        None => None,
+    };
     let patch = SourcePatch {
         name,
         params: body
@@ -210,11 +312,13 @@ async fn update(
             .map(|p| serde_json::to_value(p).unwrap_or(Value::Array(Vec::new()))),
         critical: body.critical,
         rate_limit: body.rate_limit,
+        schema: body.schema,
+        verify,
     };
     let source = state
         .engine
         .store()
-        .update_source(&tenant, &SourceId::from(id), patch)
+        .update_source(&tenant, &id, patch)
         .await?
         .ok_or_else(|| ApiError::not_found("source"))?;
     state.sources.forget(&source.id);
@@ -279,9 +383,6 @@ async fn rotate(
             body.overlap.as_deref().unwrap_or_default()
         )));
     }
-    if let Some(secret) = &body.secret {
-        checked_secret(secret)?;
-    }
     let rotate_token = body.token.unwrap_or(true);
     if !rotate_token && body.secret.is_none() {
         return Err(invalid(
@@ -290,17 +391,24 @@ async fn rotate(
     }
     let id = SourceId::from(id);
     let store = state.engine.store();
-    if body.secret.is_some() {
+    if let Some(secret) = &body.secret {
         let source = store
             .source(&tenant, &id)
             .await?
             .ok_or_else(|| ApiError::not_found("source"))?;
         if source.secret.is_none() {
             return Err(invalid(
-                "the source is not signed, so it has no secret to rotate; a source's \
-                 signing is chosen when it is created",
+                "the source is not signed (it checks no sender's signature), so it has no \
+                 secret to rotate; give it one with PATCH /api/sources/{id} {\"verify\": {\"preset\", \"secret\"}}",
             ));
         }
+        // The new secret is the same sender's: checked as that sender's.
+        let preset = source
+            .verify_preset
+            .as_deref()
+            .and_then(Preset::parse)
+            .unwrap_or(Preset::Standard);
+        checked_secret(preset, secret, "secret")?;
     }
     let rotation = SourceRotation {
         token: rotate_token.then(random_token),

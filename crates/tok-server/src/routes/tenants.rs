@@ -7,7 +7,9 @@
 //! effects; `settings.retention`: how long the tenant's data is kept,
 //! DESIGN §10; `settings.limits`: its quotas, DESIGN §15, such as
 //! `concurrency`, its steps in flight across every process; see
-//! [`tok_core::quotas`]).
+//! [`tok_core::quotas`]; `settings.webhooks.requireSignature`: no source
+//! without a sender's signature and no unsigned webhook, DESIGN §15
+//! "Senders").
 
 use axum::Json;
 use axum::extract::State;
@@ -116,6 +118,11 @@ struct SettingsChange {
     /// others stay.
     #[serde(default)]
     limits: Option<Map<String, Value>>,
+    /// `requireSignature` ([`tok_store::WebhookSettings`]): `true` or
+    /// `false` decide for the tenant, `null` leaves it to the platform's
+    /// `TOK_REQUIRE_SIGNED_WEBHOOKS`.
+    #[serde(default)]
+    webhooks: Option<Map<String, Value>>,
 }
 
 #[utoipa::path(patch, path = "/api/tenants/{id}", tag = "tenants", responses((status = 200, body = crate::openapi::schemas::TenantChanged)))]
@@ -131,9 +138,9 @@ async fn update(
         return Err(ApiError::not_found("tenant"));
     };
     // Every change is checked before any is written.
-    let (retention_change, limits_change) = match body.settings {
-        Some(settings) => (settings.retention, settings.limits),
-        None => (None, None),
+    let (retention_change, limits_change, webhooks_change) = match body.settings {
+        Some(settings) => (settings.retention, settings.limits, settings.webhooks),
+        None => (None, None, None),
     };
     let mut retention = store.retention(&id).await?.unwrap_or_default();
     if let Some(change) = retention_change.clone() {
@@ -145,12 +152,20 @@ async fn update(
             ApiError::bad_request("invalid_settings", e.message).with("field", e.field)
         })?;
     }
+    let webhooks = match &webhooks_change {
+        Some(change) => Some(changed_webhooks(tenant.webhooks, change)?),
+        None => None,
+    };
     // The audit row names what changed: the fields, not their values.
     let mut changed = Vec::new();
     if let Some(suspended) = body.suspended {
         changed.push(format!("suspended: {suspended}"));
     }
-    for (what, change) in [("retention", &retention_change), ("limits", &limits_change)] {
+    for (what, change) in [
+        ("retention", &retention_change),
+        ("limits", &limits_change),
+        ("webhooks", &webhooks_change),
+    ] {
         if let Some(change) = change {
             let names: Vec<&str> = change.keys().map(String::as_str).collect();
             changed.push(format!("{what}: {}", names.join(", ")));
@@ -163,6 +178,7 @@ async fn update(
     let patch = TenantPatch {
         suspended: body.suspended,
         limits: limits_change.is_some().then(|| limits.clone()),
+        webhooks,
     };
     let tenant = if patch == TenantPatch::default() {
         tenant
@@ -177,9 +193,44 @@ async fn update(
     }
     state.engine.tenant_changed(&id);
     state.quotas.tenant_changed(&id);
+    // Its webhooks read the setting afresh (other processes within the
+    // sources' cache time).
+    state.sources.forget_tenant(&id);
     let mut shown = shown(&tenant);
-    shown["settings"] = json!({ "retention": retention, "limits": tenant.limits.in_force() });
+    shown["settings"] = json!({
+        "retention": retention,
+        "limits": tenant.limits.in_force(),
+        "webhooks": {
+            "requireSignature": tenant.webhooks.require_signature,
+            "inForce": tenant.webhooks.requires_signature(state.require_signed_webhooks),
+        },
+    });
     Ok((note, Json(shown)))
+}
+
+/// `current` with the fields of `change` (`settings.webhooks`), checked.
+fn changed_webhooks(
+    current: tok_store::WebhookSettings,
+    change: &Map<String, Value>,
+) -> ApiResult<tok_store::WebhookSettings> {
+    let mut merged = match serde_json::to_value(current) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    for (key, value) in change {
+        if value.is_null() {
+            merged.remove(key);
+        } else {
+            merged.insert(key.clone(), value.clone());
+        }
+    }
+    serde_json::from_value(Value::Object(merged)).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_settings",
+            format!("settings.webhooks: {e}; expected requireSignature: true, false or null"),
+        )
+        .with("field", "settings.webhooks")
+    })
 }
 
 /// `current` with the fields of `change`, checked.

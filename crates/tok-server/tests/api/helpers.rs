@@ -96,7 +96,27 @@ pub(crate) struct TestApp {
 /// Its outbound guard opens `allow` (`TOK_OUTBOUND_ALLOW`; closed by
 /// default, as `tok serve`'s).
 pub(crate) async fn spawn_app(backend: Backend, allow: OutboundAllow) -> TestApp {
-    spawn_app_with(backend, allow, |_| {}).await
+    spawn_app_with(backend, allow, |_| {}, |state| state).await
+}
+
+/// [`run`] on an app whose platform requires signed webhooks of every
+/// tenant that did not choose (`TOK_REQUIRE_SIGNED_WEBHOOKS=true`).
+pub(crate) async fn run_requiring_signatures(backend: Backend, test: impl AsyncFnOnce(&TestApp)) {
+    if !backends().contains(&backend) {
+        return;
+    }
+    let app = spawn_app_with(
+        backend,
+        OutboundAllow::default(),
+        |_| {},
+        |state| state.require_signed_webhooks(true),
+    )
+    .await;
+    let outcome = catch_unwind(test(&app)).await;
+    app.cleanup().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// [`run`] on an app whose registry also has a `script` step, for tests of
@@ -106,14 +126,19 @@ pub(crate) async fn run_with_script_checks(backend: Backend, test: impl AsyncFnO
     if !backends().contains(&backend) {
         return;
     }
-    let app = spawn_app_with(backend, OutboundAllow::default(), |registry| {
-        let pool = tok_script::ScriptPool::new(tok_script::PoolConfig::new(
-            "/nonexistent/tok-script-sandbox",
-            ["script-sandbox"],
-        ))
-        .expect("a pool that starts no child until a script runs");
-        registry.register("script", tok_engine::ScriptStep::new(pool));
-    })
+    let app = spawn_app_with(
+        backend,
+        OutboundAllow::default(),
+        |registry| {
+            let pool = tok_script::ScriptPool::new(tok_script::PoolConfig::new(
+                "/nonexistent/tok-script-sandbox",
+                ["script-sandbox"],
+            ))
+            .expect("a pool that starts no child until a script runs");
+            registry.register("script", tok_engine::ScriptStep::new(pool));
+        },
+        |state| state,
+    )
     .await;
     let outcome = catch_unwind(test(&app)).await;
     app.cleanup().await;
@@ -122,11 +147,13 @@ pub(crate) async fn run_with_script_checks(backend: Backend, test: impl AsyncFnO
     }
 }
 
-/// [`spawn_app`] whose registry `extend` adds to.
+/// [`spawn_app`] whose registry `extend` adds to and whose state
+/// `configure` sets up as `tok serve` would from its configuration.
 async fn spawn_app_with(
     backend: Backend,
     allow: OutboundAllow,
     extend: impl FnOnce(&mut Registry),
+    configure: impl FnOnce(AppState) -> AppState,
 ) -> TestApp {
     let db = TestDb::create(backend).await;
     let store = db.store().await;
@@ -152,7 +179,7 @@ async fn spawn_app_with(
         },
     );
     let running = engine.start(true).await.expect("start the engine");
-    let state = AppState::new(engine, PUBLIC_URL);
+    let state = configure(AppState::new(engine, PUBLIC_URL));
     TestApp {
         backend,
         router: tok_server::app(state.clone()),

@@ -281,7 +281,6 @@ async fn a_rotated_token_answers_within_the_overlap_and_404_after(app: &TestApp)
         (json!({ "overlap": "soon" }), "`overlap`"),
         (json!({ "token": false }), "nothing to rotate"),
         (json!({ "secret": secret("new") }), "not signed"),
-        (json!({ "secret": "whsec_c2hvcnQ=" }), "16 bytes"),
         (json!({ "tokn": true }), "tokn"),
     ] {
         let refused = app
@@ -367,7 +366,7 @@ async fn a_rotated_secret_is_accepted_beside_the_new_one_during_the_overlap(app:
         .expect(StatusCode::ACCEPTED);
     send_signed(app, token, &secret("other"), "msg_3")
         .await
-        .expect_error(StatusCode::UNAUTHORIZED, "bad_signature");
+        .expect_error(StatusCode::UNAUTHORIZED, "signature_invalid");
 
     // A rotation without an overlap keeps only the newest secret.
     app.post(
@@ -380,7 +379,7 @@ async fn a_rotated_secret_is_accepted_beside_the_new_one_during_the_overlap(app:
     for old in ["one", "two"] {
         send_signed(app, token, &secret(old), &format!("msg_{old}"))
             .await
-            .expect_error(StatusCode::UNAUTHORIZED, "bad_signature");
+            .expect_error(StatusCode::UNAUTHORIZED, "signature_invalid");
     }
     send_signed(app, token, &secret("three"), "msg_4")
         .await

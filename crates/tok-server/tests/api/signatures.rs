@@ -1,7 +1,9 @@
 //! Signed webhooks (Standard Webhooks): a source with a secret accepts only
 //! requests whose `webhook-signature` is the HMAC of id, timestamp and body
 //! under that secret, sent within five minutes; everything else is a 401
-//! that says what was wrong, and nothing reaches the inbox.
+//! that says what was wrong (`signature_missing`, `signature_invalid`,
+//! `timestamp_out_of_range`) and names the header read, and nothing
+//! reaches the inbox. The other senders are in `senders.rs`.
 
 use axum::http::StatusCode;
 use base64::Engine as _;
@@ -128,9 +130,12 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
         &text,
     );
     let stale_signature = sign(&secret(), "msg_2", now() - 3600, &text);
-    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+    // (headers, code, what the message says)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec![],
+            "signature_missing",
             "send webhook-id, webhook-timestamp and webhook-signature",
         ),
         (
@@ -139,6 +144,7 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
                 ("webhook-timestamp", &fresh),
                 ("webhook-signature", &forged),
             ],
+            "signature_invalid",
             "does not match",
         ),
         (
@@ -147,6 +153,7 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
                 ("webhook-timestamp", &fresh),
                 ("webhook-signature", &good),
             ],
+            "signature_invalid",
             "does not match",
         ),
         (
@@ -155,6 +162,7 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
                 ("webhook-timestamp", &stale),
                 ("webhook-signature", &stale_signature),
             ],
+            "timestamp_out_of_range",
             "away from the server's clock",
         ),
         (
@@ -163,6 +171,7 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
                 ("webhook-timestamp", "yesterday"),
                 ("webhook-signature", &good),
             ],
+            "signature_invalid",
             "unix seconds",
         ),
     ];
@@ -178,16 +187,23 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
                 ("webhook-timestamp", ts.as_str()),
                 ("webhook-signature", signature.as_str()),
             ],
+            "timestamp_out_of_range",
             "away from the server's clock",
         ));
     }
-    for (headers, expected) in cases {
+    for (headers, code, expected) in cases {
         let error = app
             .webhook_with(&token, &headers, &body)
             .await
-            .expect_error(StatusCode::UNAUTHORIZED, "bad_signature");
+            .expect_error(StatusCode::UNAUTHORIZED, code);
         let message = error["message"].as_str().unwrap();
         assert!(message.contains(expected), "{headers:?}: {message}");
+        assert!(
+            error["header"]
+                .as_str()
+                .is_some_and(|h| h.starts_with("webhook-")),
+            "the header read is named: {error:#}"
+        );
     }
     // A body changed after signing does not pass either.
     let tampered: Value = json!({ "kind": "order.cancelled" });
@@ -201,7 +217,7 @@ async fn unsigned_forged_and_stale_webhooks_are_refused(app: &TestApp) {
         &tampered,
     )
     .await
-    .expect_error(StatusCode::UNAUTHORIZED, "bad_signature");
+    .expect_error(StatusCode::UNAUTHORIZED, "signature_invalid");
     let help = app
         .request(
             axum::http::Method::GET,

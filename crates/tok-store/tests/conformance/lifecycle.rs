@@ -11,6 +11,7 @@ use super::*;
 backend_tests!(
     run_on_fresh_db;
     a_source_changes_rotates_and_goes_per_tenant,
+    a_sources_sender_and_schema_are_kept_and_changed,
     an_archived_automation_is_listed_nowhere_and_matches_nothing,
 );
 
@@ -115,6 +116,87 @@ async fn a_source_changes_rotates_and_goes_per_tenant(db: &TestDb) {
     assert!(store.delete_source(&a, &id).await.unwrap());
     assert!(store.source_by_token("tok-newer").await.unwrap().is_none());
     assert!(store.source(&a, &id).await.unwrap().is_none());
+}
+
+/// The sender a source checks and the schema it carries are read back as
+/// written, a patch sets or clears the schema alone, and a source without
+/// a sender gets one (with its secret) once.
+async fn a_sources_sender_and_schema_are_kept_and_changed(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let a = tenant(store, "a").await;
+    let b = tenant(store, "b").await;
+    let schema = json!({ "type": "object", "required": ["id"] });
+    let signed = store
+        .create_source(
+            &a,
+            NewSource {
+                name: "stripe".into(),
+                token: tok_store::random_token(),
+                params: json!([]),
+                critical: false,
+                rate_limit: None,
+                secret: Some("whsec_stripe_signing_secret".into()),
+                verify_preset: Some("stripe".into()),
+                schema: Some(schema.clone()),
+            },
+        )
+        .await
+        .unwrap();
+    let read = store.source(&a, &signed.id).await.unwrap().unwrap();
+    assert_eq!(read.verify_preset.as_deref(), Some("stripe"), "{backend:?}");
+    assert_eq!(read.schema.as_ref(), Some(&schema), "{backend:?}");
+    let by_token = store.source_by_token(&read.token).await.unwrap().unwrap();
+    assert_eq!(by_token.schema.as_ref(), Some(&schema), "{backend:?}");
+
+    // Another tenant changes nothing; the schema goes, the rest stays.
+    let clear = SourcePatch {
+        schema: Some(None),
+        ..SourcePatch::default()
+    };
+    assert!(
+        store
+            .update_source(&b, &signed.id, clear.clone())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let cleared = store
+        .update_source(&a, &signed.id, clear)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cleared.schema, None, "{backend:?}");
+    assert_eq!(cleared.verify_preset.as_deref(), Some("stripe"));
+    assert_eq!(
+        cleared.secret.as_deref(),
+        Some("whsec_stripe_signing_secret")
+    );
+
+    // An unsigned source is given a sender and its secret.
+    let plain = source(store, &a, "plain").await;
+    let before = store.source(&a, &plain).await.unwrap().unwrap();
+    assert_eq!((before.verify_preset, before.secret), (None, None));
+    let given = store
+        .update_source(
+            &a,
+            &plain,
+            SourcePatch {
+                verify: Some(("github".into(), "a-github-webhook-secret".into())),
+                ..SourcePatch::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        given.verify_preset.as_deref(),
+        Some("github"),
+        "{backend:?}"
+    );
+    assert_eq!(given.secret.as_deref(), Some("a-github-webhook-secret"));
+    assert_eq!(given.schema, None);
 }
 
 async fn an_archived_automation_is_listed_nowhere_and_matches_nothing(db: &TestDb) {

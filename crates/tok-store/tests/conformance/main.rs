@@ -120,6 +120,8 @@ async fn source(store: &dyn Store, tenant: &TenantId, name: &str) -> SourceId {
         critical: false,
         rate_limit: None,
         secret: None,
+        verify_preset: None,
+        schema: None,
     };
     store
         .create_source(tenant, new)

@@ -40,6 +40,20 @@ async fn suspending_a_tenant_changes_that_tenant_only_and_keeps_its_settings(db:
     };
     let resumed = store.update_tenant(&a, resumed).await.unwrap().unwrap();
     assert!(!resumed.suspended, "{backend:?}");
+    // `settings.webhooks` is kept beside the others, and read back.
+    let signed = TenantPatch {
+        webhooks: Some(tok_store::WebhookSettings {
+            require_signature: Some(true),
+        }),
+        ..TenantPatch::default()
+    };
+    let signed = store.update_tenant(&a, signed).await.unwrap().unwrap();
+    assert_eq!(signed.webhooks.require_signature, Some(true), "{backend:?}");
+    assert!(!signed.suspended);
+    let read = store.tenant(&a).await.unwrap().unwrap();
+    assert!(read.webhooks.requires_signature(false), "{backend:?}");
+    let other = store.tenant(&b).await.unwrap().unwrap();
+    assert_eq!(other.webhooks.require_signature, None, "{backend:?}");
     let missing = TenantId::from("ten_missing");
     assert!(
         store

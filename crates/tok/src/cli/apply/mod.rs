@@ -15,9 +15,9 @@
 //! name a source (the server takes its id; apply looks it up); the other
 //! references are taken by name by the server itself.
 //!
-//! Secrets may stay out of the files: in a source's `secret` and anywhere
-//! in a connection's `credentials`, `{"env": "NAME"}` is the value of the
-//! environment variable NAME. The server never gives a secret back, so
+//! Secrets may stay out of the files: in a source's `secret` (or
+//! `verify.secret`) and anywhere in a connection's `credentials`,
+//! `{"env": "NAME"}` is the value of the environment variable NAME. The server never gives a secret back, so
 //! apply cannot compare one: a secret is sent when its object is created,
 //! or, with `--secrets`, again to every object that has one (a connection's
 //! credentials by `PATCH`, a source's signing secret by a rotation that
@@ -110,7 +110,7 @@ impl Kind {
     /// the secrets) are the object's identity or are never read back.
     fn compared(self) -> &'static [&'static str] {
         match self {
-            Kind::Source => &["params", "critical", "rate_limit"],
+            Kind::Source => &["params", "schema", "critical", "rate_limit"],
             Kind::Connection => &[
                 "service",
                 "base_url",
@@ -410,6 +410,9 @@ fn object(item: Value, file: &Path) -> anyhow::Result<Object> {
             if let Some(secret) = fields.get_mut("secret") {
                 *secret = from_env(secret.take(), "secret")?;
             }
+            if let Some(verify) = fields.get_mut("verify") {
+                *verify = from_env(verify.take(), "verify")?;
+            }
         }
         Kind::Connection => {
             if let Some(credentials) = fields.get_mut("credentials") {
@@ -684,7 +687,7 @@ fn same(a: &Value, b: &Value) -> bool {
 
 fn has_secret(object: &Object) -> bool {
     match object.kind {
-        Kind::Source => object.body.get("secret").is_some_and(|s| !s.is_null()),
+        Kind::Source => !source_secret(&object.body).is_null(),
         Kind::Connection => object
             .body
             .get("credentials")
@@ -693,28 +696,35 @@ fn has_secret(object: &Object) -> bool {
     }
 }
 
+/// A source's signing secret: `verify.secret`, or the older `secret`.
+fn source_secret(body: &Value) -> &Value {
+    match &body["verify"]["secret"] {
+        Value::Null => &body["secret"],
+        secret => secret,
+    }
+}
+
 /// Sends the object's secrets again: the connection's credentials, or the
 /// source's signing secret by a rotation that keeps the URL (the secret
 /// before stays valid for an hour, while the sender moves to the new one).
 async fn send_secrets(client: &Client, object: &Object, id: &str) -> anyhow::Result<()> {
-    let sent =
-        match object.kind {
-            Kind::Connection => {
-                client
-                    .patch(
-                        &format!("/api/connections/{id}"),
-                        &json!({ "credentials": object.body["credentials"] }),
-                    )
-                    .await
-            }
-            Kind::Source => client
-                .post(
-                    &format!("/api/sources/{id}/rotate"),
-                    &json!({ "token": false, "secret": object.body["secret"], "overlap": "1h" }),
+    let sent = match object.kind {
+        Kind::Connection => {
+            client
+                .patch(
+                    &format!("/api/connections/{id}"),
+                    &json!({ "credentials": object.body["credentials"] }),
                 )
-                .await,
-            _ => return Ok(()),
-        };
+                .await
+        }
+        Kind::Source => client
+            .post(
+                &format!("/api/sources/{id}/rotate"),
+                &json!({ "token": false, "secret": source_secret(&object.body), "overlap": "1h" }),
+            )
+            .await,
+        _ => return Ok(()),
+    };
     sent.with_context(|| format!("sending the secrets of {}", object.label()))?;
     Ok(())
 }
