@@ -10,17 +10,18 @@
 //! run with a large context writes its own change, not the context, and its
 //! cost does not grow with the run (`docs/performance.md`).
 //!
-//! The context is written whole (`record_sql.rs` decides) when the run ends
-//! or starts to undo its steps, when a branch's record merges it, when a
-//! record says nothing of what it changed, and when the changes since the
-//! last whole write outgrow [`MAX_CHANGES`]: what a reader folds stays
-//! within a few times the context itself. Retention writes whole the context
+//! The context is written whole (`record_sql.rs` decides) when the run
+//! ends, when a branch's record merges it, when a record says nothing of
+//! what it changed, and when the changes since the last whole write outgrow
+//! [`MAX_CHANGES`]: what a reader folds stays within a few times the
+//! context itself. Retention writes whole the context
 //! of a run whose changes are older than the step rows it is about to
 //! delete (`retention_sql.rs`).
 //!
 //! Every reader of a run's context reads it through [`fold_changes`]: the
 //! claim, the run's detail, search, a cancel's compensation, a branch's
-//! merge.
+//! merge. A run that ends outside a record (a cancel, a timeout) has its
+//! context written whole there too.
 
 /// A run's changes since its context was last written whole are at most
 /// this many bytes, or this many times that context's size if more: past
@@ -153,6 +154,71 @@ macro_rules! impl_contexts {
             let stored = stored_of(&row);
             fold_changes(&mut **tx, tenant, &mut [(run.as_str(), &mut context, stored)]).await?;
             Ok(Some(context))
+        }
+
+        /// Writes the run's context whole, as it is now, when steps changed
+        /// it since it last was (retention before it deletes their rows; a
+        /// run that ends outside a record). Returns whether it wrote.
+        async fn write_whole_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            run: &RunId,
+        ) -> Result<bool> {
+            let row = sqlx::query(
+                "SELECT context, context_upto, tail_since FROM runs WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(run.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+            let Some(row) = row else {
+                return Ok(false);
+            };
+            let stored = stored_of(&row);
+            if stored.since.is_none() {
+                return Ok(false);
+            }
+            let mut context = row.get::<Json<Value>, _>("context").0;
+            fold_changes(&mut **tx, tenant, &mut [(run.as_str(), &mut context, stored)]).await?;
+            let whole = $crate::rows::raw_json(&context)?;
+            sqlx::query(
+                "UPDATE runs SET context = $3, context_bytes = $4,
+                    context_upto = COALESCE((SELECT MAX(s.id) FROM run_steps s
+                        WHERE s.tenant_id = runs.tenant_id AND s.run_id = runs.id), 0),
+                    tail_since = NULL, tail_bytes = 0
+                 WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.as_str())
+            .bind(run.as_str())
+            .bind(Json(&*whole))
+            .bind(whole.get().len() as i64)
+            .execute(&mut **tx)
+            .await?;
+            Ok(true)
+        }
+
+        /// The run's jobs were deleted outside a record (a cancel, a
+        /// timeout): no job goes on where its row said (a job made after
+        /// may even take the same id, on SQLite), and a run that ended so
+        /// has its context written whole, as a record that ends a run does.
+        async fn jobs_gone_outside_a_record(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            run: &RunId,
+            ended: bool,
+        ) -> Result<()> {
+            sqlx::query(
+                "UPDATE runs SET cursor_job = NULL, cursor_path = NULL, cursor_base = NULL
+                 WHERE tenant_id = $1 AND id = $2 AND cursor_job IS NOT NULL",
+            )
+            .bind(tenant.as_str())
+            .bind(run.as_str())
+            .execute(&mut **tx)
+            .await?;
+            if ended {
+                write_whole_in(tx, tenant, run).await?;
+            }
+            Ok(())
         }
     };
 }

@@ -134,24 +134,7 @@ macro_rules! impl_retention {
                 .fetch_all(&mut *tx)
                 .await?;
                 for run in &runs {
-                    let run = RunId::from(run.clone());
-                    let Some(context) = context_in(&mut tx, tenant, &run).await? else {
-                        continue;
-                    };
-                    let whole = $crate::rows::raw_json(&context)?;
-                    sqlx::query(
-                        "UPDATE runs SET context = $3, context_bytes = $4,
-                            context_upto = COALESCE((SELECT MAX(s.id) FROM run_steps s
-                                WHERE s.tenant_id = runs.tenant_id AND s.run_id = runs.id), 0),
-                            tail_since = NULL, tail_bytes = 0
-                         WHERE tenant_id = $1 AND id = $2",
-                    )
-                    .bind(tenant.as_str())
-                    .bind(run.as_str())
-                    .bind(Json(&context))
-                    .bind(whole.get().len() as i64)
-                    .execute(&mut *tx)
-                    .await?;
+                    write_whole_in(&mut tx, tenant, &RunId::from(run.clone())).await?;
                 }
                 tx.commit().await?;
                 Ok(runs.len() as u64)

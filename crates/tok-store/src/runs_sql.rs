@@ -93,11 +93,13 @@ macro_rules! impl_runs {
                 ] {
                     for_run(tx, sql, tenant, run).await?;
                 }
+                let undoes = compensation_start(tx, tenant, run).await?;
+                jobs_gone_outside_a_record(tx, tenant, run, undoes.is_none()).await?;
                 // A run with completed steps to undo goes on compensating:
                 // one job hands the cancel to the decider, which runs
                 // the compensations and ends the run (and tells its
                 // parent) when they are done.
-                if let Some(path) = compensation_start(tx, tenant, run).await? {
+                if let Some(path) = undoes {
                     sqlx::query(concat!(
                         "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
                             priority, created_at, resume)

@@ -348,6 +348,7 @@ macro_rules! impl_watch {
                         .execute(&mut *tx)
                         .await?;
                 }
+                jobs_gone_outside_a_record(&mut tx, tenant, run, true).await?;
                 let error = Some(failure.error.as_str());
                 trace_run_ends(&mut tx, &[(tenant, run, RunStatus::Failed, error)]).await?;
                 let ended = RunEnded {

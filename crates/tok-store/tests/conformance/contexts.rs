@@ -21,6 +21,7 @@ backend_tests!(
     a_change_that_outgrows_the_context_writes_it_whole,
     retention_writes_whole_the_context_of_a_run_whose_changes_are_old,
     a_cancel_undoes_what_steps_that_went_on_completed,
+    a_cancel_while_a_job_goes_on_leaves_no_position_behind,
 );
 
 /// The run's `context` column as stored, without the changes kept in its
@@ -370,4 +371,61 @@ async fn a_cancel_undoes_what_steps_that_went_on_completed(db: &TestDb) {
     );
     let detail = store.run(&t, &run).await.unwrap().unwrap();
     assert_eq!(detail.run.status, "compensating", "{backend:?}");
+}
+
+/// A cancel deletes the jobs of a run whose job went on under its lease:
+/// the compensation's job (which SQLite may give the same id) starts where
+/// it is written, not where the gone job had got to, and a run cancelled
+/// with nothing to undo keeps its context whole.
+async fn a_cancel_while_a_job_goes_on_leaves_no_position_behind(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let (run, job) = claimed_run(store, &t).await;
+    let mut context = tok_core::context::Context::from_value(job.context.clone());
+    context.set_reserved(tok_core::compensation::COMPENSABLE_KEY, Some(json!(["0"])));
+    let record = Record {
+        changed: ContextChange::Keys(context.changed()),
+        context: context.into_value().into(),
+        ..went_on(&job, json!({}), "1")
+    };
+    assert!(
+        store
+            .record_and_continue(&job, record)
+            .await
+            .expect("record")
+    );
+    store.cancel_run(&t, &run).await.expect("cancel");
+    let undo = store
+        .claim(std::slice::from_ref(&t), "n", 10, LONG_LEASE_MS)
+        .await
+        .expect("claim")
+        .pop()
+        .expect("the compensation's job");
+    assert_eq!(
+        (undo.path.as_str(), undo.attempt),
+        ("0", 1),
+        "{backend:?}: the compensation's own job, job {} before {}",
+        job.id.0,
+        undo.id.0
+    );
+
+    // Nothing to undo: the run ends at the cancel, its context whole.
+    let (run, job) = claimed_run(store, &t).await;
+    let record = went_on(&job, json!({ "order": "A-9" }), "1");
+    assert!(
+        store
+            .record_and_continue(&job, record.clone())
+            .await
+            .expect("record")
+    );
+    store.cancel_run(&t, &run).await.expect("cancel");
+    let detail = store.run(&t, &run).await.unwrap().unwrap();
+    assert_eq!(detail.run.status, "cancelled", "{backend:?}");
+    assert_eq!(
+        stored_context(db, &run).await,
+        *record.context,
+        "{backend:?}"
+    );
 }
