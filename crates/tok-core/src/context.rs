@@ -14,6 +14,9 @@ use serde_json::{Map, Value};
 
 /// Where a context keeps its run's output.
 pub const OUTPUT_KEY: &str = "_output";
+/// Where a context with `settings.pruneStateAfter` keeps the order in which
+/// steps published ([`Context::keep_latest`]).
+pub const PUBLISHED_KEY: &str = "_published";
 
 /// The context of one run: always a JSON object, held as a [`Value`] so
 /// templates and the flow read it in place ([`Context::as_value`]) instead
@@ -124,7 +127,8 @@ impl Context {
     /// and each key under its bare name only if that name is not taken yet and
     /// does not start with `_`. So a tool returning `status` never overwrites
     /// the trigger's `status`, and a later step never overwrites an earlier one.
-    pub fn publish(&mut self, step_id: &str, outputs: &Map<String, Value>) {
+    /// Returns the bare names it took.
+    pub fn publish(&mut self, step_id: &str, outputs: &Map<String, Value>) -> Vec<String> {
         let bare: Vec<&String> = match &*self.value {
             Value::Object(map) => outputs
                 .keys()
@@ -140,11 +144,75 @@ impl Context {
         let keys = std::iter::once(step_id).chain(bare.iter().map(|key| key.as_str()));
         let map = self.map_mut(keys);
         map.insert(step_id.to_owned(), Value::Object(outputs.clone()));
-        for key in bare {
-            if let Some(value) = outputs.get(key) {
-                map.insert(key.clone(), value.clone());
+        for key in &bare {
+            if let Some(value) = outputs.get(key.as_str()) {
+                map.insert((*key).clone(), value.clone());
             }
         }
+        bare.into_iter().cloned().collect()
+    }
+
+    /// The steps that published, oldest first, with the bare names each
+    /// took ([`Context::keep_latest`]).
+    fn published_order(&self) -> Vec<(String, Vec<String>)> {
+        self.reserved(PUBLISHED_KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    }
+
+    /// How many bytes [`Context::keep_latest`] would remove after
+    /// `step_id` published (what the oldest steps beyond `keep` hold).
+    pub fn prunable(&self, step_id: &str, keep: usize) -> usize {
+        let order: Vec<(String, Vec<String>)> = self
+            .published_order()
+            .into_iter()
+            .filter(|(id, _)| id != step_id)
+            .collect();
+        // The step itself is the latest: `keep - 1` others stay.
+        let going = (order.len() + 1).saturating_sub(keep.max(1));
+        let map = self.value.as_object();
+        order
+            .iter()
+            .take(going)
+            .flat_map(|(id, bare)| std::iter::once(id).chain(bare))
+            .filter_map(|key| Some((key, map?.get(key)?)))
+            .map(|(key, value)| json_bytes(value) + json_bytes(&Value::String(key.clone())) + 2)
+            .sum()
+    }
+
+    /// Keeps the outputs of the `keep` steps published last and removes the
+    /// older ones (their entries under their ids and the bare names they
+    /// took), after `step_id` published and took `bare`
+    /// (`settings.pruneStateAfter`). The order of publication is kept under
+    /// the reserved [`PUBLISHED_KEY`]. Returns about how many bytes left
+    /// the context ([`Context::measure`]).
+    pub fn keep_latest(&mut self, step_id: &str, bare: Vec<String>, keep: usize) -> usize {
+        let mut order = self.published_order();
+        let mut bare = bare;
+        if let Some(at) = order.iter().position(|(id, _)| id == step_id) {
+            bare.extend(order.remove(at).1);
+        }
+        order.push((step_id.to_owned(), bare));
+        let gone: Vec<String> = order
+            .drain(..order.len().saturating_sub(keep))
+            .flat_map(|(id, bare)| std::iter::once(id).chain(bare))
+            .collect();
+        let map = self.map_mut(
+            gone.iter()
+                .map(String::as_str)
+                .chain(std::iter::once(PUBLISHED_KEY)),
+        );
+        let mut removed = 0;
+        for key in &gone {
+            if let Some(value) = map.remove(key) {
+                removed += json_bytes(&value) + json_bytes(&Value::String(key.clone())) + 2;
+            }
+        }
+        map.insert(
+            PUBLISHED_KEY.to_owned(),
+            serde_json::to_value(&order).unwrap_or(Value::Null),
+        );
+        removed
     }
 
     /// A reserved entry of the context (a key starting with `_`).
@@ -203,6 +271,58 @@ impl Context {
     pub fn into_shared(self) -> Arc<Value> {
         self.value
     }
+
+    /// The size of the context serialized as JSON, in bytes (counted, not
+    /// written).
+    pub fn measure(&self) -> usize {
+        json_bytes(&self.value)
+    }
+
+    /// How many bytes [`Context::publish`] of `outputs` under `step_id`
+    /// would add to [`Context::measure`] (negative when it replaces a larger
+    /// entry): the entry under the step's id, and the bare keys it adds.
+    /// Exact up to the separators between entries.
+    pub fn published_growth(&self, step_id: &str, outputs: &Map<String, Value>) -> isize {
+        let map = self.value.as_object();
+        let entry = |key: &str, value: &dyn Fn(&mut Counter) -> serde_json::Result<()>| {
+            let mut counter = Counter(0);
+            let _ = value(&mut counter);
+            // `"key":value,`
+            counter.0 + json_bytes(&Value::String(key.to_owned())) + 2
+        };
+        let mut growth = entry(step_id, &|c| serde_json::to_writer(c, outputs)) as isize;
+        if let Some(old) = map.and_then(|m| m.get(step_id)) {
+            growth -= entry(step_id, &|c| serde_json::to_writer(c, old)) as isize;
+        }
+        for (key, value) in outputs {
+            let taken = map.is_some_and(|m| m.contains_key(key));
+            if !key.starts_with('_') && key != step_id && !taken {
+                growth += entry(key, &|c| serde_json::to_writer(c, value)) as isize;
+            }
+        }
+        growth
+    }
+}
+
+/// Counts the bytes written to it.
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The size of `value` serialized as JSON.
+fn json_bytes(value: &Value) -> usize {
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 impl From<Map<String, Value>> for Context {
@@ -372,6 +492,51 @@ mod tests {
         assert_eq!(ctx.lookup("st_http.status"), Lookup::Found(&json!(500)));
         assert_eq!(ctx.lookup("st_http.body"), Lookup::Missing);
         assert_eq!(ctx.lookup("body"), Lookup::Found(&json!("ok")));
+    }
+
+    #[test]
+    fn a_publish_grows_the_measure_by_what_it_adds_and_replaces() {
+        let mut ctx = Context::new(obj(json!({"status": "new"})), json!({"a": 1}), json!({}));
+        for outputs in [
+            json!({"status": 200, "body": "ok"}),
+            json!({"status": 500}),
+            json!({"items": [1, 2, 3], "more": {"x": "y"}}),
+        ] {
+            let outputs = obj(outputs);
+            let before = ctx.measure() as isize;
+            let growth = ctx.published_growth("st_http", &outputs);
+            ctx.publish("st_http", &outputs);
+            assert_eq!(before + growth, ctx.measure() as isize, "{outputs:?}");
+        }
+    }
+
+    #[test]
+    fn pruning_keeps_the_latest_steps_outputs() {
+        let mut ctx = Context::new(obj(json!({"order": 7})), json!({}), json!({}));
+        let publish = |ctx: &mut Context, id: &str, outputs: Value| {
+            let outputs = obj(outputs);
+            let bare = ctx.publish(id, &outputs);
+            let before = ctx.measure();
+            let removed = ctx.keep_latest(id, bare, 2);
+            (before, removed)
+        };
+        publish(&mut ctx, "a", json!({"x": 1}));
+        publish(&mut ctx, "b", json!({"y": 2}));
+        assert_eq!(ctx.lookup("a.x"), Lookup::Found(&json!(1)));
+        let (_, removed) = publish(&mut ctx, "c", json!({"z": 3, "order": 0}));
+        assert!(ctx.lookup("a").is_missing() && ctx.lookup("x").is_missing());
+        assert!(removed > 0);
+        assert_eq!(ctx.lookup("b.y"), Lookup::Found(&json!(2)));
+        assert_eq!(ctx.lookup("z"), Lookup::Found(&json!(3)));
+        // The trigger's params are no step's: they stay.
+        assert_eq!(ctx.lookup("order"), Lookup::Found(&json!(7)));
+        // A step published again counts as the latest.
+        publish(&mut ctx, "b", json!({"y": 4}));
+        publish(&mut ctx, "d", json!({}));
+        assert!(ctx.lookup("c").is_missing() && ctx.lookup("z").is_missing());
+        assert_eq!(ctx.lookup("b.y"), Lookup::Found(&json!(4)));
+        assert_eq!(ctx.lookup("y"), Lookup::Found(&json!(2)));
+        assert!(ctx.changed().contains(&"c".to_owned()));
     }
 
     #[test]

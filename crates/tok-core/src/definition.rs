@@ -411,6 +411,16 @@ pub struct Settings {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub compensate_on_failure: bool,
+    /// `pruneStateAfter: N`: only the outputs of the N steps that finished
+    /// last stay in the run's context; older ones leave it (their entries
+    /// and the bare names they took) and stay in their step rows, which
+    /// then keep their outputs whole as with `keepStepData`.
+    #[serde(
+        rename = "pruneStateAfter",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub prune_state_after: Option<u32>,
 }
 
 impl Settings {
@@ -420,6 +430,14 @@ impl Settings {
             && !self.keep_step_data
             && self.limits.is_empty()
             && !self.compensate_on_failure
+            && self.prune_state_after.is_none()
+    }
+
+    /// Whether every step of the automation's runs is stored with its
+    /// whole input and output: `keepStepData`, or `pruneStateAfter` (a
+    /// pruned output is read back from its step row).
+    pub fn keeps_step_data(&self) -> bool {
+        self.keep_step_data || self.prune_state_after.is_some()
     }
 }
 
@@ -436,11 +454,51 @@ pub struct Limits {
         skip_serializing_if = "Option::is_none"
     )]
     pub starts_per_minute: Option<u32>,
+    /// `maxSteps`: the most steps the automation's tree may hold, below
+    /// the platform's [`crate::limits::MAX_STEPS`] (checked at save).
+    #[serde(rename = "maxSteps", default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    /// `maxActions`: the most steps one run may execute, loop iterations
+    /// included, below the platform's [`crate::limits::MAX_ACTIONS`]; a run
+    /// that would execute one more fails with `action_limit_exceeded`.
+    #[serde(
+        rename = "maxActions",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_actions: Option<u32>,
+    /// `maxStateBytes`: the most bytes a run's context may hold, below the
+    /// platform's [`crate::limits::MAX_STATE_BYTES`]; the step whose
+    /// outputs would pass it fails with `state_too_large`.
+    #[serde(
+        rename = "maxStateBytes",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_state_bytes: Option<u64>,
 }
 
 impl Limits {
     fn is_empty(&self) -> bool {
         self.starts_per_minute.is_none()
+            && self.max_steps.is_none()
+            && self.max_actions.is_none()
+            && self.max_state_bytes.is_none()
+    }
+
+    /// The most steps a run of the automation may execute.
+    pub fn actions(&self) -> u32 {
+        self.max_actions.map_or(crate::limits::MAX_ACTIONS, |n| {
+            n.min(crate::limits::MAX_ACTIONS)
+        })
+    }
+
+    /// The most bytes a run's context may hold.
+    pub fn state_bytes(&self) -> usize {
+        self.max_state_bytes
+            .map_or(crate::limits::MAX_STATE_BYTES, |n| {
+                (n.min(crate::limits::MAX_STATE_BYTES as u64)) as usize
+            })
     }
 }
 
@@ -840,8 +898,12 @@ mod tests {
                 keep_step_data: true,
                 limits: Limits {
                     starts_per_minute: Some(5),
+                    max_steps: Some(20),
+                    max_actions: Some(200),
+                    max_state_bytes: Some(100_000),
                 },
                 compensate_on_failure: true,
+                prune_state_after: Some(5),
             },
         };
         let stored = serde_json::to_value(&def).unwrap();

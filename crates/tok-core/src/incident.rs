@@ -68,11 +68,12 @@ pub fn compensation_failed(
         )
         .trim_end()
         .to_owned(),
+        // No step names (the tenant reads this): the incident's detail and
+        // the run's error name the undo and the step it was undoing.
         impact: format!(
-            "A run {what}was stopped and began to undo its steps, but one undo did not \
+            "A run {what}was stopped and began to undo what it did, but one undo did not \
              succeed after its retries; what it should have undone may still be in place. \
-             Check it by hand ({}).",
-            failure.message
+             Check it by hand: the run's steps show which undo failed."
         ),
     }
 }
@@ -163,6 +164,28 @@ mod tests {
             without.title,
             "The automation \u{201c}New order\u{201d} did not finish"
         );
+    }
+
+    #[test]
+    fn a_failed_undo_tells_the_tenant_no_step_names() {
+        let id = AutomationId::from("aut_1".to_string());
+        let failure = Failure {
+            step_id: "undo_hotel".into(),
+            path: "1.compensate.0".into(),
+            kind: "http".into(),
+            attempt: 3,
+            message: "compensation `undo_hotel` of step `hotel` failed: 404".into(),
+        };
+        let text = compensation_failed(&id, "Trip", Some("TK-7"), &failure);
+        assert_eq!(text.source, "compensation-failed:aut_1:undo_hotel");
+        assert_eq!(
+            text.title,
+            "The automation \u{201c}Trip\u{201d} could not undo all it did for ticket TK-7"
+        );
+        for word in ["undo_hotel", "hotel`", "404", "1.compensate"] {
+            assert!(!text.impact.contains(word), "{word} in {}", text.impact);
+        }
+        assert!(text.impact.contains("for ticket TK-7"), "{}", text.impact);
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod incident;
 pub mod limits;
 pub mod parallel;
 pub mod path;
+pub mod progress;
 pub mod quotas;
 pub mod repeat;
 pub mod retention;

@@ -11,6 +11,11 @@ pub const MAX_STEPS: usize = 50;
 pub const MAX_ACTIONS: u32 = 1000;
 /// Serialized size of one step's outputs.
 pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
+/// Serialized size of a run's context (its state: the event, the params
+/// and every step's outputs); the step whose outputs would pass it fails
+/// with `state_too_large`. An automation may set a lower one
+/// (`settings.limits.maxStateBytes`).
+pub const MAX_STATE_BYTES: usize = 4 * 1024 * 1024;
 /// How deep runs may start other runs (through events or child workflows).
 pub const MAX_DEPTH: u32 = 5;
 /// How deep child runs nest (`run_workflow`): a run's depth plus one may be

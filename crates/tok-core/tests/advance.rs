@@ -439,7 +439,7 @@ fn a_run_past_its_action_budget_stops_and_says_so() {
     assert!(
         t.error
             .unwrap_or_default()
-            .contains("the most one run may execute")
+            .contains("action_limit_exceeded")
     );
 }
 
@@ -526,4 +526,118 @@ fn a_wait_that_is_the_last_step_ends_the_run_only_when_it_ends() {
         ended.records[0].output,
         Some(json!({ "until": "2026-05-28T20:36:40Z" }))
     );
+}
+
+fn guarded(steps: Value, settings: Value) -> Automation {
+    let json = json!({
+        "name": "Guarded",
+        "trigger": { "kind": "manual" },
+        "steps": steps,
+        "settings": settings,
+    });
+    Automation::from_json(&json.to_string()).expect("a valid definition")
+}
+
+#[test]
+fn an_automations_own_action_limit_stops_its_run_sooner() {
+    let steps = json!([
+        { "id": "a", "type": "set", "config": { "values": { "a": 1 } } },
+        { "id": "b", "type": "set", "config": { "values": { "b": 2 } } },
+        { "id": "c", "type": "set", "config": { "values": { "c": 3 } } },
+    ]);
+    let automation = guarded(steps, json!({ "limits": { "maxActions": 2 } }));
+    let t = run(&automation, state("0"), Input::Start);
+    assert_eq!(
+        seen(&t),
+        (
+            vec!["a completed".to_owned(), "b completed".to_owned()],
+            RunStatus::Failed,
+            "done".to_owned()
+        )
+    );
+    let error = t.error.unwrap_or_default();
+    assert!(
+        error.starts_with("action_limit_exceeded") && error.contains("`c`"),
+        "{error}"
+    );
+    assert!(error.contains("settings.limits.maxActions"), "{error}");
+}
+
+/// The context's limit, step by step: an executed step's outputs and a
+/// `set` step's values both count; the step that would pass it fails for
+/// good (no retry), its outputs are not published, and nothing after it
+/// runs.
+#[test]
+fn outputs_that_would_pass_the_state_limit_fail_their_step() {
+    let steps = json!([
+        { "id": "call", "type": "http", "config": {} },
+        { "id": "keep", "type": "set", "config": { "values": { "copy": "{{call.body}}" } } },
+        { "id": "after", "type": "set", "config": { "values": { "x": 1 } } },
+    ]);
+    let settings = json!({ "limits": { "maxStateBytes": 1500 },
+                           "retry": { "max_attempts": 3, "backoff": ["30s"] } });
+    let automation = guarded(steps, settings);
+    let body = "z".repeat(600);
+
+    // The call's 600 bytes fit; the copy of them does not.
+    let t = run(&automation, state("0"), done(json!({ "body": body })));
+    assert_eq!(
+        seen(&t),
+        (
+            vec!["call completed".to_owned(), "keep failed".to_owned()],
+            RunStatus::Failed,
+            "done".to_owned()
+        )
+    );
+    assert!(t.error.unwrap_or_default().contains("state_too_large"));
+    assert!(t.state.context.lookup("keep").is_missing());
+    assert!(matches!(&t.effects[..], [Effect::RunFailed(f)] if f.step_id == "keep"));
+
+    // Outputs past it at once: the executed step fails, not retried.
+    let t = run(
+        &automation,
+        state("0"),
+        done(json!({ "body": "z".repeat(2000) })),
+    );
+    assert_eq!(
+        seen(&t),
+        (
+            vec!["call failed".to_owned()],
+            RunStatus::Failed,
+            "done".to_owned()
+        )
+    );
+}
+
+/// `pruneStateAfter`: the outputs of the latest steps stay, the older go,
+/// and a step published again (an iteration) counts as the latest; the
+/// state's limit counts what is left.
+#[test]
+fn pruning_keeps_the_latest_outputs_within_the_state_limit() {
+    let steps: Vec<Value> = (0..6)
+        .map(|i| {
+            json!({ "id": format!("s{i}"), "type": "set",
+                         "config": { "values": { format!("v{i}"): "w".repeat(400) } } })
+        })
+        .collect();
+    let automation = guarded(
+        Value::Array(steps.clone()),
+        json!({ "pruneStateAfter": 2, "limits": { "maxStateBytes": 2000 } }),
+    );
+    let t = run(&automation, state("0"), Input::Start);
+    assert_eq!(t.status, RunStatus::Completed, "{:?}", t.error);
+    for gone in ["s0", "s1", "s2", "s3", "v0", "v3"] {
+        assert!(t.state.context.lookup(gone).is_missing(), "{gone}");
+    }
+    for kept in ["s4.v4", "s5.v5", "v5"] {
+        assert!(!t.state.context.lookup(kept).is_missing(), "{kept}");
+    }
+    // Without pruning, the same run passes its limit.
+    let unpruned = guarded(
+        Value::Array(steps),
+        json!({ "limits": { "maxStateBytes": 2000 } }),
+    );
+    let t = run(&unpruned, state("0"), Input::Start);
+    assert_eq!(t.status, RunStatus::Failed);
+    assert!(t.error.unwrap_or_default().contains("state_too_large"));
 }

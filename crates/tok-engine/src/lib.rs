@@ -36,6 +36,7 @@ use std::time::Duration;
 use futures_util::FutureExt as _;
 use serde_json::{Map, Value, json};
 use tok_core::context::Context;
+use tok_core::definition::Automation;
 use tok_core::flow;
 use tok_core::ids::{AutomationId, RunId, TenantId};
 use tok_store::{AutomationStatus, NewEvent, NewRun, Store, StoreError};
@@ -268,6 +269,21 @@ impl Engine {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// A saved version of one of the tenant's automations, parsed (and
+    /// cached: a version never changes).
+    pub async fn definition(
+        &self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        version: i32,
+    ) -> Result<Arc<Automation>> {
+        let store: &dyn tok_store::DefinitionStore = self.inner.store.as_ref();
+        self.inner
+            .defs
+            .get(store, tenant, automation, version)
+            .await
     }
 
     /// The admin changed a tenant through this process: what the engine

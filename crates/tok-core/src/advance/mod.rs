@@ -91,6 +91,10 @@ pub struct RunState {
     pub recorded: usize,
     /// Most steps one claim may record before its job queues again.
     pub chain_limit: usize,
+    /// The serialized size of the context as far as this claim counted it
+    /// (`None` until a step's outputs are first measured against the
+    /// state's limit).
+    pub state_bytes: Option<usize>,
 }
 
 impl RunState {
@@ -103,6 +107,7 @@ impl RunState {
             actions,
             recorded: 0,
             chain_limit: usize::MAX,
+            state_bytes: None,
         }
     }
 
@@ -579,10 +584,18 @@ impl Decider<'_> {
             }
             // A compensation runs whatever the run executed before it: a
             // cancelled run must be able to undo what it did.
-            if self.state.actions >= MAX_ACTIONS as i32 && path.compensated().is_none() {
+            let limits = &automation.settings.limits;
+            let most = limits.actions();
+            if self.state.actions >= most as i32 && path.compensated().is_none() {
+                let whose = match limits.max_actions {
+                    Some(_) if most < MAX_ACTIONS => {
+                        "its automation's `settings.limits.maxActions`"
+                    }
+                    _ => "the most one run may execute",
+                };
                 return self.fail(format!(
-                    "the run was stopped before step `{}`: it had executed {MAX_ACTIONS} steps, \
-                     the most one run may execute (loop iterations count)",
+                    "action_limit_exceeded: the run was stopped before step `{}`: it had \
+                     executed {most} steps, {whose} (loop iterations count)",
                     step.id
                 ));
             }
@@ -739,7 +752,9 @@ impl Decider<'_> {
             }
             match outcome {
                 Ok(Outcome::Done { outputs, log }) => {
-                    if let Err(error) = check_output_size(&step.id, &outputs) {
+                    if let Err(error) = check_output_size(&step.id, &outputs)
+                        .and_then(|()| self.state_fits(step, &outputs))
+                    {
                         return self.step_failed(step, None, started_at, error, env);
                     }
                     let record = self.record(step, None, started_at);
@@ -792,6 +807,45 @@ impl Decider<'_> {
         self.finish(RunStatus::Completed, None, Then::Record(NextJob::Done))
     }
 
+    /// Whether the run's context still fits its limit once `step`'s
+    /// outputs are published (`settings.limits.maxStateBytes`, at most
+    /// [`crate::limits::MAX_STATE_BYTES`]): a `state_too_large` failure of
+    /// the step when not. The context is measured whole once a claim, then
+    /// by what each step's outputs add and replace
+    /// ([`Context::published_growth`]).
+    fn state_fits(&mut self, step: &Step, outputs: &Map<String, Value>) -> Result<(), StepError> {
+        let limit = self.automation.settings.limits.state_bytes();
+        let before = match self.state.state_bytes {
+            Some(bytes) => bytes,
+            None => self.state.context.measure(),
+        };
+        let context = &self.state.context;
+        let pruned = match self.automation.settings.prune_state_after {
+            Some(keep) => context.prunable(&step.id, keep as usize),
+            None => 0,
+        };
+        let after = before
+            .saturating_add_signed(context.published_growth(&step.id, outputs))
+            .saturating_sub(pruned);
+        if after > limit {
+            self.state.state_bytes = Some(before);
+            let whose = match self.automation.settings.limits.max_state_bytes {
+                Some(_) if limit < crate::limits::MAX_STATE_BYTES => {
+                    "its automation's `settings.limits.maxStateBytes`"
+                }
+                _ => "the most a run may keep",
+            };
+            return Err(StepError::terminal(format!(
+                "state_too_large: step `{}`'s outputs would make the run's context {after} bytes; \
+                 {whose} is {limit} bytes (keep less in the context: a smaller output, or \
+                 `settings.pruneStateAfter`)",
+                step.id
+            )));
+        }
+        self.state.state_bytes = Some(after);
+        Ok(())
+    }
+
     /// Publishes a finished step's outputs, records it and finds the step
     /// after it; `Err` says why the next step cannot be decided.
     fn publish(
@@ -801,7 +855,14 @@ impl Decider<'_> {
         outputs: Map<String, Value>,
         log: Vec<String>,
     ) -> Result<Next, String> {
-        self.state.context.publish(&step.id, &outputs);
+        let bare = self.state.context.publish(&step.id, &outputs);
+        if let Some(keep) = self.automation.settings.prune_state_after {
+            let removed = self
+                .state
+                .context
+                .keep_latest(&step.id, bare, keep as usize);
+            self.state.state_bytes = self.state.state_bytes.map(|b| b.saturating_sub(removed));
+        }
         if step.kind == "end"
             && let Some(output) = outputs.get("output")
         {
@@ -829,6 +890,9 @@ impl Decider<'_> {
         log: Vec<String>,
         env: &mut Env<'_>,
     ) -> Transition {
+        if let Err(error) = self.state_fits(step, &outputs) {
+            return self.step_failed(step, record.input, record.started_at, error, env);
+        }
         let next = self.publish(step, record, outputs, log);
         match self.follow(next, env) {
             Ok(decider) => decider.chain(env),

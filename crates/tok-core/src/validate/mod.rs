@@ -23,7 +23,9 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::definition::{Automation, Filter, Operator, Rule, Trigger};
-use crate::limits::{MAX_ATTEMPTS_CAP, MAX_DEFINITION_BYTES, MAX_STEPS};
+use crate::limits::{
+    MAX_ACTIONS, MAX_ATTEMPTS_CAP, MAX_DEFINITION_BYTES, MAX_STATE_BYTES, MAX_STEPS,
+};
 use crate::retry::RetryPolicy;
 use crate::template::{check_value, has_placeholder};
 use crate::walk::each_step;
@@ -97,6 +99,14 @@ pub fn validate(
             "`startsPerMinute` must be at least 1 (leave it out for no limit)",
         );
     }
+    check_limits(&mut c, &def.settings.limits, count);
+    if def.settings.prune_state_after == Some(0) {
+        c.error(
+            "settings.pruneStateAfter",
+            "`pruneStateAfter` must be at least 1: the outputs of that many steps stay in the \
+             context (leave it out to keep them all)",
+        );
+    }
     for (path, message) in crate::start::check(&def.flow) {
         c.error(&path, message);
     }
@@ -112,6 +122,56 @@ pub fn validate(
         Ok(())
     } else {
         Err(c.errors)
+    }
+}
+
+/// An automation's own limits: each at least 1 and at most the platform's,
+/// and `maxSteps` held by the tree as saved (`count` steps).
+fn check_limits(c: &mut Checker, limits: &crate::definition::Limits, count: usize) {
+    let bounded = [
+        (
+            "maxSteps",
+            limits.max_steps.map(u64::from),
+            MAX_STEPS as u64,
+            "steps in the tree",
+        ),
+        (
+            "maxActions",
+            limits.max_actions.map(u64::from),
+            u64::from(MAX_ACTIONS),
+            "steps one run executes",
+        ),
+        (
+            "maxStateBytes",
+            limits.max_state_bytes,
+            MAX_STATE_BYTES as u64,
+            "bytes of a run's context",
+        ),
+    ];
+    for (key, value, platform, what) in bounded {
+        match value {
+            Some(0) => c.error(
+                format!("settings.limits.{key}"),
+                format!("`{key}` must be at least 1 (leave it out for the platform's {platform})"),
+            ),
+            Some(n) if n > platform => c.error(
+                format!("settings.limits.{key}"),
+                format!(
+                    "`{key}` is {n}; the platform allows at most {platform} {what}, and an \
+                     automation may only set a lower limit"
+                ),
+            ),
+            _ => {}
+        }
+    }
+    if let Some(max) = limits.max_steps
+        && (1..=MAX_STEPS as u32).contains(&max)
+        && count > max as usize
+    {
+        c.error(
+            "steps",
+            format!("the tree has {count} steps; its `settings.limits.maxSteps` allows {max}"),
+        );
     }
 }
 

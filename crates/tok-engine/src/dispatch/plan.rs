@@ -238,7 +238,7 @@ pub fn plan(
         }
         count_steps(event, &steps, first_path.is_none());
         // Stored like a worker's records (see `tok_core::retention`).
-        let keep = automation.settings.keep_step_data;
+        let keep = automation.settings.keeps_step_data();
         let steps: Vec<StepRecord> = steps
             .into_iter()
             .map(|step| tok_core::retention::for_storage(step, keep))

@@ -500,7 +500,7 @@ async fn run_claim(
 /// the step is in the sample (`EngineConfig::step_sample`); see
 /// [`tok_core::retention`]. The run's context is recorded apart, whole.
 fn stored(inner: &Inner, automation: &Automation, records: Vec<StepRecord>) -> Vec<StepRecord> {
-    let keep_all = automation.settings.keep_step_data;
+    let keep_all = automation.settings.keeps_step_data();
     let sample = inner.config.step_sample;
     records
         .into_iter()

@@ -63,6 +63,13 @@ function when(v) {
   return h("span", { title: d ? d.toISOString() : "" }, ago(v));
 }
 
+// A run's progress: "3 of 5" where its tree fixes the total, else the
+// steps done ("7").
+function progressText(progress) {
+  if (!progress) return "";
+  return progress.total == null ? `${progress.done}` : `${progress.done} of ${progress.total}`;
+}
+
 function duration(from, to) {
   const a = toDate(from);
   const b = toDate(to);
@@ -379,6 +386,7 @@ async function runList(view) {
       h("td", null, run.trigger_type),
       h("td", null, when(run.started_at || run.created_at)),
       h("td", null, duration(run.started_at, run.finished_at)),
+      h("td.progress", null, progressText(run.progress)),
       h("td.mono", null, short(run.id)),
       h("td.error-cell", { title: run.error || "" }, run.error || ""));
     return tr;
@@ -397,7 +405,7 @@ async function runList(view) {
     if (!body) {
       body = h("tbody");
       fill(table, h("table", { id: "runs" },
-        h("thead", null, h("tr", null, ["Status", "Automation", "Trigger", "Started", "Took", "Run", "Error"].map((c) => h("th", null, c)))),
+        h("thead", null, h("tr", null, ["Status", "Automation", "Trigger", "Started", "Took", "Steps", "Run", "Error"].map((c) => h("th", null, c)))),
         body));
     }
     if (more) body.append(...drawn);
@@ -600,6 +608,7 @@ async function runDetail(view, id) {
         h("dt", null, "Trigger"), h("dd", null, run.trigger_type),
         h("dt", null, "Started"), h("dd", null, when(run.started_at || run.created_at)),
         h("dt", null, "Took"), h("dd", null, duration(run.started_at, run.finished_at)),
+        h("dt", null, "Steps"), h("dd", { id: "run-progress" }, progressText(run.progress)),
         run.subject_ticket_id ? [h("dt", null, "Ticket"), h("dd", null, h("a", { href: `#/tickets/${run.subject_ticket_id}` }, run.subject_ticket_id))] : null),
       run.error ? h("div.run-error", { id: "run-error" }, run.error) : null);
 

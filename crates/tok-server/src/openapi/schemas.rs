@@ -64,6 +64,16 @@ pub(crate) struct RunSummary {
     /// detail and the runs listing); null otherwise.
     #[schema(required = true)]
     blocked_by: Option<BlockedBy>,
+    /// In the runs listing, a run's detail and a run control's answer.
+    progress: Option<RunProgress>,
+}
+
+/// How far a run is: the steps it executed, and the steps it executes in
+/// all where its tree fixes that (no conditions, loops, branches or `end`).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RunProgress {
+    done: u32,
+    total: Option<u32>,
 }
 
 /// A page of runs; `next_cursor` is null on the last page.

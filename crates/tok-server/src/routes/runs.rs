@@ -106,7 +106,12 @@ async fn list(
         let runs = store
             .runs(&tenant, &filter, limit, cursor.as_deref())
             .await?;
-        let items = runs.items.iter().map(|r| json!(r)).collect();
+        let mut items = Vec::with_capacity(runs.items.len());
+        for run in &runs.items {
+            items.push(
+                with_progress(&state, &tenant, &run.automation_id, run.version, json!(run)).await,
+            );
+        }
         return Ok(Json(super::page(
             "runs",
             items,
@@ -125,7 +130,10 @@ async fn list(
         for run in runs.items {
             if run.blocked_by.as_ref().is_some_and(|b| b.kind == kind) {
                 let id = run.id.to_string();
-                items.push(json!(run));
+                let shown = json!(run);
+                items.push(
+                    with_progress(&state, &tenant, &run.automation_id, run.version, shown).await,
+                );
                 if items.len() == limit as usize {
                     // The next page goes on after the last run shown.
                     cursor = Some(id);
@@ -156,7 +164,32 @@ async fn show(
         .run(&tenant, &RunId::from(id))
         .await?
         .ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(Json(json!(run)))
+    let (automation, version) = (run.run.automation_id.clone(), run.run.version);
+    Ok(Json(
+        with_progress(&state, &tenant, &automation, version, json!(run)).await,
+    ))
+}
+
+/// A run as shown, with its `progress` (`{done, total?}`,
+/// [`tok_core::progress`]): the total is read off the run's version of its
+/// automation; a version that cannot be read gives none.
+async fn with_progress(
+    state: &AppState,
+    tenant: &TenantId,
+    automation: &tok_core::ids::AutomationId,
+    version: i32,
+    mut run: Value,
+) -> Value {
+    let actions = run["actions"].as_i64().unwrap_or(0) as i32;
+    let progress = match state.engine.definition(tenant, automation, version).await {
+        Ok(definition) => tok_core::progress::of(&definition.steps, actions),
+        Err(_) => tok_core::progress::Progress {
+            done: actions.max(0) as u32,
+            total: None,
+        },
+    };
+    run["progress"] = json!(progress);
+    run
 }
 
 /// A change of a run's state asked for through the API.
@@ -201,7 +234,9 @@ async fn control(
         "a run of automation {}, now {}",
         run.automation_id, run.status
     ));
-    Ok((note, Json(json!(run))))
+    let shown = json!(run);
+    let shown = with_progress(state, tenant, &run.automation_id, run.version, shown).await;
+    Ok((note, Json(shown)))
 }
 
 #[utoipa::path(post, path = "/api/runs/{id}/retry", tag = "runs", responses((status = 200, body = crate::openapi::schemas::RunSummary)))]

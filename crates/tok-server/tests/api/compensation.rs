@@ -303,7 +303,14 @@ async fn an_undo_that_fails_raises_an_incident_and_the_run_still_ends_cancelled(
         "{incidents:#}"
     );
     let impact = items[0]["impact"].as_str().unwrap_or_default();
-    assert!(impact.contains("undo_hotel"), "{incidents:#}");
+    assert!(
+        impact.contains("one undo did not succeed") && !impact.contains("hotel"),
+        "the tenant reads what happened, and no step names: {incidents:#}"
+    );
+    assert!(
+        items[0].get("detail").is_none(),
+        "the detail that names the steps is the admin's: {incidents:#}"
+    );
 }
 
 async fn a_parent_cancelled_while_its_child_waits_undoes_both(app: &TestApp) {

@@ -47,6 +47,7 @@ mod signals;
 mod signatures;
 mod signed_only;
 mod source_schemas;
+mod state_limits;
 mod tenant_concurrency;
 mod ticket_outcomes;
 mod versions;

@@ -14,6 +14,7 @@ backend_tests!(
     a_failed_run_says_so_once_with_its_error,
     a_cancelled_run_says_so,
     a_run_a_ticket_change_started_says_how_it_ended,
+    an_upsert_of_a_known_ticket_attaches_and_close_closes_it,
 );
 
 /// A tenant with the ticket type `order`.
@@ -195,4 +196,76 @@ async fn a_run_a_ticket_change_started_says_how_it_ended(app: &TestApp) {
         "Automation \u{201c}Watcher\u{201d} completed"
     );
     assert_eq!(done[0]["run_id"], run["id"]);
+}
+
+/// `ticket/upsert` of an external id the desk knows attaches the run to
+/// that ticket (`created: false`, an `attached` line), and `ticket/close`
+/// closes it with its reason; closing it again changes nothing.
+async fn an_upsert_of_a_known_ticket_attaches_and_close_closes_it(app: &TestApp) {
+    let tenant = desk(app).await;
+    let open = app
+        .create_automation(&tenant, &manual("Open order", &json!([upsert()])))
+        .await;
+    let (first, ticket) = ended(app, &tenant, &open, "5101").await;
+    assert_eq!(first["status"], "completed", "{first:#}");
+    assert_eq!(first["context"]["st_ticket"]["created"], true, "{first:#}");
+    assert_eq!(ticket["closed"], false, "{ticket:#}");
+
+    let close = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Close order",
+                &json!([upsert(),
+                        { "id": "st_close", "type": "ticket/close", "config": { "reason": "delivered" } }]),
+            ),
+        )
+        .await;
+    let (second, closed) = ended(app, &tenant, &close, "5101").await;
+    assert_eq!(second["status"], "completed", "{second:#}");
+    assert_eq!(
+        second["subject_ticket_id"], first["subject_ticket_id"],
+        "the same ticket: {second:#}"
+    );
+    assert_eq!(
+        second["context"]["st_ticket"]["created"], false,
+        "{second:#}"
+    );
+    assert_eq!(
+        second["context"]["st_ticket"]["ticketId"], ticket["id"],
+        "{second:#}"
+    );
+    assert_eq!(second["context"]["st_close"]["closed"], true, "{second:#}");
+    assert_eq!(closed["closed"], true, "{closed:#}");
+    let attached = lines(&closed, "attached");
+    assert_eq!(attached.len(), 1, "{closed:#}");
+    assert_eq!(attached[0]["run_id"], second["id"], "{closed:#}");
+    let messages: Vec<&str> = closed["trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["message"].as_str())
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("Closed by") && m.ends_with(": delivered")),
+        "{messages:?}"
+    );
+
+    // Closed already: the step succeeds and writes no second line.
+    let (third, again) = ended(app, &tenant, &close, "5101").await;
+    assert_eq!(third["status"], "completed", "{third:#}");
+    assert_eq!(third["context"]["st_close"]["closed"], true, "{third:#}");
+    let closings = again["trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Closed by"))
+        })
+        .count();
+    assert_eq!(closings, 1, "{again:#}");
 }
