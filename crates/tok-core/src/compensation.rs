@@ -80,7 +80,14 @@ pub fn cancel_at(context: &Context) -> Option<String> {
     if is_compensating(context) {
         return None;
     }
-    pending(context).into_iter().next()
+    // A custom step waiting now has its `cancel` hook called by the
+    // claim that takes the cancel, even with nothing to undo.
+    pending(context).into_iter().next().or_else(|| {
+        crate::advance::custom::live(context)
+            .into_iter()
+            .next()
+            .map(|(path, _)| path)
+    })
 }
 
 /// Whether the run is compensating.

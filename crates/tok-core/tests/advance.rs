@@ -57,6 +57,7 @@ fn run(automation: &Automation, state: RunState, input: Input) -> Transition {
         now: now(),
         kinds: &kinds,
         rng: &mut rng,
+        retries: &|_| None,
     };
     advance(automation, state, input, &mut env)
 }
@@ -500,6 +501,7 @@ fn a_wait_that_is_the_last_step_ends_the_run_only_when_it_ends() {
         now: Timestamp::from_millisecond(NOW_MS + 60_000).unwrap(),
         kinds: &kinds,
         rng: &mut rng,
+        retries: &|_| None,
     };
     let again = advance(&automation, early, Input::Start, &mut env);
     assert_eq!(
@@ -512,6 +514,7 @@ fn a_wait_that_is_the_last_step_ends_the_run_only_when_it_ends() {
         now: Timestamp::from_millisecond(NOW_MS + 600_000).unwrap(),
         kinds: &kinds,
         rng: &mut rng,
+        retries: &|_| None,
     };
     let ended = advance(&automation, again.state, Input::Start, &mut env);
     assert_eq!(
@@ -640,4 +643,102 @@ fn pruning_keeps_the_latest_outputs_within_the_state_limit() {
     let t = run(&unpruned, state("0"), Input::Start);
     assert_eq!(t.status, RunStatus::Failed);
     assert!(t.error.unwrap_or_default().contains("state_too_large"));
+}
+
+/// A custom step that asks to wait: the run parks on its key with what it
+/// published; the signal hands the step back to be resumed (no second
+/// action), a retried resume is resumed with the same signal again, a
+/// timeout resumes it too, and a cancel starts at it for its hook.
+#[test]
+fn a_custom_step_waits_and_is_resumed_by_its_signal_or_its_timeout() {
+    use tok_core::advance::CustomWait;
+    use tok_core::advance::custom;
+    let automation = tree(json!([
+        { "id": "ship", "type": "acme/courier", "config": { "key": "d-{{orderId}}" } },
+        { "id": "after", "type": "set", "config": { "values": { "x": 1 } } },
+    ]));
+    let asks = Input::StepWaits {
+        wait: CustomWait {
+            key: "d-5001".into(),
+            timeout_ms: Some(60_000),
+            outputs: Map::from_iter([("tracking".to_owned(), json!("TR-7"))]),
+        },
+        input: Some(json!({ "key": "d-5001" })),
+        started_at: NOW_MS - 5,
+    };
+    let mut begun = state("0");
+    begun.actions = 1;
+    let parked = run(&automation, begun, asks);
+    assert_eq!(
+        seen(&parked),
+        (
+            vec!["ship waiting".to_owned()],
+            RunStatus::Waiting,
+            "wait at 0 for d-5001".to_owned()
+        )
+    );
+    let Then::Record(NextJob::Wait { wait, .. }) = &parked.then else {
+        unreachable!()
+    };
+    assert_eq!(wait.due_at, Some(NOW_MS + 60_000));
+    let context = &parked.state.context;
+    assert_eq!(
+        context.lookup("ship.tracking").value(),
+        Some(&json!("TR-7"))
+    );
+    assert_eq!(
+        tok_core::compensation::cancel_at(context).as_deref(),
+        Some("0"),
+        "a cancel is taken at the live step, for its hook"
+    );
+
+    let claimed = |t: &Transition| {
+        let mut s = t.state.clone();
+        s.recorded = 0;
+        s
+    };
+    let signal = Input::Signal {
+        signal_id: "sig_1".into(),
+        payload: json!({ "at": "10:00" }),
+        actor: None,
+    };
+    let resumed = run(&automation, claimed(&parked), signal);
+    let Then::Execute(step) = &resumed.then else {
+        panic!("{:?}", resumed.then)
+    };
+    let handed = step.resumed.clone().expect("resumed with the signal");
+    assert_eq!(handed["signalId"], "sig_1");
+    assert_eq!(handed["payload"]["at"], "10:00");
+    assert_eq!(resumed.state.actions, 1, "no second action");
+    assert!(custom::live(&resumed.state.context).is_empty());
+
+    // Its resume fails and is retried: the retry is resumed the same way.
+    let failed_once = run(
+        &automation,
+        claimed(&resumed),
+        failed(StepError::retryable("503")),
+    );
+    assert!(matches!(
+        failed_once.then,
+        Then::Record(NextJob::Retry { .. })
+    ));
+    let mut retried = claimed(&failed_once);
+    retried.attempt = 2;
+    let again = run(&automation, retried, Input::Start);
+    let Then::Execute(step) = &again.then else {
+        panic!("{:?}", again.then)
+    };
+    assert_eq!(step.resumed.as_ref(), Some(&handed));
+
+    // Its resume succeeds: what resumed it is spent, the run goes on.
+    let finished = run(&automation, claimed(&again), done(json!({ "ok": true })));
+    assert_eq!(finished.status, RunStatus::Completed);
+    assert_eq!(custom::resumed(&finished.state.context, "0"), None);
+
+    // A timeout resumes it too, saying so.
+    let timed_out = run(&automation, claimed(&parked), Input::TimedOut);
+    let Then::Execute(step) = &timed_out.then else {
+        panic!("{:?}", timed_out.then)
+    };
+    assert_eq!(step.resumed, Some(json!({ "timedOut": true })));
 }

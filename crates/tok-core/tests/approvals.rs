@@ -45,6 +45,7 @@ fn run(state: RunState, input: Input) -> Transition {
         now: Timestamp::from_millisecond(NOW_MS).unwrap(),
         kinds: &kinds,
         rng: &mut rng,
+        retries: &|_| None,
     };
     advance(&tree(), state, input, &mut env)
 }

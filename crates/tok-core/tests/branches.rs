@@ -37,6 +37,7 @@ fn run(automation: &Automation, state: RunState, input: Input) -> Transition {
         now: Timestamp::from_millisecond(NOW_MS).expect("a time"),
         kinds: &kinds,
         rng: &mut rng,
+        retries: &|_| None,
     };
     advance(automation, state, input, &mut env)
 }

@@ -160,6 +160,7 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                 now: Timestamp::from_millisecond(1_780_000_000_000).unwrap(),
                 kinds: &kinds,
                 rng: &mut step_rng,
+                retries: &|_| None,
             };
             let t = advance(automation, state, input, &mut env);
             state = t.state.clone();

@@ -44,6 +44,7 @@ fn run(automation: &Automation, state: RunState, input: Input, now: i64) -> Tran
         now: Timestamp::from_millisecond(now).unwrap(),
         kinds: &kinds,
         rng: &mut rng,
+        retries: &|_| None,
     };
     advance(automation, state, input, &mut env)
 }

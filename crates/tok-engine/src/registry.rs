@@ -20,6 +20,7 @@ use serde_json::{Map, Value};
 use tok_core::advance::{StepClass, is_control};
 use tok_core::error::StepError;
 use tok_core::ids::{JobId, RunId, TenantId};
+use tok_core::retry::RetryPolicy;
 
 use crate::steps::{TxStep, in_transaction};
 
@@ -154,6 +155,44 @@ impl StepCall {
 pub trait StepHandler: Send + Sync + 'static {
     async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError>;
 
+    /// Begins the step: its outputs, or a wait for a signal
+    /// ([`StepOutcome::Wait`]) after which [`StepHandler::resume`] finishes
+    /// it. The default runs [`StepHandler::run`]; a step that may wait
+    /// overrides this one.
+    async fn handle(&self, call: StepCall) -> Result<StepOutcome, StepError> {
+        self.run(call).await.map(StepOutcome::Done)
+    }
+
+    /// Finishes a step that waited, with what ended its wait: the signal
+    /// that came, or its timeout. A retried resume gets the same
+    /// [`Resumed`] again; the step never waits twice.
+    async fn resume(
+        &self,
+        call: StepCall,
+        resumed: Resumed,
+    ) -> Result<Map<String, Value>, StepError> {
+        let _ = resumed;
+        Err(StepError::terminal(format!(
+            "step `{}` waited, but its type has no `resume`",
+            call.step_id
+        )))
+    }
+
+    /// Called when the step's run is cancelled while the step waits (once
+    /// per cancel; a worker that dies before the cancel is recorded calls
+    /// it again, so make it idempotent with [`StepCall::idempotency_key`]).
+    /// It runs before the run's compensations; what it returns is logged.
+    async fn cancel(&self, call: StepCall) -> Result<(), StepError> {
+        let _ = call;
+        Ok(())
+    }
+
+    /// The retry policy of this type's steps, when a step sets none of its
+    /// own; the automation's `settings.retry` comes after it.
+    fn retry_policy(&self) -> Option<RetryPolicy> {
+        None
+    }
+
     /// Checks a step's `config` when an automation is saved; the message
     /// says what is wrong and what was expected.
     fn validate(&self, _config: &Value) -> Result<(), String> {
@@ -176,6 +215,36 @@ pub trait StepHandler: Send + Sync + 'static {
     fn config_keys(&self) -> Option<&'static [&'static str]> {
         None
     }
+}
+
+/// What a handler's [`StepHandler::handle`] answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutcome {
+    /// The step is done: its outputs.
+    Done(Map<String, Value>),
+    /// The step waits for the signal `key` (sent by `POST /api/signals` or
+    /// an `emit` step), `timeout` at most, publishing `outputs` meanwhile.
+    Wait {
+        key: String,
+        timeout: Option<std::time::Duration>,
+        outputs: Map<String, Value>,
+    },
+}
+
+/// What ended a custom step's wait, for [`StepHandler::resume`].
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resumed {
+    /// The signal that came; `None` when the wait timed out.
+    #[serde(default)]
+    pub signal_id: Option<String>,
+    #[serde(default)]
+    pub payload: Value,
+    /// Who sent the signal (`{"kind": "key", "id"}`, `{"kind": "run",
+    /// "runId"}`).
+    #[serde(default)]
+    pub actor: Option<Value>,
+    pub timed_out: bool,
 }
 
 /// A step's `config` refused at save: the key it concerns (a dot path
@@ -320,6 +389,11 @@ impl Registry {
             Some(Entry::InTransaction(_)) => StepClass::InTransaction,
             _ => StepClass::External,
         }
+    }
+
+    /// The retry policy a registered handler gives its type's steps.
+    pub fn retry_policy(&self, kind: &str) -> Option<RetryPolicy> {
+        self.handler(kind)?.retry_policy()
     }
 
     /// Whether an automation may use this step type.

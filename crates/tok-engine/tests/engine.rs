@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use tok_core::error::StepError;
 use tok_core::ids::{RunId, TenantId};
 use tok_engine::definitions::prepare;
-use tok_engine::{Engine, EngineConfig, Registry, StepCall, StepHandler};
+use tok_engine::{Engine, EngineConfig, Registry, StepCall, StepHandler, StepOutcome};
 use tok_store::testing::{TestDb, backends};
 use tok_store::{Backend, RunDetail, Store};
 
@@ -903,6 +903,280 @@ async fn an_effect_in_once_runs_once_and_a_retry_gets_its_stored_result() {
             detail.context["st_charge"]["charge"], charged,
             "{backend:?}"
         );
+        h.cleanup().await;
+    }
+}
+
+/// Waits for its delivery's signal, then publishes what the signal said;
+/// its first resume fails (a retried resume gets the same signal back).
+struct Courier {
+    resumes: Arc<Mutex<Vec<tok_engine::Resumed>>>,
+}
+
+#[async_trait]
+impl StepHandler for Courier {
+    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
+        unreachable!("the engine calls `handle`")
+    }
+
+    async fn handle(&self, call: StepCall) -> Result<StepOutcome, StepError> {
+        let key = call.config["key"].as_str().unwrap_or_default().to_owned();
+        let outputs = Map::from_iter([("tracking".to_owned(), json!("TR-7"))]);
+        Ok(StepOutcome::Wait {
+            key,
+            timeout: None,
+            outputs,
+        })
+    }
+
+    async fn resume(
+        &self,
+        _call: StepCall,
+        resumed: tok_engine::Resumed,
+    ) -> Result<Map<String, Value>, StepError> {
+        let first = {
+            let mut resumes = self.resumes.lock().unwrap();
+            resumes.push(resumed.clone());
+            resumes.len() == 1
+        };
+        if first {
+            return Err(StepError::retryable("the courier's API answered 503"));
+        }
+        Ok(Map::from_iter([
+            ("deliveredAt".to_owned(), resumed.payload["at"].clone()),
+            ("signal".to_owned(), json!(resumed.signal_id)),
+        ]))
+    }
+}
+
+/// Holds a booking while it waits for a confirmation that never comes;
+/// releases it when its run is cancelled.
+struct Hold {
+    released: Arc<AtomicU32>,
+}
+
+#[async_trait]
+impl StepHandler for Hold {
+    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
+        unreachable!("the engine calls `handle`")
+    }
+
+    async fn handle(&self, _call: StepCall) -> Result<StepOutcome, StepError> {
+        Ok(StepOutcome::Wait {
+            key: "confirmed".to_owned(),
+            timeout: Some(Duration::from_secs(3600)),
+            outputs: Map::new(),
+        })
+    }
+
+    async fn cancel(&self, call: StepCall) -> Result<(), StepError> {
+        assert_eq!(
+            call.config["booking"], "B-5001",
+            "the hook reads its config rendered"
+        );
+        self.released.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Fails retryably; its type allows one attempt only.
+struct OneShot {
+    calls: Arc<Calls>,
+}
+
+#[async_trait]
+impl StepHandler for OneShot {
+    async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        self.calls.record(&call);
+        Err(StepError::retryable("the payment service answered 503"))
+    }
+
+    fn retry_policy(&self) -> Option<tok_core::retry::RetryPolicy> {
+        Some(tok_core::retry::RetryPolicy {
+            max_attempts: 1,
+            backoff: Vec::new(),
+        })
+    }
+}
+
+impl Harness {
+    /// Polls until the run has status `status`; panics after 60 s.
+    async fn reaches(&self, run: &RunId, status: &str) -> RunDetail {
+        for _ in 0..1200 {
+            let detail = self.store.run(&self.tenant, run).await.unwrap().unwrap();
+            if detail.run.status == status {
+                return detail;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("run {run} did not become {status} within 60 s");
+    }
+}
+
+#[tokio::test]
+async fn a_custom_step_waits_for_its_signal_and_its_resume_finishes_it() {
+    for backend in backends() {
+        let resumes = Arc::new(Mutex::new(Vec::new()));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/courier",
+            Courier {
+                resumes: resumes.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_ship", "type": "acme/courier", "config": { "key": "delivered-{{orderId}}" } },
+                { "id": "st_after", "type": "set", "config": { "values": { "at": "{{st_ship.deliveredAt}}" } } }
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({ "orderId": "5001" }), None)
+            .await
+            .unwrap();
+        let waiting = h.reaches(&run, "waiting").await;
+        assert_eq!(
+            waiting.context["st_ship"]["tracking"], "TR-7",
+            "{backend:?}: what it published as it began waiting"
+        );
+        assert_eq!(waiting.waits.len(), 1, "{backend:?}");
+        assert!(resumes.lock().unwrap().is_empty(), "{backend:?}");
+
+        let sent = h
+            .store
+            .send_signal(
+                &h.tenant,
+                tok_store::NewSignal {
+                    key: "delivered-5001".into(),
+                    payload: json!({ "at": "2026-12-07T10:00:00Z" }),
+                    idempotency_key: None,
+                    lookback_ms: 0,
+                    actor: None,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(sent.resumed, vec![run.clone()], "{backend:?}");
+        engine.job_ready();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+
+        assert_eq!(
+            detail.run.status, "completed",
+            "{backend:?}: {:?}",
+            detail.run.error
+        );
+        assert_eq!(detail.context["st_after"]["at"], "2026-12-07T10:00:00Z");
+        assert_eq!(detail.context["st_ship"]["signal"], json!(sent.signal_id));
+        let resumes = resumes.lock().unwrap().clone();
+        assert_eq!(resumes.len(), 2, "{backend:?}: a resume, and its retry");
+        assert_eq!(
+            resumes[0], resumes[1],
+            "{backend:?}: the retry got the same signal"
+        );
+        assert_eq!(
+            resumes[0].signal_id.as_deref(),
+            Some(sent.signal_id.as_str())
+        );
+        assert!(!resumes[0].timed_out);
+        let statuses: Vec<(&str, &str)> = detail
+            .steps
+            .iter()
+            .map(|s| (s.step_id.as_str(), s.status.as_str()))
+            .collect();
+        assert_eq!(
+            statuses,
+            // The waiting row became its first resume's attempt.
+            vec![
+                ("st_ship", "retrying"),
+                ("st_ship", "completed"),
+                ("st_after", "completed")
+            ],
+            "{backend:?}"
+        );
+        assert_eq!(
+            detail.run.actions, 2,
+            "{backend:?}: a resume is no second action"
+        );
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_run_calls_its_waiting_steps_cancel_hook_once() {
+    for backend in backends() {
+        let released = Arc::new(AtomicU32::new(0));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/hold",
+            Hold {
+                released: released.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_hold", "type": "acme/hold", "config": { "booking": "B-{{orderId}}" } }
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({ "orderId": "5001" }), None)
+            .await
+            .unwrap();
+        h.reaches(&run, "waiting").await;
+        assert_eq!(released.load(Ordering::SeqCst), 0, "{backend:?}");
+        h.store.cancel_run(&h.tenant, &run).await.unwrap();
+        engine.job_ready();
+        let detail = h.finished(&run).await;
+        // A later cancel of the ended run is refused and calls nothing.
+        assert!(h.store.cancel_run(&h.tenant, &run).await.is_err());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        running.shutdown().await;
+
+        assert_eq!(detail.run.status, "cancelled", "{backend:?}");
+        assert_eq!(released.load(Ordering::SeqCst), 1, "{backend:?}: once");
+        assert!(
+            detail.context.get("_live").is_none(),
+            "{backend:?}: {:#}",
+            detail.context
+        );
+        h.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_step_types_own_retry_policy_comes_before_its_automations() {
+    for backend in backends() {
+        let calls = Arc::new(Calls::default());
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/charge",
+            OneShot {
+                calls: calls.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        // The automation retries 3 times; the type says once.
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_charge", "type": "acme/charge", "config": {} },
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({}), None)
+            .await
+            .unwrap();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+        assert_eq!(detail.run.status, "failed", "{backend:?}");
+        assert_eq!(calls.all().len(), 1, "{backend:?}");
         h.cleanup().await;
     }
 }

@@ -18,6 +18,7 @@
 //! retry jitter, so a test states a state and an input and compares the
 //! transition.
 
+pub mod custom;
 mod waiting;
 
 use std::time::Duration;
@@ -75,6 +76,9 @@ pub struct Env<'a> {
     pub kinds: &'a dyn Fn(&str) -> StepClass,
     /// Draws the retry jitter; a seeded one makes a decision repeatable.
     pub rng: &'a mut dyn rand::RngCore,
+    /// The retry policy a step type's handler gives its steps, used when a
+    /// step sets none of its own (before the automation's).
+    pub retries: &'a dyn Fn(&str) -> Option<RetryPolicy>,
 }
 
 /// Where a run stands, as far as its decisions go.
@@ -129,6 +133,14 @@ pub enum Input {
         outputs: Map<String, Value>,
         log: Vec<String>,
         /// The rendered config the step ran with.
+        input: Option<Value>,
+        started_at: i64,
+    },
+    /// That step (a custom one) asked to wait for a signal
+    /// ([`custom`]): the run parks until it comes or the wait times out,
+    /// then the step is handed back to its handler's `resume`.
+    StepWaits {
+        wait: CustomWait,
         input: Option<Value>,
         started_at: i64,
     },
@@ -188,6 +200,15 @@ impl From<Option<Resume>> for Input {
     }
 }
 
+/// What a custom step waits for: a signal `key`, `timeout_ms` at most
+/// (`None`: for ever), and the outputs it publishes while it waits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CustomWait {
+    pub key: String,
+    pub timeout_ms: Option<i64>,
+    pub outputs: Map<String, Value>,
+}
+
 /// A step for an executor to run, with everything it needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Execute {
@@ -200,6 +221,10 @@ pub struct Execute {
     pub config: Value,
     /// The context as the step sees it (loop variables included).
     pub scope: std::sync::Arc<Value>,
+    /// What ended the custom step's wait (`{signalId, payload, actor,
+    /// timedOut}`): the executor resumes the step with it rather than
+    /// beginning it ([`custom`]).
+    pub resumed: Option<Value>,
 }
 
 /// What the claim does next.
@@ -306,6 +331,27 @@ pub fn advance(
             input,
             started_at,
         } => decider.step_failed(step, input, started_at, error, env),
+        Input::StepWaits {
+            wait,
+            input,
+            started_at,
+        } => decider.park_custom(step, wait, input, started_at, env),
+        Input::Signal {
+            signal_id,
+            payload,
+            actor,
+        } if custom::is_live(&decider.state.context, &step_path.to_string()) => {
+            let mut decider = decider;
+            let resumed = custom::resumed_by(Some((signal_id, payload, actor)));
+            custom::resume(&mut decider.state.context, &step_path.to_string(), resumed);
+            decider.chain(env)
+        }
+        Input::TimedOut if custom::is_live(&decider.state.context, &step_path.to_string()) => {
+            let mut decider = decider;
+            let resumed = custom::resumed_by(None);
+            custom::resume(&mut decider.state.context, &step_path.to_string(), resumed);
+            decider.chain(env)
+        }
         Input::Signal {
             signal_id, payload, ..
         } if step.kind == APPROVAL => {
@@ -478,6 +524,7 @@ impl Decider<'_> {
     fn cancel(mut self, error: Option<String>) -> Transition {
         let context = &mut self.state.context;
         context.set_reserved(escalation::ESCALATIONS_KEY, None);
+        custom::cancelled(context);
         compensation::begin(context, RunStatus::Cancelled, error);
         self.compensate_next()
     }
@@ -657,6 +704,12 @@ impl Decider<'_> {
                         return self.step_failed(step, None, now, error, env);
                     }
                 };
+                let resumed = custom::resumed(&self.state.context, &path.to_string());
+                if resumed.is_some() {
+                    // The step began when it asked to wait: its resume is
+                    // no second action.
+                    self.state.actions -= 1;
+                }
                 let execute = Execute {
                     path,
                     step_id: step.id.clone(),
@@ -665,6 +718,7 @@ impl Decider<'_> {
                     attempt: self.state.attempt,
                     config,
                     scope,
+                    resumed,
                 };
                 return self.finish(RunStatus::Running, None, Then::Execute(execute));
             }
@@ -855,6 +909,7 @@ impl Decider<'_> {
         outputs: Map<String, Value>,
         log: Vec<String>,
     ) -> Result<Next, String> {
+        custom::settled(&mut self.state.context, &self.state.path.to_string());
         let bare = self.state.context.publish(&step.id, &outputs);
         if let Some(keep) = self.automation.settings.prune_state_after {
             let removed = self
@@ -1033,8 +1088,12 @@ impl Decider<'_> {
             };
             return self.finish(RunStatus::Running, None, Then::Record(next));
         }
-        let policy =
-            RetryPolicy::resolve(step.retry.as_ref(), self.automation.settings.retry.as_ref());
+        // The step's own policy, else its type's, else its automation's.
+        let typed = (env.retries)(&step.kind);
+        let policy = RetryPolicy::resolve(
+            step.retry.as_ref().or(typed.as_ref()),
+            self.automation.settings.retry.as_ref(),
+        );
         let mut record = self.record(step, input, started_at);
         record.error = Some(error.message().to_owned());
         let mut rng = &mut *env.rng;

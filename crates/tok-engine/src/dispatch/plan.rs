@@ -339,11 +339,13 @@ pub fn begin(
 
 fn decide(automation: &Automation, state: RunState, registry: &Registry) -> Transition {
     let kinds = |kind: &str| registry.class(kind);
+    let retries = |kind: &str| registry.retry_policy(kind);
     let mut rng = rand::rng();
     let mut env = Env {
         now: tok_store::now(),
         kinds: &kinds,
         rng: &mut rng,
+        retries: &retries,
     };
     advance(automation, state, Input::Start, &mut env)
 }

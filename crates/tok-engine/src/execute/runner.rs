@@ -15,7 +15,9 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt as _;
 use serde_json::{Map, Value};
-use tok_core::advance::{Effect, Env, Execute, Input, RunState, StepClass, Then, advance};
+use tok_core::advance::{
+    CustomWait, Effect, Env, Execute, Input, RunState, StepClass, Then, advance,
+};
 use tok_core::context::Context;
 use tok_core::definition::Automation;
 use tok_core::error::StepError;
@@ -30,7 +32,7 @@ use super::effects;
 use super::panics::{self, Running};
 use crate::Inner;
 use crate::authorize::{self, StepToAuthorize};
-use crate::registry::StepCall;
+use crate::registry::{Resumed, StepCall, StepOutcome};
 use crate::steps::{TxContext, TxError};
 
 /// Runs one claimed job and records its outcome.
@@ -349,7 +351,11 @@ async fn run_claim(
     running: &mut Running,
 ) -> Result<Claim, StoreError> {
     let kinds = |kind: &str| inner.registry.class(kind);
+    let retries = |kind: &str| inner.registry.retry_policy(kind);
     let mut input = Input::from(job.resume.clone());
+    if matches!(input, Input::Cancel { .. }) {
+        cancel_live_steps(inner, job, automation, &state).await;
+    }
     let mut records = Vec::new();
     let mut effects = Vec::new();
     let mut subject = job.subject_ticket_id.clone();
@@ -362,6 +368,7 @@ async fn run_claim(
                 now: tok_store::now(),
                 kinds: &kinds,
                 rng: &mut rng,
+                retries: &retries,
             };
             advance(automation, state, input, &mut env)
         };
@@ -424,7 +431,7 @@ async fn run_claim(
             authorize::check(&*inner.authorizer, &asked).await
         };
         let outcome = match step.class {
-            _ if authorized.is_err() => authorized.map(|()| Map::new()),
+            _ if authorized.is_err() => authorized.map(|()| StepOutcome::Done(Map::new())),
             StepClass::InTransaction => {
                 if tx.is_none() {
                     tx = Some(inner.store.begin_record(job).await?);
@@ -462,7 +469,7 @@ async fn run_claim(
                 };
                 too_deep |= cx.too_deep;
                 match result {
-                    Ok(outputs) => Ok(outputs),
+                    Ok(outputs) => Ok(StepOutcome::Done(outputs)),
                     Err(TxError::Step(e)) => Err(e),
                     Err(TxError::Store(e)) => return Err(e),
                 }
@@ -480,9 +487,22 @@ async fn run_claim(
         });
         let config = Some(step.config);
         input = match outcome {
-            Ok(outputs) => Input::StepDone {
+            Ok(StepOutcome::Done(outputs)) => Input::StepDone {
                 outputs,
                 log: Vec::new(),
+                input: config,
+                started_at,
+            },
+            Ok(StepOutcome::Wait {
+                key,
+                timeout,
+                outputs,
+            }) => Input::StepWaits {
+                wait: CustomWait {
+                    key,
+                    timeout_ms: timeout.map(|t| t.as_millis().min(i64::MAX as u128) as i64),
+                    outputs,
+                },
                 input: config,
                 started_at,
             },
@@ -542,7 +562,7 @@ async fn call_handler(
     step: &Execute,
     scope: std::sync::Arc<Value>,
     trace: crate::traces::RunTrace,
-) -> Result<Map<String, Value>, StepError> {
+) -> Result<StepOutcome, StepError> {
     let Some(handler) = inner.registry.handler(&step.kind) else {
         return Err(StepError::terminal(format!(
             "no handler is registered for step type `{}`",
@@ -551,26 +571,101 @@ async fn call_handler(
     };
     let path = step.path.to_string();
     let traceparent = trace.outbound(job.run_id.as_str(), &path, step.attempt as i32);
-    let call = StepCall {
-        tenant_id: job.tenant_id.clone(),
-        run_id: job.run_id.clone(),
-        idempotency_key: format!("{}:{}", job.run_id, path),
-        path,
-        step_id: step.step_id.clone(),
-        attempt: step.attempt,
-        job_id: job.id,
-        lease_ms: inner.lease_ms(),
-        config: step.config.clone(),
-        context: scope,
-        effects: crate::registry::Effects::in_store(inner.store.clone()),
-        traceparent: Some(traceparent),
+    let mut call = step_call(inner, job, path, &step.step_id, step.config.clone(), scope);
+    call.attempt = step.attempt;
+    call.traceparent = Some(traceparent);
+    let resumed = match &step.resumed {
+        Some(value) => Some(
+            serde_json::from_value::<Resumed>(value.clone()).map_err(|e| {
+                StepError::terminal(format!(
+                    "what ended step `{}`'s wait does not read back: {e}",
+                    step.step_id
+                ))
+            })?,
+        ),
+        None => None,
     };
-    let handled = async move { handler.run(call).await }.instrument(tracing::Span::current());
+    let handled = async move {
+        match resumed {
+            Some(resumed) => handler.resume(call, resumed).await.map(StepOutcome::Done),
+            None => handler.handle(call).await,
+        }
+    }
+    .instrument(tracing::Span::current());
     match tokio::spawn(handled).await {
         Ok(result) => result,
         Err(join) => Err(StepError::terminal(format!(
             "step `{}` panicked: {join}",
             step.step_id
         ))),
+    }
+}
+
+/// A handler's call for the step at `path` of the claimed job's run.
+fn step_call(
+    inner: &Inner,
+    job: &ClaimedJob,
+    path: String,
+    step_id: &str,
+    config: Value,
+    scope: std::sync::Arc<Value>,
+) -> StepCall {
+    StepCall {
+        tenant_id: job.tenant_id.clone(),
+        run_id: job.run_id.clone(),
+        idempotency_key: format!("{}:{}", job.run_id, path),
+        path,
+        step_id: step_id.to_owned(),
+        attempt: 1,
+        job_id: job.id,
+        lease_ms: inner.lease_ms(),
+        config,
+        context: scope,
+        effects: crate::registry::Effects::in_store(inner.store.clone()),
+        traceparent: None,
+    }
+}
+
+/// A cancelled run's custom steps that wait now: each handler's `cancel`
+/// hook is called (with the step's config rendered as it would run)
+/// before the decider takes the cancel, which makes them no longer live.
+/// A hook that fails is logged; the cancel goes on.
+async fn cancel_live_steps(
+    inner: &Inner,
+    job: &ClaimedJob,
+    automation: &Automation,
+    state: &RunState,
+) {
+    for (path, step_id) in tok_core::advance::custom::live(&state.context) {
+        let Ok(at) = path.parse::<tok_core::path::FlowPath>() else {
+            continue;
+        };
+        let Some(step) = tok_core::flow::step_at(&automation.steps, &at) else {
+            continue;
+        };
+        let Some(handler) = inner.registry.handler(&step.kind) else {
+            continue;
+        };
+        let scope = tok_core::flow::scope(&automation.steps, &at, state.context.as_value());
+        let config = tok_core::template::render_value(&step.config, &scope)
+            .unwrap_or_else(|_| step.config.clone());
+        let call = step_call(
+            inner,
+            job,
+            path.clone(),
+            &step_id,
+            config,
+            std::sync::Arc::new(scope.into_owned()),
+        );
+        let hook = async move { handler.cancel(call).await };
+        match tokio::spawn(hook).await {
+            Ok(Ok(())) => tracing::info!(run = %job.run_id, step = %step_id, "cancel hook ran"),
+            Ok(Err(error)) => {
+                tracing::warn!(run = %job.run_id, step = %step_id, %error, "cancel hook failed")
+            }
+            Err(join) => {
+                tracing::warn!(run = %job.run_id, step = %step_id, %join, "cancel hook panicked")
+            }
+        }
     }
 }
