@@ -383,8 +383,20 @@ async fn a_tenants_session_shows_nothing_of_another_tenant() {
 
         // Acme's run by its id: not found, and nothing of it shown.
         browser.open(&format!("{base}/#/runs/{acme_run}")).await;
-        let flash = browser.text("#flash").await;
-        assert!(flash.contains("not found"), "{flash}");
+        // The flash is shown once the run's 404 arrives (it may be empty
+        // before).
+        let flash = browser
+            .wait_for(
+                "the flash saying the run is not found",
+                "const f = document.querySelector('#flash'); \
+                 return f && f.textContent.includes('not found') && f.textContent",
+                json!([]),
+            )
+            .await;
+        assert!(
+            flash.as_str().unwrap_or_default().contains("not found"),
+            "{flash}"
+        );
         browser.open(&format!("{base}/#/automations")).await;
         browser.find("#automations").await;
         let text = browser
