@@ -91,6 +91,10 @@ pub struct RunState {
     pub recorded: usize,
     /// Most steps one claim may record before its job queues again.
     pub chain_limit: usize,
+    /// The run's subject ticket: its event's ticket, or the one the last
+    /// `ticket/upsert` gave. A wait for signals about `"ticket"` waits
+    /// for signals about this one.
+    pub subject: Option<String>,
 }
 
 impl RunState {
@@ -103,7 +107,14 @@ impl RunState {
             actions,
             recorded: 0,
             chain_limit: usize::MAX,
+            subject: None,
         }
+    }
+
+    /// The same state for a run whose subject ticket is `subject`.
+    pub fn about(mut self, subject: Option<String>) -> Self {
+        self.subject = subject;
+        self
     }
 
     /// The same state with at most `limit` steps recorded per claim.
@@ -133,11 +144,13 @@ pub enum Input {
         input: Option<Value>,
         started_at: i64,
     },
-    /// A signal matched the wait at the state's path, sent by `actor`.
+    /// A signal matched the wait at the state's path, sent by `actor`,
+    /// about the ticket `subject` when it named one.
     Signal {
         signal_id: String,
         payload: Value,
         actor: Option<Value>,
+        subject: Option<String>,
     },
     /// The wait at the state's path timed out.
     TimedOut,
@@ -168,10 +181,12 @@ impl From<Option<Resume>> for Input {
                 signal_id,
                 payload,
                 actor,
+                subject,
             }) => Input::Signal {
                 signal_id,
                 payload,
                 actor,
+                subject,
             },
             Some(Resume::TimedOut) => Input::TimedOut,
             // A step held back by a limit is begun again like any step.
@@ -318,6 +333,7 @@ pub fn advance(
             signal_id,
             payload,
             actor,
+            subject,
         } if step.kind == WAIT_FOR_EVENT => {
             let mut decider = decider;
             escalation::end(&step_path, &mut decider.state.context);
@@ -325,12 +341,20 @@ pub fn advance(
             outputs.insert("timedOut".into(), Value::Bool(false));
             outputs.insert("payload".into(), payload);
             outputs.insert("signalId".into(), Value::String(signal_id.clone()));
+            let about = match subject {
+                Some(ticket) => {
+                    let line = format!(" about ticket {ticket}");
+                    outputs.insert("subject".into(), Value::String(ticket));
+                    line
+                }
+                None => String::new(),
+            };
             let from = actor.as_ref().map(sender).unwrap_or_default();
             if let Some(actor) = actor {
                 outputs.insert("actor".into(), actor);
             }
             let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec![format!("resumed by signal {signal_id}{from}")];
+            let log = vec![format!("resumed by signal {signal_id}{about}{from}")];
             decider.completed(step, record, outputs, log, env)
         }
         Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
@@ -656,7 +680,7 @@ impl Decider<'_> {
                 return self.finish(RunStatus::Running, None, Then::Execute(execute));
             }
             if step.kind == WAIT_FOR_EVENT {
-                let wait = signal_wait(step, &scope, self.now);
+                let wait = signal_wait(step, &scope, self.state.subject.as_deref(), self.now);
                 drop(scope);
                 return match wait {
                     Ok((wait, config)) => self.park(step, wait, config),
