@@ -87,6 +87,8 @@ pub struct Job {
 pub struct Wait {
     pub kind: String,
     pub key: String,
+    /// The ticket an awaited signal must be about.
+    pub subject: Option<String>,
     pub due_at: Option<i64>,
 }
 
@@ -123,7 +125,13 @@ pub fn why(
                 ("event", Some(approval)) => {
                     blocked("approval", wait.due_at, json!({ "approvalId": approval }))
                 }
-                ("event", None) => blocked("signal", wait.due_at, json!({ "key": wait.key })),
+                ("event", None) => {
+                    let mut detail = json!({ "key": wait.key });
+                    if let Some(subject) = &wait.subject {
+                        detail["subject"] = json!(subject);
+                    }
+                    blocked("signal", wait.due_at, detail)
+                }
                 _ => blocked(
                     "runs",
                     wait.due_at,
@@ -196,6 +204,7 @@ mod tests {
         let wait = |kind: &str, key: &str| Wait {
             kind: kind.into(),
             key: key.into(),
+            subject: None,
             due_at: Some(NOW + 60_000),
         };
         let parked = [job(NOW + 60_000)];
@@ -209,6 +218,14 @@ mod tests {
                 wait("event", "order-1"),
                 "signal",
                 json!({ "key": "order-1" }),
+            ),
+            (
+                Wait {
+                    subject: Some("tk_1".into()),
+                    ..wait("event", "shipped")
+                },
+                "signal",
+                json!({ "key": "shipped", "subject": "tk_1" }),
             ),
             (
                 wait("runs", "run:run_7"),

@@ -162,6 +162,11 @@ pub struct StepRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SignalWait {
     pub key: String,
+    /// The ticket the signal must be about (its `subject`): only a signal
+    /// with this subject resumes the wait, and a wait without one takes
+    /// only signals without one. Waits stored before subjects have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     /// Rules over the signal's payload; `None` takes any payload.
     pub filter: Option<Filter>,
     /// Whether a signal buffered before the wait began (within the
@@ -234,6 +239,9 @@ pub enum Resume {
         payload: Value,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         actor: Option<Value>,
+        /// The ticket the signal was about, when it named one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        subject: Option<String>,
     },
     /// The wait's due time passed first.
     TimedOut,

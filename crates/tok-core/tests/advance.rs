@@ -115,6 +115,7 @@ fn signal(payload: Value) -> Input {
         signal_id: "sig_1".into(),
         payload,
         actor: None,
+        subject: None,
     }
 }
 
@@ -359,6 +360,7 @@ fn a_resumed_wait_names_who_sent_its_signal() {
         signal_id: "sig_1".into(),
         payload: json!({ "amount": 1500 }),
         actor: Some(key.clone()),
+        subject: None,
     };
     let t = run(&order_tree(), state("3"), by_key);
     assert_eq!(t.state.context.as_value()["st_paid"]["actor"], key);
@@ -367,6 +369,7 @@ fn a_resumed_wait_names_who_sent_its_signal() {
         signal_id: "sig_2".into(),
         payload: json!({ "amount": 1500 }),
         actor: Some(json!({ "kind": "run", "runId": "run_9" })),
+        subject: None,
     };
     let t = run(&order_tree(), state("3"), by_run);
     assert_eq!(t.records[0].log, ["resumed by signal sig_2 from run run_9"]);
@@ -397,6 +400,78 @@ fn a_wait_for_a_signal_without_a_key_fails_at_once_and_says_what_is_missing() {
     assert_eq!(t.status, RunStatus::Failed);
     let error = t.error.expect("an error");
     assert!(error.contains("needs `config.key`"), "{error}");
+}
+
+/// A wait about the run's subject ticket parks on that ticket; one about a
+/// ticket its config names parks on that one; a run with no subject ticket
+/// cannot wait about it (a terminal failure that says why); a signal's
+/// subject is published with its payload.
+#[test]
+fn a_wait_about_a_ticket_parks_on_it_and_its_signal_names_it() {
+    let automation = |subject: Value| {
+        tree(json!([
+            { "id": "st_paid", "type": "wait_for_event",
+              "config": { "key": "paid", "subject": subject } },
+            { "id": "st_log", "type": "flow/log", "config": { "message": "paid" } }
+        ]))
+    };
+    let cases: Vec<(&str, Value, Option<&str>, Option<&str>)> = vec![
+        (
+            "the run's subject",
+            json!("ticket"),
+            Some("tk_1"),
+            Some("tk_1"),
+        ),
+        (
+            "a ticket its input names",
+            json!("tk_{{orderId}}"),
+            Some("tk_1"),
+            Some("tk_5001"),
+        ),
+        ("no subject in the config", Value::Null, Some("tk_1"), None),
+    ];
+    for (case, subject, run_subject, parked_on) in cases {
+        let state = state("0").about(run_subject.map(str::to_owned));
+        let t = run(&automation(subject), state, Input::Start);
+        let Then::Record(NextJob::Wait { wait, .. }) = &t.then else {
+            panic!("{case}: the run parks, not {:?}", seen(&t));
+        };
+        assert_eq!(wait.subject.as_deref(), parked_on, "{case}");
+        assert_eq!(t.status, RunStatus::Waiting, "{case}");
+    }
+
+    let t = run(&automation(json!("ticket")), state("0"), Input::Start);
+    assert_eq!(
+        seen(&t),
+        (
+            strings(&["st_paid failed"]),
+            RunStatus::Failed,
+            "done".into()
+        )
+    );
+    let error = t.error.expect("an error");
+    assert!(
+        error.contains("the run has no subject ticket") && error.contains("ticket/upsert"),
+        "{error}"
+    );
+
+    let about = Input::Signal {
+        signal_id: "sig_1".into(),
+        payload: json!({ "ok": true }),
+        actor: None,
+        subject: Some("tk_1".into()),
+    };
+    let state = state("0").about(Some("tk_1".into()));
+    let t = run(&automation(json!("ticket")), state, about);
+    assert_eq!(
+        t.state.context.as_value()["st_paid"],
+        json!({ "timedOut": false, "payload": { "ok": true }, "signalId": "sig_1",
+                "subject": "tk_1" })
+    );
+    assert_eq!(
+        t.records[0].log,
+        ["resumed by signal sig_1 about ticket tk_1"]
+    );
 }
 
 #[test]
@@ -701,6 +776,7 @@ fn a_custom_step_waits_and_is_resumed_by_its_signal_or_its_timeout() {
         signal_id: "sig_1".into(),
         payload: json!({ "at": "10:00" }),
         actor: None,
+        subject: None,
     };
     let resumed = run(&automation, claimed(&parked), signal);
     let Then::Execute(step) = &resumed.then else {

@@ -101,6 +101,7 @@ fn an_opened_approval_parks_the_run_on_its_decision_key_until_the_timeout() {
             path: "0".into(),
             wait: SignalWait {
                 key: "approval:apr_1".into(),
+                subject: None,
                 filter: None,
                 lookback: false,
                 due_at: Some(NOW_MS + 3_600_000),
@@ -121,6 +122,7 @@ fn a_decision_completes_the_step_with_the_decision_and_who_made_it() {
             signal_id: "sig_1".into(),
             payload,
             actor: None,
+            subject: None,
         },
     );
     assert_eq!(t.status, RunStatus::Completed, "{t:?}");

@@ -176,6 +176,7 @@ fn a_signal_ends_the_wait_and_its_pending_levels() {
         signal_id: "sig_1".into(),
         payload: json!({ "paid": true }),
         actor: None,
+        subject: None,
     };
     let resumed = run(&automation, claimed(&parked), signal, NOW_MS + MIN);
     assert_eq!(resumed.status, RunStatus::Completed);

@@ -244,6 +244,9 @@ pub struct Resumed {
     /// "runId"}`).
     #[serde(default)]
     pub actor: Option<Value>,
+    /// The ticket the signal was about (`subject`), when it named one.
+    #[serde(default)]
+    pub subject: Option<String>,
     pub timed_out: bool,
 }
 

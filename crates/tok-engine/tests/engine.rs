@@ -1055,6 +1055,7 @@ async fn a_custom_step_waits_for_its_signal_and_its_resume_finishes_it() {
                     idempotency_key: None,
                     lookback_ms: 0,
                     actor: None,
+                    subject: None,
                 },
             )
             .await

@@ -276,6 +276,7 @@ async fn a_child_whose_definition_no_longer_reads_fails_the_parent_that_waits_fo
     let running = second.start(true).await.unwrap();
     let signal = tok_store::NewSignal {
         key: "go".into(),
+        subject: None,
         payload: json!({}),
         idempotency_key: None,
         lookback_ms: 0,

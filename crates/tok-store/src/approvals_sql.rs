@@ -185,6 +185,7 @@ macro_rules! impl_approvals {
                 });
                 let signal = NewSignal {
                     key: tok_core::approval::decision_key(id),
+                    subject: None,
                     payload,
                     idempotency_key: None,
                     lookback_ms: 0,
@@ -192,7 +193,7 @@ macro_rules! impl_approvals {
                 };
                 // While the step's escalation runs, the decision waits in
                 // the buffer for the step to park again, which takes it.
-                let escalating = escalating_wait(&mut tx, tenant, &signal.key).await?;
+                let escalating = escalating_wait(&mut tx, tenant, &signal).await?;
                 let sent = send_signal_in(&mut tx, tenant, &signal).await?;
                 if sent.resumed.is_empty() && !escalating {
                     // Its job was claimed for the timeout meanwhile: the

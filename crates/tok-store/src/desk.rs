@@ -352,6 +352,9 @@ pub struct ChildStart {
 #[async_trait]
 pub trait RecordTx: Send {
     async fn ticket(&mut self, id: &str) -> Result<Option<Ticket>>;
+    /// Whether the tenant has a ticket of this id, read without taking
+    /// its row (a signal about it need not hold the ticket back).
+    async fn ticket_exists(&mut self, id: &str) -> Result<bool>;
     async fn ticket_by_external_id(&mut self, external_id: &str) -> Result<Option<Ticket>>;
     /// A ticket type by name or id.
     async fn ticket_type(&mut self, name_or_id: &str) -> Result<Option<TicketType>>;

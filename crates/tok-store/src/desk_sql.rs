@@ -1052,6 +1052,15 @@ macro_rules! impl_desk {
                 ticket_where(&mut self.tx, &self.job.tenant_id, "id", id, true).await
             }
 
+            async fn ticket_exists(&mut self, id: &str) -> Result<bool> {
+                let found = sqlx::query("SELECT 1 FROM tickets WHERE tenant_id = $1 AND id = $2")
+                    .bind(self.job.tenant_id.as_str())
+                    .bind(id)
+                    .fetch_optional(&mut *self.tx)
+                    .await?;
+                Ok(found.is_some())
+            }
+
             async fn ticket_by_external_id(&mut self, external_id: &str) -> Result<Option<Ticket>> {
                 ticket_where(&mut self.tx, &self.job.tenant_id, "external_id", external_id, true).await
             }

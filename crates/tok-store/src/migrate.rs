@@ -55,6 +55,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     34 "0034_index_what_started_a_run",
     35 "0035_keep_a_runs_position_and_context_changes_in_rows_it_writes_anyway",
     36 "0036_let_sources_name_their_sender_and_schema",
+    37 "0037_match_signals_and_waits_by_subject",
 );
 
 pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
@@ -89,6 +90,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     32 "0032_keep_a_clock_offset",
     33 "0033_keep_a_runs_position_and_context_changes_in_rows_it_writes_anyway",
     34 "0034_let_sources_name_their_sender_and_schema",
+    35 "0035_match_signals_and_waits_by_subject",
 );
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS tok_migrations (

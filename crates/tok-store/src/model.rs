@@ -598,6 +598,9 @@ pub struct WaitRow {
     pub path: String,
     pub kind: String,
     pub key: String,
+    /// The ticket the awaited signal must be about; `None`: about none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     #[serde(serialize_with = "crate::rfc3339::serialize_opt")]
     pub due_at: Option<i64>,
 }
@@ -607,6 +610,7 @@ impl From<&WaitRow> for tok_core::blocked::Wait {
         Self {
             kind: w.kind.clone(),
             key: w.key.clone(),
+            subject: w.subject.clone(),
             due_at: w.due_at,
         }
     }

@@ -543,7 +543,7 @@ macro_rules! impl_runs {
                 Some(waits) => waits,
                 None => {
                     let rows = sqlx::query(concat!(
-                        "SELECT run_id, kind, key, due_at FROM waits
+                        "SELECT run_id, kind, key, subject, due_at FROM waits
                          WHERE tenant_id = $1 AND run_id ", any_of!(2), " ORDER BY id"
                     ))
                     .bind(tenant.as_str())
@@ -556,6 +556,7 @@ macro_rules! impl_runs {
                         waits.entry(r.get("run_id")).or_default().push(Wait {
                             kind: r.get("kind"),
                             key: r.get::<Option<String>, _>("key").unwrap_or_default(),
+                            subject: r.get("subject"),
                             due_at: r.get("due_at"),
                         });
                     }

@@ -1,14 +1,17 @@
 //! Signals and the waits they resume (DESIGN §5a).
 //!
 //! A `wait_for_event` step parks its run's one job at the step, with a
-//! `waits` row holding the key and the `where` the signal's payload must
-//! satisfy; the job is due at the wait's timeout. A signal sent to a key
-//! resumes, in its one transaction, every parked wait of the tenant on that
-//! key whose `where` holds: their jobs become ready now and carry the signal
+//! `waits` row holding the key, the ticket it is about (its subject, if
+//! any) and the `where` the signal's payload must satisfy; the job is due
+//! at the wait's timeout. A signal sent to a key resumes, in its one
+//! transaction, every parked wait of the tenant on that key about the same
+//! ticket (or, for a signal about none, about none) whose `where` holds:
+//! their jobs become ready now and carry the signal
 //! ([`Resume::Signal`](crate::Resume)) to the worker that claims them. A
 //! signal that resumed nothing is buffered for the lookback window, and a
-//! wait that starts on its key within it takes the oldest matching one at
-//! once, as its record is written, instead of parking.
+//! wait that starts on its key within it takes the oldest matching one
+//! (same subject, `where` holding) at once, as its record is written,
+//! instead of parking.
 //!
 //! Signal and wait on one key never miss each other: both take the key's
 //! lock (an advisory lock on PostgreSQL; SQLite's one writer serializes
@@ -31,6 +34,10 @@ use crate::Result;
 #[derive(Debug, Clone)]
 pub struct NewSignal {
     pub key: String,
+    /// The ticket the signal is about (a ticket id of the tenant, checked
+    /// by the sender): it resumes only waits about that ticket, and a
+    /// signal about none only waits about none.
+    pub subject: Option<String>,
     pub payload: Value,
     /// A repeat of the key answers the first send's answer and changes
     /// nothing. Unique per tenant for as long as the signal is kept.
@@ -46,6 +53,8 @@ pub struct NewSignal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignalSent {
     pub signal_id: String,
+    /// The ticket the signal is about (the first send's, for a repeat).
+    pub subject: Option<String>,
     /// The runs whose waits it resumed, oldest wait first.
     pub resumed: Vec<RunId>,
     /// It resumed nothing and waits in the buffer for a wait to start.

@@ -46,6 +46,69 @@ pub(crate) fn into_escalation(job: &crate::ClaimedJob, next: &tok_core::run::Nex
         .is_some_and(|rest| rest.starts_with(".escalations."))
 }
 
+/// The waits on a signal's key (`$2`) about its subject, `$subject` the
+/// condition on `w.subject` (`= $3`, or `IS NULL` for a signal about no
+/// ticket: two statements, so that both find their waits by the index),
+/// whose jobs no worker holds, locked.
+macro_rules! waits_for_signal {
+    ($subject:literal) => {
+        concat!(
+            "SELECT w.id, w.run_id, w.match, j.id AS job_id
+             FROM waits w
+             JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                AND j.path = w.path
+             WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
+               AND w.subject ",
+            $subject,
+            "
+               AND j.claim_token IS NULL
+             ORDER BY j.id ",
+            lock_rows_of!(j)
+        )
+    };
+}
+pub(crate) use waits_for_signal;
+
+/// A wait on a key (`$2`) about a subject (`$subject` as in
+/// [`waits_for_signal`]) kept while its step's escalation runs.
+macro_rules! escalating_wait_about {
+    ($subject:literal) => {
+        concat!(
+            "SELECT w.id FROM waits w
+             WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
+               AND w.subject ",
+            $subject,
+            "
+               AND NOT EXISTS (SELECT 1 FROM jobs j
+                   JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
+                   WHERE j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                     AND CASE WHEN r.cursor_job = j.id THEN r.cursor_path ELSE j.path END
+                         = w.path)
+             LIMIT 1"
+        )
+    };
+}
+pub(crate) use escalating_wait_about;
+
+/// A page of the signals buffered on a wait's key (`$2`) about its subject
+/// (`subject = $7` or `subject IS NULL`), unexpired (`$3`), after
+/// (`$4`, `$5`), oldest first.
+macro_rules! buffered_signals {
+    ($subject:literal) => {
+        concat!(
+            "SELECT id, payload, received_at, actor, subject FROM signals
+             WHERE tenant_id = $1 AND key = $2 AND subject ",
+            $subject,
+            "
+               AND consumed_at IS NULL AND expires_at > $3
+               AND (CAST($4 AS BIGINT) IS NULL OR received_at > $4
+                    OR (received_at = $4 AND id > $5))
+             ORDER BY received_at, id LIMIT $6"
+        )
+    };
+}
+pub(crate) use buffered_signals;
+
 macro_rules! impl_signals {
     (
         store = $store:ty,
@@ -87,7 +150,8 @@ macro_rules! impl_signals {
             lock_names(tx, locks).await?;
             if let Some(idempotency_key) = &signal.idempotency_key {
                 let first = sqlx::query(
-                    "SELECT id, resumed FROM signals WHERE tenant_id = $1 AND idempotency_key = $2",
+                    "SELECT id, resumed, subject FROM signals
+                     WHERE tenant_id = $1 AND idempotency_key = $2",
                 )
                 .bind(tenant.as_str())
                 .bind(idempotency_key)
@@ -97,6 +161,7 @@ macro_rules! impl_signals {
                     let resumed = first.try_get::<Json<Vec<RunId>>, _>("resumed")?.0;
                     return Ok(SignalSent {
                         signal_id: first.get("id"),
+                        subject: first.get("subject"),
                         buffered: resumed.is_empty(),
                         resumed,
                         duplicate: true,
@@ -107,17 +172,17 @@ macro_rules! impl_signals {
             // its timeout (the timeout won), or one whose record is being
             // written right now (and holds its row, perhaps waiting for this
             // key's lock: never wait for such a row).
-            let waits = sqlx::query(concat!(
-                "SELECT w.id, w.run_id, w.match, j.id AS job_id
-                 FROM waits w
-                 JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
-                    AND j.path = w.path
-                 WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
-                   AND j.claim_token IS NULL
-                 ORDER BY j.id ", lock_rows_of!(j)
-            ))
-            .bind(tenant.as_str())
-            .bind(&signal.key)
+            // Only the waits about the signal's subject (or, for a signal
+            // about none, about none).
+            let waits = match &signal.subject {
+                Some(subject) => sqlx::query($crate::signals_sql::waits_for_signal!("= $3"))
+                    .bind(tenant.as_str())
+                    .bind(&signal.key)
+                    .bind(subject),
+                None => sqlx::query($crate::signals_sql::waits_for_signal!("IS NULL"))
+                    .bind(tenant.as_str())
+                    .bind(&signal.key),
+            }
             .fetch_all(&mut **tx)
             .await?;
             let mut matched = Vec::new();
@@ -144,6 +209,7 @@ macro_rules! impl_signals {
                     signal_id: id.clone(),
                     payload: signal.payload.clone(),
                     actor: signal.actor.clone(),
+                    subject: signal.subject.clone(),
                 };
                 sqlx::query(concat!(
                     "UPDATE jobs SET resume = $3, run_after = ", db_now!(), "
@@ -162,14 +228,15 @@ macro_rules! impl_signals {
             let buffered = resumed.is_empty();
             // A wait on the key whose step's escalation runs takes it when
             // it parks again: until then it stays in the buffer.
-            let lookback_ms = match buffered && escalating_wait(tx, tenant, &signal.key).await? {
+            let escalating = buffered && escalating_wait(tx, tenant, signal).await?;
+            let lookback_ms = match escalating {
                 true => signal.lookback_ms.max(ESCALATION_HOLD_MS),
                 false => signal.lookback_ms.max(0),
             };
             sqlx::query(
                 "INSERT INTO signals (id, tenant_id, key, payload, idempotency_key, received_at,
-                    expires_at, resumed, consumed_at, actor)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                    expires_at, resumed, consumed_at, actor, subject)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .bind(&id)
             .bind(tenant.as_str())
@@ -181,40 +248,46 @@ macro_rules! impl_signals {
             .bind(Json(&resumed))
             .bind((!buffered).then_some(now))
             .bind(signal.actor.as_ref().map(Json))
+            .bind(signal.subject.as_deref())
             .execute(&mut **tx)
             .await?;
-            Ok(SignalSent { signal_id: id, resumed, buffered, duplicate: false })
+            Ok(SignalSent {
+                signal_id: id,
+                subject: signal.subject.clone(),
+                resumed,
+                buffered,
+                duplicate: false,
+            })
         }
 
-        /// Whether a wait on `key` is kept while its step's escalation runs:
-        /// its row is there, its run's job is elsewhere (where its run's row
-        /// says, for a job that went on under its lease: at the escalation's
-        /// steps). A signal on the key then waits in the buffer for the wait
-        /// to park again ([`ESCALATION_HOLD_MS`] at least).
+        /// Whether a wait on the signal's key about its subject is kept
+        /// while its step's escalation runs: its row is there, its run's
+        /// job is elsewhere (where its run's row says, for a job that went
+        /// on under its lease: at the escalation's steps). The signal then
+        /// waits in the buffer for the wait to park again
+        /// ([`ESCALATION_HOLD_MS`] at least).
         async fn escalating_wait(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
-            key: &str,
+            signal: &NewSignal,
         ) -> Result<bool> {
-            let found = sqlx::query(
-                "SELECT w.id FROM waits w
-                 WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
-                   AND NOT EXISTS (SELECT 1 FROM jobs j
-                       JOIN runs r ON r.tenant_id = j.tenant_id AND r.id = j.run_id
-                       WHERE j.tenant_id = w.tenant_id AND j.run_id = w.run_id
-                         AND CASE WHEN r.cursor_job = j.id THEN r.cursor_path ELSE j.path END
-                             = w.path)
-                 LIMIT 1",
-            )
-            .bind(tenant.as_str())
-            .bind(key)
+            let found = match &signal.subject {
+                Some(subject) => sqlx::query($crate::signals_sql::escalating_wait_about!("= $3"))
+                    .bind(tenant.as_str())
+                    .bind(&signal.key)
+                    .bind(subject),
+                None => sqlx::query($crate::signals_sql::escalating_wait_about!("IS NULL"))
+                    .bind(tenant.as_str())
+                    .bind(&signal.key),
+            }
             .fetch_optional(&mut **tx)
             .await?;
             Ok(found.is_some())
         }
 
-        /// Takes the oldest signal buffered on the wait's key, unexpired,
-        /// whose payload satisfies its `where`, for `run`. The buffer is
+        /// Takes the oldest signal buffered on the wait's key about its
+        /// subject, unexpired, whose payload satisfies its `where`, for
+        /// `run`. The buffer is
         /// read a page of [`BUFFER_PAGE`] at a time, oldest first, never
         /// the whole key at once: a record batch holds the writer while it
         /// reads, and a key may buffer what the tenant's signal rate lets
@@ -236,19 +309,21 @@ macro_rules! impl_signals {
                     Some((at, id)) => (Some(*at), Some(id.as_str())),
                     None => (None, None),
                 };
-                let page = sqlx::query(
-                    "SELECT id, payload, received_at, actor FROM signals
-                     WHERE tenant_id = $1 AND key = $2 AND consumed_at IS NULL AND expires_at > $3
-                       AND (CAST($4 AS BIGINT) IS NULL OR received_at > $4
-                            OR (received_at = $4 AND id > $5))
-                     ORDER BY received_at, id LIMIT $6",
-                )
-                .bind(tenant.as_str())
-                .bind(&wait.key)
-                .bind(now)
-                .bind(after_at)
-                .bind(after_id)
-                .bind(BUFFER_PAGE)
+                let query = match &wait.subject {
+                    Some(_) => sqlx::query($crate::signals_sql::buffered_signals!("= $7")),
+                    None => sqlx::query($crate::signals_sql::buffered_signals!("IS NULL")),
+                };
+                let query = query
+                    .bind(tenant.as_str())
+                    .bind(&wait.key)
+                    .bind(now)
+                    .bind(after_at)
+                    .bind(after_id)
+                    .bind(BUFFER_PAGE);
+                let page = match &wait.subject {
+                    Some(subject) => query.bind(subject),
+                    None => query,
+                }
                 .fetch_all(&mut **tx)
                 .await?;
                 for row in &page {
@@ -268,7 +343,8 @@ macro_rules! impl_signals {
                     .execute(&mut **tx)
                     .await?;
                     let actor = row.try_get::<Option<Json<Value>>, _>("actor")?.map(|a| a.0);
-                    return Ok(Some(Resume::Signal { signal_id, payload, actor }));
+                    let subject = row.try_get::<Option<String>, _>("subject")?;
+                    return Ok(Some(Resume::Signal { signal_id, payload, actor, subject }));
                 }
                 let (Some(last), true) = (page.last(), page.len() as i64 == BUFFER_PAGE) else {
                     return Ok(None);
@@ -414,8 +490,9 @@ macro_rules! impl_signals {
                 };
                 let Some(resume) = taken else {
                     sqlx::query(
-                        "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match, due_at)
-                         VALUES ($1, $2, $3, $4, 'event', $5, $6, $7)",
+                        "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match, due_at,
+                            subject)
+                         VALUES ($1, $2, $3, $4, 'event', $5, $6, $7, $8)",
                     )
                     .bind(new_id("wai"))
                     .bind(job.run_id.as_str())
@@ -424,6 +501,7 @@ macro_rules! impl_signals {
                     .bind(&wait.key)
                     .bind(wait.filter.as_ref().map(Json))
                     .bind(wait.due_at)
+                    .bind(wait.subject.as_deref())
                     .execute(&mut **tx)
                     .await?;
                     let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
@@ -446,7 +524,7 @@ macro_rules! impl_signals {
             run: &RunId,
         ) -> Result<Vec<WaitRow>> {
             let rows = sqlx::query(
-                "SELECT path, kind, key, due_at FROM waits
+                "SELECT path, kind, key, subject, due_at FROM waits
                  WHERE tenant_id = $1 AND run_id = $2 ORDER BY id",
             )
             .bind(tenant.as_str())
@@ -459,6 +537,7 @@ macro_rules! impl_signals {
                     path: r.get("path"),
                     kind: r.get("kind"),
                     key: r.get::<Option<String>, _>("key").unwrap_or_default(),
+                    subject: r.get("subject"),
                     due_at: r.get("due_at"),
                 })
                 .collect())

@@ -45,6 +45,8 @@ tok_store::backend_tests!(run;
     signal_and_wait_on_distinct_keys_released_together_always_meet,
     signals_and_waits_on_one_key_released_together_pair_up_by_their_where,
     signals_and_waits_on_one_key_without_where_leave_no_wait_beside_a_buffered_signal,
+    a_signal_resumes_only_the_waits_about_its_subject,
+    a_starting_wait_takes_only_a_buffered_signal_about_its_subject,
 );
 
 // ---------------------------------------------------------------------------
@@ -122,9 +124,26 @@ async fn automation(store: &dyn Store, tenant: &TenantId) -> AutomationId {
 fn on_key(key: &str) -> SignalWait {
     SignalWait {
         key: key.into(),
+        subject: None,
         filter: None,
         lookback: true,
         due_at: None,
+    }
+}
+
+/// A wait on `key` about the ticket `subject`.
+fn on_key_about(key: &str, subject: &str) -> SignalWait {
+    SignalWait {
+        subject: Some(subject.into()),
+        ..on_key(key)
+    }
+}
+
+/// A signal on `key` about the ticket `subject`.
+fn signal_about(key: &str, subject: &str, payload: Value) -> NewSignal {
+    NewSignal {
+        subject: Some(subject.into()),
+        ..signal(key, payload)
     }
 }
 
@@ -144,6 +163,7 @@ fn on_key_where(key: &str, field: &str, value: Value) -> SignalWait {
 fn signal(key: &str, payload: Value) -> NewSignal {
     NewSignal {
         key: key.into(),
+        subject: None,
         payload,
         idempotency_key: None,
         lookback_ms: LOOKBACK_MS,
@@ -203,6 +223,7 @@ fn resumed_by(sent: &SignalSent, payload: Value) -> Option<Resume> {
         signal_id: sent.signal_id.clone(),
         payload,
         actor: None,
+        subject: sent.subject.clone(),
     })
 }
 
@@ -354,6 +375,7 @@ impl Fixture {
 fn wait_row(key: &str, due_at: Option<i64>) -> WaitRow {
     WaitRow {
         kind: "event".into(),
+        subject: None,
         path: "0".into(),
         key: key.into(),
         due_at,
@@ -1107,6 +1129,7 @@ async fn retention_deletes_signals_past_their_lookback_and_the_idempotency_windo
     let taken = fx
         .send(NewSignal {
             key: "other".into(),
+            subject: None,
             ..keyed("taken", 10 * 60_000)
         })
         .await;
@@ -1172,5 +1195,163 @@ async fn retention_deletes_signals_past_their_lookback_and_the_idempotency_windo
         fx.store.expire_signals(&other, later, 100).await.unwrap(),
         1,
         "{b:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Subjects
+// ---------------------------------------------------------------------------
+
+/// Waits on one key about two tickets and about none: a signal resumes only
+/// the waits about its own ticket, one about no ticket only the wait about
+/// none, and one about a third ticket nothing (it is buffered). The wait's
+/// subject shows in the run's detail and comes with the resume; a repeat
+/// of an idempotency key answers the first send's subject.
+async fn a_signal_resumes_only_the_waits_about_its_subject(fx: &Fixture) {
+    let b = fx.backend;
+    let about_a = fx.waiting_run(on_key_about("shipped", "tk_a")).await;
+    let about_b = fx.waiting_run(on_key_about("shipped", "tk_b")).await;
+    let about_none = fx.waiting_run(on_key("shipped")).await;
+    assert_eq!(
+        fx.waits(&about_a.run_id).await.1,
+        vec![WaitRow {
+            subject: Some("tk_a".into()),
+            ..wait_row("shipped", None)
+        }],
+        "{b:?}: the wait shows its subject"
+    );
+
+    let none = fx.send(signal("shipped", json!({ "n": 1 }))).await;
+    assert_eq!(
+        (none.resumed.clone(), none.subject.clone()),
+        (vec![about_none.run_id.clone()], None),
+        "{b:?}: a signal about no ticket resumes only the wait about none"
+    );
+    let resumed = fx.claim_only(&about_none.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        resumed_by(&none, json!({ "n": 1 })),
+        "{b:?}"
+    );
+
+    let other = fx
+        .send(signal_about("shipped", "tk_c", json!({ "n": 2 })))
+        .await;
+    assert!(
+        other.resumed.is_empty() && other.buffered,
+        "{b:?}: a signal about another ticket resumes nothing: {other:?}"
+    );
+    fx.assert_nothing_ready("no wait is about tk_c").await;
+
+    let keyed = NewSignal {
+        idempotency_key: Some("delivery-a".into()),
+        ..signal_about("shipped", "tk_a", json!({ "n": 3 }))
+    };
+    let to_a = fx.send(keyed.clone()).await;
+    assert_eq!(
+        (to_a.resumed.clone(), to_a.subject.as_deref()),
+        (vec![about_a.run_id.clone()], Some("tk_a")),
+        "{b:?}: only the wait about tk_a"
+    );
+    let resumed = fx.claim_only(&about_a.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        resumed_by(&to_a, json!({ "n": 3 })),
+        "{b:?}"
+    );
+    let repeat = fx
+        .send(NewSignal {
+            subject: Some("tk_b".into()),
+            ..keyed
+        })
+        .await;
+    assert_eq!(
+        repeat,
+        SignalSent {
+            duplicate: true,
+            ..to_a.clone()
+        },
+        "{b:?}: a repeat answers the first send, its subject too"
+    );
+    assert_eq!(
+        fx.waits(&about_b.run_id).await,
+        (
+            "waiting".into(),
+            vec![WaitRow {
+                subject: Some("tk_b".into()),
+                ..wait_row("shipped", None)
+            }]
+        ),
+        "{b:?}: the repeat resumed nothing"
+    );
+
+    let to_b = fx
+        .send(signal_about("shipped", "tk_b", json!({ "n": 4 })))
+        .await;
+    assert_eq!(to_b.resumed, vec![about_b.run_id.clone()], "{b:?}");
+    let resumed = fx.claim_only(&about_b.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        resumed_by(&to_b, json!({ "n": 4 })),
+        "{b:?}"
+    );
+}
+
+/// Signals buffered on one key about a ticket, about none and about
+/// another ticket: a starting wait takes the oldest one about its own
+/// subject only, passing older signals about others, and a wait about a
+/// ticket nothing was sent about parks.
+async fn a_starting_wait_takes_only_a_buffered_signal_about_its_subject(fx: &Fixture) {
+    let b = fx.backend;
+    let for_b = fx
+        .send(signal_about("shipped", "tk_b", json!({ "for": "b" })))
+        .await;
+    let for_none = fx.send(signal("shipped", json!({ "for": "none" }))).await;
+    let for_a = fx
+        .send(signal_about("shipped", "tk_a", json!({ "for": "a" })))
+        .await;
+    assert!(
+        for_b.buffered && for_none.buffered && for_a.buffered,
+        "{b:?}: nothing waits yet"
+    );
+
+    let about_a = fx.waiting_run(on_key_about("shipped", "tk_a")).await;
+    let resumed = fx.claim_only(&about_a.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        resumed_by(&for_a, json!({ "for": "a" })),
+        "{b:?}: the wait about tk_a passes the older signals about others"
+    );
+    assert_eq!(fx.waits(&about_a.run_id).await.1, Vec::new(), "{b:?}");
+
+    let about_c = fx.waiting_run(on_key_about("shipped", "tk_c")).await;
+    assert_eq!(
+        fx.waits(&about_c.run_id).await.1.len(),
+        1,
+        "{b:?}: nothing was sent about tk_c: the wait parks"
+    );
+    fx.assert_nothing_ready("no buffered signal is about tk_c")
+        .await;
+
+    let about_none = fx.waiting_run(on_key("shipped")).await;
+    let resumed = fx.claim_only(&about_none.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        resumed_by(&for_none, json!({ "for": "none" })),
+        "{b:?}: a wait about no ticket takes the signal about none, not the older one about tk_b"
+    );
+
+    let about_b = fx.waiting_run(on_key_about("shipped", "tk_b")).await;
+    let resumed = fx.claim_only(&about_b.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        resumed_by(&for_b, json!({ "for": "b" })),
+        "{b:?}"
+    );
+    let again = fx.waiting_run(on_key_about("shipped", "tk_b")).await;
+    assert_eq!(
+        fx.waits(&again.run_id).await.1.len(),
+        1,
+        "{b:?}: the signal about tk_b was taken once"
     );
 }

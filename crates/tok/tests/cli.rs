@@ -443,6 +443,11 @@ async fn runs_prints_the_table_and_filters_it_and_signal_resumes_a_waiting_run()
         assert!(nobody.contains("no run waits for it"), "{nobody}");
         let not_json = failed(tok(&api.base, &key, &["signal", "order-9", "--payload", "{nope"]));
         assert!(not_json.contains("--payload is not JSON"), "{not_json}");
+        let no_ticket = failed(tok(&api.base, &key, &["signal", "order-9", "--subject", "tk_none"]));
+        assert!(
+            no_ticket.contains("unknown_subject") && no_ticket.contains("\"tk_none\""),
+            "{no_ticket}"
+        );
     })
     .await;
 }

@@ -21,7 +21,7 @@ use crate::run::{NextJob, RunStatus, SignalWait, StepStatus};
 /// The custom steps waiting now: path → step id.
 pub const LIVE_KEY: &str = "_live";
 /// What ended a custom step's wait, until its resume succeeds: path →
-/// `{signalId, payload, actor, timedOut}`.
+/// `{signalId, payload, actor, subject, timedOut}`.
 pub const RESUMED_KEY: &str = "_resumed";
 
 /// The custom steps of a run that wait now, as (path, step id).
@@ -70,10 +70,11 @@ pub fn cancelled(context: &mut Context) {
 }
 
 /// What a signal or a timeout hands to the resume of a custom step.
-pub fn resumed_by(signal: Option<(String, Value, Option<Value>)>) -> Value {
+pub fn resumed_by(signal: Option<(String, Value, Option<Value>, Option<String>)>) -> Value {
     match signal {
-        Some((signal_id, payload, actor)) => json!({
-            "signalId": signal_id, "payload": payload, "actor": actor, "timedOut": false
+        Some((signal_id, payload, actor, subject)) => json!({
+            "signalId": signal_id, "payload": payload, "actor": actor, "subject": subject,
+            "timedOut": false
         }),
         None => json!({ "timedOut": true }),
     }
@@ -137,6 +138,7 @@ impl Decider<'_> {
             filter: None,
             lookback: true,
             due_at,
+            subject: None,
         };
         self.push(record);
         self.finish(

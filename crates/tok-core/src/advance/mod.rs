@@ -99,6 +99,10 @@ pub struct RunState {
     /// (`None` until a step's outputs are first measured against the
     /// state's limit).
     pub state_bytes: Option<usize>,
+    /// The run's subject ticket: its event's ticket, or the one the last
+    /// `ticket/upsert` gave. A wait for signals about `"ticket"` waits
+    /// for signals about this one.
+    pub subject: Option<String>,
 }
 
 impl RunState {
@@ -112,7 +116,14 @@ impl RunState {
             recorded: 0,
             chain_limit: usize::MAX,
             state_bytes: None,
+            subject: None,
         }
+    }
+
+    /// The same state for a run whose subject ticket is `subject`.
+    pub fn about(mut self, subject: Option<String>) -> Self {
+        self.subject = subject;
+        self
     }
 
     /// The same state with at most `limit` steps recorded per claim.
@@ -150,11 +161,13 @@ pub enum Input {
         input: Option<Value>,
         started_at: i64,
     },
-    /// A signal matched the wait at the state's path, sent by `actor`.
+    /// A signal matched the wait at the state's path, sent by `actor`,
+    /// about the ticket `subject` when it named one.
     Signal {
         signal_id: String,
         payload: Value,
         actor: Option<Value>,
+        subject: Option<String>,
     },
     /// The wait at the state's path timed out.
     TimedOut,
@@ -185,10 +198,12 @@ impl From<Option<Resume>> for Input {
                 signal_id,
                 payload,
                 actor,
+                subject,
             }) => Input::Signal {
                 signal_id,
                 payload,
                 actor,
+                subject,
             },
             Some(Resume::TimedOut) => Input::TimedOut,
             // A step held back by a limit is begun again like any step.
@@ -340,9 +355,10 @@ pub fn advance(
             signal_id,
             payload,
             actor,
+            subject,
         } if custom::is_live(&decider.state.context, &step_path.to_string()) => {
             let mut decider = decider;
-            let resumed = custom::resumed_by(Some((signal_id, payload, actor)));
+            let resumed = custom::resumed_by(Some((signal_id, payload, actor, subject)));
             custom::resume(&mut decider.state.context, &step_path.to_string(), resumed);
             decider.chain(env)
         }
@@ -369,6 +385,7 @@ pub fn advance(
             signal_id,
             payload,
             actor,
+            subject,
         } if step.kind == WAIT_FOR_EVENT => {
             let mut decider = decider;
             escalation::end(&step_path, &mut decider.state.context);
@@ -376,12 +393,20 @@ pub fn advance(
             outputs.insert("timedOut".into(), Value::Bool(false));
             outputs.insert("payload".into(), payload);
             outputs.insert("signalId".into(), Value::String(signal_id.clone()));
+            let about = match subject {
+                Some(ticket) => {
+                    let line = format!(" about ticket {ticket}");
+                    outputs.insert("subject".into(), Value::String(ticket));
+                    line
+                }
+                None => String::new(),
+            };
             let from = actor.as_ref().map(sender).unwrap_or_default();
             if let Some(actor) = actor {
                 outputs.insert("actor".into(), actor);
             }
             let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec![format!("resumed by signal {signal_id}{from}")];
+            let log = vec![format!("resumed by signal {signal_id}{about}{from}")];
             decider.completed(step, record, outputs, log, env)
         }
         Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
@@ -723,7 +748,7 @@ impl Decider<'_> {
                 return self.finish(RunStatus::Running, None, Then::Execute(execute));
             }
             if step.kind == WAIT_FOR_EVENT {
-                let wait = signal_wait(step, &scope, self.now);
+                let wait = signal_wait(step, &scope, self.state.subject.as_deref(), self.now);
                 drop(scope);
                 return match wait {
                     Ok((wait, config)) => self.park(step, wait, config),

@@ -21,13 +21,17 @@ impl Decider<'_> {
     pub(super) fn park(mut self, step: &Step, mut wait: SignalWait, config: Value) -> Transition {
         let mut record = self.record(step, Some(config), self.now_ms());
         record.status = StepStatus::Waiting;
+        let about = match &wait.subject {
+            Some(ticket) => format!(" about ticket {ticket}"),
+            None => String::new(),
+        };
         record.log.push(
             match wait
                 .due_at
                 .and_then(|ms| Timestamp::from_millisecond(ms).ok())
             {
-                Some(due) => format!("waiting for signal `{}` until {due}", wait.key),
-                None => format!("waiting for signal `{}`", wait.key),
+                Some(due) => format!("waiting for signal `{}`{} until {due}", wait.key, about),
+                None => format!("waiting for signal `{}`{}", wait.key, about),
             },
         );
         wait.due_at = self.escalated_due(step, wait.due_at);
@@ -135,6 +139,7 @@ impl Decider<'_> {
                     .unwrap_or_default();
                 Ok(SignalWait {
                     key: approval::decision_key(id),
+                    subject: None,
                     filter: None,
                     lookback: false,
                     due_at: None,
@@ -142,7 +147,8 @@ impl Decider<'_> {
             }
             _ => {
                 let scope = flow::scope(&automation.steps, &waiting, self.state.context.as_value());
-                signal_wait(step, &scope, self.now).map(|(wait, _)| wait)
+                let subject = self.state.subject.as_deref();
+                signal_wait(step, &scope, subject, self.now).map(|(wait, _)| wait)
             }
         };
         let mut wait = match wait {

@@ -51,14 +51,26 @@ pub(super) fn check_loop(c: &mut Checker<'_>, at: &str, step: &Step) {
     }
 }
 
-/// `wait_for_event`: a key, and where given, `where` rules, a `timeout`
-/// duration and a boolean `lookback` (templates are checked when they run).
+/// `wait_for_event`: a key, and where given, a `subject` string, `where`
+/// rules, a `timeout` duration and a boolean `lookback` (templates are
+/// checked when they run).
 pub(super) fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
     match step.config.get("key") {
         Some(Value::String(k)) if !k.trim().is_empty() => {}
         _ => c.error(
             format!("{at}.config.key"),
             "wait_for_event needs `key`: the signal key to wait for, like \"order-{{orderId}}\"",
+        ),
+    }
+    match step.config.get("subject") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(other) => c.error(
+            format!("{at}.config.subject"),
+            format!(
+                "subject must be a ticket id (a template such as \"{{{{order.ticketId}}}}\") or \
+                 \"ticket\" for the run's subject ticket, got {other}"
+            ),
         ),
     }
     if let Some(filter) = step.config.get("where")

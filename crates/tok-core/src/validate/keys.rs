@@ -21,7 +21,7 @@ const CONTROL_KEYS: &[(&str, &[&str])] = &[
     (crate::builtin::WAIT, &["duration", "until"]),
     (
         crate::advance::WAIT_FOR_EVENT,
-        &["key", "where", "timeout", "lookback"],
+        &["key", "subject", "where", "timeout", "lookback"],
     ),
     (crate::children::WAIT_FOR_RUNS, &["runs", "mode", "timeout"]),
     (

@@ -390,3 +390,28 @@ fn a_step_is_checked_in_every_kind_of_child_list() {
         );
     }
 }
+
+#[test]
+fn a_waits_subject_is_a_ticket_id_or_ticket_at_save() {
+    for subject in [
+        json!("ticket"),
+        json!("{{st_ticket.ticketId}}"),
+        json!(null),
+    ] {
+        let steps = json!([{"id": "w", "type": "wait_for_event",
+                            "config": {"key": "k", "subject": subject}}]);
+        assert_eq!(errors(with_steps(&steps)), Vec::new(), "{subject}");
+    }
+    for subject in [json!(""), json!(7), json!({"id": "tk_1"})] {
+        let steps = json!([{"id": "w", "type": "wait_for_event",
+                            "config": {"key": "k", "subject": subject}}]);
+        let errs = errors(with_steps(&steps));
+        assert_eq!(paths(&errs), vec!["steps.0.config.subject"], "{subject}");
+        assert!(
+            errs[0]
+                .message
+                .contains("\"ticket\" for the run's subject ticket"),
+            "{subject}: {errs:?}"
+        );
+    }
+}

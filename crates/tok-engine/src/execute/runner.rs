@@ -362,6 +362,9 @@ async fn run_claim(
     let mut tx: Option<Box<dyn RecordTx>> = None;
     let mut too_deep = false;
     loop {
+        // A step in the record transaction may have given the run its
+        // subject ticket: a wait about `"ticket"` waits about that one.
+        state.subject.clone_from(&subject);
         let transition = {
             let mut rng = rand::rng();
             let mut env = Env {

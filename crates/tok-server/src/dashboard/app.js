@@ -564,7 +564,9 @@ function heldBy(b) {
   const d = b.detail || {};
   const what = {
     approval: () => h("a", { href: "#/approvals" }, "open approvals"),
-    signal: () => h("code", null, d.key),
+    signal: () => d.subject
+      ? [h("code", null, d.key), " about ", h("a", { href: `#/tickets/${d.subject}` }, d.subject)]
+      : h("code", null, d.key),
     runs: () => d.runId ? h("a", { href: `#/runs/${d.runId}` }, d.runId) : null,
     queue_key: () => d.runId ? ["ahead: ", h("a", { href: `#/runs/${d.runId}` }, d.runId)] : null,
     tenant_concurrency: () => `${d.running} of ${d.limit} steps in flight`,
@@ -618,7 +620,9 @@ async function runDetail(view, id) {
       h("div.card", null, h("h2", null, "Path taken"), definition ? tree(definition.steps, taken) : h("p.muted", null, "The definition of this version is not available.")),
       run.blocked_by ? h("div.card", { id: "run-held" }, h("h2", null, "Held by"), heldBy(run.blocked_by)) : null,
       run.waits && run.waits.length ? h("div.card", null, h("h2", null, "Waiting for"),
-        run.waits.map((w) => h("div", null, h("code", null, w.key), " at ", w.path, w.due_at ? [" until ", when(w.due_at)] : ""))) : null,
+        run.waits.map((w) => h("div", null, h("code", null, w.key),
+          w.subject ? [" about ", h("a", { href: `#/tickets/${w.subject}` }, w.subject)] : "",
+          " at ", w.path, w.due_at ? [" until ", when(w.due_at)] : ""))) : null,
       h("div.card", null, h("details", null, h("summary", null, "Context"), h("pre", null, JSON.stringify(run.context, null, 2)))));
 
     fill(main, h("div.card", { id: "steps" }, h("h2", null, `Steps (${run.steps.length})`),

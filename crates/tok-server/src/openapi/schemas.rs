@@ -111,7 +111,7 @@ pub(crate) struct BlockedBy {
     /// When it lets go, where that is known.
     #[schema(required = true, format = DateTime)]
     until: Option<String>,
-    /// What the kind names: `{key}` of a signal, `{approvalId}`, `{runId}`
+    /// What the kind names: `{key, subject?}` of a signal, `{approvalId}`, `{runId}`
     /// holding a queue key, `{reason}` of a connection's limit, `{limit,
     /// running}` of the tenant's cap, `{path}` of a timer.
     detail: Value,
@@ -144,6 +144,8 @@ pub(crate) struct WaitRow {
     path: String,
     kind: String,
     key: String,
+    /// The ticket the awaited signal must be about; absent: about none.
+    subject: Option<String>,
     /// When it times out; null: never.
     #[schema(required = true, format = DateTime)]
     due_at: Option<String>,
@@ -255,6 +257,9 @@ pub(crate) struct TicketPage {
 #[derive(Serialize, ToSchema)]
 pub(crate) struct SignalSent {
     signal_id: String,
+    /// The ticket the signal is about; null: about none.
+    #[schema(required = true)]
+    subject: Option<String>,
     /// The runs whose waits it resumed, oldest wait first.
     resumed: Vec<String>,
     /// It resumed nothing and waits in the buffer for a wait to start.

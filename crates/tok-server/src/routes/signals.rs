@@ -1,8 +1,12 @@
-//! Signals (DESIGN §5a): `POST /api/signals {key, payload}` resumes, in one
-//! transaction, every waiting `wait_for_event` of the tenant on that key
-//! whose `where` holds over the payload, or buffers the signal for the
-//! lookback window (`TOK_SIGNAL_LOOKBACK`) when none does. An
-//! `Idempotency-Key` header makes a repeat answer the first send's answer.
+//! Signals (DESIGN §5a): `POST /api/signals {key, subject?, payload}`
+//! resumes, in one transaction, every waiting `wait_for_event` of the
+//! tenant on that key about the same subject (a ticket id of the tenant;
+//! a signal without one resumes only waits without one) whose `where`
+//! holds over the payload, or buffers the signal for the lookback window
+//! (`TOK_SIGNAL_LOOKBACK`) when none does. A subject that is not one of the
+//! tenant's tickets is a 400 `unknown_subject`, the same for another
+//! tenant's ticket as for one that does not exist. An `Idempotency-Key`
+//! header makes a repeat answer the first send's answer.
 //! A tenant sends at most its `settings.limits.signalsPerSecond` (100 a
 //! second, bursts of 200, per API process: [`crate::quotas`]); over it,
 //! 429 `rate_limited` with `Retry-After`.
@@ -12,6 +16,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
+use tok_core::waits::MAX_SUBJECT_BYTES;
 use tok_store::NewSignal;
 
 use crate::AppState;
@@ -73,11 +78,15 @@ async fn send(
         ));
     };
     let key = key(&mut body)?;
+    let subject = subject(&mut body)?;
     let payload = body.remove("payload").unwrap_or_else(|| json!({}));
     if let Some(field) = body.keys().next() {
         return Err(invalid(
             field,
-            format!("`{field}` is not a field of a signal; send `key` and `payload`"),
+            format!(
+                "`{field}` is not a field of a signal; send `key`, `payload` and, for a signal \
+                 about a ticket, `subject`"
+            ),
         ));
     }
     let size = payload.to_string().len();
@@ -93,8 +102,24 @@ async fn send(
     // Text PostgreSQL cannot store is refused here, on both backends alike.
     crate::routes::storable_json("`key`", &Value::String(key.clone()))?;
     crate::routes::storable_json("`payload`", &payload)?;
+    if let Some(id) = &subject {
+        crate::routes::storable_json("`subject`", &Value::String(id.clone()))?;
+        // Scoped to the tenant: another tenant's ticket is as unknown here
+        // as one that never existed, and answered the same.
+        if state.engine.store().ticket(&tenant, id).await?.is_none() {
+            return Err(ApiError::bad_request(
+                "unknown_subject",
+                format!(
+                    "`subject` {id:?} is not a ticket of yours; a signal's subject is the id of \
+                     one of your tickets (GET /api/tickets lists them)"
+                ),
+            )
+            .with("field", "subject"));
+        }
+    }
     let signal = NewSignal {
         key,
+        subject,
         payload,
         idempotency_key: idempotency_key(&headers)?,
         lookback_ms: i64::try_from(state.engine.config().signal_lookback.as_millis())
@@ -109,6 +134,7 @@ async fn send(
         StatusCode::ACCEPTED,
         Json(json!({
             "signal_id": sent.signal_id,
+            "subject": sent.subject,
             "resumed": sent.resumed,
             "buffered": sent.buffered,
             "duplicate": sent.duplicate,
@@ -140,6 +166,31 @@ fn key(body: &mut Map<String, Value>) -> ApiResult<String> {
         Some(other) => Err(invalid(
             "key",
             format!("`key` must be a string, not {other}"),
+        )),
+    }
+}
+
+/// The ticket the signal is about: absent or null for none, else a
+/// non-empty ticket id (checked against the tenant's tickets by the caller).
+fn subject(body: &mut Map<String, Value>) -> ApiResult<Option<String>> {
+    match body.remove("subject") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) if id.trim().is_empty() => Err(invalid(
+            "subject",
+            "`subject` must not be empty: give a ticket id, or leave `subject` out for a \
+             signal about no ticket",
+        )),
+        Some(Value::String(id)) if id.len() > MAX_SUBJECT_BYTES => Err(invalid(
+            "subject",
+            format!(
+                "`subject` is {} bytes; a ticket id has at most {MAX_SUBJECT_BYTES}",
+                id.len()
+            ),
+        )),
+        Some(Value::String(id)) => Ok(Some(id.trim().to_owned())),
+        Some(other) => Err(invalid(
+            "subject",
+            format!("`subject` must be a ticket id (a string), not {other}"),
         )),
     }
 }

@@ -2,7 +2,9 @@
 //! id, the runs it resumed and whether it was buffered; bad bodies get a 400
 //! naming the field; an `Idempotency-Key` repeat answers the first signal;
 //! one tenant's signals never reach another's; an `emit` step with a `key`
-//! signals in its record transaction.
+//! signals in its record transaction. A signal about a ticket (`subject`)
+//! resumes only the waits about that ticket, and its subject must be a
+//! ticket of the sender's tenant.
 
 use axum::body::Body;
 use axum::http::{Method, StatusCode};
@@ -18,6 +20,9 @@ backend_tests!(crate::helpers::run;
     an_emit_step_with_a_key_sends_a_signal,
     a_payload_postgresql_cannot_store_is_refused_on_every_backend,
     a_resumed_wait_names_the_key_or_the_run_that_sent_its_signal,
+    a_signal_resumes_only_the_runs_waiting_about_its_ticket,
+    a_subject_must_be_a_ticket_of_the_senders_tenant,
+    a_wait_about_the_runs_ticket_fails_in_a_run_without_one,
 );
 
 /// A wait resumed by `POST /api/signals` publishes the key that sent it
@@ -207,6 +212,7 @@ async fn a_repeated_idempotency_key_answers_the_first_signal(app: &TestApp) {
         repeat,
         json!({
             "signal_id": first["signal_id"],
+            "subject": null,
             "resumed": first["resumed"],
             "buffered": first["buffered"],
             "duplicate": true,
@@ -355,4 +361,290 @@ async fn a_payload_postgresql_cannot_store_is_refused_on_every_backend(app: &Tes
         "{error:#}"
     );
     assert_eq!(error["path"], "/note", "{error:#}");
+}
+
+/// An automation that files the order's ticket and then waits for the
+/// `shipped` signal about it.
+fn ships_when_told() -> Value {
+    manual(
+        "Ships",
+        &json!([
+            { "id": "st_ticket", "type": "ticket/upsert",
+              "config": { "externalId": "{{orderId}}", "type": "order" } },
+            { "id": "st_shipped", "type": "wait_for_event",
+              "config": { "key": "shipped", "subject": "ticket", "timeout": "1h" } }
+        ]),
+    )
+}
+
+/// Two runs wait for `shipped`, each about its own order's ticket: a
+/// signal about a third ticket, or about no ticket, resumes neither; one
+/// about the first run's ticket resumes that run alone, whose wait step
+/// publishes the subject; an `emit` step about the run's ticket resumes
+/// the second.
+async fn a_signal_resumes_only_the_runs_waiting_about_its_ticket(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    app.create_ticket_type(&tenant, "order", &["new", "shipped"])
+        .await;
+    let ships = app.create_automation(&tenant, &ships_when_told()).await;
+    let mut waiting = Vec::new();
+    for order in ["1", "2"] {
+        let run = app
+            .start_run(&tenant, &ships, &json!({ "input": { "orderId": order } }))
+            .await;
+        let parked = app
+            .wait_for_run(&tenant, &run, |r| r["status"] == "waiting")
+            .await;
+        let ticket = parked["subject_ticket_id"]
+            .as_str()
+            .expect("a ticket")
+            .to_owned();
+        assert_eq!(
+            (&parked["waits"][0]["key"], &parked["waits"][0]["subject"]),
+            (&json!("shipped"), &json!(ticket)),
+            "the wait shows the ticket it is about: {parked:#}"
+        );
+        assert_eq!(
+            parked["blocked_by"]["detail"],
+            json!({ "key": "shipped", "subject": ticket }),
+            "{parked:#}"
+        );
+        waiting.push((run, ticket));
+    }
+    let [(first, first_ticket), (second, second_ticket)] = &waiting[..] else {
+        unreachable!()
+    };
+    let other = app
+        .create_ticket(&tenant, &json!({ "external_id": "3", "type": "order" }))
+        .await;
+    let other = other["id"].as_str().unwrap();
+
+    for body in [
+        json!({ "key": "shipped", "subject": other }),
+        json!({ "key": "shipped" }),
+        json!({ "key": "shipped", "subject": null }),
+    ] {
+        let sent = send(app, &tenant, &body).await;
+        assert_eq!(
+            (&sent["resumed"], &sent["buffered"], &sent["subject"]),
+            (
+                &json!([]),
+                &json!(true),
+                body.get("subject").unwrap_or(&Value::Null)
+            ),
+            "{body}: resumes nothing: {sent:#}"
+        );
+    }
+    for (run, _) in &waiting {
+        let detail = app
+            .get(&tenant.key, &format!("/api/runs/{run}"))
+            .await
+            .expect(StatusCode::OK);
+        assert_eq!(detail["status"], "waiting", "{detail:#}");
+    }
+
+    let sent = send(
+        app,
+        &tenant,
+        &json!({ "key": "shipped", "subject": first_ticket, "payload": { "carrier": "dhl" } }),
+    )
+    .await;
+    assert_eq!(
+        (&sent["resumed"], &sent["subject"]),
+        (&json!([first]), &json!(first_ticket)),
+        "{sent:#}"
+    );
+    let done = app.wait_for_final(&tenant, first).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let step = &done["steps"][1];
+    assert_eq!(
+        (
+            &step["output"]["subject"],
+            &step["output"]["payload"],
+            &step["output"]["signalId"]
+        ),
+        (
+            &json!(first_ticket),
+            &json!({ "carrier": "dhl" }),
+            &sent["signal_id"]
+        ),
+        "{step:#}"
+    );
+    assert!(
+        step["log"]
+            .to_string()
+            .contains(&format!("about ticket {first_ticket}")),
+        "{step:#}"
+    );
+    let still = app
+        .get(&tenant.key, &format!("/api/runs/{second}"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        still["status"], "waiting",
+        "another ticket's signal: {still:#}"
+    );
+
+    // An emit step about its own run's ticket (the same order's).
+    let emitter = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Tells",
+                &json!([
+                    { "id": "st_ticket", "type": "ticket/upsert",
+                      "config": { "externalId": "{{orderId}}", "type": "order" } },
+                    { "id": "st_tell", "type": "emit",
+                      "config": { "key": "shipped", "subject": "ticket" } }
+                ]),
+            ),
+        )
+        .await;
+    let teller = app
+        .start_run(&tenant, &emitter, &json!({ "input": { "orderId": "2" } }))
+        .await;
+    let told = app.wait_for_final(&tenant, &teller).await;
+    assert_eq!(told["status"], "completed", "{told:#}");
+    assert_eq!(
+        (
+            &told["steps"][1]["output"]["subject"],
+            &told["steps"][1]["output"]["resumed"]
+        ),
+        (&json!(second_ticket), &json!([second])),
+        "{told:#}"
+    );
+    let done = app.wait_for_final(&tenant, second).await;
+    assert_eq!(
+        done["steps"][1]["output"]["subject"],
+        json!(second_ticket),
+        "{done:#}"
+    );
+}
+
+/// A subject is the id of one of the sender's tickets: another tenant's
+/// ticket is refused exactly like an id that names no ticket (the answer
+/// says nothing of the other tenant), and a subject that is no id at all
+/// is a 400 naming the field. An `emit` step about a ticket that is not
+/// the tenant's fails.
+async fn a_subject_must_be_a_ticket_of_the_senders_tenant(app: &TestApp) {
+    let acme = app.create_tenant("Acme").await;
+    let beta = app.create_tenant("Beta").await;
+    app.create_ticket_type(&beta, "order", &["new"]).await;
+    let theirs = app
+        .create_ticket(&beta, &json!({ "external_id": "B-1", "type": "order" }))
+        .await;
+    let theirs = theirs["id"].as_str().unwrap().to_owned();
+    let made_up = "tk_0000000000000000000000";
+
+    let refused = async |subject: &str| {
+        let error = app
+            .post(
+                &acme.key,
+                "/api/signals",
+                &json!({ "key": "shipped", "subject": subject }),
+            )
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "unknown_subject");
+        assert_eq!(error["field"], "subject", "{error:#}");
+        error["message"].as_str().unwrap().replace(subject, "<id>")
+    };
+    let other_tenants = refused(&theirs).await;
+    assert_eq!(
+        other_tenants,
+        refused(made_up).await,
+        "another tenant's ticket answers like none"
+    );
+    assert!(
+        other_tenants.contains("is not a ticket of yours") && !other_tenants.contains("Beta"),
+        "{other_tenants}"
+    );
+    // Beta's own signal about it is fine.
+    let sent = send(app, &beta, &json!({ "key": "shipped", "subject": theirs })).await;
+    assert_eq!(sent["subject"], json!(theirs), "{sent:#}");
+
+    let long = "t".repeat(201);
+    for (subject, message) in [
+        (
+            json!(42),
+            "`subject` must be a ticket id (a string), not 42",
+        ),
+        (json!({ "id": "tk_1" }), "`subject` must be a ticket id"),
+        (json!(""), "`subject` must not be empty"),
+        (json!("  "), "`subject` must not be empty"),
+        (json!(long), "at most 200"),
+    ] {
+        let error = app
+            .post(
+                &acme.key,
+                "/api/signals",
+                &json!({ "key": "shipped", "subject": subject }),
+            )
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        assert_eq!(error["field"], "subject", "{error:#}");
+        assert!(
+            error["message"].as_str().unwrap().contains(message),
+            "expected `{message}` in {error:#}"
+        );
+    }
+
+    let emitter = app
+        .create_automation(
+            &acme,
+            &manual(
+                "Tells",
+                &json!([{ "id": "st_tell", "type": "emit",
+                          "config": { "key": "shipped", "subject": "{{ticket}}" } }]),
+            ),
+        )
+        .await;
+    let run = app
+        .start_run(&acme, &emitter, &json!({ "input": { "ticket": theirs } }))
+        .await;
+    let failed = app.wait_for_final(&acme, &run).await;
+    assert_eq!(failed["status"], "failed", "{failed:#}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "`subject` names ticket `{theirs}`, which does not exist"
+        )),
+        "{failed:#}"
+    );
+    let body = manual(
+        "Bad",
+        &json!([{ "id": "st_e", "type": "emit", "config": { "event": "x", "subject": "ticket" } }]),
+    );
+    let error = app
+        .post(&acme.key, "/api/automations", &body)
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    assert!(
+        error["error"].to_string().contains("give `key` too"),
+        "a subject without a signal is refused at save: {error:#}"
+    );
+}
+
+/// A wait about `"ticket"` in a run that has no subject ticket fails its
+/// step at once, saying why, instead of waiting for ever.
+async fn a_wait_about_the_runs_ticket_fails_in_a_run_without_one(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let automation = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Waits",
+                &json!([{ "id": "st_shipped", "type": "wait_for_event",
+                          "config": { "key": "shipped", "subject": "ticket" } }]),
+            ),
+        )
+        .await;
+    let run = app.start_run(&tenant, &automation, &json!({})).await;
+    let failed = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(failed["status"], "failed", "{failed:#}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("the run has no subject ticket") && error.contains("ticket/upsert"),
+        "{failed:#}"
+    );
+    assert_eq!(failed["waits"], json!([]), "{failed:#}");
 }

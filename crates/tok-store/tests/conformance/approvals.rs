@@ -67,6 +67,7 @@ async fn waiting(store: &dyn Store, t: &TenantId) -> (RunId, String, Vec<Approve
         .expect("open");
     let wait = SignalWait {
         key: tok_core::approval::decision_key(&id),
+        subject: None,
         filter: None,
         lookback: false,
         due_at: None,

@@ -148,6 +148,7 @@ async fn a_failed_branch_ends_the_join_at_once_and_cancels_the_others(db: &TestD
     // Branch 0 parks on a signal; branch 1 fails.
     let wait = tok_store::SignalWait {
         key: "never".into(),
+        subject: None,
         filter: None,
         lookback: false,
         due_at: None,

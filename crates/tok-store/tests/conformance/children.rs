@@ -197,6 +197,7 @@ async fn a_run_that_ends_resumes_the_job_parked_on_it(db: &TestDb) {
     // A signal on the child's key is not the child's end.
     let signal = tok_store::NewSignal {
         key: format!("run:{}", child.run_id),
+        subject: None,
         payload: json!({}),
         idempotency_key: None,
         lookback_ms: 0,

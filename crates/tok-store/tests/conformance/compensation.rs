@@ -39,6 +39,7 @@ fn parked_at(job: &ClaimedJob, path: &str, context: Value) -> Record {
             path: path.into(),
             wait: SignalWait {
                 key: "confirm".into(),
+                subject: None,
                 filter: None,
                 lookback: false,
                 due_at: None,

@@ -51,6 +51,10 @@ pub enum Command {
         /// The signal's payload, a JSON object.
         #[arg(long, default_value = "{}")]
         payload: String,
+        /// The ticket the signal is about (its id): it resumes only the
+        /// waits about that ticket.
+        #[arg(long)]
+        subject: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -70,7 +74,11 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Signal {
             key,
             payload,
+            subject,
             target,
-        } => signal::signal(&Client::new(&target)?, &key, &payload, &mut out).await,
+        } => {
+            let client = Client::new(&target)?;
+            signal::signal(&client, &key, subject.as_deref(), &payload, &mut out).await
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! `tok signal KEY --payload JSON`: `POST /api/signals`, and what it did —
-//! the runs it resumed, or that it waits in the lookback buffer for a wait
-//! that starts soon.
+//! `tok signal KEY --payload JSON [--subject TICKET]`: `POST /api/signals`,
+//! and what it did — the runs it resumed, or that it waits in the lookback
+//! buffer for a wait that starts soon.
 
 use std::io::Write;
 
@@ -12,6 +12,7 @@ use super::Client;
 pub(super) async fn signal(
     client: &Client,
     key: &str,
+    subject: Option<&str>,
     payload: &str,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
@@ -20,9 +21,11 @@ pub(super) async fn signal(
     if !payload.is_object() {
         bail!("--payload must be a JSON object, like '{{\"paid\": true}}', not {payload}");
     }
-    let sent = client
-        .post("/api/signals", &json!({ "key": key, "payload": payload }))
-        .await?;
+    let mut body = json!({ "key": key, "payload": payload });
+    if let Some(subject) = subject {
+        body["subject"] = json!(subject);
+    }
+    let sent = client.post("/api/signals", &body).await?;
     let resumed: Vec<&str> = sent["resumed"]
         .as_array()
         .map(|runs| runs.iter().filter_map(Value::as_str).collect())
