@@ -176,7 +176,7 @@ impl Context {
             .take(going)
             .flat_map(|(id, bare)| std::iter::once(id).chain(bare))
             .filter_map(|key| Some((key, map?.get(key)?)))
-            .map(|(key, value)| json_bytes(value) + json_bytes(&Value::String(key.clone())) + 2)
+            .map(|(key, value)| json_bytes(value) + key_bytes(key) + 2)
             .sum()
     }
 
@@ -205,7 +205,7 @@ impl Context {
         let mut removed = 0;
         for key in &gone {
             if let Some(value) = map.remove(key) {
-                removed += json_bytes(&value) + json_bytes(&Value::String(key.clone())) + 2;
+                removed += json_bytes(&value) + key_bytes(key) + 2;
             }
         }
         map.insert(
@@ -288,7 +288,7 @@ impl Context {
             let mut counter = Counter(0);
             let _ = value(&mut counter);
             // `"key":value,`
-            counter.0 + json_bytes(&Value::String(key.to_owned())) + 2
+            counter.0 + key_bytes(key) + 2
         };
         let mut growth = entry(step_id, &|c| serde_json::to_writer(c, outputs)) as isize;
         if let Some(old) = map.and_then(|m| m.get(step_id)) {
@@ -316,6 +316,13 @@ impl std::io::Write for Counter {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// The size of `key` serialized as a JSON string.
+fn key_bytes(key: &str) -> usize {
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, key);
+    counter.0
 }
 
 /// The size of `value` serialized as JSON.

@@ -56,9 +56,13 @@ pub fn resume(context: &mut Context, path: &str, resumed: Value) {
 }
 
 /// The step at `path` published: what resumed it is spent.
-pub fn settled(context: &mut Context, path: &str) {
-    if resumed(context, path).is_some() {
-        set_entry(context, RESUMED_KEY, path, None);
+pub fn settled(context: &mut Context, path: &crate::path::FlowPath) {
+    if context.reserved(RESUMED_KEY).is_none() {
+        return;
+    }
+    let path = path.to_string();
+    if resumed(context, &path).is_some() {
+        set_entry(context, RESUMED_KEY, &path, None);
     }
 }
 

@@ -934,7 +934,7 @@ impl Decider<'_> {
         outputs: Map<String, Value>,
         log: Vec<String>,
     ) -> Result<Next, String> {
-        custom::settled(&mut self.state.context, &self.state.path.to_string());
+        custom::settled(&mut self.state.context, &self.state.path);
         let bare = self.state.context.publish(&step.id, &outputs);
         if let Some(keep) = self.automation.settings.prune_state_after {
             let removed = self
