@@ -176,7 +176,7 @@ impl Context {
             .take(going)
             .flat_map(|(id, bare)| std::iter::once(id).chain(bare))
             .filter_map(|key| Some((key, map?.get(key)?)))
-            .map(|(key, value)| json_bytes(value) + key_bytes(key) + 2)
+            .map(|(key, value)| entry_bytes(key, value))
             .sum()
     }
 
@@ -205,7 +205,7 @@ impl Context {
         let mut removed = 0;
         for key in &gone {
             if let Some(value) = map.remove(key) {
-                removed += json_bytes(&value) + key_bytes(key) + 2;
+                removed += entry_bytes(key, &value);
             }
         }
         map.insert(
@@ -275,7 +275,7 @@ impl Context {
     /// The size of the context serialized as JSON, in bytes (counted, not
     /// written).
     pub fn measure(&self) -> usize {
-        json_bytes(&self.value)
+        json_bytes(&*self.value)
     }
 
     /// How many bytes [`Context::publish`] of `outputs` under `step_id`
@@ -284,20 +284,14 @@ impl Context {
     /// Exact up to the separators between entries.
     pub fn published_growth(&self, step_id: &str, outputs: &Map<String, Value>) -> isize {
         let map = self.value.as_object();
-        let entry = |key: &str, value: &dyn Fn(&mut Counter) -> serde_json::Result<()>| {
-            let mut counter = Counter(0);
-            let _ = value(&mut counter);
-            // `"key":value,`
-            counter.0 + key_bytes(key) + 2
-        };
-        let mut growth = entry(step_id, &|c| serde_json::to_writer(c, outputs)) as isize;
+        let mut growth = entry_bytes(step_id, outputs) as isize;
         if let Some(old) = map.and_then(|m| m.get(step_id)) {
-            growth -= entry(step_id, &|c| serde_json::to_writer(c, old)) as isize;
+            growth -= entry_bytes(step_id, old) as isize;
         }
         for (key, value) in outputs {
             let taken = map.is_some_and(|m| m.contains_key(key));
             if !key.starts_with('_') && key != step_id && !taken {
-                growth += entry(key, &|c| serde_json::to_writer(c, value)) as isize;
+                growth += entry_bytes(key, value) as isize;
             }
         }
         growth
@@ -318,18 +312,16 @@ impl std::io::Write for Counter {
     }
 }
 
-/// The size of `key` serialized as a JSON string.
-fn key_bytes(key: &str) -> usize {
-    let mut counter = Counter(0);
-    let _ = serde_json::to_writer(&mut counter, key);
-    counter.0
-}
-
 /// The size of `value` serialized as JSON.
-fn json_bytes(value: &Value) -> usize {
+fn json_bytes(value: &impl Serialize) -> usize {
     let mut counter = Counter(0);
     let _ = serde_json::to_writer(&mut counter, value);
     counter.0
+}
+
+/// The size of one entry of an object with other entries: `"key":value,`.
+fn entry_bytes(key: &str, value: &impl Serialize) -> usize {
+    json_bytes(&key) + 1 + json_bytes(value) + 1
 }
 
 impl From<Map<String, Value>> for Context {
