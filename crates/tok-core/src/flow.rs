@@ -93,6 +93,7 @@ fn children(step: &Step, branch: Branch) -> &[Step] {
         Branch::Else => &step.else_,
         Branch::Do(_) => &step.do_,
         Branch::Parallel(b) => step.branches.get(b).map_or(&[], Vec::as_slice),
+        Branch::Item(_) => &step.do_,
         Branch::Escalation(l) => step.escalations.get(l).map_or(&[], |e| e.steps.as_slice()),
         Branch::Compensate => &step.compensate,
     }
@@ -178,7 +179,7 @@ fn after(steps: &[Step], path: &FlowPath, ctx: &Value) -> Result<Next, FlowError
         let Some(parent) = current.parent() else {
             return Ok(Next::Complete);
         };
-        if let Some(Branch::Parallel(branch)) = current.branch() {
+        if let Some(Branch::Parallel(branch) | Branch::Item(branch)) = current.branch() {
             return Ok(Next::BranchDone {
                 parallel: parent,
                 branch,
@@ -244,15 +245,17 @@ fn output_count(ctx: &Value, step_id: &str) -> Result<usize, FlowError> {
 }
 
 /// The view the step at `path` sees: `ctx` plus, for each enclosing loop
-/// (outermost first), `<loop_id>.item` and `<loop_id>.index` for the current
-/// iteration, and bare `item` / `index` for the innermost loop. An item past
-/// the end of the loop's `items` is `null`. Outside loops that is `ctx`
-/// itself (borrowed); inside one, a copy, and `ctx` is untouched.
+/// or `for_each` item (outermost first), `<loop_id>.item` and
+/// `<loop_id>.index` for the current iteration, and bare `item` / `index`
+/// for the innermost one; inside a `for_each` item, also what the item's
+/// steps published, under their ids ([`crate::for_each::overlay`]). An item
+/// past the end of the loop's `items` is `null`. Outside loops that is
+/// `ctx` itself (borrowed); inside one, a copy, and `ctx` is untouched.
 pub fn scope<'c>(steps: &[Step], path: &FlowPath, ctx: &'c Value) -> Cow<'c, Value> {
     if !path
         .hops()
         .iter()
-        .any(|(branch, _)| matches!(branch, Branch::Do(_)))
+        .any(|(branch, _)| matches!(branch, Branch::Do(_) | Branch::Item(_)))
     {
         return Cow::Borrowed(ctx);
     }
@@ -262,13 +265,18 @@ pub fn scope<'c>(steps: &[Step], path: &FlowPath, ctx: &'c Value) -> Cow<'c, Val
     };
     let mut innermost = None;
     for (ancestor, branch) in path.enclosing() {
-        let Branch::Do(iteration) = branch else {
-            continue;
+        let iteration = match branch {
+            Branch::Do(iteration) => iteration,
+            Branch::Item(n) => {
+                crate::for_each::overlay(map, ctx, &ancestor, n);
+                n
+            }
+            _ => continue,
         };
         let Some(loop_step) = step_at(steps, &ancestor) else {
             continue;
         };
-        let item = ctx
+        let item = map
             .get(&loop_step.id)
             .and_then(|o| o.get("items"))
             .and_then(|items| items.get(iteration))

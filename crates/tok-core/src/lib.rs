@@ -24,6 +24,7 @@ pub mod error;
 pub mod escalation;
 pub mod fairness;
 pub mod flow;
+pub mod for_each;
 pub mod ids;
 pub mod incident;
 pub mod limits;

@@ -27,6 +27,8 @@ pub const MAX_DEFINITION_BYTES: usize = 256 * 1024;
 pub const MAX_PAUSE_SECS: f64 = 60.0;
 /// Items one `loop` step may iterate over; also the ceiling of its `maxItems`.
 pub const MAX_LOOP_ITEMS: usize = 1000;
+/// Most items of one `for_each` step that run at once (`config.concurrency`).
+pub const MAX_FOR_EACH_CONCURRENCY: usize = 50;
 /// Ceiling of any retry policy's `max_attempts`.
 pub const MAX_ATTEMPTS_CAP: u32 = 10;
 

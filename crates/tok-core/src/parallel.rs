@@ -50,10 +50,10 @@ pub fn joined(total: usize) -> Map<String, Value> {
     Map::from_iter([("branches".to_owned(), json!(total))])
 }
 
-/// Whether a job's path runs inside a branch of a `parallel` step (the
-/// store merges such a job's publications into the run's context). The
-/// compensation of a branch's step is not: it runs on the run's one job,
-/// after the branches.
+/// Whether a job's path runs inside a branch of a `parallel` step or an
+/// item of a `for_each` step (the store merges such a job's publications
+/// into the run's context). The compensation of a branch's step is not:
+/// it runs on the run's one job, after the branches.
 pub fn in_branch(path: &str) -> bool {
-    path.contains(".branches.") && !path.contains(".compensate.")
+    (path.contains(".branches.") || path.contains(".items.")) && !path.contains(".compensate.")
 }

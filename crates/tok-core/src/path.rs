@@ -6,6 +6,8 @@
 //! hops: `then.<i>` / `else.<i>` into a condition's branches, or
 //! `do.<iteration>.<i>` into a loop's body on a given iteration, or
 //! `branches.<b>.<i>` into branch `b` of a `parallel` step, or
+//! `items.<n>.<i>` into the `do` list of a `for_each` step for its item
+//! `n`, or
 //! `escalations.<l>.<i>` into a waiting step's escalation level, or
 //! `compensate.<i>` into what undoes a step. Loop iterations are part of
 //! the address, so every executed step of a run has its own path (and the
@@ -21,7 +23,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PathError {
     #[error(
-        "invalid step path `{input}`: {reason}; expected an index followed by `then.<i>`, `else.<i>`, `do.<iteration>.<i>`, `branches.<b>.<i>`, `escalations.<l>.<i>` or `compensate.<i>` hops, like `2.then.0`, `3.do.5.0`, `1.branches.0.2` or `4.compensate.0`"
+        "invalid step path `{input}`: {reason}; expected an index followed by `then.<i>`, `else.<i>`, `do.<iteration>.<i>`, `branches.<b>.<i>`, `items.<n>.<i>`, `escalations.<l>.<i>` or `compensate.<i>` hops, like `2.then.0`, `3.do.5.0`, `1.branches.0.2`, `2.items.7.0` or `4.compensate.0`"
     )]
     Invalid { input: String, reason: String },
 }
@@ -37,6 +39,9 @@ pub enum Branch {
     Do(usize),
     /// Branch `b` (0-based) of a `parallel` step.
     Parallel(usize),
+    /// The `do` list of a `for_each` step for its item `n` (0-based), run
+    /// as a branch of its own.
+    Item(usize),
     /// The steps of escalation level `l` (0-based) of a waiting step.
     Escalation(usize),
     /// A step's `compensate` steps: what undoes it.
@@ -113,8 +118,9 @@ impl FlowPath {
         p
     }
 
-    /// The innermost `parallel` step this step runs in a branch of, and
-    /// that branch; `None` outside every branch.
+    /// The innermost `parallel` step this step runs in a branch of, or
+    /// `for_each` step it runs in an item of, and that branch (item);
+    /// `None` outside every branch.
     pub fn innermost_branch(&self) -> Option<(FlowPath, usize)> {
         if self.compensated().is_some() {
             // Compensation runs on the run's one job, after its branches.
@@ -123,8 +129,8 @@ impl FlowPath {
         let k = self
             .hops
             .iter()
-            .rposition(|(branch, _)| matches!(branch, Branch::Parallel(_)))?;
-        let Branch::Parallel(b) = self.hops[k].0 else {
+            .rposition(|(branch, _)| matches!(branch, Branch::Parallel(_) | Branch::Item(_)))?;
+        let (Branch::Parallel(b) | Branch::Item(b)) = self.hops[k].0 else {
             return None;
         };
         let parallel = FlowPath {
@@ -176,6 +182,7 @@ impl fmt::Display for FlowPath {
                 Branch::Else => write!(f, ".else.{i}")?,
                 Branch::Do(iteration) => write!(f, ".do.{iteration}.{i}")?,
                 Branch::Parallel(b) => write!(f, ".branches.{b}.{i}")?,
+                Branch::Item(n) => write!(f, ".items.{n}.{i}")?,
                 Branch::Escalation(l) => write!(f, ".escalations.{l}.{i}")?,
                 Branch::Compensate => write!(f, ".compensate.{i}")?,
             }
@@ -209,6 +216,11 @@ impl FromStr for FlowPath {
                         .map_err(invalid)?;
                     Branch::Parallel(b)
                 }
+                "items" => {
+                    let n = index(parts.next().unwrap_or(""), "the item after `items`")
+                        .map_err(invalid)?;
+                    Branch::Item(n)
+                }
                 "escalations" => {
                     let l = index(parts.next().unwrap_or(""), "the level after `escalations`")
                         .map_err(invalid)?;
@@ -217,7 +229,7 @@ impl FromStr for FlowPath {
                 "compensate" => Branch::Compensate,
                 other => {
                     return Err(invalid(format!(
-                        "`{other}` is not `then`, `else`, `do`, `branches`, `escalations` or `compensate`"
+                        "`{other}` is not `then`, `else`, `do`, `branches`, `items`, `escalations` or `compensate`"
                     )));
                 }
             };
@@ -269,6 +281,8 @@ mod tests {
             "3.do.5.0.then.1",
             "2.branches.1.0",
             "2.branches.0.1.branches.3.0",
+            "3.items.11.0",
+            "1.items.0.2.then.0",
             "4.compensate.0",
             "3.do.2.1.compensate.1",
             "1.branches.0.2.compensate.0.then.0",

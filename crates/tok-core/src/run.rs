@@ -260,13 +260,17 @@ pub enum Resume {
     },
     /// A `parallel` step's join: the branches (by index) that are done of
     /// the `total` it forked, or the first branch's failure. The job is due
-    /// when every branch is done or one failed.
+    /// when every branch is done or one failed. A `for_each` step's join
+    /// counts its items (`done` in the order they were done) and says how
+    /// the rest start and when it is complete (`items`).
     #[serde(rename_all = "camelCase")]
     Branches {
         total: usize,
         done: Vec<usize>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         failed: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        items: Option<crate::for_each::ItemsJoin>,
     },
     /// The run was cancelled: the job undoes its completed steps
     /// ([`crate::compensation`]). `error` says why when another run's
@@ -314,10 +318,13 @@ pub enum NextJob {
     /// The job parks at `path` (a `parallel` step) and one new job starts
     /// each branch at its first step (`branches`: the branch's index and
     /// that step's path), all in this record. The parked job is due again
-    /// when every branch is done ([`Resume::Branches`]).
+    /// when every branch is done ([`Resume::Branches`]). A `for_each` step
+    /// forks its first items, and says how the rest start and join
+    /// (`items`).
     Fork {
         path: String,
         branches: Vec<(usize, String)>,
+        items: Option<crate::for_each::ItemsJoin>,
     },
     /// This job's branch `branch` of the `parallel` step at `parallel` is
     /// over: the job is deleted and the parallel step's parked job learns

@@ -52,7 +52,7 @@ fn seen(t: &Transition) -> Seen {
         .collect();
     let then = match &t.then {
         Then::Execute(step) => format!("execute {} at {}", step.step_id, step.path),
-        Then::Record(NextJob::Fork { path, branches }) => {
+        Then::Record(NextJob::Fork { path, branches, .. }) => {
             let starts: Vec<&str> = branches.iter().map(|(_, p)| p.as_str()).collect();
             format!("park at {path}, start {}", starts.join(" "))
         }
@@ -165,6 +165,8 @@ fn a_parallel_step_forks_its_branches_and_each_branch_ends_on_its_own() {
             Input::BranchesJoined {
                 total: 2,
                 failed: None,
+                done: vec![],
+                cancelled: vec![],
             },
             (
                 strings(&["st_both completed", "st_after completed"]),
@@ -178,6 +180,8 @@ fn a_parallel_step_forks_its_branches_and_each_branch_ends_on_its_own() {
             Input::BranchesJoined {
                 total: 2,
                 failed: Some("branch 1 failed: step `st_stock` failed: HTTP 404".into()),
+                done: vec![],
+                cancelled: vec![],
             },
             (
                 strings(&["st_both failed"]),
@@ -212,6 +216,8 @@ fn a_branch_failure_raises_no_incident_until_the_parallel_step_fails() {
         Input::BranchesJoined {
             total: 2,
             failed: Some("branch 1 failed: HTTP 404".into()),
+            done: vec![],
+            cancelled: vec![],
         },
     );
     let [Effect::RunFailed(failure)] = t.effects.as_slice() else {
@@ -284,6 +290,8 @@ fn nested_parallel_steps_and_loops_end_their_own_branch() {
             Input::BranchesJoined {
                 total: 1,
                 failed: None,
+                done: vec![],
+                cancelled: vec![],
             },
             (
                 strings(&["inner completed", "after_inner completed"]),
@@ -305,6 +313,8 @@ fn nested_parallel_steps_and_loops_end_their_own_branch() {
             Input::BranchesJoined {
                 total: 1,
                 failed: Some("boom".into()),
+                done: vec![],
+                cancelled: vec![],
             },
             (
                 strings(&["inner failed"]),

@@ -615,6 +615,8 @@ fn steps_in_branches_are_undone_in_the_order_their_records_reached_the_run() {
         Input::BranchesJoined {
             total: 2,
             failed: None,
+            done: vec![],
+            cancelled: vec![],
         },
     );
     assert_eq!(seen(&joined).3, "wait at 1 for confirm");

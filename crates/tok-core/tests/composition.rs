@@ -229,7 +229,7 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                 resume: None,
                 ready: true,
             }),
-            NextJob::Fork { path, branches } => {
+            NextJob::Fork { path, branches, .. } => {
                 let total = branches.len();
                 seen.forks.entry(path.clone()).or_default().push(total);
                 jobs.push(Job {
@@ -239,6 +239,7 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                         total,
                         done: Vec::new(),
                         failed: None,
+                        items: None,
                     }),
                     ready: false,
                 });
@@ -263,6 +264,7 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                     total,
                     done,
                     failed: before,
+                    ..
                 }) = &mut parked.resume
                 else {
                     panic!("the parallel job at {parallel} is not parked on branches");

@@ -443,6 +443,7 @@ impl Registry {
                 &tok_core::advance::WAIT_FOR_EVENT,
                 &tok_core::children::WAIT_FOR_RUNS,
                 &tok_core::parallel::PARALLEL,
+                &tok_core::for_each::FOR_EACH,
                 &tok_core::repeat::REPEAT,
             ])
             .map(|k| (*k).to_owned())

@@ -61,8 +61,12 @@ macro_rules! impl_branches {
                     .await?;
                     let mut context = row.get::<Json<Value>, _>("context").0;
                     let stored = stored_of(&row);
-                    fold_changes(&mut **tx, &job.tenant_id, &mut [(key.as_str(), &mut context, stored)])
-                        .await?;
+                    fold_changes(
+                        &mut **tx,
+                        &job.tenant_id,
+                        &mut [(key.as_str(), &mut context, stored)],
+                    )
+                    .await?;
                     let actions: i32 = row.get("actions");
                     runs.insert(
                         key.clone(),
@@ -74,7 +78,13 @@ macro_rules! impl_branches {
                         if let (StepStatus::Completed, Some(Value::Object(outputs))) =
                             (step.status, &step.output)
                         {
-                            context.publish(&step.step_id, outputs);
+                            // A `for_each` item's steps publish into its entry.
+                            tok_core::for_each::publish(
+                                context,
+                                &step.path,
+                                &step.step_id,
+                                outputs,
+                            );
                         }
                     }
                     // The steps it completed that have compensations, too.
@@ -101,29 +111,20 @@ macro_rules! impl_branches {
             let now = now_ms();
             let mut woke = false;
             for (job, record, current) in items {
+                let queue_key = record
+                    .subject_ticket_id
+                    .as_ref()
+                    .map(|t| format!("ticket:{t}"));
+                let held = current.status == "paused";
+                let start = BranchStart {
+                    queue_key: queue_key.as_deref(),
+                    held,
+                    now,
+                };
                 match &record.next {
                     NextJob::Fork { branches, .. } => {
-                        let queue_key = record
-                            .subject_ticket_id
-                            .as_ref()
-                            .map(|t| format!("ticket:{t}"));
-                        let held = current.status == "paused";
                         for (_, path) in branches {
-                            sqlx::query(concat!(
-                                "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts,
-                                    queue_key, priority, created_at, held)
-                                 SELECT $1, $2, $3, ",
-                                db_now!(),
-                                ", 0, $4, priority, $5, $6 FROM runs WHERE tenant_id = $2 AND id = $1"
-                            ))
-                            .bind(job.run_id.as_str())
-                            .bind(job.tenant_id.as_str())
-                            .bind(path)
-                            .bind(queue_key.as_deref())
-                            .bind(now)
-                            .bind(held)
-                            .execute(&mut **tx)
-                            .await?;
+                            start_branch(tx, job, path, &start).await?;
                         }
                         woke = true;
                     }
@@ -132,17 +133,18 @@ macro_rules! impl_branches {
                         branch,
                         failed,
                     } => {
-                        woke |= join_branch(tx, job, parallel, *branch, failed.as_deref()).await?;
+                        woke |= join_branch(tx, job, parallel, *branch, failed.as_deref(), &start)
+                            .await?;
                     }
                     _ => {}
                 }
                 // A run that ended by a parallel step's failure (or inside
                 // a branch) keeps no job of a branch a failure raced with.
                 let parallel = tok_core::parallel::in_branch(&job.path)
-                    || record
-                        .steps
-                        .iter()
-                        .any(|s| s.kind == tok_core::parallel::PARALLEL);
+                    || record.steps.iter().any(|s| {
+                        s.kind == tok_core::parallel::PARALLEL
+                            || s.kind == tok_core::for_each::FOR_EACH
+                    });
                 if record.status.is_final() && parallel {
                     for sql in [
                         "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2",
@@ -162,16 +164,54 @@ macro_rules! impl_branches {
             Ok(())
         }
 
+        /// How a record starts a branch's job: the run's queue key, held
+        /// while the run is paused.
+        struct BranchStart<'a> {
+            queue_key: Option<&'a str>,
+            held: bool,
+            now: i64,
+        }
+
+        /// A job of the run of `job` at `path`, the first step of a branch
+        /// (or of a `for_each` item), due now.
+        async fn start_branch(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            job: &ClaimedJob,
+            path: &str,
+            start: &BranchStart<'_>,
+        ) -> Result<()> {
+            sqlx::query(concat!(
+                "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts,
+                    queue_key, priority, created_at, held)
+                 SELECT $1, $2, $3, ",
+                db_now!(),
+                ", 0, $4, priority, $5, $6 FROM runs WHERE tenant_id = $2 AND id = $1"
+            ))
+            .bind(job.run_id.as_str())
+            .bind(job.tenant_id.as_str())
+            .bind(path)
+            .bind(start.queue_key)
+            .bind(start.now)
+            .bind(start.held)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
         /// Branch `branch` of the parallel step at `parallel` is over:
         /// the step's parked job counts it, and is due when every branch is
         /// done or this one failed (the others' jobs and waits then go).
-        /// Returns whether the job became due.
+        /// For a `for_each` step (`branch` is an item), the next item not
+        /// started starts in its place, and the step is due once its
+        /// completion rule is met, its items still running cancelled.
+        /// Returns whether a job became due.
         async fn join_branch(
             tx: &mut sqlx::Transaction<'_, $db>,
             job: &ClaimedJob,
             parallel: &str,
             branch: usize,
             failed: Option<&str>,
+            start: &BranchStart<'_>,
         ) -> Result<bool> {
             let parked = sqlx::query(
                 "SELECT id, resume FROM jobs WHERE tenant_id = $1 AND run_id = $2 AND path = $3",
@@ -190,6 +230,7 @@ macro_rules! impl_branches {
                 total,
                 mut done,
                 failed: before,
+                mut items,
             })) = parked.try_get::<Option<Json<Resume>>, _>("resume")?
             else {
                 return Ok(false);
@@ -200,13 +241,37 @@ macro_rules! impl_branches {
             if !done.contains(&branch) {
                 done.push(branch);
             }
-            let failed = failed.map(|e| format!("branch {branch} failed: {e}"));
-            let over = failed.is_some() || done.len() >= total;
+            let failed = failed.map(|e| match items {
+                Some(_) => format!("item {branch} failed: {e}"),
+                None => format!("branch {branch} failed: {e}"),
+            });
+            let mut next_item = None;
+            let over = match &mut items {
+                _ if failed.is_some() => true,
+                None => done.len() >= total,
+                Some(items) if done.len() >= items.need => {
+                    items.cancelled = (0..items.started).filter(|n| !done.contains(n)).collect();
+                    true
+                }
+                Some(items) => {
+                    if items.started < total {
+                        next_item = Some(items.started);
+                        items.started += 1;
+                    }
+                    false
+                }
+            };
             let id: i64 = parked.get("id");
+            let cancels = failed.is_some() || (over && items.is_some());
+            let inside = match items {
+                Some(_) => format!("{parallel}.items.%"),
+                None => format!("{parallel}.branches.%"),
+            };
             let resume = Resume::Branches {
                 total,
                 done,
                 failed: failed.clone(),
+                items,
             };
             sqlx::query(concat!(
                 "UPDATE jobs SET resume = $3,
@@ -221,8 +286,7 @@ macro_rules! impl_branches {
             .bind(over)
             .execute(&mut **tx)
             .await?;
-            if failed.is_some() {
-                let inside = format!("{parallel}.branches.%");
+            if cancels {
                 for sql in [
                     "DELETE FROM jobs WHERE tenant_id = $1 AND run_id = $2 AND path LIKE $3",
                     "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2 AND path LIKE $3",
@@ -235,7 +299,11 @@ macro_rules! impl_branches {
                         .await?;
                 }
             }
-            Ok(over)
+            if let Some(n) = next_item {
+                let path = tok_core::for_each::item_start(parallel, n);
+                start_branch(tx, job, &path, start).await?;
+            }
+            Ok(over || next_item.is_some())
         }
     };
 }

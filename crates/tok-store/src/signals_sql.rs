@@ -381,8 +381,14 @@ macro_rules! impl_signals {
             // A job that forks parallel branches parks until they join
             // (`branches_sql.rs` counts them).
             for (job, record, _) in items {
-                if let NextJob::Fork { branches, .. } = &record.next {
-                    let resume = Resume::Branches { total: branches.len(), done: Vec::new(), failed: None };
+                if let NextJob::Fork { branches, items, .. } = &record.next {
+                    let total = items.as_ref().map_or(branches.len(), |items| items.total);
+                    let resume = Resume::Branches {
+                        total,
+                        done: Vec::new(),
+                        failed: None,
+                        items: items.clone(),
+                    };
                     parked.insert(job.id.0, $crate::rows::Parked { run_at: Some(NEVER_DUE_MS), resume });
                 }
             }

@@ -19,6 +19,7 @@
 //! transition.
 
 pub mod custom;
+mod items;
 mod waiting;
 
 use std::time::Duration;
@@ -35,6 +36,7 @@ use crate::definition::{Automation, Step};
 use crate::error::StepError;
 use crate::escalation;
 use crate::flow::{self, Next};
+use crate::for_each::{self, FOR_EACH};
 use crate::ids::RunId;
 use crate::limits::{MAX_ACTIONS, MAX_NESTING_DEPTH, MAX_OUTPUT_BYTES};
 use crate::parallel::{self, PARALLEL};
@@ -50,9 +52,11 @@ use crate::waits::signal_wait;
 pub const WAIT_FOR_EVENT: &str = "wait_for_event";
 
 /// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`],
-/// [`WAIT_FOR_EVENT`], [`WAIT_FOR_RUNS`], [`PARALLEL`] and [`REPEAT`].
+/// [`WAIT_FOR_EVENT`], [`WAIT_FOR_RUNS`], [`PARALLEL`], [`FOR_EACH`] and
+/// [`REPEAT`].
 pub fn is_control(kind: &str) -> bool {
-    builtin::is_internal(kind) || [WAIT_FOR_EVENT, WAIT_FOR_RUNS, PARALLEL, REPEAT].contains(&kind)
+    builtin::is_internal(kind)
+        || [WAIT_FOR_EVENT, WAIT_FOR_RUNS, PARALLEL, FOR_EACH, REPEAT].contains(&kind)
 }
 
 /// Who runs a step type.
@@ -178,10 +182,14 @@ pub enum Input {
         timed_out: bool,
     },
     /// The branches of the `parallel` step at the state's path joined:
-    /// all `total` are done, or one `failed` (with its error).
+    /// all `total` are done, or one `failed` (with its error). For a
+    /// `for_each` step: its items `done` (in the order they were done) met
+    /// its completion rule, and the ones `cancelled` then.
     BranchesJoined {
         total: usize,
         failed: Option<String>,
+        done: Vec<usize>,
+        cancelled: Vec<usize>,
     },
     /// The run was cancelled: its jobs and waits are gone, and this claim
     /// undoes its completed steps ([`crate::compensation`]) or ends it.
@@ -209,7 +217,17 @@ impl From<Option<Resume>> for Input {
             // A step held back by a limit is begun again like any step.
             Some(Resume::Deferred { .. }) => Input::Start,
             Some(Resume::Runs { ended, timed_out }) => Input::RunsEnded { ended, timed_out },
-            Some(Resume::Branches { total, failed, .. }) => Input::BranchesJoined { total, failed },
+            Some(Resume::Branches {
+                total,
+                failed,
+                done,
+                items,
+            }) => Input::BranchesJoined {
+                total,
+                failed,
+                done,
+                cancelled: items.map(|i| i.cancelled).unwrap_or_default(),
+            },
             Some(Resume::Cancel { error }) => Input::Cancel { error },
         }
     }
@@ -454,7 +472,22 @@ pub fn advance(
                 Err(error) => decider.step_failed(step, None, now, error, env),
             }
         }
-        Input::BranchesJoined { total, failed } if step.kind == PARALLEL => {
+        Input::BranchesJoined {
+            total,
+            failed,
+            done,
+            cancelled,
+        } if step.kind == FOR_EACH => {
+            let now = decider.now_ms();
+            match failed {
+                None => decider.items_joined(step, total, &done, &cancelled, env),
+                Some(error) => {
+                    let error = StepError::terminal(format!("item_failed: {error}"));
+                    decider.step_failed(step, None, now, error, env)
+                }
+            }
+        }
+        Input::BranchesJoined { total, failed, .. } if step.kind == PARALLEL => {
             let now = decider.now_ms();
             match failed {
                 None => {
@@ -758,6 +791,15 @@ impl Decider<'_> {
                     }
                 };
             }
+            if step.kind == FOR_EACH {
+                let now = self.now_ms();
+                let spec = for_each::spec(step, &scope);
+                drop(scope);
+                return match spec {
+                    Ok(spec) => self.fork_items(step, spec, env),
+                    Err(error) => self.step_failed(step, None, now, error, env),
+                };
+            }
             if step.kind == PARALLEL {
                 drop(scope);
                 let forks = parallel::forks(step, &path);
@@ -778,6 +820,7 @@ impl Decider<'_> {
                 let next = NextJob::Fork {
                     path: path.to_string(),
                     branches: forks,
+                    items: None,
                 };
                 return self.finish(RunStatus::Running, None, Then::Record(next));
             }
@@ -935,13 +978,18 @@ impl Decider<'_> {
         log: Vec<String>,
     ) -> Result<Next, String> {
         custom::settled(&mut self.state.context, &self.state.path);
-        let bare = self.state.context.publish(&step.id, &outputs);
-        if let Some(keep) = self.automation.settings.prune_state_after {
-            let removed = self
-                .state
-                .context
-                .keep_latest(&step.id, bare, keep as usize);
-            self.state.state_bytes = self.state.state_bytes.map(|b| b.saturating_sub(removed));
+        // A step of a `for_each` item publishes into its item's entry.
+        let path = &self.state.path;
+        let in_item = for_each::publish_in_item(&mut self.state.context, path, &step.id, &outputs);
+        if !in_item {
+            let bare = self.state.context.publish(&step.id, &outputs);
+            if let Some(keep) = self.automation.settings.prune_state_after {
+                let removed = self
+                    .state
+                    .context
+                    .keep_latest(&step.id, bare, keep as usize);
+                self.state.state_bytes = self.state.state_bytes.map(|b| b.saturating_sub(removed));
+            }
         }
         if step.kind == "end"
             && let Some(output) = outputs.get("output")
@@ -953,12 +1001,15 @@ impl Decider<'_> {
         self.push(record);
         self.state.attempt = 1;
         compensation::completed(step, &self.state.path, &mut self.state.context);
-        flow::next(
-            &self.automation.steps,
-            &self.state.path,
-            self.state.context.as_value(),
-        )
-        .map_err(|e| format!("could not decide the step after `{}`: {e}", step.id))
+        let steps = &self.automation.steps;
+        let path = &self.state.path;
+        let context = self.state.context.as_value();
+        // Inside an item, its steps' outputs are read from its scope.
+        let next = match in_item {
+            true => flow::next(steps, path, &flow::scope(steps, path, context)),
+            false => flow::next(steps, path, context),
+        };
+        next.map_err(|e| format!("could not decide the step after `{}`: {e}", step.id))
     }
 
     /// A step finished: publish it and chain on.

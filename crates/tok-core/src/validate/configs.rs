@@ -1,5 +1,6 @@
-//! The checks of a built-in step's `config` by its type (`loop`, `wait`,
-//! `wait_for_event`, `wait_for_runs`, `repeat`, `flow/pause`, `flow/log`).
+//! The checks of a built-in step's `config` by its type (`loop`,
+//! `for_each`, `wait`, `wait_for_event`, `wait_for_runs`, `repeat`,
+//! `flow/pause`, `flow/log`).
 //! A template is accepted wherever a value is only known at run time.
 
 use serde_json::Value;
@@ -8,7 +9,7 @@ use super::Checker;
 use crate::condition::parse_instant;
 use crate::definition::Step;
 use crate::duration::parse_duration;
-use crate::limits::{MAX_LOOP_ITEMS, MAX_PAUSE_SECS};
+use crate::limits::{MAX_FOR_EACH_CONCURRENCY, MAX_LOOP_ITEMS, MAX_PAUSE_SECS};
 use crate::template::has_placeholder;
 
 pub(super) fn check_loop(c: &mut Checker<'_>, at: &str, step: &Step) {
@@ -47,6 +48,85 @@ pub(super) fn check_loop(c: &mut Checker<'_>, at: &str, step: &Step) {
                 "loop `{}` has nothing to do; add at least one step to `do`",
                 step.id
             ),
+        );
+    }
+}
+
+/// `for_each`: `items` as a loop's, `maxItems` and `concurrency` whole
+/// numbers in their ranges (or templates), `complete` `"all"`, `"any"` or
+/// `{"atLeast": n}`, and a `do` list without an `end` (it would end the
+/// run while other items still run).
+pub(super) fn check_for_each(c: &mut Checker<'_>, at: &str, step: &Step) {
+    match step.config.get("items") {
+        Some(Value::Array(_)) => {}
+        Some(Value::String(s)) if has_placeholder(s) => {}
+        Some(other) => c.error(
+            format!("{at}.config.items"),
+            format!(
+                "a for_each needs `items` as an array or a template like \"{{{{order.lines}}}}\", got {other}"
+            ),
+        ),
+        None => c.error(
+            format!("{at}.config.items"),
+            "a for_each needs `items`: an array or a template like \"{{order.lines}}\"",
+        ),
+    }
+    for (key, most) in [
+        ("maxItems", MAX_LOOP_ITEMS),
+        ("concurrency", MAX_FOR_EACH_CONCURRENCY),
+    ] {
+        let Some(value) = step.config.get(key) else {
+            continue;
+        };
+        let ok = match value {
+            Value::String(s) => has_placeholder(s),
+            other => other.as_u64().is_some_and(|n| n >= 1 && n <= most as u64),
+        };
+        if !ok {
+            c.error(
+                format!("{at}.config.{key}"),
+                format!("{key} is {value}; it must be a whole number from 1 to {most}"),
+            );
+        }
+    }
+    if let Err(found) = crate::for_each::complete_of(step.config.get("complete")) {
+        c.error(
+            format!("{at}.config.complete"),
+            format!(
+                "complete is {found}; it must be \"all\" (the default), \"any\" or {{\"atLeast\": n}} with n ≥ 1"
+            ),
+        );
+    }
+    if step.do_.is_empty() {
+        c.error(
+            format!("{at}.do"),
+            format!(
+                "for_each `{}` has nothing to do; add at least one step to `do`",
+                step.id
+            ),
+        );
+    }
+    fn ends(steps: &[Step], at: &str, found: &mut Vec<String>) {
+        for (i, step) in steps.iter().enumerate() {
+            let here = format!("{at}.{i}");
+            if step.kind == "end" {
+                found.push(format!("{here}.type"));
+            }
+            ends(&step.then, &format!("{here}.then"), found);
+            ends(&step.else_, &format!("{here}.else"), found);
+            ends(&step.do_, &format!("{here}.do"), found);
+            for (b, branch) in step.branches.iter().enumerate() {
+                ends(branch, &format!("{here}.branches.{b}"), found);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    ends(&step.do_, &format!("{at}.do"), &mut found);
+    for path in found {
+        c.error(
+            path,
+            "an `end` step cannot be inside a for_each: it would end the run while other \
+             items still run; put it after the for_each step",
         );
     }
 }

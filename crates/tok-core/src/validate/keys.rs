@@ -14,6 +14,10 @@ use super::ValidationError;
 const CONTROL_KEYS: &[(&str, &[&str])] = &[
     ("condition", &[]),
     (crate::parallel::PARALLEL, &[]),
+    (
+        crate::for_each::FOR_EACH,
+        &["items", "concurrency", "complete", "maxItems"],
+    ),
     ("end", &["output"]),
     ("loop", &["items", "maxItems"]),
     ("set", &["values"]),
@@ -130,6 +134,7 @@ mod tests {
             crate::advance::WAIT_FOR_EVENT,
             crate::children::WAIT_FOR_RUNS,
             crate::parallel::PARALLEL,
+            crate::for_each::FOR_EACH,
             crate::repeat::REPEAT,
         ]) {
             assert!(crate::advance::is_control(kind));

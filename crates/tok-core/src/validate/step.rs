@@ -66,11 +66,13 @@ pub(super) fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
         configs::check_loop(c, at, step);
     } else if kind == crate::repeat::REPEAT {
         configs::check_repeat(c, at, step);
+    } else if kind == crate::for_each::FOR_EACH {
+        configs::check_for_each(c, at, step);
     } else if !step.do_.is_empty() {
         c.error(
             format!("{at}.do"),
             format!(
-                "only a loop or repeat step can have `do`; `{}` is a `{kind}` step",
+                "only a loop, repeat or for_each step can have `do`; `{}` is a `{kind}` step",
                 step.id
             ),
         );
@@ -193,7 +195,7 @@ fn check_compensation(c: &mut Checker<'_>, at: &str, step: &Step) {
     let kind = step.kind.as_str();
     let why = match kind {
         "end" => "it would end the run in the middle of undoing it",
-        crate::parallel::PARALLEL => {
+        crate::parallel::PARALLEL | crate::for_each::FOR_EACH => {
             "a compensation runs as one chain, the last completed step first"
         }
         WAIT_FOR_EVENT | crate::approval::APPROVAL | crate::children::WAIT_FOR_RUNS => {

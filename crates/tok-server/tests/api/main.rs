@@ -21,6 +21,7 @@ mod dry_run;
 mod errors;
 mod escalations;
 mod flow;
+mod for_each;
 mod fuzz;
 mod fuzz_definitions;
 mod health;

@@ -5,6 +5,7 @@
 //! branch is done; a failed branch makes it due at once and cancels the
 //! other branches' jobs and waits.
 
+use tok_core::for_each::ItemsJoin;
 use tok_store::{Resume, StepStatus};
 
 use super::*;
@@ -14,6 +15,8 @@ backend_tests!(
     a_fork_starts_a_claimable_job_per_branch_and_parks_its_own,
     branches_share_the_context_and_join_once_when_the_last_is_done,
     a_failed_branch_ends_the_join_at_once_and_cancels_the_others,
+    items_start_as_others_end_never_more_than_concurrency_at_once,
+    a_met_rule_cancels_the_items_in_flight,
 );
 
 fn record(job: &ClaimedJob, steps: Vec<StepRecord>, next: NextJob) -> Record {
@@ -33,6 +36,7 @@ fn fork(job: &ClaimedJob) -> Record {
     let next = NextJob::Fork {
         path: "0".into(),
         branches: vec![(0, "0.branches.0.0".into()), (1, "0.branches.1.0".into())],
+        items: None,
     };
     record(job, vec![step("0", StepStatus::Waiting, json!({}))], next)
 }
@@ -117,7 +121,8 @@ async fn branches_share_the_context_and_join_once_when_the_last_is_done(db: &Tes
         Some(Resume::Branches {
             total: 2,
             done: vec![0, 1],
-            failed: None
+            failed: None,
+            items: None,
         }),
         "{backend:?}"
     );
@@ -185,7 +190,8 @@ async fn a_failed_branch_ends_the_join_at_once_and_cancels_the_others(db: &TestD
         Some(Resume::Branches {
             total: 2,
             done: vec![1],
-            failed: Some("branch 1 failed: HTTP 404".into())
+            failed: Some("branch 1 failed: HTTP 404".into()),
+            items: None,
         }),
         "{backend:?}"
     );
@@ -193,5 +199,161 @@ async fn a_failed_branch_ends_the_join_at_once_and_cancels_the_others(db: &TestD
     assert!(
         detail.waits.is_empty(),
         "{backend:?}: the other branch's wait went"
+    );
+}
+
+fn fork_items(job: &ClaimedJob, total: usize, concurrency: usize, need: usize) -> Record {
+    let first = total.min(concurrency);
+    let next = NextJob::Fork {
+        path: "0".into(),
+        branches: (0..first).map(|n| (n, format!("0.items.{n}.0"))).collect(),
+        items: Some(ItemsJoin {
+            total,
+            started: first,
+            concurrency,
+            need,
+            cancelled: Vec::new(),
+        }),
+    };
+    record(job, vec![step("0", StepStatus::Waiting, json!({}))], next)
+}
+
+/// Item `n`'s job (at `job.path`) ran its one step and is done.
+fn item_done(job: &ClaimedJob, n: usize, failed: Option<&str>) -> Record {
+    let mut done = step(&job.path, StepStatus::Completed, json!({ "n": n }));
+    done.step_id = "st_ask".into();
+    let next = NextJob::BranchDone {
+        parallel: "0".into(),
+        branch: n,
+        failed: failed.map(str::to_owned),
+    };
+    record(job, vec![done], next)
+}
+
+fn item_of(job: &ClaimedJob) -> usize {
+    job.path
+        .strip_prefix("0.items.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{} is not an item's job", job.path))
+}
+
+/// A run whose step `0` forked `total` items, `concurrency` at once, done
+/// when `need` are; returns the item jobs it started, claimed.
+async fn forked_items(
+    store: &dyn Store,
+    tenant: &TenantId,
+    total: usize,
+    concurrency: usize,
+    need: usize,
+) -> Vec<ClaimedJob> {
+    let aut = manual_automation(store, tenant, "a").await;
+    start(store, tenant, &aut, "manual", None).await;
+    let jobs = claim_all(store, tenant).await;
+    let record = fork_items(&jobs[0], total, concurrency, need);
+    store.record(&jobs[0], record).await.expect("fork");
+    claim_all(store, tenant).await
+}
+
+async fn items_start_as_others_end_never_more_than_concurrency_at_once(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let mut running = forked_items(store, &t, 5, 2, 5).await;
+    let mut started: Vec<usize> = running.iter().map(item_of).collect();
+    assert_eq!(started, [0, 1], "{backend:?}: the first two items start");
+    let mut finished = Vec::new();
+    while let Some(job) = running.pop() {
+        let n = item_of(&job);
+        store
+            .record(&job, item_done(&job, n, None))
+            .await
+            .expect("item done");
+        finished.push(n);
+        let claimed = claim_all(store, &t).await;
+        for job in claimed {
+            if job.path == "0" {
+                assert_eq!(
+                    finished.len(),
+                    5,
+                    "{backend:?}: joined before every item was done"
+                );
+                let Some(Resume::Branches {
+                    total,
+                    done,
+                    failed,
+                    items,
+                }) = &job.resume
+                else {
+                    panic!(
+                        "{backend:?}: the join carries no branches: {:?}",
+                        job.resume
+                    );
+                };
+                assert_eq!((*total, failed), (5, &None), "{backend:?}");
+                assert_eq!(done, &finished, "{backend:?}: done in the order they were");
+                assert_eq!(items.as_ref().map(|i| i.started), Some(5), "{backend:?}");
+                for n in 0..5 {
+                    let key = format!("_item:0:{n}");
+                    assert_eq!(
+                        job.context[key.as_str()],
+                        json!({ "st_ask": { "n": n } }),
+                        "{backend:?}: item {n}'s outputs are kept apart"
+                    );
+                }
+                assert!(job.context.get("st_ask").is_none(), "{backend:?}");
+                return;
+            }
+            started.push(item_of(&job));
+            running.push(job);
+        }
+        assert!(
+            running.len() <= 2,
+            "{backend:?}: {} items run at once, more than the concurrency of 2",
+            running.len()
+        );
+    }
+    panic!("{backend:?}: the items ran out without a join (started {started:?})");
+}
+
+async fn a_met_rule_cancels_the_items_in_flight(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let running = forked_items(store, &t, 6, 3, 1).await;
+    assert_eq!(running.len(), 3, "{backend:?}");
+    let first = &running[1];
+    let n = item_of(first);
+    store
+        .record(first, item_done(first, n, None))
+        .await
+        .expect("item done");
+    let claimed = claim_all(store, &t).await;
+    assert_eq!(
+        claimed.len(),
+        1,
+        "{backend:?}: only the join is due, no new item"
+    );
+    let Some(Resume::Branches { done, items, .. }) = &claimed[0].resume else {
+        panic!("{backend:?}: {:?}", claimed[0].resume);
+    };
+    assert_eq!(done, &vec![n], "{backend:?}");
+    let mut cancelled: Vec<usize> = (0..3).filter(|m| *m != n).collect();
+    cancelled.sort();
+    assert_eq!(
+        items.as_ref().map(|i| i.cancelled.clone()),
+        Some(cancelled),
+        "{backend:?}"
+    );
+    // A cancelled item's step that was in flight finds its job gone.
+    let late = &running[0];
+    let recorded = store
+        .record(late, item_done(late, item_of(late), None))
+        .await;
+    assert!(
+        recorded.is_err(),
+        "{backend:?}: a cancelled item recorded: {recorded:?}"
     );
 }

@@ -143,6 +143,7 @@ async fn branch_records_add_their_completed_steps_to_the_runs_list(db: &TestDb) 
         next: NextJob::Fork {
             path: "0".into(),
             branches: vec![(0, "0.branches.0.0".into()), (1, "0.branches.1.0".into())],
+            items: None,
         },
     };
     store.record(&jobs[0], fork).await.expect("fork");
