@@ -90,6 +90,22 @@ pub fn cancel_at(context: &Context) -> Option<String> {
     })
 }
 
+/// Takes `paths` off the completed steps to compensate (a `for_each`
+/// step undoes its cancelled items' steps itself, [`crate::for_each`]).
+pub fn forget(context: &mut Context, paths: &[String]) {
+    let mut stack = stack(context);
+    stack.retain(|p| !p.as_str().is_some_and(|p| paths.iter().any(|q| q == p)));
+    set_stack(context, stack);
+}
+
+/// Puts `paths` (most recent first) back on the completed steps to
+/// compensate, to be undone first.
+pub fn restore(context: &mut Context, paths: &[String]) {
+    let mut stack = stack(context);
+    stack.extend(paths.iter().rev().map(|p| Value::String(p.clone())));
+    set_stack(context, stack);
+}
+
 /// Whether the run is compensating.
 pub fn is_compensating(context: &Context) -> bool {
     context.reserved(COMPENSATING_KEY).is_some()

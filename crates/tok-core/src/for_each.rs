@@ -26,6 +26,13 @@
 //! top of their scope ([`crate::flow::scope`]). When the step joins, those
 //! entries become its `results`, in item order (`null` for an item that
 //! did not finish), and leave the context.
+//!
+//! The cancelled items' completed steps that have `compensate` steps are
+//! undone when the step joins, the most recent first, before the step
+//! completes ([`begin_undo`]): a fan-out that asks three suppliers to
+//! reserve stock and goes on with the first releases the other two. They
+//! are taken off the run's own list of steps to compensate; a cancel of
+//! the run meanwhile puts back what is left ([`abandon_undo`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -309,6 +316,91 @@ pub fn joined(
             done.first().map_or(Value::Null, |n| json!(n)),
         ),
     ])
+}
+
+/// Where the context keeps a `for_each` step's undoing of its cancelled
+/// items: the step, how its items joined, and the completed steps still
+/// to undo.
+pub const UNDOING_KEY: &str = "_undoingItems";
+
+/// The `for_each` step at `path` joined with `cancelled` items: the
+/// completed steps of theirs that have `compensate` steps are undone
+/// before the step completes, the most recent first. Returns the first
+/// to undo (the rest are kept in [`UNDOING_KEY`], off the run's own list
+/// of steps to compensate), or `None` when there is nothing to undo.
+pub fn begin_undo(
+    context: &mut Context,
+    path: &FlowPath,
+    total: usize,
+    done: &[usize],
+    cancelled: &[usize],
+) -> Option<FlowPath> {
+    let inside: Vec<String> = cancelled
+        .iter()
+        .map(|n| format!("{path}.items.{n}."))
+        .collect();
+    let undo: Vec<String> = crate::compensation::pending(context)
+        .into_iter()
+        .filter(|p| inside.iter().any(|i| p.starts_with(i.as_str())))
+        .collect();
+    let first = undo.first()?.parse().ok()?;
+    crate::compensation::forget(context, &undo);
+    context.set_reserved(
+        UNDOING_KEY,
+        Some(json!({
+            "at": path.to_string(), "total": total, "done": done, "cancelled": cancelled,
+            "undo": undo[1..],
+        })),
+    );
+    Some(first)
+}
+
+/// Whether a `for_each` step undoes its cancelled items' steps now.
+pub fn undoing(context: &Context) -> bool {
+    context.reserved(UNDOING_KEY).is_some()
+}
+
+/// The next completed step of a cancelled item to undo, taken off the
+/// list; `None` when all are undone.
+pub fn next_undo(context: &mut Context) -> Option<FlowPath> {
+    let mut entry = context.reserved(UNDOING_KEY)?.clone();
+    let undo = entry.get_mut("undo")?.as_array_mut()?;
+    if undo.is_empty() {
+        return None;
+    }
+    let next = undo.remove(0);
+    context.set_reserved(UNDOING_KEY, Some(entry));
+    next.as_str()?.parse().ok()
+}
+
+/// How a `for_each` step whose cancelled items are undone joined: its
+/// path, its items, and the ones done and cancelled. The entry goes.
+pub fn end_undo(context: &mut Context) -> Option<(FlowPath, usize, Vec<usize>, Vec<usize>)> {
+    let entry = context.reserved(UNDOING_KEY)?.clone();
+    context.set_reserved(UNDOING_KEY, None);
+    let indices = |key: &str| -> Vec<usize> {
+        entry[key]
+            .as_array()
+            .map(|a| a.iter().filter_map(|n| whole(n)).collect())
+            .unwrap_or_default()
+    };
+    let at = entry["at"].as_str()?.parse().ok()?;
+    let total = whole(&entry["total"])?;
+    Some((at, total, indices("done"), indices("cancelled")))
+}
+
+/// The run is cancelled while a `for_each` step undoes its cancelled
+/// items: what is left to undo goes back on the run's list, undone first.
+pub fn abandon_undo(context: &mut Context) {
+    let Some(entry) = context.reserved(UNDOING_KEY).cloned() else {
+        return;
+    };
+    context.set_reserved(UNDOING_KEY, None);
+    let left: Vec<String> = entry["undo"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    crate::compensation::restore(context, &left);
 }
 
 /// What a `for_each` step publishes while its items run: the items, for

@@ -293,3 +293,89 @@ fn no_items_complete_at_once_and_too_many_fail_clearly() {
         t.error
     );
 }
+
+/// Reserve stock at each supplier, confirm; the first confirmed wins.
+fn reserve_first() -> Automation {
+    tree(json!([
+        { "id": "suppliers", "type": "for_each",
+          "config": { "items": ["a", "b", "c"], "complete": "any" },
+          "do": [
+            { "id": "reserve", "type": "http", "config": { "url": "https://{{item}}/reserve" },
+              "compensate": [
+                { "id": "release", "type": "http",
+                  "config": { "url": "https://{{item}}/release/{{reserve.hold}}" } }
+              ] },
+            { "id": "confirm", "type": "http", "config": { "url": "https://{{item}}/confirm" } }
+          ] },
+        { "id": "after", "type": "flow/log", "config": { "message": "{{suppliers.first}} won" } }
+    ]))
+}
+
+fn reserved(hold: &str) -> Input {
+    Input::StepDone {
+        outputs: Map::from_iter([("hold".to_owned(), json!(hold))]),
+        log: Vec::new(),
+        input: None,
+        started_at: NOW_MS - 5,
+    }
+}
+
+#[test]
+fn the_cancelled_items_completed_steps_are_undone_before_the_step_completes() {
+    let automation = reserve_first();
+    let none = Context::new(Map::new(), json!({}), json!({}));
+    let mut context = run(&automation, state("0", &none), Input::Start).state.context;
+    // Every item reserved (2, 0, 1 in that order); item 1 confirmed first.
+    for (n, hold) in [(2, "h2"), (0, "h0"), (1, "h1")] {
+        let path = format!("0.items.{n}.0");
+        let t = run(&automation, state(&path, &context), reserved(hold));
+        context = t.state.context;
+    }
+    context = run(&automation, state("0.items.1.1", &context), called(200))
+        .state
+        .context;
+    let join = run(&automation, state("0", &context), joined(3, &[1], &[0, 2]));
+    assert_eq!(join.status, RunStatus::Running);
+    let release = execute(&join);
+    assert_eq!(release.path.to_string(), "0.items.0.0.compensate.0", "the most recent first");
+    assert_eq!(release.config["url"], json!("https://a/release/h0"));
+
+    let undone = run(&automation, join.state.clone(), called(200));
+    assert_eq!(
+        undone.then,
+        Then::Record(NextJob::Step {
+            path: "0.items.2.0.compensate.0".into(),
+            delay_ms: 0
+        }),
+        "the next undo is a call of its own claim"
+    );
+    let next_claim = state("0.items.2.0.compensate.0", &undone.state.context);
+    let next = run(&automation, next_claim, Input::Start);
+    let release = execute(&next);
+    assert_eq!(release.config["url"], json!("https://c/release/h2"));
+
+    let done = run(&automation, next.state.clone(), called(200));
+    assert_eq!(done.status, RunStatus::Completed);
+    let records: Vec<(String, String)> = done
+        .records
+        .iter()
+        .map(|r| (r.step_id.clone(), r.status.to_string()))
+        .collect();
+    assert_eq!(
+        records,
+        [
+            ("release".to_owned(), "completed".to_owned()),
+            ("suppliers".to_owned(), "completed".to_owned()),
+            ("after".to_owned(), "completed".to_owned()),
+        ]
+    );
+    let output = done.records[1].output.clone().expect("outputs");
+    assert_eq!(output["results"][1]["confirm"]["status"], json!(200));
+    assert_eq!(output["cancelled"], json!(2));
+    assert_eq!(done.records[2].log, vec!["info: 1 won"]);
+    assert_eq!(
+        tok_core::compensation::pending(&done.state.context),
+        ["0.items.1.0"],
+        "the winner's reservation stays to undo if the run is undone later"
+    );
+}

@@ -1,10 +1,14 @@
 //! How the decider forks a `for_each` step's items and joins them
 //! ([`crate::for_each`] has the rules).
 
+use serde_json::{Map, Value};
+
 use super::{Decider, Env, Then, Transition};
 use crate::definition::Step;
+use crate::flow;
 use crate::for_each::{self, ItemsJoin, Spec};
-use crate::run::{NextJob, RunStatus, StepStatus};
+use crate::path::Branch;
+use crate::run::{NextJob, RunStatus, StepRecord, StepStatus};
 
 impl Decider<'_> {
     /// The `for_each` step at the state's path begins: its items are
@@ -59,14 +63,65 @@ impl Decider<'_> {
         cancelled: &[usize],
         env: &mut Env<'_>,
     ) -> Transition {
-        let now = self.now_ms();
+        let path = self.state.path.clone();
+        let context = &mut self.state.context;
+        if let Some(first) = for_each::begin_undo(context, &path, total, done, cancelled) {
+            // The cancelled items' steps are undone first.
+            self.state.path = first.child(Branch::Compensate, 0);
+            self.state.attempt = 1;
+            return self.chain(env);
+        }
+        let (record, outputs, log) = self.item_results(step, total, done, cancelled);
+        self.completed(step, record, outputs, log, env)
+    }
+
+    /// The record, outputs and log line of the `for_each` `step` at the
+    /// state's path whose items joined.
+    fn item_results(
+        &mut self,
+        step: &Step,
+        total: usize,
+        done: &[usize],
+        cancelled: &[usize],
+    ) -> (StepRecord, Map<String, Value>, Vec<String>) {
         let path = self.state.path.clone();
         let outputs = for_each::joined(&mut self.state.context, &path, total, done, cancelled);
-        let record = self.record(step, None, now);
+        let record = self.record(step, None, self.now_ms());
         let mut line = format!("{} of {total} items done", done.len());
         if !cancelled.is_empty() {
             line.push_str(&format!("; {} cancelled", cancelled.len()));
         }
-        self.completed(step, record, outputs, vec![line], env)
+        (record, outputs, vec![line])
+    }
+
+    /// A completed step of a cancelled item is undone: the next one is,
+    /// or the `for_each` step completes and the run goes on after it.
+    pub(super) fn undo_next_item(mut self, env: &mut Env<'_>) -> Result<Self, Box<Transition>> {
+        if let Some(next) = for_each::next_undo(&mut self.state.context) {
+            self.state.path = next.child(Branch::Compensate, 0);
+            self.state.attempt = 1;
+            return Ok(self);
+        }
+        let automation = self.automation;
+        let ended = for_each::end_undo(&mut self.state.context);
+        let Some((at, total, done, cancelled)) = ended else {
+            return Err(Box::new(self.fail(
+                "the for_each step undoing its cancelled items was lost".to_owned(),
+            )));
+        };
+        let Some(step) = flow::step_at(&automation.steps, &at) else {
+            return Err(Box::new(
+                self.fail(format!("the run's version has no step at `{at}`")),
+            ));
+        };
+        self.state.path = at;
+        self.state.attempt = 1;
+        let (record, outputs, log) = self.item_results(step, total, &done, &cancelled);
+        if let Err(error) = self.state_fits(step, &outputs) {
+            let started_at = record.started_at;
+            return Err(Box::new(self.step_failed(step, None, started_at, error, env)));
+        }
+        let next = self.publish(step, record, outputs, log);
+        self.follow(next, env)
     }
 }

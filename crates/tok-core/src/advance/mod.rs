@@ -583,6 +583,7 @@ impl Decider<'_> {
         let context = &mut self.state.context;
         context.set_reserved(escalation::ESCALATIONS_KEY, None);
         custom::cancelled(context);
+        for_each::abandon_undo(context);
         compensation::begin(context, RunStatus::Cancelled, error);
         self.compensate_next()
     }
@@ -1052,6 +1053,9 @@ impl Decider<'_> {
                 self.iteration_done(repeat, iteration, env)
             }
             Ok(Next::EscalationDone { waiting, .. }) => Err(Box::new(self.wait_again(waiting))),
+            Ok(Next::CompensationDone { .. }) if for_each::undoing(&self.state.context) => {
+                self.undo_next_item(env)
+            }
             Ok(Next::CompensationDone { .. }) => match self.next_compensation() {
                 true => Ok(self),
                 false => Err(Box::new(self.compensated())),
@@ -1218,6 +1222,13 @@ impl Decider<'_> {
                         attempt,
                         message,
                     }));
+                    if for_each::undoing(&self.state.context) {
+                        // A cancelled item's undo: the next one goes on.
+                        return match self.undo_next_item(env) {
+                            Ok(decider) => decider.chain(env),
+                            Err(transition) => *transition,
+                        };
+                    }
                     return self.compensate_next();
                 }
                 if self.state.path.innermost_branch().is_some() {

@@ -21,6 +21,7 @@ use crate::helpers::{TestApp, backend_tests, log_step, manual};
 backend_tests!(crate::helpers::run_with_service;
     twelve_items_run_three_at_once_and_answer_in_item_order,
     the_first_answer_completes_any_and_cancels_the_rest,
+    the_cancelled_items_reservations_are_released,
     more_items_than_max_items_fail_the_step,
 );
 
@@ -31,21 +32,24 @@ struct Supplier {
     in_flight: AtomicUsize,
     peak: AtomicUsize,
     answered: AtomicUsize,
+    paths: std::sync::Mutex<Vec<String>>,
 }
 
-/// Answers `/fast/…` at once and every other call after 200 ms (`/slow/…`
-/// after 3 s).
+/// Answers `/fast/…` at once, `/medium/…` after 1 s, `/slow/…` after 3 s
+/// and every other call after 200 ms.
 async fn answer(State(supplier): State<Arc<Supplier>>, uri: Uri) -> axum::Json<Value> {
     let now = supplier.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     supplier.peak.fetch_max(now, Ordering::SeqCst);
     let pause = match uri.path() {
         p if p.starts_with("/fast/") => 0,
+        p if p.starts_with("/medium/") => 1000,
         p if p.starts_with("/slow/") => 3000,
         _ => 200,
     };
     tokio::time::sleep(Duration::from_millis(pause)).await;
     supplier.in_flight.fetch_sub(1, Ordering::SeqCst);
     supplier.answered.fetch_add(1, Ordering::SeqCst);
+    supplier.paths.lock().unwrap().push(uri.path().to_owned());
     axum::Json(json!({ "from": uri.path() }))
 }
 
@@ -229,4 +233,65 @@ async fn more_items_than_max_items_fail_the_step(app: &TestApp) {
     ] {
         assert!(text.contains(expected), "{expected} in {refused:#}");
     }
+}
+
+async fn the_cancelled_items_reservations_are_released(app: &TestApp) {
+    let supplier = Arc::new(Supplier::default());
+    let addr = serve(app, supplier.clone()).await;
+    let tenant = app.create_tenant("Acme").await;
+    let url = |path: &str| format!("http://{addr}{path}");
+    let get = |id: &str, path: &str| {
+        json!({ "id": id, "type": "http",
+                "config": { "method": "GET", "url": url(path), "timeoutMs": 10000 } })
+    };
+    let mut reserve = get("st_reserve", "/fast/reserve-{{index}}");
+    reserve["compensate"] = json!([get("st_release", "/fast/release-{{index}}")]);
+    let steps = json!([
+        { "id": "st_each", "type": "for_each",
+          "config": { "items": ["slow", "medium", "slow"], "complete": "any" },
+          "do": [ reserve, get("st_confirm", "/{{item}}/confirm-{{index}}") ] },
+        log_step("st_after", "item {{st_each.first}} confirmed")
+    ]);
+    let automation = app
+        .create_automation(&tenant, &manual("Reserve at the first supplier", &steps))
+        .await;
+    let run = app
+        .start_run(&tenant, &automation, &json!({ "input": {} }))
+        .await;
+    let done = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(step(&done, "st_after")["log"][0], "info: item 1 confirmed");
+    // The cancelled items whose reservation was recorded before the
+    // cancel: each is released once (item 1 answered a second after them).
+    let rows = done["steps"].as_array().unwrap();
+    let reserved: Vec<String> = [0, 2]
+        .into_iter()
+        .filter(|n| {
+            rows.iter().any(|s| {
+                s["step_id"] == "st_reserve"
+                    && s["status"] == "completed"
+                    && s["path"] == format!("0.items.{n}.0").as_str()
+            })
+        })
+        .map(|n| format!("/fast/release-{n}"))
+        .collect();
+    assert!(!reserved.is_empty(), "no cancelled item had reserved: {done:#}");
+    let mut released: Vec<String> = supplier
+        .paths
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|p| p.starts_with("/fast/release-"))
+        .cloned()
+        .collect();
+    released.sort();
+    assert_eq!(released, reserved, "each cancelled reservation is released once");
+    assert!(
+        !released.contains(&"/fast/release-1".to_owned()),
+        "the winner's reservation stays"
+    );
+    let each = step(&done, "st_each");
+    assert_eq!(each["output"]["cancelled"], 2, "{each:#}");
+    let release_rows = rows.iter().filter(|s| s["step_id"] == "st_release").count();
+    assert_eq!(release_rows, released.len(), "{done:#}");
 }
