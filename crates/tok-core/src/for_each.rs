@@ -398,7 +398,11 @@ pub fn abandon_undo(context: &mut Context) {
     context.set_reserved(UNDOING_KEY, None);
     let left: Vec<String> = entry["undo"]
         .as_array()
-        .map(|a| a.iter().filter_map(|p| p.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
     crate::compensation::restore(context, &left);
 }

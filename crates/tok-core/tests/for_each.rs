@@ -324,7 +324,9 @@ fn reserved(hold: &str) -> Input {
 fn the_cancelled_items_completed_steps_are_undone_before_the_step_completes() {
     let automation = reserve_first();
     let none = Context::new(Map::new(), json!({}), json!({}));
-    let mut context = run(&automation, state("0", &none), Input::Start).state.context;
+    let mut context = run(&automation, state("0", &none), Input::Start)
+        .state
+        .context;
     // Every item reserved (2, 0, 1 in that order); item 1 confirmed first.
     for (n, hold) in [(2, "h2"), (0, "h0"), (1, "h1")] {
         let path = format!("0.items.{n}.0");
@@ -337,7 +339,11 @@ fn the_cancelled_items_completed_steps_are_undone_before_the_step_completes() {
     let join = run(&automation, state("0", &context), joined(3, &[1], &[0, 2]));
     assert_eq!(join.status, RunStatus::Running);
     let release = execute(&join);
-    assert_eq!(release.path.to_string(), "0.items.0.0.compensate.0", "the most recent first");
+    assert_eq!(
+        release.path.to_string(),
+        "0.items.0.0.compensate.0",
+        "the most recent first"
+    );
     assert_eq!(release.config["url"], json!("https://a/release/h0"));
 
     let undone = run(&automation, join.state.clone(), called(200));

@@ -102,19 +102,32 @@ fn trigger_index(trigger: &Trigger) -> (&'static str, Option<String>) {
     }
 }
 
-/// Parsed definitions by (automation, version).
+/// A cached version: its tenant, automation and number. The tenant is
+/// part of the key, so that an automation id of another tenant never
+/// finds that tenant's definition here.
+type Key = (TenantId, AutomationId, i32);
+
+/// Parsed definitions by (tenant, automation, version).
 #[derive(Default)]
 pub struct DefinitionCache {
-    parsed: Mutex<HashMap<(AutomationId, i32), Arc<Automation>>>,
+    parsed: Mutex<HashMap<Key, Arc<Automation>>>,
 }
 
 /// Past this many versions the cache starts over rather than grow without bound.
 const CACHE_LIMIT: usize = 10_000;
 
 impl DefinitionCache {
-    /// The parsed definition of a version whose JSON the caller already has.
-    pub fn parse(&self, id: &AutomationId, version: i32, json: &Value) -> Result<Arc<Automation>> {
-        if let Some(found) = self.cached(id, version) {
+    /// The parsed definition of the tenant's version whose JSON the
+    /// caller already has.
+    pub fn parse(
+        &self,
+        tenant: &TenantId,
+        id: &AutomationId,
+        version: i32,
+        json: &Value,
+    ) -> Result<Arc<Automation>> {
+        let key = (tenant.clone(), id.clone(), version);
+        if let Some(found) = self.cached(&key) {
             return Ok(found);
         }
         let automation: Automation = serde_json::from_value(json.clone()).map_err(|e| {
@@ -122,7 +135,7 @@ impl DefinitionCache {
                 "automation {id} version {version} does not parse: {e}"
             ))
         })?;
-        Ok(self.insert(id, version, automation))
+        Ok(self.insert(key, automation))
     }
 
     /// The parsed definition of a version, loaded from the store when not cached.
@@ -133,7 +146,7 @@ impl DefinitionCache {
         id: &AutomationId,
         version: i32,
     ) -> Result<Arc<Automation>> {
-        if let Some(found) = self.cached(id, version) {
+        if let Some(found) = self.cached(&(tenant.clone(), id.clone(), version)) {
             return Ok(found);
         }
         let saved = store
@@ -142,21 +155,21 @@ impl DefinitionCache {
             .ok_or_else(|| {
                 EngineError::Definition(format!("automation {id} has no version {version}"))
             })?;
-        self.parse(id, version, &saved.definition)
+        self.parse(tenant, id, version, &saved.definition)
     }
 
-    fn cached(&self, id: &AutomationId, version: i32) -> Option<Arc<Automation>> {
+    fn cached(&self, key: &Key) -> Option<Arc<Automation>> {
         let parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
-        parsed.get(&(id.clone(), version)).cloned()
+        parsed.get(key).cloned()
     }
 
-    fn insert(&self, id: &AutomationId, version: i32, automation: Automation) -> Arc<Automation> {
+    fn insert(&self, key: Key, automation: Automation) -> Arc<Automation> {
         let automation = Arc::new(automation);
         let mut parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
         if parsed.len() >= CACHE_LIMIT {
             parsed.clear();
         }
-        parsed.insert((id.clone(), version), automation.clone());
+        parsed.insert(key, automation.clone());
         automation
     }
 }
@@ -225,5 +238,25 @@ mod tests {
                 .starts_with("unknown field `flwo`, expected one of `name`, `trigger`, `flow`, `steps`, `settings` (line 1, column "),
             "{errors:#?}"
         );
+    }
+
+    #[test]
+    fn a_cached_version_is_found_only_for_its_own_tenant() {
+        let cache = DefinitionCache::default();
+        let id = AutomationId::from("aut_shared".to_owned());
+        let named = |name: &str| json!({"name": name, "trigger": {"kind": "manual"}, "steps": []});
+        let (acme, other) = (
+            TenantId::from("acme".to_owned()),
+            TenantId::from("other".to_owned()),
+        );
+        let first = cache.parse(&acme, &id, 1, &named("Acme's")).unwrap();
+        assert_eq!(first.name, "Acme's");
+        let second = cache.parse(&other, &id, 1, &named("Other's")).unwrap();
+        assert_eq!(
+            second.name, "Other's",
+            "another tenant's id never reads acme's version"
+        );
+        let again = cache.parse(&acme, &id, 1, &named("ignored")).unwrap();
+        assert_eq!(again.name, "Acme's", "a version never changes once cached");
     }
 }

@@ -451,10 +451,10 @@ impl Engine {
                 return Err(EngineError::AutomationArchived(automation_id.clone()));
             }
         }
-        let automation = self
-            .inner
-            .defs
-            .parse(&row.id, row.version, &row.definition)?;
+        let automation =
+            self.inner
+                .defs
+                .parse(&row.tenant_id, &row.id, row.version, &row.definition)?;
         let params = match &input {
             Value::Object(map) => map.clone(),
             _ => Map::new(),

@@ -310,7 +310,10 @@ async fn current_version(
         // Not failed (or failed before a step ran): the store says why.
         return Ok(RunAction::Retry { version: None });
     };
-    let current: Arc<Automation> = inner.defs.parse(&row.id, row.version, &row.definition)?;
+    let current: Arc<Automation> =
+        inner
+            .defs
+            .parse(&row.tenant_id, &row.id, row.version, &row.definition)?;
     Ok(
         match tok_core::flow::resumes_at(&current.steps, &failed.path, &failed.step_id) {
             Ok(()) => RunAction::Retry {

@@ -119,7 +119,9 @@ impl Decider<'_> {
         let (record, outputs, log) = self.item_results(step, total, &done, &cancelled);
         if let Err(error) = self.state_fits(step, &outputs) {
             let started_at = record.started_at;
-            return Err(Box::new(self.step_failed(step, None, started_at, error, env)));
+            return Err(Box::new(
+                self.step_failed(step, None, started_at, error, env),
+            ));
         }
         let next = self.publish(step, record, outputs, log);
         self.follow(next, env)

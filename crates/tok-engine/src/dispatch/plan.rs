@@ -129,6 +129,7 @@ pub fn plan(
             continue;
         }
         let automation = match defs.parse(
+            &event.tenant_id,
             &candidate.automation_id,
             candidate.version,
             &candidate.definition,

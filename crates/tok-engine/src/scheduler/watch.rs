@@ -194,7 +194,7 @@ async fn time_out_runs(
     for row in store.automations(tenant).await? {
         let automation = scheduler
             .defs
-            .parse(&row.id, row.version, &row.definition)?;
+            .parse(tenant, &row.id, row.version, &row.definition)?;
         let (limit, whose) = match (
             automation.settings.run_timeout,
             scheduler.config.run_timeout,

@@ -275,7 +275,10 @@ async fn the_cancelled_items_reservations_are_released(app: &TestApp) {
         })
         .map(|n| format!("/fast/release-{n}"))
         .collect();
-    assert!(!reserved.is_empty(), "no cancelled item had reserved: {done:#}");
+    assert!(
+        !reserved.is_empty(),
+        "no cancelled item had reserved: {done:#}"
+    );
     let mut released: Vec<String> = supplier
         .paths
         .lock()
@@ -285,7 +288,10 @@ async fn the_cancelled_items_reservations_are_released(app: &TestApp) {
         .cloned()
         .collect();
     released.sort();
-    assert_eq!(released, reserved, "each cancelled reservation is released once");
+    assert_eq!(
+        released, reserved,
+        "each cancelled reservation is released once"
+    );
     assert!(
         !released.contains(&"/fast/release-1".to_owned()),
         "the winner's reservation stays"
