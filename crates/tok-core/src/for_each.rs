@@ -381,7 +381,7 @@ pub fn end_undo(context: &mut Context) -> Option<(FlowPath, usize, Vec<usize>, V
     let indices = |key: &str| -> Vec<usize> {
         entry[key]
             .as_array()
-            .map(|a| a.iter().filter_map(|n| whole(n)).collect())
+            .map(|a| a.iter().filter_map(whole).collect())
             .unwrap_or_default()
     };
     let at = entry["at"].as_str()?.parse().ok()?;
