@@ -1,13 +1,18 @@
 //! A property of the decider over composed runs: random trees of calls,
-//! conditions, `parallel` branches and `repeat`s, driven through `advance`
+//! conditions, `parallel` branches, `for_each` items and `repeat`s, driven
+//! through `advance`
 //! with random outcomes (done, retryable or terminal failures) and random
 //! interleavings of the run's jobs, as the store would carry them out (a
 //! fork parks its job and starts one per branch; a branch's end counts on
 //! the parked job, a failure cancels its siblings; branches' publications
-//! merge into the run's context). Whatever happens, the run ends (no branch
-//! is lost: a run never waits with nothing left to run), no parallel step
-//! joins twice or hears of a branch twice, a completed run completed every
-//! branch it forked, and the run never executes more than `MAX_ACTIONS`.
+//! merge into the run's context; a `for_each` item's end starts the next
+//! item or, once its rule is met, cancels the items still running).
+//! Whatever happens, the run ends (no branch is lost: a run never waits
+//! with nothing left to run), no parallel step joins twice or hears of a
+//! branch twice, no `for_each` runs more items at once than its
+//! concurrency, a completed run completed every branch it forked (and as
+//! many items as each `for_each` needed), and the run never executes more
+//! than `MAX_ACTIONS`.
 
 use std::collections::HashMap;
 
@@ -39,6 +44,14 @@ enum Node {
         else_: Vec<Node>,
     },
     Parallel(Vec<Vec<Node>>),
+    /// A call (and `body`) for each of `items` items, `concurrency` at
+    /// once, complete when all, any or `atLeast` of them are done.
+    ForEach {
+        items: usize,
+        concurrency: usize,
+        complete: Value,
+        body: Vec<Node>,
+    },
     /// Repeats a call (and `body`) until the call answers `ok`.
     Repeat {
         max: u64,
@@ -54,6 +67,18 @@ fn node() -> impl Strategy<Value = Node> {
             2 => (0i64..10, vec(inner.clone(), 0..3), vec(inner.clone(), 0..3))
                 .prop_map(|(above, then, else_)| Node::Cond { above, then, else_ }),
             3 => vec(vec(inner.clone(), 0..3), 1..4).prop_map(Node::Parallel),
+            2 => (
+                0usize..5,
+                1usize..4,
+                prop_oneof![Just(json!("all")), Just(json!("any")), Just(json!({ "atLeast": 1 }))],
+                vec(inner.clone(), 0..2),
+            )
+                .prop_map(|(items, concurrency, complete, body)| Node::ForEach {
+                    items,
+                    concurrency,
+                    complete,
+                    body,
+                }),
             2 => (prop_oneof![Just(1u64), Just(3), Just(1000)], vec(inner, 0..2))
                 .prop_map(|(max, body)| Node::Repeat { max, body }),
         ]
@@ -80,6 +105,23 @@ fn build(nodes: &[Node], next_id: &mut usize) -> Vec<Value> {
                         .map(|b| Value::Array(build(b, next_id)))
                         .collect();
                     json!({ "id": id, "type": "parallel", "branches": branches })
+                }
+                Node::ForEach {
+                    items,
+                    concurrency,
+                    complete,
+                    body,
+                } => {
+                    let mut steps = vec![
+                        json!({ "id": format!("{id}_call"), "type": "http", "config": { "url": "https://x/{{item}}" } }),
+                    ];
+                    steps.extend(build(body, next_id));
+                    json!({
+                        "id": id, "type": "for_each",
+                        "config": { "items": (0..*items).collect::<Vec<_>>(), "concurrency": concurrency,
+                                    "complete": complete },
+                        "do": steps
+                    })
                 }
                 Node::Repeat { max, body } => {
                     *next_id += 1;
@@ -116,6 +158,9 @@ struct Seen {
     forks: HashMap<String, Vec<usize>>,
     /// Joins by parallel path: the branches done at each join (and failed).
     joins: HashMap<String, Vec<(usize, bool)>>,
+    /// The paths' beginnings of the `for_each` items cancelled when their
+    /// step's rule was met: what they forked never joins.
+    cancelled: Vec<String>,
 }
 
 fn kinds(kind: &str) -> StepClass {
@@ -202,7 +247,12 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                 if let (StepStatus::Completed, Some(Value::Object(outputs))) =
                     (record.status, &record.output)
                 {
-                    context.publish(&record.step_id, outputs);
+                    tok_core::for_each::publish(
+                        &mut context,
+                        &record.path,
+                        &record.step_id,
+                        outputs,
+                    );
                 }
             }
         } else {
@@ -229,9 +279,14 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                 resume: None,
                 ready: true,
             }),
-            NextJob::Fork { path, branches, .. } => {
-                let total = branches.len();
-                seen.forks.entry(path.clone()).or_default().push(total);
+            NextJob::Fork {
+                path,
+                branches,
+                items,
+            } => {
+                let total = items.as_ref().map_or(branches.len(), |items| items.total);
+                let need = items.as_ref().map_or(branches.len(), |items| items.need);
+                seen.forks.entry(path.clone()).or_default().push(need);
                 jobs.push(Job {
                     path,
                     attempt: 1,
@@ -239,7 +294,7 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                         total,
                         done: Vec::new(),
                         failed: None,
-                        items: None,
+                        items,
                     }),
                     ready: false,
                 });
@@ -264,7 +319,7 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                     total,
                     done,
                     failed: before,
-                    ..
+                    items,
                 }) = &mut parked.resume
                 else {
                     panic!("the parallel job at {parallel} is not parked on branches");
@@ -276,15 +331,59 @@ fn drive(automation: &Automation, seed: u64, n: i64, start_actions: i32) -> (Run
                     "branch {branch} of {parallel} ended twice"
                 );
                 done.push(branch);
-                if failed.is_some() || done.len() == *total {
+                // The next item to start, as the store starts it.
+                let mut next_item = None;
+                let over = match items {
+                    _ if failed.is_some() => true,
+                    None => done.len() == *total,
+                    Some(items) if done.len() >= items.need => {
+                        items.cancelled =
+                            (0..items.started).filter(|n| !done.contains(n)).collect();
+                        true
+                    }
+                    Some(items) => {
+                        if items.started < *total {
+                            next_item = Some((items.started, items.concurrency));
+                            items.started += 1;
+                        }
+                        false
+                    }
+                };
+                let inside = match items {
+                    Some(_) => format!("{parallel}.items."),
+                    None => format!("{parallel}.branches."),
+                };
+                if over {
                     parked.ready = true;
                     *before = failed.clone();
                     let record = (done.len(), failed.is_some());
                     seen.joins.entry(parallel.clone()).or_default().push(record);
-                    if failed.is_some() {
-                        let inside = format!("{parallel}.branches.");
+                    if let Some(items) = items {
+                        let gone = items.cancelled.iter().map(|n| format!("{inside}{n}."));
+                        seen.cancelled.extend(gone);
+                    }
+                    if failed.is_some() || inside.ends_with(".items.") {
                         jobs.retain(|j| !j.path.starts_with(&inside));
                     }
+                }
+                if let Some((n, concurrency)) = next_item {
+                    jobs.push(Job {
+                        path: tok_core::for_each::item_start(&parallel, n),
+                        attempt: 1,
+                        resume: None,
+                        ready: true,
+                    });
+                    let mut running: Vec<&str> = jobs
+                        .iter()
+                        .filter_map(|j| j.path.strip_prefix(inside.as_str()))
+                        .filter_map(|rest| rest.split('.').next())
+                        .collect();
+                    running.sort();
+                    running.dedup();
+                    assert!(
+                        running.len() <= concurrency,
+                        "{parallel} runs items {running:?} at once, more than {concurrency}"
+                    );
                 }
             }
             NextJob::Done => panic!("a job ended with a run that is not over"),
@@ -315,7 +414,8 @@ proptest! {
         for (parallel, forks) in &seen.forks {
             let joins = seen.joins.get(parallel).map_or(0, Vec::len);
             prop_assert!(joins <= forks.len(), "{parallel} joined {joins} times for {} forks", forks.len());
-            if status == RunStatus::Completed {
+            let cancelled = seen.cancelled.iter().any(|item| parallel.starts_with(item.as_str()));
+            if status == RunStatus::Completed && !cancelled {
                 prop_assert_eq!(joins, forks.len(), "{} forked but never joined", parallel);
                 for ((done, failed), total) in seen.joins[parallel].iter().zip(forks) {
                     prop_assert!(!failed && done == total, "{parallel}: {done} of {total} branches");
