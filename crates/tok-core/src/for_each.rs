@@ -221,6 +221,24 @@ pub fn item_key(path: &FlowPath, n: usize) -> String {
     format!("_item:{path}:{n}")
 }
 
+/// Takes out of the context what items of the `for_each` step at `path`
+/// kept from an earlier attempt (a failed run retried at the step), so
+/// that its results are only this attempt's.
+pub fn clear_items(context: &mut Context, path: &FlowPath) {
+    let prefix = format!("_item:{path}:");
+    let stale: Vec<String> = match context.as_value() {
+        Value::Object(map) => map
+            .keys()
+            .filter(|k| k.starts_with(prefix.as_str()))
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
+    };
+    for key in stale {
+        context.set_reserved(&key, None);
+    }
+}
+
 /// The innermost item a step at `path` runs in: the `for_each` step's
 /// path and the item.
 fn innermost_item(path: &FlowPath) -> Option<(FlowPath, usize)> {

@@ -125,6 +125,11 @@ fn a_for_each_forks_its_first_items_and_each_item_runs_with_its_own_outputs() {
     assert_eq!(start.records[0].log, vec!["running 3 items, 2 at once"]);
     let forked = start.state.context.clone();
     assert_eq!(forked.as_value()["lines"]["count"], json!(3));
+    // A retry at the step starts over: an earlier attempt's item outputs go.
+    let mut retried = forked.clone();
+    retried.set_reserved("_item:0:2", Some(json!({ "ask": { "status": 500 } })));
+    let again = run(&order, state("0", &retried), Input::Start);
+    assert!(again.state.context.reserved("_item:0:2").is_none());
 
     // Item 1 renders its own item and index.
     let item = run(&order, state("0.items.1.0", &forked), Input::Start);

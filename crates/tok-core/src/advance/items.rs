@@ -24,6 +24,7 @@ impl Decider<'_> {
             let log = vec![format!("nothing to do for {total} items")];
             return self.completed(step, record, outputs, log, env);
         }
+        for_each::clear_items(&mut self.state.context, &path);
         let published = for_each::forked(&spec);
         if let Err(error) = self.state_fits(step, &published) {
             return self.step_failed(step, None, now, error, env);
