@@ -128,6 +128,7 @@ fn on_key(key: &str) -> SignalWait {
         filter: None,
         lookback: true,
         due_at: None,
+        ..Default::default()
     }
 }
 
@@ -224,6 +225,7 @@ fn resumed_by(sent: &SignalSent, payload: Value) -> Option<Resume> {
         payload,
         actor: None,
         subject: sent.subject.clone(),
+        key: Some(sent.key.clone()),
     })
 }
 
