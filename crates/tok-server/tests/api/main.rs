@@ -43,6 +43,7 @@ mod runs;
 mod schedules;
 mod search;
 mod senders;
+mod several_waits;
 mod signals;
 mod signatures;
 mod signed_only;
