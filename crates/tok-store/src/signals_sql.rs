@@ -175,28 +175,38 @@ macro_rules! impl_signals {
             Ok(())
         }
 
-        /// Takes the wait `wait` of `run`: deletes every wait row at its
-        /// path (a wait on several keys has one per key). `false` when its
-        /// row was gone already: another transaction resumed the wait
-        /// first (a signal on another of its keys, a change of its ticket)
-        /// and wrote its job's resume, which must not be overwritten.
-        async fn take_wait(
+        /// Takes the matched waits, each `(wait row id, run, path)`:
+        /// deletes every wait row at their paths (a wait on several keys
+        /// has one per key), in one statement. Returns the matched waits
+        /// this deleted; one whose row was gone already was resumed first
+        /// by another transaction (a signal on another of its keys, a
+        /// change of its ticket), which wrote its job's resume: that must
+        /// not be overwritten.
+        async fn take_waits(
             conn: &mut <$db as sqlx::Database>::Connection,
             tenant: &TenantId,
-            run: &str,
-            path: &str,
-            wait: &str,
-        ) -> Result<bool> {
-            let gone = sqlx::query(
-                "DELETE FROM waits WHERE tenant_id = $1 AND run_id = $2 AND path = $3
-                 RETURNING id",
-            )
-            .bind(tenant.as_str())
-            .bind(run)
-            .bind(path)
+            matched: Vec<(String, String, String)>,
+        ) -> Result<Vec<(String, String, String)>> {
+            if matched.is_empty() {
+                return Ok(matched);
+            }
+            let at: Vec<[&str; 3]> = matched
+                .iter()
+                .map(|(_, run, path)| [tenant.as_str(), run.as_str(), path.as_str()])
+                .collect();
+            let gone: std::collections::HashSet<String> = sqlx::query(concat!(
+                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
+                 JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1
+                    AND w.path = x.value ->> 2)
+                 RETURNING id"
+            ))
+            .bind(Json(&at))
             .fetch_all(&mut *conn)
-            .await?;
-            Ok(gone.iter().any(|row| row.get::<String, _>("id") == wait))
+            .await?
+            .iter()
+            .map(|row| row.get::<String, _>("id"))
+            .collect();
+            Ok(matched.into_iter().filter(|(wait, _, _)| gone.contains(wait)).collect())
         }
 
         /// A ticket was written (`write_ticket_in`, in the same
@@ -232,24 +242,22 @@ macro_rules! impl_signals {
                 return Ok(Vec::new());
             }
             let view = ticket.event_view();
-            let mut jobs = Vec::new();
-            let mut resumed = Vec::new();
+            let mut matched = Vec::new();
+            let mut job_of = std::collections::HashMap::new();
             for row in &waits {
                 let filter = row.try_get::<Option<Json<tok_core::definition::Filter>>, _>("match")?;
-                if !satisfies(filter.as_ref().map(|f| &f.0), &view) {
-                    continue;
-                }
-                let run: String = row.get("run_id");
-                let path: String = row.get("path");
-                let wait: String = row.get("id");
-                if take_wait(conn, tenant, &run, &path, &wait).await? {
-                    jobs.push(row.get::<i64, _>("job_id"));
-                    resumed.push(RunId::from(run));
+                if satisfies(filter.as_ref().map(|f| &f.0), &view) {
+                    let wait: String = row.get("id");
+                    job_of.insert(wait.clone(), row.get::<i64, _>("job_id"));
+                    matched.push((wait, row.get("run_id"), row.get("path")));
                 }
             }
-            if jobs.is_empty() {
-                return Ok(resumed);
+            let taken = take_waits(conn, tenant, matched).await?;
+            if taken.is_empty() {
+                return Ok(Vec::new());
             }
+            let jobs: Vec<i64> = taken.iter().map(|(wait, _, _)| job_of[wait]).collect();
+            let resumed = taken.into_iter().map(|(_, run, _)| RunId::from(run)).collect();
             sqlx::query(concat!(
                 "UPDATE jobs SET resume = $3, run_after = ", db_now!(), "
                  WHERE tenant_id = $1 AND id ", any_of!(2)
@@ -333,28 +341,28 @@ macro_rules! impl_signals {
             .fetch_all(&mut **tx)
             .await?;
             let mut matched = Vec::new();
+            let mut job_of = std::collections::HashMap::new();
             for row in &waits {
                 let filter = row.try_get::<Option<Json<tok_core::definition::Filter>>, _>("match")?;
                 if satisfies(filter.as_ref().map(|f| &f.0), &signal.payload) {
                     let wait: String = row.get("id");
-                    let run: String = row.get("run_id");
-                    let path: String = row.get("path");
-                    let job: i64 = row.get("job_id");
-                    matched.push((wait, run, path, job));
+                    job_of.insert(wait.clone(), row.get::<i64, _>("job_id"));
+                    matched.push((wait, row.get("run_id"), row.get("path")));
                 }
             }
-            // Wait ids sort by when the wait began.
-            matched.sort();
             // A wait on several keys resumed by a signal on another of its
             // keys a moment ago (its rows gone since they were read) is
             // not this signal's: the signal is buffered for it instead.
-            let mut taken = Vec::with_capacity(matched.len());
-            for (wait, run, path, job) in matched {
-                if take_wait(&mut **tx, tenant, &run, &path, &wait).await? {
-                    taken.push((wait, run, job));
-                }
-            }
-            let matched = taken;
+            let mut matched: Vec<(String, String, i64)> = take_waits(&mut **tx, tenant, matched)
+                .await?
+                .into_iter()
+                .map(|(wait, run, _)| {
+                    let job = job_of[&wait];
+                    (wait, run, job)
+                })
+                .collect();
+            // Wait ids sort by when the wait began.
+            matched.sort();
             let id = new_id("sig");
             let now = now_ms();
             if !matched.is_empty() {
