@@ -538,3 +538,29 @@ fn keys_modes_and_conditions_are_checked_at_save_with_what_was_expected() {
         );
     }
 }
+
+#[test]
+fn all_whose_signals_together_pass_the_output_limit_fails_and_says_so() {
+    let automation = both("all", json!({}));
+    let big = json!({ "blob": "x".repeat(40 * 1024) });
+    let begun = run(&automation, start(None), Input::Start, NOW_MS);
+    let half = run(
+        &automation,
+        claimed(&begun),
+        on("paid", "sig_1", big.clone()),
+        NOW_MS + 1,
+    );
+    assert_eq!(half.status, RunStatus::Waiting, "one fits");
+    let out = run(
+        &automation,
+        claimed(&half),
+        on("packed", "sig_2", big),
+        NOW_MS + 2,
+    );
+    assert_eq!(out.status, RunStatus::Failed);
+    let error = out.records[0].error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with("step `st_wait` returned") && error.contains("bytes of output"),
+        "{error}"
+    );
+}

@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Decider, Env, Then, Transition, sender};
+use super::{Decider, Env, Then, Transition, check_output_size, sender};
 use crate::condition_wait::{self, ConditionWait};
 use crate::definition::Step;
 use crate::escalation;
@@ -122,7 +122,12 @@ impl Decider<'_> {
                 ("signals".to_owned(), Value::Object(all.arrived)),
                 ("keys".to_owned(), json!(all.order)),
             ]);
-            let record = self.record(step, None, self.now_ms());
+            let now = self.now_ms();
+            // Each signal's payload fits a step's output; all of them may not.
+            if let Err(error) = check_output_size(&step.id, &outputs) {
+                return self.step_failed(step, None, now, error, env);
+            }
+            let record = self.record(step, None, now);
             let log = vec![format!("resumed: every signal came, {}", came.join(", "))];
             return self.completed(step, record, outputs, log, env);
         };
@@ -173,7 +178,11 @@ impl Decider<'_> {
             outputs.insert("keys".into(), json!(all.order));
             outputs.insert("missing".into(), json!(missing));
         }
-        let record = self.record(step, None, self.now_ms());
+        let now = self.now_ms();
+        if let Err(error) = check_output_size(&step.id, &outputs) {
+            return self.step_failed(step, None, now, error, env);
+        }
+        let record = self.record(step, None, now);
         self.completed(step, record, outputs, vec![log], env)
     }
 
