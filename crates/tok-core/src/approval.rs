@@ -68,10 +68,9 @@ pub fn awaited_decision(
         .map(|t| now.as_millisecond().saturating_add(t.as_millis() as i64));
     Some(SignalWait {
         key: decision_key(id),
-        subject: None,
-        filter: None,
         lookback: false,
         due_at,
+        ..SignalWait::default()
     })
 }
 

@@ -4,8 +4,9 @@
 //! every reader (the run detail, its tests) says the same.
 //!
 //! The kinds, in the order they are looked for:
-//! - `approval`, `signal`, `runs`: a wait row (a decision, a signal on a
-//!   key, child runs), `until` its timeout;
+//! - `approval`, `signal`, `condition`, `runs`: a wait row (a decision, a
+//!   signal on a key, a ticket's condition, child runs), `until` its
+//!   timeout (a condition's: its next check);
 //! - `breaker`, `connection_concurrency`, `connection_rate`: a step its
 //!   connection held back before it called anything, `until` it is tried
 //!   again (the job carries [`Resume::Deferred`] with the limit);
@@ -32,6 +33,7 @@ use crate::run::Resume;
 pub const KINDS: &[&str] = &[
     "approval",
     "signal",
+    "condition",
     "runs",
     BREAKER,
     CONNECTION_CONCURRENCY,
@@ -132,6 +134,11 @@ pub fn why(
                     }
                     blocked("signal", wait.due_at, detail)
                 }
+                ("condition", _) => blocked(
+                    "condition",
+                    wait.due_at,
+                    json!({ "ticketId": wait.subject }),
+                ),
                 _ => blocked(
                     "runs",
                     wait.due_at,

@@ -16,6 +16,7 @@ pub mod builtin;
 pub mod children;
 pub mod compensation;
 pub mod condition;
+pub mod condition_wait;
 pub mod context;
 pub mod contract;
 pub mod definition;

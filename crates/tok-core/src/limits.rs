@@ -29,6 +29,12 @@ pub const MAX_PAUSE_SECS: f64 = 60.0;
 pub const MAX_LOOP_ITEMS: usize = 1000;
 /// Most items of one `for_each` step that run at once (`config.concurrency`).
 pub const MAX_FOR_EACH_CONCURRENCY: usize = 50;
+/// Keys one `wait_for_event` may wait on (`config.keys`): each parks as a
+/// wait row of its own.
+pub const MAX_WAIT_KEYS: usize = 20;
+/// Shortest `every` of a `wait_for_condition`: each check is a claim of
+/// the run's job (a change of the ticket is checked at once anyway).
+pub const MIN_CONDITION_EVERY_MS: i64 = 1000;
 /// Ceiling of any retry policy's `max_attempts`.
 pub const MAX_ATTEMPTS_CAP: u32 = 10;
 

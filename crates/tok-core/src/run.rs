@@ -157,11 +157,20 @@ pub struct StepRecord {
     pub finished_at: i64,
 }
 
-/// What a `wait_for_event` step parks its run on: the signal key, the
-/// `where` its payload must satisfy, and when the wait gives up.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What a `wait_for_event` step parks its run on: the signal key (or
+/// keys), the `where` its payload must satisfy, and when the wait gives
+/// up. A `wait_for_condition` parks on one too, on the reserved
+/// [`crate::waits::CONDITION_KEY`]: its `subject` is the ticket and its
+/// `filter` the rules the ticket must hold (the store checks them when
+/// the ticket changes, not signals).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SignalWait {
     pub key: String,
+    /// The wait's further keys (`config.keys` beyond the first): a signal
+    /// on any of them resumes it. Waits stored before several keys have
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<String>,
     /// The ticket the signal must be about (its `subject`): only a signal
     /// with this subject resumes the wait, and a wait without one takes
     /// only signals without one. Waits stored before subjects have none.
@@ -174,6 +183,25 @@ pub struct SignalWait {
     pub lookback: bool,
     /// Unix ms when the wait times out; `None` waits for ever.
     pub due_at: Option<i64>,
+    /// Without `lookback`: the signals buffered from this time on (Unix
+    /// ms) may resume it at once. A wait for every one of several keys
+    /// that parks again on the keys still missing sets it to when it
+    /// began, so that a signal that came meanwhile is not lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<i64>,
+}
+
+impl SignalWait {
+    /// Every key of the wait, the first first.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.key.as_str()).chain(self.also.iter().map(String::as_str))
+    }
+
+    /// Whether this is a `wait_for_condition`'s wait on a ticket rather
+    /// than a wait for signals.
+    pub fn is_condition(&self) -> bool {
+        self.key == crate::waits::CONDITION_KEY
+    }
 }
 
 /// Whether a wait for runs ends when all of them have ended or when one has.
@@ -242,7 +270,14 @@ pub enum Resume {
         /// The ticket the signal was about, when it named one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         subject: Option<String>,
+        /// The key the signal came on (a wait may have several); resumes
+        /// written before keys were kept have none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
     },
+    /// A `wait_for_condition`'s ticket holds its rules: `ticket` is the
+    /// ticket as it was then (its event view).
+    Condition { ticket: Value },
     /// The wait's due time passed first.
     TimedOut,
     /// Not a resume: a step a limit held back (`limit`, one of

@@ -116,6 +116,7 @@ fn signal(payload: Value) -> Input {
         payload,
         actor: None,
         subject: None,
+        key: None,
     }
 }
 
@@ -361,6 +362,7 @@ fn a_resumed_wait_names_who_sent_its_signal() {
         payload: json!({ "amount": 1500 }),
         actor: Some(key.clone()),
         subject: None,
+        key: None,
     };
     let t = run(&order_tree(), state("3"), by_key);
     assert_eq!(t.state.context.as_value()["st_paid"]["actor"], key);
@@ -370,6 +372,7 @@ fn a_resumed_wait_names_who_sent_its_signal() {
         payload: json!({ "amount": 1500 }),
         actor: Some(json!({ "kind": "run", "runId": "run_9" })),
         subject: None,
+        key: None,
     };
     let t = run(&order_tree(), state("3"), by_run);
     assert_eq!(t.records[0].log, ["resumed by signal sig_2 from run run_9"]);
@@ -460,6 +463,7 @@ fn a_wait_about_a_ticket_parks_on_it_and_its_signal_names_it() {
         payload: json!({ "ok": true }),
         actor: None,
         subject: Some("tk_1".into()),
+        key: None,
     };
     let state = state("0").about(Some("tk_1".into()));
     let t = run(&automation(json!("ticket")), state, about);
@@ -777,6 +781,7 @@ fn a_custom_step_waits_and_is_resumed_by_its_signal_or_its_timeout() {
         payload: json!({ "at": "10:00" }),
         actor: None,
         subject: None,
+        key: None,
     };
     let resumed = run(&automation, claimed(&parked), signal);
     let Then::Execute(step) = &resumed.then else {

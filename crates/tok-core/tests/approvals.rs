@@ -105,6 +105,7 @@ fn an_opened_approval_parks_the_run_on_its_decision_key_until_the_timeout() {
                 filter: None,
                 lookback: false,
                 due_at: Some(NOW_MS + 3_600_000),
+                ..Default::default()
             },
         })
     );
@@ -123,6 +124,7 @@ fn a_decision_completes_the_step_with_the_decision_and_who_made_it() {
             payload,
             actor: None,
             subject: None,
+            key: None,
         },
     );
     assert_eq!(t.status, RunStatus::Completed, "{t:?}");

@@ -177,6 +177,7 @@ fn a_signal_ends_the_wait_and_its_pending_levels() {
         payload: json!({ "paid": true }),
         actor: None,
         subject: None,
+        key: None,
     };
     let resumed = run(&automation, claimed(&parked), signal, NOW_MS + MIN);
     assert_eq!(resumed.status, RunStatus::Completed);

@@ -1,7 +1,7 @@
 //! The step registry: every step type by name, and who runs it.
 //!
 //! Control steps (`condition`, `loop`, `set`, `flow/log`, `wait`,
-//! `wait_for_event`, `wait_for_runs`, `parallel`, `repeat`, `end`) are decided by `tok-core`'s decider and are not
+//! `wait_for_event`, `wait_for_condition`, `wait_for_runs`, `parallel`, `repeat`, `end`) are decided by `tok-core`'s decider and are not
 //! registered. Every other type is registered here once, as one of two
 //! classes: a step that runs inside the record transaction (the service-desk
 //! steps, [`TxStep`]), or a [`StepHandler`] that the worker runs with no
@@ -441,6 +441,7 @@ impl Registry {
             .iter()
             .chain([
                 &tok_core::advance::WAIT_FOR_EVENT,
+                &tok_core::condition_wait::WAIT_FOR_CONDITION,
                 &tok_core::children::WAIT_FOR_RUNS,
                 &tok_core::parallel::PARALLEL,
                 &tok_core::for_each::FOR_EACH,

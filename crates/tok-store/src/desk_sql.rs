@@ -254,6 +254,9 @@ macro_rules! impl_desk {
                     )));
                 }
             }
+            // The runs waiting for this ticket's condition learn its new
+            // state in this transaction (`signals_sql.rs`).
+            resume_condition_waits_in(&mut *conn, tenant, t).await?;
             let kind = if write.created { "created" } else { "updated" };
             for line in &write.trace {
                 trace_in(conn, tenant, &t.id, kind, line, cause).await?;

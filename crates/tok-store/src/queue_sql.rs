@@ -294,6 +294,7 @@ macro_rules! impl_queue {
                 let rows = sqlx::query(concat!(
                     "SELECT kind, COUNT(*) AS n FROM (
                         SELECT CASE WHEN kind = 'runs' THEN 'runs'
+                                    WHEN kind = 'condition' THEN 'condition'
                                     WHEN key LIKE 'approval:%' THEN 'approval'
                                     ELSE 'signal' END AS kind
                         FROM waits WHERE tenant_id ", any_of!(1), "

@@ -53,6 +53,8 @@ pub struct NewSignal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignalSent {
     pub signal_id: String,
+    /// The key it was sent on (the first send's, for a repeat).
+    pub key: String,
     /// The ticket the signal is about (the first send's, for a repeat).
     pub subject: Option<String>,
     /// The runs whose waits it resumed, oldest wait first.

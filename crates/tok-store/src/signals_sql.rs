@@ -10,6 +10,16 @@ pub(crate) fn key_lock(tenant: &tok_core::ids::TenantId, key: &str) -> String {
     format!("key:{tenant}/{key}")
 }
 
+/// Names the lock of the `wait_for_condition` waits on a ticket: one per
+/// (tenant, ticket). Signal keys never begin with `tok:`, so it is never
+/// a signal key's lock.
+pub(crate) fn condition_lock(tenant: &tok_core::ids::TenantId, ticket: &str) -> String {
+    key_lock(
+        tenant,
+        &format!("{}/{ticket}", tok_core::waits::CONDITION_KEY),
+    )
+}
+
 /// Names the lock of a start control's key (`flow_keys`): the dispatch
 /// deciding on it and the scheduler releasing a queued singleton run take
 /// it, one after the other.
@@ -53,7 +63,7 @@ pub(crate) fn into_escalation(job: &crate::ClaimedJob, next: &tok_core::run::Nex
 macro_rules! waits_for_signal {
     ($subject:literal) => {
         concat!(
-            "SELECT w.id, w.run_id, w.match, j.id AS job_id
+            "SELECT w.id, w.run_id, w.path, w.match, j.id AS job_id
              FROM waits w
              JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
                 AND j.path = w.path
@@ -68,6 +78,25 @@ macro_rules! waits_for_signal {
     };
 }
 pub(crate) use waits_for_signal;
+
+/// The `wait_for_condition` waits about a ticket (`$3`; `$2` their key),
+/// whose jobs no worker holds, locked: found by the index of waits'
+/// keys, so a write of a ticket nobody waits on costs this one lookup.
+macro_rules! waits_on_ticket {
+    () => {
+        concat!(
+            "SELECT w.id, w.run_id, w.path, w.match, j.id AS job_id
+             FROM waits w
+             JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                AND j.path = w.path
+             WHERE w.tenant_id = $1 AND w.kind = 'condition' AND w.key = $2
+               AND w.subject = $3 AND j.claim_token IS NULL
+             ORDER BY j.id ",
+            lock_rows_of!(j)
+        )
+    };
+}
+pub(crate) use waits_on_ticket;
 
 /// A wait on a key (`$2`) about a subject (`$subject` as in
 /// [`waits_for_signal`]) kept while its step's escalation runs.
@@ -115,7 +144,7 @@ macro_rules! impl_signals {
         db = $db:ty,
     ) => {
         use $crate::signals::{BUFFER_PAGE, NEVER_DUE_MS};
-        use $crate::signals_sql::{idempotency_lock, key_lock};
+        use $crate::signals_sql::{condition_lock, idempotency_lock, key_lock};
 
         /// Whether a payload satisfies a wait's `where` (none: any payload).
         fn satisfies(filter: Option<&tok_core::definition::Filter>, payload: &Value) -> bool {
@@ -131,11 +160,136 @@ macro_rules! impl_signals {
         /// transactions taking several never wait for each other in a
         /// circle. SQLite's one writer is lock enough: no statement.
         async fn lock_names(tx: &mut sqlx::Transaction<'_, $db>, names: Vec<String>) -> Result<()> {
+            lock_names_on(&mut **tx, names).await
+        }
+
+        /// [`lock_names`] on a connection (in its transaction).
+        async fn lock_names_on(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            names: Vec<String>,
+        ) -> Result<()> {
             if lock_names!(1).is_empty() || names.is_empty() {
                 return Ok(());
             }
-            sqlx::query(lock_names!(1)).bind(list(names)).execute(&mut **tx).await?;
+            sqlx::query(lock_names!(1)).bind(list(names)).execute(&mut *conn).await?;
             Ok(())
+        }
+
+        /// Takes the matched waits, each `(wait row id, run, path)`:
+        /// deletes every wait row at their paths (a wait on several keys
+        /// has one per key), in one statement. Returns the matched waits
+        /// this deleted; one whose row was gone already was resumed first
+        /// by another transaction (a signal on another of its keys, a
+        /// change of its ticket), which wrote its job's resume: that must
+        /// not be overwritten.
+        async fn take_waits(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            tenant: &TenantId,
+            matched: Vec<(String, String, String)>,
+        ) -> Result<Vec<(String, String, String)>> {
+            if matched.is_empty() {
+                return Ok(matched);
+            }
+            let at: Vec<[&str; 3]> = matched
+                .iter()
+                .map(|(_, run, path)| [tenant.as_str(), run.as_str(), path.as_str()])
+                .collect();
+            let gone: std::collections::HashSet<String> = sqlx::query(concat!(
+                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
+                 JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1
+                    AND w.path = x.value ->> 2)
+                 RETURNING id"
+            ))
+            .bind(Json(&at))
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|row| row.get::<String, _>("id"))
+            .collect();
+            Ok(matched.into_iter().filter(|(wait, _, _)| gone.contains(wait)).collect())
+        }
+
+        /// A ticket was written (`write_ticket_in`, in the same
+        /// transaction): the `wait_for_condition` waits about it whose
+        /// jobs no worker holds and whose rules its new state holds are
+        /// taken and their jobs resumed with it ([`Resume::Condition`]).
+        /// Returns the runs resumed.
+        ///
+        /// No wake-up is lost to a wait parking meanwhile: both take the
+        /// ticket's [`condition_lock`], the park before it reads the
+        /// ticket, this after the ticket's row is written and before it
+        /// looks for waits. If the park has the lock first, its wait row
+        /// is committed when this gets the lock, and this finds it (each
+        /// statement reads what was committed before it began). If this
+        /// has it first, the new ticket is committed when the park gets
+        /// the lock, and the park reads it and resumes at once. A wait
+        /// whose job a worker holds (claimed for its next check or its
+        /// deadline) is left: that claim parks it again, and the park
+        /// reads the ticket as it is then.
+        async fn resume_condition_waits_in(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            tenant: &TenantId,
+            ticket: &Ticket,
+        ) -> Result<Vec<RunId>> {
+            lock_names_on(conn, vec![condition_lock(tenant, &ticket.id)]).await?;
+            let waits = sqlx::query($crate::signals_sql::waits_on_ticket!())
+                .bind(tenant.as_str())
+                .bind(tok_core::waits::CONDITION_KEY)
+                .bind(&ticket.id)
+                .fetch_all(&mut *conn)
+                .await?;
+            if waits.is_empty() {
+                return Ok(Vec::new());
+            }
+            let view = ticket.event_view();
+            let mut matched = Vec::new();
+            let mut job_of = std::collections::HashMap::new();
+            for row in &waits {
+                let filter = row.try_get::<Option<Json<tok_core::definition::Filter>>, _>("match")?;
+                if satisfies(filter.as_ref().map(|f| &f.0), &view) {
+                    let wait: String = row.get("id");
+                    job_of.insert(wait.clone(), row.get::<i64, _>("job_id"));
+                    matched.push((wait, row.get("run_id"), row.get("path")));
+                }
+            }
+            let taken = take_waits(conn, tenant, matched).await?;
+            if taken.is_empty() {
+                return Ok(Vec::new());
+            }
+            let jobs: Vec<i64> = taken.iter().map(|(wait, _, _)| job_of[wait]).collect();
+            let resumed = taken.into_iter().map(|(_, run, _)| RunId::from(run)).collect();
+            sqlx::query(concat!(
+                "UPDATE jobs SET resume = $3, run_after = ", db_now!(), "
+                 WHERE tenant_id = $1 AND id ", any_of!(2)
+            ))
+            .bind(tenant.as_str())
+            .bind(list(jobs))
+            .bind(Json(&Resume::Condition { ticket: view }))
+            .execute(&mut *conn)
+            .await?;
+            if !notify_work!().is_empty() {
+                sqlx::query(notify_work!()).execute(&mut *conn).await?;
+            }
+            Ok(resumed)
+        }
+
+        /// The condition of a `wait_for_condition` that parks, checked at
+        /// once under its ticket's [`condition_lock`] (taken by the
+        /// caller): the ticket of the run's tenant as it is now, when it
+        /// holds the rules.
+        async fn condition_holds_now(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &TenantId,
+            wait: &SignalWait,
+        ) -> Result<Option<Resume>> {
+            let Some(id) = wait.subject.as_deref() else {
+                return Ok(None);
+            };
+            let Some(ticket) = ticket_where(&mut **tx, tenant, "id", id, false).await? else {
+                return Ok(None);
+            };
+            let view = ticket.event_view();
+            Ok(satisfies(wait.filter.as_ref(), &view).then_some(Resume::Condition { ticket: view }))
         }
 
         /// Sends a signal in the caller's transaction: resumes the matching
@@ -150,7 +304,7 @@ macro_rules! impl_signals {
             lock_names(tx, locks).await?;
             if let Some(idempotency_key) = &signal.idempotency_key {
                 let first = sqlx::query(
-                    "SELECT id, resumed, subject FROM signals
+                    "SELECT id, key, resumed, subject FROM signals
                      WHERE tenant_id = $1 AND idempotency_key = $2",
                 )
                 .bind(tenant.as_str())
@@ -161,6 +315,7 @@ macro_rules! impl_signals {
                     let resumed = first.try_get::<Json<Vec<RunId>>, _>("resumed")?.0;
                     return Ok(SignalSent {
                         signal_id: first.get("id"),
+                        key: first.get("key"),
                         subject: first.get("subject"),
                         buffered: resumed.is_empty(),
                         resumed,
@@ -186,30 +341,37 @@ macro_rules! impl_signals {
             .fetch_all(&mut **tx)
             .await?;
             let mut matched = Vec::new();
+            let mut job_of = std::collections::HashMap::new();
             for row in &waits {
                 let filter = row.try_get::<Option<Json<tok_core::definition::Filter>>, _>("match")?;
                 if satisfies(filter.as_ref().map(|f| &f.0), &signal.payload) {
                     let wait: String = row.get("id");
-                    let run: String = row.get("run_id");
-                    let job: i64 = row.get("job_id");
-                    matched.push((wait, run, job));
+                    job_of.insert(wait.clone(), row.get::<i64, _>("job_id"));
+                    matched.push((wait, row.get("run_id"), row.get("path")));
                 }
             }
+            // A wait on several keys resumed by a signal on another of its
+            // keys a moment ago (its rows gone since they were read) is
+            // not this signal's: the signal is buffered for it instead.
+            let mut matched: Vec<(String, String, i64)> = take_waits(&mut **tx, tenant, matched)
+                .await?
+                .into_iter()
+                .map(|(wait, run, _)| {
+                    let job = job_of[&wait];
+                    (wait, run, job)
+                })
+                .collect();
             // Wait ids sort by when the wait began.
             matched.sort();
             let id = new_id("sig");
             let now = now_ms();
             if !matched.is_empty() {
-                sqlx::query(concat!("DELETE FROM waits WHERE tenant_id = $1 AND id ", any_of!(2)))
-                    .bind(tenant.as_str())
-                    .bind(list(matched.iter().map(|(wait, _, _)| wait.clone())))
-                    .execute(&mut **tx)
-                    .await?;
                 let resume = Resume::Signal {
                     signal_id: id.clone(),
                     payload: signal.payload.clone(),
                     actor: signal.actor.clone(),
                     subject: signal.subject.clone(),
+                    key: Some(signal.key.clone()),
                 };
                 sqlx::query(concat!(
                     "UPDATE jobs SET resume = $3, run_after = ", db_now!(), "
@@ -253,6 +415,7 @@ macro_rules! impl_signals {
             .await?;
             Ok(SignalSent {
                 signal_id: id,
+                key: signal.key.clone(),
                 subject: signal.subject.clone(),
                 resumed,
                 buffered,
@@ -285,8 +448,8 @@ macro_rules! impl_signals {
             Ok(found.is_some())
         }
 
-        /// Takes the oldest signal buffered on the wait's key about its
-        /// subject, unexpired, whose payload satisfies its `where`, for
+        /// Takes the oldest signal buffered on `key` (one of the wait's)
+        /// about the wait's subject, unexpired, whose payload satisfies its `where`, for
         /// `run`. The buffer is
         /// read a page of [`BUFFER_PAGE`] at a time, oldest first, never
         /// the whole key at once: a record batch holds the writer while it
@@ -297,6 +460,7 @@ macro_rules! impl_signals {
             tenant: &TenantId,
             run: &RunId,
             wait: &SignalWait,
+            key: &str,
             since: Option<i64>,
             now: i64,
         ) -> Result<Option<Resume>> {
@@ -315,7 +479,7 @@ macro_rules! impl_signals {
                 };
                 let query = query
                     .bind(tenant.as_str())
-                    .bind(&wait.key)
+                    .bind(key)
                     .bind(now)
                     .bind(after_at)
                     .bind(after_id)
@@ -344,7 +508,8 @@ macro_rules! impl_signals {
                     .await?;
                     let actor = row.try_get::<Option<Json<Value>>, _>("actor")?.map(|a| a.0);
                     let subject = row.try_get::<Option<String>, _>("subject")?;
-                    return Ok(Some(Resume::Signal { signal_id, payload, actor, subject }));
+                    let key = Some(key.to_owned());
+                    return Ok(Some(Resume::Signal { signal_id, payload, actor, subject, key }));
                 }
                 let (Some(last), true) = (page.last(), page.len() as i64 == BUFFER_PAGE) else {
                     return Ok(None);
@@ -471,34 +636,25 @@ macro_rules! impl_signals {
                 }
                 return Ok(parked);
             }
-            let keys = parking.iter().map(|(job, _, wait)| key_lock(&job.tenant_id, &wait.key));
+            // A wait takes its keys' locks (a condition: its ticket's).
+            let keys = parking.iter().flat_map(|(job, _, wait)| match wait.is_condition() {
+                true => vec![condition_lock(&job.tenant_id, wait.subject.as_deref().unwrap_or_default())],
+                false => wait.keys().map(|key| key_lock(&job.tenant_id, key)).collect(),
+            });
             lock_names(tx, keys.collect()).await?;
             let now = now_ms();
             for (job, path, wait) in parking {
-                // Parked again after its escalation: what came since the
-                // wait began and resumed nothing was for it.
-                let since = job
-                    .path
-                    .strip_prefix(path)
-                    .filter(|rest| rest.starts_with(".escalations."))
-                    .and_then(|_| {
-                        let record = items.iter().find(|(j, _, _)| j.id == job.id)?;
-                        let at: tok_core::path::FlowPath = path.parse().ok()?;
-                        let context = tok_core::context::Context::from_shared(record.1.context.clone());
-                        tok_core::escalation::began(&at, &context).map(|(since, _)| since)
-                    });
-                let taken = match (wait.lookback, since) {
-                    (true, _) => take_buffered(tx, &job.tenant_id, &job.run_id, wait, None, now).await?,
-                    (false, Some(since)) => {
-                        take_buffered(tx, &job.tenant_id, &job.run_id, wait, Some(since), now).await?
+                if wait.is_condition() {
+                    // A condition looks at its ticket, not at the buffer.
+                    if let Some(resume) = condition_holds_now(tx, &job.tenant_id, wait).await? {
+                        took = true;
+                        parked.insert(job.id.0, $crate::rows::Parked { run_at: None, resume });
+                        continue;
                     }
-                    (false, None) => None,
-                };
-                let Some(resume) = taken else {
                     sqlx::query(
                         "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match, due_at,
                             subject)
-                         VALUES ($1, $2, $3, $4, 'event', $5, $6, $7, $8)",
+                         VALUES ($1, $2, $3, $4, 'condition', $5, $6, $7, $8)",
                     )
                     .bind(new_id("wai"))
                     .bind(job.run_id.as_str())
@@ -510,6 +666,62 @@ macro_rules! impl_signals {
                     .bind(wait.subject.as_deref())
                     .execute(&mut **tx)
                     .await?;
+                    let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
+                    parked.insert(job.id.0, $crate::rows::Parked { run_at, resume: Resume::TimedOut });
+                    continue;
+                }
+                // Parked again after its escalation: what came since the
+                // wait began and resumed nothing was for it. A wait for
+                // every one of several keys parked again on the keys still
+                // missing says since when itself.
+                let since = wait.since.or_else(|| job
+                    .path
+                    .strip_prefix(path)
+                    .filter(|rest| rest.starts_with(".escalations."))
+                    .and_then(|_| {
+                        let record = items.iter().find(|(j, _, _)| j.id == job.id)?;
+                        let at: tok_core::path::FlowPath = path.parse().ok()?;
+                        let context = tok_core::context::Context::from_shared(record.1.context.clone());
+                        tok_core::escalation::began(&at, &context).map(|(since, _)| since)
+                    }));
+                // The first key (in the wait's order) with a signal in the
+                // buffer resumes it.
+                let mut taken = None;
+                for key in wait.keys() {
+                    taken = match (wait.lookback, since) {
+                        (true, _) => {
+                            take_buffered(tx, &job.tenant_id, &job.run_id, wait, key, None, now).await?
+                        }
+                        (false, Some(since)) => {
+                            let since = Some(since);
+                            take_buffered(tx, &job.tenant_id, &job.run_id, wait, key, since, now).await?
+                        }
+                        (false, None) => None,
+                    };
+                    if taken.is_some() {
+                        break;
+                    }
+                }
+                let Some(resume) = taken else {
+                    // One row per key, all at the wait's path: a signal on
+                    // any of them takes them all (`take_wait`).
+                    for key in wait.keys() {
+                        sqlx::query(
+                            "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match,
+                                due_at, subject)
+                             VALUES ($1, $2, $3, $4, 'event', $5, $6, $7, $8)",
+                        )
+                        .bind(new_id("wai"))
+                        .bind(job.run_id.as_str())
+                        .bind(job.tenant_id.as_str())
+                        .bind(path)
+                        .bind(key)
+                        .bind(wait.filter.as_ref().map(Json))
+                        .bind(wait.due_at)
+                        .bind(wait.subject.as_deref())
+                        .execute(&mut **tx)
+                        .await?;
+                    }
                     let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
                     parked.insert(job.id.0, $crate::rows::Parked { run_at, resume: Resume::TimedOut });
                     continue;

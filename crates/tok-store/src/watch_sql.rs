@@ -35,7 +35,7 @@ macro_rules! impl_watch {
                 limit: u32,
             ) -> Result<Vec<$crate::watch::OverdueWait>> {
                 let rows = sqlx::query(
-                    "SELECT w.run_id, w.path, w.due_at FROM waits w
+                    "SELECT DISTINCT w.run_id, w.path, w.due_at FROM waits w
                      JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
                      WHERE w.tenant_id = $1 AND w.due_at < $2
                        AND (j.locked_until IS NULL OR j.locked_until < $3)

@@ -20,8 +20,8 @@ use tok_core::definition::Filter;
 use tok_core::ids::{AutomationId, RunId, TenantId};
 use tok_store::testing::{TestDb, backends, catch_unwind};
 use tok_store::{
-    Backend, ClaimedJob, NewEvent, NewRun, NewSignal, NewVersion, NextJob, Record, Resume,
-    RunStatus, SignalSent, SignalWait, StepRecord, StepStatus, Store, WaitRow,
+    Backend, Cause, ClaimedJob, NewEvent, NewRun, NewSignal, NewVersion, NextJob, Record, Resume,
+    RunStatus, SignalSent, SignalWait, StepRecord, StepStatus, Store, Ticket, TicketWrite, WaitRow,
 };
 
 tok_store::backend_tests!(run;
@@ -47,6 +47,9 @@ tok_store::backend_tests!(run;
     signals_and_waits_on_one_key_without_where_leave_no_wait_beside_a_buffered_signal,
     a_signal_resumes_only_the_waits_about_its_subject,
     a_starting_wait_takes_only_a_buffered_signal_about_its_subject,
+    two_signals_at_once_on_two_keys_of_one_wait_resume_it_once_and_the_other_waits_for_it,
+    a_ticket_write_resumes_the_condition_waits_its_new_state_satisfies,
+    a_condition_that_holds_as_the_wait_parks_resumes_it_at_once,
 );
 
 // ---------------------------------------------------------------------------
@@ -128,6 +131,7 @@ fn on_key(key: &str) -> SignalWait {
         filter: None,
         lookback: true,
         due_at: None,
+        ..Default::default()
     }
 }
 
@@ -224,6 +228,7 @@ fn resumed_by(sent: &SignalSent, payload: Value) -> Option<Resume> {
         payload,
         actor: None,
         subject: sent.subject.clone(),
+        key: Some(sent.key.clone()),
     })
 }
 
@@ -1354,4 +1359,258 @@ async fn a_starting_wait_takes_only_a_buffered_signal_about_its_subject(fx: &Fix
         1,
         "{b:?}: the signal about tk_b was taken once"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Several keys, and a ticket's condition
+// ---------------------------------------------------------------------------
+
+/// Two signals sent at the same moment on the two keys of each wait: the
+/// first to commit resumes the wait (and takes all its rows), the second
+/// finds them gone and is buffered, never overwriting the first's resume.
+/// The wait parking again on its missing key without lookback, from when
+/// it began, takes that buffered signal at once.
+async fn two_signals_at_once_on_two_keys_of_one_wait_resume_it_once_and_the_other_waits_for_it(
+    fx: &Fixture,
+) {
+    let b = fx.backend;
+    for round in 0..ROUNDS {
+        let began = tok_store::now_ms();
+        let jobs = fx.claimed_runs(PAIRS).await;
+        let keys = |i: usize| (format!("r{round}-paid-{i}"), format!("r{round}-packed-{i}"));
+        for (i, job) in jobs.iter().enumerate() {
+            let (paid, packed) = keys(i);
+            let wait = SignalWait {
+                also: vec![packed.clone()],
+                lookback: false,
+                ..on_key(&paid)
+            };
+            fx.store
+                .record(job, waiting(job, wait))
+                .await
+                .expect("record a wait on two keys");
+            let mut rows = fx.waits(&job.run_id).await.1;
+            rows.sort_by(|x, y| x.key.cmp(&y.key));
+            let one_per_key = vec![wait_row(&packed, None), wait_row(&paid, None)];
+            assert_eq!(rows, one_per_key, "{b:?}: a row per key");
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(2 * PAIRS));
+        let mut tasks = Vec::new();
+        for i in 0..PAIRS {
+            let (paid, packed) = keys(i);
+            for key in [paid, packed] {
+                let (store, barrier, tenant) =
+                    (fx.store.clone(), barrier.clone(), fx.tenant.clone());
+                tasks.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .send_signal(&tenant, signal(&key, json!({ "i": i })))
+                        .await
+                }));
+            }
+        }
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.expect("a signal task").expect("send a signal"));
+        }
+        let claimed = fx.claim_all().await;
+        let by_run: HashMap<&RunId, &ClaimedJob> = claimed.iter().map(|j| (&j.run_id, j)).collect();
+        assert_eq!(
+            (by_run.len(), claimed.len()),
+            (PAIRS, PAIRS),
+            "{b:?} round {round}: every wait is resumed, once"
+        );
+        for (i, job) in jobs.iter().enumerate() {
+            let pair = &answers[2 * i..2 * i + 2];
+            let (winner, loser) = match pair[0].resumed.is_empty() {
+                true => (&pair[1], &pair[0]),
+                false => (&pair[0], &pair[1]),
+            };
+            assert_eq!(
+                winner.resumed,
+                vec![job.run_id.clone()],
+                "{b:?} round {round}"
+            );
+            assert!(
+                loser.buffered && loser.resumed.is_empty(),
+                "{b:?} round {round}: the second signal of wait {i} is buffered: {loser:?}"
+            );
+            let resumed = by_run[&job.run_id];
+            assert_eq!(
+                resumed.resume,
+                resumed_by(winner, json!({ "i": i })),
+                "{b:?} round {round}: wait {i} carries the signal that resumed it"
+            );
+            assert_eq!(
+                fx.waits(&job.run_id).await.1,
+                vec![],
+                "{b:?}: every row taken"
+            );
+
+            // Parked again on the key still missing, from when it began.
+            let again = SignalWait {
+                lookback: false,
+                since: Some(began),
+                ..on_key(&loser.key)
+            };
+            fx.store
+                .record(resumed, waiting(resumed, again))
+                .await
+                .expect("park again");
+        }
+        let taken = fx.claim_all().await;
+        let by_run: HashMap<&RunId, &ClaimedJob> = taken.iter().map(|j| (&j.run_id, j)).collect();
+        assert_eq!(
+            by_run.len(),
+            PAIRS,
+            "{b:?} round {round}: every buffered signal is taken"
+        );
+        for (i, job) in jobs.iter().enumerate() {
+            let pair = &answers[2 * i..2 * i + 2];
+            let loser = pair.iter().find(|s| s.buffered).expect("a buffered one");
+            assert_eq!(
+                by_run[&job.run_id].resume,
+                resumed_by(loser, json!({ "i": i })),
+                "{b:?} round {round}: wait {i} takes its buffered signal"
+            );
+            fx.finish(by_run[&job.run_id]).await;
+        }
+    }
+}
+
+/// A ticket of the fixture's tenant in `status`, written as the API
+/// writes it: created, or updated (over its last write).
+async fn write_ticket(fx: &Fixture, id: &str, status: &str, created: bool) -> Ticket {
+    let now = tok_store::now_ms();
+    let ticket = Ticket {
+        id: id.into(),
+        external_id: format!("ext-{id}"),
+        type_id: None,
+        type_name: None,
+        title: None,
+        status: Some(status.into()),
+        closed: false,
+        tags: Vec::new(),
+        fields: serde_json::Map::new(),
+        assignee_id: None,
+        assignee_name: None,
+        created_at: now,
+        updated_at: now,
+    };
+    let write = TicketWrite {
+        ticket: ticket.clone(),
+        created,
+        changes: vec!["status".into()],
+        trace: vec![format!("Status: {status}")],
+    };
+    let cause = Cause {
+        actor: "api".into(),
+        ..Cause::default()
+    };
+    fx.store
+        .write_ticket(&fx.tenant, write, None, &cause)
+        .await
+        .expect("write a ticket");
+    ticket
+}
+
+/// A `wait_for_condition`'s wait: until ticket `ticket` is `shipped`.
+fn until_shipped(ticket: &str) -> SignalWait {
+    SignalWait {
+        key: tok_core::waits::CONDITION_KEY.into(),
+        subject: Some(ticket.into()),
+        filter: Some(
+            serde_json::from_value(json!({
+                "rules": [{ "field": "status", "operator": "eq", "value": "shipped" }]
+            }))
+            .expect("a filter"),
+        ),
+        lookback: false,
+        ..SignalWait::default()
+    }
+}
+
+async fn a_ticket_write_resumes_the_condition_waits_its_new_state_satisfies(fx: &Fixture) {
+    let b = fx.backend;
+    let id = tok_core::ids::new_id("tkt");
+    let other = tok_core::ids::new_id("tkt");
+    write_ticket(fx, &id, "new", true).await;
+    write_ticket(fx, &other, "new", true).await;
+    let job = fx.waiting_run(until_shipped(&id)).await;
+    let bystander = fx.waiting_run(until_shipped(&other)).await;
+    assert_eq!(
+        fx.waits(&job.run_id).await,
+        (
+            "waiting".into(),
+            vec![WaitRow {
+                kind: "condition".into(),
+                subject: Some(id.clone()),
+                ..wait_row(tok_core::waits::CONDITION_KEY, None)
+            }]
+        ),
+        "{b:?}: the run waits on its ticket"
+    );
+    fx.assert_nothing_ready("the ticket is not shipped").await;
+
+    write_ticket(fx, &id, "packed", false).await;
+    fx.assert_nothing_ready("a change that does not satisfy the rules resumes nothing")
+        .await;
+    assert_eq!(
+        fx.waits(&job.run_id).await.1.len(),
+        1,
+        "{b:?}: still waiting"
+    );
+    let signal_on_key = fx
+        .send(signal(tok_core::waits::CONDITION_KEY, json!({})))
+        .await;
+    assert!(
+        signal_on_key.resumed.is_empty(),
+        "{b:?}: no signal resumes a condition"
+    );
+
+    let shipped = write_ticket(fx, &id, "shipped", false).await;
+    let resumed = fx.claim_only(&job.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        Some(Resume::Condition {
+            ticket: shipped.event_view()
+        }),
+        "{b:?}: resumed with the ticket as it is now"
+    );
+    assert_eq!(
+        fx.waits(&job.run_id).await.1,
+        vec![],
+        "{b:?}: the wait is taken"
+    );
+    assert_eq!(
+        fx.waits(&bystander.run_id).await.1.len(),
+        1,
+        "{b:?}: another ticket's wait stays"
+    );
+    fx.finish(&resumed).await;
+}
+
+async fn a_condition_that_holds_as_the_wait_parks_resumes_it_at_once(fx: &Fixture) {
+    let b = fx.backend;
+    let id = tok_core::ids::new_id("tkt");
+    let shipped = write_ticket(fx, &id, "shipped", true).await;
+    let job = fx.waiting_run(until_shipped(&id)).await;
+    let resumed = fx.claim_only(&job.run_id).await;
+    assert_eq!(
+        resumed.resume,
+        Some(Resume::Condition {
+            ticket: shipped.event_view()
+        }),
+        "{b:?}"
+    );
+    assert_eq!(
+        fx.waits(&job.run_id).await.1,
+        vec![],
+        "{b:?}: no wait is left"
+    );
+    // Another tenant's ticket of the same id is not the run's ticket.
+    let missing = fx.waiting_run(until_shipped("tkt_of_no_one")).await;
+    fx.assert_nothing_ready("a ticket the tenant does not have holds nothing")
+        .await;
+    assert_eq!(fx.waits(&missing.run_id).await.1.len(), 1, "{b:?}");
 }

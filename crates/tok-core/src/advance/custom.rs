@@ -115,6 +115,16 @@ impl Decider<'_> {
             ));
             return self.step_failed(step, input, started_at, error, env);
         }
+        if crate::waits::is_reserved_key(&wait.key) {
+            let error = StepError::terminal(format!(
+                "step `{}` asked to wait for `{}`, but keys beginning with `{}` are reserved \
+                 for tok",
+                step.id,
+                wait.key,
+                crate::waits::RESERVED_KEY_PREFIX
+            ));
+            return self.step_failed(step, input, started_at, error, env);
+        }
         let mut record = self.record(step, input, started_at);
         record.status = StepStatus::Waiting;
         self.state.context.publish(&step.id, &wait.outputs);
@@ -139,10 +149,9 @@ impl Decider<'_> {
         });
         let wait = SignalWait {
             key: wait.key,
-            filter: None,
             lookback: true,
             due_at,
-            subject: None,
+            ..SignalWait::default()
         };
         self.push(record);
         self.finish(

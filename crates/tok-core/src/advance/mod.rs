@@ -20,6 +20,7 @@
 
 pub mod custom;
 mod items;
+mod signals;
 mod waiting;
 
 use std::time::Duration;
@@ -31,6 +32,7 @@ use crate::approval::{self, APPROVAL};
 use crate::builtin::{self, Outcome, WAIT};
 use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::compensation;
+use crate::condition_wait::WAIT_FOR_CONDITION;
 use crate::context::Context;
 use crate::definition::{Automation, Step};
 use crate::error::StepError;
@@ -52,11 +54,19 @@ use crate::waits::signal_wait;
 pub const WAIT_FOR_EVENT: &str = "wait_for_event";
 
 /// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`],
-/// [`WAIT_FOR_EVENT`], [`WAIT_FOR_RUNS`], [`PARALLEL`], [`FOR_EACH`] and
-/// [`REPEAT`].
+/// [`WAIT_FOR_EVENT`], [`WAIT_FOR_CONDITION`], [`WAIT_FOR_RUNS`],
+/// [`PARALLEL`], [`FOR_EACH`] and [`REPEAT`].
 pub fn is_control(kind: &str) -> bool {
     builtin::is_internal(kind)
-        || [WAIT_FOR_EVENT, WAIT_FOR_RUNS, PARALLEL, FOR_EACH, REPEAT].contains(&kind)
+        || [
+            WAIT_FOR_EVENT,
+            WAIT_FOR_CONDITION,
+            WAIT_FOR_RUNS,
+            PARALLEL,
+            FOR_EACH,
+            REPEAT,
+        ]
+        .contains(&kind)
 }
 
 /// Who runs a step type.
@@ -166,13 +176,18 @@ pub enum Input {
         started_at: i64,
     },
     /// A signal matched the wait at the state's path, sent by `actor`,
-    /// about the ticket `subject` when it named one.
+    /// about the ticket `subject` when it named one, on `key` (one of the
+    /// wait's keys; `None` from a resume that did not keep it).
     Signal {
         signal_id: String,
         payload: Value,
         actor: Option<Value>,
         subject: Option<String>,
+        key: Option<String>,
     },
+    /// The ticket of the `wait_for_condition` at the state's path holds
+    /// its rules: `ticket` is the ticket as it was then.
+    Condition { ticket: Value },
     /// The wait at the state's path timed out.
     TimedOut,
     /// Runs the step at the state's path waited on ended (all of them, one
@@ -207,12 +222,15 @@ impl From<Option<Resume>> for Input {
                 payload,
                 actor,
                 subject,
+                key,
             }) => Input::Signal {
                 signal_id,
                 payload,
                 actor,
                 subject,
+                key,
             },
+            Some(Resume::Condition { ticket }) => Input::Condition { ticket },
             Some(Resume::TimedOut) => Input::TimedOut,
             // A step held back by a limit is begun again like any step.
             Some(Resume::Deferred { .. }) => Input::Start,
@@ -374,6 +392,7 @@ pub fn advance(
             payload,
             actor,
             subject,
+            ..
         } if custom::is_live(&decider.state.context, &step_path.to_string()) => {
             let mut decider = decider;
             let resumed = custom::resumed_by(Some((signal_id, payload, actor, subject)));
@@ -404,29 +423,21 @@ pub fn advance(
             payload,
             actor,
             subject,
+            key,
         } if step.kind == WAIT_FOR_EVENT => {
-            let mut decider = decider;
-            escalation::end(&step_path, &mut decider.state.context);
-            let mut outputs = Map::new();
-            outputs.insert("timedOut".into(), Value::Bool(false));
-            outputs.insert("payload".into(), payload);
-            outputs.insert("signalId".into(), Value::String(signal_id.clone()));
-            let about = match subject {
-                Some(ticket) => {
-                    let line = format!(" about ticket {ticket}");
-                    outputs.insert("subject".into(), Value::String(ticket));
-                    line
-                }
-                None => String::new(),
+            let signal = signals::Arrived {
+                signal_id,
+                payload,
+                actor,
+                subject,
+                key,
             };
-            let from = actor.as_ref().map(sender).unwrap_or_default();
-            if let Some(actor) = actor {
-                outputs.insert("actor".into(), actor);
-            }
-            let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec![format!("resumed by signal {signal_id}{about}{from}")];
-            decider.completed(step, record, outputs, log, env)
+            decider.signal_arrived(step, signal, env)
         }
+        Input::Condition { ticket } if step.kind == WAIT_FOR_CONDITION => {
+            decider.condition_holds(step, ticket, env)
+        }
+        Input::TimedOut if step.kind == WAIT_FOR_CONDITION => decider.condition_due(step, env),
         Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
             let mut decider = decider;
             let path = decider.state.path.clone();
@@ -437,16 +448,16 @@ pub fn advance(
                 return decider.chain(env);
             }
             escalation::end(&path, &mut decider.state.context);
+            if step.kind == WAIT_FOR_EVENT {
+                return decider.signals_timed_out(step, env);
+            }
             let mut outputs = Map::new();
             if let Some(id) = decider.waiting_output(step).get("approvalId") {
                 outputs.insert("approvalId".into(), id.clone());
             }
             outputs.insert("timedOut".into(), Value::Bool(true));
             let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec![match step.kind == APPROVAL {
-                true => "timed out: nobody decided".to_owned(),
-                false => "timed out: no matching signal came".to_owned(),
-            }];
+            let log = vec!["timed out: nobody decided".to_owned()];
             decider.completed(step, record, outputs, log, env)
         }
         Input::RunsEnded { ended, timed_out }
@@ -504,6 +515,7 @@ pub fn advance(
         // A resume for a step that is no longer waiting (the run moved on
         // by another way): nothing to take from it; the claim goes on.
         Input::Signal { .. }
+        | Input::Condition { .. }
         | Input::TimedOut
         | Input::RunsEnded { .. }
         | Input::BranchesJoined { .. } => decider.chain(env),
@@ -582,6 +594,7 @@ impl Decider<'_> {
     fn cancel(mut self, error: Option<String>) -> Transition {
         let context = &mut self.state.context;
         context.set_reserved(escalation::ESCALATIONS_KEY, None);
+        context.set_reserved(crate::waits::WAITING_KEY, None);
         custom::cancelled(context);
         for_each::abandon_undo(context);
         compensation::begin(context, RunStatus::Cancelled, error);
@@ -799,6 +812,18 @@ impl Decider<'_> {
                 return match spec {
                     Ok(spec) => self.fork_items(step, spec, env),
                     Err(error) => self.step_failed(step, None, now, error, env),
+                };
+            }
+            if step.kind == WAIT_FOR_CONDITION {
+                let subject = self.state.subject.as_deref();
+                let wait = crate::condition_wait::condition_wait(step, &scope, subject, self.now);
+                drop(scope);
+                return match wait {
+                    Ok((wait, config)) => self.park_on_condition(step, wait, config),
+                    Err(error) => {
+                        let now = self.now_ms();
+                        self.step_failed(step, None, now, error, env)
+                    }
                 };
             }
             if step.kind == PARALLEL {

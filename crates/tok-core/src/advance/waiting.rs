@@ -14,10 +14,11 @@ use crate::escalation;
 use crate::flow;
 use crate::path::FlowPath;
 use crate::run::{NextJob, RunStatus, RunsWait, SignalWait, StepRecord, StepStatus};
-use crate::waits::signal_wait;
+use crate::waits::{self, AllWait, WaitMode, has_keys, set_waiting, signal_wait, wait_mode};
 
 impl Decider<'_> {
-    /// The run parks at a `wait_for_event` step.
+    /// The run parks at a `wait_for_event` step. A wait for every one of
+    /// several keys is written down ([`AllWait`]) to keep its signals.
     pub(super) fn park(mut self, step: &Step, mut wait: SignalWait, config: Value) -> Transition {
         let mut record = self.record(step, Some(config), self.now_ms());
         record.status = StepStatus::Waiting;
@@ -25,17 +26,28 @@ impl Decider<'_> {
             Some(ticket) => format!(" about ticket {ticket}"),
             None => String::new(),
         };
+        let keys: Vec<String> = wait.keys().map(|k| format!("`{k}`")).collect();
+        let mode = wait_mode(step);
+        let what = match (has_keys(step), mode) {
+            (false, _) => format!("signal {}", keys.join(", ")),
+            (true, WaitMode::Any) => format!("a signal on any of {}", keys.join(", ")),
+            (true, WaitMode::All) => format!("a signal on each of {}", keys.join(", ")),
+        };
         record.log.push(
             match wait
                 .due_at
                 .and_then(|ms| Timestamp::from_millisecond(ms).ok())
             {
-                Some(due) => format!("waiting for signal `{}`{} until {due}", wait.key, about),
-                None => format!("waiting for signal `{}`{}", wait.key, about),
+                Some(due) => format!("waiting for {what}{about} until {due}"),
+                None => format!("waiting for {what}{about}"),
             },
         );
-        wait.due_at = self.escalated_due(step, wait.due_at);
         let path = self.state.path.to_string();
+        if has_keys(step) && mode == WaitMode::All {
+            let all = AllWait::begin(&wait, self.now_ms());
+            set_waiting(&mut self.state.context, &path, Some(&all));
+        }
+        wait.due_at = self.escalated_due(step, wait.due_at);
         self.push(record);
         self.finish(
             RunStatus::Waiting,
@@ -87,7 +99,7 @@ impl Decider<'_> {
 
     /// When the wait of `step` at the state's path is due, with its
     /// escalations ([`escalation::due`]); `timeout_at` without any.
-    fn escalated_due(&mut self, step: &Step, timeout_at: Option<i64>) -> Option<i64> {
+    pub(super) fn escalated_due(&mut self, step: &Step, timeout_at: Option<i64>) -> Option<i64> {
         let now = self.now_ms();
         let path = self.state.path.clone();
         escalation::due(step, &path, &mut self.state.context, now, timeout_at)
@@ -139,17 +151,22 @@ impl Decider<'_> {
                     .unwrap_or_default();
                 Ok(SignalWait {
                     key: approval::decision_key(id),
-                    subject: None,
-                    filter: None,
                     lookback: false,
-                    due_at: None,
+                    ..SignalWait::default()
                 })
             }
-            _ => {
-                let scope = flow::scope(&automation.steps, &waiting, self.state.context.as_value());
-                let subject = self.state.subject.as_deref();
-                signal_wait(step, &scope, subject, self.now).map(|(wait, _)| wait)
-            }
+            _ => match waits::waiting::<AllWait>(&self.state.context, &path) {
+                // Every one of several keys: the keys still missing.
+                Some(all) => all
+                    .remaining()
+                    .ok_or_else(|| crate::error::StepError::terminal("every signal came already")),
+                None => {
+                    let scope =
+                        flow::scope(&automation.steps, &waiting, self.state.context.as_value());
+                    let subject = self.state.subject.as_deref();
+                    signal_wait(step, &scope, subject, self.now).map(|(wait, _)| wait)
+                }
+            },
         };
         let mut wait = match wait {
             Ok(wait) => wait,

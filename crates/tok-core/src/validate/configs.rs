@@ -1,6 +1,6 @@
 //! The checks of a built-in step's `config` by its type (`loop`,
-//! `for_each`, `wait`, `wait_for_event`, `wait_for_runs`, `repeat`,
-//! `flow/pause`, `flow/log`).
+//! `for_each`, `wait`, `wait_for_event`, `wait_for_condition`,
+//! `wait_for_runs`, `repeat`, `flow/pause`, `flow/log`).
 //! A template is accepted wherever a value is only known at run time.
 
 use serde_json::Value;
@@ -9,7 +9,10 @@ use super::Checker;
 use crate::condition::parse_instant;
 use crate::definition::Step;
 use crate::duration::parse_duration;
-use crate::limits::{MAX_FOR_EACH_CONCURRENCY, MAX_LOOP_ITEMS, MAX_PAUSE_SECS};
+use crate::limits::{
+    MAX_FOR_EACH_CONCURRENCY, MAX_LOOP_ITEMS, MAX_PAUSE_SECS, MAX_WAIT_KEYS,
+    MIN_CONDITION_EVERY_MS,
+};
 use crate::template::has_placeholder;
 
 pub(super) fn check_loop(c: &mut Checker<'_>, at: &str, step: &Step) {
@@ -131,15 +134,86 @@ pub(super) fn check_for_each(c: &mut Checker<'_>, at: &str, step: &Step) {
     }
 }
 
-/// `wait_for_event`: a key, and where given, a `subject` string, `where`
-/// rules, a `timeout` duration and a boolean `lookback` (templates are
-/// checked when they run).
+/// `wait_for_event`: a key, or a list of distinct keys with a `mode`
+/// (`any` or `all`), and where given, a `subject` string, `where` rules, a
+/// `timeout` duration and a boolean `lookback` (templates are checked
+/// when they run). No key begins with `tok:`.
 pub(super) fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
-    match step.config.get("key") {
-        Some(Value::String(k)) if !k.trim().is_empty() => {}
+    let reserved = |c: &mut Checker<'_>, path: String, key: &str| {
+        if crate::waits::is_reserved_key(key) {
+            c.error(
+                path,
+                format!(
+                    "signal keys beginning with `{}` are reserved for tok; `{key}` cannot be \
+                     waited for",
+                    crate::waits::RESERVED_KEY_PREFIX
+                ),
+            );
+        }
+    };
+    match (step.config.get("key"), step.config.get("keys")) {
+        (Some(_), Some(_)) => c.error(
+            format!("{at}.config"),
+            "wait_for_event takes `key` (one signal key) or `keys` (a list of them), not both",
+        ),
+        (Some(Value::String(k)), None) if !k.trim().is_empty() => {
+            reserved(c, format!("{at}.config.key"), k);
+        }
+        (None, Some(Value::Array(keys))) if !keys.is_empty() => {
+            if keys.len() > MAX_WAIT_KEYS {
+                c.error(
+                    format!("{at}.config.keys"),
+                    format!(
+                        "keys lists {} keys; a wait has at most {MAX_WAIT_KEYS}",
+                        keys.len()
+                    ),
+                );
+            }
+            let mut seen = std::collections::HashSet::new();
+            for (i, key) in keys.iter().enumerate() {
+                let key_at = format!("{at}.config.keys.{i}");
+                match key {
+                    Value::String(k) if !k.trim().is_empty() => {
+                        if !seen.insert(k.as_str()) {
+                            c.error(
+                                key_at,
+                                format!("`{k}` is listed twice; the keys of one wait must differ"),
+                            );
+                        } else {
+                            reserved(c, key_at, k);
+                        }
+                    }
+                    other => c.error(
+                        key_at,
+                        format!("each key must be a non-empty string (a template), got {other}"),
+                    ),
+                }
+            }
+        }
+        (None, Some(other)) => c.error(
+            format!("{at}.config.keys"),
+            format!(
+                "keys must be a non-empty list of signal keys, like [\"paid-{{{{orderId}}}}\", \
+                 \"packed-{{{{orderId}}}}\"], got {other}"
+            ),
+        ),
         _ => c.error(
             format!("{at}.config.key"),
-            "wait_for_event needs `key`: the signal key to wait for, like \"order-{{orderId}}\"",
+            "wait_for_event needs `key`: the signal key to wait for, like \"order-{{orderId}}\" \
+             (or `keys`: a list of them, with `mode` \"any\" or \"all\")",
+        ),
+    }
+    match step.config.get("mode") {
+        None => {}
+        Some(_) if step.config.get("keys").is_none() => c.error(
+            format!("{at}.config.mode"),
+            "mode goes with `keys`: it says whether any one of them or all of them end the \
+             wait; a wait on one `key` has no mode",
+        ),
+        Some(Value::String(m)) if m == "all" || m == "any" => {}
+        Some(other) => c.error(
+            format!("{at}.config.mode"),
+            format!("mode must be \"any\" (the first signal ends the wait) or \"all\" (one on every key), got {other}"),
         ),
     }
     match step.config.get("subject") {
@@ -170,6 +244,49 @@ pub(super) fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
             format!("lookback must be true or false, got {lookback}"),
         );
     }
+}
+
+/// `wait_for_condition`: `rules` (a non-empty list of rules over the
+/// ticket) with an optional `match`, and where given a `subject` string,
+/// an `every` duration (at least [`MIN_CONDITION_EVERY_MS`]) and a
+/// `timeout` duration.
+pub(super) fn check_wait_for_condition(c: &mut Checker<'_>, at: &str, step: &Step) {
+    if let Err(e) = crate::condition_wait::rules_of(&step.config) {
+        let key = match e.starts_with("config.match") {
+            true => "match",
+            false => "rules",
+        };
+        c.error(
+            format!("{at}.config.{key}"),
+            format!("wait_for_condition {e}"),
+        );
+    }
+    match step.config.get("subject") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(other) => c.error(
+            format!("{at}.config.subject"),
+            format!(
+                "subject must be a ticket id (a template such as \"{{{{order.ticketId}}}}\") or \
+                 \"ticket\" for the run's subject ticket (the default), got {other}"
+            ),
+        ),
+    }
+    check_duration(c, at, step, "every", "5m");
+    if let Some(Value::String(every)) = step.config.get("every")
+        && let Ok(every) = parse_duration(every)
+        && (every.as_millis() as i64) < MIN_CONDITION_EVERY_MS
+    {
+        c.error(
+            format!("{at}.config.every"),
+            format!(
+                "every is {} ms; the rules are checked at most every {MIN_CONDITION_EVERY_MS} ms \
+                 (and on every change of the ticket)",
+                every.as_millis()
+            ),
+        );
+    }
+    check_duration(c, at, step, "timeout", "3d");
 }
 
 /// `wait_for_runs`: `runs` (a run id or a non-empty list of them), a

@@ -25,7 +25,13 @@ const CONTROL_KEYS: &[(&str, &[&str])] = &[
     (crate::builtin::WAIT, &["duration", "until"]),
     (
         crate::advance::WAIT_FOR_EVENT,
-        &["key", "subject", "where", "timeout", "lookback"],
+        &[
+            "key", "keys", "mode", "subject", "where", "timeout", "lookback",
+        ],
+    ),
+    (
+        crate::condition_wait::WAIT_FOR_CONDITION,
+        &["rules", "match", "subject", "every", "timeout"],
     ),
     (crate::children::WAIT_FOR_RUNS, &["runs", "mode", "timeout"]),
     (
@@ -132,6 +138,7 @@ mod tests {
     fn every_control_type_lists_its_keys() {
         for kind in crate::builtin::INTERNAL_TYPES.iter().chain(&[
             crate::advance::WAIT_FOR_EVENT,
+            crate::condition_wait::WAIT_FOR_CONDITION,
             crate::children::WAIT_FOR_RUNS,
             crate::parallel::PARALLEL,
             crate::for_each::FOR_EACH,

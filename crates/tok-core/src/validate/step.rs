@@ -80,6 +80,7 @@ pub(super) fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
     match kind {
         "wait" => configs::check_wait(c, at, step),
         WAIT_FOR_EVENT => configs::check_wait_for_event(c, at, step),
+        crate::condition_wait::WAIT_FOR_CONDITION => configs::check_wait_for_condition(c, at, step),
         crate::children::WAIT_FOR_RUNS => configs::check_wait_for_runs(c, at, step),
         "flow/pause" => configs::check_pause(c, at, step),
         "flow/log" => configs::check_log(c, at, step),
@@ -198,9 +199,12 @@ fn check_compensation(c: &mut Checker<'_>, at: &str, step: &Step) {
         crate::parallel::PARALLEL | crate::for_each::FOR_EACH => {
             "a compensation runs as one chain, the last completed step first"
         }
-        WAIT_FOR_EVENT | crate::approval::APPROVAL | crate::children::WAIT_FOR_RUNS => {
+        WAIT_FOR_EVENT
+        | crate::condition_wait::WAIT_FOR_CONDITION
+        | crate::approval::APPROVAL
+        | crate::children::WAIT_FOR_RUNS => {
             "a compensating run cannot be cancelled, so it must not wait on a signal, a \
-             decision or other runs"
+             ticket's condition, a decision or other runs"
         }
         _ => return,
     };

@@ -83,6 +83,16 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             cx.step_id
         )));
     }
+    if let Some(key) = key
+        .as_deref()
+        .filter(|k| tok_core::waits::is_reserved_key(k))
+    {
+        return Err(terminal(format!(
+            "step `{}`: `key` {key:?} is reserved: keys beginning with `{}` are tok's own",
+            cx.step_id,
+            tok_core::waits::RESERVED_KEY_PREFIX
+        )));
+    }
     if event_type.is_none() && key.is_none() {
         return Err(terminal(format!(
             "step `{}`: `event` is empty and there is no `key`: nothing to emit",

@@ -552,6 +552,7 @@ function tree(steps, taken, prefix = "") {
 const HELD = {
   approval: "a decision on its approval",
   signal: "a signal",
+  condition: "its ticket's condition",
   runs: "the runs it started",
   breaker: "its connection's open circuit breaker",
   connection_concurrency: "its connection's limit of calls in flight",
@@ -568,6 +569,7 @@ function heldBy(b) {
       ? [h("code", null, d.key), " about ", h("a", { href: `#/tickets/${d.subject}` }, d.subject)]
       : h("code", null, d.key),
     runs: () => d.runId ? h("a", { href: `#/runs/${d.runId}` }, d.runId) : null,
+    condition: () => d.ticketId ? h("a", { href: `#/tickets/${d.ticketId}` }, d.ticketId) : null,
     queue_key: () => d.runId ? ["ahead: ", h("a", { href: `#/runs/${d.runId}` }, d.runId)] : null,
     tenant_concurrency: () => `${d.running} of ${d.limit} steps in flight`,
     timer: () => d.path ? `at step ${d.path}` : null,

@@ -100,7 +100,7 @@ pub(crate) struct RunDetail {
 /// What holds a run.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct BlockedBy {
-    /// `approval`, `signal`, `runs` (a wait), `breaker`,
+    /// `approval`, `signal`, `condition`, `runs` (a wait), `breaker`,
     /// `connection_concurrency`, `connection_rate` (a step its connection
     /// held back), `throttle`, `debounce`, `batch` (its automation's start
     /// control holds its first step; `until` it is due, which a joining

@@ -162,6 +162,13 @@ fn key(body: &mut Map<String, Value>) -> ApiResult<String> {
                 "`key` {key:?} is reserved for decisions on approvals; decide with POST /api/approvals/{{id}}"
             ),
         )),
+        Some(Value::String(key)) if tok_core::waits::is_reserved_key(&key) => Err(invalid(
+            "key",
+            format!(
+                "`key` {key:?} is reserved: keys beginning with `{}` are tok's own",
+                tok_core::waits::RESERVED_KEY_PREFIX
+            ),
+        )),
         Some(Value::String(key)) => Ok(key),
         Some(other) => Err(invalid(
             "key",

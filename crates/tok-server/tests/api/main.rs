@@ -44,6 +44,7 @@ mod runs;
 mod schedules;
 mod search;
 mod senders;
+mod several_waits;
 mod signals;
 mod signatures;
 mod signed_only;

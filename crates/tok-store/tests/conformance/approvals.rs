@@ -71,6 +71,7 @@ async fn waiting(store: &dyn Store, t: &TenantId) -> (RunId, String, Vec<Approve
         filter: None,
         lookback: false,
         due_at: None,
+        ..Default::default()
     };
     let record = Record {
         subject_ticket_id: None,

@@ -157,6 +157,7 @@ async fn a_failed_branch_ends_the_join_at_once_and_cancels_the_others(db: &TestD
         filter: None,
         lookback: false,
         due_at: None,
+        ..Default::default()
     };
     let parked = record(
         &branches[0],

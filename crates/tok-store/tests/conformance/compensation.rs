@@ -43,6 +43,7 @@ fn parked_at(job: &ClaimedJob, path: &str, context: Value) -> Record {
                 filter: None,
                 lookback: false,
                 due_at: None,
+                ..Default::default()
             },
         },
     }
