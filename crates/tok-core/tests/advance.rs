@@ -738,9 +738,10 @@ fn a_custom_step_waits_and_is_resumed_by_its_signal_or_its_timeout() {
     ]));
     let asks = Input::StepWaits {
         wait: CustomWait {
-            key: "d-5001".into(),
+            keys: vec!["d-5001".into()],
             timeout_ms: Some(60_000),
             outputs: Map::from_iter([("tracking".to_owned(), json!("TR-7"))]),
+            ..CustomWait::default()
         },
         input: Some(json!({ "key": "d-5001" })),
         started_at: NOW_MS - 5,
@@ -822,4 +823,80 @@ fn a_custom_step_waits_and_is_resumed_by_its_signal_or_its_timeout() {
         panic!("{:?}", timed_out.then)
     };
     assert_eq!(step.resumed, Some(json!({ "timedOut": true })));
+}
+
+/// A custom step waits for what a `wait_for_event` may: any of several
+/// keys, about a ticket, whose payload satisfies rules; a wait it cannot
+/// have fails it, terminally, saying why.
+#[test]
+fn a_custom_step_waits_on_several_keys_about_a_ticket_or_fails_saying_why() {
+    use tok_core::advance::CustomWait;
+    let automation = tree(json!([
+        { "id": "ship", "type": "acme/courier", "config": {} },
+    ]));
+    let asks = |wait: CustomWait| Input::StepWaits {
+        wait,
+        input: None,
+        started_at: NOW_MS - 5,
+    };
+    let filter: tok_core::definition::Filter = serde_json::from_value(json!({
+        "rules": [{ "field": "state", "operator": "eq", "value": "done" }]
+    }))
+    .unwrap();
+    let wait = CustomWait {
+        keys: vec!["delivered".into(), "lost".into()],
+        subject: Some(" tk_7 ".into()),
+        filter: Some(filter.clone()),
+        ..CustomWait::default()
+    };
+    let mut begun = state("0");
+    begun.actions = 1;
+    let parked = run(&automation, begun.clone(), asks(wait));
+    let Then::Record(NextJob::Wait { wait, .. }) = &parked.then else {
+        panic!("{:?}", parked.then)
+    };
+    assert_eq!(wait.keys().collect::<Vec<_>>(), ["delivered", "lost"]);
+    assert_eq!(wait.subject.as_deref(), Some("tk_7"));
+    assert_eq!(wait.filter.as_ref(), Some(&filter));
+    assert!(wait.lookback, "a buffered signal resumes it at once");
+    assert_eq!(
+        parked.records[0].log,
+        ["waiting for signal `delivered` or `lost` about ticket tk_7"]
+    );
+
+    let keys = |keys: &[&str]| CustomWait {
+        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        ..CustomWait::default()
+    };
+    let many: Vec<String> = (0..21).map(|n| format!("k{n}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let cases = [
+        (keys(&[]), "asked to wait for no signal key"),
+        (keys(&["a", " "]), "asked to wait for an empty signal key"),
+        (keys(&["a", "a"]), "asked to wait for `a` twice"),
+        (
+            keys(&many),
+            "asked to wait for 21 signal keys; a wait takes at most 20",
+        ),
+        (
+            keys(&["tok:condition"]),
+            "keys beginning with `tok:` are reserved",
+        ),
+        (
+            CustomWait {
+                subject: Some("".into()),
+                ..keys(&["a"])
+            },
+            "about an empty ticket id",
+        ),
+    ];
+    for (wait, expected) in cases {
+        let t = run(&automation, begun.clone(), asks(wait.clone()));
+        assert_eq!(t.status, RunStatus::Failed, "{wait:?}");
+        let error = t.error.clone().unwrap_or_default();
+        assert!(
+            error.contains("step `ship` ") && error.contains(expected),
+            "{wait:?}: expected `{expected}` in {error}"
+        );
+    }
 }

@@ -47,7 +47,9 @@ pub use authorize::{StepAuthorizer, StepToAuthorize, SuspendedTenants, Verdict};
 pub use definitions::DefinitionCache;
 pub use fairness::Fairness;
 pub use outbound::OutboundAllow;
-pub use registry::{ConfigError, Effects, Registry, Resumed, StepCall, StepHandler, StepOutcome};
+pub use registry::{
+    ConfigError, Effects, Registry, Resumed, StepCall, StepHandler, StepOutcome, WaitFor,
+};
 pub use steps::script::ScriptStep;
 pub use stream::Stream;
 pub use widgets::{WidgetData, WidgetError, Widgets};

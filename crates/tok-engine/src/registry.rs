@@ -222,13 +222,75 @@ pub trait StepHandler: Send + Sync + 'static {
 pub enum StepOutcome {
     /// The step is done: its outputs.
     Done(Map<String, Value>),
-    /// The step waits for the signal `key` (sent by `POST /api/signals` or
-    /// an `emit` step), `timeout` at most, publishing `outputs` meanwhile.
-    Wait {
-        key: String,
-        timeout: Option<std::time::Duration>,
-        outputs: Map<String, Value>,
-    },
+    /// The step waits for a signal (sent by `POST /api/signals` or an
+    /// `emit` step) as [`WaitFor`] says, then [`StepHandler::resume`]
+    /// finishes it.
+    Wait(WaitFor),
+}
+
+/// What a custom step waits for: whatever a `wait_for_event` step may
+/// wait for. A signal on any of `keys` (one at least, at most 20), about
+/// the ticket `subject` (without one: only signals about no ticket),
+/// whose payload satisfies `filter` (the rules of a `where`), `timeout`
+/// at most; `outputs` are published while it waits. A signal buffered on
+/// a key before the wait began (within the lookback) resumes it at once.
+///
+/// ```
+/// # use tok_engine::WaitFor;
+/// let wait = WaitFor::signal("delivery.confirmed")
+///     .or("delivery.failed")
+///     .about("tk_42")
+///     .timeout(std::time::Duration::from_secs(3600));
+/// assert_eq!(wait.keys, ["delivery.confirmed", "delivery.failed"]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WaitFor {
+    pub keys: Vec<String>,
+    pub subject: Option<String>,
+    pub filter: Option<tok_core::definition::Filter>,
+    pub timeout: Option<std::time::Duration>,
+    pub outputs: Map<String, Value>,
+}
+
+impl WaitFor {
+    /// A wait for a signal on `key`.
+    pub fn signal(key: impl Into<String>) -> Self {
+        WaitFor {
+            keys: vec![key.into()],
+            ..WaitFor::default()
+        }
+    }
+
+    /// Also resumed by a signal on `key` (the first that comes ends the
+    /// wait; [`Resumed::key`] says which).
+    pub fn or(mut self, key: impl Into<String>) -> Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    /// Only for signals about the ticket `ticket`.
+    pub fn about(mut self, ticket: impl Into<String>) -> Self {
+        self.subject = Some(ticket.into());
+        self
+    }
+
+    /// Only for signals whose payload satisfies `filter`.
+    pub fn matching(mut self, filter: tok_core::definition::Filter) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// Gives up after `timeout` ([`Resumed::timed_out`]).
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Publishes `outputs` while it waits.
+    pub fn publishing(mut self, outputs: Map<String, Value>) -> Self {
+        self.outputs = outputs;
+        self
+    }
 }
 
 /// What ended a custom step's wait, for [`StepHandler::resume`].
@@ -238,6 +300,9 @@ pub struct Resumed {
     /// The signal that came; `None` when the wait timed out.
     #[serde(default)]
     pub signal_id: Option<String>,
+    /// The key it came on (one of [`WaitFor::keys`]).
+    #[serde(default)]
+    pub key: Option<String>,
     #[serde(default)]
     pub payload: Value,
     /// Who sent the signal (`{"kind": "key", "id"}`, `{"kind": "run",

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use tok_core::error::StepError;
 use tok_core::ids::{RunId, TenantId};
 use tok_engine::definitions::prepare;
-use tok_engine::{Engine, EngineConfig, Registry, StepCall, StepHandler, StepOutcome};
+use tok_engine::{Engine, EngineConfig, Registry, StepCall, StepHandler, StepOutcome, WaitFor};
 use tok_store::testing::{TestDb, backends};
 use tok_store::{Backend, RunDetail, Store};
 
@@ -907,8 +907,9 @@ async fn an_effect_in_once_runs_once_and_a_retry_gets_its_stored_result() {
     }
 }
 
-/// Waits for its delivery's signal, then publishes what the signal said;
-/// its first resume fails (a retried resume gets the same signal back).
+/// Waits for its delivery's signal (or its loss's) about the order's
+/// ticket, then publishes what the signal said; its first resume fails (a
+/// retried resume gets the same signal back).
 struct Courier {
     resumes: Arc<Mutex<Vec<tok_engine::Resumed>>>,
 }
@@ -921,12 +922,13 @@ impl StepHandler for Courier {
 
     async fn handle(&self, call: StepCall) -> Result<StepOutcome, StepError> {
         let key = call.config["key"].as_str().unwrap_or_default().to_owned();
+        let ticket = call.config["ticket"].as_str().unwrap_or_default();
         let outputs = Map::from_iter([("tracking".to_owned(), json!("TR-7"))]);
-        Ok(StepOutcome::Wait {
-            key,
-            timeout: None,
-            outputs,
-        })
+        let wait = WaitFor::signal(format!("{key}.lost"))
+            .or(key)
+            .about(ticket)
+            .publishing(outputs);
+        Ok(StepOutcome::Wait(wait))
     }
 
     async fn resume(
@@ -962,11 +964,8 @@ impl StepHandler for Hold {
     }
 
     async fn handle(&self, _call: StepCall) -> Result<StepOutcome, StepError> {
-        Ok(StepOutcome::Wait {
-            key: "confirmed".to_owned(),
-            timeout: Some(Duration::from_secs(3600)),
-            outputs: Map::new(),
-        })
+        let wait = WaitFor::signal("confirmed").timeout(Duration::from_secs(3600));
+        Ok(StepOutcome::Wait(wait))
     }
 
     async fn cancel(&self, call: StepCall) -> Result<(), StepError> {
@@ -1027,7 +1026,8 @@ async fn a_custom_step_waits_for_its_signal_and_its_resume_finishes_it() {
         let h = Harness::new(backend, registry).await;
         let automation = h
             .automation(manual(json!([
-                { "id": "st_ship", "type": "acme/courier", "config": { "key": "delivered-{{orderId}}" } },
+                { "id": "st_ship", "type": "acme/courier",
+                  "config": { "key": "delivered-{{orderId}}", "ticket": "tk_{{orderId}}" } },
                 { "id": "st_after", "type": "set", "config": { "values": { "at": "{{st_ship.deliveredAt}}" } } }
             ])))
             .await;
@@ -1042,9 +1042,28 @@ async fn a_custom_step_waits_for_its_signal_and_its_resume_finishes_it() {
             waiting.context["st_ship"]["tracking"], "TR-7",
             "{backend:?}: what it published as it began waiting"
         );
-        assert_eq!(waiting.waits.len(), 1, "{backend:?}");
+        assert_eq!(waiting.waits.len(), 2, "{backend:?}: one per key");
         assert!(resumes.lock().unwrap().is_empty(), "{backend:?}");
 
+        let about_none = h
+            .store
+            .send_signal(
+                &h.tenant,
+                tok_store::NewSignal {
+                    key: "delivered-5001".into(),
+                    payload: json!({ "at": "too early" }),
+                    idempotency_key: None,
+                    lookback_ms: 0,
+                    actor: None,
+                    subject: None,
+                },
+            )
+            .await
+            .unwrap();
+        assert!(
+            about_none.resumed.is_empty(),
+            "{backend:?}: a signal about no ticket resumes a wait about one"
+        );
         let sent = h
             .store
             .send_signal(
@@ -1055,7 +1074,7 @@ async fn a_custom_step_waits_for_its_signal_and_its_resume_finishes_it() {
                     idempotency_key: None,
                     lookback_ms: 0,
                     actor: None,
-                    subject: None,
+                    subject: Some("tk_5001".into()),
                 },
             )
             .await
@@ -1082,6 +1101,8 @@ async fn a_custom_step_waits_for_its_signal_and_its_resume_finishes_it() {
             resumes[0].signal_id.as_deref(),
             Some(sent.signal_id.as_str())
         );
+        assert_eq!(resumes[0].key.as_deref(), Some("delivered-5001"));
+        assert_eq!(resumes[0].subject.as_deref(), Some("tk_5001"));
         assert!(!resumes[0].timed_out);
         let statuses: Vec<(&str, &str)> = detail
             .steps

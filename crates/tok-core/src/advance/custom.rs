@@ -1,6 +1,7 @@
 //! Custom steps that wait (DESIGN §5, "More shapes"): a registered step
-//! type's handler may answer "wait for this signal key" instead of
-//! outputs. The run parks at the step as at a `wait_for_event`, and the
+//! type's handler may answer "wait for a signal" instead of outputs, for
+//! what a `wait_for_event` step may wait for: any of several keys, about a
+//! ticket, whose payload satisfies rules, with a timeout. The run parks at the step as at a `wait_for_event`, and the
 //! signal (or the timeout) that ends the wait hands the step back to its
 //! handler's `resume` with what ended it.
 //!
@@ -16,7 +17,9 @@ use super::{Decider, Env, Then, Transition};
 use crate::context::Context;
 use crate::definition::Step;
 use crate::error::StepError;
+use crate::limits::MAX_WAIT_KEYS;
 use crate::run::{NextJob, RunStatus, SignalWait, StepStatus};
+use crate::waits::MAX_SUBJECT_BYTES;
 
 /// The custom steps waiting now: path → step id.
 pub const LIVE_KEY: &str = "_live";
@@ -73,14 +76,64 @@ pub fn cancelled(context: &mut Context) {
     }
 }
 
+/// A signal that ended a custom step's wait: its id, the key it came on,
+/// what it said, who sent it and the ticket it was about.
+pub struct Arrived {
+    pub signal_id: String,
+    pub key: Option<String>,
+    pub payload: Value,
+    pub actor: Option<Value>,
+    pub subject: Option<String>,
+}
+
 /// What a signal or a timeout hands to the resume of a custom step.
-pub fn resumed_by(signal: Option<(String, Value, Option<Value>, Option<String>)>) -> Value {
+pub fn resumed_by(signal: Option<Arrived>) -> Value {
     match signal {
-        Some((signal_id, payload, actor, subject)) => json!({
-            "signalId": signal_id, "payload": payload, "actor": actor, "subject": subject,
-            "timedOut": false
+        Some(s) => json!({
+            "signalId": s.signal_id, "key": s.key, "payload": s.payload, "actor": s.actor,
+            "subject": s.subject, "timedOut": false
         }),
         None => json!({ "timedOut": true }),
+    }
+}
+
+/// Why the wait a handler asked for cannot be waited for; `None` when it
+/// can: at least one key and at most [`MAX_WAIT_KEYS`], none empty,
+/// repeated or reserved, and a subject that names a ticket.
+fn refused(wait: &super::CustomWait) -> Option<String> {
+    if wait.keys.is_empty() {
+        return Some("asked to wait for no signal key; a handler's wait needs a key".into());
+    }
+    if wait.keys.len() > MAX_WAIT_KEYS {
+        return Some(format!(
+            "asked to wait for {} signal keys; a wait takes at most {MAX_WAIT_KEYS}",
+            wait.keys.len()
+        ));
+    }
+    for (i, key) in wait.keys.iter().enumerate() {
+        if key.trim().is_empty() {
+            return Some(
+                "asked to wait for an empty signal key; a handler's wait needs a key".into(),
+            );
+        }
+        if crate::waits::is_reserved_key(key) {
+            return Some(format!(
+                "asked to wait for `{key}`, but keys beginning with `{}` are reserved for tok",
+                crate::waits::RESERVED_KEY_PREFIX
+            ));
+        }
+        if wait.keys[..i].contains(key) {
+            return Some(format!("asked to wait for `{key}` twice"));
+        }
+    }
+    match wait.subject.as_deref().map(str::trim) {
+        Some("") => Some("asked to wait for signals about an empty ticket id".into()),
+        Some(ticket) if ticket.len() > MAX_SUBJECT_BYTES => Some(format!(
+            "asked to wait for signals about a ticket id of {} bytes; a ticket id has at most \
+             {MAX_SUBJECT_BYTES}",
+            ticket.len()
+        )),
+        _ => None,
     }
 }
 
@@ -108,21 +161,8 @@ impl Decider<'_> {
         started_at: i64,
         env: &mut Env<'_>,
     ) -> Transition {
-        if wait.key.trim().is_empty() {
-            let error = StepError::terminal(format!(
-                "step `{}` asked to wait for an empty signal key; a handler's wait needs a key",
-                step.id
-            ));
-            return self.step_failed(step, input, started_at, error, env);
-        }
-        if crate::waits::is_reserved_key(&wait.key) {
-            let error = StepError::terminal(format!(
-                "step `{}` asked to wait for `{}`, but keys beginning with `{}` are reserved \
-                 for tok",
-                step.id,
-                wait.key,
-                crate::waits::RESERVED_KEY_PREFIX
-            ));
+        if let Some(why) = refused(&wait) {
+            let error = StepError::terminal(format!("step `{}` {why}", step.id));
             return self.step_failed(step, input, started_at, error, env);
         }
         let mut record = self.record(step, input, started_at);
@@ -139,16 +179,29 @@ impl Decider<'_> {
         let due_at = wait
             .timeout_ms
             .map(|ms| self.now_ms().saturating_add(ms.max(0)));
+        let keys = wait
+            .keys
+            .iter()
+            .map(|k| format!("`{k}`"))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        let about = match &wait.subject {
+            Some(ticket) => format!(" about ticket {}", ticket.trim()),
+            None => String::new(),
+        };
         record.log.push(match due_at {
             Some(_) => format!(
-                "waiting for signal `{}` for {} ms at most",
-                wait.key,
+                "waiting for signal {keys}{about} for {} ms at most",
                 wait.timeout_ms.unwrap_or_default()
             ),
-            None => format!("waiting for signal `{}`", wait.key),
+            None => format!("waiting for signal {keys}{about}"),
         });
+        let mut keys = wait.keys.into_iter();
         let wait = SignalWait {
-            key: wait.key,
+            key: keys.next().unwrap_or_default(),
+            also: keys.collect(),
+            subject: wait.subject.map(|s| s.trim().to_owned()),
+            filter: wait.filter,
             lookback: true,
             due_at,
             ..SignalWait::default()

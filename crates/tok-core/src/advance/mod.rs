@@ -251,11 +251,15 @@ impl From<Option<Resume>> for Input {
     }
 }
 
-/// What a custom step waits for: a signal `key`, `timeout_ms` at most
-/// (`None`: for ever), and the outputs it publishes while it waits.
-#[derive(Debug, Clone, PartialEq)]
+/// What a custom step waits for, as a `wait_for_event` step may: a
+/// signal on any of `keys`, about the ticket `subject` (or about none),
+/// whose payload satisfies `filter`, `timeout_ms` at most (`None`: for
+/// ever), and the outputs it publishes while it waits.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct CustomWait {
-    pub key: String,
+    pub keys: Vec<String>,
+    pub subject: Option<String>,
+    pub filter: Option<crate::definition::Filter>,
     pub timeout_ms: Option<i64>,
     pub outputs: Map<String, Value>,
 }
@@ -392,10 +396,17 @@ pub fn advance(
             payload,
             actor,
             subject,
-            ..
+            key,
         } if custom::is_live(&decider.state.context, &step_path.to_string()) => {
             let mut decider = decider;
-            let resumed = custom::resumed_by(Some((signal_id, payload, actor, subject)));
+            let signal = custom::Arrived {
+                signal_id,
+                key,
+                payload,
+                actor,
+                subject,
+            };
+            let resumed = custom::resumed_by(Some(signal));
             custom::resume(&mut decider.state.context, &step_path.to_string(), resumed);
             decider.chain(env)
         }

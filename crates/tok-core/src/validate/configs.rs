@@ -10,8 +10,7 @@ use crate::condition::parse_instant;
 use crate::definition::Step;
 use crate::duration::parse_duration;
 use crate::limits::{
-    MAX_FOR_EACH_CONCURRENCY, MAX_LOOP_ITEMS, MAX_PAUSE_SECS, MAX_WAIT_KEYS,
-    MIN_CONDITION_EVERY_MS,
+    MAX_FOR_EACH_CONCURRENCY, MAX_LOOP_ITEMS, MAX_PAUSE_SECS, MAX_WAIT_KEYS, MIN_CONDITION_EVERY_MS,
 };
 use crate::template::has_placeholder;
 

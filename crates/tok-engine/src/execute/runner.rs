@@ -496,15 +496,15 @@ async fn run_claim(
                 input: config,
                 started_at,
             },
-            Ok(StepOutcome::Wait {
-                key,
-                timeout,
-                outputs,
-            }) => Input::StepWaits {
+            Ok(StepOutcome::Wait(wait)) => Input::StepWaits {
                 wait: CustomWait {
-                    key,
-                    timeout_ms: timeout.map(|t| t.as_millis().min(i64::MAX as u128) as i64),
-                    outputs,
+                    keys: wait.keys,
+                    subject: wait.subject,
+                    filter: wait.filter,
+                    timeout_ms: wait
+                        .timeout
+                        .map(|t| t.as_millis().min(i64::MAX as u128) as i64),
+                    outputs: wait.outputs,
                 },
                 input: config,
                 started_at,
