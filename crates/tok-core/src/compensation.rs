@@ -80,14 +80,20 @@ pub fn cancel_at(context: &Context) -> Option<String> {
     if is_compensating(context) {
         return None;
     }
-    // A custom step waiting now has its `cancel` hook called by the
-    // claim that takes the cancel, even with nothing to undo.
-    pending(context).into_iter().next().or_else(|| {
-        crate::advance::custom::live(context)
-            .into_iter()
-            .next()
-            .map(|(path, _)| path)
-    })
+    // A `for_each` step undoing its cancelled items hands what is left
+    // of that to the run's compensation; a custom step waiting now has
+    // its `cancel` hook called by the claim that takes the cancel, even
+    // with nothing to undo.
+    pending(context)
+        .into_iter()
+        .next()
+        .or_else(|| crate::for_each::undo_left(context).into_iter().next())
+        .or_else(|| {
+            crate::advance::custom::live(context)
+                .into_iter()
+                .next()
+                .map(|(path, _)| path)
+        })
 }
 
 /// Takes `paths` off the completed steps to compensate (a `for_each`

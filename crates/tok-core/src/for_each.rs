@@ -407,21 +407,28 @@ pub fn end_undo(context: &mut Context) -> Option<(FlowPath, usize, Vec<usize>, V
     Some((at, total, indices("done"), indices("cancelled")))
 }
 
-/// The run is cancelled while a `for_each` step undoes its cancelled
-/// items: what is left to undo goes back on the run's list, undone first.
-pub fn abandon_undo(context: &mut Context) {
-    let Some(entry) = context.reserved(UNDOING_KEY).cloned() else {
-        return;
-    };
-    context.set_reserved(UNDOING_KEY, None);
-    let left: Vec<String> = entry["undo"]
-        .as_array()
+/// What a `for_each` step undoing its cancelled items has left to undo,
+/// the next first.
+pub fn undo_left(context: &Context) -> Vec<String> {
+    context
+        .reserved(UNDOING_KEY)
+        .and_then(|entry| entry["undo"].as_array())
         .map(|a| {
             a.iter()
                 .filter_map(|p| p.as_str().map(str::to_owned))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The run is cancelled while a `for_each` step undoes its cancelled
+/// items: what is left to undo goes back on the run's list, undone first.
+pub fn abandon_undo(context: &mut Context) {
+    if context.reserved(UNDOING_KEY).is_none() {
+        return;
+    }
+    let left = undo_left(context);
+    context.set_reserved(UNDOING_KEY, None);
     crate::compensation::restore(context, &left);
 }
 

@@ -351,6 +351,40 @@ fn the_cancelled_items_completed_steps_are_undone_before_the_step_completes() {
     );
     assert_eq!(release.config["url"], json!("https://a/release/h0"));
 
+    // A cancel of the run now: what is left of the items' undo goes to the
+    // run's compensation, before the winner's reservation.
+    let cancel_context = join.state.context.clone();
+    assert_eq!(
+        tok_core::compensation::cancel_at(&cancel_context).as_deref(),
+        Some("0.items.1.0"),
+        "the run has its own compensation to do"
+    );
+    let cancelled = run(
+        &automation,
+        state("0.items.0.0.compensate.0", &cancel_context),
+        Input::Cancel { error: None },
+    );
+    assert_eq!(cancelled.status, RunStatus::Compensating);
+    assert_eq!(
+        cancelled.then,
+        Then::Record(NextJob::Step {
+            path: "0.items.2.0.compensate.0".into(),
+            delay_ms: 0
+        }),
+        "the items' undo left goes first"
+    );
+    assert_eq!(
+        tok_core::compensation::pending(&cancelled.state.context),
+        ["0.items.1.0"]
+    );
+    let mut only_undo = cancel_context.clone();
+    tok_core::compensation::forget(&mut only_undo, &["0.items.1.0".to_owned()]);
+    assert_eq!(
+        tok_core::compensation::cancel_at(&only_undo).as_deref(),
+        Some("0.items.2.0"),
+        "with nothing else to undo, a cancel still undoes the items' rest"
+    );
+
     let undone = run(&automation, join.state.clone(), called(200));
     assert_eq!(
         undone.then,
