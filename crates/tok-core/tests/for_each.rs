@@ -377,7 +377,7 @@ fn the_cancelled_items_completed_steps_are_undone_before_the_step_completes() {
         tok_core::compensation::pending(&cancelled.state.context),
         ["0.items.1.0"]
     );
-    let mut only_undo = cancel_context.clone();
+    let mut only_undo = cancel_context;
     tok_core::compensation::forget(&mut only_undo, &["0.items.1.0".to_owned()]);
     assert_eq!(
         tok_core::compensation::cancel_at(&only_undo).as_deref(),
