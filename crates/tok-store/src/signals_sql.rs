@@ -518,6 +518,34 @@ macro_rules! impl_signals {
             }
         }
 
+        /// A `waits` row of `kind` (`event` or `condition`) on `key` for the
+        /// job parked at `path`, with the wait's rules, due time and subject.
+        async fn insert_wait(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            job: &ClaimedJob,
+            path: &str,
+            kind: &str,
+            key: &str,
+            wait: &SignalWait,
+        ) -> Result<()> {
+            sqlx::query(
+                "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match, due_at, subject)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(new_id("wai"))
+            .bind(job.run_id.as_str())
+            .bind(job.tenant_id.as_str())
+            .bind(path)
+            .bind(kind)
+            .bind(key)
+            .bind(wait.filter.as_ref().map(Json))
+            .bind(wait.due_at)
+            .bind(wait.subject.as_deref())
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
         /// The waits part of a record batch, before its jobs move: the waits
         /// of runs whose jobs were handed out again (by a signal or a
         /// timeout) go, and each job recorded as [`NextJob::Wait`] takes a
@@ -651,21 +679,7 @@ macro_rules! impl_signals {
                         parked.insert(job.id.0, $crate::rows::Parked { run_at: None, resume });
                         continue;
                     }
-                    sqlx::query(
-                        "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match, due_at,
-                            subject)
-                         VALUES ($1, $2, $3, $4, 'condition', $5, $6, $7, $8)",
-                    )
-                    .bind(new_id("wai"))
-                    .bind(job.run_id.as_str())
-                    .bind(job.tenant_id.as_str())
-                    .bind(path)
-                    .bind(&wait.key)
-                    .bind(wait.filter.as_ref().map(Json))
-                    .bind(wait.due_at)
-                    .bind(wait.subject.as_deref())
-                    .execute(&mut **tx)
-                    .await?;
+                    insert_wait(tx, job, path, "condition", &wait.key, wait).await?;
                     let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
                     parked.insert(job.id.0, $crate::rows::Parked { run_at, resume: Resume::TimedOut });
                     continue;
@@ -686,41 +700,26 @@ macro_rules! impl_signals {
                     }));
                 // The first key (in the wait's order) with a signal in the
                 // buffer resumes it.
+                // From when the buffer counts: all of it with `lookback`,
+                // else what came since the wait began (nothing when new).
+                let from = match (wait.lookback, since) {
+                    (true, _) => Some(None),
+                    (false, since) => since.map(Some),
+                };
                 let mut taken = None;
-                for key in wait.keys() {
-                    taken = match (wait.lookback, since) {
-                        (true, _) => {
-                            take_buffered(tx, &job.tenant_id, &job.run_id, wait, key, None, now).await?
+                if let Some(from) = from {
+                    for key in wait.keys() {
+                        taken = take_buffered(tx, &job.tenant_id, &job.run_id, wait, key, from, now).await?;
+                        if taken.is_some() {
+                            break;
                         }
-                        (false, Some(since)) => {
-                            let since = Some(since);
-                            take_buffered(tx, &job.tenant_id, &job.run_id, wait, key, since, now).await?
-                        }
-                        (false, None) => None,
-                    };
-                    if taken.is_some() {
-                        break;
                     }
                 }
                 let Some(resume) = taken else {
                     // One row per key, all at the wait's path: a signal on
                     // any of them takes them all (`take_wait`).
                     for key in wait.keys() {
-                        sqlx::query(
-                            "INSERT INTO waits (id, run_id, tenant_id, path, kind, key, match,
-                                due_at, subject)
-                             VALUES ($1, $2, $3, $4, 'event', $5, $6, $7, $8)",
-                        )
-                        .bind(new_id("wai"))
-                        .bind(job.run_id.as_str())
-                        .bind(job.tenant_id.as_str())
-                        .bind(path)
-                        .bind(key)
-                        .bind(wait.filter.as_ref().map(Json))
-                        .bind(wait.due_at)
-                        .bind(wait.subject.as_deref())
-                        .execute(&mut **tx)
-                        .await?;
+                        insert_wait(tx, job, path, "event", key, wait).await?;
                     }
                     let run_at = Some(wait.due_at.unwrap_or(NEVER_DUE_MS));
                     parked.insert(job.id.0, $crate::rows::Parked { run_at, resume: Resume::TimedOut });

@@ -215,17 +215,7 @@ pub(super) fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
             format!("mode must be \"any\" (the first signal ends the wait) or \"all\" (one on every key), got {other}"),
         ),
     }
-    match step.config.get("subject") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if !s.trim().is_empty() => {}
-        Some(other) => c.error(
-            format!("{at}.config.subject"),
-            format!(
-                "subject must be a ticket id (a template such as \"{{{{order.ticketId}}}}\") or \
-                 \"ticket\" for the run's subject ticket, got {other}"
-            ),
-        ),
-    }
+    check_subject(c, at, step, "");
     if let Some(filter) = step.config.get("where")
         && let Err(e) = serde_json::from_value::<crate::definition::Filter>(filter.clone())
     {
@@ -245,6 +235,23 @@ pub(super) fn check_wait_for_event(c: &mut Checker<'_>, at: &str, step: &Step) {
     }
 }
 
+/// A wait's `subject`, where given: a ticket id (or a template of one), or
+/// `"ticket"` for the run's subject ticket (`default` says whether that is
+/// the default).
+fn check_subject(c: &mut Checker<'_>, at: &str, step: &Step, default: &str) {
+    match step.config.get("subject") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if !s.trim().is_empty() => {}
+        Some(other) => c.error(
+            format!("{at}.config.subject"),
+            format!(
+                "subject must be a ticket id (a template such as \"{{{{order.ticketId}}}}\") or \
+                 \"ticket\" for the run's subject ticket{default}, got {other}"
+            ),
+        ),
+    }
+}
+
 /// `wait_for_condition`: `rules` (a non-empty list of rules over the
 /// ticket) with an optional `match`, and where given a `subject` string,
 /// an `every` duration (at least [`MIN_CONDITION_EVERY_MS`]) and a
@@ -260,17 +267,7 @@ pub(super) fn check_wait_for_condition(c: &mut Checker<'_>, at: &str, step: &Ste
             format!("wait_for_condition {e}"),
         );
     }
-    match step.config.get("subject") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if !s.trim().is_empty() => {}
-        Some(other) => c.error(
-            format!("{at}.config.subject"),
-            format!(
-                "subject must be a ticket id (a template such as \"{{{{order.ticketId}}}}\") or \
-                 \"ticket\" for the run's subject ticket (the default), got {other}"
-            ),
-        ),
-    }
+    check_subject(c, at, step, " (the default)");
     check_duration(c, at, step, "every", "5m");
     if let Some(Value::String(every)) = step.config.get("every")
         && let Ok(every) = parse_duration(every)
