@@ -1,24 +1,23 @@
 //! The `approval` step (DESIGN §5a, approvals): a run waits for a person's
 //! decision.
 //!
-//! The step runs in two parts, both through the one decider. First the
-//! engine's executor runs it in the record transaction: it resolves the
-//! approvers (a group's members or a list of members; none fails the step
-//! with `no_approvers`, terminal) and opens the approval, whose id it
-//! returns. Then the decider parks the run on a wait for the decision —
-//! a signal wait on the approval's own key ([`decision_key`]), which only
-//! `POST /api/approvals/{id}` sends — with the step's `timeout`. The
-//! decision resumes the wait and becomes the step's outputs
-//! ([`decided`]); a timeout completes it with `{timedOut: true}`.
+//! The step runs in two parts, on the way every step that runs and then
+//! waits takes ([`crate::advance::custom`]). First the engine's executor
+//! runs it in the record transaction: it resolves the approvers (a
+//! group's members or a list of members; none fails the step with
+//! `no_approvers`, terminal), opens the approval, and asks to wait for the
+//! decision — a signal on the approval's own key ([`decision_key`]),
+//! which only `POST /api/approvals/{id}` sends, sent after the wait began
+//! — until the step's `timeout`, publishing the approval's id. The
+//! decision resumes the wait and becomes the step's outputs ([`decided`]);
+//! a timeout completes it with `{timedOut: true}`; escalations fire while
+//! it waits, as on any wait.
 
 use std::time::Duration;
 
-use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
-use crate::definition::Step;
 use crate::duration::parse_duration;
-use crate::run::SignalWait;
 
 /// The step type that waits for a person's decision.
 pub const APPROVAL: &str = "approval";
@@ -48,30 +47,6 @@ pub fn timeout(config: &Value) -> Result<Option<Duration>, String> {
             "approval `timeout` must be a duration such as \"3d\", not {other}"
         )),
     }
-}
-
-/// The wait a finished `approval` step parks on: the decision on the
-/// approval it opened (`outputs.approvalId`), until its `timeout`.
-pub fn awaited_decision(
-    step: &Step,
-    config: Option<&Value>,
-    outputs: &Map<String, Value>,
-    now: Timestamp,
-) -> Option<SignalWait> {
-    if step.kind != APPROVAL {
-        return None;
-    }
-    let id = outputs.get("approvalId")?.as_str()?;
-    let due_at = timeout(config.unwrap_or(&step.config))
-        .ok()
-        .flatten()
-        .map(|t| now.as_millisecond().saturating_add(t.as_millis() as i64));
-    Some(SignalWait {
-        key: decision_key(id),
-        lookback: false,
-        due_at,
-        ..SignalWait::default()
-    })
 }
 
 /// The step's outputs from the decision's payload: `{decision, by,

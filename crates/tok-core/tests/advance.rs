@@ -861,7 +861,7 @@ fn a_custom_step_waits_on_several_keys_about_a_ticket_or_fails_saying_why() {
     assert!(wait.lookback, "a buffered signal resumes it at once");
     assert_eq!(
         parked.records[0].log,
-        ["waiting for signal `delivered` or `lost` about ticket tk_7"]
+        ["waiting for a signal on any of `delivered`, `lost` about ticket tk_7"]
     );
 
     let keys = |keys: &[&str]| CustomWait {
@@ -899,4 +899,146 @@ fn a_custom_step_waits_on_several_keys_about_a_ticket_or_fails_saying_why() {
             "{wait:?}: expected `{expected}` in {error}"
         );
     }
+}
+
+/// A custom step may wait as a `wait_for_event` with `mode: "all"` does:
+/// the first of two signals (in either order) parks it again on the
+/// other, the second hands both to its resume; a timeout in between
+/// hands what came and what is missing.
+#[test]
+fn a_custom_step_waits_for_each_of_two_signals_in_either_order() {
+    use tok_core::advance::CustomWait;
+    use tok_core::waits::WaitMode;
+    let automation = tree(json!([
+        { "id": "ship", "type": "acme/courier", "config": {} },
+    ]));
+    let mut begun = state("0");
+    begun.actions = 1;
+    let asks = Input::StepWaits {
+        wait: CustomWait {
+            keys: vec!["paid".into(), "packed".into()],
+            mode: WaitMode::All,
+            timeout_ms: Some(60_000),
+            ..CustomWait::default()
+        },
+        input: None,
+        started_at: NOW_MS - 5,
+    };
+    let parked = run(&automation, begun, asks);
+    assert_eq!(
+        parked.records[0].log,
+        ["waiting for a signal on each of `paid`, `packed` until 2026-05-28T20:27:40Z"]
+    );
+    let claimed = |t: &Transition| {
+        let mut s = t.state.clone();
+        s.recorded = 0;
+        s
+    };
+    let on = |key: &str, id: &str| Input::Signal {
+        signal_id: id.into(),
+        payload: json!({ "k": key }),
+        actor: None,
+        subject: None,
+        key: Some(key.into()),
+    };
+    for (first, second) in [("paid", "packed"), ("packed", "paid")] {
+        let one = run(&automation, claimed(&parked), on(first, "sig_1"));
+        let Then::Record(NextJob::Wait { wait, .. }) = &one.then else {
+            panic!("{first} first: {:?}", one.then)
+        };
+        assert_eq!(
+            wait.keys().collect::<Vec<_>>(),
+            [second],
+            "parks on the other"
+        );
+        assert_eq!(wait.due_at, Some(NOW_MS + 60_000), "until the same timeout");
+        assert!(one.records.is_empty(), "no record of its own");
+        // The same key again changes nothing.
+        let again = run(&automation, claimed(&one), on(first, "sig_9"));
+        assert!(matches!(&again.then, Then::Record(NextJob::Wait { .. })));
+
+        let both = run(&automation, claimed(&one), on(second, "sig_2"));
+        let Then::Execute(step) = &both.then else {
+            panic!("{:?}", both.then)
+        };
+        let handed = step.resumed.clone().expect("resumed");
+        assert_eq!(handed["timedOut"], false);
+        assert_eq!(handed["keys"], json!([first, second]));
+        assert_eq!(handed["signals"][first]["signalId"], "sig_1");
+        assert_eq!(handed["signals"][second]["payload"]["k"], second);
+        assert_eq!(handed["signalId"], "sig_2", "the last one's fields");
+    }
+    let one = run(&automation, claimed(&parked), on("packed", "sig_1"));
+    let timed_out = run(&automation, claimed(&one), Input::TimedOut);
+    let Then::Execute(step) = &timed_out.then else {
+        panic!("{:?}", timed_out.then)
+    };
+    let handed = step.resumed.clone().expect("resumed");
+    assert_eq!(handed["timedOut"], true);
+    assert_eq!(handed["missing"], json!(["paid"]));
+    assert_eq!(handed["signals"]["packed"]["signalId"], "sig_1");
+}
+
+/// A custom step's escalations fire while it waits, as a
+/// `wait_for_event`'s: the level's steps run beside it and it parks again
+/// on the same keys, counting signals buffered since it began; an
+/// approval's key is an approval's alone.
+#[test]
+fn a_custom_step_escalates_while_it_waits_and_parks_again_on_its_wait() {
+    use tok_core::advance::CustomWait;
+    let automation = tree(json!([
+        { "id": "ship", "type": "acme/courier", "config": {},
+          "escalations": [{ "after": "10m", "steps": [
+              { "id": "nudge", "type": "flow/log", "config": { "message": "still waiting" } }
+          ] }] },
+    ]));
+    let mut begun = state("0");
+    begun.actions = 1;
+    let asks = |keys: &[&str]| Input::StepWaits {
+        wait: CustomWait {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            timeout_ms: Some(3_600_000),
+            only_new: true,
+            ..CustomWait::default()
+        },
+        input: None,
+        started_at: NOW_MS - 5,
+    };
+    let parked = run(&automation, begun.clone(), asks(&["delivered", "lost"]));
+    let Then::Record(NextJob::Wait { wait, .. }) = &parked.then else {
+        panic!("{:?}", parked.then)
+    };
+    assert_eq!(
+        wait.due_at,
+        Some(NOW_MS + 600_000),
+        "due at the first level"
+    );
+    assert!(!wait.lookback);
+    let mut claimed = parked.state.clone();
+    claimed.recorded = 0;
+    let escalated = run(&automation, claimed, Input::TimedOut);
+    assert_eq!(
+        seen(&escalated).0,
+        ["nudge completed"],
+        "the level's step ran: {:?}",
+        escalated.records
+    );
+    let Then::Record(NextJob::Wait { wait, .. }) = &escalated.then else {
+        panic!("{:?}", escalated.then)
+    };
+    assert_eq!(wait.keys().collect::<Vec<_>>(), ["delivered", "lost"]);
+    assert_eq!(
+        wait.due_at,
+        Some(NOW_MS + 3_600_000),
+        "then its own timeout"
+    );
+    assert_eq!(wait.since, Some(NOW_MS), "signals since it began count");
+
+    let t = run(&automation, begun, asks(&["approval:apr_1"]));
+    assert_eq!(t.status, RunStatus::Failed);
+    assert!(
+        t.error
+            .unwrap_or_default()
+            .contains("keys beginning with `approval:` are the decisions of approvals"),
+    );
 }

@@ -1,5 +1,6 @@
 //! The decider's table for `approval` steps: the executor's opening of the
-//! approval parks the run on the decision's key (with the step's timeout,
+//! approval asks to wait, as any step that waits does, and parks the run
+//! on the decision's key (with the step's timeout,
 //! never taking a buffered signal); the decision resumes it with `{decision,
 //! by, comment}`; a timeout completes it with `{timedOut: true}`; a failed
 //! opening (`no_approvers`) and a denied one (`authorization_denied`) fail
@@ -9,7 +10,9 @@ use jiff::Timestamp;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde_json::{Map, json};
-use tok_core::advance::{Effect, Env, Input, RunState, StepClass, Then, Transition, advance};
+use tok_core::advance::{
+    CustomWait, Effect, Env, Input, RunState, StepClass, Then, Transition, advance,
+};
 use tok_core::context::Context;
 use tok_core::definition::Automation;
 use tok_core::error::StepError;
@@ -50,16 +53,24 @@ fn run(state: RunState, input: Input) -> Transition {
     advance(&tree(), state, input, &mut env)
 }
 
+/// The executor opened the approval and asks to wait for its decision,
+/// as the engine's `approval` step does.
 fn opened() -> Input {
-    Input::StepDone {
-        outputs: Map::from_iter([
-            ("approvalId".to_owned(), json!("apr_1")),
-            (
-                "approvers".to_owned(),
-                json!([{ "id": "mem_b", "name": "Bob" }]),
-            ),
-        ]),
-        log: Vec::new(),
+    Input::StepWaits {
+        wait: CustomWait {
+            keys: vec!["approval:apr_1".into()],
+            timeout_ms: Some(3_600_000),
+            only_new: true,
+            outputs: Map::from_iter([
+                ("approvalId".to_owned(), json!("apr_1")),
+                (
+                    "approvers".to_owned(),
+                    json!([{ "id": "mem_b", "name": "Bob" }]),
+                ),
+            ]),
+            what: Some("a decision".into()),
+            ..CustomWait::default()
+        },
         input: Some(json!({ "approvers": { "group": "Finance" }, "timeout": "1h" })),
         started_at: NOW_MS - 5,
     }
@@ -111,6 +122,10 @@ fn an_opened_approval_parks_the_run_on_its_decision_key_until_the_timeout() {
     );
     assert_eq!(t.records[0].output.as_ref().unwrap()["approvalId"], "apr_1");
     assert_eq!(t.state.context.as_value()["st_ok"]["approvalId"], "apr_1");
+    assert_eq!(
+        t.records[0].log,
+        ["waiting for a decision until 2026-05-28T21:26:40Z"]
+    );
 }
 
 #[test]

@@ -178,10 +178,14 @@ pub trait StepHandler: Send + Sync + 'static {
         )))
     }
 
-    /// Called when the step's run is cancelled while the step waits (once
-    /// per cancel; a worker that dies before the cancel is recorded calls
-    /// it again, so make it idempotent with [`StepCall::idempotency_key`]).
-    /// It runs before the run's compensations; what it returns is logged.
+    /// Called when the step's run is cancelled while the step is live:
+    /// while it waits (by the claim that takes the cancel, before the
+    /// run's compensations; a worker that dies before the cancel is
+    /// recorded calls it again, so make it idempotent with
+    /// [`StepCall::idempotency_key`]), or while it runs (by the worker that
+    /// ran it, once its answer finds the run cancelled; that answer is
+    /// discarded). A worker that dies mid-call calls nothing. What it
+    /// returns is logged.
     async fn cancel(&self, call: StepCall) -> Result<(), StepError> {
         let _ = call;
         Ok(())
@@ -229,11 +233,15 @@ pub enum StepOutcome {
 }
 
 /// What a custom step waits for: whatever a `wait_for_event` step may
-/// wait for. A signal on any of `keys` (one at least, at most 20), about
-/// the ticket `subject` (without one: only signals about no ticket),
-/// whose payload satisfies `filter` (the rules of a `where`), `timeout`
-/// at most; `outputs` are published while it waits. A signal buffered on
-/// a key before the wait began (within the lookback) resumes it at once.
+/// wait for. A signal on any of `keys` (one at least, at most 20), or on
+/// each of them ([`WaitFor::all`]), about the ticket `subject` (without
+/// one: only signals about no ticket), whose payload satisfies `filter`
+/// (the rules of a `where`), `timeout` at most; `outputs` are published
+/// while it waits, and `what` is how the run page says what it waits for
+/// (by default its keys). A signal buffered on a key before the wait
+/// began (within the lookback) resumes it at once, unless
+/// [`WaitFor::only_new`]. The step's `escalations` fire while it waits,
+/// as on a `wait_for_event`.
 ///
 /// ```
 /// # use tok_engine::WaitFor;
@@ -246,10 +254,13 @@ pub enum StepOutcome {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct WaitFor {
     pub keys: Vec<String>,
+    pub mode: tok_core::waits::WaitMode,
     pub subject: Option<String>,
     pub filter: Option<tok_core::definition::Filter>,
     pub timeout: Option<std::time::Duration>,
+    pub only_new: bool,
     pub outputs: Map<String, Value>,
+    pub what: Option<String>,
 }
 
 impl WaitFor {
@@ -262,9 +273,17 @@ impl WaitFor {
     }
 
     /// Also resumed by a signal on `key` (the first that comes ends the
-    /// wait; [`Resumed::key`] says which).
+    /// wait; [`Resumed::key`] says which), or, with [`WaitFor::all`],
+    /// waits for a signal on `key` too.
     pub fn or(mut self, key: impl Into<String>) -> Self {
         self.keys.push(key.into());
+        self
+    }
+
+    /// Waits until a signal has come on each of its keys (in any order):
+    /// [`Resumed::signals`] has them all by key.
+    pub fn all(mut self) -> Self {
+        self.mode = tok_core::waits::WaitMode::All;
         self
     }
 
@@ -286,10 +305,30 @@ impl WaitFor {
         self
     }
 
+    /// Only for signals sent after the wait began: one buffered before
+    /// does not count (a `wait_for_event`'s `lookback: false`).
+    pub fn only_new(mut self) -> Self {
+        self.only_new = true;
+        self
+    }
+
     /// Publishes `outputs` while it waits.
     pub fn publishing(mut self, outputs: Map<String, Value>) -> Self {
         self.outputs = outputs;
         self
+    }
+
+    /// Says on the run page what it waits for ("waiting for `what` until
+    /// …"), in place of its keys.
+    pub fn described(mut self, what: impl Into<String>) -> Self {
+        self.what = Some(what.into());
+        self
+    }
+}
+
+impl From<Map<String, Value>> for StepOutcome {
+    fn from(outputs: Map<String, Value>) -> Self {
+        StepOutcome::Done(outputs)
     }
 }
 
@@ -313,6 +352,18 @@ pub struct Resumed {
     #[serde(default)]
     pub subject: Option<String>,
     pub timed_out: bool,
+    /// A wait for each of several keys ([`WaitFor::all`]): the signals
+    /// that came, by key (`{signalId, payload, actor?, subject?}`); the
+    /// fields above are then the last one's.
+    #[serde(default)]
+    pub signals: Map<String, Value>,
+    /// The keys of [`Resumed::signals`], in the order they came.
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// A wait for each of several keys that timed out: the keys no
+    /// signal came on.
+    #[serde(default)]
+    pub missing: Vec<String>,
 }
 
 /// A step's `config` refused at save: the key it concerns (a dot path
@@ -334,6 +385,8 @@ enum Entry {
 #[derive(Clone, Default)]
 pub struct Registry {
     steps: HashMap<String, Entry>,
+    /// tok's own registered types that never wait (all but `approval`).
+    never_wait: std::collections::HashSet<String>,
 }
 
 impl Registry {
@@ -360,8 +413,12 @@ impl Registry {
             registry
                 .steps
                 .insert(kind.to_owned(), Entry::InTransaction(step));
+            if kind != tok_core::approval::APPROVAL {
+                registry.never_wait.insert(kind.to_owned());
+            }
         }
         registry.register("flow/pause", crate::steps::pause::Pause);
+        registry.never_wait.insert("flow/pause".to_owned());
         registry
     }
 
@@ -387,9 +444,11 @@ impl Registry {
     ) -> &mut Self {
         if !self.steps.contains_key("http") {
             self.register("http", crate::steps::http::Http::new(store.clone(), allow));
+            self.never_wait.insert("http".to_owned());
         }
         if !self.steps.contains_key("mcp") {
             self.register("mcp", crate::steps::mcp::Mcp::new(store, allow));
+            self.never_wait.insert("mcp".to_owned());
         }
         self
     }
@@ -410,7 +469,10 @@ impl Registry {
         self.register(
             "mcp",
             crate::steps::mcp::Mcp::answered(store, allow, answers),
-        )
+        );
+        self.never_wait
+            .extend(["http".to_owned(), "mcp".to_owned()]);
+        self
     }
 
     /// Registers (or replaces) the handler of a step type. The names of the
@@ -421,8 +483,16 @@ impl Registry {
             !is_control(&kind) && !matches!(self.steps.get(&kind), Some(Entry::InTransaction(_))),
             "`{kind}` is a built-in step type and cannot be replaced"
         );
+        self.never_wait.remove(&kind);
         self.steps.insert(kind, Entry::External(Arc::new(handler)));
         self
+    }
+
+    /// Whether a step of this type may wait, so may have `escalations`:
+    /// every type but tok's own that never wait (`http`, the `ticket/*`
+    /// steps, …); a control type's are checked by `tok-core`.
+    pub fn may_wait(&self, kind: &str) -> bool {
+        !self.never_wait.contains(kind)
     }
 
     /// Registers a step type that runs in the record transaction (the

@@ -1202,3 +1202,240 @@ async fn a_step_types_own_retry_policy_comes_before_its_automations() {
         h.cleanup().await;
     }
 }
+
+/// Waits for its order to be both paid and packed (signals sent before
+/// it began do not count), then publishes what each said.
+struct Pair {
+    resumes: Arc<Mutex<Vec<tok_engine::Resumed>>>,
+}
+
+#[async_trait]
+impl StepHandler for Pair {
+    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
+        unreachable!("the engine calls `handle`")
+    }
+
+    async fn handle(&self, call: StepCall) -> Result<StepOutcome, StepError> {
+        let order = call.config["order"].as_str().unwrap_or_default().to_owned();
+        let wait = WaitFor::signal(format!("paid-{order}"))
+            .or(format!("packed-{order}"))
+            .all()
+            .only_new()
+            .timeout(Duration::from_secs(3600))
+            .described(format!("order {order} to be paid and packed"));
+        Ok(StepOutcome::Wait(wait))
+    }
+
+    async fn resume(
+        &self,
+        _call: StepCall,
+        resumed: tok_engine::Resumed,
+    ) -> Result<Map<String, Value>, StepError> {
+        self.resumes.lock().unwrap().push(resumed.clone());
+        Ok(Map::from_iter([
+            ("came".to_owned(), json!(resumed.keys)),
+            (
+                "by".to_owned(),
+                resumed.signals["paid-5001"]["payload"]["by"].clone(),
+            ),
+        ]))
+    }
+}
+
+#[tokio::test]
+async fn a_custom_step_waits_for_each_of_two_signals_and_escalates_meanwhile() {
+    for backend in backends() {
+        let resumes = Arc::new(Mutex::new(Vec::new()));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/pair",
+            Pair {
+                resumes: resumes.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        // A built-in step that never waits has no escalations.
+        let refused = prepare(
+            &serde_json::to_vec(&manual(json!([
+                { "id": "st_tag", "type": "ticket/add-tags", "config": { "tags": ["x"] },
+                  "escalations": [{ "after": "1h", "steps": [
+                      { "id": "st_l", "type": "flow/log", "config": { "message": "late" } }] }] }
+            ])))
+            .unwrap(),
+            &h.registry,
+        )
+        .expect_err("escalations on a step that never waits");
+        assert_eq!(refused[0].path, "steps.0.escalations", "{refused:?}");
+        assert!(refused[0].message.contains("never waits"), "{refused:?}");
+
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_pair", "type": "acme/pair", "config": { "order": "{{orderId}}" },
+                  "escalations": [{ "after": "100ms", "steps": [
+                      { "id": "st_nudge", "type": "set", "config": { "values": { "nudged": true } } }
+                  ] }] }
+            ])))
+            .await;
+        let signal = |key: &str, by: &str| tok_store::NewSignal {
+            key: key.into(),
+            payload: json!({ "by": by }),
+            idempotency_key: None,
+            lookback_ms: 600_000,
+            actor: None,
+            subject: None,
+        };
+        // Buffered before the run: it does not count.
+        h.store
+            .send_signal(&h.tenant, signal("paid-5001", "too early"))
+            .await
+            .unwrap();
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({ "orderId": "5001" }), None)
+            .await
+            .unwrap();
+        let mut escalated = None;
+        for _ in 0..1200 {
+            let detail = h.store.run(&h.tenant, &run).await.unwrap().unwrap();
+            if detail.context["st_nudge"]["nudged"] == true && detail.waits.len() == 2 {
+                escalated = Some(detail);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let escalated = escalated.expect("the escalation ran and the step waits again");
+        assert_eq!(escalated.run.status, "waiting", "{backend:?}");
+        let waiting = escalated
+            .steps
+            .iter()
+            .find(|s| s.step_id == "st_pair")
+            .expect("the step's record");
+        assert!(
+            waiting
+                .log
+                .to_string()
+                .contains("waiting for order 5001 to be paid and packed until"),
+            "{backend:?}: {:?}",
+            waiting.log
+        );
+
+        h.store
+            .send_signal(&h.tenant, signal("paid-5001", "Ann"))
+            .await
+            .unwrap();
+        engine.job_ready();
+        let mut one_left = false;
+        for _ in 0..1200 {
+            let detail = h.store.run(&h.tenant, &run).await.unwrap().unwrap();
+            if detail.run.status == "waiting" && detail.waits.len() == 1 {
+                assert_eq!(detail.waits[0].key, "packed-5001", "{backend:?}");
+                one_left = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(one_left, "{backend:?}: it parks again on the key missing");
+        assert!(resumes.lock().unwrap().is_empty(), "{backend:?}");
+
+        h.store
+            .send_signal(&h.tenant, signal("packed-5001", "Bob"))
+            .await
+            .unwrap();
+        engine.job_ready();
+        let detail = h.finished(&run).await;
+        running.shutdown().await;
+        assert_eq!(
+            detail.run.status, "completed",
+            "{backend:?}: {:?}",
+            detail.run.error
+        );
+        assert_eq!(
+            detail.context["st_pair"]["came"],
+            json!(["paid-5001", "packed-5001"])
+        );
+        assert_eq!(detail.context["st_pair"]["by"], "Ann", "{backend:?}");
+        let resumes = resumes.lock().unwrap().clone();
+        assert_eq!(resumes.len(), 1, "{backend:?}");
+        assert!(!resumes[0].timed_out && resumes[0].missing.is_empty());
+        h.cleanup().await;
+    }
+}
+
+/// Books a slot at a service that answers slowly; its `cancel` hook
+/// releases the booking.
+struct SlowBooking {
+    started: Arc<tokio::sync::Notify>,
+    answer: Arc<tokio::sync::Notify>,
+    released: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl StepHandler for SlowBooking {
+    async fn run(&self, _call: StepCall) -> Result<Map<String, Value>, StepError> {
+        self.started.notify_one();
+        self.answer.notified().await;
+        Ok(Map::from_iter([("slot".to_owned(), json!("S-1"))]))
+    }
+
+    async fn cancel(&self, call: StepCall) -> Result<(), StepError> {
+        let booking = call.config["booking"].as_str().unwrap_or_default();
+        self.released.lock().unwrap().push(booking.to_owned());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_run_cancelled_while_its_step_runs_calls_that_steps_cancel_hook_once() {
+    for backend in backends() {
+        let started = Arc::new(tokio::sync::Notify::new());
+        let answer = Arc::new(tokio::sync::Notify::new());
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let mut registry = Registry::with_builtins();
+        registry.register(
+            "acme/book",
+            SlowBooking {
+                started: started.clone(),
+                answer: answer.clone(),
+                released: released.clone(),
+            },
+        );
+        let h = Harness::new(backend, registry).await;
+        let automation = h
+            .automation(manual(json!([
+                { "id": "st_book", "type": "acme/book", "config": { "booking": "B-{{orderId}}" } },
+                { "id": "st_after", "type": "set", "config": { "values": { "x": 1 } } }
+            ])))
+            .await;
+        let engine = h.engine("node-a", quick());
+        let running = engine.start(true).await.unwrap();
+        let run = engine
+            .start_run(&h.tenant, &automation, json!({ "orderId": "5001" }), None)
+            .await
+            .unwrap();
+        started.notified().await;
+        h.store.cancel_run(&h.tenant, &run).await.unwrap();
+        answer.notify_one();
+        for _ in 0..200 {
+            if !released.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Time for a second call, which must not come.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        running.shutdown().await;
+        let detail = h.store.run(&h.tenant, &run).await.unwrap().unwrap();
+        assert_eq!(detail.run.status, "cancelled", "{backend:?}");
+        assert_eq!(
+            *released.lock().unwrap(),
+            ["B-5001"],
+            "{backend:?}: the hook ran once, with its config rendered"
+        );
+        assert!(
+            detail.context.get("st_book").is_none(),
+            "{backend:?}: the answer that came after the cancel is not recorded"
+        );
+        h.cleanup().await;
+    }
+}

@@ -1,24 +1,30 @@
-//! Custom steps that wait (DESIGN §5, "More shapes"): a registered step
-//! type's handler may answer "wait for a signal" instead of outputs, for
-//! what a `wait_for_event` step may wait for: any of several keys, about a
-//! ticket, whose payload satisfies rules, with a timeout. The run parks at the step as at a `wait_for_event`, and the
-//! signal (or the timeout) that ends the wait hands the step back to its
-//! handler's `resume` with what ended it.
+//! Steps that run and then wait (DESIGN §5, "More shapes"): a registered
+//! step type's handler may answer "wait for a signal" instead of outputs,
+//! for whatever a `wait_for_event` step may wait for: any or each of
+//! several keys, about a ticket, whose payload satisfies rules, only
+//! signals sent from now on, with a timeout and the step's escalations.
+//! The built-in `approval` is one such step (it opens the approval in the
+//! record transaction and waits for the decision's signal). The run parks
+//! as at a `wait_for_event` and takes its signals, timeouts and
+//! escalations the same way ([`super::signals`]); what ended the wait
+//! then goes back to the step's handler's `resume` (for `approval`, the
+//! decider reads the decision itself).
 //!
-//! The context keeps two reserved maps by step path: `_live` (the custom
-//! steps waiting now, by id: a cancel of the run calls their handlers'
-//! `cancel` hook, [`live`]) and `_resumed` (what ended a wait, until the
-//! step's resume succeeds: a retried resume is resumed again with the same
-//! signal, never waits a second time).
+//! The context keeps two reserved maps by step path: `_live` (the
+//! handler steps waiting now, with what they wait for: a cancel of the run
+//! calls their handlers' `cancel` hook, [`live`], and an escalation parks
+//! them again on the same wait) and `_resumed` (what ended a wait, until
+//! the step's resume succeeds: a retried resume is resumed again with the
+//! same signal, never waits a second time).
 
 use serde_json::{Map, Value, json};
 
-use super::{Decider, Env, Then, Transition};
+use super::{Decider, Env, Transition};
 use crate::context::Context;
 use crate::definition::Step;
 use crate::error::StepError;
 use crate::limits::MAX_WAIT_KEYS;
-use crate::run::{NextJob, RunStatus, SignalWait, StepStatus};
+use crate::run::SignalWait;
 use crate::waits::MAX_SUBJECT_BYTES;
 
 /// The custom steps waiting now: path → step id.
@@ -32,10 +38,22 @@ pub fn live(context: &Context) -> Vec<(String, String)> {
     match context.reserved(LIVE_KEY) {
         Some(Value::Object(map)) => map
             .iter()
-            .map(|(path, id)| (path.clone(), id.as_str().unwrap_or_default().to_owned()))
+            .map(|(path, entry)| {
+                // Entries written before waits were kept are the step id alone.
+                let id = entry.as_str().or(entry["step"].as_str());
+                (path.clone(), id.unwrap_or_default().to_owned())
+            })
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// What the handler step at `path` waits for, as it parked (the keys
+/// all there, buffered signals counted from when it began): what it
+/// parks on again after an escalation.
+pub fn live_wait(context: &Context, path: &str) -> Option<SignalWait> {
+    let entry = context.reserved(LIVE_KEY)?.get(path)?.get("wait")?;
+    serde_json::from_value(entry.clone()).ok()
 }
 
 /// Whether the custom step at `path` waits now.
@@ -86,21 +104,34 @@ pub struct Arrived {
     pub subject: Option<String>,
 }
 
-/// What a signal or a timeout hands to the resume of a custom step.
-pub fn resumed_by(signal: Option<Arrived>) -> Value {
-    match signal {
+/// What a signal, the last signal of a wait for each of several keys,
+/// or a timeout hands to the resume of a handler step: `{signalId, key,
+/// payload, actor, subject, timedOut}`; for each of several keys,
+/// `signals` (key → signal) and `keys` (in the order they came), and
+/// `missing` on a timeout.
+pub fn resumed_by(signal: Option<Arrived>, all: Option<&crate::waits::AllWait>) -> Value {
+    let mut resumed = match signal {
         Some(s) => json!({
             "signalId": s.signal_id, "key": s.key, "payload": s.payload, "actor": s.actor,
             "subject": s.subject, "timedOut": false
         }),
         None => json!({ "timedOut": true }),
+    };
+    if let Some(all) = all {
+        resumed["signals"] = Value::Object(all.arrived.clone());
+        resumed["keys"] = json!(all.order);
+        let missing = all.missing();
+        if !missing.is_empty() {
+            resumed["missing"] = json!(missing);
+        }
     }
+    resumed
 }
 
 /// Why the wait a handler asked for cannot be waited for; `None` when it
 /// can: at least one key and at most [`MAX_WAIT_KEYS`], none empty,
 /// repeated or reserved, and a subject that names a ticket.
-fn refused(wait: &super::CustomWait) -> Option<String> {
+fn refused(step: &Step, wait: &super::CustomWait) -> Option<String> {
     if wait.keys.is_empty() {
         return Some("asked to wait for no signal key; a handler's wait needs a key".into());
     }
@@ -120,6 +151,14 @@ fn refused(wait: &super::CustomWait) -> Option<String> {
             return Some(format!(
                 "asked to wait for `{key}`, but keys beginning with `{}` are reserved for tok",
                 crate::waits::RESERVED_KEY_PREFIX
+            ));
+        }
+        // Only an approval waits on a decision's key, its own.
+        if crate::approval::is_decision_key(key) && step.kind != crate::approval::APPROVAL {
+            return Some(format!(
+                "asked to wait for `{key}`, but keys beginning with `{}` are the decisions \
+                 of approvals",
+                crate::approval::DECISION_KEY_PREFIX
             ));
         }
         if wait.keys[..i].contains(key) {
@@ -150,67 +189,55 @@ fn set_entry(context: &mut Context, key: &str, path: &str, value: Option<Value>)
 }
 
 impl Decider<'_> {
-    /// The custom step at the state's path asked to wait for `key` (for
-    /// `timeout_ms` at most): it is recorded waiting with the outputs it
-    /// gave, which are published at once, and the run parks on the key.
+    /// The step at the state's path asked to wait (`wait`): it is
+    /// recorded waiting with the outputs it gave, which are published at
+    /// once, and the run parks as at a `wait_for_event`. A wait it cannot
+    /// have fails it, saying why.
     pub(super) fn park_custom(
-        mut self,
+        self,
         step: &Step,
         wait: super::CustomWait,
         input: Option<Value>,
         started_at: i64,
         env: &mut Env<'_>,
     ) -> Transition {
-        if let Some(why) = refused(&wait) {
+        if let Some(why) = refused(step, &wait) {
             let error = StepError::terminal(format!("step `{}` {why}", step.id));
             return self.step_failed(step, input, started_at, error, env);
         }
         let mut record = self.record(step, input, started_at);
-        record.status = StepStatus::Waiting;
-        self.state.context.publish(&step.id, &wait.outputs);
         record.output = Some(Value::Object(wait.outputs));
-        let path = self.state.path.to_string();
-        set_entry(
-            &mut self.state.context,
-            LIVE_KEY,
-            &path,
-            Some(json!(step.id)),
-        );
         let due_at = wait
             .timeout_ms
             .map(|ms| self.now_ms().saturating_add(ms.max(0)));
-        let keys = wait
-            .keys
-            .iter()
-            .map(|k| format!("`{k}`"))
-            .collect::<Vec<_>>()
-            .join(" or ");
-        let about = match &wait.subject {
-            Some(ticket) => format!(" about ticket {}", ticket.trim()),
-            None => String::new(),
-        };
-        record.log.push(match due_at {
-            Some(_) => format!(
-                "waiting for signal {keys}{about} for {} ms at most",
-                wait.timeout_ms.unwrap_or_default()
-            ),
-            None => format!("waiting for signal {keys}{about}"),
-        });
+        let several = wait.keys.len() > 1;
         let mut keys = wait.keys.into_iter();
-        let wait = SignalWait {
+        let signals = SignalWait {
             key: keys.next().unwrap_or_default(),
             also: keys.collect(),
             subject: wait.subject.map(|s| s.trim().to_owned()),
             filter: wait.filter,
-            lookback: true,
+            lookback: !wait.only_new,
             due_at,
             ..SignalWait::default()
         };
-        self.push(record);
-        self.finish(
-            RunStatus::Waiting,
-            None,
-            Then::Record(NextJob::Wait { path, wait }),
-        )
+        self.park_on_signals(step, record, signals, wait.mode, several, wait.what)
     }
+}
+
+/// The handler step at `path` (id `step_id`) waits for `wait`, which
+/// began at `now`.
+pub(super) fn begin(context: &mut Context, path: &str, step_id: &str, wait: &SignalWait, now: i64) {
+    let mut kept = wait.clone();
+    // Parked again (after an escalation), it still takes the signals
+    // buffered since it began.
+    if !kept.lookback {
+        kept.since = Some(now);
+    }
+    set_entry(
+        context,
+        LIVE_KEY,
+        path,
+        Some(json!({ "step": step_id, "wait": kept })),
+    );
 }

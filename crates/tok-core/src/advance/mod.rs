@@ -28,7 +28,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
-use crate::approval::{self, APPROVAL};
+use crate::approval::APPROVAL;
 use crate::builtin::{self, Outcome, WAIT};
 use crate::children::{self, RUN_WORKFLOW, WAIT_FOR_RUNS};
 use crate::compensation;
@@ -48,7 +48,7 @@ use crate::repeat::{self, Again, REPEAT};
 use crate::retry::{Decision, RetryPolicy, decide};
 use crate::run::{NextJob, Resume, RunEnded, RunStatus, StepRecord, StepStatus};
 use crate::template;
-use crate::waits::signal_wait;
+use crate::waits::{WaitMode, signal_wait};
 
 /// The step type that parks a run until a signal or its timeout.
 pub const WAIT_FOR_EVENT: &str = "wait_for_event";
@@ -67,6 +67,16 @@ pub fn is_control(kind: &str) -> bool {
             REPEAT,
         ]
         .contains(&kind)
+}
+
+/// Whether the step at `path` waits for signals now: a `wait_for_event`,
+/// an `approval` (its decision is a signal), or a step that asked to wait
+/// ([`custom`]). They all park, take their signals, time out and
+/// escalate the one way ([`signals`]); only their ends differ.
+fn waits_for_signals(step: &Step, context: &Context, path: &FlowPath) -> bool {
+    step.kind == WAIT_FOR_EVENT
+        || step.kind == APPROVAL
+        || custom::is_live(context, &path.to_string())
 }
 
 /// Who runs a step type.
@@ -251,17 +261,24 @@ impl From<Option<Resume>> for Input {
     }
 }
 
-/// What a custom step waits for, as a `wait_for_event` step may: a
-/// signal on any of `keys`, about the ticket `subject` (or about none),
-/// whose payload satisfies `filter`, `timeout_ms` at most (`None`: for
-/// ever), and the outputs it publishes while it waits.
+/// What a step that runs (a handler, or `approval` in the record
+/// transaction) asks to wait for, as a `wait_for_event` step may: a
+/// signal on any of `keys` (`mode` [`WaitMode::Any`]) or on each of them
+/// ([`WaitMode::All`]), about the ticket `subject` (or about none), whose
+/// payload satisfies `filter`, `timeout_ms` at most (`None`: for ever);
+/// with `only_new`, a signal buffered before the wait began does not
+/// count. `outputs` are published while it waits; `what` is how the run
+/// page says what it waits for ("a decision"; by default its keys).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CustomWait {
     pub keys: Vec<String>,
+    pub mode: WaitMode,
     pub subject: Option<String>,
     pub filter: Option<crate::definition::Filter>,
     pub timeout_ms: Option<i64>,
+    pub only_new: bool,
     pub outputs: Map<String, Value>,
+    pub what: Option<String>,
 }
 
 /// A step for an executor to run, with everything it needs.
@@ -371,14 +388,7 @@ pub fn advance(
             input,
             started_at,
         } => match check_output_size(&step.id, &outputs) {
-            Ok(()) => match approval::awaited_decision(step, input.as_ref(), &outputs, env.now) {
-                Some(wait) => {
-                    let mut record = decider.record(step, input, started_at);
-                    record.output = Some(Value::Object(outputs));
-                    decider.park_on_decision(step, record, wait)
-                }
-                None => decider.step_done(step, input, outputs, log, started_at, env),
-            },
+            Ok(()) => decider.step_done(step, input, outputs, log, started_at, env),
             Err(error) => decider.step_failed(step, input, started_at, error, env),
         },
         Input::StepFailed {
@@ -397,45 +407,7 @@ pub fn advance(
             actor,
             subject,
             key,
-        } if custom::is_live(&decider.state.context, &step_path.to_string()) => {
-            let mut decider = decider;
-            let signal = custom::Arrived {
-                signal_id,
-                key,
-                payload,
-                actor,
-                subject,
-            };
-            let resumed = custom::resumed_by(Some(signal));
-            custom::resume(&mut decider.state.context, &step_path.to_string(), resumed);
-            decider.chain(env)
-        }
-        Input::TimedOut if custom::is_live(&decider.state.context, &step_path.to_string()) => {
-            let mut decider = decider;
-            let resumed = custom::resumed_by(None);
-            custom::resume(&mut decider.state.context, &step_path.to_string(), resumed);
-            decider.chain(env)
-        }
-        Input::Signal {
-            signal_id, payload, ..
-        } if step.kind == APPROVAL => {
-            let mut decider = decider;
-            escalation::end(&step_path, &mut decider.state.context);
-            let now = decider.now_ms();
-            let mut record = decider.record(step, None, now);
-            let waiting = decider.waiting_output(step);
-            let outputs = approval::decided(&payload, waiting.get("approvalId"));
-            record.input = Some(json!({ "signalId": signal_id }));
-            let log = vec![approval::decided_line(&payload)];
-            decider.completed(step, record, outputs, log, env)
-        }
-        Input::Signal {
-            signal_id,
-            payload,
-            actor,
-            subject,
-            key,
-        } if step.kind == WAIT_FOR_EVENT => {
+        } if waits_for_signals(step, &decider.state.context, &step_path) => {
             let signal = signals::Arrived {
                 signal_id,
                 payload,
@@ -449,27 +421,8 @@ pub fn advance(
             decider.condition_holds(step, ticket, env)
         }
         Input::TimedOut if step.kind == WAIT_FOR_CONDITION => decider.condition_due(step, env),
-        Input::TimedOut if step.kind == WAIT_FOR_EVENT || step.kind == APPROVAL => {
-            let mut decider = decider;
-            let path = decider.state.path.clone();
-            if let Some(level) = escalation::fires(step, &path, &mut decider.state.context) {
-                // A side chain: the step keeps waiting, the level's steps run.
-                decider.state.path = path.child(Branch::Escalation(level), 0);
-                decider.state.attempt = 1;
-                return decider.chain(env);
-            }
-            escalation::end(&path, &mut decider.state.context);
-            if step.kind == WAIT_FOR_EVENT {
-                return decider.signals_timed_out(step, env);
-            }
-            let mut outputs = Map::new();
-            if let Some(id) = decider.waiting_output(step).get("approvalId") {
-                outputs.insert("approvalId".into(), id.clone());
-            }
-            outputs.insert("timedOut".into(), Value::Bool(true));
-            let record = decider.record(step, None, decider.now.as_millisecond());
-            let log = vec!["timed out: nobody decided".to_owned()];
-            decider.completed(step, record, outputs, log, env)
+        Input::TimedOut if waits_for_signals(step, &decider.state.context, &step_path) => {
+            decider.signals_due(step, env)
         }
         Input::RunsEnded { ended, timed_out }
             if step.kind == RUN_WORKFLOW || step.kind == WAIT_FOR_RUNS =>
@@ -809,7 +762,12 @@ impl Decider<'_> {
                 let wait = signal_wait(step, &scope, self.state.subject.as_deref(), self.now);
                 drop(scope);
                 return match wait {
-                    Ok((wait, config)) => self.park(step, wait, config),
+                    Ok((wait, config)) => {
+                        let record = self.record(step, Some(config), self.now_ms());
+                        let several = crate::waits::has_keys(step);
+                        let mode = crate::waits::wait_mode(step);
+                        self.park_on_signals(step, record, wait, mode, several, None)
+                    }
                     Err(error) => {
                         let now = self.now_ms();
                         self.step_failed(step, None, now, error, env)

@@ -1,11 +1,12 @@
-//! How the decider parks a run at a waiting step (a signal, a decision,
-//! other runs, a timer with escalations) and parks it again after an
-//! escalation level's steps.
+//! How the decider parks a run at a waiting step (signals, a decision,
+//! a handler step's wait, other runs, a timer with escalations) and
+//! parks it again after an escalation level's steps.
 
 use jiff::Timestamp;
 use serde_json::{Map, Value};
 
-use super::{Decider, Then, Transition};
+use super::{Decider, Then, Transition, custom};
+use crate::advance::WAIT_FOR_EVENT;
 use crate::approval::{self, APPROVAL};
 use crate::builtin::WAIT;
 use crate::children::{self, WAIT_FOR_RUNS};
@@ -14,25 +15,40 @@ use crate::escalation;
 use crate::flow;
 use crate::path::FlowPath;
 use crate::run::{NextJob, RunStatus, RunsWait, SignalWait, StepRecord, StepStatus};
-use crate::waits::{self, AllWait, WaitMode, has_keys, set_waiting, signal_wait, wait_mode};
+use crate::waits::{self, AllWait, WaitMode, set_waiting, signal_wait};
 
 impl Decider<'_> {
-    /// The run parks at a `wait_for_event` step. A wait for every one of
-    /// several keys is written down ([`AllWait`]) to keep its signals.
-    pub(super) fn park(mut self, step: &Step, mut wait: SignalWait, config: Value) -> Transition {
-        let mut record = self.record(step, Some(config), self.now_ms());
+    /// The run parks at a step that waits for signals: a
+    /// `wait_for_event`, an `approval` (on its decision) or a step that
+    /// asked to wait ([`custom`]); `record` is the step's record, marked
+    /// waiting here, and its outputs are published at once. A wait for
+    /// each of `several` keys is written down ([`AllWait`]) to keep its
+    /// signals; `what` says what it waits for (by default its keys).
+    pub(super) fn park_on_signals(
+        mut self,
+        step: &Step,
+        mut record: StepRecord,
+        mut wait: SignalWait,
+        mode: WaitMode,
+        several: bool,
+        what: Option<String>,
+    ) -> Transition {
         record.status = StepStatus::Waiting;
+        if let Some(Value::Object(outputs)) = &record.output {
+            self.state.context.publish(&record.step_id, outputs);
+        }
         let about = match &wait.subject {
             Some(ticket) => format!(" about ticket {ticket}"),
             None => String::new(),
         };
-        let keys: Vec<String> = wait.keys().map(|k| format!("`{k}`")).collect();
-        let mode = wait_mode(step);
-        let what = match (has_keys(step), mode) {
-            (false, _) => format!("signal {}", keys.join(", ")),
-            (true, WaitMode::Any) => format!("a signal on any of {}", keys.join(", ")),
-            (true, WaitMode::All) => format!("a signal on each of {}", keys.join(", ")),
-        };
+        let what = what.unwrap_or_else(|| {
+            let keys: Vec<String> = wait.keys().map(|k| format!("`{k}`")).collect();
+            match (several, mode) {
+                (false, _) => format!("signal {}", keys.join(", ")),
+                (true, WaitMode::Any) => format!("a signal on any of {}", keys.join(", ")),
+                (true, WaitMode::All) => format!("a signal on each of {}", keys.join(", ")),
+            }
+        });
         record.log.push(
             match wait
                 .due_at
@@ -43,9 +59,16 @@ impl Decider<'_> {
             },
         );
         let path = self.state.path.to_string();
-        if has_keys(step) && mode == WaitMode::All {
-            let all = AllWait::begin(&wait, self.now_ms());
-            set_waiting(&mut self.state.context, &path, Some(&all));
+        let now = self.now_ms();
+        if several && mode == WaitMode::All {
+            set_waiting(
+                &mut self.state.context,
+                &path,
+                Some(&AllWait::begin(&wait, now)),
+            );
+        }
+        if step.kind != WAIT_FOR_EVENT && step.kind != APPROVAL {
+            custom::begin(&mut self.state.context, &path, &step.id, &wait, now);
         }
         wait.due_at = self.escalated_due(step, wait.due_at);
         self.push(record);
@@ -63,38 +86,6 @@ impl Decider<'_> {
             Some(Value::Object(map)) => map.clone(),
             _ => Map::new(),
         }
-    }
-
-    /// The run parks at an `approval` step until its decision (`record`
-    /// is that step's record, marked waiting here). What the step opened
-    /// (`approvalId`, `approvers`) is published at once.
-    pub(super) fn park_on_decision(
-        mut self,
-        step: &Step,
-        mut record: StepRecord,
-        mut wait: SignalWait,
-    ) -> Transition {
-        record.status = StepStatus::Waiting;
-        if let Some(Value::Object(outputs)) = &record.output {
-            self.state.context.publish(&record.step_id, outputs);
-        }
-        record.log.push(
-            match wait
-                .due_at
-                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
-            {
-                Some(due) => format!("waiting for a decision until {due}"),
-                None => "waiting for a decision".to_owned(),
-            },
-        );
-        wait.due_at = self.escalated_due(step, wait.due_at);
-        let path = self.state.path.to_string();
-        self.push(record);
-        self.finish(
-            RunStatus::Waiting,
-            None,
-            Then::Record(NextJob::Wait { path, wait }),
-        )
     }
 
     /// When the wait of `step` at the state's path is due, with its
@@ -160,6 +151,11 @@ impl Decider<'_> {
                 Some(all) => all
                     .remaining()
                     .ok_or_else(|| crate::error::StepError::terminal("every signal came already")),
+                None if custom::is_live(&self.state.context, &path) => {
+                    custom::live_wait(&self.state.context, &path).ok_or_else(|| {
+                        crate::error::StepError::terminal("what it waits for was not kept")
+                    })
+                }
                 None => {
                     let scope =
                         flow::scope(&automation.steps, &waiting, self.state.context.as_value());

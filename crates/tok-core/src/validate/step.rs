@@ -122,25 +122,28 @@ pub(super) fn check_step<'a>(c: &mut Checker<'a>, at: &str, step: &'a Step) {
 }
 
 /// `escalations` only on a step that waits (a timer, a signal, runs, a
-/// decision); each level `after` a duration, later than the level before, with steps
-/// (no `end`: a side chain does not end the run).
+/// decision, or a registered type whose handler may wait: the engine
+/// refuses its own types that never wait); each level `after` a duration,
+/// later than the level before, with steps (no `end`: a side chain does
+/// not end the run).
 fn check_escalations(c: &mut Checker<'_>, at: &str, step: &Step) {
     if step.escalations.is_empty() {
         return;
     }
     let kind = step.kind.as_str();
-    if ![
+    let waits = [
         crate::builtin::WAIT,
         WAIT_FOR_EVENT,
         crate::children::WAIT_FOR_RUNS,
         crate::approval::APPROVAL,
     ]
-    .contains(&kind)
-    {
+    .contains(&kind);
+    if !waits && crate::advance::is_control(kind) {
         c.error(
             format!("{at}.escalations"),
             format!(
-                "only a wait, wait_for_event, wait_for_runs or approval step can have `escalations`; `{}` is a `{kind}` step",
+                "only a step that waits (wait, wait_for_event, wait_for_runs, approval, or a \
+                 custom step that waits) can have `escalations`; `{}` is a `{kind}` step",
                 step.id
             ),
         );

@@ -179,6 +179,9 @@ struct Claim {
     too_deep: bool,
     /// The record transaction, when a step ran in it.
     tx: Option<Box<dyn RecordTx>>,
+    /// The handler step this claim ran, if any: its `cancel` hook runs
+    /// when the record finds the run cancelled meanwhile.
+    external: Option<FlowPath>,
 }
 
 /// Runs the claim's steps as the decider says, then records everything in
@@ -215,6 +218,24 @@ async fn drive(
     )
     .chaining(inner.config.fairness.chain_limit);
     let claim = run_claim(inner, job, automation, state, &cause, running).await?;
+    let external = claim.external.clone();
+    let recorded = record_claim(inner, job, automation, claim, may_continue, &cause).await;
+    if let (Err(StoreError::LeaseLost(_)), Some(path)) = (&recorded, external) {
+        cancel_abandoned_step(inner, job, automation, &path).await;
+    }
+    recorded
+}
+
+/// Writes what the claim decided and did, in one transaction (or in the
+/// store's group commit when nothing else is to be written with it).
+async fn record_claim(
+    inner: &Inner,
+    job: &ClaimedJob,
+    automation: &Automation,
+    claim: Claim,
+    may_continue: bool,
+    cause: &Cause,
+) -> Result<Driven, StoreError> {
     count(job, &claim);
     let ended = claim.status.is_final();
     // A wait may take a buffered signal (or find its runs ended) as it is
@@ -301,7 +322,7 @@ async fn drive(
                 let context = &record.context;
                 incidents.push(
                     effects::run_failed(
-                        &mut *tx, job, automation, subject, context, failure, &cause,
+                        &mut *tx, job, automation, subject, context, failure, cause,
                     )
                     .await?,
                 );
@@ -309,7 +330,7 @@ async fn drive(
             Effect::CompensationFailed(failure) => {
                 incidents.push(
                     effects::compensation_failed(
-                        &mut *tx, job, automation, subject, failure, &cause,
+                        &mut *tx, job, automation, subject, failure, cause,
                     )
                     .await?,
                 );
@@ -361,6 +382,7 @@ async fn run_claim(
     let mut subject = job.subject_ticket_id.clone();
     let mut tx: Option<Box<dyn RecordTx>> = None;
     let mut too_deep = false;
+    let mut external = None;
     loop {
         // A step in the record transaction may have given the run its
         // subject ticket: a wait about `"ticket"` waits about that one.
@@ -391,6 +413,7 @@ async fn run_claim(
                     subject,
                     too_deep,
                     tx,
+                    external,
                 });
             }
         };
@@ -472,12 +495,13 @@ async fn run_claim(
                 };
                 too_deep |= cx.too_deep;
                 match result {
-                    Ok(outputs) => Ok(StepOutcome::Done(outputs)),
+                    Ok(outcome) => Ok(outcome),
                     Err(TxError::Step(e)) => Err(e),
                     Err(TxError::Store(e)) => return Err(e),
                 }
             }
             StepClass::External | StepClass::Control => {
+                external = Some(step.path.clone());
                 let scope = std::mem::take(&mut step.scope);
                 call_handler(inner, job, &step, scope, trace)
                     .instrument(span.clone())
@@ -499,12 +523,15 @@ async fn run_claim(
             Ok(StepOutcome::Wait(wait)) => Input::StepWaits {
                 wait: CustomWait {
                     keys: wait.keys,
+                    mode: wait.mode,
                     subject: wait.subject,
                     filter: wait.filter,
                     timeout_ms: wait
                         .timeout
                         .map(|t| t.as_millis().min(i64::MAX as u128) as i64),
+                    only_new: wait.only_new,
                     outputs: wait.outputs,
+                    what: wait.what,
                 },
                 input: config,
                 started_at,
@@ -626,6 +653,61 @@ fn step_call(
         context: scope,
         effects: crate::registry::Effects::in_store(inner.store.clone()),
         traceparent: None,
+    }
+}
+
+/// A handler step whose record found its job gone: when its run was
+/// cancelled (or is being undone) while the step ran, the step's
+/// handler's `cancel` hook is called, once, by this worker, the only one
+/// that ran it (a lease lost to another worker's claim calls nothing).
+/// The run's context is read again for the config's templates.
+async fn cancel_abandoned_step(
+    inner: &Inner,
+    job: &ClaimedJob,
+    automation: &Automation,
+    path: &FlowPath,
+) {
+    let Some(step) = tok_core::flow::step_at(&automation.steps, path) else {
+        return;
+    };
+    let Some(handler) = inner.registry.handler(&step.kind) else {
+        return;
+    };
+    let detail = match inner.store.run(&job.tenant_id, &job.run_id).await {
+        Ok(Some(detail)) => detail,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(run = %job.run_id, step = %step.id, error = %e, "could not read a run whose step lost its job; its cancel hook is not called");
+            return;
+        }
+    };
+    let status = detail.run.status.as_str();
+    if status != RunStatus::Cancelled.as_str() && status != RunStatus::Compensating.as_str() {
+        return;
+    }
+    let scope = tok_core::flow::scope(&automation.steps, path, &detail.context);
+    let config = tok_core::template::render_value(&step.config, &scope)
+        .unwrap_or_else(|_| step.config.clone());
+    let call = step_call(
+        inner,
+        job,
+        path.to_string(),
+        &step.id,
+        config,
+        std::sync::Arc::new(scope.into_owned()),
+    );
+    let step_id = step.id.clone();
+    let hook = async move { handler.cancel(call).await };
+    match tokio::spawn(hook).await {
+        Ok(Ok(())) => {
+            tracing::info!(run = %job.run_id, step = %step_id, "the run was cancelled while the step ran; its cancel hook ran")
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(run = %job.run_id, step = %step_id, %error, "cancel hook failed")
+        }
+        Err(join) => {
+            tracing::warn!(run = %job.run_id, step = %step_id, %join, "cancel hook panicked")
+        }
     }
 }
 

@@ -2,12 +2,15 @@
 //! for its approvers — the members of a group (`{"group": "<name or id>"}`)
 //! or a list of members (`{"members": ["<id>", …]}`). No approver fails the
 //! step with `no_approvers` (terminal): nobody could ever decide. The
-//! decider then parks the run on the decision (`tok_core::approval`).
+//! step then waits for the decision, as any step may
+//! ([`crate::StepOutcome::Wait`]), and the decider reads it
+//! (`tok_core::approval`).
 
 use serde_json::{Map, Value, json};
 use tok_store::{Approver, NewApproval};
 
-use super::{TxContext, TxResult, string, terminal};
+use super::{TxContext, TxError, string, terminal};
+use crate::{StepOutcome, WaitFor};
 
 const SHAPE: &str =
     "`approvers`: {\"group\": \"<group name or id>\"} or {\"members\": [\"<member id>\", …]}";
@@ -30,8 +33,8 @@ pub(crate) fn validate(config: &Value) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
-    tok_core::approval::timeout(config)
+pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> Result<StepOutcome, TxError> {
+    let timeout = tok_core::approval::timeout(config)
         .map_err(|e| terminal(format!("step `{}`: {e}", cx.step_id)))?;
     let approvers = config.get("approvers").cloned().unwrap_or(Value::Null);
     let (members, from) = match (approvers.get("group"), approvers.get("members")) {
@@ -86,5 +89,10 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     out.insert("approvalId".into(), json!(id));
     out.insert("prompt".into(), json!(prompt));
     out.insert("approvers".into(), json!(approvers));
-    Ok(out)
+    let mut wait = WaitFor::signal(tok_core::approval::decision_key(&id))
+        .only_new()
+        .publishing(out)
+        .described("a decision");
+    wait.timeout = timeout;
+    Ok(StepOutcome::Wait(wait))
 }

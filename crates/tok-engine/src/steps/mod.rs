@@ -32,7 +32,13 @@ use tok_store::{Cause, RecordTx, StoreError, Ticket, TicketWrite};
 /// [`in_transaction!`].
 #[async_trait::async_trait]
 pub(crate) trait TxStep: Send + Sync + 'static {
-    async fn run(&self, cx: &mut TxContext<'_>, config: &Value) -> TxResult;
+    /// Its outputs, or a wait ([`crate::StepOutcome::Wait`]: `approval`
+    /// waits for its decision) that the decider ends.
+    async fn run(
+        &self,
+        cx: &mut TxContext<'_>,
+        config: &Value,
+    ) -> Result<crate::StepOutcome, TxError>;
 
     /// Checks the step's `config` at save; the message says what is expected.
     fn validate(&self, config: &Value) -> Result<(), String>;
@@ -51,8 +57,10 @@ macro_rules! in_transaction {
                 &self,
                 cx: &mut $crate::steps::TxContext<'_>,
                 config: &serde_json::Value,
-            ) -> $crate::steps::TxResult {
-                $crate::steps::$module::run(cx, config).await
+            ) -> Result<$crate::StepOutcome, $crate::steps::TxError> {
+                $crate::steps::$module::run(cx, config)
+                    .await
+                    .map(Into::into)
             }
 
             fn validate(&self, config: &serde_json::Value) -> Result<(), String> {

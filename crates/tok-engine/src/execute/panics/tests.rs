@@ -10,7 +10,7 @@ use tok_store::testing::{TestDb, backends};
 use tok_store::{RunDetail, Store};
 
 use crate::definitions::prepare;
-use crate::steps::{TxContext, TxResult, TxStep};
+use crate::steps::{TxContext, TxError, TxStep};
 use crate::{Engine, EngineConfig, Registry};
 
 /// Panics in the record transaction: a bug in a step type.
@@ -18,7 +18,11 @@ struct PanicsInTransaction;
 
 #[async_trait::async_trait]
 impl TxStep for PanicsInTransaction {
-    async fn run(&self, _cx: &mut TxContext<'_>, _config: &Value) -> TxResult {
+    async fn run(
+        &self,
+        _cx: &mut TxContext<'_>,
+        _config: &Value,
+    ) -> Result<crate::StepOutcome, TxError> {
         panic!("index out of bounds: the len is 0 but the index is 3")
     }
 
