@@ -86,6 +86,8 @@ pub(crate) struct Slots {
     /// job alone: an execution whose lease was lost may still be running
     /// when its job is claimed again, and each frees its own slot.
     pub(crate) jobs: HashMap<(JobId, String), (TenantId, bool)>,
+    /// By claim: how long its lease is known to last ([`crate::Lease`]).
+    pub(crate) leases: HashMap<(JobId, String), crate::registry::Lease>,
     pub(crate) promised_general: usize,
     pub(crate) promised_reserved: usize,
 }

@@ -48,7 +48,7 @@ pub use definitions::DefinitionCache;
 pub use fairness::Fairness;
 pub use outbound::OutboundAllow;
 pub use registry::{
-    ConfigError, Effects, Registry, Resumed, StepCall, StepHandler, StepOutcome, WaitFor,
+    ConfigError, Effects, Lease, Registry, Resumed, StepCall, StepHandler, StepOutcome, WaitFor,
 };
 pub use steps::script::ScriptStep;
 pub use stream::Stream;

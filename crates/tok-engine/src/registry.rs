@@ -51,6 +51,63 @@ pub struct StepCall {
     /// The W3C trace context of the step (`traceparent`): the `http` step
     /// sends it with its call. `None` outside a run.
     pub traceparent: Option<String>,
+    /// This worker's hold on the step's job: check [`Lease::held`] right
+    /// before a call out that must not happen twice.
+    pub lease: Lease,
+}
+
+/// How long this worker's claim on a step's job is known to last: from
+/// the claim, then from each heartbeat that extended it. A worker stalled
+/// past it (stopped, or its heartbeats failing) may have lost the job to
+/// another worker, which then runs the step again: a call out begun
+/// after that would reach the service twice, once after the other
+/// worker's record. The `http` and `mcp` steps check it right before they
+/// send. [`Lease::default`] (outside the engine) is always held.
+#[derive(Clone, Default)]
+pub struct Lease(Option<Arc<std::sync::atomic::AtomicI64>>);
+
+impl Lease {
+    /// A lease known to last until `until_ms` (Unix ms, this machine's clock).
+    pub(crate) fn until(until_ms: i64) -> Self {
+        Lease(Some(Arc::new(std::sync::atomic::AtomicI64::new(until_ms))))
+    }
+
+    /// The lease is known to last until `until_ms` now.
+    pub(crate) fn extend_to(&self, until_ms: i64) {
+        if let Some(deadline) = &self.0 {
+            deadline.fetch_max(until_ms, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the job is still this worker's as far as it knows: `false`
+    /// once its lease ran out without being extended.
+    pub fn held(&self) -> bool {
+        self.0.as_ref().is_none_or(|deadline| {
+            tok_store::now_ms() < deadline.load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
+    /// The error of a step that did not begin its call because its lease
+    /// ran out (retryable: the worker that holds the job now runs it).
+    pub fn ran_out(step: &str) -> StepError {
+        StepError::retryable(format!(
+            "step `{step}` did not send its call: this worker's lease on its job ran out (the \
+             worker was stalled), so another worker may run it now"
+        ))
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(deadline) => write!(
+                f,
+                "Lease(until {})",
+                deadline.load(std::sync::atomic::Ordering::Relaxed)
+            ),
+            None => f.write_str("Lease(always)"),
+        }
+    }
 }
 
 /// Where [`StepCall::once`] keeps the results of a step's effects: the
@@ -587,5 +644,23 @@ impl Registry {
             .collect();
         kinds.sort();
         kinds
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lease;
+
+    #[test]
+    fn a_lease_holds_until_its_deadline_and_a_heartbeat_moves_it_on() {
+        let now = tok_store::now_ms();
+        assert!(Lease::default().held(), "outside the engine: always held");
+        let lease = Lease::until(now - 1);
+        assert!(!lease.held(), "ran out");
+        let shared = lease.clone();
+        shared.extend_to(now + 60_000);
+        assert!(lease.held(), "a heartbeat through a clone moves it on");
+        lease.extend_to(now - 5);
+        assert!(lease.held(), "an older answer never moves it back");
     }
 }

@@ -399,8 +399,12 @@ pub trait QueueStore: Send + Sync {
     /// claim token it was leased under: a job leased again since (to this
     /// process or another) under another token keeps its new lease as it
     /// is. Returns how many leases it extended.
-    async fn heartbeat(&self, node: &str, claims: &[(JobId, String)], lease_ms: i64)
-    -> Result<u64>;
+    async fn heartbeat(
+        &self,
+        node: &str,
+        claims: &[(JobId, String)],
+        lease_ms: i64,
+    ) -> Result<Vec<JobId>>;
 
     /// Writes a claim's outcome: the step records, the run's new state and the
     /// next job, all or nothing. Fails with [`StoreError::LeaseLost`] (and

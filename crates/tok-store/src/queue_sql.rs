@@ -220,9 +220,9 @@ macro_rules! impl_queue {
                 node: &str,
                 claims: &[(JobId, String)],
                 lease_ms: i64,
-            ) -> Result<u64> {
+            ) -> Result<Vec<JobId>> {
                 if claims.is_empty() {
-                    return Ok(0);
+                    return Ok(Vec::new());
                 }
                 let rows: Vec<$crate::rows::LeaseRow> = claims
                     .iter()
@@ -254,7 +254,7 @@ macro_rules! impl_queue {
                 .map(|r| r.get::<i64, _>("id"))
                 .collect();
                 if extended.is_empty() {
-                    return Ok(0);
+                    return Ok(Vec::new());
                 }
                 // Connection slots held by these jobs live as long as their leases.
                 sqlx::query(concat!(
@@ -265,7 +265,7 @@ macro_rules! impl_queue {
                 .bind(lease_ms)
                 .execute(&*writer)
                 .await?;
-                Ok(extended.len() as u64)
+                Ok(extended.into_iter().map(JobId).collect())
             }
 
             async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {

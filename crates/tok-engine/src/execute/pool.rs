@@ -165,9 +165,19 @@ async fn claim_and_start(
 /// reserved slot.
 fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
     let claim = (job.id, job.claim_token.clone());
-    slots(inner)
-        .jobs
-        .insert(claim.clone(), (job.tenant_id.clone(), reserved));
+    {
+        let mut slots = slots(inner);
+        slots
+            .jobs
+            .insert(claim.clone(), (job.tenant_id.clone(), reserved));
+        // Claimed a moment ago: its lease lasts about `lease_ms` from now,
+        // a tenth less to be sure.
+        let lease_ms = inner.lease_ms();
+        let until = tok_store::now_ms() + lease_ms - lease_ms / 10;
+        slots
+            .leases
+            .insert(claim.clone(), crate::registry::Lease::until(until));
+    }
     let inner = inner.clone();
     // One span per run's claim: every line the run's steps log carries it.
     let span = tracing::info_span!(
@@ -203,6 +213,16 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
     );
 }
 
+/// The lease of a claim running here (always held for a claim this pool
+/// does not know: a job run outside it).
+pub(crate) fn lease_of(inner: &Inner, job: &ClaimedJob) -> crate::registry::Lease {
+    slots(inner)
+        .leases
+        .get(&(job.id, job.claim_token.clone()))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// A claim's place in the slot map, freed when dropped.
 struct Slot<'a> {
     inner: &'a Arc<Inner>,
@@ -211,7 +231,10 @@ struct Slot<'a> {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        slots(self.inner).jobs.remove(&self.claim);
+        let mut slots = slots(self.inner);
+        slots.jobs.remove(&self.claim);
+        slots.leases.remove(&self.claim);
+        drop(slots);
         self.inner.work.notify_one();
     }
 }
@@ -231,12 +254,21 @@ async fn heartbeat(inner: Arc<Inner>) {
     loop {
         tokio::time::sleep(inner.config.heartbeat).await;
         let claims = slots(&inner).claims();
-        if let Err(e) = inner
+        let asked_at = tok_store::now_ms();
+        match inner
             .store
             .heartbeat(&inner.holder, &claims, inner.lease_ms())
             .await
         {
-            tracing::warn!(error = %e, jobs = claims.len(), "heartbeat failed");
+            Ok(extended) => {
+                let slots = slots(&inner);
+                for claim in claims.iter().filter(|(id, _)| extended.contains(id)) {
+                    if let Some(lease) = slots.leases.get(claim) {
+                        lease.extend_to(asked_at + inner.lease_ms());
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, jobs = claims.len(), "heartbeat failed"),
         }
     }
 }

@@ -285,7 +285,12 @@ async fn record_claim(
                 path: next.path.clone(),
                 lease_ms: inner.lease_ms(),
             };
+            let asked_at = now_ms();
             let continues = inner.store.record_and_continue(job, record).await?;
+            if continues {
+                // The record moved the lease on from when it was asked.
+                super::pool::lease_of(inner, job).extend_to(asked_at + inner.lease_ms());
+            }
             published.publish(&inner.stream);
             return Ok(match continues {
                 true => Driven::Continue(Box::new(ClaimedJob {
@@ -653,6 +658,7 @@ fn step_call(
         context: scope,
         effects: crate::registry::Effects::in_store(inner.store.clone()),
         traceparent: None,
+        lease: super::pool::lease_of(inner, job),
     }
 }
 

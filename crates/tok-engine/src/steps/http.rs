@@ -72,6 +72,8 @@ pub(crate) struct Caller<'a> {
     pub(crate) step: Option<&'a str>,
     pub(crate) idempotency_key: Option<&'a str>,
     pub(crate) traceparent: Option<&'a str>,
+    /// The worker's hold on the step's job, checked right before the send.
+    pub(crate) lease: Option<&'a crate::registry::Lease>,
 }
 
 /// How much of an error answer's body its message shows.
@@ -269,6 +271,7 @@ impl Http {
             step,
             idempotency_key,
             traceparent,
+            ..
         } = caller;
         if let Some(Ok(key)) = idempotency_key.map(HeaderValue::from_str) {
             headers.insert("idempotency-key", key);
@@ -502,6 +505,12 @@ impl Http {
                 ));
             }
         }
+        if caller.lease.is_some_and(|lease| !lease.held()) {
+            // The connection's slot, if any, expires with the lease.
+            return Err(crate::registry::Lease::ran_out(
+                caller.step.unwrap_or("http"),
+            ));
+        }
         let started = Instant::now();
         let (result, outcome) = self.send(caller, request, connection.as_ref()).await;
         let outcome_label = match &result {
@@ -559,6 +568,7 @@ impl StepHandler for Http {
                 step: Some(&call.step_id),
                 idempotency_key: Some(&call.idempotency_key),
                 traceparent: call.traceparent.as_deref(),
+                lease: Some(&call.lease),
             },
         )
         .await

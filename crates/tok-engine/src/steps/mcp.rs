@@ -560,6 +560,10 @@ impl StepHandler for Mcp {
                 Duration::from_millis(delay_ms.max(1) as u64),
             ));
         }
+        if !call.lease.held() {
+            // The connection's slot expires with the lease.
+            return Err(crate::registry::Lease::ran_out(&call.step_id));
+        }
         let started = Instant::now();
         let (result, outcome) = self
             .call(

@@ -233,6 +233,7 @@ mod tests {
             context: Arc::new(json!({})),
             effects: crate::registry::Effects::none(),
             traceparent: None,
+            lease: crate::registry::Lease::default(),
         };
         let e = step
             .run(call(json!({"source": "function main() { return {} }"})))

@@ -680,7 +680,7 @@ impl QueueStore for RoutedStore {
         node: &str,
         claims: &[(JobId, String)],
         lease_ms: i64,
-    ) -> Result<u64> {
+    ) -> Result<Vec<JobId>> {
         // Every database at once, each within a third of the lease: one
         // that hangs delays the others' next renewal by that much at most.
         let bound = Duration::from_millis((lease_ms / 3).max(1) as u64);
@@ -692,8 +692,8 @@ impl QueueStore for RoutedStore {
         Ok(self
             .kept("heartbeat", renewed)?
             .into_iter()
-            .map(|(_, n)| n)
-            .sum())
+            .flat_map(|(_, ids)| ids)
+            .collect())
     }
 
     async fn record(&self, job: &ClaimedJob, record: Record) -> Result<()> {

@@ -74,8 +74,11 @@ async fn one_dispatch_and_one_claim_span_two_databases_and_each_keeps_its_rows()
             store
                 .heartbeat("node-1", &claims, LONG_LEASE_MS)
                 .await
-                .unwrap(),
-            6
+                .unwrap()
+                .into_iter()
+                .collect::<HashSet<JobId>>(),
+            ids,
+            "every database extends its own"
         );
         assert_eq!(store.queue_stats(&both).await.unwrap().running, 6);
         for job in &jobs {
