@@ -673,25 +673,37 @@ async fn cancel_abandoned_step(
     automation: &Automation,
     path: &FlowPath,
 ) {
+    let detail = match inner.store.run(&job.tenant_id, &job.run_id).await {
+        Ok(Some(detail)) => detail,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(run = %job.run_id, path = %path, error = %e, "could not read a run whose step lost its job; its cancel hook is not called");
+            return;
+        }
+    };
+    let status = detail.run.status.as_str();
+    if status == RunStatus::Cancelled.as_str() || status == RunStatus::Compensating.as_str() {
+        call_cancel_hook(inner, job, automation, path, &detail.context).await;
+    }
+}
+
+/// Calls the `cancel` hook of the handler step at `path` (with its config
+/// rendered against `context` as it would run); a step that is no
+/// handler's calls nothing. A hook that fails is logged.
+async fn call_cancel_hook(
+    inner: &Inner,
+    job: &ClaimedJob,
+    automation: &Automation,
+    path: &FlowPath,
+    context: &Value,
+) {
     let Some(step) = tok_core::flow::step_at(&automation.steps, path) else {
         return;
     };
     let Some(handler) = inner.registry.handler(&step.kind) else {
         return;
     };
-    let detail = match inner.store.run(&job.tenant_id, &job.run_id).await {
-        Ok(Some(detail)) => detail,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(run = %job.run_id, step = %step.id, error = %e, "could not read a run whose step lost its job; its cancel hook is not called");
-            return;
-        }
-    };
-    let status = detail.run.status.as_str();
-    if status != RunStatus::Cancelled.as_str() && status != RunStatus::Compensating.as_str() {
-        return;
-    }
-    let scope = tok_core::flow::scope(&automation.steps, path, &detail.context);
+    let scope = tok_core::flow::scope(&automation.steps, path, context);
     let config = tok_core::template::render_value(&step.config, &scope)
         .unwrap_or_else(|_| step.config.clone());
     let call = step_call(
@@ -705,9 +717,7 @@ async fn cancel_abandoned_step(
     let step_id = step.id.clone();
     let hook = async move { handler.cancel(call).await };
     match tokio::spawn(hook).await {
-        Ok(Ok(())) => {
-            tracing::info!(run = %job.run_id, step = %step_id, "the run was cancelled while the step ran; its cancel hook ran")
-        }
+        Ok(Ok(())) => tracing::info!(run = %job.run_id, step = %step_id, "cancel hook ran"),
         Ok(Err(error)) => {
             tracing::warn!(run = %job.run_id, step = %step_id, %error, "cancel hook failed")
         }
@@ -727,36 +737,9 @@ async fn cancel_live_steps(
     automation: &Automation,
     state: &RunState,
 ) {
-    for (path, step_id) in tok_core::advance::custom::live(&state.context) {
-        let Ok(at) = path.parse::<tok_core::path::FlowPath>() else {
-            continue;
-        };
-        let Some(step) = tok_core::flow::step_at(&automation.steps, &at) else {
-            continue;
-        };
-        let Some(handler) = inner.registry.handler(&step.kind) else {
-            continue;
-        };
-        let scope = tok_core::flow::scope(&automation.steps, &at, state.context.as_value());
-        let config = tok_core::template::render_value(&step.config, &scope)
-            .unwrap_or_else(|_| step.config.clone());
-        let call = step_call(
-            inner,
-            job,
-            path.clone(),
-            &step_id,
-            config,
-            std::sync::Arc::new(scope.into_owned()),
-        );
-        let hook = async move { handler.cancel(call).await };
-        match tokio::spawn(hook).await {
-            Ok(Ok(())) => tracing::info!(run = %job.run_id, step = %step_id, "cancel hook ran"),
-            Ok(Err(error)) => {
-                tracing::warn!(run = %job.run_id, step = %step_id, %error, "cancel hook failed")
-            }
-            Err(join) => {
-                tracing::warn!(run = %job.run_id, step = %step_id, %join, "cancel hook panicked")
-            }
+    for (path, _) in tok_core::advance::custom::live(&state.context) {
+        if let Ok(at) = path.parse::<FlowPath>() {
+            call_cancel_hook(inner, job, automation, &at, state.context.as_value()).await;
         }
     }
 }
