@@ -72,6 +72,13 @@ impl Lease {
         Lease(Some(Arc::new(std::sync::atomic::AtomicI64::new(until_ms))))
     }
 
+    /// Until when a lease of `lease_ms` granted by the database when it
+    /// was asked at `asked_at` (this machine's clock) is known to last: a
+    /// tenth less, for the database's clock and the way there.
+    pub(crate) fn known_until(asked_at: i64, lease_ms: i64) -> i64 {
+        asked_at + lease_ms - lease_ms / 10
+    }
+
     /// The lease is known to last until `until_ms` now.
     pub(crate) fn extend_to(&self, until_ms: i64) {
         if let Some(deadline) = &self.0 {

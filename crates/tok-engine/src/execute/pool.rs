@@ -20,6 +20,7 @@ use tracing::Instrument as _;
 
 use crate::Inner;
 use crate::fairness::{Offer, Slots, reserved_slots};
+use crate::registry::Lease;
 
 pub(crate) fn slots(inner: &Inner) -> std::sync::MutexGuard<'_, Slots> {
     inner.slots.lock().unwrap_or_else(|e| e.into_inner())
@@ -170,13 +171,9 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
         slots
             .jobs
             .insert(claim.clone(), (job.tenant_id.clone(), reserved));
-        // Claimed a moment ago: its lease lasts about `lease_ms` from now,
-        // a tenth less to be sure.
-        let lease_ms = inner.lease_ms();
-        let until = tok_store::now_ms() + lease_ms - lease_ms / 10;
-        slots
-            .leases
-            .insert(claim.clone(), crate::registry::Lease::until(until));
+        // Claimed a moment ago: its lease lasts about `lease_ms` from now.
+        let until = Lease::known_until(tok_store::now_ms(), inner.lease_ms());
+        slots.leases.insert(claim.clone(), Lease::until(until));
     }
     let inner = inner.clone();
     // One span per run's claim: every line the run's steps log carries it.
@@ -215,7 +212,7 @@ fn start(inner: &Arc<Inner>, job: ClaimedJob, reserved: bool) {
 
 /// The lease of a claim running here (always held for a claim this pool
 /// does not know: a job run outside it).
-pub(crate) fn lease_of(inner: &Inner, job: &ClaimedJob) -> crate::registry::Lease {
+pub(crate) fn lease_of(inner: &Inner, job: &ClaimedJob) -> Lease {
     slots(inner)
         .leases
         .get(&(job.id, job.claim_token.clone()))
@@ -264,7 +261,7 @@ async fn heartbeat(inner: Arc<Inner>) {
                 let slots = slots(&inner);
                 for claim in claims.iter().filter(|(id, _)| extended.contains(id)) {
                     if let Some(lease) = slots.leases.get(claim) {
-                        lease.extend_to(asked_at + inner.lease_ms());
+                        lease.extend_to(Lease::known_until(asked_at, inner.lease_ms()));
                     }
                 }
             }

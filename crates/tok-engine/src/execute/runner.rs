@@ -289,7 +289,8 @@ async fn record_claim(
             let continues = inner.store.record_and_continue(job, record).await?;
             if continues {
                 // The record moved the lease on from when it was asked.
-                super::pool::lease_of(inner, job).extend_to(asked_at + inner.lease_ms());
+                let until = crate::registry::Lease::known_until(asked_at, inner.lease_ms());
+                super::pool::lease_of(inner, job).extend_to(until);
             }
             published.publish(&inner.stream);
             return Ok(match continues {
