@@ -889,6 +889,20 @@ fn a_custom_step_waits_on_several_keys_about_a_ticket_or_fails_saying_why() {
             },
             "about an empty ticket id",
         ),
+        (
+            CustomWait {
+                what: Some(" ".into()),
+                ..keys(&["a"])
+            },
+            "described what it waits for with an empty text",
+        ),
+        (
+            CustomWait {
+                what: Some("x".repeat(201)),
+                ..keys(&["a"])
+            },
+            "described what it waits for in 201 bytes; a description has at most 200",
+        ),
     ];
     for (wait, expected) in cases {
         let t = run(&automation, begun.clone(), asks(wait.clone()));
@@ -977,6 +991,27 @@ fn a_custom_step_waits_for_each_of_two_signals_in_either_order() {
     assert_eq!(handed["timedOut"], true);
     assert_eq!(handed["missing"], json!(["paid"]));
     assert_eq!(handed["signals"]["packed"]["signalId"], "sig_1");
+
+    // Each of one key: its signal is kept by key all the same.
+    let mut begun = state("0");
+    begun.actions = 1;
+    let one_key = Input::StepWaits {
+        wait: CustomWait {
+            keys: vec!["paid".into()],
+            mode: WaitMode::All,
+            ..CustomWait::default()
+        },
+        input: None,
+        started_at: NOW_MS - 5,
+    };
+    let parked = run(&automation, begun, one_key);
+    let paid = run(&automation, claimed(&parked), on("paid", "sig_3"));
+    let Then::Execute(step) = &paid.then else {
+        panic!("{:?}", paid.then)
+    };
+    let handed = step.resumed.clone().expect("resumed");
+    assert_eq!(handed["keys"], json!(["paid"]));
+    assert_eq!(handed["signals"]["paid"]["signalId"], "sig_3");
 }
 
 /// A custom step's escalations fire while it waits, as a

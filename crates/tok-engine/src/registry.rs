@@ -383,7 +383,7 @@ impl WaitFor {
     }
 
     /// Says on the run page what it waits for ("waiting for `what` until
-    /// …"), in place of its keys.
+    /// …"), in place of its keys (at most 200 bytes, not empty).
     pub fn described(mut self, what: impl Into<String>) -> Self {
         self.what = Some(what.into());
         self

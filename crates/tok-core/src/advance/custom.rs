@@ -27,6 +27,10 @@ use crate::limits::MAX_WAIT_KEYS;
 use crate::run::SignalWait;
 use crate::waits::MAX_SUBJECT_BYTES;
 
+/// Longest description of what a step waits for (the run page's
+/// "waiting for …"), in bytes.
+pub const MAX_WHAT_BYTES: usize = 200;
+
 /// The custom steps waiting now: path → step id.
 pub const LIVE_KEY: &str = "_live";
 /// What ended a custom step's wait, until its resume succeeds: path →
@@ -130,7 +134,8 @@ pub fn resumed_by(signal: Option<Arrived>, all: Option<&crate::waits::AllWait>) 
 
 /// Why the wait a handler asked for cannot be waited for; `None` when it
 /// can: at least one key and at most [`MAX_WAIT_KEYS`], none empty,
-/// repeated or reserved, and a subject that names a ticket.
+/// repeated or reserved, a subject that names a ticket, and a short
+/// description if any.
 fn refused(step: &Step, wait: &super::CustomWait) -> Option<String> {
     if wait.keys.is_empty() {
         return Some("asked to wait for no signal key; a handler's wait needs a key".into());
@@ -164,6 +169,17 @@ fn refused(step: &Step, wait: &super::CustomWait) -> Option<String> {
         if wait.keys[..i].contains(key) {
             return Some(format!("asked to wait for `{key}` twice"));
         }
+    }
+    match wait.what.as_deref().map(str::trim) {
+        Some("") => return Some("described what it waits for with an empty text".into()),
+        Some(what) if what.len() > MAX_WHAT_BYTES => {
+            return Some(format!(
+                "described what it waits for in {} bytes; a description has at most \
+                 {MAX_WHAT_BYTES}",
+                what.len()
+            ));
+        }
+        _ => {}
     }
     match wait.subject.as_deref().map(str::trim) {
         Some("") => Some("asked to wait for signals about an empty ticket id".into()),
@@ -210,7 +226,8 @@ impl Decider<'_> {
         let due_at = wait
             .timeout_ms
             .map(|ms| self.now_ms().saturating_add(ms.max(0)));
-        let several = wait.keys.len() > 1;
+        // A wait for each of its keys keeps its signals by key, even of one.
+        let several = wait.keys.len() > 1 || wait.mode == crate::waits::WaitMode::All;
         let mut keys = wait.keys.into_iter();
         let signals = SignalWait {
             key: keys.next().unwrap_or_default(),
@@ -221,7 +238,8 @@ impl Decider<'_> {
             due_at,
             ..SignalWait::default()
         };
-        self.park_on_signals(step, record, signals, wait.mode, several, wait.what)
+        let what = wait.what.map(|w| w.trim().to_owned());
+        self.park_on_signals(step, record, signals, wait.mode, several, what)
     }
 }
 
