@@ -25,6 +25,16 @@ use crate::definition::Step;
 use crate::duration::parse_duration;
 use crate::path::FlowPath;
 
+/// Why `step` cannot have `escalations`: its type never waits (a control
+/// type, refused by validation, or one of the engine's own).
+pub fn never_waits(step: &Step) -> String {
+    format!(
+        "only a step that waits (wait, wait_for_event, wait_for_runs, approval, or a custom \
+         step that waits) can have `escalations`; `{}` is a `{}` step, which never waits",
+        step.id, step.kind
+    )
+}
+
 /// Where the context keeps the escalations of the run's waits.
 pub const ESCALATIONS_KEY: &str = "_escalations";
 

@@ -85,12 +85,7 @@ fn check_handler_configs(
         if !step.escalations.is_empty() && !registry.may_wait(&step.kind) {
             errors.push(ValidationError {
                 path: format!("{here}.escalations"),
-                message: format!(
-                    "only a step that waits (wait, wait_for_event, wait_for_runs, approval, or \
-                     a custom step that waits) can have `escalations`; `{}` is a `{}` step, \
-                     which never waits",
-                    step.id, step.kind
-                ),
+                message: tok_core::escalation::never_waits(step),
             });
         }
         if let Some(keys) = registry.config_keys(&step.kind) {

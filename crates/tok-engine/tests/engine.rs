@@ -176,6 +176,15 @@ impl Harness {
 
     /// Polls until the run is final; panics after 60 s.
     async fn finished(&self, run: &RunId) -> RunDetail {
+        self.until(run, "finish", |d| {
+            matches!(d.run.status.as_str(), "completed" | "failed" | "cancelled")
+        })
+        .await
+    }
+
+    /// Polls until the run's detail satisfies `done` (`what` names it
+    /// for the panic after 60 s).
+    async fn until(&self, run: &RunId, what: &str, done: impl Fn(&RunDetail) -> bool) -> RunDetail {
         for _ in 0..1200 {
             let detail = self
                 .store
@@ -183,15 +192,12 @@ impl Harness {
                 .await
                 .unwrap()
                 .expect("run exists");
-            if matches!(
-                detail.run.status.as_str(),
-                "completed" | "failed" | "cancelled"
-            ) {
+            if done(&detail) {
                 return detail;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("run {run} did not finish within 60 s");
+        panic!("run {run} did not {what} within 60 s");
     }
 
     async fn cleanup(self) {
@@ -1001,14 +1007,8 @@ impl StepHandler for OneShot {
 impl Harness {
     /// Polls until the run has status `status`; panics after 60 s.
     async fn reaches(&self, run: &RunId, status: &str) -> RunDetail {
-        for _ in 0..1200 {
-            let detail = self.store.run(&self.tenant, run).await.unwrap().unwrap();
-            if detail.run.status == status {
-                return detail;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("run {run} did not become {status} within 60 s");
+        self.until(run, &format!("become {status}"), |d| d.run.status == status)
+            .await
     }
 }
 
@@ -1295,16 +1295,11 @@ async fn a_custom_step_waits_for_each_of_two_signals_and_escalates_meanwhile() {
             .start_run(&h.tenant, &automation, json!({ "orderId": "5001" }), None)
             .await
             .unwrap();
-        let mut escalated = None;
-        for _ in 0..1200 {
-            let detail = h.store.run(&h.tenant, &run).await.unwrap().unwrap();
-            if detail.context["st_nudge"]["nudged"] == true && detail.waits.len() == 2 {
-                escalated = Some(detail);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let escalated = escalated.expect("the escalation ran and the step waits again");
+        let escalated = h
+            .until(&run, "escalate and wait again", |d| {
+                d.context["st_nudge"]["nudged"] == true && d.waits.len() == 2
+            })
+            .await;
         assert_eq!(escalated.run.status, "waiting", "{backend:?}");
         let waiting = escalated
             .steps
@@ -1325,17 +1320,12 @@ async fn a_custom_step_waits_for_each_of_two_signals_and_escalates_meanwhile() {
             .await
             .unwrap();
         engine.job_ready();
-        let mut one_left = false;
-        for _ in 0..1200 {
-            let detail = h.store.run(&h.tenant, &run).await.unwrap().unwrap();
-            if detail.run.status == "waiting" && detail.waits.len() == 1 {
-                assert_eq!(detail.waits[0].key, "packed-5001", "{backend:?}");
-                one_left = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(one_left, "{backend:?}: it parks again on the key missing");
+        let one_left = h
+            .until(&run, "park again on the key missing", |d| {
+                d.run.status == "waiting" && d.waits.len() == 1
+            })
+            .await;
+        assert_eq!(one_left.waits[0].key, "packed-5001", "{backend:?}");
         assert!(resumes.lock().unwrap().is_empty(), "{backend:?}");
 
         h.store

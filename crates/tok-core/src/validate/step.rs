@@ -141,11 +141,7 @@ fn check_escalations(c: &mut Checker<'_>, at: &str, step: &Step) {
     if !waits && crate::advance::is_control(kind) {
         c.error(
             format!("{at}.escalations"),
-            format!(
-                "only a step that waits (wait, wait_for_event, wait_for_runs, approval, or a \
-                 custom step that waits) can have `escalations`; `{}` is a `{kind}` step",
-                step.id
-            ),
+            crate::escalation::never_waits(step),
         );
     }
     let mut previous = None;
