@@ -178,6 +178,7 @@ impl Outbound {
             mut body,
             timeout,
             credentials_origin,
+            lease,
         } = exchange;
         let deadline = Instant::now() + timeout;
         for hop in 0..=MAX_REDIRECTS {
@@ -192,6 +193,9 @@ impl Outbound {
                 .timeout(remaining.max(Duration::from_millis(1)));
             if let Some(body) = &body {
                 request = request.body(body.clone());
+            }
+            if lease.as_ref().is_some_and(|lease| !lease.held()) {
+                return Err(SendError::LeaseRanOut);
             }
             let response = request.send().await.map_err(SendError::from_reqwest)?;
             let status = response.status();
@@ -284,6 +288,9 @@ pub(crate) struct Exchange {
     /// The origin credentials in `headers` are bound to: a redirect off it
     /// is refused rather than followed.
     pub(crate) credentials_origin: Option<url::Origin>,
+    /// The worker's hold on the step's job, checked at the last moment
+    /// before each request goes out ([`SendError::LeaseRanOut`]).
+    pub(crate) lease: Option<crate::registry::Lease>,
 }
 
 /// Why [`Outbound::send`] got no answer.
@@ -295,6 +302,9 @@ pub(crate) enum SendError {
     Redirect(String),
     /// The request failed on its way (the caller classifies it).
     Http(reqwest::Error),
+    /// The worker's lease on the step's job ran out before the request
+    /// went out: it was not sent (another worker may run the step now).
+    LeaseRanOut,
 }
 
 impl SendError {

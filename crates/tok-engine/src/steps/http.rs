@@ -271,7 +271,7 @@ impl Http {
             step,
             idempotency_key,
             traceparent,
-            ..
+            lease,
         } = caller;
         if let Some(Ok(key)) = idempotency_key.map(HeaderValue::from_str) {
             headers.insert("idempotency-key", key);
@@ -305,6 +305,7 @@ impl Http {
             body,
             timeout: request.timeout,
             credentials_origin,
+            lease: lease.cloned(),
         };
         let sent = match &self.answers {
             Answers::Live => self.outbound.send(exchange).await,
@@ -339,6 +340,15 @@ impl Http {
             }
             Err(SendError::Redirect(message)) => {
                 return (Err(StepError::terminal(message)), CallOutcome::Answered);
+            }
+            Err(SendError::LeaseRanOut) => {
+                // Not sent: nothing for the breaker; the connection's slot
+                // expires with the lease.
+                let step = step.unwrap_or("http");
+                return (
+                    Err(crate::registry::Lease::ran_out(step)),
+                    CallOutcome::Answered,
+                );
             }
             Err(SendError::Http(e)) => {
                 return (
@@ -504,12 +514,6 @@ impl Http {
                     Duration::from_millis(delay_ms.max(1) as u64),
                 ));
             }
-        }
-        if caller.lease.is_some_and(|lease| !lease.held()) {
-            // The connection's slot, if any, expires with the lease.
-            return Err(crate::registry::Lease::ran_out(
-                caller.step.unwrap_or("http"),
-            ));
         }
         let started = Instant::now();
         let (result, outcome) = self.send(caller, request, connection.as_ref()).await;
