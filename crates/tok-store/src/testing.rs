@@ -49,8 +49,23 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// Creates an empty database (nothing migrated).
+    /// Creates a database of its own. On PostgreSQL it is a copy of a
+    /// template database that holds every migration of this build
+    /// ([`migrated_template`]): copying one takes a fraction of applying
+    /// them all, which every PostgreSQL test would otherwise do. SQLite's
+    /// file starts empty. [`TestDb::store`] migrates either way (a copy
+    /// has nothing left to apply), so a test sees the same database.
     pub async fn create(backend: Backend) -> TestDb {
+        TestDb::create_from(backend, true).await
+    }
+
+    /// Creates a database with nothing migrated, for tests of the
+    /// migrations themselves.
+    pub async fn create_empty(backend: Backend) -> TestDb {
+        TestDb::create_from(backend, false).await
+    }
+
+    async fn create_from(backend: Backend, migrated: bool) -> TestDb {
         let unique = format!("{}_{}", std::process::id(), crate::random_token());
         match backend {
             Backend::Sqlite => {
@@ -80,9 +95,24 @@ impl TestDb {
                          TOK_TEST_POSTGRES_URL elsewhere, or set TOK_TEST_SKIP_POSTGRES=1"
                         )
                     });
-                sqlx::Executor::execute(&mut conn, format!("CREATE DATABASE {name}").as_str())
+                let create = if migrated {
+                    let template = migrated_template(&mut conn, &admin).await;
+                    format!("CREATE DATABASE {name} TEMPLATE {template}")
+                } else {
+                    format!("CREATE DATABASE {name}")
+                };
+                sqlx::Executor::execute(&mut conn, create.as_str())
                     .await
                     .expect("create test database");
+                // A test's commits need not wait for the disk: the server
+                // does not crash under a test (the fault suite, which kills
+                // PostgreSQL, runs a cluster of its own), and what a test
+                // sees is the same either way.
+                execute(
+                    &mut conn,
+                    &format!("ALTER DATABASE {name} SET synchronous_commit = off"),
+                )
+                .await;
                 let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
                 let url = format!("{base}/{name}");
                 TestDb {
@@ -153,6 +183,70 @@ impl Drop for TestDb {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// The name of a PostgreSQL database that holds every migration of this
+/// build and nothing else, made on first use by whichever test process
+/// comes first: its name carries a hash of the migrations' SQL, so a
+/// build with other migrations (a later commit, another branch on the
+/// same server) makes and uses its own. It is migrated under a name of
+/// its own and renamed once complete, under an advisory lock, so that a
+/// process killed half-way leaves no half-migrated template behind and
+/// concurrent test processes make it once. Tests that need a database
+/// with nothing migrated use [`TestDb::create_empty`].
+async fn migrated_template(conn: &mut sqlx::PgConnection, admin: &str) -> String {
+    static TEMPLATE: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    let name = TEMPLATE
+        .get_or_init(|| async {
+            use sha2::Digest;
+            let mut hash = sha2::Sha256::new();
+            for m in crate::migrate::POSTGRES {
+                hash.update(m.version.to_le_bytes());
+                hash.update(m.sql.as_bytes());
+            }
+            format!("tok_template_{}", &hex::encode(hash.finalize())[..16])
+        })
+        .await
+        .clone();
+    // One lock for every test process on the server; released when this
+    // connection's session ends or below.
+    const LOCK: i64 = 0x746f_6b5f_7465_6d70;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(LOCK)
+        .execute(&mut *conn)
+        .await
+        .expect("lock the test template");
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&name)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("look for the test template");
+    if !exists {
+        let making = format!("{name}_{}", crate::random_token()[..8].to_lowercase());
+        execute(conn, &format!("CREATE DATABASE {making}")).await;
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(admin);
+        let store = crate::PgStore::connect(&format!("{base}/{making}"), 2)
+            .await
+            .expect("connect to the test template");
+        Store::migrate(&store)
+            .await
+            .expect("migrate the test template");
+        store.pool().close().await;
+        execute(conn, &format!("ALTER DATABASE {making} RENAME TO {name}")).await;
+    }
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(LOCK)
+        .execute(&mut *conn)
+        .await
+        .expect("unlock the test template");
+    name
+}
+
+async fn execute(conn: &mut sqlx::PgConnection, sql: &str) {
+    sqlx::Executor::execute(conn, sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// The backends a test should run on: both, or SQLite alone when

@@ -97,7 +97,7 @@ async fn concurrent_migrations_on_a_fresh_postgres_database_all_succeed() {
         return;
     }
     for round in 0..3 {
-        let db = TestDb::create(Backend::Postgres).await;
+        let db = TestDb::create_empty(Backend::Postgres).await;
         let mut stores = Vec::new();
         for _ in 0..4 {
             stores.push(Arc::new(
