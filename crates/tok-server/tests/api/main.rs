@@ -46,6 +46,7 @@ mod runs;
 mod schedules;
 mod search;
 mod senders;
+mod set_aside;
 mod several_waits;
 mod signals;
 mod signatures;
