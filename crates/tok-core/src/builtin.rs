@@ -14,7 +14,7 @@ use crate::definition::Step;
 use crate::duration::parse_duration;
 use crate::error::StepError;
 use crate::limits::MAX_LOOP_ITEMS;
-use crate::template::{self, TemplateError};
+use crate::template::{self, Meter};
 
 /// The step types [`evaluate`] handles.
 pub const INTERNAL_TYPES: &[&str] = &["condition", "loop", "set", "flow/log", WAIT, "end"];
@@ -93,17 +93,25 @@ fn done(outputs: Map<String, Value>, log: Vec<String>) -> Outcome {
     Outcome::Done { outputs, log }
 }
 
-fn template_error(step: &Step, key: &str, e: &TemplateError) -> StepError {
-    StepError::terminal(format!("step `{}` config.{key}: {e}", step.id))
+/// Renders `config.<key>` within a step's budgets ([`Meter::config`]), or
+/// `None` when the key is absent.
+fn rendered(step: &Step, key: &str, scope: &Value) -> Result<Option<Value>, StepError> {
+    rendered_within(step, key, scope, &mut Meter::config())
 }
 
-/// Renders `config.<key>`, or `None` when the key is absent.
-fn rendered(step: &Step, key: &str, scope: &Value) -> Result<Option<Value>, StepError> {
+/// Renders `config.<key>` within what `meter` has left; an error names the
+/// step and the string's path (`step `x` config.values.note: …`).
+fn rendered_within(
+    step: &Step,
+    key: &str,
+    scope: &Value,
+    meter: &mut Meter,
+) -> Result<Option<Value>, StepError> {
     match step.config.get(key) {
         None => Ok(None),
-        Some(raw) => template::render_value(raw, scope)
+        Some(raw) => template::render_value_in(raw, scope, &format!("config.{key}"), meter)
             .map(Some)
-            .map_err(|e| template_error(step, key, &e)),
+            .map_err(|e| StepError::terminal(format!("step `{}` {e}", step.id))),
     }
 }
 
@@ -206,8 +214,11 @@ fn set(step: &Step, scope: &Value) -> Result<Outcome, StepError> {
     }
 }
 
+/// `flow/log`: one line, `<level>: <message>`. The message renders within
+/// a log line's budget ([`Meter::log_line`]): past it the step fails,
+/// naming `config.message`, rather than log a part of it.
 fn log(step: &Step, scope: &Value) -> Result<Outcome, StepError> {
-    let message = match rendered(step, "message", scope)? {
+    let message = match rendered_within(step, "message", scope, &mut Meter::log_line())? {
         Some(Value::String(s)) => s,
         Some(other) => other.to_string(),
         None => String::new(),

@@ -81,8 +81,8 @@ pub fn runs_wait(
     scope: &Value,
     now: Timestamp,
 ) -> Result<(RunsWait, Value), StepError> {
-    let config = template::render_value(&step.config, scope)
-        .map_err(|e| StepError::terminal(format!("step `{}` config: {e}", step.id)))?;
+    let config = template::render_config(&step.config, scope)
+        .map_err(|e| StepError::terminal(format!("step `{}` {e}", step.id)))?;
     let bad = |what: String| StepError::terminal(format!("step `{}` config.{what}", step.id));
     let listed = match config.get("runs") {
         Some(Value::Array(items)) => items.clone(),

@@ -16,8 +16,10 @@ use jiff::civil::Date;
 use jiff::tz::TimeZone;
 use serde_json::{Map, Value};
 
+use crate::budget::{cut, preview};
 use crate::context::{Lookup, lookup};
 use crate::definition::{Filter, Match, Operator, Rule, Step};
+use crate::limits::MAX_LOGGED_VALUE_BYTES;
 use crate::template;
 
 /// Rules and how they combine, whichever form they were written in.
@@ -170,8 +172,16 @@ impl Condition {
     }
 }
 
+/// One rule's truth and its log line. The line shows each value cut to
+/// [`MAX_LOGGED_VALUE_BYTES`] (the rule is decided on the whole value), so
+/// a rule over a big field logs a short line.
 fn evaluate_rule(rule: &Rule, scope: &Value) -> (bool, String) {
-    let mut line = format!("Condition: {} {}", rule.field, rule.operator);
+    let shown = |v: &Value| preview(v, MAX_LOGGED_VALUE_BYTES);
+    let mut line = format!(
+        "Condition: {} {}",
+        cut(&rule.field, MAX_LOGGED_VALUE_BYTES),
+        rule.operator
+    );
     if !rule.operator.is_unary() {
         line.push(' ');
         line.push_str(&plain(&rule.value));
@@ -179,16 +189,17 @@ fn evaluate_rule(rule: &Rule, scope: &Value) -> (bool, String) {
     let field = field_path(&rule.field);
     let found = lookup(scope, field);
     line.push_str(" | ");
+    let name = cut(&rule.field, MAX_LOGGED_VALUE_BYTES);
     match found {
-        Lookup::Found(v) => line.push_str(&format!("{} = {v}", rule.field)),
-        Lookup::Missing => line.push_str(&format!("{} is missing", rule.field)),
+        Lookup::Found(v) => line.push_str(&format!("{name} = {}", shown(v))),
+        Lookup::Missing => line.push_str(&format!("{name} is missing")),
     }
     if rule.operator.is_unary() {
         return (apply(rule.operator, found, &Value::Null), line);
     }
     match template::render_value(&rule.value, scope) {
         Ok(expected) => {
-            line.push_str(&format!(", compared with {expected}"));
+            line.push_str(&format!(", compared with {}", shown(&expected)));
             (apply(rule.operator, found, &expected), line)
         }
         Err(e) => {
@@ -208,11 +219,12 @@ fn field_path(field: &str) -> &str {
         .map_or(trimmed, str::trim)
 }
 
-/// A value as an author would write it: strings without quotes, the rest as JSON.
+/// A value as an author would write it: strings without quotes, the rest as
+/// JSON, cut to [`MAX_LOGGED_VALUE_BYTES`].
 fn plain(v: &Value) -> String {
     match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::String(s) => cut(s, MAX_LOGGED_VALUE_BYTES).into_owned(),
+        other => preview(other, MAX_LOGGED_VALUE_BYTES),
     }
 }
 

@@ -85,8 +85,8 @@ pub fn condition_wait(
     now: Timestamp,
 ) -> Result<(ConditionWait, Value), StepError> {
     let id = &step.id;
-    let config = template::render_value(&step.config, scope)
-        .map_err(|e| StepError::terminal(format!("step `{id}` config: {e}")))?;
+    let config = template::render_config(&step.config, scope)
+        .map_err(|e| StepError::terminal(format!("step `{id}` {e}")))?;
     let rules = rules_of(&config).map_err(|e| StepError::terminal(format!("step `{id}` {e}")))?;
     let Some(ticket) = wait_subject(step, &config, run_subject, true)? else {
         return Err(StepError::terminal(format!(

@@ -66,6 +66,32 @@ impl StepError {
         !matches!(self, StepError::Terminal(_))
     }
 
+    /// The same error, its message cut to [`crate::limits::MAX_ERROR_BYTES`]
+    /// with a marker when it is longer.
+    pub fn bounded(self) -> Self {
+        let cut = |mut message: String| {
+            crate::budget::bound_error(&mut message);
+            message
+        };
+        match self {
+            StepError::Terminal(m) => StepError::Terminal(cut(m)),
+            StepError::Retryable(m) => StepError::Retryable(cut(m)),
+            StepError::RetryAfter { message, after } => StepError::RetryAfter {
+                message: cut(message),
+                after,
+            },
+            StepError::Deferred {
+                kind,
+                message,
+                after,
+            } => StepError::Deferred {
+                kind,
+                message: cut(message),
+                after,
+            },
+        }
+    }
+
     /// The message without the retry hint.
     pub fn message(&self) -> &str {
         match self {

@@ -105,8 +105,8 @@ pub struct ItemsJoin {
 /// default [`DEFAULT_CONCURRENCY`]) and `complete`. Every problem is a
 /// terminal error naming the step and what was expected.
 pub fn spec(step: &Step, scope: &Value) -> Result<Spec, StepError> {
-    let config = template::render_value(&step.config, scope)
-        .map_err(|e| StepError::terminal(format!("step `{}` config: {e}", step.id)))?;
+    let config = template::render_config(&step.config, scope)
+        .map_err(|e| StepError::terminal(format!("step `{}` {e}", step.id)))?;
     let items = match config.get("items") {
         Some(Value::Array(items)) => items.clone(),
         None | Some(Value::Null) => {

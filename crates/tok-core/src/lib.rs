@@ -12,6 +12,7 @@
 pub mod advance;
 pub mod approval;
 pub mod blocked;
+pub mod budget;
 pub mod builtin;
 pub mod children;
 pub mod compensation;
@@ -59,5 +60,5 @@ pub use flow::{FlowError, Next};
 pub use ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
 pub use path::{Branch, FlowPath, PathError};
 pub use retry::{Decision, RetryPolicy, decide};
-pub use template::TemplateError;
+pub use template::{RenderError, TemplateError};
 pub use validate::{ValidationError, validate};

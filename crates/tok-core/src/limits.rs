@@ -11,6 +11,40 @@ pub const MAX_STEPS: usize = 50;
 pub const MAX_ACTIONS: u32 = 1000;
 /// Serialized size of one step's outputs.
 pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
+/// Bytes one rendered template may reach: a string with its placeholders
+/// replaced, or the JSON of the value a lone placeholder (`"{{_body}}"`)
+/// stands for. It is the size of the largest webhook body
+/// (`tok_server::MAX_WEBHOOK_BYTES`), so passing a whole body on
+/// (`{{_body}}`) always fits, while a template that repeats a big field
+/// (`{{_body.b}}` a thousand times) stops here instead of taking the
+/// process's memory. Rendering is stopped as it passes the budget: nothing
+/// past it is ever allocated. See docs/security.md, "Rendering budgets".
+pub const MAX_RENDERED_VALUE_BYTES: usize = 256 * 1024;
+/// Bytes of a step's whole rendered config, all its rendered values
+/// together (literal ones too): twice a value, so a step can pass a whole
+/// body on and as much again in its other fields, while a config of many
+/// lone placeholders (`{"a": "{{_body}}", "b": "{{_body}}", …}`) cannot
+/// multiply a body. A step that passes it, or [`MAX_RENDERED_VALUE_BYTES`],
+/// fails with `render_budget_exceeded`, naming the config's path.
+pub const MAX_RENDERED_CONFIG_BYTES: usize = 512 * 1024;
+/// Bytes of one step log line. A `flow/log` whose message renders past it
+/// fails (`render_budget_exceeded`); any other line longer than this (a
+/// handler's, one tok writes) is cut with a marker. 8 KiB is a screen of
+/// text: a log line is for a person to read, a bigger value belongs in an
+/// output.
+pub const MAX_LOG_LINE_BYTES: usize = 8 * 1024;
+/// Bytes of all log lines of one step record: past it the first lines that
+/// fit are kept, then a line saying how many were left out, then the last
+/// line. The size of a step's outputs ([`MAX_OUTPUT_BYTES`]): a condition of
+/// a hundred rules keeps a line for each, a thousand do not.
+pub const MAX_STEP_LOG_BYTES: usize = 64 * 1024;
+/// Bytes of one value (the field's, the rule's) shown in a condition's log
+/// line; a longer one is shown cut short, with a marker, and the condition
+/// is evaluated on the whole value all the same.
+pub const MAX_LOGGED_VALUE_BYTES: usize = 256;
+/// Bytes of a step's error message and of a run's, which may quote what a
+/// tenant sent: past it, cut with a marker, like a log line.
+pub const MAX_ERROR_BYTES: usize = MAX_LOG_LINE_BYTES;
 /// Serialized size of a run's context (its state: the event, the params
 /// and every step's outputs); the step whose outputs would pass it fails
 /// with `state_too_large`. An automation may set a lower one

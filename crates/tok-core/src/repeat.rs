@@ -51,8 +51,8 @@ pub enum Again {
 /// The repeat's config rendered against the scope.
 pub fn spec(step: &Step, scope: &Value) -> Result<Spec, StepError> {
     let bad = |what: String| StepError::terminal(format!("step `{}` config.{what}", step.id));
-    let config = template::render_value(&step.config, scope)
-        .map_err(|e| StepError::terminal(format!("step `{}` config: {e}", step.id)))?;
+    let config = template::render_config(&step.config, scope)
+        .map_err(|e| StepError::terminal(format!("step `{}` {e}", step.id)))?;
     let filter = |key: &str| -> Result<Option<Filter>, StepError> {
         match config.get(key) {
             None | Some(Value::Null) => Ok(None),

@@ -242,7 +242,8 @@ impl Control<'_> {
         let Some(t) = self.key_template() else {
             return (String::new(), None);
         };
-        match template::render(t, context) {
+        // Rendered no further than the key keeps.
+        match template::render_cut(t, context, MAX_KEY_LEN) {
             Ok(Value::String(s)) => (cut(s), None),
             Ok(Value::Null) => (
                 String::new(),

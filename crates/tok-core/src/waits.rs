@@ -84,8 +84,8 @@ pub fn signal_wait(
     run_subject: Option<&str>,
     now: Timestamp,
 ) -> Result<(SignalWait, Value), StepError> {
-    let config = template::render_value(&step.config, scope)
-        .map_err(|e| StepError::terminal(format!("step `{}` config: {e}", step.id)))?;
+    let config = template::render_config(&step.config, scope)
+        .map_err(|e| StepError::terminal(format!("step `{}` {e}", step.id)))?;
     let (key, also) = wait_keys(step, &config)?;
     let subject = wait_subject(step, &config, run_subject, false)?;
     let filter = match config.get("where") {

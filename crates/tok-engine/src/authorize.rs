@@ -1,12 +1,22 @@
-//! Who may run a step with side effects (DESIGN §5a, authorization).
+//! Who may run a step (docs/workflows.md, "Authorization").
 //!
-//! Before every step that an executor runs — the steps that run in the
-//! record transaction and the external ones alike; the decider's control
-//! steps change nothing outside the run — the worker asks the engine's
-//! [`StepAuthorizer`]. It fails closed: a denial, and an authorizer that
-//! could not answer, fail the step with `authorization_denied`, which is
-//! never retried (the run fails, with its incident). An embedder replaces
-//! the built-in [`SuspendedTenants`] with [`crate::Engine::with_authorizer`].
+//! Two questions, both asked of the engine's [`StepAuthorizer`]:
+//!
+//! - Whether a tenant's runs may go on at all
+//!   ([`StepAuthorizer::authorize_tenant`]): asked before a claim decides
+//!   or runs anything of a run, and before a dispatch begins a new run's
+//!   leading control steps. Denied, the claim runs no step — control steps
+//!   included — and fails the run at the step it is at; the dispatch begins
+//!   nothing and leaves the run's first step to a claim, which fails it.
+//! - Whether a step with side effects may run
+//!   ([`StepAuthorizer::authorize`]): asked before every step that an
+//!   executor runs (the steps of the record transaction and the external
+//!   ones alike).
+//!
+//! Both fail closed: a denial, and an authorizer that could not answer,
+//! fail the step with `authorization_denied`, which is never retried (the
+//! run fails, with its incident). An embedder replaces the built-in
+//! [`SuspendedTenants`] with [`crate::Engine::with_authorizer`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -56,6 +66,14 @@ pub enum Verdict {
 pub trait StepAuthorizer: Send + Sync + 'static {
     async fn authorize(&self, step: &StepToAuthorize<'_>) -> Result<Verdict, String>;
 
+    /// Whether `tenant`'s runs may go on at all, control steps included
+    /// (see the module's doc). By default they may; [`SuspendedTenants`]
+    /// denies a suspended tenant's.
+    async fn authorize_tenant(&self, tenant: &TenantId) -> Result<Verdict, String> {
+        let _ = tenant;
+        Ok(Verdict::Allow)
+    }
+
     /// The tenant's settings changed in this process (the admin's `PATCH`):
     /// an authorizer that keeps answers forgets the tenant's.
     fn tenant_changed(&self, tenant: &TenantId) {
@@ -94,25 +112,36 @@ impl SuspendedTenants {
     }
 }
 
-#[async_trait]
-impl StepAuthorizer for SuspendedTenants {
-    async fn authorize(&self, step: &StepToAuthorize<'_>) -> Result<Verdict, String> {
-        if let Some(verdict) = self.kept(step.tenant_id) {
+impl SuspendedTenants {
+    /// The tenant's answer, kept or read.
+    async fn verdict(&self, tenant: &TenantId) -> Result<Verdict, String> {
+        if let Some(verdict) = self.kept(tenant) {
             return Ok(verdict);
         }
-        let verdict = match self.store.tenant(step.tenant_id).await {
-            Ok(Some(tenant)) if tenant.suspended => {
-                Verdict::Deny(format!("tenant {} is suspended", step.tenant_id))
+        let verdict = match self.store.tenant(tenant).await {
+            Ok(Some(row)) if row.suspended => {
+                Verdict::Deny(format!("tenant {tenant} is suspended"))
             }
             Ok(Some(_)) => Verdict::Allow,
-            Ok(None) => Verdict::Deny(format!("tenant {} does not exist", step.tenant_id)),
-            Err(e) => return Err(format!("could not read tenant {}: {e}", step.tenant_id)),
+            Ok(None) => Verdict::Deny(format!("tenant {tenant} does not exist")),
+            Err(e) => return Err(format!("could not read tenant {tenant}: {e}")),
         };
         self.kept
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(step.tenant_id.clone(), (verdict.clone(), Instant::now()));
+            .insert(tenant.clone(), (verdict.clone(), Instant::now()));
         Ok(verdict)
+    }
+}
+
+#[async_trait]
+impl StepAuthorizer for SuspendedTenants {
+    async fn authorize(&self, step: &StepToAuthorize<'_>) -> Result<Verdict, String> {
+        self.verdict(step.tenant_id).await
+    }
+
+    async fn authorize_tenant(&self, tenant: &TenantId) -> Result<Verdict, String> {
+        self.verdict(tenant).await
     }
 
     fn tenant_changed(&self, tenant: &TenantId) {
@@ -137,10 +166,30 @@ pub async fn check(
         Ok(Verdict::Deny(why)) => why,
         Err(e) => format!("the authorizer could not decide, so the step is denied: {e}"),
     };
-    Err(StepError::terminal(format!(
-        "authorization_denied: step `{}` ({}) may not run: {why}",
-        step.step_id, step.kind
-    )))
+    Err(denied(step.step_id, step.kind, &why))
+}
+
+/// Asks `authorizer` whether `tenant`'s runs may go on at all: `Ok`, or
+/// why not (a denial, or an authorizer that could not answer: the run may
+/// not go on either way).
+pub async fn check_tenant(
+    authorizer: &dyn StepAuthorizer,
+    tenant: &TenantId,
+) -> Result<(), String> {
+    match authorizer.authorize_tenant(tenant).await {
+        Ok(Verdict::Allow) => Ok(()),
+        Ok(Verdict::Deny(why)) => Err(why),
+        Err(e) => Err(format!(
+            "the authorizer could not decide, so the step is denied: {e}"
+        )),
+    }
+}
+
+/// The error of step `step_id` (of type `kind`) that may not run: terminal.
+pub fn denied(step_id: &str, kind: &str, why: &str) -> StepError {
+    StepError::terminal(format!(
+        "authorization_denied: step `{step_id}` ({kind}) may not run: {why}"
+    ))
 }
 
 #[cfg(test)]
@@ -188,6 +237,16 @@ mod tests {
                 "{error:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_tenant_is_allowed_unless_the_authorizer_says_otherwise() {
+        let tenant = TenantId::from("ten_a");
+        assert_eq!(
+            check_tenant(&Answers(Err("only steps are asked".into())), &tenant).await,
+            Ok(()),
+            "an authorizer without a tenant rule allows"
+        );
     }
 
     #[tokio::test]

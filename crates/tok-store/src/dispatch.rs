@@ -39,6 +39,16 @@ pub trait DispatchTx: Send {
     /// another dispatch skips them.
     async fn pending_events(&mut self, limit: u32) -> Result<Vec<PendingEvent>>;
 
+    /// The pending event `id` of `tenant` (one of the transaction's
+    /// tenants), locked like [`DispatchTx::pending_events`]' events; `None`
+    /// when it is no longer pending or another dispatch holds it. The
+    /// dispatcher takes the events of a failed batch one at a time with it.
+    async fn pending_event(
+        &mut self,
+        tenant: &TenantId,
+        id: &EventId,
+    ) -> Result<Option<PendingEvent>>;
+
     /// The active automations `event` triggers, with their current
     /// definitions: its target automation when it has one, else those whose
     /// trigger is its kind and [`PendingEvent::trigger_key`], by id.

@@ -73,6 +73,7 @@ macro_rules! impl_dispatch {
             if runs.is_empty() {
                 return Ok(Default::default());
             }
+            $crate::fault::refuses_dispatch(runs.iter().map(|(_, _, run)| &run.context))?;
             let now = now_ms();
             let is_handed = |run: &NewRun| handed.is_some_and(|h| h.runs.contains(&run.id));
             let rows: Vec<$crate::rows::RunRow> = runs
@@ -335,6 +336,29 @@ macro_rules! impl_dispatch {
                     .fetch_all(&mut *self.tx)
                     .await?;
                 Ok(rows.iter().map(event_from_row).collect())
+            }
+
+            async fn pending_event(
+                &mut self,
+                tenant: &TenantId,
+                id: &EventId,
+            ) -> Result<Option<PendingEvent>> {
+                if !self.tenants.contains(tenant) {
+                    return Ok(None);
+                }
+                let row = sqlx::query(concat!(
+                    "SELECT id, tenant_id, source_id, source_kind, payload, params, depth,
+                        cause_run_id, origin_automation_id, target_automation_id, event_type,
+                        subject_ticket_id, received_at, traceparent
+                     FROM event_inbox
+                     WHERE tenant_id = $1 AND id = $2 AND status = 'pending' ",
+                    lock_rows_skip_locked!()
+                ))
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .fetch_optional(&mut *self.tx)
+                .await?;
+                Ok(row.as_ref().map(event_from_row))
             }
 
             async fn candidates(&mut self, event: &PendingEvent) -> Result<Vec<Candidate>> {

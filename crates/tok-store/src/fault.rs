@@ -9,7 +9,13 @@
 //! N-th batch of records, or of webhook events, commits and is then
 //! answered as failed.
 //!
-//! The hook exists in debug builds only (the ones `cargo test` runs); a
+//! The dispatch suite needs an event whose runs the database refuses, on
+//! both backends, to show that the dispatcher sets it aside and goes on
+//! with the others: a run whose event body has `"tok_fault":
+//! "refuse_dispatch"` at its top is refused by the dispatch's
+//! `insert_runs` ([`refuses_dispatch`]) as a database refuses invalid data.
+//!
+//! The hooks exist in debug builds only (the ones `cargo test` runs); a
 //! release build compiles it to a constant `false` and never reads the
 //! variable, so production has no fault path at all.
 
@@ -59,6 +65,33 @@ pub(crate) fn commit_then_error(site: Site) -> bool {
 #[inline(always)]
 pub(crate) fn commit_then_error(_site: Site) -> bool {
     false
+}
+
+/// The refusal of a dispatch's runs, when one of them is the dispatch
+/// suite's culprit: its context's body says `"tok_fault":
+/// "refuse_dispatch"`.
+#[cfg(debug_assertions)]
+pub(crate) fn refuses_dispatch<'a>(
+    contexts: impl IntoIterator<Item = &'a serde_json::Value>,
+) -> crate::Result<()> {
+    let culprit = contexts
+        .into_iter()
+        .any(|context| context["_body"]["tok_fault"] == "refuse_dispatch");
+    match culprit {
+        true => Err(crate::StoreError::Refused(
+            "injected fault: the database refused this event's runs as invalid data".into(),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// Release builds: nothing is refused.
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub(crate) fn refuses_dispatch<'a>(
+    _contexts: impl IntoIterator<Item = &'a serde_json::Value>,
+) -> crate::Result<()> {
+    Ok(())
 }
 
 /// The error a faulted batch is answered with.

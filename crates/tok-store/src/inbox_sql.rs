@@ -335,6 +335,7 @@ macro_rules! impl_inbox {
                 status: row.get("status"),
                 replay_of: row.get::<Option<String>, _>("replay_of").map(EventId::from),
                 received_at: row.get("received_at"),
+                error: row.get("error"),
             }
         }
 
@@ -514,7 +515,7 @@ macro_rules! impl_inbox {
 
             async fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>> {
                 let row = sqlx::query(
-                    "SELECT id, source_id, source_kind, event_type, status, replay_of, received_at
+                    "SELECT id, source_id, source_kind, event_type, status, replay_of, received_at, error
                      FROM event_inbox WHERE tenant_id = $1 AND id = $2",
                 )
                 .bind(tenant.as_str())
@@ -522,6 +523,22 @@ macro_rules! impl_inbox {
                 .fetch_optional(self.reader())
                 .await?;
                 Ok(row.as_ref().map(stored_event))
+            }
+
+            async fn set_aside(&self, tenant: &TenantId, id: &EventId, error: &str) -> Result<bool> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let done = sqlx::query(
+                    "UPDATE event_inbox SET status = 'failed', error = $3
+                     WHERE tenant_id = $1 AND id = $2 AND status = 'pending'",
+                )
+                .bind(tenant.as_str())
+                .bind(id.as_str())
+                .bind(error)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(done.rows_affected() > 0)
             }
 
             async fn replay_event(
@@ -545,7 +562,7 @@ macro_rules! impl_inbox {
                 after: Option<&str>,
             ) -> Result<Page<StoredEvent>> {
                 let sql = format!(
-                    "SELECT id, source_id, source_kind, event_type, status, replay_of, received_at
+                    "SELECT id, source_id, source_kind, event_type, status, replay_of, received_at, error
                      FROM event_inbox
                      WHERE {REPLAYABLE} AND (CAST($5 AS TEXT) IS NULL OR id > $5)
                      ORDER BY id LIMIT $6"

@@ -165,6 +165,25 @@ impl StoreError {
     pub fn is_tenant_database_away(&self) -> bool {
         matches!(self, StoreError::TenantDatabaseUnavailable(_))
     }
+
+    /// Whether the database could not be reached or could not take the
+    /// work now, whatever the data (a lost connection, a timeout, a
+    /// database shutting down, a busy SQLite file, …): trying the same
+    /// again later may pass.
+    pub fn is_outage(&self) -> bool {
+        storable::outage(self)
+    }
+
+    /// Whether the data written was refused: by tok before writing it
+    /// ([`StoreError::Refused`]), by the database as invalid (a value too
+    /// big for its index, a violated constraint), or by the driver that
+    /// could not encode it. Writing the same fails the same way.
+    pub fn is_refused_data(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Refused(_) | StoreError::Database(sqlx::Error::Encode(_))
+        ) || storable::refused_row(self)
+    }
 }
 
 /// Tenants: the platform-level part (their keys are [`KeyStore`]'s).
@@ -291,6 +310,13 @@ pub trait InboxStore: Send + Sync {
 
     /// One event of the tenant, if the inbox still keeps it.
     async fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>>;
+
+    /// Sets the tenant's pending event `id` aside: its status becomes
+    /// `failed`, with `error`, and no dispatch takes it again (a replay
+    /// does). The dispatcher does so with an event whose runs it cannot
+    /// plan or write for a reason of the event's own, so that the events
+    /// dispatched with it go on. False when it was no longer pending.
+    async fn set_aside(&self, tenant: &TenantId, id: &EventId, error: &str) -> Result<bool>;
 
     /// Writes a replay of the tenant's event `id` ([`ReplayMode`]): a new
     /// pending event with its source, body, params and loop depth, that the

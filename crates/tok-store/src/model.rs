@@ -310,12 +310,15 @@ pub struct StoredEvent {
     /// `webhook`, `manual`, `event`, …
     pub source_kind: String,
     pub event_type: Option<String>,
-    /// `pending` until the dispatcher took it, then `dispatched`.
+    /// `pending` until the dispatcher took it, then `dispatched`; `failed`
+    /// when the dispatcher set it aside ([`crate::InboxStore::set_aside`]).
     pub status: String,
     /// The event this one replays (the first one, never a replay).
     pub replay_of: Option<EventId>,
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub received_at: i64,
+    /// Why the dispatcher set it aside (`failed`); `None` otherwise.
+    pub error: Option<String>,
 }
 
 /// Which events a filtered replay takes: the tenant's events from a

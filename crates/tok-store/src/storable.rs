@@ -162,16 +162,19 @@ fn mend_step(step: &mut StepRecord) {
 }
 
 /// Whether a write failed because the database refused the data of a row
-/// (PostgreSQL's SQLSTATE classes 22, data exception, and 23, integrity
-/// constraint violation; SQLite's constraint, too-big and mismatch errors),
-/// not because it could not be reached: such a batch is written again item
-/// by item, so that only the row at fault fails.
+/// (PostgreSQL's SQLSTATE classes 22, data exception, 23, integrity
+/// constraint violation, and 54, program limit exceeded, such as a value
+/// too big for its index; SQLite's constraint, too-big and mismatch
+/// errors), not because it could not be reached: such a batch is written
+/// again item by item, so that only the row at fault fails.
 pub(crate) fn refused_row(e: &StoreError) -> bool {
     let StoreError::Database(sqlx::Error::Database(db)) = e else {
         return false;
     };
     if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-        return pg.code().starts_with("22") || pg.code().starts_with("23");
+        return ["22", "23", "54"]
+            .iter()
+            .any(|class| pg.code().starts_with(class));
     }
     if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
         // The primary result code: SQLITE_TOOBIG, SQLITE_CONSTRAINT, SQLITE_MISMATCH.
@@ -180,6 +183,46 @@ pub(crate) fn refused_row(e: &StoreError) -> bool {
             .and_then(|code| code.parse::<i32>().ok())
             .map(|code| code & 0xff);
         return matches!(primary, Some(18..=20));
+    }
+    false
+}
+
+/// Whether the database could not be reached, or could not take the work
+/// now, whatever the data: the connection failed or timed out, the pool is
+/// closed, the database shuts down, lacks resources or a disk, failed a
+/// serialization or broke a deadlock (PostgreSQL's SQLSTATE classes 08,
+/// 40, 53, 57, 58 and XX), or the SQLite file is busy, locked, full or
+/// cannot be opened or read. The same work may pass later.
+pub(crate) fn outage(e: &StoreError) -> bool {
+    let db = match e {
+        StoreError::Unavailable(_) | StoreError::TenantDatabaseUnavailable(_) => return true,
+        StoreError::Database(sqlx::Error::Database(db)) => db,
+        StoreError::Database(e) => {
+            return matches!(
+                e,
+                sqlx::Error::Io(_)
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::Protocol(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+                    | sqlx::Error::BeginFailed
+            );
+        }
+        _ => return false,
+    };
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        let class = &pg.code()[..pg.code().len().min(2)];
+        return ["08", "40", "53", "57", "58", "XX"].contains(&class);
+    }
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // The primary result code: SQLITE_BUSY (5) to SQLITE_IOERR (10),
+        // SQLITE_CORRUPT (11), SQLITE_FULL (13) to SQLITE_PROTOCOL (15).
+        let primary = db
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .map(|code| code & 0xff);
+        return matches!(primary, Some(5..=11 | 13..=15));
     }
     false
 }

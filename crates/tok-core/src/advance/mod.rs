@@ -498,13 +498,16 @@ struct Decider<'a> {
 
 impl Decider<'_> {
     fn finish(mut self, status: RunStatus, error: Option<String>, then: Then) -> Transition {
-        let (status, error) = match compensation::is_compensating(&self.state.context) {
+        let (status, mut error) = match compensation::is_compensating(&self.state.context) {
             true if !status.is_final() => (
                 RunStatus::Compensating,
                 compensation::error(&self.state.context),
             ),
             _ => (status, error),
         };
+        if let Some(error) = error.as_mut() {
+            crate::budget::bound_error(error);
+        }
         if status.is_final()
             && let Some(parent_run_id) = children::parent_of(self.state.context.as_value())
         {
@@ -635,7 +638,14 @@ impl Decider<'_> {
         }
     }
 
-    fn push(&mut self, record: StepRecord) {
+    /// Adds a step record to the claim's, its log and error bounded
+    /// ([`crate::budget`]): whatever a step logged or failed with, its
+    /// record stays small.
+    fn push(&mut self, mut record: StepRecord) {
+        crate::budget::bound_log(&mut record.log);
+        if let Some(error) = record.error.as_mut() {
+            crate::budget::bound_error(error);
+        }
         self.records.push(record);
         self.state.recorded += 1;
     }
@@ -725,7 +735,7 @@ impl Decider<'_> {
             }
             let scope = flow::scope(&automation.steps, &path, self.state.context.as_value());
             if class != StepClass::Control {
-                let rendered = template::render_value(&step.config, &scope);
+                let rendered = template::render_config(&step.config, &scope);
                 // The handler reads the run's context as it is, shared,
                 // or the view of an iteration (a copy).
                 let scope = match scope {
@@ -735,7 +745,7 @@ impl Decider<'_> {
                 let config = match rendered {
                     Ok(config) => config,
                     Err(e) => {
-                        let error = StepError::terminal(format!("step `{}` config: {e}", step.id));
+                        let error = StepError::terminal(format!("step `{}` {e}", step.id));
                         let now = self.now_ms();
                         return self.step_failed(step, None, now, error, env);
                     }
@@ -1140,6 +1150,9 @@ impl Decider<'_> {
         error: StepError,
         env: &mut Env<'_>,
     ) -> Transition {
+        // Its message may quote what a tenant sent: it goes to the record,
+        // the run's error and an incident, each bounded.
+        let error = error.bounded();
         let path = self.state.path.to_string();
         let attempt = self.state.attempt;
         if let StepError::Deferred {

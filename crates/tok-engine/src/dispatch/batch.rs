@@ -19,9 +19,7 @@ use std::sync::Mutex;
 
 use tok_core::ids::{AutomationId, EventId, RunId, TenantId};
 use tok_core::run::FlowStart;
-use tok_store::{
-    Candidate, Cause, ClaimedJob, Claims, DispatchTx, PendingEvent, Plan, Result, now_ms,
-};
+use tok_store::{Candidate, Cause, ClaimedJob, Claims, DispatchTx, PendingEvent, Plan, now_ms};
 
 use tok_core::limits::{START_WINDOW_MS, start_allowed, start_rate_exceeded};
 
@@ -29,9 +27,10 @@ use super::gate::{CancelPaths, Gated, Keys, cancel_on};
 use super::plan::{PlannedOnTickets, TICKET_WINDOW_MS};
 use crate::fairness::{self, Crowding};
 
-/// The dispatcher's pure decision for one event: given the event and the
-/// automations whose trigger matches, which runs to create.
-pub(crate) type Planner<'a> = &'a (dyn Fn(&PendingEvent, &[Candidate]) -> Plan + Send + Sync);
+/// The dispatcher's pure decision for one event: given the event, the
+/// automations whose trigger matches and whether its tenant's runs may
+/// begin their leading control steps, which runs to create.
+pub(crate) type Planner<'a> = &'a (dyn Fn(&PendingEvent, &[Candidate], bool) -> Plan + Send + Sync);
 
 /// Told the runs a dispatch writes, as they are written (for the stream).
 pub(crate) type Noted<'a> = &'a (dyn Fn(&[(TenantId, EventId, tok_store::NewRun)]) + Send + Sync);
@@ -87,28 +86,112 @@ fn trigger(event: &PendingEvent) -> Trigger {
     )
 }
 
-/// Dispatches up to `limit` pending events through `tx` and commits: each
-/// taken event's runs and their first jobs are written and the event is
-/// marked dispatched, all or nothing. `bulk`: a bulk dispatch (the urgent
-/// one does not alternate with the crowd, see [`Crowding`]).
+/// Which events a dispatch takes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Select<'a> {
+    /// Up to this many pending events, fair between the tenants.
+    Batch(u32),
+    /// This one event alone, if it is still pending: the events of a batch
+    /// that failed are dispatched again one by one, so that one event at
+    /// fault does not hold back the others.
+    One(&'a TenantId, &'a EventId),
+}
+
+/// Why a dispatch wrote nothing (its transaction rolled back: its events
+/// are pending as before).
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The store failed.
+    Store(tok_store::StoreError),
+    /// Planning one event's runs failed (it panicked): that event is at
+    /// fault, whatever the others.
+    Planning {
+        tenant: TenantId,
+        event: EventId,
+        message: String,
+    },
+}
+
+impl From<tok_store::StoreError> for Failure {
+    fn from(e: tok_store::StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+/// A dispatch that failed, with the events it had taken.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) failure: Failure,
+    pub(crate) events: Vec<(TenantId, EventId)>,
+}
+
+/// Whether the runs of a tenant's events may begin their leading control
+/// steps at dispatch (`false`: the authorizer denies its runs, and a claim
+/// fails them at their first step). Asked once per tenant and dispatch.
+pub(crate) type MayBegin<'a> =
+    &'a (dyn Fn(TenantId) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync);
+
+/// What a dispatch decides with, besides its transaction: the planner,
+/// whether a tenant's runs may begin, what the stream is told, and the
+/// crowding kept between dispatches.
+pub(crate) struct Deciders<'a> {
+    pub(crate) planner: Planner<'a>,
+    pub(crate) may_begin: MayBegin<'a>,
+    pub(crate) noted: Noted<'a>,
+    pub(crate) crowding: &'a Mutex<Crowding>,
+}
+
+/// Dispatches the pending events `select` names through `tx` and commits:
+/// each taken event's runs and their first jobs are written and the event
+/// is marked dispatched, all or nothing. `bulk`: a bulk dispatch (the
+/// urgent one does not alternate with the crowd, see [`Crowding`]). On
+/// failure, nothing is written, and the answer names the events taken.
 pub(crate) async fn dispatch(
-    mut tx: Box<dyn DispatchTx>,
-    limit: u32,
+    tx: Box<dyn DispatchTx>,
+    select: Select<'_>,
     bulk: bool,
-    crowding: &Mutex<Crowding>,
-    planner: Planner<'_>,
-    noted: Noted<'_>,
+    deciders: &Deciders<'_>,
+    handoff: Option<Handoff<'_>>,
+) -> Result<Dispatched, Failed> {
+    let mut taken = Vec::new();
+    let dispatched = dispatch_in(tx, select, bulk, deciders, handoff, &mut taken).await;
+    dispatched.map_err(|failure| Failed {
+        failure,
+        events: taken,
+    })
+}
+
+async fn dispatch_in(
+    mut tx: Box<dyn DispatchTx>,
+    select: Select<'_>,
+    bulk: bool,
+    deciders: &Deciders<'_>,
     mut handoff: Option<Handoff<'_>>,
-) -> Result<Dispatched> {
-    let events = tx.pending_events(limit).await?;
-    let selected = events.len();
-    let (backlog, crowd) = {
-        let owners: Vec<&TenantId> = events.iter().map(|e| &e.tenant_id).collect();
-        let mut crowding = crowding.lock().unwrap_or_else(|e| e.into_inner());
-        (
-            fairness::filled_by(&owners, limit as usize),
-            crowding.leave(&owners, bulk),
-        )
+    taken: &mut Vec<(TenantId, EventId)>,
+) -> Result<Dispatched, Failure> {
+    let Deciders {
+        planner,
+        may_begin,
+        noted,
+        crowding,
+    } = *deciders;
+    let (events, selected, backlog, crowd) = match select {
+        Select::Batch(limit) => {
+            let events = tx.pending_events(limit).await?;
+            let owners: Vec<&TenantId> = events.iter().map(|e| &e.tenant_id).collect();
+            let mut crowding = crowding.lock().unwrap_or_else(|e| e.into_inner());
+            let backlog = fairness::filled_by(&owners, limit as usize);
+            let crowd = crowding.leave(&owners, bulk);
+            drop(crowding);
+            let selected = events.len();
+            (events, selected, backlog, crowd)
+        }
+        Select::One(tenant, id) => {
+            let events: Vec<PendingEvent> =
+                tx.pending_event(tenant, id).await?.into_iter().collect();
+            let selected = events.len();
+            (events, selected, None, None)
+        }
     };
     let events: Vec<PendingEvent> = match &crowd {
         Some(crowd) => events
@@ -117,6 +200,15 @@ pub(crate) async fn dispatch(
             .collect(),
         None => events,
     };
+    taken.extend(events.iter().map(|e| (e.tenant_id.clone(), e.id.clone())));
+    // Whether each tenant's runs may begin here, asked once per dispatch.
+    let mut begins: HashMap<TenantId, bool> = HashMap::new();
+    for event in &events {
+        if !begins.contains_key(&event.tenant_id) {
+            let may = may_begin(event.tenant_id.clone()).await;
+            begins.insert(event.tenant_id.clone(), may);
+        }
+    }
     let now = now_ms();
     // Events of one batch mostly share their automations: each trigger is
     // looked up once per batch.
@@ -149,8 +241,10 @@ pub(crate) async fn dispatch(
             // No automation listens: nothing to plan.
             continue;
         }
+        let begin = begins.get(&event.tenant_id).copied().unwrap_or(false);
+        let plan_of = |candidates: &[Candidate]| plan_guarded(planner, event, candidates, begin);
         let plan = match &event.subject_ticket_id {
-            None => planner(event, cached),
+            None => plan_of(cached)?,
             Some(ticket) => {
                 let mut found = cached.clone();
                 for candidate in &mut found {
@@ -166,7 +260,7 @@ pub(crate) async fn dispatch(
                         on_tickets.planned(&event.tenant_id, &candidate.automation_id, ticket);
                     candidate.recent_runs_on_ticket = written + planned;
                 }
-                let plan = planner(event, &found);
+                let plan = plan_of(&found)?;
                 on_tickets.add(event, ticket, &plan);
                 plan
             }
@@ -280,6 +374,24 @@ pub(crate) async fn dispatch(
     })
 }
 
+/// Plans `event`'s runs; a planner that panics fails the dispatch with the
+/// event named as the one at fault (the panic is caught, like a claim's).
+fn plan_guarded(
+    planner: Planner<'_>,
+    event: &PendingEvent,
+    candidates: &[Candidate],
+    begin: bool,
+) -> Result<Plan, Failure> {
+    let planned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        planner(event, candidates, begin)
+    }));
+    planned.map_err(|panic| Failure::Planning {
+        tenant: event.tenant_id.clone(),
+        event: event.id.clone(),
+        message: crate::panic_message(&*panic),
+    })
+}
+
 /// The `settings.limits.startsPerMinute` of a candidate automation.
 fn starts_per_minute(candidates: &[Candidate], automation: &AutomationId) -> Option<u32> {
     let candidate = candidates.iter().find(|c| &c.automation_id == automation)?;
@@ -311,7 +423,7 @@ mod tests {
     use serde_json::json;
     use tok_core::ids::{RunId, TenantId};
     use tok_core::run::Resume;
-    use tok_store::{Candidate, NewRun, PendingEvent};
+    use tok_store::{Candidate, NewRun, PendingEvent, Result};
 
     use super::*;
     use crate::dispatch::plan;
@@ -352,6 +464,18 @@ mod tests {
     impl DispatchTx for Answers {
         async fn pending_events(&mut self, limit: u32) -> Result<Vec<PendingEvent>> {
             Ok(self.events.iter().take(limit as usize).cloned().collect())
+        }
+
+        async fn pending_event(
+            &mut self,
+            tenant: &TenantId,
+            id: &EventId,
+        ) -> Result<Option<PendingEvent>> {
+            let found = self
+                .events
+                .iter()
+                .find(|e| &e.tenant_id == tenant && &e.id == id);
+            Ok(found.cloned())
         }
 
         async fn candidates(&mut self, event: &PendingEvent) -> Result<Vec<Candidate>> {
@@ -607,15 +731,21 @@ mod tests {
     ) -> Dispatched {
         let (defs, registry) = (DefinitionCache::default(), Registry::with_builtins());
         let fairness = Fairness::default();
-        let planner = |event: &PendingEvent, candidates: &[Candidate]| {
-            plan::plan(event, candidates, &defs, &registry, &fairness)
+        let planner = |event: &PendingEvent, candidates: &[Candidate], begin: bool| {
+            plan::plan(event, candidates, &defs, &registry, &fairness, begin)
         };
         let handoff = take.map(|take| Handoff {
             node: "node-1",
             lease_ms: 30_000,
             take,
         });
-        dispatch(tx, limit, bulk, crowding, &planner, &|_| {}, handoff)
+        let deciders = Deciders {
+            planner: &planner,
+            may_begin: &|_| Box::pin(async { true }),
+            noted: &|_| {},
+            crowding,
+        };
+        dispatch(tx, Select::Batch(limit), bulk, &deciders, handoff)
             .await
             .expect("dispatch")
     }
@@ -644,6 +774,78 @@ mod tests {
             assert_eq!(written.marked.len(), ran.len(), "row {i}: the taken ones");
             assert!(written.committed, "row {i}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_planner_that_panics_names_its_event_and_nothing_is_written() {
+        let (tx, written) = answers(events("abab"), 0);
+        let (defs, registry) = (DefinitionCache::default(), Registry::with_builtins());
+        let fairness = Fairness::default();
+        let planner = |event: &PendingEvent, candidates: &[Candidate], begin: bool| {
+            assert!(event.id.as_str() != "ev_b_1", "a fault in planning");
+            plan::plan(event, candidates, &defs, &registry, &fairness, begin)
+        };
+        let crowding = Mutex::default();
+        let deciders = Deciders {
+            planner: &planner,
+            may_begin: &|_| Box::pin(async { true }),
+            noted: &|_| {},
+            crowding: &crowding,
+        };
+        let failed = dispatch(tx, Select::Batch(8), true, &deciders, None)
+            .await
+            .expect_err("the dispatch fails");
+        let Failure::Planning {
+            tenant,
+            event,
+            message,
+        } = failed.failure
+        else {
+            panic!("a planning failure: {:?}", failed.failure);
+        };
+        assert_eq!((tenant.as_str(), event.as_str()), ("b", "ev_b_1"));
+        assert!(message.contains("a fault in planning"), "{message}");
+        assert_eq!(failed.events.len(), 4, "every event taken is named");
+        let written = written.lock().unwrap();
+        assert!(!written.committed && written.runs.is_empty() && written.marked.is_empty());
+    }
+
+    #[tokio::test]
+    async fn one_event_is_dispatched_alone_and_a_tenant_that_may_not_begin_begins_nothing() {
+        let selected = events("abab");
+        let one = selected[3].clone();
+        let (tx, written) = answers_for(selected, 0, watcher(), Arc::default());
+        {
+            // The watcher begins with a control step, for this test.
+            let mut tx = tx;
+            tx.candidates[0].definition["steps"] = json!([
+                { "id": "st_set", "type": "set", "config": { "values": { "n": "{{_body.n}}" } } },
+                { "id": "call", "type": "bench/anything", "config": {} }
+            ]);
+            let (defs, registry) = (DefinitionCache::default(), Registry::with_builtins());
+            let fairness = Fairness::default();
+            let planner = |event: &PendingEvent, candidates: &[Candidate], begin: bool| {
+                plan::plan(event, candidates, &defs, &registry, &fairness, begin)
+            };
+            let crowding = Mutex::default();
+            let deciders = Deciders {
+                planner: &planner,
+                may_begin: &|_| Box::pin(async { false }),
+                noted: &|_| {},
+                crowding: &crowding,
+            };
+            let select = Select::One(&one.tenant_id, &one.id);
+            let d = dispatch(tx, select, true, &deciders, None)
+                .await
+                .expect("dispatch");
+            assert_eq!((d.events(), d.left, d.backlog), (1, 0, None));
+        }
+        let written = written.lock().unwrap();
+        assert_eq!(written.marked, std::slice::from_ref(&one.id));
+        assert_eq!(written.runs.len(), 1);
+        let run = &written.runs[0].2;
+        assert!(run.steps.is_empty(), "no step begun: {:?}", run.steps);
+        assert_eq!(run.first_path.as_deref(), Some("0"));
     }
 
     #[tokio::test]

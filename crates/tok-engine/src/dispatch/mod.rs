@@ -6,10 +6,13 @@
 //! urgent lane. Each dispatch may start the runs it creates in this
 //! process's free slots at once ([`crate::fairness::Offer`]). [`batch`]
 //! makes one dispatch transaction of the store's mechanisms; [`plan`]
-//! decides the runs, purely.
+//! decides the runs, purely. A dispatch that fails for a reason of one of
+//! its events does not fail again and again for all of them: [`isolate`]
+//! takes its events one by one and sets the one at fault aside.
 
 mod batch;
 mod gate;
+mod isolate;
 pub mod plan;
 
 use std::sync::Arc;
@@ -40,15 +43,8 @@ async fn dispatch_once(
     }
     let store: &dyn InboxStore = &*inner.store;
     let planned = crate::stream::Planned::default();
-    let planner = |event: &tok_store::PendingEvent, candidates: &[tok_store::Candidate]| {
-        plan::plan(
-            event,
-            candidates,
-            &inner.defs,
-            &inner.registry,
-            &inner.config.fairness,
-        )
-    };
+    let planner = planner(inner);
+    let may_begin = may_begin(inner);
     let most = 4 * least;
     let mut offer = pool::offer(inner, most as usize, all_reserved);
     let size = offer
@@ -64,20 +60,25 @@ async fn dispatch_once(
         Ok(tx) => {
             let bulk = lane == Lane::Bulk;
             let noted = |runs: &[_]| planned.note(runs);
-            let crowding = &inner.crowding;
-            batch::dispatch(tx, size, bulk, crowding, &planner, &noted, Some(handoff)).await
+            let deciders = batch::Deciders {
+                planner: &planner,
+                may_begin: &may_begin,
+                noted: &noted,
+                crowding: &inner.crowding,
+            };
+            let select = batch::Select::Batch(size);
+            batch::dispatch(tx, select, bulk, &deciders, Some(handoff)).await
         }
-        Err(e) => Err(e),
+        Err(e) => Err(batch::Failed {
+            failure: batch::Failure::Store(e),
+            events: Vec::new(),
+        }),
     };
     let claimed = match &mut dispatched {
         Ok(d) => {
             // Before the handed-off jobs run: their steps come after.
             planned.publish(&inner.stream);
-            let now = tok_store::now_ms();
-            for received_at in &d.received_at {
-                let lag = (now - received_at).max(0) as f64 / 1000.0;
-                metrics::histogram!("tok_inbox_lag_seconds").record(lag);
-            }
+            record_lag(d);
             for (tenant, run) in std::mem::take(&mut d.ended) {
                 crate::traces::run_ended(inner.store.clone(), tenant, run);
             }
@@ -88,11 +89,62 @@ async fn dispatch_once(
     if let Some(offer) = offer {
         pool::accept(inner, offer, claimed);
     }
-    let dispatched = dispatched?;
+    let dispatched = match dispatched {
+        Ok(dispatched) => dispatched,
+        Err(failed) => {
+            let d = isolate::after_failure(inner, failed, lane).await?;
+            record_lag(&d);
+            d
+        }
+    };
     if dispatched.events() > 0 {
         inner.work.notify_one();
     }
     Ok((dispatched, size))
+}
+
+/// The dispatcher's planner: [`plan::plan`] with the engine's definitions,
+/// registry and fairness.
+fn planner(
+    inner: &Inner,
+) -> impl Fn(&tok_store::PendingEvent, &[tok_store::Candidate], bool) -> tok_store::Plan + Send + Sync + '_
+{
+    move |event, candidates, may_begin| {
+        plan::plan(
+            event,
+            candidates,
+            &inner.defs,
+            &inner.registry,
+            &inner.config.fairness,
+            may_begin,
+        )
+    }
+}
+
+/// Whether a tenant's new runs may begin their leading control steps at
+/// dispatch: only when the authorizer lets its runs go on
+/// ([`crate::authorize::check_tenant`]); otherwise a claim fails them.
+fn may_begin(
+    inner: &Inner,
+) -> impl Fn(TenantId) -> futures_util::future::BoxFuture<'static, bool> + Send + Sync + use<> {
+    let authorizer = Arc::clone(&inner.authorizer);
+    move |tenant| {
+        let authorizer = Arc::clone(&authorizer);
+        Box::pin(async move {
+            crate::authorize::check_tenant(&*authorizer, &tenant)
+                .await
+                .is_ok()
+        })
+    }
+}
+
+/// The inbox lag of the events a dispatch took.
+fn record_lag(d: &Dispatched) {
+    let now = tok_store::now_ms();
+    for received_at in &d.received_at {
+        let lag = (now - received_at).max(0) as f64 / 1000.0;
+        metrics::histogram!("tok_inbox_lag_seconds").record(lag);
+    }
 }
 
 pub(crate) async fn dispatch_loop(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {

@@ -113,13 +113,16 @@ impl PlannedOnTickets {
 /// Which runs an event starts: one per candidate whose filter passes, less
 /// what loop protection forbids — a change made by an automation does not
 /// start that automation again, and one automation runs at most
-/// [`MAX_RUNS_PER_TICKET_PER_MINUTE`] times per ticket per minute.
+/// [`MAX_RUNS_PER_TICKET_PER_MINUTE`] times per ticket per minute. Unless
+/// `may_begin` (the authorizer lets the tenant's runs go on), a run begins
+/// nothing here: its first step is left to a claim, which fails it.
 pub fn plan(
     event: &PendingEvent,
     candidates: &[Candidate],
     defs: &DefinitionCache,
     registry: &Registry,
     fairness: &Fairness,
+    may_begin: bool,
 ) -> Plan {
     let context = initial_context(event).into_value();
     let mut plan = Plan::default();
@@ -215,7 +218,7 @@ pub fn plan(
         let (steps, first_path, run_context) = match flow::first(&automation.steps) {
             // A run its start control holds begins when it is due: an
             // event joining it may change its context until then.
-            Next::Step(path) if control.is_some_and(|c| c.holds()) => {
+            Next::Step(path) if control.is_some_and(|c| c.holds()) || !may_begin => {
                 (Vec::new(), Some(path), run_context)
             }
             Next::Step(path) => begin(&automation, path, run_context, registry, limit),

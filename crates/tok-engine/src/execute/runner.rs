@@ -382,6 +382,20 @@ async fn run_claim(
     let mut input = Input::from(job.resume.clone());
     if matches!(input, Input::Cancel { .. }) {
         cancel_live_steps(inner, job, automation, &state).await;
+    } else if let Err(why) = authorize::check_tenant(&*inner.authorizer, &job.tenant_id).await {
+        // The tenant's runs may not go on (suspended): nothing of the run
+        // is decided or run, control steps included; it fails at the step
+        // it is at, for good, as a step with side effects denied does.
+        let (step_id, kind) = tok_core::flow::step_at(&automation.steps, &state.path)
+            .map_or((job.path.as_str(), "unknown"), |s| {
+                (s.id.as_str(), s.kind.as_str())
+            });
+        tracing::info!(run = %job.run_id, tenant = %job.tenant_id, %why, "the tenant's run may not go on");
+        input = Input::StepFailed {
+            error: authorize::denied(step_id, kind, &why),
+            input: None,
+            started_at: now_ms(),
+        };
     }
     let mut records = Vec::new();
     let mut effects = Vec::new();
@@ -705,7 +719,7 @@ async fn call_cancel_hook(
         return;
     };
     let scope = tok_core::flow::scope(&automation.steps, path, context);
-    let config = tok_core::template::render_value(&step.config, &scope)
+    let config = tok_core::template::render_config(&step.config, &scope)
         .unwrap_or_else(|_| step.config.clone());
     let call = step_call(
         inner,

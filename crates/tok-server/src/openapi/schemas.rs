@@ -883,13 +883,20 @@ pub(crate) struct Event {
     /// An internal event's type (`ticket.created`, …).
     #[schema(required = true)]
     event_type: Option<String>,
-    /// `pending` until the dispatcher takes it, then `dispatched`.
+    /// `pending` until the dispatcher takes it, then `dispatched`; `failed`
+    /// when the dispatcher set it aside (its runs could not be planned or
+    /// written, for a reason of its own): `error` says why, and a replay
+    /// dispatches it again.
     status: String,
     /// The event this one replays (always the first, never a replay).
     #[schema(required = true)]
     replay_of: Option<String>,
     #[schema(format = DateTime)]
     received_at: String,
+    /// Why the dispatcher set the event aside (`dispatch_failed: …`); null
+    /// unless `status` is `failed`.
+    #[schema(required = true)]
+    error: Option<String>,
 }
 
 /// An event and the runs it started.

@@ -149,7 +149,7 @@ async fn failed_run_shows_the_failed_step_and_why(app: &TestApp) {
     let run = app.wait_for_final(&tenant, &run_id).await;
     assert_eq!(run["status"], "failed", "{run:#}");
     let expected =
-        "step `st_bad` config.values: template refers to `nowhere`, which is not in the context";
+        "step `st_bad` config.values.x: template refers to `nowhere`, which is not in the context";
     assert_eq!(
         run["error"],
         format!("step `st_bad` failed: {expected}"),

@@ -576,6 +576,7 @@ by_tenant! {
         fn start_run(&self, tenant: &TenantId, event: NewEvent, run: NewRun) -> Result<RunId>;
         fn start_run_limited(&self, tenant: &TenantId, event: NewEvent, run: NewRun, starts_per_minute: Option<u32>) -> Result<Started>;
         fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>>;
+        fn set_aside(&self, tenant: &TenantId, id: &EventId, error: &str) -> Result<bool>;
         fn replay_event(&self, tenant: &TenantId, id: &EventId, mode: ReplayMode) -> Result<Option<Replayed>>;
         fn events(&self, tenant: &TenantId, filter: &EventFilter, limit: u32, after: Option<&str>) -> Result<Page<StoredEvent>>;
         fn count_events(&self, tenant: &TenantId, filter: &EventFilter) -> Result<i64>;

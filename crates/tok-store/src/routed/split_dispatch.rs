@@ -112,6 +112,24 @@ impl DispatchTx for SplitDispatch {
             .collect())
     }
 
+    async fn pending_event(
+        &mut self,
+        tenant: &TenantId,
+        id: &EventId,
+    ) -> Result<Option<PendingEvent>> {
+        let Some(&i) = self.by_tenant.get(tenant) else {
+            return Ok(None);
+        };
+        let Some(part) = self.parts[i].as_mut() else {
+            return Ok(None);
+        };
+        let event = part.db.call(part.tx.pending_event(tenant, id)).await?;
+        if let Some(event) = &event {
+            self.by_event.insert(event.id.clone(), i);
+        }
+        Ok(event)
+    }
+
     async fn candidates(&mut self, event: &PendingEvent) -> Result<Vec<Candidate>> {
         let part = self.part(&event.tenant_id)?;
         part.db.call(part.tx.candidates(event)).await

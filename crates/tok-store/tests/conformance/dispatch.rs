@@ -2,8 +2,10 @@
 //! `DispatchTx`): one run per (event, automation) however often and however
 //! concurrently an event is dispatched, only the given tenants' events,
 //! selected fair between tenants, a ticket's recent runs counted, and the
-//! steps and claimed jobs written with the runs. (What a dispatch decides
-//! with these — crowding, loop protection — is the engine's, tested there.)
+//! steps and claimed jobs written with the runs; one event taken alone, and
+//! one set aside that no dispatch takes again. (What a dispatch decides
+//! with these — crowding, loop protection, which event to set aside — is
+//! the engine's, tested there.)
 
 use super::*;
 
@@ -19,6 +21,7 @@ backend_tests!(
     a_dispatch_counts_a_tickets_recent_runs_and_writes_its_trace,
     a_dispatch_writes_the_steps_its_runs_already_ran,
     a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed,
+    one_event_is_taken_alone_and_one_set_aside_is_taken_no_more,
 );
 
 async fn dispatching_an_event_again_creates_no_second_run(db: &TestDb) {
@@ -584,4 +587,115 @@ async fn a_dispatch_hands_the_jobs_it_was_offered_to_its_node_already_claimed(db
         .expect("run")
         .expect("exists");
     assert_eq!(detail.run.status, "completed", "{backend:?}");
+}
+
+/// The dispatcher takes a failed batch apart with `pending_event` (one
+/// event of the transaction's tenants, while it is pending) and sets the
+/// event at fault aside (`set_aside`): `failed`, with its error, as
+/// `event` shows it, and selected by no dispatch after.
+async fn one_event_is_taken_alone_and_one_set_aside_is_taken_no_more(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let other = tenant(store, "beta").await;
+    let src = source(store, &t, "eshop").await;
+    let other_src = source(store, &other, "eshop").await;
+    webhook_automation(store, &t, "orders", &src).await;
+    let mut events = Vec::new();
+    for key in ["at-fault", "fine"] {
+        let (id, _) = store
+            .accept_event(&t, webhook_event(&src, key))
+            .await
+            .expect("accept");
+        events.push(id);
+    }
+    let (others, _) = store
+        .accept_event(&other, webhook_event(&other_src, "theirs"))
+        .await
+        .expect("accept");
+    let (at_fault, fine) = (&events[0], &events[1]);
+
+    let mut tx = store
+        .begin_dispatch(std::slice::from_ref(&t), Lane::Urgent)
+        .await
+        .expect("begin");
+    let alone = tx.pending_event(&t, fine).await.expect("read");
+    assert_eq!(alone.as_ref().map(|e| &e.id), Some(fine), "{backend:?}");
+    assert!(
+        tx.pending_event(&other, &others)
+            .await
+            .expect("read")
+            .is_none(),
+        "{backend:?}: not a tenant of this dispatch"
+    );
+    assert!(
+        tx.pending_event(&t, &EventId::from("evt_nowhere".to_string()))
+            .await
+            .expect("read")
+            .is_none(),
+        "{backend:?}"
+    );
+    let event = alone.unwrap();
+    let candidates = tx.candidates(&event).await.expect("candidates");
+    let runs: Vec<_> = one_run_per_candidate(&event, &candidates)
+        .runs
+        .into_iter()
+        .map(|run| (t.clone(), event.id.clone(), run))
+        .collect();
+    tx.insert_runs(&runs, None).await.expect("insert");
+    tx.mark_dispatched(std::slice::from_ref(fine))
+        .await
+        .expect("mark");
+    tx.commit().await.expect("commit");
+    assert_eq!(all_runs(store, &t).await.len(), 1, "{backend:?}");
+    let mut tx = store
+        .begin_dispatch(std::slice::from_ref(&t), Lane::Urgent)
+        .await
+        .expect("begin");
+    assert!(
+        tx.pending_event(&t, fine).await.expect("read").is_none(),
+        "{backend:?}: dispatched, no longer pending"
+    );
+    drop(tx);
+
+    let why = "dispatch_failed: refused";
+    assert!(
+        !store.set_aside(&other, at_fault, why).await.unwrap(),
+        "{backend:?}: not its event"
+    );
+    assert!(
+        store.set_aside(&t, at_fault, why).await.unwrap(),
+        "{backend:?}"
+    );
+    assert!(
+        !store.set_aside(&t, at_fault, why).await.unwrap(),
+        "{backend:?}: once"
+    );
+    assert!(
+        !store.set_aside(&t, fine, why).await.unwrap(),
+        "{backend:?}: a dispatched one stays"
+    );
+    let shown = store.event(&t, at_fault).await.unwrap().expect("the event");
+    assert_eq!(
+        (shown.status.as_str(), shown.error.as_deref()),
+        ("failed", Some(why)),
+        "{backend:?}"
+    );
+    let shown = store.event(&t, fine).await.unwrap().expect("the event");
+    assert_eq!(
+        (shown.status.as_str(), shown.error),
+        ("dispatched", None),
+        "{backend:?}"
+    );
+    let taken = dispatch(
+        store,
+        &[t.clone(), other.clone()],
+        10,
+        &one_run_per_candidate,
+    )
+    .await
+    .expect("dispatch");
+    assert_eq!(taken, 1, "{backend:?}: only the other tenant's event");
+    assert_eq!(all_runs(store, &t).await.len(), 1, "{backend:?}");
 }
