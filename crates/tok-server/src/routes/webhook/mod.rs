@@ -358,7 +358,7 @@ fn sender_params(preset: Preset, signed: &Signed) -> Value {
 /// the body's hash; an `Idempotency-Key` header is not signed, so a
 /// signed source ignores it (a captured request replayed with another is
 /// still the same event). An unsigned source takes `Idempotency-Key`, then
-/// `webhook-id`, then the body's hash.
+/// `webhook-id` (or Svix's `svix-id`), then the body's hash.
 fn idempotency_key(
     signature: &Signature,
     headers: &HeaderMap,
@@ -378,6 +378,7 @@ fn idempotency_key(
         Signature::NotChecked(preset) => in_body(*preset),
         Signature::Unsigned => header("idempotency-key")
             .or_else(|| header("webhook-id"))
+            .or_else(|| header("svix-id"))
             .map(str::to_owned),
     };
     match named.as_deref().map(str::trim) {
@@ -448,7 +449,7 @@ async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiRe
         let idempotency = match &cached.preset {
             Some(Ok(Preset::Github)) => "X-GitHub-Delivery is the key",
             Some(Ok(Preset::Shopify)) => "X-Shopify-Webhook-Id is the key",
-            Some(Ok(Preset::Standard)) => "webhook-id is the key",
+            Some(Ok(Preset::Standard)) => "webhook-id (Svix: svix-id) is the key",
             Some(Ok(Preset::Stripe)) => "the event's `id` is the key",
             Some(Ok(Preset::Slack)) => {
                 "the Events API's `event_id` is the key, else the body's hash"
