@@ -26,6 +26,14 @@ use crate::senders::Preset;
 /// process sees it within this time.
 const SOURCE_TTL: Duration = Duration::from_secs(10);
 
+/// Describes the webhooks' counter: its `# HELP` in `/metrics`.
+pub(crate) fn describe() {
+    metrics::describe_counter!(
+        "tok_webhooks_total",
+        "Webhooks answered 202, by outcome: accepted (a new event) or duplicate (its idempotency key was seen)"
+    );
+}
+
 /// A webhook source as ingest reads it: the row, its params contract, its
 /// sender and its schema, parsed and compiled once when the source is
 /// cached rather than on every request.

@@ -27,6 +27,15 @@ pub use error::{ApiError, ApiResult};
 use routes::Routes;
 pub use routes::{Access, Route};
 
+/// Describes every metric an API or worker node records (the engine's and
+/// the store's too), so that each family of `/metrics` has its `# HELP`
+/// line. Call it once the recorder is installed.
+pub fn describe_metrics() {
+    tok_engine::describe_metrics();
+    intake::describe();
+    audit::describe();
+}
+
 /// Largest webhook body accepted; larger bodies get 413.
 pub const MAX_WEBHOOK_BYTES: usize = 256 * 1024;
 

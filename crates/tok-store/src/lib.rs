@@ -82,6 +82,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
+/// Describes the metrics the store records, so that each has its `# HELP`
+/// line in `/metrics`.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "tok_database_errors_total",
+        "Calls a database failed (refused, gone or past its timeout), by database"
+    );
+}
+
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
 pub use audit::{
     Actor, ActorKind, AuditFilter, AuditRow, AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
