@@ -10,6 +10,7 @@ mod body_schema;
 mod dashboard;
 mod error;
 mod intake;
+mod nul;
 pub mod openapi;
 mod quotas;
 mod routes;
@@ -245,6 +246,7 @@ pub fn app(state: AppState) -> Router {
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
+        .layer(axum::middleware::from_fn(nul::refuse_in_query))
         .with_state(state)
 }
 
@@ -261,6 +263,7 @@ pub fn probes(state: AppState) -> Router {
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
+        .layer(axum::middleware::from_fn(nul::refuse_in_query))
         .with_state(state)
 }
 

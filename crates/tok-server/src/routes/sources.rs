@@ -365,7 +365,7 @@ async fn rotate(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    crate::routes::JsonBytes(body): crate::routes::JsonBytes,
 ) -> ApiResult<Json<Value>> {
     let body: RotateBody = if body.is_empty() {
         RotateBody::default()

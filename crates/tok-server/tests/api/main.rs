@@ -24,6 +24,7 @@ mod flow;
 mod for_each;
 mod fuzz;
 mod fuzz_definitions;
+mod fuzz_nul;
 mod health;
 mod incidents;
 mod intake;
