@@ -49,7 +49,7 @@ pub(crate) struct WebhookSource {
     pub(crate) preset: Option<Result<Preset, String>>,
     /// The compiled schema; `Err` with why, should a saved schema no
     /// longer compile (its webhooks are then refused, never let through).
-    pub(crate) schema: Option<Result<jsonschema::Validator, String>>,
+    pub(crate) schema: Option<Result<Arc<crate::body_schema::Checker>, String>>,
     /// Whether the tenant requires its webhooks signed
     /// (`settings.webhooks.requireSignature`, else the platform's
     /// `TOK_REQUIRE_SIGNED_WEBHOOKS`), as it was when the source was read.
@@ -67,10 +67,11 @@ impl WebhookSource {
             let name = source.verify_preset.as_deref().unwrap_or("standard");
             Preset::parse(name).ok_or_else(|| name.to_owned())
         });
-        let schema = source
-            .schema
-            .as_ref()
-            .map(|schema| crate::body_schema::compile(schema).map_err(|e| e.message));
+        let schema = source.schema.as_ref().map(|schema| {
+            crate::body_schema::compile(schema)
+                .map(Arc::new)
+                .map_err(|e| e.message)
+        });
         Self {
             source,
             params,
@@ -243,7 +244,8 @@ mod tests {
         let schema = serde_json::json!({ "required": ["id"] });
         let cached = WebhookSource::new(source(None, None, Some(schema)), "tok_1", false);
         let compiled = cached.schema.unwrap().unwrap();
-        assert!(!compiled.is_valid(&serde_json::json!({})));
+        assert!(compiled.check_now(&serde_json::json!({})).is_err());
+        assert!(compiled.check_now(&serde_json::json!({ "id": 1 })).is_ok());
         let broken = serde_json::json!({ "type": 5 });
         let cached = WebhookSource::new(source(None, None, Some(broken)), "tok_1", false);
         assert!(

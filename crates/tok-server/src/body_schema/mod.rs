@@ -7,13 +7,23 @@
 //! A tenant writes the schema and anyone with the URL writes the bodies,
 //! so both are bounded: the schema's size, no `$ref` fetched from outside
 //! it (nothing is read from the network or the disk), patterns compiled
-//! by the `regex` engine (linear in the body, no backtracking), and at
-//! most [`MAX_LISTED`] failures listed.
+//! by the `regex` engine (linear in the body, no backtracking) within a
+//! size, and at most [`MAX_LISTED`] failures listed. What a schema costs
+//! through its `$ref`s is weighed before it is kept, and what a body's
+//! check costs before it runs ([`cost`]); a check that may take more than
+//! a moment runs on a blocking thread, at most one per core at once, never
+//! on the threads that serve requests.
+
+mod cost;
+
+use std::sync::{Arc, OnceLock};
 
 use jsonschema::{PatternOptions, Retrieve, Uri, Validator};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
+use cost::MAX_CHECK_UNITS;
+use cost::Shape;
 
 /// Largest schema a source keeps, as compact JSON.
 pub(crate) const MAX_SCHEMA_BYTES: usize = 64 * 1024;
@@ -21,11 +31,17 @@ pub(crate) const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Most failures one answer lists; the count of the rest is given.
 pub(crate) const MAX_LISTED: usize = 20;
 
-/// Largest compiled pattern of a schema, in bytes.
-const MAX_PATTERN_BYTES: usize = 1 << 20;
+/// Largest compiled pattern of a schema, in bytes, and largest cache of
+/// the lazy automaton that runs it.
+pub(crate) const MAX_PATTERN_BYTES: usize = 128 * 1024;
 
 /// Longest message of one failure (it may quote the body).
 const MAX_MESSAGE_CHARS: usize = 300;
+
+/// A check that may take more units than this ([`cost`]) runs on a
+/// blocking thread; a cheaper one (well under a millisecond) where the
+/// request is.
+const INLINE_UNITS: u64 = 20_000;
 
 /// Refuses every `$ref` outside the schema: a tenant's schema must not
 /// make tok fetch a URL or read a file.
@@ -44,35 +60,190 @@ impl Retrieve for Whole {
     }
 }
 
-/// Compiles `schema`, or answers 400 `invalid_schema` naming the place in
-/// it that does not compile (`field`: `schema`, `path`: a JSON pointer).
-pub(crate) fn compile(schema: &Value) -> Result<Validator, ApiError> {
+/// A source's schema ready to check bodies: compiled and weighed.
+pub(crate) struct Checker {
+    schema: Value,
+    validator: Validator,
+    shape: Shape,
+}
+
+impl std::fmt::Debug for Checker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checker")
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+fn invalid(path: &str, message: String) -> ApiError {
+    ApiError::bad_request("invalid_schema", message)
+        .with("field", "schema")
+        .with("path", path)
+}
+
+/// The validator of `schema`, with the options every source's schema is
+/// compiled with.
+fn build(schema: &Value) -> Result<Validator, jsonschema::ValidationError<'static>> {
+    jsonschema::draft202012::options()
+        .should_validate_formats(true)
+        .with_retriever(Whole)
+        .with_pattern_options(
+            PatternOptions::regex()
+                .size_limit(MAX_PATTERN_BYTES)
+                .dfa_size_limit(MAX_PATTERN_BYTES),
+        )
+        .build(schema)
+}
+
+fn compiled(schema: &Value) -> Result<Validator, ApiError> {
+    build(schema).map_err(|e| {
+        let at = e.instance_path.as_str();
+        invalid(
+            at,
+            format!(
+                "`schema` is not a JSON Schema (draft 2020-12) that compiles: at `{}`: {}",
+                cost::display(at),
+                clipped(&e.to_string())
+            ),
+        )
+    })
+}
+
+/// Compiles and weighs `schema`, or answers 400 `invalid_schema` naming
+/// the place in it that does not compile or costs too much (`field`:
+/// `schema`, `path`: a JSON pointer into it, `limit` when one is passed).
+pub(crate) fn compile(schema: &Value) -> Result<Checker, ApiError> {
     let size = serde_json::to_vec(schema).map(|v| v.len()).unwrap_or(0);
     if size > MAX_SCHEMA_BYTES {
         return Err(ApiError::bad_request(
             "invalid_schema",
             format!("`schema` is {size} bytes; at most {MAX_SCHEMA_BYTES} are kept"),
         )
-        .with("field", "schema"));
+        .with("field", "schema")
+        .with("path", "")
+        .with("limit", MAX_SCHEMA_BYTES));
     }
-    jsonschema::draft202012::options()
-        .should_validate_formats(true)
-        .with_retriever(Whole)
-        .with_pattern_options(PatternOptions::regex().size_limit(MAX_PATTERN_BYTES))
-        .build(schema)
-        .map_err(|e| {
-            let at = e.instance_path.as_str();
-            ApiError::bad_request(
-                "invalid_schema",
+    // Weighed before it is compiled: compiling some schemas (nested
+    // `unevaluatedProperties`) already costs what they expand to.
+    let shape = match Shape::of(schema, Whole) {
+        Ok(shape) => shape,
+        Err(refused) if refused.unreadable => {
+            // The compiler refuses it too, and says better where.
+            compiled(schema)?;
+            return Err(invalid(
+                &refused.path,
                 format!(
-                    "`schema` is not a JSON Schema (draft 2020-12) that compiles: at `{}`: {}",
-                    if at.is_empty() { "/" } else { at },
+                    "`schema` cannot be read at `{}`: {}",
+                    cost::display(&refused.path),
+                    refused.message
+                ),
+            ));
+        }
+        Err(refused) => {
+            let mut error = invalid(
+                &refused.path,
+                format!(
+                    "`schema` at `{}`: {}",
+                    cost::display(&refused.path),
+                    refused.message
+                ),
+            );
+            if let Some(limit) = refused.limit {
+                error = error.with("limit", limit);
+            }
+            return Err(error);
+        }
+    };
+    // Each pattern on its own: one met only through a `$ref` compiled
+    // lazily would otherwise first compile when a body reaches it.
+    for (at, pattern) in shape.patterns() {
+        build(&json!({ "pattern": pattern })).map_err(|e| {
+            invalid(
+                at,
+                format!(
+                    "`schema` has a pattern at `{at}` that does not compile within {MAX_PATTERN_BYTES} bytes \
+                     (the `regex` crate's syntax: no look-around, no backreferences): {}",
                     clipped(&e.to_string())
                 ),
             )
-            .with("field", "schema")
-            .with("path", at)
-        })
+        })?;
+    }
+    let validator = compiled(schema)?;
+    Ok(Checker {
+        schema: schema.clone(),
+        validator,
+        shape,
+    })
+}
+
+/// At most one check per core at once on the blocking threads.
+fn checks() -> &'static tokio::sync::Semaphore {
+    static CHECKS: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
+    CHECKS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::sync::Semaphore::new(cores)
+    })
+}
+
+impl Checker {
+    /// Checks `body` ([`check`]) after weighing what it costs: a body whose
+    /// check could take more than [`MAX_CHECK_UNITS`] is 400
+    /// `schema_too_costly` without being checked. A check of more than a
+    /// moment runs on a blocking thread (one per core at most), so request
+    /// handling goes on meanwhile. Gives `body` back.
+    pub(crate) async fn check(self: Arc<Self>, body: Value) -> (Value, Result<(), ApiError>) {
+        let units = match self.shape.check_cost(&body, MAX_CHECK_UNITS) {
+            Ok(units) => units,
+            Err(_) => return (body, Err(too_costly())),
+        };
+        if units <= INLINE_UNITS && !self.shape.is_recursive() {
+            let checked = check(&self.validator, &body);
+            return (body, checked);
+        }
+        let Ok(_permit) = checks().acquire().await else {
+            return (body, Err(too_costly()));
+        };
+        let work = tokio::task::spawn_blocking(move || {
+            let checked = self.check_now(&body);
+            (body, checked)
+        });
+        match work.await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(error = %e, "a schema check panicked");
+                let failed = ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "schema_check_failed",
+                    "the body could not be checked against the source's schema; nothing was accepted",
+                );
+                (Value::Null, Err(failed))
+            }
+        }
+    }
+
+    /// The check itself. A schema with a `$ref` back to an enclosing
+    /// schema compiles, as a body reaches them, parts that depend on the
+    /// body: it is compiled afresh for each body, so that what one body
+    /// made it compile is dropped with it rather than kept.
+    pub(crate) fn check_now(&self, body: &Value) -> Result<(), ApiError> {
+        if self.shape.is_recursive() {
+            let fresh = compiled(&self.schema)?;
+            return check(&fresh, body);
+        }
+        check(&self.validator, body)
+    }
+}
+
+fn too_costly() -> ApiError {
+    ApiError::bad_request(
+        "schema_too_costly",
+        format!(
+            "checking the body against the source's schema could take more than {MAX_CHECK_UNITS} steps \
+             (each value of the body, times the parts of the schema that apply to it), so it is not checked \
+             and nothing is accepted; send a smaller body, or simplify the schema"
+        ),
+    )
+    .with("limit", MAX_CHECK_UNITS)
 }
 
 /// Checks `body` against `schema`: `Ok` when it is valid, else 400
@@ -152,7 +323,7 @@ mod tests {
 
     #[test]
     fn every_failing_place_is_listed_with_its_rule() {
-        let schema = compile(&order_schema()).unwrap();
+        let schema = compile(&order_schema()).unwrap().validator;
         assert!(check(&schema, &json!({ "id": "evt_1", "amount": 5 })).is_ok());
         let error = check(
             &schema,
@@ -201,7 +372,9 @@ mod tests {
 
     #[test]
     fn a_body_failing_everywhere_lists_a_bounded_number() {
-        let schema = compile(&json!({ "additionalProperties": { "type": "string" } })).unwrap();
+        let schema = compile(&json!({ "additionalProperties": { "type": "string" } }))
+            .unwrap()
+            .validator;
         let body: serde_json::Map<String, Value> =
             (0..100).map(|i| (format!("k{i}"), json!(i))).collect();
         let error = check(&schema, &Value::Object(body)).unwrap_err();

@@ -25,6 +25,7 @@ mod for_each;
 mod fuzz;
 mod fuzz_definitions;
 mod fuzz_nul;
+mod fuzz_schemas;
 mod health;
 mod incidents;
 mod intake;

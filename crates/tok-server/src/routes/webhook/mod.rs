@@ -191,8 +191,12 @@ async fn accept(
             Json(json!({ "challenge": challenge })).into_response()
         });
     }
-    match &cached.schema {
-        Some(Ok(schema)) => crate::body_schema::check(schema, &payload)?,
+    let payload = match &cached.schema {
+        Some(Ok(schema)) => {
+            let (payload, checked) = Arc::clone(schema).check(payload).await;
+            checked?;
+            payload
+        }
         Some(Err(why)) => {
             return Err(ApiError::bad_request(
                 "invalid_schema",
@@ -200,8 +204,8 @@ async fn accept(
             )
             .with("field", "schema"));
         }
-        None => {}
-    }
+        None => payload,
+    };
     let mut params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
     if let Some(preset) = preset {
         let signed = signature.signed().cloned().unwrap_or_default();
