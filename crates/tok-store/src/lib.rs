@@ -365,6 +365,16 @@ pub trait RunStore: Send + Sync {
         tenant: &TenantId,
         ids: &[RunId],
     ) -> Result<Vec<(RunId, serde_json::Value)>>;
+
+    /// How many bytes [`RunStore::run_contexts`] reads for each of these
+    /// runs of the tenant (those it has): its context as last written
+    /// whole, as JSON text, and the changes recorded since. A caller reads
+    /// contexts in batches bounded by these.
+    async fn run_context_sizes(
+        &self,
+        tenant: &TenantId,
+        ids: &[RunId],
+    ) -> Result<Vec<(RunId, i64)>>;
 }
 
 /// The job queue: claim, heartbeat, record.
