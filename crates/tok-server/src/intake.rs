@@ -48,7 +48,9 @@ pub(crate) struct WebhookSource {
     /// unchecked.
     pub(crate) preset: Option<Result<Preset, String>>,
     /// The compiled schema; `Err` with why, should a saved schema no
-    /// longer compile (its webhooks are then refused, never let through).
+    /// longer compile or cost more than this version allows (one saved
+    /// before its cost was bounded): its webhooks are then refused, never
+    /// let through.
     pub(crate) schema: Option<Result<Arc<crate::body_schema::Checker>, String>>,
     /// Whether the tenant requires its webhooks signed
     /// (`settings.webhooks.requireSignature`, else the platform's

@@ -82,8 +82,9 @@ fn invalid(path: &str, message: String) -> ApiError {
 }
 
 /// The validator of `schema`, with the options every source's schema is
-/// compiled with.
-fn build(schema: &Value) -> Result<Validator, jsonschema::ValidationError<'static>> {
+/// compiled with; else where in it (a JSON pointer) it does not compile,
+/// and why.
+fn build(schema: &Value) -> Result<Validator, (String, String)> {
     jsonschema::draft202012::options()
         .should_validate_formats(true)
         .with_retriever(Whole)
@@ -93,17 +94,16 @@ fn build(schema: &Value) -> Result<Validator, jsonschema::ValidationError<'stati
                 .dfa_size_limit(MAX_PATTERN_BYTES),
         )
         .build(schema)
+        .map_err(|e| (e.instance_path.as_str().to_owned(), clipped(&e.to_string())))
 }
 
 fn compiled(schema: &Value) -> Result<Validator, ApiError> {
-    build(schema).map_err(|e| {
-        let at = e.instance_path.as_str();
+    build(schema).map_err(|(at, why)| {
         invalid(
-            at,
+            &at,
             format!(
-                "`schema` is not a JSON Schema (draft 2020-12) that compiles: at `{}`: {}",
-                cost::display(at),
-                clipped(&e.to_string())
+                "`schema` is not a JSON Schema (draft 2020-12) that compiles: at `{}`: {why}",
+                cost::display(&at),
             ),
         )
     })
@@ -157,13 +157,12 @@ pub(crate) fn compile(schema: &Value) -> Result<Checker, ApiError> {
     // Each pattern on its own: one met only through a `$ref` compiled
     // lazily would otherwise first compile when a body reaches it.
     for (at, pattern) in shape.patterns() {
-        build(&json!({ "pattern": pattern })).map_err(|e| {
+        build(&json!({ "pattern": pattern })).map_err(|(_, why)| {
             invalid(
                 at,
                 format!(
                     "`schema` has a pattern at `{at}` that does not compile within {MAX_PATTERN_BYTES} bytes \
-                     (the `regex` crate's syntax: no look-around, no backreferences): {}",
-                    clipped(&e.to_string())
+                     (the `regex` crate's syntax: no look-around, no backreferences): {why}"
                 ),
             )
         })?;

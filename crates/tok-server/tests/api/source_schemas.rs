@@ -20,6 +20,7 @@ backend_tests!(
     a_schema_that_expands_past_the_limit_is_refused_at_save,
     a_tree_schema_that_refers_to_itself_is_kept_and_checks_bodies,
     a_body_whose_check_costs_too_much_is_refused_unchecked,
+    a_costly_schema_kept_before_it_was_weighed_accepts_nothing,
 );
 
 /// The schema: each of `levels` definitions refers twice to the
@@ -365,4 +366,52 @@ async fn a_body_whose_check_costs_too_much_is_refused_unchecked(app: &TestApp) {
         queue["pending_events"], 1,
         "only the shallow body: {queue:#}"
     );
+}
+
+/// A schema an earlier version kept (written here to the store directly,
+/// past the API's checks) that costs too much is not used: the source's
+/// webhooks are refused until it is changed, none is let through unchecked.
+async fn a_costly_schema_kept_before_it_was_weighed_accepts_nothing(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let source = app
+        .create_source(&tenant, &json!({ "name": "old", "schema": true }))
+        .await;
+    let id = source["id"].as_str().unwrap();
+    let token = source["token"].as_str().unwrap();
+    app.state
+        .engine
+        .store()
+        .update_source(
+            &tok_core::ids::TenantId::from(tenant.id.as_str()),
+            &tok_core::ids::SourceId::from(id),
+            tok_store::SourcePatch {
+                schema: Some(Some(doubling_schema(20))),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    app.stop_engine().await;
+    let error = app
+        .webhook(token, &json!({ "a": 1 }))
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "invalid_schema");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("PATCH /api/sources/{id}")),
+        "{message}"
+    );
+    assert!(message.contains("/$defs/d_12"), "{message}");
+    // Changed, it takes bodies again.
+    app.patch(
+        &tenant.key,
+        &format!("/api/sources/{id}"),
+        &json!({ "schema": { "type": "object" } }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.webhook(token, &json!({ "a": 1 }))
+        .await
+        .expect(StatusCode::ACCEPTED);
 }

@@ -200,7 +200,7 @@ async fn accept(
         Some(Err(why)) => {
             return Err(ApiError::bad_request(
                 "invalid_schema",
-                format!("the source's schema no longer compiles, so nothing is accepted until it is fixed with PATCH /api/sources/{}: {why}", source.id),
+                format!("the source's schema is no longer accepted (it does not compile, or costs more than this version of tok allows), so nothing is accepted until it is fixed with PATCH /api/sources/{}: {why}", source.id),
             )
             .with("field", "schema"));
         }
