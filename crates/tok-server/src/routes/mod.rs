@@ -412,7 +412,11 @@ where
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|rejection| {
-                ApiError::new(rejection.status(), "invalid_body", rejection.body_text())
+                let code = match rejection.status() {
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+                    _ => "invalid_body",
+                };
+                ApiError::new(rejection.status(), code, rejection.body_text())
             })?;
         crate::nul::refuse_in_json_text("the body", &bytes)?;
         Ok(Self(bytes))
