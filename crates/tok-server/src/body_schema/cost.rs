@@ -702,7 +702,7 @@ fn pointers_of(document: &Value) -> HashMap<usize, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
