@@ -103,15 +103,28 @@ impl SourceCache {
             .map(|(s, _)| Arc::clone(s))
     }
 
-    /// Keeps `source` as what `token` opens.
-    pub(crate) fn put(
+    /// Keeps `source` as what `token` opens. A source with a schema is
+    /// compiled on a blocking thread (a schema kept may take tens of
+    /// milliseconds to compile), not on the threads that serve requests.
+    pub(crate) async fn put(
         &self,
         token: &str,
         source: Source,
         require_signature: bool,
         now: Instant,
     ) -> Arc<WebhookSource> {
-        let source = Arc::new(WebhookSource::new(source, token, require_signature));
+        let source = if source.schema.is_some() {
+            let owned = token.to_owned();
+            let made = tokio::task::spawn_blocking(move || {
+                WebhookSource::new(source, &owned, require_signature)
+            });
+            match made.await {
+                Ok(made) => Arc::new(made),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        } else {
+            Arc::new(WebhookSource::new(source, token, require_signature))
+        };
         let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() > 100_000 {
             cache.clear();

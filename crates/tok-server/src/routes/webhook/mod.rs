@@ -61,7 +61,10 @@ async fn source(state: &AppState, token: &str) -> ApiResult<Arc<WebhookSource>> 
     let require_signature = tenant.map_or(state.require_signed_webhooks, |t| {
         t.webhooks.requires_signature(state.require_signed_webhooks)
     });
-    Ok(state.sources.put(token, source, require_signature, now))
+    Ok(state
+        .sources
+        .put(token, source, require_signature, now)
+        .await)
 }
 
 fn too_large() -> ApiError {
