@@ -445,6 +445,12 @@ impl Shape {
         &self.patterns
     }
 
+    /// What the whole schema expands to through its `$ref`s (at most
+    /// [`MAX_EXPANDED`]).
+    pub(crate) fn expanded_size(&self) -> u64 {
+        self.expanded.first().copied().unwrap_or(0)
+    }
+
     /// Whether a `$ref` leads back to a schema enclosing it: the validator
     /// then compiles, as bodies reach them, parts that depend on the body,
     /// so it is compiled for each body rather than kept.

@@ -38,10 +38,11 @@ pub(crate) const MAX_PATTERN_BYTES: usize = 128 * 1024;
 /// Longest message of one failure (it may quote the body).
 const MAX_MESSAGE_CHARS: usize = 300;
 
-/// A check that may take more units than this ([`cost`]) runs on a
-/// blocking thread; a cheaper one (well under a millisecond) where the
+/// A check that may take more units than this ([`cost`]), counting what
+/// its first check may compile of the schema's lazy `$ref`s, runs on a
+/// blocking thread; a cheaper one (about a millisecond at most) where the
 /// request is.
-const INLINE_UNITS: u64 = 20_000;
+const INLINE_UNITS: u64 = 5_000;
 
 /// Refuses every `$ref` outside the schema: a tenant's schema must not
 /// make tok fetch a URL or read a file.
@@ -195,7 +196,11 @@ impl Checker {
             Ok(units) => units,
             Err(_) => return (body, Err(too_costly())),
         };
-        if units <= INLINE_UNITS && !self.shape.is_recursive() {
+        // A validator compiles its lazy `$ref`s at its first check: that
+        // may be this one.
+        if units.saturating_add(self.shape.expanded_size()) <= INLINE_UNITS
+            && !self.shape.is_recursive()
+        {
             let checked = check(&self.validator, &body);
             return (body, checked);
         }
