@@ -43,6 +43,22 @@ use tok_store::{AutomationStatus, NewEvent, NewRun, Store, StoreError};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+/// Describes every metric the engine records (and the store's), so that
+/// each has its `# HELP` line in `/metrics`. Call it once the recorder is
+/// installed; a metric added without a description fails
+/// `crates/tok/tests/metrics_help.rs`.
+pub fn describe_metrics() {
+    tok_store::describe_metrics();
+    scheduler::sample::describe();
+    execute::runner::describe();
+    dispatch::describe();
+    steps::describe();
+    metrics::describe_counter!(
+        "tok_loop_panics_total",
+        "Panics of an engine loop (by loop), each started again after a second"
+    );
+}
+
 pub use authorize::{StepAuthorizer, StepToAuthorize, SuspendedTenants, Verdict};
 pub use definitions::DefinitionCache;
 pub use fairness::Fairness;

@@ -136,42 +136,145 @@ impl BulkFilter {
     }
 }
 
+/// Most bytes of runs' contexts read at once by a selection with `where`
+/// (as stored: [`tok_store::RunStore::run_context_sizes`]); a larger
+/// context is read alone.
+pub const BATCH_BYTES: i64 = 4 * 1024 * 1024;
+
+/// Most bytes of runs' contexts one call reads: a search, a count, a page
+/// of an operation. Past it the call stops at the last run it looked at,
+/// and says where to go on.
+pub const CALL_BYTES: i64 = 64 * 1024 * 1024;
+
+/// What one call may still read of runs' contexts.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    bytes: i64,
+    /// Whether a run was looked at: the first one always is, whatever its
+    /// size, so that every call makes progress.
+    looked: bool,
+}
+
+impl Budget {
+    /// [`CALL_BYTES`].
+    pub fn call() -> Self {
+        Self::of(CALL_BYTES)
+    }
+
+    pub fn of(bytes: i64) -> Self {
+        Self {
+            bytes,
+            looked: false,
+        }
+    }
+
+    /// Whether `bytes` more may be read; spends them if so.
+    fn take(&mut self, bytes: i64) -> bool {
+        if self.looked && bytes > self.bytes {
+            return false;
+        }
+        self.bytes -= bytes;
+        self.looked = true;
+        true
+    }
+}
+
+/// What one page of a selection found.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The runs it takes, newest first.
+    pub runs: Vec<RunSummary>,
+    /// Where the next page starts: after the last run looked at. `None`
+    /// when no run is left.
+    pub next: Option<String>,
+    /// The call's [`Budget`] ran out before the end of the page: `next` is
+    /// the last run looked at.
+    pub stopped: bool,
+}
+
 /// One page of the runs listing after `after`, and the runs of it the
-/// selection takes; the page's last run is the cursor of the next (none
-/// when it was the last page).
+/// selection takes. With `where`, the runs' contexts are read in batches
+/// of at most [`BATCH_BYTES`], each decided and dropped before the next is
+/// read, the task yielding between batches, and no more than `budget`
+/// allows: past it the page stops at the last run looked at.
 pub async fn page(
     store: &dyn Store,
     tenant: &TenantId,
     selection: &RunSelection,
     after: Option<&str>,
     limit: u32,
-) -> Result<(Vec<RunSummary>, Option<String>)> {
+    budget: &mut Budget,
+) -> Result<Taken> {
     let page = store.runs(tenant, &selection.listing, limit, after).await?;
     let Some(condition) = &selection.condition else {
-        return Ok((page.items, page.next_cursor));
+        return Ok(Taken {
+            runs: page.items,
+            next: page.next_cursor,
+            stopped: false,
+        });
     };
     let ids: Vec<RunId> = page.items.iter().map(|r| r.id.clone()).collect();
-    let contexts: std::collections::HashMap<RunId, Value> = store
-        .run_contexts(tenant, &ids)
+    let sizes: HashMap<RunId, i64> = store
+        .run_context_sizes(tenant, &ids)
         .await?
         .into_iter()
         .collect();
-    let taken = page
-        .items
-        .into_iter()
-        .filter(|run| {
-            contexts
-                .get(&run.id)
-                .is_some_and(|context| condition.evaluate(context).result)
-        })
-        .collect();
-    Ok((taken, page.next_cursor))
+    let mut taken = Taken::default();
+    let mut items = page.items.into_iter().peekable();
+    let mut last: Option<RunId> = None;
+    while items.peek().is_some() {
+        // The next batch: runs in order, up to BATCH_BYTES (one at least).
+        let mut batch = Vec::new();
+        let mut bytes = 0i64;
+        while let Some(run) = items.peek() {
+            let size = sizes.get(&run.id).copied().unwrap_or(0).max(0);
+            if !batch.is_empty() && bytes + size > BATCH_BYTES {
+                break;
+            }
+            if !budget.take(size) {
+                taken.stopped = true;
+                break;
+            }
+            bytes += size;
+            batch.extend(items.next());
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let batch_ids: Vec<RunId> = batch.iter().map(|r| r.id.clone()).collect();
+        let mut contexts: HashMap<RunId, Value> = store
+            .run_contexts(tenant, &batch_ids)
+            .await?
+            .into_iter()
+            .collect();
+        for run in batch {
+            let context = contexts.remove(&run.id);
+            last = Some(run.id.clone());
+            if context.is_some_and(|context| condition.evaluate(&context).result) {
+                taken.runs.push(run);
+            }
+        }
+        drop(contexts);
+        // Decided: let the runtime's other tasks go before the next batch.
+        tokio::task::yield_now().await;
+        if taken.stopped {
+            break;
+        }
+    }
+    taken.next = if taken.stopped {
+        last.map(|id| id.to_string()).or(after.map(str::to_owned))
+    } else {
+        page.next_cursor
+    };
+    Ok(taken)
 }
 
 /// At most `limit` runs the selection takes after `after`, newest first,
-/// looking at no more than `budget` runs: a search over a large tenant
-/// answers in bounded time, and its cursor (the last run looked at) goes
-/// on from there. The cursor is `None` once no run is left.
+/// looking at no more than `budget` runs and reading no more of their
+/// contexts than `bytes` allows ([`Budget::call`]): a search over a large
+/// tenant, or over large contexts, answers in bounded time and memory, and
+/// its cursor (the last run looked at) goes on from there. The cursor is
+/// `None` once no run is left.
 pub async fn search(
     store: &dyn Store,
     tenant: &TenantId,
@@ -179,15 +282,16 @@ pub async fn search(
     after: Option<String>,
     limit: usize,
     budget: u32,
+    bytes: &mut Budget,
 ) -> Result<(Vec<RunSummary>, Option<String>)> {
     let mut found = Vec::new();
     let mut after = after;
     let mut looked = 0u32;
     while looked < budget {
         let size = PAGE.min(budget - looked);
-        let (taken, next) = page(store, tenant, selection, after.as_deref(), size).await?;
+        let taken = page(store, tenant, selection, after.as_deref(), size, bytes).await?;
         looked += size;
-        for run in taken {
+        for run in taken.runs {
             if found.len() == limit {
                 // The page holds more than the answer takes: go on after
                 // the last run answered.
@@ -196,7 +300,8 @@ pub async fn search(
             }
             found.push(run);
         }
-        match next {
+        match taken.next {
+            Some(next) if taken.stopped => return Ok((found, Some(next))),
             Some(next) => after = Some(next),
             None => return Ok((found, None)),
         }
@@ -204,27 +309,62 @@ pub async fn search(
     Ok((found, after))
 }
 
-/// How many runs the selection takes, and the first `first` of them;
-/// `None` past [`MAX_RUNS`].
+/// How many runs a selection takes, as far as one call counted them.
+#[derive(Debug)]
+pub struct Count {
+    /// The runs counted.
+    pub total: i64,
+    /// The first runs counted (at most the number asked).
+    pub first: Vec<RunSummary>,
+    /// The call's [`Budget`] of contexts ran out: the count goes on after
+    /// this run. `None` when every run was counted.
+    pub after: Option<String>,
+}
+
+/// How many runs the selection takes after `after` (all, with `None`),
+/// and the first `first` of them; `None` past [`MAX_RUNS`] counted in all
+/// (`counted` before this call). Stops where `budget` runs out
+/// ([`Count::after`]).
 pub async fn count(
     store: &dyn Store,
     tenant: &TenantId,
     selection: &RunSelection,
     first: usize,
-) -> Result<Option<(i64, Vec<RunSummary>)>> {
+    after: Option<String>,
+    counted: i64,
+    budget: &mut Budget,
+) -> Result<Option<Count>> {
     let mut total = 0i64;
     let mut shown = Vec::new();
-    let mut after = None;
+    let mut after = after;
     loop {
-        let (taken, next) = page(store, tenant, selection, after.as_deref(), 500).await?;
-        total += taken.len() as i64;
-        if total > MAX_RUNS {
+        let taken = page(store, tenant, selection, after.as_deref(), 500, budget).await?;
+        total += taken.runs.len() as i64;
+        if counted + total > MAX_RUNS {
             return Ok(None);
         }
-        shown.extend(taken.into_iter().take(first.saturating_sub(shown.len())));
-        match next {
+        shown.extend(
+            taken
+                .runs
+                .into_iter()
+                .take(first.saturating_sub(shown.len())),
+        );
+        match taken.next {
+            Some(next) if taken.stopped => {
+                return Ok(Some(Count {
+                    total,
+                    first: shown,
+                    after: Some(next),
+                }));
+            }
             Some(next) => after = Some(next),
-            None => return Ok(Some((total, shown))),
+            None => {
+                return Ok(Some(Count {
+                    total,
+                    first: shown,
+                    after: None,
+                }));
+            }
         }
     }
 }
@@ -237,7 +377,19 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
     let selection = filter
         .selection(Some(operation.created_at))
         .map_err(crate::EngineError::Definition)?;
-    let (runs, next) = page(store, tenant, &selection, operation.after.as_deref(), PAGE).await?;
+    let Taken {
+        runs,
+        next,
+        stopped: _,
+    } = page(
+        store,
+        tenant,
+        &selection,
+        operation.after.as_deref(),
+        PAGE,
+        &mut Budget::call(),
+    )
+    .await?;
     let action = OperationAction::parse(&operation.action).ok_or_else(|| {
         crate::EngineError::Definition(format!(
             "operation {} has the action `{}`, neither retry nor cancel",

@@ -163,13 +163,18 @@ struct Setup {
 
 impl Setup {
     async fn new(backend: Backend) -> Self {
+        // The stub services listen on loopback ports chosen at random; the
+        // outbound guard refuses loopback unless it is opened.
+        Self::guarded(backend, "127.0.0.1/32").await
+    }
+
+    /// A setup whose outbound guard opens only `allow` (`TOK_OUTBOUND_ALLOW`).
+    async fn guarded(backend: Backend, allow: &str) -> Self {
         let db = TestDb::create(backend).await;
         let store = tok_store::connect(&db.url, 10, &db.keys).await.unwrap();
         store.migrate().await.unwrap();
         let tenant = store.create_tenant("Acme", "key-hash").await.unwrap().id;
-        // The stub services listen on loopback ports chosen at random; the
-        // outbound guard refuses loopback unless it is opened.
-        let allow = tok_engine::OutboundAllow::parse("127.0.0.1/32").unwrap();
+        let allow = tok_engine::OutboundAllow::parse(allow).unwrap();
         let registry = Registry::with_connectors(store.clone(), &allow);
         Self {
             db,
@@ -413,6 +418,31 @@ async fn an_endpoint_at_an_internal_address_is_refused_by_the_guard() {
     let attempts: Vec<i32> = detail.steps.iter().map(|st| st.attempt).collect();
     assert_eq!(attempts, [1], "a refusal is terminal: {attempts:?}");
     s.cleanup().await;
+}
+
+/// A name is judged by the addresses it resolves to: `localhost` is
+/// loopback, which this guard does not open, so the step fails at once with
+/// the guard's refusal rather than being retried as a failed connection.
+#[tokio::test]
+async fn an_endpoint_named_by_a_refused_host_fails_at_once() {
+    for backend in backends() {
+        let s = Setup::guarded(backend, "192.0.2.1/32").await;
+        s.connection("loopback", "http://localhost:9/mcp").await;
+        let automation = s
+            .automation(json!({ "connection": "loopback", "tool": "add",
+                                "arguments": { "a": 1, "b": 2 } }))
+            .await;
+        let detail = s.run(&automation, json!({})).await;
+
+        assert_eq!(detail.run.status, "failed", "{backend:?}");
+        let error = detail.run.error.unwrap_or_default();
+        assert!(error.contains("outbound_refused"), "{backend:?}: {error}");
+        assert!(error.contains("localhost"), "{backend:?}: {error}");
+        assert!(!error.contains("could not connect"), "{backend:?}: {error}");
+        let attempts: Vec<i32> = detail.steps.iter().map(|st| st.attempt).collect();
+        assert_eq!(attempts, [1], "{backend:?}: a refusal is terminal");
+        s.cleanup().await;
+    }
 }
 
 #[tokio::test]

@@ -286,6 +286,14 @@ impl Auditor {
     }
 }
 
+/// Describes the audit's counter: its `# HELP` in `/metrics`.
+pub(crate) fn describe() {
+    metrics::describe_counter!(
+        "tok_audit_write_failures_total",
+        "Changes made whose audit row could not be written (each also logged)"
+    );
+}
+
 /// Runs the handler, and after a 2xx answer of a change writes its row.
 /// Sits inside [`crate::auth::authorize`], so the caller is known.
 pub(crate) async fn record(

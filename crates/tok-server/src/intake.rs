@@ -26,6 +26,14 @@ use crate::senders::Preset;
 /// process sees it within this time.
 const SOURCE_TTL: Duration = Duration::from_secs(10);
 
+/// Describes the webhooks' counter: its `# HELP` in `/metrics`.
+pub(crate) fn describe() {
+    metrics::describe_counter!(
+        "tok_webhooks_total",
+        "Webhooks answered 202, by outcome: accepted (a new event) or duplicate (its idempotency key was seen)"
+    );
+}
+
 /// A webhook source as ingest reads it: the row, its params contract, its
 /// sender and its schema, parsed and compiled once when the source is
 /// cached rather than on every request.
@@ -40,8 +48,10 @@ pub(crate) struct WebhookSource {
     /// unchecked.
     pub(crate) preset: Option<Result<Preset, String>>,
     /// The compiled schema; `Err` with why, should a saved schema no
-    /// longer compile (its webhooks are then refused, never let through).
-    pub(crate) schema: Option<Result<jsonschema::Validator, String>>,
+    /// longer compile or cost more than this version allows (one saved
+    /// before its cost was bounded): its webhooks are then refused, never
+    /// let through.
+    pub(crate) schema: Option<Result<Arc<crate::body_schema::Checker>, String>>,
     /// Whether the tenant requires its webhooks signed
     /// (`settings.webhooks.requireSignature`, else the platform's
     /// `TOK_REQUIRE_SIGNED_WEBHOOKS`), as it was when the source was read.
@@ -59,10 +69,11 @@ impl WebhookSource {
             let name = source.verify_preset.as_deref().unwrap_or("standard");
             Preset::parse(name).ok_or_else(|| name.to_owned())
         });
-        let schema = source
-            .schema
-            .as_ref()
-            .map(|schema| crate::body_schema::compile(schema).map_err(|e| e.message));
+        let schema = source.schema.as_ref().map(|schema| {
+            crate::body_schema::compile(schema)
+                .map(Arc::new)
+                .map_err(|e| e.message)
+        });
         Self {
             source,
             params,
@@ -92,15 +103,28 @@ impl SourceCache {
             .map(|(s, _)| Arc::clone(s))
     }
 
-    /// Keeps `source` as what `token` opens.
-    pub(crate) fn put(
+    /// Keeps `source` as what `token` opens. A source with a schema is
+    /// compiled on a blocking thread (a schema kept may take tens of
+    /// milliseconds to compile), not on the threads that serve requests.
+    pub(crate) async fn put(
         &self,
         token: &str,
         source: Source,
         require_signature: bool,
         now: Instant,
     ) -> Arc<WebhookSource> {
-        let source = Arc::new(WebhookSource::new(source, token, require_signature));
+        let source = if source.schema.is_some() {
+            let owned = token.to_owned();
+            let made = tokio::task::spawn_blocking(move || {
+                WebhookSource::new(source, &owned, require_signature)
+            });
+            match made.await {
+                Ok(made) => Arc::new(made),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        } else {
+            Arc::new(WebhookSource::new(source, token, require_signature))
+        };
         let mut cache = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() > 100_000 {
             cache.clear();
@@ -235,7 +259,8 @@ mod tests {
         let schema = serde_json::json!({ "required": ["id"] });
         let cached = WebhookSource::new(source(None, None, Some(schema)), "tok_1", false);
         let compiled = cached.schema.unwrap().unwrap();
-        assert!(!compiled.is_valid(&serde_json::json!({})));
+        assert!(compiled.check_now(&serde_json::json!({})).is_err());
+        assert!(compiled.check_now(&serde_json::json!({ "id": 1 })).is_ok());
         let broken = serde_json::json!({ "type": 5 });
         let cached = WebhookSource::new(source(None, None, Some(broken)), "tok_1", false);
         assert!(

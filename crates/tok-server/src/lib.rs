@@ -10,6 +10,7 @@ mod body_schema;
 mod dashboard;
 mod error;
 mod intake;
+mod nul;
 pub mod openapi;
 mod quotas;
 mod routes;
@@ -26,6 +27,15 @@ pub use audit::{Audit, EXEMPT, NAMED, VERBS};
 pub use error::{ApiError, ApiResult};
 use routes::Routes;
 pub use routes::{Access, Route};
+
+/// Describes every metric an API or worker node records (the engine's and
+/// the store's too), so that each family of `/metrics` has its `# HELP`
+/// line. Call it once the recorder is installed.
+pub fn describe_metrics() {
+    tok_engine::describe_metrics();
+    intake::describe();
+    audit::describe();
+}
 
 /// Largest webhook body accepted; larger bodies get 413.
 pub const MAX_WEBHOOK_BYTES: usize = 256 * 1024;
@@ -236,6 +246,7 @@ pub fn app(state: AppState) -> Router {
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
+        .layer(axum::middleware::from_fn(nul::refuse_in_query))
         .with_state(state)
 }
 
@@ -252,6 +263,7 @@ pub fn probes(state: AppState) -> Router {
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
+        .layer(axum::middleware::from_fn(nul::refuse_in_query))
         .with_state(state)
 }
 

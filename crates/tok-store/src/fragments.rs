@@ -8,6 +8,7 @@
 //!   times use it, so that processes on machines whose clocks differ agree.
 //! - `any_of!(n)`: "is one of the list bound at `$n`" (lists are bound as
 //!   the backend's `list` makes them: an array, or a JSON array on SQLite).
+//! - `text_bytes!(column)`: the bytes of a JSON column's value as text.
 //! - `unindexed_any_of!(n)` and `unindexed!()`: the same test, and the
 //!   plain comparison's left side, as an expression no index serves: for
 //!   the tenant filter of a statement that finds its rows by primary key.
@@ -92,6 +93,12 @@ pub(crate) mod postgres {
     macro_rules! any_of {
         ($n:literal) => {
             concat!("= ANY($", $n, ")")
+        };
+    }
+
+    macro_rules! text_bytes {
+        ($column:literal) => {
+            concat!("octet_length(CAST(", $column, " AS TEXT))")
         };
     }
 
@@ -232,7 +239,7 @@ pub(crate) mod postgres {
     pub(crate) use {
         any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
         lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        step_change, tenant_cap, unindexed, unindexed_any_of,
+        step_change, tenant_cap, text_bytes, unindexed, unindexed_any_of,
     };
 }
 
@@ -304,6 +311,12 @@ pub(crate) mod sqlite {
     macro_rules! any_of {
         ($n:literal) => {
             concat!("IN (SELECT value FROM json_each($", $n, "))")
+        };
+    }
+
+    macro_rules! text_bytes {
+        ($column:literal) => {
+            concat!("length(CAST(", $column, " AS BLOB))")
         };
     }
 
@@ -414,6 +427,6 @@ pub(crate) mod sqlite {
     pub(crate) use {
         any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
         lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        step_change, tenant_cap, unindexed, unindexed_any_of,
+        step_change, tenant_cap, text_bytes, unindexed, unindexed_any_of,
     };
 }

@@ -82,6 +82,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
 
+/// Describes the metrics the store records, so that each has its `# HELP`
+/// line in `/metrics`.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "tok_database_errors_total",
+        "Calls a database failed (refused, gone or past its timeout), by database"
+    );
+}
+
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
 pub use audit::{
     Actor, ActorKind, AuditFilter, AuditRow, AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
@@ -382,6 +391,16 @@ pub trait RunStore: Send + Sync {
         tenant: &TenantId,
         ids: &[RunId],
     ) -> Result<Vec<(RunId, serde_json::Value)>>;
+
+    /// How many bytes [`RunStore::run_contexts`] reads for each of these
+    /// runs of the tenant (those it has): its context as last written
+    /// whole, as JSON text, and the changes recorded since. A caller reads
+    /// contexts in batches bounded by these.
+    async fn run_context_sizes(
+        &self,
+        tenant: &TenantId,
+        ids: &[RunId],
+    ) -> Result<Vec<(RunId, i64)>>;
 }
 
 /// The job queue: claim, heartbeat, record.

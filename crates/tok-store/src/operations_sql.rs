@@ -207,12 +207,18 @@ macro_rules! impl_operations {
                         Err(e) => return Err(e),
                     },
                 };
+                // `total` is at least the runs acted on: an operation whose
+                // count stopped at its call's budget counted fewer.
                 let counted = match &outcome {
                     Ok(()) => {
-                        "UPDATE operations SET done = done + 1 WHERE tenant_id = $1 AND id = $2"
+                        "UPDATE operations SET done = done + 1,
+                            total = CASE WHEN done + failed + 1 > total THEN done + failed + 1 ELSE total END
+                         WHERE tenant_id = $1 AND id = $2"
                     }
                     Err(_) => {
-                        "UPDATE operations SET failed = failed + 1 WHERE tenant_id = $1 AND id = $2"
+                        "UPDATE operations SET failed = failed + 1,
+                            total = CASE WHEN done + failed + 1 > total THEN done + failed + 1 ELSE total END
+                         WHERE tenant_id = $1 AND id = $2"
                     }
                 };
                 sqlx::query(counted)

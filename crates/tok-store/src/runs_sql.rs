@@ -387,6 +387,33 @@ macro_rules! impl_runs {
                     .collect())
             }
 
+            async fn run_context_sizes(
+                &self,
+                tenant: &TenantId,
+                ids: &[RunId],
+            ) -> Result<Vec<(RunId, i64)>> {
+                if ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // `context_bytes` is the size a record wrote the context
+                // whole at; a context never written whole by a record (a
+                // run's first, as the dispatch wrote it) is measured.
+                let rows = sqlx::query(concat!(
+                    "SELECT id, CASE WHEN context_bytes > 0 THEN context_bytes ELSE ",
+                    text_bytes!("context"),
+                    " END + tail_bytes AS size FROM runs WHERE tenant_id = $1 AND id ",
+                    any_of!(2)
+                ))
+                .bind(tenant.as_str())
+                .bind(list(ids.iter().map(|id| id.as_str())))
+                .fetch_all(self.reader())
+                .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| (RunId::from(r.get::<String, _>("id")), r.get::<i64, _>("size")))
+                    .collect())
+            }
+
             async fn runs(
                 &self,
                 tenant: &TenantId,

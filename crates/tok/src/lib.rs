@@ -170,6 +170,14 @@ pub struct ServeOptions {
     pub demo: bool,
 }
 
+/// Describes every metric a node of tok records, so that each family of
+/// `/metrics` has its `# HELP` line; `serve` calls it once the recorder is
+/// installed.
+pub fn describe_metrics() {
+    tok_server::describe_metrics();
+    statements::describe();
+}
+
 /// Runs tok until SIGINT or SIGTERM: HTTP and/or the engine, by role, with
 /// the step types of `registry` (and the connectors' steps). `tok serve`
 /// passes the built-in steps and scripts; `tok bench-serve` those and the
@@ -184,7 +192,10 @@ pub async fn serve(
     // (a worker its steps and connector calls, an API node its webhooks)
     // and serves it on its own `/metrics`.
     let metrics = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-        Ok(handle) => Some(handle),
+        Ok(handle) => {
+            describe_metrics();
+            Some(handle)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "metrics are off: no recorder could be installed");
             None

@@ -12,6 +12,14 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{Filtered, Targets};
 use tracing_subscriber::layer::Context;
 
+/// Describes the counter: its `# HELP` in `/metrics`.
+pub fn describe() {
+    metrics::describe_counter!(
+        "tok_db_statements_total",
+        "Database statements this process executed (only with TOK_COUNT_STATEMENTS=1)"
+    );
+}
+
 /// The counter, when `TOK_COUNT_STATEMENTS` is `1` or `true`.
 pub fn layer<S: Subscriber>() -> Option<Filtered<Counter, Targets, S>> {
     let on = std::env::var("TOK_COUNT_STATEMENTS").is_ok_and(|v| matches!(v.trim(), "1" | "true"));

@@ -27,6 +27,16 @@ pub use batch::Dispatched;
 use crate::execute::pool;
 use crate::{Inner, stopping};
 
+/// Describes the dispatch's summary to the recorder: its `# HELP` in
+/// `/metrics`.
+pub(crate) fn describe() {
+    metrics::describe_histogram!(
+        "tok_inbox_lag_seconds",
+        metrics::Unit::Seconds,
+        "From an event's acceptance to its dispatch into runs, per event"
+    );
+}
+
 /// One dispatch transaction of `tenants`' events in `lane`, the new runs'
 /// jobs handed to this process's free slots: between `least` events and
 /// four times as many while as many slots are free. Returns what it did

@@ -5,4 +5,4 @@
 mod effects;
 mod panics;
 pub(crate) mod pool;
-mod runner;
+pub(crate) mod runner;

@@ -582,6 +582,29 @@ fn stored(inner: &Inner, automation: &Automation, records: Vec<StepRecord>) -> V
 }
 
 /// The steps and the run's end count in the metrics.
+/// Describes the counters and summaries of steps and runs to the recorder
+/// (also counted by the dispatch and the watch): the `# HELP` of each in
+/// `/metrics`.
+pub(crate) fn describe() {
+    metrics::describe_counter!(
+        "tok_steps_total",
+        "Steps recorded, by tenant and by status (completed, failed, retrying, waiting, …)"
+    );
+    metrics::describe_histogram!(
+        "tok_step_duration_seconds",
+        metrics::Unit::Seconds,
+        "How long a step took from its start to its record, by step type"
+    );
+    metrics::describe_counter!(
+        "tok_runs_finished_total",
+        "Runs that ended, by final status (completed, failed, cancelled, expired, …)"
+    );
+    metrics::describe_counter!(
+        "tok_stale_completions_total",
+        "Results of steps whose lease was lost while they ran, discarded (another claim's record counts)"
+    );
+}
+
 fn count(job: &ClaimedJob, claim: &Claim) {
     for step in &claim.records {
         metrics::counter!(

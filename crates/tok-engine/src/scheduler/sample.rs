@@ -21,6 +21,36 @@ use tok_store::{QueueStats, Store};
 use super::SchedulerConfig;
 use crate::{Inner, Result};
 
+/// Describes the gauges of this module to the recorder: the `# HELP` of
+/// each in `/metrics`.
+pub(crate) fn describe() {
+    metrics::describe_gauge!(
+        "tok_queue_ready_jobs",
+        "Jobs ready to run now, at the last sample of the queue"
+    );
+    metrics::describe_gauge!(
+        "tok_queue_scheduled_jobs",
+        "Jobs due later (waits, retries' back-off), at the last sample of the queue"
+    );
+    metrics::describe_gauge!(
+        "tok_queue_running_jobs",
+        "Jobs claimed by a worker, at the last sample of the queue"
+    );
+    metrics::describe_gauge!(
+        "tok_inbox_pending_events",
+        "Events accepted and not yet dispatched, at the last sample of the queue"
+    );
+    metrics::describe_gauge!(
+        "tok_queue_oldest_ready_seconds",
+        metrics::Unit::Seconds,
+        "Age of the oldest job ready to run: small under load is work, growing is a stall"
+    );
+    metrics::describe_gauge!(
+        "tok_runs_held",
+        "Runs held now, by what holds them (kind): a decision, a signal, child runs, a start control, a connection or a timer"
+    );
+}
+
 /// Sets the queue's gauges from one sample.
 pub fn record_queue_gauges(stats: &QueueStats) {
     metrics::gauge!("tok_queue_ready_jobs").set(stats.ready as f64);

@@ -242,7 +242,14 @@ fn classify_transport(
     phase: Phase,
     what: &str,
 ) -> (StepError, CallOutcome) {
-    if let Some(refused) = refusal_in(error) {
+    // rmcp's `Client` variant does not give the HTTP client's error as its
+    // source, so the chain is walked from both: the guard's refusal of a
+    // name comes back from the resolver as the client's connect error.
+    let client = match error.downcast_ref::<TransportError>() {
+        Some(StreamableHttpError::Client(inner)) => refusal_in(inner),
+        _ => None,
+    };
+    if let Some(refused) = refusal_in(error).or(client) {
         // The guard refused the address before anything was sent.
         return (
             StepError::terminal(format!("{what}: {refused}")),

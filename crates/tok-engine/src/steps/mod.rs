@@ -24,6 +24,24 @@ pub(crate) mod ticket_upsert;
 
 use serde_json::{Map, Value};
 use tok_core::error::StepError;
+
+/// Describes the connector metrics the `http` and `mcp` steps record: the
+/// `# HELP` of each in `/metrics`.
+pub(crate) fn describe() {
+    metrics::describe_counter!(
+        "tok_connector_calls_total",
+        "Outbound calls of the http and mcp steps, by connector and outcome"
+    );
+    metrics::describe_counter!(
+        "tok_connector_deferred_total",
+        "Outbound calls put off by a connection's rate limit, concurrency or breaker, by connector"
+    );
+    metrics::describe_histogram!(
+        "tok_connector_call_seconds",
+        metrics::Unit::Seconds,
+        "How long an outbound call took, by connector, tenant and connection (its name; empty for none)"
+    );
+}
 use tok_store::{Cause, RecordTx, StoreError, Ticket, TicketWrite};
 
 /// A step type that runs inside the record transaction: its effect and

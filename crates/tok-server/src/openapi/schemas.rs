@@ -970,9 +970,16 @@ pub(crate) struct EventsReplayed {
 #[derive(Serialize, ToSchema)]
 pub(crate) struct BulkDryRun {
     dry_run: bool,
-    /// Every run the filter takes.
+    /// The runs the filter takes, counted so far (with the counts of the
+    /// calls before, when `cursor` was sent).
     count: i64,
-    /// The first of them, newest first (at most 50).
+    /// Whether every run was counted: `false` when the call read as many
+    /// runs' contexts as one call reads (for `where`).
+    complete: bool,
+    /// Send it back as `cursor` (with the same filter) to go on counting;
+    /// `null` once `complete`.
+    next_cursor: Option<String>,
+    /// The first of them this call counted, newest first (at most 50).
     runs: Vec<RunSummary>,
 }
 
@@ -980,8 +987,12 @@ pub(crate) struct BulkDryRun {
 #[derive(Serialize, ToSchema)]
 pub(crate) struct BulkStarted {
     operation_id: String,
-    /// The runs the filter took when it was made.
+    /// The runs the filter took when it was made, as far as one call
+    /// counted them (see `total_complete`).
     total: i64,
+    /// Whether `total` counted every run; when not, it grows as the
+    /// operation acts on more.
+    total_complete: bool,
     status: String,
 }
 

@@ -8,7 +8,6 @@
 //! (`run_workflow`) keeps it from being deleted (409 `in_use`).
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
@@ -26,7 +25,7 @@ use crate::audit::AuditNote;
 use crate::auth::{KeyActor, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::in_use::{automations_using, refuse_if_used};
-use crate::routes::{JsonBody, Path, READ, Routes, SIGNAL, WRITE};
+use crate::routes::{JsonBody, JsonBytes, Path, READ, Routes, SIGNAL, WRITE};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
@@ -126,7 +125,7 @@ fn view(row: &AutomationRow) -> Value {
 async fn create(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
-    body: Bytes,
+    JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, AuditNote, Json<Value>)> {
     let version = checked(&state, &tenant, &body).await?;
     let row = state
@@ -155,7 +154,7 @@ async fn update(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-    body: Bytes,
+    JsonBytes(body): JsonBytes,
 ) -> ApiResult<(AuditNote, Json<Value>)> {
     let id = AutomationId::from(id);
     live(&state, &tenant, &id).await?;
@@ -316,7 +315,7 @@ async fn start_run(
     KeyActor(actor): KeyActor,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let body: StartBody = if body.is_empty() {
         StartBody::default()

@@ -183,9 +183,6 @@ where
     T::deserialize(deserializer).map(Some)
 }
 
-/// Refuses JSON (`what`: "the body", "`input`") with U+0000 in a string or
-/// key: PostgreSQL cannot store it, and both backends answer alike, with a
-/// 400 that names where it is.
 /// The caller's W3C trace context, when it sent a valid one: the runs it
 /// starts continue it ([`tok_engine::traces::valid_traceparent`]).
 pub(crate) fn traceparent(headers: &axum::http::HeaderMap) -> Option<String> {
@@ -195,15 +192,11 @@ pub(crate) fn traceparent(headers: &axum::http::HeaderMap) -> Option<String> {
         .and_then(tok_engine::traces::valid_traceparent)
 }
 
+/// Refuses JSON (`what`: "the body", "`input`") with U+0000 in a string or
+/// key: PostgreSQL cannot store it, and both backends answer alike, with a
+/// 400 that names where it is (`crate::nul`).
 pub(crate) fn storable_json(what: &str, value: &Value) -> Result<(), ApiError> {
-    match tok_store::storable::nul_at(value) {
-        None => Ok(()),
-        Some(pointer) => Err(ApiError::bad_request(
-            "nul_in_json",
-            tok_store::storable::nul_refused(what, &pointer).to_string(),
-        )
-        .with("path", pointer)),
-    }
+    crate::nul::refuse_in_json(what, value)
 }
 
 /// `limit` and `cursor` of every listing.
@@ -366,7 +359,9 @@ where
     }
 }
 
-/// A JSON body whose rejection is an [`ApiError`] saying what was wrong.
+/// A JSON body whose rejection is an [`ApiError`] saying what was wrong. A
+/// body with U+0000 in a string is `400 nul_in_json` naming where, before
+/// anything else is said of it (`crate::nul`).
 pub(crate) struct JsonBody<T>(pub(crate) T);
 
 impl<T, S> axum::extract::FromRequest<S> for JsonBody<T>
@@ -377,6 +372,13 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let JsonBytes(bytes) = JsonBytes::from_request(
+            axum::extract::Request::from_parts(parts.clone(), body),
+            state,
+        )
+        .await?;
+        let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(value)) => Ok(Self(value)),
             Err(rejection) => Err(ApiError::bad_request("invalid_body", rejection.body_text())),
@@ -385,10 +387,38 @@ where
 }
 
 impl<T: serde::de::DeserializeOwned> JsonBody<T> {
-    /// Parses bytes already read, with the same errors as the extractor.
+    /// Parses bytes already read (through [`JsonBytes`]), with the same
+    /// errors as the extractor.
     pub(crate) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        crate::nul::refuse_in_json_text("the body", bytes)?;
         serde_json::from_slice(bytes).map(Self).map_err(|e| {
             ApiError::bad_request("invalid_body", format!("the body is not valid: {e}"))
         })
+    }
+}
+
+/// A body read whole, for a handler that parses it itself (an automation's
+/// definition, an optional body): a body with U+0000 in a JSON string is
+/// `400 nul_in_json` naming where, as with [`JsonBody`].
+pub(crate) struct JsonBytes(pub(crate) axum::body::Bytes);
+
+impl<S> axum::extract::FromRequest<S> for JsonBytes
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| {
+                let code = match rejection.status() {
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+                    _ => "invalid_body",
+                };
+                ApiError::new(rejection.status(), code, rejection.body_text())
+            })?;
+        crate::nul::refuse_in_json_text("the body", &bytes)?;
+        Ok(Self(bytes))
     }
 }

@@ -6,7 +6,11 @@
 //! act on, `POST /api/operations/{id}/cancel` stops it.
 //!
 //! A dry run answers the count and the first page of the runs it would
-//! touch, and writes nothing. An operation acts on each run once however
+//! touch, and writes nothing. A filter with `where` reads the runs'
+//! contexts, at most `tok_engine::operations::CALL_BYTES` of them a call:
+//! past it a dry run's count is partial, with a cursor to go on counting,
+//! and an operation starts with the runs counted so far as its `total`,
+//! which grows as it acts on more. An operation acts on each run once however
 //! often its pages are done again (a restart), and a second operation with
 //! the same filter finds the runs the first retried no longer failed.
 
@@ -15,7 +19,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tok_engine::operations::{BulkFilter, MAX_RUNS};
+use tok_engine::operations::{Budget, BulkFilter, MAX_RUNS};
 use tok_store::{NewOperation, Operation, OperationAction};
 
 use crate::AppState;
@@ -52,6 +56,8 @@ struct BulkBody {
     version: Option<String>,
     #[serde(default)]
     dry_run: bool,
+    /// A dry run's `next_cursor`: the count goes on from there.
+    cursor: Option<String>,
 }
 
 fn invalid(field: &str, message: String) -> ApiError {
@@ -104,8 +110,27 @@ async fn bulk(
     };
     let selection = filter.selection(None).map_err(|e| invalid("filter", e))?;
     let store = state.engine.store();
-    let Some((total, first)) =
-        tok_engine::operations::count(&**store, &tenant, &selection, DRY_RUN_PAGE).await?
+    let (counted, after) = match &body.cursor {
+        Some(_) if !body.dry_run => {
+            return Err(invalid(
+                "cursor",
+                "`cursor` goes on with a dry run's count; an operation counts from the start"
+                    .into(),
+            ));
+        }
+        Some(cursor) => counted_so_far(cursor)?,
+        None => (0, None),
+    };
+    let Some(count) = tok_engine::operations::count(
+        &**store,
+        &tenant,
+        &selection,
+        DRY_RUN_PAGE,
+        after,
+        counted,
+        &mut Budget::call(),
+    )
+    .await?
     else {
         return Err(invalid(
             "filter",
@@ -114,9 +139,20 @@ async fn bulk(
             ),
         ));
     };
+    let total = counted + count.total;
+    let complete = count.after.is_none();
     if body.dry_run {
         let note = AuditNote(format!("dry run: {total} runs would be {}", past(action)));
-        let answer = json!({ "dry_run": true, "count": total, "runs": first });
+        let next = count
+            .after
+            .map(|run| super::cursor("bulk", &format!("{total}:{run}")));
+        let answer = json!({
+            "dry_run": true,
+            "count": total,
+            "complete": complete,
+            "next_cursor": next,
+            "runs": count.first,
+        });
         return Ok((StatusCode::OK, note, Json(answer)));
     }
     let operation = store
@@ -137,9 +173,38 @@ async fn bulk(
         operation.id,
         action.as_str()
     ));
-    let answer =
-        json!({ "operation_id": operation.id, "total": total, "status": operation.status });
+    let answer = json!({
+        "operation_id": operation.id,
+        "total": total,
+        "total_complete": complete,
+        "status": operation.status,
+    });
     Ok((StatusCode::ACCEPTED, note, Json(answer)))
+}
+
+/// What a dry run's cursor says: the runs counted before, and the run the
+/// count goes on after.
+fn counted_so_far(cursor: &str) -> Result<(i64, Option<String>), ApiError> {
+    let page = super::PageQuery {
+        limit: None,
+        cursor: Some(cursor.to_owned()),
+    };
+    let key = page.after("bulk")?.unwrap_or_default();
+    match key.split_once(':') {
+        Some((counted, run)) if !run.is_empty() => match counted.parse::<i64>() {
+            Ok(counted) if counted >= 0 => Ok((counted, Some(run.to_owned()))),
+            _ => Err(bad_cursor(cursor)),
+        },
+        _ => Err(bad_cursor(cursor)),
+    }
+}
+
+fn bad_cursor(cursor: &str) -> ApiError {
+    ApiError::bad_request(
+        "bad_cursor",
+        format!("cursor `{cursor}` is not a cursor this API gave out; pass a dry run's `next_cursor` as it is"),
+    )
+    .with("field", "cursor")
 }
 
 fn past(action: OperationAction) -> &'static str {

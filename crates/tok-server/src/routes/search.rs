@@ -5,8 +5,10 @@
 //!
 //! The rules are evaluated by the same code as a `condition` step's
 //! (`tok_core::condition`), over each run's context read a page at a time:
-//! one call looks at no more than [`BUDGET`] runs, so it answers in bounded
-//! time however large the tenant; when it stops before the end, its
+//! one call looks at no more than [`BUDGET`] runs and reads no more than
+//! `tok_engine::operations::CALL_BYTES` of their contexts (a few megabytes
+//! at a time), so it answers in bounded time and memory however large the
+//! tenant and its runs; when it stops before the end, its
 //! `next_cursor` goes on from the last run it looked at (a page may then
 //! hold fewer than `limit` runs, or none, before the last). Narrowing with
 //! `automation`, `status` and `since`/`until` makes each call look at
@@ -114,6 +116,7 @@ async fn search(
         after,
         limit as usize,
         BUDGET,
+        &mut tok_engine::operations::Budget::call(),
     )
     .await?;
     let items: Vec<Value> = runs.iter().map(|r| json!(r)).collect();

@@ -148,11 +148,19 @@ fn checked_secret(preset: Preset, secret: &str, field: &str) -> ApiResult<()> {
         .map_err(|why| invalid(format!("`{field}` {why}")).with("field", field))
 }
 
-/// The schema, compiled to be sure it does, as it is kept.
-fn checked_schema(schema: Option<&Value>) -> ApiResult<()> {
+/// The schema, compiled and weighed to be sure it may be kept, on a
+/// blocking thread (it may take tens of milliseconds), not on the threads
+/// that serve requests.
+async fn checked_schema(schema: Option<&Value>) -> ApiResult<()> {
     if let Some(schema) = schema {
-        crate::body_schema::compile(schema)?;
         crate::routes::storable_json("`schema`", schema)?;
+        let schema = schema.clone();
+        let compiled =
+            tokio::task::spawn_blocking(move || crate::body_schema::compile(&schema).map(drop));
+        match compiled.await {
+            Ok(checked) => checked?,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
     }
     Ok(())
 }
@@ -189,7 +197,7 @@ async fn create(
         }
         (None, None) => None,
     };
-    checked_schema(body.schema.as_ref())?;
+    checked_schema(body.schema.as_ref()).await?;
     checked_rate_limit(body.rate_limit)?;
     if verify.is_none() && requires_signature(&state, &tenant).await? {
         return Err(ApiError::bad_request(
@@ -284,7 +292,7 @@ async fn update(
             .map_err(|message| ApiError::bad_request("invalid_params", message))?;
     }
     checked_rate_limit(body.rate_limit.flatten())?;
-    checked_schema(body.schema.as_ref().and_then(Option::as_ref))?;
+    checked_schema(body.schema.as_ref().and_then(Option::as_ref)).await?;
     let id = SourceId::from(id);
     let verify = match body.verify {
         Some(verify) => {
@@ -365,7 +373,7 @@ async fn rotate(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    crate::routes::JsonBytes(body): crate::routes::JsonBytes,
 ) -> ApiResult<Json<Value>> {
     let body: RotateBody = if body.is_empty() {
         RotateBody::default()

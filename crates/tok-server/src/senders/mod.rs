@@ -42,7 +42,8 @@ const MIN_SECRET_BYTES: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Preset {
     /// Standard Webhooks (`webhook-id`, `webhook-timestamp`,
-    /// `webhook-signature`): Svix and whoever follows the specification.
+    /// `webhook-signature`, or Svix's `svix-*` names of the same): Svix
+    /// and whoever follows the specification.
     Standard,
     Stripe,
     Github,

@@ -3,29 +3,61 @@
 //! (`whsec_<base64>` decoded, or the string as it is), sent base64 as
 //! `webhook-signature: v1,<sig>` (several, space-separated, during the
 //! sender's own rotation). The id is signed, so it is the delivery's key.
+//!
+//! Svix signs the same way but, unless its customer chose the white-label
+//! `webhook-*` names, sends the three headers as `svix-id`,
+//! `svix-timestamp` and `svix-signature`: both spellings are read, the
+//! three headers of one delivery all of one spelling.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use super::{Described, Headers, Refusal, Signed, any_matches, fresh, signs};
 
-const ID: &str = "webhook-id";
-const TIMESTAMP: &str = "webhook-timestamp";
-const SIGNATURE: &str = "webhook-signature";
+/// The names of the three headers, in one spelling.
+struct Names {
+    id: &'static str,
+    timestamp: &'static str,
+    signature: &'static str,
+    /// What to send, for the message of a missing header.
+    send: &'static str,
+}
+
+/// The specification's names (and Svix's white-label option).
+const SPECIFIED: Names = Names {
+    id: "webhook-id",
+    timestamp: "webhook-timestamp",
+    signature: "webhook-signature",
+    send: "send webhook-id, webhook-timestamp and webhook-signature (Standard Webhooks), or svix-id, svix-timestamp and svix-signature (Svix)",
+};
+
+/// Svix's own names, which it sends by default.
+const SVIX: Names = Names {
+    id: "svix-id",
+    timestamp: "svix-timestamp",
+    signature: "svix-signature",
+    send: "send svix-id, svix-timestamp and svix-signature (Svix), or webhook-id, webhook-timestamp and webhook-signature (Standard Webhooks)",
+};
 
 pub(super) const HEADERS: &[Described] = &[
-    signs(ID, "the message id (signed; the idempotency key)"),
     signs(
-        TIMESTAMP,
-        "unix seconds, within 5 minutes of the server's clock",
+        SPECIFIED.id,
+        "the message id (signed; the idempotency key); Svix may send it as svix-id",
     ),
     signs(
-        SIGNATURE,
-        "v1,<base64 HMAC-SHA256 of `{webhook-id}.{webhook-timestamp}.{body}`>, several space-separated",
+        SPECIFIED.timestamp,
+        "unix seconds, within 5 minutes of the server's clock; Svix may send it as svix-timestamp",
     ),
+    signs(
+        SPECIFIED.signature,
+        "v1,<base64 HMAC-SHA256 of `{webhook-id}.{webhook-timestamp}.{body}`>, several space-separated; Svix may send it as svix-signature",
+    ),
+    signs(SVIX.id, "Svix's name of webhook-id"),
+    signs(SVIX.timestamp, "Svix's name of webhook-timestamp"),
+    signs(SVIX.signature, "Svix's name of webhook-signature"),
 ];
 
-pub(super) const SUMMARY: &str = "Standard Webhooks headers webhook-id, webhook-timestamp (unix seconds, within 5 minutes) and webhook-signature (v1,<base64 HMAC-SHA256 of id.timestamp.body>)";
+pub(super) const SUMMARY: &str = "Standard Webhooks headers webhook-id, webhook-timestamp (unix seconds, within 5 minutes) and webhook-signature (v1,<base64 HMAC-SHA256 of id.timestamp.body>), or the same as Svix names them: svix-id, svix-timestamp and svix-signature";
 
 /// The HMAC key a secret stands for: the bytes `whsec_<base64>` encodes,
 /// or the string itself.
@@ -38,33 +70,41 @@ pub(super) fn key(secret: &str) -> Result<Vec<u8>, String> {
     }
 }
 
+/// The spelling a delivery uses: Svix's when it sends any `svix-*` header
+/// and no `webhook-*` one, else the specification's (whose names a
+/// missing header's message then gives first).
+fn spelling(headers: &Headers) -> &'static Names {
+    let sends = |names: &Names| {
+        [names.id, names.timestamp, names.signature]
+            .iter()
+            .any(|name| headers.0.contains_key(*name))
+    };
+    if !sends(&SPECIFIED) && sends(&SVIX) {
+        &SVIX
+    } else {
+        &SPECIFIED
+    }
+}
+
 pub(super) fn verify(
     secrets: &[&str],
     headers: &Headers,
     body: &[u8],
     now: i64,
 ) -> Result<Signed, Refusal> {
-    let id = headers.required(
-        ID,
-        "send webhook-id, webhook-timestamp and webhook-signature (Standard Webhooks)",
-    )?;
-    let timestamp = headers.required(
-        TIMESTAMP,
-        "send webhook-id, webhook-timestamp and webhook-signature (Standard Webhooks)",
-    )?;
-    let signatures = headers.required(
-        SIGNATURE,
-        "send webhook-id, webhook-timestamp and webhook-signature (Standard Webhooks)",
-    )?;
-    fresh(TIMESTAMP, timestamp, now)?;
+    let names = spelling(headers);
+    let id = headers.required(names.id, names.send)?;
+    let timestamp = headers.required(names.timestamp, names.send)?;
+    let signatures = headers.required(names.signature, names.send)?;
+    fresh(names.timestamp, timestamp, now)?;
     let sent: Vec<&str> = signatures
         .split_whitespace()
         .filter_map(|s| s.strip_prefix("v1,"))
         .collect();
     if sent.is_empty() {
         return Err(Refusal::missing(
-            SIGNATURE,
-            "webhook-signature holds no v1,<base64> signature",
+            names.signature,
+            format!("{} holds no v1,<base64> signature", names.signature),
         ));
     }
     // One that is not base64 matches nothing; the others may.
@@ -81,12 +121,15 @@ pub(super) fn verify(
     let parts: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
     if !any_matches(&keys, &parts, &candidates) {
         return Err(Refusal::invalid(
-            SIGNATURE,
-            "webhook-signature does not match the body and the source's secret",
+            names.signature,
+            format!(
+                "{} does not match the body and the source's secret",
+                names.signature
+            ),
         ));
     }
     Ok(Signed {
-        delivery: headers.name(ID),
+        delivery: headers.name(names.id),
         event: None,
     })
 }
@@ -108,9 +151,18 @@ mod tests {
 
     fn sent(signature: &str) -> axum::http::HeaderMap {
         headers(&[
-            (ID, ID_),
-            (TIMESTAMP, &AT.to_string()),
-            (SIGNATURE, signature),
+            (SPECIFIED.id, ID_),
+            (SPECIFIED.timestamp, &AT.to_string()),
+            (SPECIFIED.signature, signature),
+        ])
+    }
+
+    /// The same delivery as Svix sends it by default.
+    fn sent_by_svix(signature: &str) -> axum::http::HeaderMap {
+        headers(&[
+            (SVIX.id, ID_),
+            (SVIX.timestamp, &AT.to_string()),
+            (SVIX.signature, signature),
         ])
     }
 
@@ -143,6 +195,33 @@ mod tests {
         let late = Preset::Standard.verify(&[SECRET], &sent(SIG), BODY, AT + 301);
         assert_eq!(late.unwrap_err().code(), "timestamp_out_of_range");
         let none = Preset::Standard.verify(&[SECRET], &headers(&[]), BODY, AT);
-        assert_eq!(none.unwrap_err().header(), ID);
+        assert_eq!(none.unwrap_err().header(), SPECIFIED.id);
+    }
+
+    #[test]
+    fn svix_names_verify_as_svix_documents_them() {
+        // Svix's documentation gives this very example with svix-* headers.
+        let signed = Preset::Standard
+            .verify(&[SECRET], &sent_by_svix(SIG), BODY, AT + 10)
+            .unwrap();
+        assert_eq!(signed.delivery.as_deref(), Some(ID_));
+        let changed = Preset::Standard.verify(&[SECRET], &sent_by_svix(SIG), br#"{"test": 1}"#, AT);
+        let refused = changed.unwrap_err();
+        assert_eq!(refused.code(), "signature_invalid");
+        assert_eq!(refused.header(), SVIX.signature);
+        let late = Preset::Standard.verify(&[SECRET], &sent_by_svix(SIG), BODY, AT + 301);
+        assert_eq!(late.unwrap_err().header(), SVIX.timestamp);
+        // One delivery's headers are of one spelling: an id of one and a
+        // signature of the other is not a delivery of either.
+        let mixed = headers(&[
+            (SVIX.id, ID_),
+            (SPECIFIED.timestamp, &AT.to_string()),
+            (SPECIFIED.signature, SIG),
+        ]);
+        let refused = Preset::Standard
+            .verify(&[SECRET], &mixed, BODY, AT)
+            .unwrap_err();
+        assert_eq!(refused.header(), SPECIFIED.id);
+        assert!(refused.to_string().contains("svix-id"), "{refused}");
     }
 }

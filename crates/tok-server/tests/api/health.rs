@@ -68,6 +68,23 @@ async fn a_worker_node_serves_the_probes_only_and_is_ready_while_it_claims(app: 
     assert_eq!(ready.body, json!({ "status": "ready" }));
     let metrics = get("/metrics", Some(&app.admin_key)).await;
     assert_eq!(metrics.status, StatusCode::OK, "{:#}", metrics.body);
+    // What a worker node records (its queue gauges, sampled by its
+    // engine), each family with its `# HELP`.
+    let text = app
+        .poll("the worker's gauges on /metrics", async || {
+            let metrics = get("/metrics", Some(&app.admin_key)).await;
+            let text = metrics.body.as_str().unwrap_or_default().to_owned();
+            text.contains("tok_queue_ready_jobs")
+                .then_some(text)
+                .ok_or(())
+        })
+        .await;
+    assert!(text.contains("# HELP tok_queue_ready_jobs "), "{text}");
+    let missing = crate::retention::undescribed(&text);
+    assert!(
+        missing.is_empty(),
+        "families without HELP: {missing:?}\n{text}"
+    );
     get("/metrics", None)
         .await
         .expect_error(StatusCode::UNAUTHORIZED, "unauthorized");

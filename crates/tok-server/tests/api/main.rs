@@ -25,7 +25,12 @@ mod flow;
 mod for_each;
 mod fuzz;
 mod fuzz_definitions;
+<<<<<<< HEAD
 mod fuzz_templates;
+=======
+mod fuzz_nul;
+mod fuzz_schemas;
+>>>>>>> schema
 mod health;
 mod incidents;
 mod intake;

@@ -176,11 +176,13 @@ fn validator(
 /// method) and answers that are not JSON are left alone.
 pub(crate) fn check_reply(method: &Method, path: &str, status: StatusCode, body: &Value) {
     let Some(template) = template_for(path) else {
+        // The query's U+0000 is refused on every route, the dashboard's
+        // pages (outside the document) included.
         assert!(
             matches!(
                 status,
                 StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
-            ),
+            ) || body["error"]["code"] == "nul_in_query",
             "{method} {path} answered {status} but no path of the OpenAPI document matches it"
         );
         return;

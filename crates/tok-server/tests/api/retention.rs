@@ -188,17 +188,57 @@ async fn the_admin_changes_a_tenants_retention(app: &TestApp) {
         .expect_error(StatusCode::NOT_FOUND, "not_found");
 }
 
-/// The process's one metrics recorder (a recorder is global).
+/// The process's one metrics recorder (a recorder is global), its metrics
+/// described as `tok serve` describes them.
 pub(crate) fn recorder() -> metrics_exporter_prometheus::PrometheusHandle {
     static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
         std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
+            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
-                .expect("install the metrics recorder")
+                .expect("install the metrics recorder");
+            tok_server::describe_metrics();
+            handle
         })
         .clone()
+}
+
+/// The metric families of a Prometheus text exposition that lack a
+/// `# HELP` or a `# TYPE` line (Prometheus's linter refuses them).
+pub(crate) fn undescribed(text: &str) -> Vec<String> {
+    let mut described = std::collections::BTreeSet::new();
+    let mut typed = std::collections::BTreeMap::new();
+    let mut sampled = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            described.insert(rest.split(' ').next().unwrap_or_default().to_owned());
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            typed.insert(name.to_owned(), kind.to_owned());
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            sampled.insert(line.split(['{', ' ']).next().unwrap_or_default().to_owned());
+        }
+    }
+    let mut missing: Vec<String> = sampled
+        .into_iter()
+        .map(|sample| {
+            ["_sum", "_count", "_bucket"]
+                .iter()
+                .find_map(|suffix| {
+                    let base = sample.strip_suffix(suffix)?;
+                    matches!(
+                        typed.get(base).map(String::as_str),
+                        Some("summary" | "histogram")
+                    )
+                    .then(|| base.to_owned())
+                })
+                .unwrap_or(sample)
+        })
+        .filter(|family| !described.contains(family) || !typed.contains_key(family))
+        .collect();
+    missing.dedup();
+    missing
 }
 
 async fn metrics_text(app: &TestApp) -> String {
@@ -270,4 +310,10 @@ async fn metrics_answer_the_six_questions(app: &TestApp) {
     for name in &wanted {
         assert!(text.contains(name.as_str()), "{name} missing:\n{text}");
     }
+    // Every family says what it is (`# HELP`, `# TYPE`).
+    let missing = undescribed(&text);
+    assert!(
+        missing.is_empty(),
+        "families without HELP: {missing:?}\n{text}"
+    );
 }

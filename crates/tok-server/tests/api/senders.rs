@@ -37,6 +37,7 @@ backend_tests!(
     slacks_url_verification_is_answered_and_starts_nothing,
     githubs_event_type_reaches_the_filter_as_sender_event,
     a_sender_and_its_secret_are_checked_when_the_source_is_saved,
+    svix_deliveries_are_taken_under_svix_header_names,
 );
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -401,6 +402,119 @@ async fn signatures_are_checked(app: &TestApp, sender: Sender) {
             .contains(sender.signature_header()),
         "{help:#}"
     );
+}
+
+/// The headers Svix sends by default for `body`, signed as its
+/// documentation says: base64 HMAC-SHA256 of `{svix-id}.{svix-timestamp}.{body}`
+/// under the bytes `whsec_<base64>` encodes, as `svix-signature: v1,<sig>`.
+fn svix_headers(secret: &str, body: &str, at: i64, id: &str) -> Vec<(&'static str, String)> {
+    let key = STANDARD
+        .decode(secret.strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let signature = STANDARD.encode(hmac(&key, format!("{id}.{at}.{body}").as_bytes()));
+    vec![
+        ("svix-id", id.to_owned()),
+        ("svix-timestamp", at.to_string()),
+        ("svix-signature", format!("v1,{signature}")),
+    ]
+}
+
+/// Svix sends `svix-id`, `svix-timestamp` and `svix-signature` unless its
+/// customer chose the `webhook-*` names: a `standard` source takes both,
+/// `svix-id` is the delivery's key, and a refusal names the `svix-*`
+/// header it read.
+async fn svix_deliveries_are_taken_under_svix_header_names(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let secret = Sender::Standard.secret("svix");
+    let (_, token) = signed_source(app, &tenant, Sender::Standard, &secret).await;
+    app.stop_engine().await;
+
+    let body = json!({ "type": "invoice.paid", "n": 1 });
+    let headers = svix_headers(
+        &secret,
+        &body.to_string(),
+        now(),
+        "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
+    );
+    let first = send(app, &token, &headers, &body)
+        .await
+        .expect(StatusCode::ACCEPTED);
+    assert_eq!(first["duplicate"], false, "{first:#}");
+    // Svix's retry of the same message: the same event.
+    let again = json!({ "type": "invoice.paid", "n": 2 });
+    let headers = svix_headers(
+        &secret,
+        &again.to_string(),
+        now() - 5,
+        "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
+    );
+    let retry = send(app, &token, &headers, &again)
+        .await
+        .expect(StatusCode::ACCEPTED);
+    assert_eq!(retry["duplicate"], true, "{retry:#}");
+    assert_eq!(retry["event_id"], first["event_id"]);
+
+    let text = body.to_string();
+    let refused = [
+        (
+            "another body",
+            svix_headers(&secret, r#"{"type":"invoice.void"}"#, now(), "msg_b"),
+            "signature_invalid",
+            "svix-signature",
+        ),
+        (
+            "another secret",
+            svix_headers(&Sender::Standard.secret("other"), &text, now(), "msg_b"),
+            "signature_invalid",
+            "svix-signature",
+        ),
+        (
+            "a timestamp ten minutes old",
+            svix_headers(&secret, &text, now() - 600, "msg_b"),
+            "timestamp_out_of_range",
+            "svix-timestamp",
+        ),
+    ];
+    for (what, headers, code, header) in refused {
+        let error = send(app, &token, &headers, &body)
+            .await
+            .expect_error(StatusCode::UNAUTHORIZED, code);
+        assert_eq!(error["header"], header, "{what}: {error:#}");
+    }
+    // Without svix-timestamp, the refusal says what to send.
+    let mut partial = svix_headers(&secret, &text, now(), "msg_c");
+    partial.retain(|(name, _)| *name != "svix-timestamp");
+    let error = send(app, &token, &partial, &body)
+        .await
+        .expect_error(StatusCode::UNAUTHORIZED, "signature_missing");
+    assert_eq!(error["header"], "svix-timestamp", "{error:#}");
+    assert_eq!(pending_events(app, &tenant).await, 1);
+
+    // The webhook's help lists both spellings.
+    let help = app
+        .request(
+            Method::GET,
+            &format!("/webhook/{token}"),
+            None,
+            &[],
+            axum::body::Body::empty(),
+        )
+        .await
+        .expect(StatusCode::OK);
+    let names: Vec<&str> = help["verify"]["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap())
+        .collect();
+    for name in [
+        "webhook-signature",
+        "svix-id",
+        "svix-timestamp",
+        "svix-signature",
+    ] {
+        assert!(names.contains(&name), "{name}: {help:#}");
+    }
 }
 
 async fn a_standard_secret_rotates_with_both_valid_during_the_overlap(app: &TestApp) {

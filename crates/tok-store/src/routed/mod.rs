@@ -619,6 +619,7 @@ by_tenant! {
         fn resume_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
         fn retry_run(&self, tenant: &TenantId, id: &RunId) -> Result<RunSummary>;
         fn run_contexts(&self, tenant: &TenantId, ids: &[RunId]) -> Result<Vec<(RunId, Value)>>;
+        fn run_context_sizes(&self, tenant: &TenantId, ids: &[RunId]) -> Result<Vec<(RunId, i64)>>;
     }
 }
 

@@ -229,6 +229,32 @@ async fn what_records_changed_reads_back_as_the_runs_context(db: &TestDb) {
         [(run.clone(), expected.clone())],
         "{backend:?}: search"
     );
+    // What a search reads of it, before it is read: the context as the
+    // dispatch wrote it (measured) and the changes since.
+    let stored = serde_json::to_string(&before).unwrap().len() as i64;
+    let sizes = store
+        .run_context_sizes(&t, &[run.clone(), RunId::from("run_none")])
+        .await
+        .expect("sizes");
+    assert_eq!(
+        sizes.len(),
+        1,
+        "{backend:?}: only the runs it has: {sizes:?}"
+    );
+    assert_eq!(sizes[0].0, run);
+    assert!(
+        sizes[0].1 > stored,
+        "{backend:?}: {sizes:?} > {stored} and the changes"
+    );
+    let other = tenant(store, "beta").await;
+    assert_eq!(
+        store
+            .run_context_sizes(&other, std::slice::from_ref(&run))
+            .await
+            .unwrap(),
+        [],
+        "{backend:?}: another tenant's run"
+    );
 
     // The run ends: its context is written whole, as it is.
     store
@@ -238,6 +264,15 @@ async fn what_records_changed_reads_back_as_the_runs_context(db: &TestDb) {
     assert_eq!(stored_context(db, &run).await, expected, "{backend:?}");
     let detail = store.run(&t, &run).await.unwrap().unwrap();
     assert_eq!(detail.context, expected, "{backend:?}");
+    let whole = serde_json::to_string(&expected).unwrap().len() as i64;
+    assert_eq!(
+        store
+            .run_context_sizes(&t, std::slice::from_ref(&run))
+            .await
+            .unwrap(),
+        [(run.clone(), whole)],
+        "{backend:?}: the size it was written whole at"
+    );
 }
 
 async fn a_change_that_outgrows_the_context_writes_it_whole(db: &TestDb) {

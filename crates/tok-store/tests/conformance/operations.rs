@@ -9,6 +9,7 @@ use tok_store::{Applied, NewOperation, OperationAction, RunAction};
 backend_tests!(
     run_on_fresh_db;
     an_operation_acts_on_each_run_once_and_stops_when_cancelled,
+    an_operation_whose_count_was_partial_counts_the_runs_it_acts_on,
 );
 
 fn retry_all() -> NewOperation {
@@ -152,4 +153,43 @@ async fn an_operation_acts_on_each_run_once_and_stops_when_cancelled(db: &TestDb
         "{backend:?}"
     );
     assert_eq!(store.operations(&t, 10, None).await.unwrap().items.len(), 2);
+}
+
+/// An operation made when its count stopped at its call's budget knows
+/// fewer runs than it acts on: its `total` grows to what it did.
+async fn an_operation_whose_count_was_partial_counts_the_runs_it_acts_on(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let x = manual_automation(store, &t, "x").await;
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(start(store, &t, &x, "manual", None).await);
+    }
+    let op = store
+        .create_operation(
+            &t,
+            NewOperation {
+                action: OperationAction::Cancel,
+                total: 1,
+                ..retry_all()
+            },
+        )
+        .await
+        .unwrap();
+    for run in &runs {
+        assert!(
+            matches!(
+                store
+                    .apply(&t, &op.id, run, RunAction::Cancel)
+                    .await
+                    .unwrap(),
+                Applied::Done(_)
+            ),
+            "{backend:?}"
+        );
+    }
+    let seen = store.operation(&t, &op.id).await.unwrap().unwrap();
+    assert_eq!((seen.done, seen.total), (3, 3), "{backend:?}");
 }

@@ -61,7 +61,10 @@ async fn source(state: &AppState, token: &str) -> ApiResult<Arc<WebhookSource>> 
     let require_signature = tenant.map_or(state.require_signed_webhooks, |t| {
         t.webhooks.requires_signature(state.require_signed_webhooks)
     });
-    Ok(state.sources.put(token, source, require_signature, now))
+    Ok(state
+        .sources
+        .put(token, source, require_signature, now)
+        .await)
 }
 
 fn too_large() -> ApiError {
@@ -191,17 +194,21 @@ async fn accept(
             Json(json!({ "challenge": challenge })).into_response()
         });
     }
-    match &cached.schema {
-        Some(Ok(schema)) => crate::body_schema::check(schema, &payload)?,
+    let payload = match &cached.schema {
+        Some(Ok(schema)) => {
+            let (payload, checked) = Arc::clone(schema).check(payload).await;
+            checked?;
+            payload
+        }
         Some(Err(why)) => {
             return Err(ApiError::bad_request(
                 "invalid_schema",
-                format!("the source's schema no longer compiles, so nothing is accepted until it is fixed with PATCH /api/sources/{}: {why}", source.id),
+                format!("the source's schema is no longer accepted (it does not compile, or costs more than this version of tok allows), so nothing is accepted until it is fixed with PATCH /api/sources/{}: {why}", source.id),
             )
             .with("field", "schema"));
         }
-        None => {}
-    }
+        None => payload,
+    };
     let mut params = contract::extract(&cached.params, &payload).map_err(contract_error)?;
     if let Some(preset) = preset {
         let signed = signature.signed().cloned().unwrap_or_default();
@@ -358,7 +365,7 @@ fn sender_params(preset: Preset, signed: &Signed) -> Value {
 /// the body's hash; an `Idempotency-Key` header is not signed, so a
 /// signed source ignores it (a captured request replayed with another is
 /// still the same event). An unsigned source takes `Idempotency-Key`, then
-/// `webhook-id`, then the body's hash.
+/// `webhook-id` (or Svix's `svix-id`), then the body's hash.
 fn idempotency_key(
     signature: &Signature,
     headers: &HeaderMap,
@@ -378,6 +385,7 @@ fn idempotency_key(
         Signature::NotChecked(preset) => in_body(*preset),
         Signature::Unsigned => header("idempotency-key")
             .or_else(|| header("webhook-id"))
+            .or_else(|| header("svix-id"))
             .map(str::to_owned),
     };
     match named.as_deref().map(str::trim) {
@@ -448,7 +456,7 @@ async fn help(State(state): State<AppState>, Path(token): Path<String>) -> ApiRe
         let idempotency = match &cached.preset {
             Some(Ok(Preset::Github)) => "X-GitHub-Delivery is the key",
             Some(Ok(Preset::Shopify)) => "X-Shopify-Webhook-Id is the key",
-            Some(Ok(Preset::Standard)) => "webhook-id is the key",
+            Some(Ok(Preset::Standard)) => "webhook-id (Svix: svix-id) is the key",
             Some(Ok(Preset::Stripe)) => "the event's `id` is the key",
             Some(Ok(Preset::Slack)) => {
                 "the Events API's `event_id` is the key, else the body's hash"
