@@ -25,12 +25,9 @@ mod flow;
 mod for_each;
 mod fuzz;
 mod fuzz_definitions;
-<<<<<<< HEAD
-mod fuzz_templates;
-=======
 mod fuzz_nul;
 mod fuzz_schemas;
->>>>>>> schema
+mod fuzz_templates;
 mod health;
 mod incidents;
 mod intake;
