@@ -69,7 +69,8 @@ pub trait StepAuthorizer: Send + Sync + 'static {
 const KEPT_FOR: Duration = Duration::from_secs(1);
 
 /// The built-in authorizer: denies every step of a tenant that the
-/// platform admin suspended (`PATCH /api/tenants/{id} {"suspended": true}`).
+/// platform admin suspended (`PATCH /api/tenants/{id} {"suspended": true}`)
+/// or is deleting (`DELETE /api/tenants/{id}`).
 ///
 /// It keeps each tenant's answer for [`KEPT_FOR`], so a busy tenant's steps
 /// cost one read of its row a second, not one each; an answer it could not
@@ -101,6 +102,9 @@ impl StepAuthorizer for SuspendedTenants {
             return Ok(verdict);
         }
         let verdict = match self.store.tenant(step.tenant_id).await {
+            Ok(Some(tenant)) if tenant.deleting() => {
+                Verdict::Deny(format!("tenant {} is being deleted", step.tenant_id))
+            }
             Ok(Some(tenant)) if tenant.suspended => {
                 Verdict::Deny(format!("tenant {} is suspended", step.tenant_id))
             }
