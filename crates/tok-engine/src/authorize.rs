@@ -87,7 +87,8 @@ pub trait StepAuthorizer: Send + Sync + 'static {
 const KEPT_FOR: Duration = Duration::from_secs(1);
 
 /// The built-in authorizer: denies every step of a tenant that the
-/// platform admin suspended (`PATCH /api/tenants/{id} {"suspended": true}`).
+/// platform admin suspended (`PATCH /api/tenants/{id} {"suspended": true}`)
+/// or is deleting (`DELETE /api/tenants/{id}`).
 ///
 /// It keeps each tenant's answer for [`KEPT_FOR`], so a busy tenant's steps
 /// cost one read of its row a second, not one each; an answer it could not
@@ -119,6 +120,7 @@ impl SuspendedTenants {
             return Ok(verdict);
         }
         let verdict = match self.store.tenant(tenant).await {
+            Ok(Some(row)) if row.deleting() => Verdict::Deny(format!("tenant {tenant} is being deleted")),
             Ok(Some(row)) if row.suspended => {
                 Verdict::Deny(format!("tenant {tenant} is suspended"))
             }

@@ -1,11 +1,12 @@
-//! The audit log's writer (DESIGN §15 "Audit"): every change a key or the
-//! platform admin makes through the API is a row of `audit`, written by
-//! one layer around every route, so that no handler can forget it.
+//! The audit log's writer (docs/security.md, "Audit"): every change a key
+//! or the platform admin makes through the API is a row of `audit`,
+//! written by one layer around every route, so that no handler can forget
+//! it.
 //!
 //! What a route writes is read from the router's own table
 //! ([`Route::audit`]): a GET (or HEAD) changes nothing; a route of
 //! [`EXEMPT`] is machine traffic too frequent to log, for the reason it
-//! gives; every other route writes one row after it answered 2xx. Its
+//! gives; every other route writes one row, ahead of its change (below). Its
 //! action, `resource.verb`, is derived from the method and the path:
 //!
 //! | route | action |
@@ -36,34 +37,47 @@
 //! tenant is the one the request acted for (`X-Tok-Tenant` for the
 //! admin), or for the admin's own routes the tenant changed
 //! (`tenant.created`, `tenant.updated`), or none (the platform's own
-//! rows). The summary is what the handler attached to its answer
-//! ([`AuditNote`]), else a created resource's `name`; the layer never
-//! copies a body or a header into a row, so a secret in either (a new
-//! key, a tenant's first key, credentials, a signing secret) cannot reach
-//! the log.
+//! rows, `tenant.deleted` among them: it must outlive the tenant's rows,
+//! which the deletion erases). The summary is what the handler attached
+//! to its answer ([`AuditNote`]), else a created resource's `name`; the
+//! layer never copies a body or a header into a row, so a secret in
+//! either (a new key, a tenant's first key, credentials, a signing
+//! secret) cannot reach the log.
 //!
-//! **When.** The row is written after the handler answered, so after the
-//! change it made committed: the log never holds a change that did not
-//! happen. A crash (or a failing database) between the commit and the row
-//! loses the row, not the change: the change stands unaudited. A row that
-//! could not be written is logged at `error` and counted
-//! (`tok_audit_write_failures_total`); the caller still gets the answer of
-//! the change it made, since answering an error would have it retry what
-//! was done.
+//! **When: written ahead.** A crash must not lose the row of a change that
+//! happened, and the change is made by the handler, in transactions the
+//! layer does not see (on a tenant's own database, even, while the log is
+//! the shared database's). So the row is written *before* the handler
+//! runs, `pending`, and ended after it: `done` after a 2xx (with what the
+//! answer made known: a created resource's id, its name); removed after a
+//! 4xx, a refusal, which changes nothing; `unknown` after anything else,
+//! an error that may have come after the change committed. A process that
+//! stops (or a client that goes away) while the handler runs leaves the
+//! row `pending`, and the scheduler says `unknown` of it once it is older
+//! than [`tok_store::AUDIT_PENDING_GRACE_MS`]: the log may hold a change
+//! that did not happen, marked as such, but never misses one that did.
+//! A row that cannot be written ahead refuses the change (503
+//! `audit_unavailable`); one that cannot be ended is logged at `error`
+//! and counted (`tok_audit_write_failures_total`), and the caller still
+//! gets the answer of the change it made. The other design, the row in
+//! the change's own transaction, would need every store call that changes
+//! anything to carry it, and cannot hold for a tenant on a database of
+//! its own.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
-use axum::http::Method;
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
-use axum::response::{IntoResponseParts, Response, ResponseParts};
+use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 use serde_json::Value;
 use tok_core::ids::TenantId;
-use tok_store::{Actor, ActorKind, NewAudit, Target};
+use tok_store::{Actor, ActorKind, AuditEnd, AuditOutcome, NewAudit, Target};
 
 use crate::AppState;
 use crate::auth::Caller;
+use crate::error::ApiError;
 use crate::routes::{Access, Route};
 
 /// Changes that are not audited, each with its reason: machine traffic
@@ -294,8 +308,12 @@ pub(crate) fn describe() {
     );
 }
 
-/// Runs the handler, and after a 2xx answer of a change writes its row.
-/// Sits inside [`crate::auth::authorize`], so the caller is known.
+/// Writes a change's row `pending` before its handler runs, and ends it
+/// after: `done` for a 2xx, gone for a 4xx (refused: nothing was made),
+/// `unknown` for anything else (an error that may have come after the
+/// change committed). A change whose row could not be written is not
+/// made: the caller gets 503 `audit_unavailable`. Sits inside
+/// [`crate::auth::authorize`], so the caller is known.
 pub(crate) async fn record(
     State(auditor): State<Auditor>,
     request: Request,
@@ -324,35 +342,6 @@ pub(crate) async fn record(
         Ok(params) => params.iter().last().map(|(_, value)| value.to_owned()),
         Err(_) => None,
     };
-    let response = next.run(Request::from_parts(parts, body)).await;
-    if !response.status().is_success() {
-        return response;
-    }
-    let note = response.extensions().get::<AuditNote>().cloned();
-    // The answer is read only for what a row names of it: the resource's
-    // id, and a created one's name.
-    let (parts, body) = response.into_parts();
-    let (response, answer) = match axum::body::to_bytes(body, MAX_ANSWER_BYTES).await {
-        Ok(bytes) => {
-            let answer = serde_json::from_slice::<Value>(&bytes).ok();
-            (
-                Response::from_parts(parts, axum::body::Body::from(bytes)),
-                answer,
-            )
-        }
-        Err(e) => {
-            tracing::error!(action = %plan.action, error = %e, "could not read an answer to audit it");
-            (Response::from_parts(parts, axum::body::Body::empty()), None)
-        }
-    };
-    let answered = |key: &str| {
-        answer
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let target_id = answered("id").or(last_param);
     let actor = match &caller {
         Some(Caller(key)) => Actor {
             kind: match key.tenant_id {
@@ -368,31 +357,101 @@ pub(crate) async fn record(
             name: None,
         },
     };
-    let tenant_id = match plan.access {
+    let tenant_of = |target_id: Option<&String>| match plan.access {
         Access::Tenant(_) => match &caller {
-            Some(Caller(key)) => key.tenant_id.clone().or(acting_for),
+            Some(Caller(key)) => key.tenant_id.clone().or_else(|| acting_for.clone()),
             None => None,
         },
-        _ if plan.kind == "tenant" => target_id.clone().map(TenantId::from),
+        // A tenant's deletion is the platform's own row: it outlives the
+        // tenant's rows, which the deletion erases.
+        _ if plan.kind == "tenant" && plan.action != "tenant.deleted" => {
+            target_id.cloned().map(TenantId::from)
+        }
         _ => None,
     };
-    let summary = note
-        .map(|n| n.0)
-        .or_else(|| plan.created.then(|| answered("name")).flatten())
-        .map(|s| clip(&s));
-    let row = NewAudit {
-        tenant_id,
+    let store = auditor.state.engine.store();
+    let ahead = NewAudit {
+        tenant_id: tenant_of(last_param.as_ref()),
         actor,
         action: plan.action.clone(),
         target: Target {
             kind: plan.kind.clone(),
-            id: target_id,
+            id: last_param.clone(),
         },
-        summary,
+        summary: None,
     };
-    if let Err(e) = auditor.state.engine.store().write_audit(row).await {
+    let pending = match store.begin_audit(ahead).await {
+        Ok(row) => row,
+        Err(e) => {
+            metrics::counter!("tok_audit_write_failures_total").increment(1);
+            tracing::error!(action = %plan.action, error = %e, "a change was refused: its audit row could not be written first");
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "audit_unavailable",
+                "the change was not made: its audit row could not be written first; try again shortly",
+            )
+            .into_response();
+        }
+    };
+    let response = next.run(Request::from_parts(parts, body)).await;
+    let status = response.status();
+    if status.is_client_error() {
+        if let Err(e) = store.drop_audit(&pending).await {
+            tracing::warn!(action = %plan.action, error = %e, "the audit row of a refused change could not be removed; the scheduler will say its outcome is unknown");
+        }
+        return response;
+    }
+    let note = response.extensions().get::<AuditNote>().cloned();
+    // The answer is read only for what a row names of it: the resource's
+    // id, and a created one's name.
+    let (response, answer) = if status.is_success() {
+        let (parts, body) = response.into_parts();
+        match axum::body::to_bytes(body, MAX_ANSWER_BYTES).await {
+            Ok(bytes) => {
+                let answer = serde_json::from_slice::<Value>(&bytes).ok();
+                (
+                    Response::from_parts(parts, axum::body::Body::from(bytes)),
+                    answer,
+                )
+            }
+            Err(e) => {
+                tracing::error!(action = %plan.action, error = %e, "could not read an answer to audit it");
+                (Response::from_parts(parts, axum::body::Body::empty()), None)
+            }
+        }
+    } else {
+        (response, None)
+    };
+    let answered = |key: &str| {
+        answer
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let target_id = answered("id").or(last_param);
+    let (outcome, summary) = if status.is_success() {
+        let summary = note
+            .map(|n| n.0)
+            .or_else(|| plan.created.then(|| answered("name")).flatten());
+        (AuditOutcome::Done, summary)
+    } else {
+        (
+            AuditOutcome::Unknown,
+            Some(format!(
+                "answered {status}: the change may or may not have been made"
+            )),
+        )
+    };
+    let end = AuditEnd {
+        outcome,
+        tenant_id: tenant_of(target_id.as_ref()),
+        target_id,
+        summary: summary.map(|s| clip(&s)),
+    };
+    if let Err(e) = store.end_audit(&pending, end).await {
         metrics::counter!("tok_audit_write_failures_total").increment(1);
-        tracing::error!(action = %plan.action, error = %e, "the change was made but its audit row could not be written");
+        tracing::error!(action = %plan.action, error = %e, "the change's audit row stays pending: the scheduler will say its outcome is unknown");
     }
     response
 }

@@ -8,7 +8,8 @@
 //! or `scope_missing` naming the scope), and hands the key to the
 //! extractors below. A tenant key acts for its tenant only. The platform
 //! admin key manages tenants and may act for one with `X-Tok-Tenant: <id>`,
-//! with every scope.
+//! with every scope, but not for one being deleted (410 `tenant_deleted`;
+//! that tenant's own keys were revoked when its deletion was asked).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -278,8 +279,12 @@ impl FromRequestParts<AppState> for Tenant {
                         )
                     })?;
                 let id = TenantId::from(id.trim());
-                if state.engine.store().tenant(&id).await?.is_none() {
-                    return Err(ApiError::not_found("tenant"));
+                match state.engine.store().tenant(&id).await? {
+                    None => return Err(ApiError::not_found("tenant")),
+                    Some(tenant) if tenant.deleting() => {
+                        return Err(crate::routes::tenants::being_deleted(&id));
+                    }
+                    Some(_) => {}
                 }
                 Ok(Tenant(id, KeyKind::Platform))
             }

@@ -6,7 +6,10 @@ macro_rules! impl_admin {
         store = $store:ty,
         db = $db:ty,
     ) => {
-        fn tenant_from_row(row: &<$db as sqlx::Database>::Row) -> Tenant {
+        /// The columns [`tenant_from_row`] reads.
+        pub(crate) const TENANT_COLUMNS: &str = "id, name, settings, created_at, deleting_since";
+
+        pub(crate) fn tenant_from_row(row: &<$db as sqlx::Database>::Row) -> Tenant {
             let settings = row
                 .try_get::<Json<Value>, _>("settings")
                 .map(|s| s.0)
@@ -21,6 +24,7 @@ macro_rules! impl_admin {
                     .unwrap_or(false),
                 limits: tok_core::quotas::TenantLimits::of_settings(&settings),
                 webhooks: crate::WebhookSettings::of_settings(&settings),
+                deleting_since: row.try_get("deleting_since").unwrap_or(None),
             }
         }
 
@@ -31,11 +35,12 @@ macro_rules! impl_admin {
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
         ) -> Result<tok_core::quotas::TenantLimits> {
-            let row =
-                sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
-                    .bind(tenant.as_str())
-                    .fetch_optional(&mut **tx)
-                    .await?;
+            let row = sqlx::query(&format!(
+                "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
+            ))
+            .bind(tenant.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
             Ok(row
                 .as_ref()
                 .map(tenant_from_row)
@@ -53,6 +58,7 @@ macro_rules! impl_admin {
                     suspended: false,
                     limits: Default::default(),
                     webhooks: Default::default(),
+                    deleting_since: None,
                 };
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
@@ -80,11 +86,12 @@ macro_rules! impl_admin {
             }
 
             async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
-                let row =
-                    sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
-                        .bind(id.as_str())
-                        .fetch_optional(self.reader())
-                        .await?;
+                let row = sqlx::query(&format!(
+                    "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
+                ))
+                .bind(id.as_str())
+                .fetch_optional(self.reader())
+                .await?;
                 Ok(row.as_ref().map(tenant_from_row))
             }
 
@@ -95,8 +102,8 @@ macro_rules! impl_admin {
             ) -> Result<Option<Tenant>> {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
-                let row = sqlx::query(concat!(
-                    "SELECT id, name, settings, created_at FROM tenants WHERE id = $1 ",
+                let row = sqlx::query(&format!(
+                    "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1 {}",
                     lock_rows!()
                 ))
                 .bind(id.as_str())
@@ -105,31 +112,40 @@ macro_rules! impl_admin {
                 let Some(row) = row else {
                     return Ok(None);
                 };
+                if tenant_from_row(&row).deleting() {
+                    return Err(StoreError::Conflict(format!(
+                        "tenant {id} is being deleted: it cannot be changed"
+                    )));
+                }
                 let mut settings = match row.try_get::<Json<Value>, _>("settings")?.0 {
                     Value::Object(map) => map,
                     _ => serde_json::Map::new(),
                 };
                 settings.extend(patch.settings());
-                sqlx::query("UPDATE tenants SET settings = $2 WHERE id = $1")
-                    .bind(id.as_str())
-                    .bind(Json(Value::Object(settings)))
-                    .execute(&mut *tx)
-                    .await?;
-                let row =
-                    sqlx::query("SELECT id, name, settings, created_at FROM tenants WHERE id = $1")
-                        .bind(id.as_str())
-                        .fetch_one(&mut *tx)
-                        .await?;
+                sqlx::query(
+                    "UPDATE tenants SET settings = $2, name = COALESCE($3, name) WHERE id = $1",
+                )
+                .bind(id.as_str())
+                .bind(Json(Value::Object(settings)))
+                .bind(patch.name.as_deref())
+                .execute(&mut *tx)
+                .await?;
+                let row = sqlx::query(&format!(
+                    "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
+                ))
+                .bind(id.as_str())
+                .fetch_one(&mut *tx)
+                .await?;
                 tx.commit().await?;
                 Ok(Some(tenant_from_row(&row)))
             }
 
             async fn tenants(&self, limit: u32, after: Option<&str>) -> Result<Page<Tenant>> {
-                let rows = sqlx::query(
-                    "SELECT id, name, settings, created_at FROM tenants
+                let rows = sqlx::query(&format!(
+                    "SELECT {TENANT_COLUMNS} FROM tenants
                      WHERE CAST($1 AS TEXT) IS NULL OR id > $1
-                     ORDER BY id LIMIT $2",
-                )
+                     ORDER BY id LIMIT $2"
+                ))
                 .bind(after)
                 .bind(i64::from(limit) + 1)
                 .fetch_all(self.reader())
@@ -139,9 +155,10 @@ macro_rules! impl_admin {
             }
 
             async fn tenant_ids(&self) -> Result<Vec<TenantId>> {
-                let rows = sqlx::query("SELECT id FROM tenants ORDER BY id")
-                    .fetch_all(self.reader())
-                    .await?;
+                let rows =
+                    sqlx::query("SELECT id FROM tenants WHERE deleting_since IS NULL ORDER BY id")
+                        .fetch_all(self.reader())
+                        .await?;
                 Ok(rows
                     .iter()
                     .map(|r| TenantId::from(r.get::<String, _>("id")))

@@ -1,8 +1,20 @@
-//! The audit log (DESIGN §15 "Audit"): one row per change a key or the
-//! platform made — who (`actor`), what (`action`, `automation.saved`), to
-//! what (`target`) and a short `summary` — never a secret. The HTTP layer
-//! writes a row for every change an API call makes; the platform writes its
-//! own (a new `TOK_ADMIN_KEY` at start).
+//! The audit log (docs/security.md, "Audit"): one row per change a key or
+//! the platform made — who (`actor`), what (`action`, `automation.saved`),
+//! to what (`target`) and a short `summary` — never a secret. The HTTP
+//! layer writes a row for every change an API call makes; the platform
+//! writes its own (a new `TOK_ADMIN_KEY` at start, `tok secrets rotate`,
+//! `tok tenant move` and `forget`, a tenant's deletion).
+//!
+//! A row is written ahead of its change where the change is made elsewhere
+//! (the API's handlers): [`AuditStore::begin_audit`] writes it `pending`
+//! before the change is made, [`AuditStore::end_audit`] says `done` (or
+//! `unknown`, when the change answered an error that may have come after
+//! its commit) and [`AuditStore::drop_audit`] removes it when the change
+//! was refused. A process that stops between the two leaves the row
+//! `pending`, and the scheduler marks it `unknown` once it is older than
+//! [`AUDIT_PENDING_GRACE_MS`] ([`AuditStore::resolve_pending_audit`]): a
+//! change that was made always has its row. Where the platform changes
+//! rows itself, the row commits in the same transaction, `done`.
 //!
 //! Rows live in the shared database (on a [`RoutedStore`](crate::RoutedStore)
 //! too), beside the API keys they name: the log of who did what with which
@@ -26,13 +38,54 @@ use crate::{Page, Result};
 /// default of a tenant's `auditDays`.
 pub const PLATFORM_AUDIT_DAYS: u32 = 365;
 
+/// How long a row may stay `pending` before the scheduler says its
+/// change's outcome is `unknown`: ten minutes, far longer than any API
+/// change takes (a row resolved while its request was still under way
+/// is ended all the same when the request answers).
+pub const AUDIT_PENDING_GRACE_MS: i64 = 10 * 60 * 1000;
+
+/// Whether the change a row records was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditOutcome {
+    /// Written ahead of the change, which is under way.
+    Pending,
+    /// The change was made.
+    Done,
+    /// The change may or may not have been made: it answered an error
+    /// that can come after its commit (5xx), or its process stopped
+    /// before it said.
+    Unknown,
+}
+
+impl AuditOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Done => "done",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// The stored form back; what this build does not know reads as
+    /// `unknown`.
+    pub fn parse(text: &str) -> Self {
+        match text {
+            "pending" => Self::Pending,
+            "done" => Self::Done,
+            _ => Self::Unknown,
+        }
+    }
+}
+
 /// Who made a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ActorKind {
     /// One of a tenant's API keys.
     Key,
-    /// The platform: its admin key, or tok itself at start.
+    /// The platform: its admin key, tok itself (at start, its scheduler),
+    /// or an operator's `tok` command (`tok secrets rotate`, `tok tenant`).
     Platform,
     /// A caller without a key (a route that checks a secret of its own).
     Anonymous,
@@ -102,6 +155,19 @@ pub struct AuditRow {
     pub action: String,
     pub target: Target,
     pub summary: Option<String>,
+    pub outcome: AuditOutcome,
+}
+
+/// How a row written ahead ([`AuditStore::begin_audit`]) ends, with what
+/// the change made known: the tenant it made (a new tenant), the target's
+/// id (a created resource's), its summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEnd {
+    /// [`AuditOutcome::Done`] or [`AuditOutcome::Unknown`].
+    pub outcome: AuditOutcome,
+    pub tenant_id: Option<TenantId>,
+    pub target_id: Option<String>,
+    pub summary: Option<String>,
 }
 
 /// What a listing keeps: each filter given must hold.
@@ -119,8 +185,31 @@ pub struct AuditFilter {
 /// The audit log.
 #[async_trait]
 pub trait AuditStore: Send + Sync {
-    /// Writes one row, dated now; returns it as stored.
+    /// Writes one row of a change already made (`done`), dated now;
+    /// returns it as stored.
     async fn write_audit(&self, row: NewAudit) -> Result<AuditRow>;
+
+    /// Writes the row of a change about to be made, `pending`, dated now;
+    /// returns it as stored, for [`AuditStore::end_audit`] or
+    /// [`AuditStore::drop_audit`]. A change whose row could not be written
+    /// must not be made.
+    async fn begin_audit(&self, row: NewAudit) -> Result<AuditRow>;
+
+    /// Ends a row [`AuditStore::begin_audit`] wrote (whatever it says
+    /// now: a row the scheduler said `unknown` meanwhile takes the
+    /// outcome the change really had). A row that is gone (its tenant
+    /// deleted meanwhile) is left gone.
+    async fn end_audit(&self, row: &AuditRow, end: AuditEnd) -> Result<()>;
+
+    /// Removes a row [`AuditStore::begin_audit`] wrote, whose change was
+    /// refused before anything was made.
+    async fn drop_audit(&self, row: &AuditRow) -> Result<()>;
+
+    /// Says `unknown` of at most `limit` rows still `pending` that were
+    /// written before `before_ms`: their process stopped (or could not
+    /// write their end) before it said how their change ended. Returns how
+    /// many.
+    async fn resolve_pending_audit(&self, before_ms: i64, limit: u32) -> Result<u64>;
 
     /// A page of the tenant's rows that `filter` keeps, newest first,
     /// after the row whose `seq` is `after`; the page's cursor is the last

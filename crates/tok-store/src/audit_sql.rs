@@ -8,7 +8,46 @@ macro_rules! impl_audit {
     ) => {
         /// The columns a row is written with (`seq` is the database's).
         const AUDIT_COLUMNS: &str = "id, tenant_id, at, actor_kind, actor_id, actor_name, action,
-            target_kind, target_id, summary";
+            target_kind, target_id, summary, outcome";
+
+        /// Writes `row`, dated now, with `outcome`, in `tx`: the API's
+        /// rows alone, or a platform change's in the change's own
+        /// transaction.
+        pub(crate) async fn insert_audit_in(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            row: $crate::audit::NewAudit,
+            outcome: $crate::audit::AuditOutcome,
+        ) -> Result<$crate::audit::AuditRow> {
+            let mut stored = $crate::audit::AuditRow {
+                id: new_id("aud"),
+                seq: 0,
+                tenant_id: row.tenant_id,
+                at: now_ms(),
+                actor: row.actor,
+                action: row.action,
+                target: row.target,
+                summary: row.summary,
+                outcome,
+            };
+            stored.seq = sqlx::query_scalar(&format!(
+                "INSERT INTO audit ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                 RETURNING seq"
+            ))
+            .bind(&stored.id)
+            .bind(stored.tenant_id.as_ref().map(|t| t.as_str()))
+            .bind(stored.at)
+            .bind(stored.actor.kind.as_str())
+            .bind(stored.actor.id.as_deref())
+            .bind(stored.actor.name.as_deref())
+            .bind(&stored.action)
+            .bind(&stored.target.kind)
+            .bind(stored.target.id.as_deref())
+            .bind(stored.summary.as_deref())
+            .bind(stored.outcome.as_str())
+            .fetch_one(&mut **tx)
+            .await?;
+            Ok(stored)
+        }
 
         fn audit_from_row(row: &<$db as sqlx::Database>::Row) -> $crate::audit::AuditRow {
             $crate::audit::AuditRow {
@@ -27,6 +66,7 @@ macro_rules! impl_audit {
                     id: row.get("target_id"),
                 },
                 summary: row.get("summary"),
+                outcome: $crate::audit::AuditOutcome::parse(&row.get::<String, _>("outcome")),
             }
         }
 
@@ -77,33 +117,67 @@ macro_rules! impl_audit {
                 &self,
                 row: $crate::audit::NewAudit,
             ) -> Result<$crate::audit::AuditRow> {
-                let mut stored = $crate::audit::AuditRow {
-                    id: new_id("aud"),
-                    seq: 0,
-                    tenant_id: row.tenant_id,
-                    at: now_ms(),
-                    actor: row.actor,
-                    action: row.action,
-                    target: row.target,
-                    summary: row.summary,
-                };
-                stored.seq = sqlx::query_scalar(&format!(
-                    "INSERT INTO audit ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-                     RETURNING seq"
-                ))
-                .bind(&stored.id)
-                .bind(stored.tenant_id.as_ref().map(|t| t.as_str()))
-                .bind(stored.at)
-                .bind(stored.actor.kind.as_str())
-                .bind(stored.actor.id.as_deref())
-                .bind(stored.actor.name.as_deref())
-                .bind(&stored.action)
-                .bind(&stored.target.kind)
-                .bind(stored.target.id.as_deref())
-                .bind(stored.summary.as_deref())
-                .fetch_one(&*self.writer().await)
-                .await?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let stored = insert_audit_in(&mut tx, row, $crate::audit::AuditOutcome::Done).await?;
+                tx.commit().await?;
                 Ok(stored)
+            }
+
+            async fn begin_audit(
+                &self,
+                row: $crate::audit::NewAudit,
+            ) -> Result<$crate::audit::AuditRow> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let stored =
+                    insert_audit_in(&mut tx, row, $crate::audit::AuditOutcome::Pending).await?;
+                tx.commit().await?;
+                Ok(stored)
+            }
+
+            async fn end_audit(
+                &self,
+                row: &$crate::audit::AuditRow,
+                end: $crate::audit::AuditEnd,
+            ) -> Result<()> {
+                sqlx::query(
+                    "UPDATE audit SET outcome = $3, tenant_id = $4, target_id = $5, summary = $6
+                     WHERE seq = $1 AND at = $2",
+                )
+                .bind(row.seq)
+                .bind(row.at)
+                .bind(end.outcome.as_str())
+                .bind(end.tenant_id.as_ref().map(|t| t.as_str()))
+                .bind(end.target_id.as_deref())
+                .bind(end.summary.as_deref())
+                .execute(&*self.writer().await)
+                .await?;
+                Ok(())
+            }
+
+            async fn drop_audit(&self, row: &$crate::audit::AuditRow) -> Result<()> {
+                sqlx::query("DELETE FROM audit WHERE seq = $1 AND at = $2")
+                    .bind(row.seq)
+                    .bind(row.at)
+                    .execute(&*self.writer().await)
+                    .await?;
+                Ok(())
+            }
+
+            async fn resolve_pending_audit(&self, before_ms: i64, limit: u32) -> Result<u64> {
+                // By the partial index `audit_pending`: the pending rows
+                // are the few of changes under way.
+                let done = sqlx::query(
+                    "UPDATE audit SET outcome = 'unknown'
+                     WHERE outcome = 'pending' AND at < $1 AND seq IN (
+                         SELECT seq FROM audit WHERE outcome = 'pending' AND at < $1 LIMIT $2)",
+                )
+                .bind(before_ms)
+                .bind(i64::from(limit))
+                .execute(&*self.writer_in($crate::Lane::Bulk).await)
+                .await?;
+                Ok(done.rows_affected())
             }
 
             async fn audit(

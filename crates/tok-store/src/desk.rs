@@ -85,6 +85,19 @@ pub enum DeskChange<T> {
     Held(Vec<HeldBy>),
 }
 
+/// What [`DeskStore::delete_ticket`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TicketDeletion {
+    /// The ticket, its trace and the signals buffered about it are gone.
+    Deleted,
+    /// The tenant has no such ticket.
+    NotFound,
+    /// Refused, and nothing changed: these runs (the first 20) have not
+    /// ended and are about the ticket (its subject, or a wait for a signal
+    /// about it), and `events` about it are not dispatched yet.
+    InUse { runs: Vec<RunId>, events: i64 },
+}
+
 /// A member of a group with the number of open tickets assigned to them.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemberLoad {
@@ -316,6 +329,12 @@ pub trait DeskStore: Send + Sync {
     ) -> Result<Page<Ticket>>;
     async fn ticket(&self, tenant: &TenantId, id: &str) -> Result<Option<Ticket>>;
     async fn ticket_trace(&self, tenant: &TenantId, id: &str) -> Result<Vec<TraceLine>>;
+    /// Deletes the ticket with its trace and the signals still buffered
+    /// about it, in one transaction. Refused
+    /// ([`TicketDeletion::InUse`]) while a run about it has not ended or
+    /// an event about it is not dispatched yet; finished runs keep their
+    /// record, naming the ticket by its id.
+    async fn delete_ticket(&self, tenant: &TenantId, id: &str) -> Result<TicketDeletion>;
     /// Writes a ticket change made outside a run (by a person, through the
     /// API), with its trace and event. An update applies only if the ticket
     /// is still at `expected_updated_at`; otherwise `Conflict`.

@@ -972,6 +972,18 @@ macro_rules! impl_desk {
                     .collect())
             }
 
+            async fn delete_ticket(
+                &self,
+                tenant: &TenantId,
+                id: &str,
+            ) -> Result<$crate::desk::TicketDeletion> {
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                let done = delete_ticket_in(&mut tx, tenant, id).await?;
+                tx.commit().await?;
+                Ok(done)
+            }
+
             async fn write_ticket(
                 &self,
                 tenant: &TenantId,

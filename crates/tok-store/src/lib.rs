@@ -48,6 +48,7 @@ pub mod keys;
 mod keys_sql;
 mod migrate;
 pub mod model;
+pub mod offboarding;
 pub mod operations;
 mod operations_sql;
 mod partitions;
@@ -72,6 +73,7 @@ mod signals_sql;
 mod sqlite;
 pub mod storable;
 pub mod testing;
+mod ticket_deletion_sql;
 pub mod watch;
 mod watch_sql;
 pub mod widgets;
@@ -93,7 +95,8 @@ pub fn describe_metrics() {
 
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
 pub use audit::{
-    Actor, ActorKind, AuditFilter, AuditRow, AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
+    AUDIT_PENDING_GRACE_MS, Actor, ActorKind, AuditEnd, AuditFilter, AuditOutcome, AuditRow,
+    AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
 };
 pub use connections::{
     Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, NewConnection,
@@ -104,6 +107,7 @@ pub use effects::EffectStore;
 pub use gate::Lane;
 pub use keys::{ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope};
 pub use model::*;
+pub use offboarding::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft};
 pub use operations::{
     Applied, NewOperation, Operation, OperationAction, OperationStore, RunAction,
 };
@@ -201,11 +205,18 @@ pub trait AdminStore: Send + Sync {
     /// Creates a tenant together with its first API key (stored as a hash),
     /// named `first key`, with the `admin` scope.
     async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant>;
+    /// The tenant, in service or being deleted ([`Tenant::deleting`]).
     async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
-    /// Applies the admin's change to a tenant's settings; `None`: no such tenant.
+    /// Applies the admin's change to a tenant's name and settings; `None`:
+    /// no such tenant. A tenant being deleted cannot be changed
+    /// ([`StoreError::Conflict`]); on a [`RoutedStore`], neither can a
+    /// tenant's name where `TOK_TENANT_DATABASES` routes it by name.
     async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>>;
-    /// A page of tenants, oldest first, after the tenant id `after`.
+    /// A page of tenants (those being deleted too), oldest first, after the
+    /// tenant id `after`.
     async fn tenants(&self, limit: u32, after: Option<&str>) -> Result<Page<Tenant>>;
+    /// The tenants in service: the ones the engine dispatches, claims and
+    /// schedules for (not those being deleted).
     async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
 }
 
@@ -502,6 +513,7 @@ pub trait Store:
     + EffectStore
     + AuditStore
     + OperationStore
+    + OffboardingStore
 {
     fn backend(&self) -> Backend;
     /// Applies pending migrations (serialized between processes on

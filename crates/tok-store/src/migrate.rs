@@ -56,6 +56,7 @@ pub(crate) const POSTGRES: &[Migration] = migrations!("postgres":
     35 "0035_keep_a_runs_position_and_context_changes_in_rows_it_writes_anyway",
     36 "0036_let_sources_name_their_sender_and_schema",
     37 "0037_match_signals_and_waits_by_subject",
+    39 "0039_let_tenants_be_deleted_and_audit_rows_be_written_ahead",
     41 "0041_set_aside_events_that_cannot_be_dispatched",
 );
 
@@ -92,6 +93,7 @@ pub(crate) const SQLITE: &[Migration] = migrations!("sqlite":
     33 "0033_keep_a_runs_position_and_context_changes_in_rows_it_writes_anyway",
     34 "0034_let_sources_name_their_sender_and_schema",
     35 "0035_match_signals_and_waits_by_subject",
+    37 "0037_let_tenants_be_deleted_and_audit_rows_be_written_ahead",
     39 "0039_set_aside_events_that_cannot_be_dispatched",
 );
 

@@ -38,6 +38,19 @@ pub struct Tenant {
     /// How its webhooks are guarded (`settings.webhooks`).
     #[serde(skip)]
     pub webhooks: WebhookSettings,
+    /// When the platform admin asked for it to be deleted (unix ms): its
+    /// keys are revoked, nothing of it starts, and its rows are being
+    /// erased ([`OffboardingStore`](crate::OffboardingStore)). `None`: in
+    /// service.
+    #[serde(skip)]
+    pub deleting_since: Option<i64>,
+}
+
+impl Tenant {
+    /// Whether it is being deleted.
+    pub fn deleting(&self) -> bool {
+        self.deleting_since.is_some()
+    }
 }
 
 /// `settings.webhooks`: how a tenant's webhooks are guarded, as the
@@ -74,6 +87,8 @@ impl WebhookSettings {
 /// `settings` object, so a new one needs no migration.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TenantPatch {
+    /// A new name (the caller checked it).
+    pub name: Option<String>,
     pub suspended: Option<bool>,
     /// Replaces `settings.limits` whole (the caller merged the change).
     pub limits: Option<tok_core::quotas::TenantLimits>,

@@ -36,6 +36,7 @@ use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
+use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
 use crate::widgets_sql::impl_widgets;
 
@@ -182,16 +183,16 @@ impl PgStore {
     }
 
     /// PostgreSQL takes many writers: no gate.
-    async fn writer(&self) -> Writer<'_, sqlx::Postgres> {
+    pub(crate) async fn writer(&self) -> Writer<'_, sqlx::Postgres> {
         Writer::ungated(&self.pool)
     }
 
     /// No gate, so no lanes: an urgent transaction runs beside the others.
-    async fn writer_in(&self, _lane: crate::Lane) -> Writer<'_, sqlx::Postgres> {
+    pub(crate) async fn writer_in(&self, _lane: crate::Lane) -> Writer<'_, sqlx::Postgres> {
         self.writer().await
     }
 
-    fn reader(&self) -> &PgPool {
+    pub(crate) fn reader(&self) -> &PgPool {
         &self.pool
     }
 }
@@ -259,6 +260,10 @@ impl_queue! {
 
 impl_queue_samples! {
     store = PgStore,
+    db = sqlx::Postgres,
+}
+
+impl_ticket_deletion! {
     db = sqlx::Postgres,
 }
 

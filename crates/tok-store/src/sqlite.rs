@@ -40,6 +40,7 @@ use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
+use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
 use crate::widgets_sql::impl_widgets;
 
@@ -231,15 +232,15 @@ impl SqliteStore {
     /// The writer, in the bulk lane: the urgent one is for the group
     /// commits and dispatches of tenants that do not crowd the queue (see
     /// `batch.rs`, and [`writer_in`](Self::writer_in)).
-    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
+    pub(crate) async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
         self.writer_in(Lane::Bulk).await
     }
 
-    async fn writer_in(&self, lane: Lane) -> Writer<'_, sqlx::Sqlite> {
+    pub(crate) async fn writer_in(&self, lane: Lane) -> Writer<'_, sqlx::Sqlite> {
         Writer::gated(&self.writer, &self.gate, lane).await
     }
 
-    fn reader(&self) -> &SqlitePool {
+    pub(crate) fn reader(&self) -> &SqlitePool {
         &self.reader
     }
 
@@ -357,6 +358,10 @@ impl_queue! {
 
 impl_queue_samples! {
     store = SqliteStore,
+    db = sqlx::Sqlite,
+}
+
+impl_ticket_deletion! {
     db = sqlx::Sqlite,
 }
 

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod file_lock;
+mod platform_audit;
 pub mod secrets;
 pub mod statements;
 pub mod test_run;
@@ -43,13 +44,42 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 
 /// `tok tenant move`: migrates both databases, copies the tenant's rows
 /// from `from` to `to` ([`tok_store::routed::copy_tenant`]) and says what
-/// it copied, table by table.
-pub async fn move_tenant(tenant: &str, from: &str, to: &str) -> anyhow::Result<String> {
+/// it copied, table by table. Its audit row is the shared database's
+/// (`shared`, `TOK_DATABASE_URL`): in the copy's transaction when `to` is
+/// the shared database, else written ahead there; without `shared`, in
+/// the copy's transaction on `to`.
+pub async fn move_tenant(
+    tenant: &str,
+    from: &str,
+    to: &str,
+    shared: Option<&str>,
+) -> anyhow::Result<String> {
     let tenant = tok_core::ids::TenantId::from(tenant.to_owned());
     let (source, target) = (pg(from).await?, pg(to).await?);
-    let copied = tok_store::routed::copy_tenant(source.pool(), target.pool(), &tenant)
-        .await
-        .with_context(|| format!("tenant {tenant} was not copied"))?;
+    let row = platform_audit::row(
+        "tok tenant move",
+        "tenant.moved",
+        tok_store::Target {
+            kind: "tenant".into(),
+            id: Some(tenant.to_string()),
+        },
+        format!("copied from {} to {}", redact(from), redact(to)),
+    );
+    let copy = |row| tok_store::routed::copy_tenant(source.pool(), target.pool(), &tenant, row);
+    let (copied, logged) = match shared.filter(|s| *s != to) {
+        Some(shared) => {
+            let log = pg(shared).await?;
+            let copied = platform_audit::ahead(&log, row, copy(None), |copied| {
+                let rows: u64 = copied.iter().map(|(_, n)| n).sum();
+                format!("copied {rows} rows from {} to {}", redact(from), redact(to))
+            })
+            .await?;
+            (copied, None)
+        }
+        None if shared.is_some() => (copy(Some(row)).await, None),
+        None => (copy(Some(row)).await, Some(to)),
+    };
+    let copied = copied.with_context(|| format!("tenant {tenant} was not copied"))?;
     let mut out = format!(
         "copied tenant {tenant} from {} to {}:\n",
         redact(from),
@@ -58,6 +88,7 @@ pub async fn move_tenant(tenant: &str, from: &str, to: &str) -> anyhow::Result<S
     for (table, rows) in copied.iter().filter(|(_, rows)| *rows > 0) {
         out.push_str(&format!("  {table}: {rows}\n"));
     }
+    out.push_str(&unlogged(logged));
     out.push_str(
         "next: route it to the new database (TOK_TENANT_DATABASES), start tok, and once it runs \
          there `tok tenant forget` it on the old one\n",
@@ -65,16 +96,58 @@ pub async fn move_tenant(tenant: &str, from: &str, to: &str) -> anyhow::Result<S
     Ok(out)
 }
 
-/// `tok tenant forget`: deletes what a move left of the tenant in `database`.
-pub async fn forget_tenant(tenant: &str, database: &str) -> anyhow::Result<String> {
+/// `tok tenant forget`: deletes what a move left of the tenant in
+/// `database`. Its audit row goes as [`move_tenant`]'s does.
+pub async fn forget_tenant(
+    tenant: &str,
+    database: &str,
+    shared: Option<&str>,
+) -> anyhow::Result<String> {
     let tenant = tok_core::ids::TenantId::from(tenant.to_owned());
     let db = pg(database).await?;
-    let deleted = tok_store::routed::forget_tenant(db.pool(), &tenant).await?;
+    let row = platform_audit::row(
+        "tok tenant forget",
+        "tenant.forgotten",
+        tok_store::Target {
+            kind: "tenant".into(),
+            id: Some(tenant.to_string()),
+        },
+        format!("rows a move left deleted from {}", redact(database)),
+    );
+    let forget = |row| tok_store::routed::forget_tenant(db.pool(), &tenant, row);
+    let (deleted, logged) = match shared.filter(|s| *s != database) {
+        Some(shared) => {
+            let log = pg(shared).await?;
+            let deleted = platform_audit::ahead(&log, row, forget(None), |deleted| {
+                let rows: u64 = deleted.iter().map(|(_, n)| n).sum();
+                format!("deleted {rows} rows a move left in {}", redact(database))
+            })
+            .await?;
+            (deleted, None)
+        }
+        None if shared.is_some() => (forget(Some(row)).await, None),
+        None => (forget(Some(row)).await, Some(database)),
+    };
+    let deleted = deleted?;
     let rows: u64 = deleted.iter().map(|(_, n)| n).sum();
     Ok(format!(
-        "deleted {rows} rows of tenant {tenant} from {}\n",
-        redact(database)
+        "deleted {rows} rows of tenant {tenant} from {}\n{}",
+        redact(database),
+        unlogged(logged)
     ))
+}
+
+/// What a tenant command says when its audit row went to the database it
+/// changed rather than the shared one (no `TOK_DATABASE_URL`).
+fn unlogged(database: Option<&str>) -> String {
+    match database {
+        Some(database) => format!(
+            "the audit row of this change is in {}'s own log: set TOK_DATABASE_URL to the shared \
+             database to write it where GET /api/audit reads\n",
+            redact(database)
+        ),
+        None => String::new(),
+    }
 }
 
 /// A migrated PostgreSQL store at `url`.

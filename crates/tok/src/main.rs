@@ -177,13 +177,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         return tok::capacity::run(options);
     }
     if let Command::Tenant { action } = cli.command {
-        // Names its databases itself: no server configuration needed.
+        // Names its databases itself: no server configuration needed but
+        // the shared database, where its audit row goes, if it is given.
+        let shared = std::env::var("TOK_DATABASE_URL")
+            .ok()
+            .filter(|url| url.starts_with("postgres"));
         let report = match action {
             TenantAction::Move { tenant, from, to } => {
-                tok::move_tenant(&tenant, &from, &to).await?
+                tok::move_tenant(&tenant, &from, &to, shared.as_deref()).await?
             }
             TenantAction::Forget { tenant, database } => {
-                tok::forget_tenant(&tenant, &database).await?
+                tok::forget_tenant(&tenant, &database, shared.as_deref()).await?
             }
         };
         print!("{report}");

@@ -19,10 +19,24 @@ pub async fn rotate(config: &Config) -> anyhow::Result<String> {
         );
     };
     let store = crate::open_store(config).await?;
-    let done = store
-        .seal_credentials(Reseal::All)
-        .await
-        .context("the credentials were not all sealed anew; run `tok secrets rotate` again once the cause is fixed")?;
+    // The platform's audit row, written ahead: the re-sealing is many
+    // short transactions over every database.
+    let row = crate::platform_audit::row(
+        "tok secrets rotate",
+        "secret_key.rotated",
+        tok_store::Target {
+            kind: "secret_key".into(),
+            id: Some(newest.clone()),
+        },
+        format!("re-sealing under key {newest}"),
+    );
+    let sealing = store.seal_credentials(Reseal::All);
+    let done = crate::platform_audit::ahead(&*store, row, sealing, |done| {
+        let sealed: u64 = done.iter().map(|d| d.resealed).sum();
+        format!("re-sealed {sealed} secrets under key {newest}")
+    })
+    .await?
+    .context("the credentials were not all sealed anew; run `tok secrets rotate` again once the cause is fixed")?;
     let mut out = String::new();
     for database in &done {
         out.push_str(&format!(

@@ -10,7 +10,10 @@
 //! its run's first step, executed by the worker pool like any other.
 //!
 //! Every [`SchedulerConfig::watch_every`] the holder also looks for stuck
-//! runs and raises platform incidents for them ([`watch`]), and every
+//! runs and raises platform incidents for them, and says `unknown` of the
+//! audit rows a stopped process left pending ([`watch`]); every tick, in
+//! a task of its own, it erases the rows of the tenants being deleted
+//! ([`offboarding`]); and every
 //! [`SchedulerConfig::retention_every`], in a task of its own, expires
 //! data past each tenant's retention ([`retention`]). Every node running
 //! the engine, holder or not, samples the queue's gauges for `/metrics`
@@ -24,6 +27,7 @@
 //! automation's due time), so a holder that lost its lease mid-tick does
 //! no harm.
 
+pub mod offboarding;
 pub mod retention;
 pub mod sample;
 mod triggers;
@@ -38,6 +42,7 @@ use tok_store::Store;
 
 use crate::{DefinitionCache, Inner, Result};
 
+pub use offboarding::ErasureReport;
 pub use retention::ExpiryReport;
 pub use triggers::sync_automation;
 
@@ -113,6 +118,13 @@ pub struct SchedulerConfig {
     /// are a short transaction; a month with more is raised as an
     /// incident and moved by hand.
     pub partition_move_rows: u64,
+    /// Rows one batch of a deleted tenant's erasure deletes at most, in
+    /// one statement ([`offboarding`]): a thousand, as for expiry.
+    pub erasure_batch: u32,
+    /// Batches one erasure pass takes at most, a pass every tick: 100 k
+    /// rows a second while a deletion goes on, each batch short enough
+    /// that claims and webhooks pass between them.
+    pub erasure_batches: u32,
     /// The platform's run timeout (`TOK_RUN_TIMEOUT`, off by default): a
     /// run of an automation without `settings.runTimeout` unfinished this
     /// long after it was made is failed like one past its own ([`watch`]).
@@ -131,6 +143,8 @@ impl Default for SchedulerConfig {
             sample_every: Duration::from_secs(5),
             queue_sample_every: Duration::from_secs(30),
             partition_move_rows: 50_000,
+            erasure_batch: 1000,
+            erasure_batches: 100,
             run_timeout: None,
         }
     }
@@ -322,6 +336,12 @@ pub(crate) async fn wake_loop(
         shutdown.clone(),
     ));
     let sampling = tokio::spawn(sample::sample_loop(inner.clone(), shutdown.clone()));
+    let erasure = tokio::spawn(offboarding::offboarding_loop(
+        scheduler.clone(),
+        inner.clone(),
+        holds.clone(),
+        shutdown.clone(),
+    ));
     let operations = tokio::spawn(crate::operations::operations_loop(
         inner.clone(),
         holds.clone(),
@@ -368,6 +388,7 @@ pub(crate) async fn wake_loop(
     // A pass in progress is cut short: each batch is its own transaction,
     // and the next holder's pass goes on from where this one stopped.
     expiry.abort();
+    erasure.abort();
     sampling.abort();
     history.abort();
     // A page in progress is cut short: each run is its own transaction,

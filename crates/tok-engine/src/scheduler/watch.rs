@@ -14,6 +14,11 @@
 //!   fails (the tenant's incident, `run.failed`, its parent told:
 //!   [`crate::failure`]).
 //!
+//! A look also says `unknown` of the audit rows left `pending` past
+//! [`tok_store::AUDIT_PENDING_GRACE_MS`]: the API wrote them before a
+//! change, and their process stopped before it said how the change ended
+//! (docs/security.md, "Audit").
+//!
 //! And at every wake, [`expire_unstarted`] ends `expired` the runs no
 //! worker began within their automation's `flow.startTimeout`, and
 //! [`release_singletons`] lets a queued singleton run go when the run
@@ -38,6 +43,9 @@ pub const QUEUE_STALLED: Duration = Duration::from_secs(5 * 60);
 /// the next look.
 const PER_LOOK: u32 = 100;
 
+/// Pending audit rows a look resolves at most.
+const PENDING_AUDIT_PER_LOOK: u32 = 1000;
+
 fn ms(d: Duration) -> i64 {
     d.as_millis() as i64
 }
@@ -58,6 +66,18 @@ pub(super) async fn look(
 ) -> Result<()> {
     let store = &*scheduler.store;
     let now = scheduler.clock.now_ms();
+    let unknown = store
+        .resolve_pending_audit(
+            now - tok_store::AUDIT_PENDING_GRACE_MS,
+            PENDING_AUDIT_PER_LOOK,
+        )
+        .await?;
+    if unknown > 0 {
+        tracing::warn!(
+            rows = unknown,
+            "audit rows of changes whose process stopped before it said how they ended are now `unknown`"
+        );
+    }
     for tenant in tenants {
         match look_at(scheduler, tenant, now, report).await {
             Err(e) if !super::skips(tenant, e.is_tenant_database_away()) => return Err(e),

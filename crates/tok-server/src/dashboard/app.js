@@ -181,7 +181,8 @@ async function signIn(key) {
   sessionStorage.setItem("tok.key", key);
   const pick = $("#tenant-pick");
   if (me.kind === "admin") {
-    const tenants = await all("/api/tenants");
+    // A tenant being deleted can no longer be acted for.
+    const tenants = (await all("/api/tenants")).filter((t) => t.status !== "deleting");
     fill(pick,
       h("option", { value: "" }, tenants.length ? "Pick a tenant…" : "No tenants yet"),
       ...tenants.map((t) => h("option", { value: t.id }, t.name)),

@@ -671,8 +671,33 @@ pub(crate) struct Tenant {
     id: String,
     name: String,
     suspended: bool,
+    /// `active`, or `deleting` from its `DELETE` until its rows are all
+    /// erased (then it is gone: 404).
+    status: String,
     #[schema(format = DateTime)]
     created_at: String,
+}
+
+/// One tenant; while it is being deleted, with what is left of it.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TenantShown {
+    #[serde(flatten)]
+    tenant: Tenant,
+    /// Only while `status` is `deleting`.
+    deletion: Option<TenantDeletion>,
+}
+
+/// What is left of a tenant being deleted.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TenantDeletion {
+    /// When its deletion was asked.
+    #[schema(format = DateTime)]
+    requested_at: String,
+    /// Rows of the tenant each table still holds (tables with none left
+    /// out), each counted up to `counted_up_to`: that many means at
+    /// least as many. Empty: the deletion is about to end.
+    remaining: std::collections::BTreeMap<String, u64>,
+    counted_up_to: u64,
 }
 
 /// A page of tenants, oldest first.
@@ -861,6 +886,12 @@ pub(crate) struct AuditEntry {
     /// A few words for people (a name, a version, the fields changed).
     #[schema(required = true)]
     summary: Option<String>,
+    /// `done`: the change was made. `pending`: the row was written before
+    /// the change, which is under way. `unknown`: the change answered an
+    /// error that may have come after it was made, or its process stopped
+    /// before it said (set by the scheduler once the row was pending ten
+    /// minutes).
+    outcome: String,
 }
 
 /// A page of the audit log, newest first.

@@ -1,5 +1,6 @@
-//! `GET /api/audit`: the audit log (DESIGN §15), who changed what with
-//! which key, newest first, with the filters `actor` (a key's id),
+//! `GET /api/audit`: the audit log (docs/security.md, "Audit"), who
+//! changed what with which key, and whether the change was made
+//! (`outcome`), newest first, with the filters `actor` (a key's id),
 //! `action` (`automation.saved`), `target` (an id) and `since` (RFC 3339).
 //! The rows are written by the audit layer (`crate::audit`).
 //!
@@ -63,6 +64,7 @@ fn view(row: &AuditRow) -> Value {
         "action": row.action,
         "target": row.target,
         "summary": row.summary,
+        "outcome": row.outcome,
     })
 }
 

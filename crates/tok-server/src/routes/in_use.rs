@@ -70,6 +70,30 @@ impl User {
         }
     }
 
+    /// A run that has not ended and is about the resource (a ticket).
+    pub(crate) fn run(id: &str) -> User {
+        User {
+            kind: "run",
+            id: id.to_owned(),
+            name: id.to_owned(),
+            path: None,
+            tickets: None,
+            fix: "wait for those runs to end, or cancel them, first",
+        }
+    }
+
+    /// Events about the resource (a ticket) not dispatched yet.
+    pub(crate) fn pending_events(count: i64) -> User {
+        User {
+            kind: "events",
+            id: "pending".to_owned(),
+            name: format!("{count} not dispatched yet"),
+            path: None,
+            tickets: None,
+            fix: "try again once the events about it are dispatched (a moment)",
+        }
+    }
+
     fn view(&self) -> Value {
         let mut view =
             json!({ "kind": self.kind, "id": self.id, "name": self.name, "path": self.path });

@@ -1,15 +1,24 @@
 //! `POST /api/tenants` (admin): creates a tenant and its first API key,
 //! which is shown once and stored only as a hash. `GET /api/tenants`
-//! (admin): every tenant, for the admin to pick one to act for.
-//! `PATCH /api/tenants/{id}` (admin): changes a tenant; each field of the
-//! body is optional and changes only what it names (`suspended`: the
-//! built-in step authorizer denies a suspended tenant's steps with side
-//! effects; `settings.retention`: how long the tenant's data is kept,
-//! DESIGN §10; `settings.limits`: its quotas, DESIGN §15, such as
-//! `concurrency`, its steps in flight across every process; see
-//! [`tok_core::quotas`]; `settings.webhooks.requireSignature`: no source
-//! without a sender's signature and no unsigned webhook, DESIGN §15
-//! "Senders").
+//! (admin): every tenant, for the admin to pick one to act for;
+//! `GET /api/tenants/{id}`: one, and while it is being deleted what is left
+//! of it. `PATCH /api/tenants/{id}` (admin): changes a tenant; each field
+//! of the body is optional and changes only what it names (`name`, checked
+//! as at its creation; `suspended`: the built-in step authorizer denies a
+//! suspended tenant's steps with side effects; `settings.retention`: how
+//! long the tenant's data is kept, docs/operations.md; `settings.limits`:
+//! its quotas, docs/security.md, such as `concurrency`, its steps in
+//! flight across every process; see [`tok_core::quotas`];
+//! `settings.webhooks.requireSignature`: no source without a sender's
+//! signature and no unsigned webhook, docs/security.md "Senders").
+//!
+//! `DELETE /api/tenants/{id}` (admin): offboarding (docs/operations.md,
+//! "Offboarding a tenant"). It answers 202 once the tenant is marked as
+//! being deleted and its keys revoked (one transaction): from then on its
+//! keys answer 401, its webhooks 404, the admin acting for it 410
+//! `tenant_deleted`, and nothing of it starts. The scheduler erases its
+//! rows in batches; `GET /api/tenants/{id}` shows `status: "deleting"` and
+//! the rows left, then 404 once none is. Asked again, it answers the same.
 
 use axum::Json;
 use axum::extract::State;
@@ -30,17 +39,57 @@ pub(crate) fn router() -> Routes {
     Routes::new()
         .get("/api/tenants", Platform, list)
         .post("/api/tenants", Platform, create)
+        .get("/api/tenants/{id}", Platform, show)
         .patch("/api/tenants/{id}", Platform, update)
+        .delete("/api/tenants/{id}", Platform, delete)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(list, create, update))]
+#[openapi(paths(list, create, show, update, delete))]
 pub(crate) struct Api;
 
 #[derive(Deserialize)]
 struct NewTenant {
     name: String,
+}
+
+/// The longest tenant name, in characters.
+const MAX_NAME_CHARS: usize = 200;
+
+/// A tenant's name as given at its creation or a rename: trimmed, not
+/// empty, at most [`MAX_NAME_CHARS`] characters, no control characters.
+fn checked_name(name: &str) -> ApiResult<&str> {
+    let name = name.trim();
+    let invalid =
+        |message: String| ApiError::bad_request("invalid_body", message).with("field", "name");
+    if name.is_empty() {
+        return Err(invalid("`name` must not be empty".into()));
+    }
+    if name.chars().count() > MAX_NAME_CHARS {
+        return Err(invalid(format!(
+            "`name` is longer than {MAX_NAME_CHARS} characters"
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(invalid(
+            "`name` must not hold control characters (line breaks, tabs, U+0000…)".into(),
+        ));
+    }
+    Ok(name)
+}
+
+/// What the admin gets for a tenant that is being deleted, but from the
+/// routes that follow or repeat its deletion.
+pub(crate) fn being_deleted(id: &TenantId) -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "tenant_deleted",
+        format!(
+            "tenant {id} is being deleted: nothing of it can be read or changed; \
+             GET /api/tenants/{id} shows what is left of it"
+        ),
+    )
 }
 
 #[utoipa::path(post, path = "/api/tenants", tag = "tenants", responses((status = 201, body = crate::openapi::schemas::TenantCreated)))]
@@ -49,13 +98,7 @@ async fn create(
     _admin: Admin,
     JsonBody(body): JsonBody<NewTenant>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let name = body.name.trim();
-    if name.is_empty() {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            "`name` must not be empty",
-        ));
-    }
+    let name = checked_name(&body.name)?;
     let api_key = format!("tok_{}", random_token());
     let tenant = state
         .engine
@@ -90,8 +133,87 @@ fn shown(tenant: &tok_store::Tenant) -> Value {
         "id": tenant.id,
         "name": tenant.name,
         "suspended": tenant.suspended,
+        "status": if tenant.deleting() { "deleting" } else { "active" },
         "created_at": tok_store::rfc3339::format(tenant.created_at),
     })
+}
+
+/// Rows of a table counted at most, for what is left of a tenant being
+/// deleted: a count of this many means at least as many.
+const COUNTED_UP_TO: u32 = 10_000;
+
+/// A tenant being deleted as the admin sees it: when it was asked, and the
+/// rows each table still holds.
+async fn shown_deleting(state: &AppState, tenant: &tok_store::Tenant) -> ApiResult<Value> {
+    let mut shown = shown(tenant);
+    let left = state
+        .engine
+        .store()
+        .tenant_rows_left(&tenant.id, COUNTED_UP_TO)
+        .await?;
+    let remaining: Map<String, Value> = left
+        .iter()
+        .map(|l| (l.table.to_owned(), json!(l.rows)))
+        .collect();
+    shown["deletion"] = json!({
+        "requested_at": tenant.deleting_since.map(tok_store::rfc3339::format),
+        "remaining": remaining,
+        "counted_up_to": COUNTED_UP_TO,
+    });
+    Ok(shown)
+}
+
+/// One tenant; while it is being deleted, with what is left of it
+/// (`deletion.remaining`: rows per table, each counted up to
+/// `deletion.counted_up_to`). 404 once it is gone.
+#[utoipa::path(get, path = "/api/tenants/{id}", tag = "tenants", responses((status = 200, body = crate::openapi::schemas::TenantShown)))]
+async fn show(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let id = TenantId::from(id);
+    let Some(tenant) = state.engine.store().tenant(&id).await? else {
+        return Err(ApiError::not_found("tenant"));
+    };
+    Ok(Json(match tenant.deleting() {
+        true => shown_deleting(&state, &tenant).await?,
+        false => shown(&tenant),
+    }))
+}
+
+/// Deletes a tenant and every row of it, on its own database too: 202 at
+/// once, the rows erased by the scheduler in batches (follow it with
+/// `GET /api/tenants/{id}`, 404 once done). Its keys stop working at once.
+#[utoipa::path(delete, path = "/api/tenants/{id}", tag = "tenants", responses((status = 202, body = crate::openapi::schemas::TenantShown)))]
+async fn delete(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> ApiResult<(
+    StatusCode,
+    [(axum::http::HeaderName, String); 1],
+    AuditNote,
+    Json<Value>,
+)> {
+    let id = TenantId::from(id);
+    let Some(tenant) = state.engine.store().begin_tenant_deletion(&id).await? else {
+        return Err(ApiError::not_found("tenant"));
+    };
+    // This process stops at once; the others at their next look at the
+    // tenant list (a few seconds; its keys fail at once everywhere).
+    state.engine.refresh_tenants().await?;
+    state.engine.tenant_changed(&id);
+    state.quotas.tenant_changed(&id);
+    state.sources.forget_tenant(&id);
+    let location = format!("/api/tenants/{id}");
+    let note = AuditNote("every row of the tenant to be erased".into());
+    Ok((
+        StatusCode::ACCEPTED,
+        [(axum::http::header::LOCATION, location)],
+        note,
+        Json(shown_deleting(&state, &tenant).await?),
+    ))
 }
 
 /// What `PATCH /api/tenants/{id}` may change; every field is optional, a
@@ -99,6 +221,7 @@ fn shown(tenant: &tok_store::Tenant) -> Value {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TenantChange {
+    name: Option<String>,
     suspended: Option<bool>,
     #[serde(default)]
     settings: Option<SettingsChange>,
@@ -137,7 +260,11 @@ async fn update(
     let Some(tenant) = store.tenant(&id).await? else {
         return Err(ApiError::not_found("tenant"));
     };
+    if tenant.deleting() {
+        return Err(being_deleted(&id));
+    }
     // Every change is checked before any is written.
+    let name = body.name.as_deref().map(checked_name).transpose()?;
     let (retention_change, limits_change, webhooks_change) = match body.settings {
         Some(settings) => (settings.retention, settings.limits, settings.webhooks),
         None => (None, None, None),
@@ -158,6 +285,9 @@ async fn update(
     };
     // The audit row names what changed: the fields, not their values.
     let mut changed = Vec::new();
+    if name.is_some() {
+        changed.push("name".to_owned());
+    }
     if let Some(suspended) = body.suspended {
         changed.push(format!("suspended: {suspended}"));
     }
@@ -176,6 +306,7 @@ async fn update(
         false => changed.join("; "),
     });
     let patch = TenantPatch {
+        name: name.map(str::to_owned),
         suspended: body.suspended,
         limits: limits_change.is_some().then(|| limits.clone()),
         webhooks,

@@ -7,6 +7,13 @@
 //! status is one of the type's, the assignee is a member of one of the
 //! tenant's groups), then written only if the ticket is still as it was
 //! read: a change that crossed another one answers 409 instead of undoing it.
+//!
+//! `DELETE /api/tickets/{id}` deletes a ticket with its trace (and the
+//! signals still buffered about it), in one transaction. A ticket a run in
+//! flight is about (its subject, or a wait for a signal about it), or an
+//! event not yet dispatched, is in use: 409 `in_use` naming the runs, and
+//! nothing is deleted. Finished runs keep their record, which names the
+//! ticket by its id.
 
 use std::collections::HashSet;
 
@@ -19,12 +26,14 @@ use serde_json::{Map, Value, json};
 use tok_core::ids::{TenantId, new_id};
 use tok_engine::stream::Kind;
 use tok_store::{
-    Cause, Member, StoreError, Ticket, TicketFilter, TicketType, TicketWrite, rfc3339,
+    Cause, Member, StoreError, Ticket, TicketDeletion, TicketFilter, TicketType, TicketWrite,
+    rfc3339,
 };
 
 use crate::AppState;
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
+use crate::routes::in_use::{User, conflict};
 use crate::routes::{JsonBody, PageQuery, Path, READ, Routes, WRITE};
 
 /// Who a person's change is by, in the ticket's trace.
@@ -36,11 +45,12 @@ pub(crate) fn router() -> Routes {
         .post("/api/tickets", WRITE, create)
         .get("/api/tickets/{id}", READ, show)
         .patch("/api/tickets/{id}", WRITE, update)
+        .delete("/api/tickets/{id}", WRITE, delete)
 }
 
 /// What these routes are, for the OpenAPI document (`crate::openapi`).
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(list, create, show, update))]
+#[openapi(paths(list, create, show, update, delete))]
 pub(crate) struct Api;
 
 /// A ticket as clients see it: the type and the assignee by name.
@@ -146,6 +156,33 @@ async fn show(
     let mut body = view(&ticket);
     body["trace"] = json!(trace);
     Ok(Json(body))
+}
+
+/// Deletes a ticket and its trace; refused while runs in flight or
+/// events not yet dispatched are about it.
+#[utoipa::path(delete, path = "/api/tickets/{id}", tag = "tickets", responses((status = 204, description = "deleted, with its trace"), (status = 409, description = "runs that have not ended are about the ticket, or events about it are not dispatched yet (`in_use`, with `used_by` naming them)", body = crate::openapi::ErrorBody)))]
+async fn delete(
+    State(state): State<AppState>,
+    Tenant(tenant, _): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    match state.engine.store().delete_ticket(&tenant, &id).await? {
+        TicketDeletion::Deleted => {}
+        TicketDeletion::NotFound => return Err(ApiError::not_found("ticket")),
+        TicketDeletion::InUse { runs, events } => {
+            let mut users: Vec<User> = runs.iter().map(|r| User::run(r.as_str())).collect();
+            if events > 0 {
+                users.push(User::pending_events(events));
+            }
+            return Err(conflict(&format!("ticket `{id}` is in use by"), &users));
+        }
+    }
+    let data = json!({ "ticket_id": id, "run_id": null, "deleted": true });
+    state
+        .engine
+        .stream()
+        .publish(&tenant, Kind::TicketUpdated, data);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]

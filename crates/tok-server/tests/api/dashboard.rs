@@ -94,7 +94,7 @@ async fn a_key_learns_who_it_is_and_only_the_admin_lists_tenants(app: &TestApp) 
     );
     assert_eq!(
         listed,
-        json!([{ "id": acme.id, "name": "Acme", "suspended": false }])
+        json!([{ "id": acme.id, "name": "Acme", "suspended": false, "status": "active" }])
     );
     app.get(&acme.key, "/api/tenants")
         .await

@@ -537,6 +537,29 @@ impl TestApp {
         }
     }
 
+    /// Runs `sql` (one or more statements) on the app's database from a
+    /// connection of its own: for a fault a test injects on purpose (a
+    /// trigger that refuses a write), never to read what the API shows.
+    pub(crate) async fn sql(&self, sql: &str) {
+        use sqlx::Connection as _;
+        match self.backend {
+            Backend::Postgres => {
+                let mut conn = sqlx::PgConnection::connect(&self.db.url)
+                    .await
+                    .expect("a connection of its own");
+                sqlx::raw_sql(sql).execute(&mut conn).await.expect(sql);
+                conn.close().await.expect("close");
+            }
+            Backend::Sqlite => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.db.url)
+                    .await
+                    .expect("a connection of its own");
+                sqlx::raw_sql(sql).execute(&mut conn).await.expect(sql);
+                conn.close().await.expect("close");
+            }
+        }
+    }
+
     /// Stops the dispatcher and the workers: nothing moves until
     /// [`TestApp::start_engine`]. Requests are still served.
     pub(crate) async fn stop_engine(&self) {

@@ -509,6 +509,9 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             format!("/api/tenants/{}", a.tenant.id),
             json!({ "name": "x" }),
         ),
+        ("GET" | "DELETE", "/api/tenants/{id}") => {
+            AdminOnly(m, format!("/api/tenants/{}", a.tenant.id), empty)
+        }
         ("GET", "/api/platform/incidents") => AdminOnly(m, route.path.into(), empty),
         ("POST", "/api/platform/incidents/{id}/resolve") => AdminOnly(
             m,
@@ -632,7 +635,9 @@ fn probe(route: &tok_server::Route, a: &Estate) -> Option<Probe> {
             format!("/api/sources/{}/rotate", a.source),
             json!({ "overlap": "1h" }),
         ),
-        ("GET", "/api/tickets/{id}") => Theirs(m, format!("/api/tickets/{}", a.ticket), empty),
+        ("GET" | "DELETE", "/api/tickets/{id}") => {
+            Theirs(m, format!("/api/tickets/{}", a.ticket), empty)
+        }
         ("PATCH", "/api/tickets/{id}") => Theirs(
             m,
             format!("/api/tickets/{}", a.ticket),

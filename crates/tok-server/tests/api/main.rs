@@ -7,6 +7,7 @@ mod helpers;
 
 mod approvals;
 mod audit;
+mod audit_ahead;
 mod authorization;
 mod automations;
 mod blocked;
@@ -56,6 +57,8 @@ mod signed_only;
 mod source_schemas;
 mod state_limits;
 mod tenant_concurrency;
+mod tenants;
+mod ticket_deletes;
 mod ticket_outcomes;
 mod versions;
 mod waits;

@@ -309,7 +309,8 @@ fn answers_that_differ_from_the_document_fail() {
         json!({ "items": [{}] })
     ));
     let tenant = json!({
-        "id": "ten_1", "name": "Acme", "suspended": false, "created_at": "2026-01-01T00:00:00Z",
+        "id": "ten_1", "name": "Acme", "suspended": false, "status": "active",
+        "created_at": "2026-01-01T00:00:00Z",
     });
     let page = |items: Value| json!({ "items": items, "next_cursor": null });
     assert!(!fails(

@@ -72,6 +72,7 @@
 mod config;
 mod database;
 mod moving;
+mod offboarding;
 mod split_dispatch;
 
 use std::collections::{HashMap, HashSet};
@@ -207,18 +208,23 @@ impl RoutedStore {
         let Some(found) = AdminStore::tenant(self.shared(), tenant).await? else {
             return Ok(0);
         };
-        let index = self
-            .keys
-            .get(found.id.as_str())
-            .or_else(|| self.keys.get(&found.name))
-            .copied()
-            .or(self.every)
-            .unwrap_or(0);
+        let index = self.index_of(found.id.as_str(), &found.name);
         self.routes
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(tenant.clone(), index);
         Ok(index)
+    }
+
+    /// The index of the database the configuration puts the tenant of
+    /// this id and name on.
+    fn index_of(&self, id: &str, name: &str) -> usize {
+        self.keys
+            .get(id)
+            .or_else(|| self.keys.get(name))
+            .copied()
+            .or(self.every)
+            .unwrap_or(0)
     }
 
     /// The database of `tenant`, its `tenants` row copied there once per
@@ -477,6 +483,20 @@ impl AdminStore for RoutedStore {
         self.shared().tenant(id).await
     }
     async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>> {
+        // A new name must not move the tenant to another database: its
+        // rows would be left behind on the one it is on.
+        if let Some(name) = &patch.name
+            && self.shared().tenant(id).await?.is_some()
+        {
+            let (now, then) = (self.db_index(id).await?, self.index_of(id.as_str(), name));
+            if now != then {
+                return Err(StoreError::Conflict(format!(
+                    "TOK_TENANT_DATABASES routes tenant {id} by name: renamed `{name}`, it would \
+                     be looked for on another database than the one its rows are on; route it \
+                     by its id first (`{id}=<url>`), then rename it"
+                )));
+            }
+        }
         let updated = self.shared().update_tenant(id, patch).await?;
         if updated.is_some() {
             self.refresh_mirror(id).await;
@@ -771,6 +791,7 @@ by_tenant! {
         fn tickets(&self, tenant: &TenantId, filter: &TicketFilter, limit: u32, cursor: Option<&str>) -> Result<Page<Ticket>>;
         fn ticket(&self, tenant: &TenantId, id: &str) -> Result<Option<Ticket>>;
         fn ticket_trace(&self, tenant: &TenantId, id: &str) -> Result<Vec<TraceLine>>;
+        fn delete_ticket(&self, tenant: &TenantId, id: &str) -> Result<TicketDeletion>;
         fn write_ticket(&self, tenant: &TenantId, write: TicketWrite, expected_updated_at: Option<i64>, cause: &Cause) -> Result<Written>;
         fn incidents(&self, tenant: &TenantId, status: Option<&str>, limit: u32, cursor: Option<&str>) -> Result<Page<Incident>>;
         fn incident(&self, tenant: &TenantId, id: &str) -> Result<Option<Incident>>;
@@ -965,6 +986,18 @@ by_tenant! {
 impl AuditStore for RoutedStore {
     async fn write_audit(&self, row: NewAudit) -> Result<AuditRow> {
         self.shared().write_audit(row).await
+    }
+    async fn begin_audit(&self, row: NewAudit) -> Result<AuditRow> {
+        self.shared().begin_audit(row).await
+    }
+    async fn end_audit(&self, row: &AuditRow, end: AuditEnd) -> Result<()> {
+        self.shared().end_audit(row, end).await
+    }
+    async fn drop_audit(&self, row: &AuditRow) -> Result<()> {
+        self.shared().drop_audit(row).await
+    }
+    async fn resolve_pending_audit(&self, before_ms: i64, limit: u32) -> Result<u64> {
+        self.shared().resolve_pending_audit(before_ms, limit).await
     }
     async fn audit(
         &self,

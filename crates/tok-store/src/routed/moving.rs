@@ -1,6 +1,7 @@
 //! Moving a tenant between databases: [`copy_tenant`] copies its rows while
 //! its processes are stopped, [`forget_tenant`] deletes what the move left
-//! behind (`docs/operations.md` has the procedure).
+//! behind (`docs/operations.md` has the procedure). Each may write the
+//! platform's audit row of what it did in its own transaction.
 
 use std::collections::HashSet;
 
@@ -10,6 +11,7 @@ use sqlx::postgres::PgPool;
 use sqlx::types::Json;
 use tok_core::ids::TenantId;
 
+use crate::audit::{AuditOutcome, NewAudit};
 use crate::{Result, StoreError};
 
 /// What [`copy_tenant`] copied: rows per table.
@@ -34,8 +36,14 @@ const NOT_COPIED: &[&str] = &[
 /// already holds rows of the tenant. The rows stay in `from` until
 /// [`forget_tenant`] deletes them, after the switch. Identity columns
 /// (`jobs.id`, `run_steps.id`, `ticket_trace.id`) are numbered anew by `to`,
-/// in the old order.
-pub async fn copy_tenant(from: &PgPool, to: &PgPool, tenant: &TenantId) -> Result<Copied> {
+/// in the old order. `audit`, if any, is written `done` in the same
+/// transaction, its summary followed by the number of rows copied.
+pub async fn copy_tenant(
+    from: &PgPool,
+    to: &PgPool,
+    tenant: &TenantId,
+    audit: Option<NewAudit>,
+) -> Result<Copied> {
     let exists = sqlx::query("SELECT 1 FROM tenants WHERE id = $1")
         .bind(tenant.as_str())
         .fetch_optional(from)
@@ -145,6 +153,9 @@ pub async fn copy_tenant(from: &PgPool, to: &PgPool, tenant: &TenantId) -> Resul
         }
         copied.push((table.clone(), total));
     }
+    if let Some(row) = audit {
+        insert_audit(&mut target, row, &copied).await?;
+    }
     target.commit().await?;
     source.rollback().await?;
     Ok(copied)
@@ -155,8 +166,14 @@ const COPY_BATCH: i64 = 2_000;
 
 /// Deletes every row of `tenant` from `db` but its `tenants` row, its
 /// API keys and its audit log (the shared database keeps those): what a move leaves behind
-/// in the database it left, after the switch. One transaction.
-pub async fn forget_tenant(db: &PgPool, tenant: &TenantId) -> Result<Copied> {
+/// in the database it left, after the switch. One transaction, with
+/// `audit`, if any, written `done` in it, its summary followed by the
+/// number of rows deleted.
+pub async fn forget_tenant(
+    db: &PgPool,
+    tenant: &TenantId,
+    audit: Option<NewAudit>,
+) -> Result<Copied> {
     let mut tables = tenant_tables(db).await?;
     tables.reverse();
     let mut tx = db.begin().await?;
@@ -174,8 +191,26 @@ pub async fn forget_tenant(db: &PgPool, tenant: &TenantId) -> Result<Copied> {
             .rows_affected();
         deleted.push((table.to_owned(), n));
     }
+    if let Some(row) = audit {
+        insert_audit(&mut tx, row, &deleted).await?;
+    }
     tx.commit().await?;
     Ok(deleted)
+}
+
+/// Writes `row` in `tx`, `done`, its summary followed by the rows counted.
+async fn insert_audit(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    mut row: NewAudit,
+    counted: &Copied,
+) -> Result<()> {
+    let rows: u64 = counted.iter().map(|(_, n)| n).sum();
+    row.summary = Some(match row.summary.take() {
+        Some(summary) => format!("{summary} ({rows} rows)"),
+        None => format!("{rows} rows"),
+    });
+    crate::postgres::insert_audit_in(tx, row, AuditOutcome::Done).await?;
+    Ok(())
 }
 
 /// The tables with a `tenant_id` column but those of [`NOT_COPIED`],

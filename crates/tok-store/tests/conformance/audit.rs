@@ -1,9 +1,15 @@
 //! The audit log on every backend alike: rows are listed by their tenant
 //! only, newest first in keyset pages, kept by each filter; the platform
 //! admin's listing has every tenant's rows and the platform's own; a
-//! tenant's rows expire by its retention and the platform's by theirs.
+//! tenant's rows expire by its retention and the platform's by theirs; a
+//! row written ahead of its change is `pending` until it is ended `done`
+//! or `unknown`, or dropped, and one left pending past its grace is said
+//! `unknown`.
 
-use tok_store::{Actor, ActorKind, AuditFilter, AuditRow, Expiring, NewAudit, Target, now_ms};
+use tok_store::{
+    AUDIT_PENDING_GRACE_MS, Actor, ActorKind, AuditEnd, AuditFilter, AuditOutcome, AuditRow,
+    Expiring, NewAudit, Target, now_ms,
+};
 
 use super::*;
 
@@ -12,6 +18,7 @@ backend_tests!(
     rows_are_listed_per_tenant_newest_first_and_filtered,
     the_platform_lists_every_row_and_its_own,
     rows_expire_by_tenant_and_the_platforms_apart,
+    rows_written_ahead_end_done_unknown_or_not_at_all,
 );
 
 fn by_key(id: &str) -> Actor {
@@ -308,4 +315,127 @@ async fn rows_expire_by_tenant_and_the_platforms_apart(db: &TestDb) {
         actions(&store.audit_everywhere(&all, 10, None).await.unwrap().items),
         ["source.created"]
     );
+}
+
+async fn rows_written_ahead_end_done_unknown_or_not_at_all(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let a = tenant(store, "a").await;
+    let all = AuditFilter::default();
+    let outcomes = |rows: &[AuditRow]| -> Vec<(String, AuditOutcome)> {
+        rows.iter().map(|r| (r.action.clone(), r.outcome)).collect()
+    };
+
+    // Written before the change: listed as pending.
+    let made = store
+        .begin_audit(row(Some(&a), by_key("key_1"), "source.created", "src_1"))
+        .await
+        .unwrap();
+    assert_eq!(made.outcome, AuditOutcome::Pending);
+    let refused = store
+        .begin_audit(row(Some(&a), by_key("key_1"), "source.updated", "src_1"))
+        .await
+        .unwrap();
+    let failed = store
+        .begin_audit(row(Some(&a), by_key("key_1"), "source.deleted", "src_1"))
+        .await
+        .unwrap();
+    let crashed = store
+        .begin_audit(row(None, by_key("key_1"), "tenant.created", "ten_x"))
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes(&store.audit(&a, &all, 10, None).await.unwrap().items),
+        [
+            ("source.deleted".to_owned(), AuditOutcome::Pending),
+            ("source.updated".to_owned(), AuditOutcome::Pending),
+            ("source.created".to_owned(), AuditOutcome::Pending),
+        ],
+        "{backend:?}"
+    );
+
+    // Made: done, with what the change made known. Refused: gone. An
+    // error that may have come after its commit: unknown.
+    store
+        .end_audit(
+            &made,
+            AuditEnd {
+                outcome: AuditOutcome::Done,
+                tenant_id: Some(a.clone()),
+                target_id: Some("src_2".into()),
+                summary: Some("orders".into()),
+            },
+        )
+        .await
+        .unwrap();
+    store.drop_audit(&refused).await.unwrap();
+    store
+        .end_audit(
+            &failed,
+            AuditEnd {
+                outcome: AuditOutcome::Unknown,
+                tenant_id: Some(a.clone()),
+                target_id: Some("src_1".into()),
+                summary: None,
+            },
+        )
+        .await
+        .unwrap();
+    let listed = store.audit(&a, &all, 10, None).await.unwrap().items;
+    assert_eq!(
+        outcomes(&listed),
+        [
+            ("source.deleted".to_owned(), AuditOutcome::Unknown),
+            ("source.created".to_owned(), AuditOutcome::Done),
+        ],
+        "{backend:?}"
+    );
+    assert_eq!(listed[1].target.id.as_deref(), Some("src_2"));
+    assert_eq!(listed[1].summary.as_deref(), Some("orders"));
+
+    // Left pending by a process that stopped: unknown once past its grace,
+    // not before.
+    assert_eq!(
+        store
+            .resolve_pending_audit(crashed.at - 1, 100)
+            .await
+            .unwrap(),
+        0
+    );
+    let everywhere = store.audit_everywhere(&all, 10, None).await.unwrap().items;
+    assert_eq!(everywhere[0].id, crashed.id);
+    assert_eq!(everywhere[0].outcome, AuditOutcome::Pending);
+    assert_eq!(
+        store
+            .resolve_pending_audit(now_ms() + AUDIT_PENDING_GRACE_MS, 100)
+            .await
+            .unwrap(),
+        1,
+        "{backend:?}"
+    );
+    let everywhere = store.audit_everywhere(&all, 10, None).await.unwrap().items;
+    assert_eq!(everywhere[0].outcome, AuditOutcome::Unknown);
+    // Ended late, it still takes the outcome the change had.
+    store
+        .end_audit(
+            &crashed,
+            AuditEnd {
+                outcome: AuditOutcome::Done,
+                tenant_id: Some(a.clone()),
+                target_id: Some("ten_x".into()),
+                summary: None,
+            },
+        )
+        .await
+        .unwrap();
+    let listed = store.audit(&a, &all, 10, None).await.unwrap().items;
+    assert_eq!(listed[0].action, "tenant.created");
+    assert_eq!(listed[0].outcome, AuditOutcome::Done);
+    // A row written whole is done.
+    let whole = store
+        .write_audit(row(Some(&a), by_key("key_1"), "key.created", "key_2"))
+        .await
+        .unwrap();
+    assert_eq!(whole.outcome, AuditOutcome::Done);
 }

@@ -11,16 +11,17 @@
 //! concurrency cap across claims and dispatches), `widgets`, `connections`
 //! (credentials sealed at rest, changed, deleted), `desk` (ticket types,
 //! groups and members changed and deleted), `queue_samples` (the queue's
-//! health over time), `audit` (the audit log), `outcomes` (a run's end in
-//! its ticket's trace) and `migrations`; the setup helpers they share are
-//! here.
+//! health over time), `audit` (the audit log), `offboarding` (a tenant
+//! deleted with every row of it), `outcomes` (a run's end in its ticket's
+//! trace) and `migrations`; the setup helpers they share are here.
 //!
 //! Tests drive the store only through its public traits and assert on what a
 //! caller gets back (claimed jobs, runs, pages, inbox answers). Raw SQL is
 //! used in setup alone, to simulate what the API cannot do on purpose: an
 //! event found pending again after its runs were written (a dispatcher that
 //! crashed), the passing of the inbox's 24-hour idempotency window, and a
-//! database that refuses a row.
+//! database that refuses a row; and, for a tenant's deletion (`offboarding`),
+//! to give the tenant a row in every table and count what is left of it.
 //!
 //! Timing: waits for a lease or delay to expire sleep well past it, and
 //! nothing asserts on how long an operation took.
@@ -68,6 +69,7 @@ mod inbox;
 mod keys;
 mod lifecycle;
 mod migrations;
+mod offboarding;
 mod operations;
 mod outcomes;
 mod pages;

@@ -115,6 +115,34 @@ async fn one_dispatch_and_one_claim_span_two_databases_and_each_keeps_its_rows()
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_routed_by_its_name_is_not_renamed_off_its_database() {
+    on_two_databases(async |store, _shared, _far_db| {
+        let far = tenant(store, "Far").await;
+        let near = tenant(store, "Near").await;
+        let renamed = |name: &str| tok_store::TenantPatch {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let refused = store.update_tenant(&far, renamed("Farther")).await;
+        assert!(
+            matches!(refused, Err(StoreError::Conflict(ref m)) if m.contains("routes tenant")),
+            "{refused:?}"
+        );
+        assert_eq!(store.tenant(&far).await.unwrap().unwrap().name, "Far");
+        // Nor may another tenant take the name that would move it there.
+        let refused = store.update_tenant(&near, renamed("Far")).await;
+        assert!(
+            matches!(refused, Err(StoreError::Conflict(_))),
+            "{refused:?}"
+        );
+        // A name that keeps it where it is is fine.
+        let kept = store.update_tenant(&near, renamed("Nearer")).await.unwrap();
+        assert_eq!(kept.unwrap().name, "Nearer");
+    })
+    .await;
+}
+
 /// Runs `test` on a routed store over two fresh databases: `Far` on the
 /// second, every other tenant on the first (shared); both dropped after.
 async fn on_two_databases(test: impl AsyncFnOnce(&dyn Store, &TestDb, &TestDb)) {

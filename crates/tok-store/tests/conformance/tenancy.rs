@@ -8,7 +8,46 @@ backend_tests!(
     run_on_fresh_db;
     a_tenant_never_sees_another_tenants_rows,
     suspending_a_tenant_changes_that_tenant_only_and_keeps_its_settings,
+    a_tenant_is_renamed_unless_it_is_being_deleted,
 );
+
+async fn a_tenant_is_renamed_unless_it_is_being_deleted(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let a = tenant(store, "a").await;
+    let b = tenant(store, "b").await;
+    let suspended = TenantPatch {
+        suspended: Some(true),
+        ..TenantPatch::default()
+    };
+    store.update_tenant(&a, suspended).await.unwrap();
+    let renamed = TenantPatch {
+        name: Some("Acme Ltd".into()),
+        ..TenantPatch::default()
+    };
+    let changed = store.update_tenant(&a, renamed).await.unwrap().unwrap();
+    assert_eq!(changed.name, "Acme Ltd", "{backend:?}");
+    assert!(changed.suspended, "{backend:?}: the settings stay");
+    assert_eq!(store.tenant(&a).await.unwrap().unwrap().name, "Acme Ltd");
+    assert_eq!(store.tenant(&b).await.unwrap().unwrap().name, "b");
+    // A tenant being deleted keeps what it was.
+    store.begin_tenant_deletion(&b).await.unwrap();
+    let refused = store
+        .update_tenant(
+            &b,
+            TenantPatch {
+                name: Some("back".into()),
+                ..TenantPatch::default()
+            },
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict(ref m)) if m.contains("being deleted")),
+        "{backend:?}: {refused:?}"
+    );
+    assert_eq!(store.tenant(&b).await.unwrap().unwrap().name, "b");
+}
 
 async fn suspending_a_tenant_changes_that_tenant_only_and_keeps_its_settings(db: &TestDb) {
     let backend = db.backend;

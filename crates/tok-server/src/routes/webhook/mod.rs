@@ -58,6 +58,15 @@ async fn source(state: &AppState, token: &str) -> ApiResult<Arc<WebhookSource>> 
         )
     })?;
     let tenant = store.tenant(&source.tenant_id).await?;
+    // A tenant being deleted has no webhooks any more: they answer as a
+    // deleted source's do.
+    if tenant.as_ref().is_some_and(|t| t.deleting()) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_webhook",
+            "no webhook has this URL",
+        ));
+    }
     let require_signature = tenant.map_or(state.require_signed_webhooks, |t| {
         t.webhooks.requires_signature(state.require_signed_webhooks)
     });
