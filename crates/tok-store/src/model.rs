@@ -134,6 +134,9 @@ pub struct Source {
     pub params: Value,
     pub critical: bool,
     pub rate_limit: Option<i32>,
+    /// The signing secret, opened (it is sealed at rest). When it does not
+    /// open ([`Source::secret_error`]) this holds what is stored, so the
+    /// source still reads as signed; [`Source::secrets`] then refuses.
     #[serde(skip)]
     pub secret: Option<String>,
     /// Whose signature `secret` checks, as the server names the senders;
@@ -154,17 +157,25 @@ pub struct Source {
     pub previous_secret_until: Option<i64>,
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    /// Why the signing secrets do not open (their key is not in
+    /// `TOK_SECRET_KEY`, or they were altered); `None` when they opened.
+    #[serde(skip)]
+    pub secret_error: Option<crate::SecretError>,
 }
 
 impl Source {
     /// The signing secrets a webhook may be signed with at `now`: the
-    /// current one and, within a rotation's overlap, the one before.
-    pub fn secrets(&self, now: i64) -> Vec<&str> {
+    /// current one and, within a rotation's overlap, the one before; or why
+    /// they do not open (nothing is verified with what is stored).
+    pub fn secrets(&self, now: i64) -> Result<Vec<&str>, crate::SecretError> {
+        if let Some(error) = &self.secret_error {
+            return Err(error.clone());
+        }
         let previous = self
             .previous_secret
             .as_deref()
             .filter(|_| self.previous_secret_until.is_some_and(|until| until > now));
-        self.secret.as_deref().into_iter().chain(previous).collect()
+        Ok(self.secret.as_deref().into_iter().chain(previous).collect())
     }
 
     /// Until when `token` opens this source: `None` for its current token
