@@ -87,13 +87,16 @@ pub use audit::{
     Actor, ActorKind, AuditFilter, AuditRow, AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
 };
 pub use connections::{
-    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, NewConnection,
+    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, ExpectedConnection,
+    NewConnection,
 };
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
 pub use effects::EffectStore;
 pub use gate::Lane;
-pub use keys::{ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope};
+pub use keys::{
+    AdminKeyState, ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope,
+};
 pub use model::*;
 pub use operations::{
     Applied, NewOperation, Operation, OperationAction, OperationStore, RunAction,
