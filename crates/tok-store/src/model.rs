@@ -124,7 +124,9 @@ pub struct NewSource {
     pub schema: Option<Value>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A source as the store reads it, its signing secrets opened. Its `Debug`
+/// shows neither its tokens nor its secrets.
+#[derive(Clone, Serialize)]
 pub struct Source {
     pub id: SourceId,
     pub tenant_id: TenantId,
@@ -161,6 +163,23 @@ pub struct Source {
     /// `TOK_SECRET_KEY`, or they were altered); `None` when they opened.
     #[serde(skip)]
     pub secret_error: Option<crate::SecretError>,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |v: &Option<String>| v.as_ref().map(|_| "***");
+        f.debug_struct("Source")
+            .field("id", &self.id)
+            .field("tenant_id", &self.tenant_id)
+            .field("name", &self.name)
+            .field("token", &"***")
+            .field("secret", &hidden(&self.secret))
+            .field("verify_preset", &self.verify_preset)
+            .field("previous_token", &hidden(&self.previous_token))
+            .field("previous_secret", &hidden(&self.previous_secret))
+            .field("secret_error", &self.secret_error)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Source {

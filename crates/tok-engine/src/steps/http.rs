@@ -704,7 +704,8 @@ mod tests {
                 "{m}"
             );
         }
-        assert!(check(&json!({ "url": "https://a.example/", "method": "{{m}}" })).is_ok());
+        // A templated method is judged at the call (with a templated URL).
+        assert!(check(&json!({ "url": "https://{{h}}/", "method": "{{m}}" })).is_ok());
     }
 
     #[test]

@@ -87,6 +87,11 @@ async fn a_signing_secret_is_stored_sealed_and_reads_back_plain(db: &TestDb) {
     let by_token = store.source_by_token(&token).await.unwrap().unwrap();
     assert_eq!(by_token.secret.as_deref(), Some(SECRET));
     assert_eq!(by_token.secrets(tok_store::now_ms()).unwrap(), [SECRET]);
+    let printed = format!("{by_token:?}");
+    assert!(
+        !printed.contains(SECRET) && !printed.contains(&token),
+        "{printed}"
+    );
     let read = store.source(&t, &id).await.unwrap().unwrap();
     assert_eq!(read.secret.as_deref(), Some(SECRET));
     assert_eq!(
