@@ -1,4 +1,4 @@
-//! Dashboard widgets' data (DESIGN §14): a widget's tile shows what one
+//! Dashboard widgets' data (docs/dashboard.md): a widget's tile shows what one
 //! HTTP request answers, and the answer is kept as the widget's cache for
 //! its time to live. While the cache is fresh, opening the dashboard calls
 //! no outside service; a refresh, or an expired cache, makes one call, as

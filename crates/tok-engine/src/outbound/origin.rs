@@ -1,4 +1,4 @@
-//! Credentials keep to their origin (DESIGN §15): a step or widget naming
+//! Credentials keep to their origin (docs/security.md): a step or widget naming
 //! a connection calls only URLs of the origin (scheme, host, port) of the
 //! connection's `base_url`, so the connection's credentials reach no other
 //! host, whatever the tenant writes or a webhook body renders.

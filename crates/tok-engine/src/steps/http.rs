@@ -17,7 +17,7 @@
 //! back into the run's outputs, `CONNECT` opens a tunnel.
 //!
 //! Every attempt sends `Idempotency-Key: <run id>:<path>`, the same on every
-//! retry. What is retried (DESIGN §5): a connection error, 5xx, 408, 425,
+//! retry. What is retried (docs/connectors.md): a connection error, 5xx, 408, 425,
 //! 429 (after `Retry-After` when given). 400, 401, 403, 404 and other 4xx are
 //! terminal. A timeout before the request went out is retried; a timeout
 //! after it went out is retried only for idempotent methods (GET, HEAD, PUT,

@@ -114,7 +114,7 @@ fn checked(s: &Settings<'_>) -> ApiResult<()> {
             "an mcp connection needs `base_url`: the server's MCP endpoint",
         ));
     }
-    // Credentials are sent only to the origin of the base URL (DESIGN §15):
+    // Credentials are sent only to the origin of the base URL (docs/security.md):
     // without one, nothing would bind them to a host.
     if s.base_url.is_none() && s.has_credentials {
         return Err(invalid(

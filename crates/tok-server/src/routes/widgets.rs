@@ -1,4 +1,4 @@
-//! Dashboard widgets (DESIGN §14): `POST /api/widgets {name, connection,
+//! Dashboard widgets (docs/dashboard.md): `POST /api/widgets {name, connection,
 //! request, ttlSec}` saves a tile's request (an `http` step's config, sent
 //! through the connection); `GET /api/widgets/{id}/data` answers its data
 //! from the cache while it is fresh, else from one call

@@ -1,5 +1,5 @@
 //! The outbound guard, the byte budget and credentials keeping to their
-//! origin (DESIGN §15), tried as a hostile tenant would: a widget or an
+//! origin (docs/security.md), tried as a hostile tenant would: a widget or an
 //! `http` step aimed at the server's own `/metrics` or at the cloud
 //! metadata address is refused with an error naming the address and
 //! `TOK_OUTBOUND_ALLOW`, and nothing reaches the target; a redirect from an

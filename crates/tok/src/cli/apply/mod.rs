@@ -1,4 +1,4 @@
-//! `tok apply -f PATH`: a tenant's setup kept in files (DESIGN §15,
+//! `tok apply -f PATH`: a tenant's setup kept in files (docs/security.md,
 //! "Declarative"). PATH is one file or a directory (read whole, files
 //! ending `.json` in path order); each file holds one object or a list of
 //! them. An object without `kind` is an automation; the others say `"kind":
