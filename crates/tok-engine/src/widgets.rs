@@ -1,4 +1,4 @@
-//! Dashboard widgets' data (DESIGN §14): a widget's tile shows what one
+//! Dashboard widgets' data (docs/dashboard.md): a widget's tile shows what one
 //! HTTP request answers, and the answer is kept as the widget's cache for
 //! its time to live. While the cache is fresh, opening the dashboard calls
 //! no outside service; a refresh, or an expired cache, makes one call, as
@@ -10,6 +10,12 @@
 //! An answer is kept only while the widget still asks what was called: a
 //! change of its request or connection meanwhile (which drops the cache)
 //! leaves it out.
+//!
+//! A widget's request is a read: `GET`, without a header that asks the
+//! service for another method ([`check_read`]). Anyone with a `read` key
+//! may refresh a widget, so a widget that wrote (a `DELETE` through a
+//! connection's credentials) would let a read key write. A widget saved
+//! before this rule is refused at its call.
 
 use std::sync::Arc;
 
@@ -52,9 +58,11 @@ pub enum WidgetError {
         retry_after_ms: Option<u64>,
     },
     /// The request itself is not allowed: the outbound guard refused its
-    /// address (`code` is `outbound_refused`) or its URL left the
-    /// connection's origin (`origin_mismatch`). No cached answer is served
-    /// in its place: the request is the tenant's to fix.
+    /// address (`code` is `outbound_refused`), its URL left the
+    /// connection's origin (`origin_mismatch`), or it is not a read
+    /// (`widget_not_a_read`, a widget saved before widgets were reads). No
+    /// cached answer is served in its place: the request is the tenant's
+    /// to fix.
     #[error("{message}")]
     Refused { code: &'static str, message: String },
 }
@@ -102,6 +110,12 @@ impl Widgets {
                 fetched_at: *at,
                 cached: true,
                 error: None,
+            });
+        }
+        if let Err((_, message)) = check_read(&widget.request) {
+            return Err(WidgetError::Refused {
+                code: NOT_A_READ,
+                message: format!("{NOT_A_READ}: {message}"),
             });
         }
         let fetched = self.fetch(tenant, &widget).await;
@@ -168,6 +182,44 @@ impl Widgets {
             .await?;
         Ok(answer.remove("body").unwrap_or(Value::Null))
     }
+}
+
+/// The code of a widget's call refused because its request is not a read.
+pub const NOT_A_READ: &str = "widget_not_a_read";
+
+/// Whether a widget's request is a read: its method `GET` (or none), and
+/// no header asking for another method. Otherwise the field at fault
+/// (`request.method`, `request.headers.<name>`) and why.
+pub fn check_read(request: &Value) -> Result<(), (String, String)> {
+    if let Some(method) = request.get("method")
+        && !method
+            .as_str()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("GET"))
+    {
+        let shown = method.as_str().map_or(method.to_string(), str::to_owned);
+        return Err((
+            "request.method".into(),
+            format!(
+                "a widget's request is a read: its `method` is GET (or left out), not `{shown}`; \
+                 anyone with a `read` key may refresh a widget, so it never writes. Call a \
+                 service that changes something from an automation"
+            ),
+        ));
+    }
+    if let Some(Value::Object(headers)) = request.get("headers")
+        && let Some(name) = headers
+            .keys()
+            .find(|name| crate::outbound::headers::overrides_method(name))
+    {
+        return Err((
+            format!("request.headers.{name}"),
+            format!(
+                "a widget's request is a read: it sends no `{name}`, which asks the service to \
+                 take a GET for another method"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a widget's request (an `http` step's config) before it is saved.

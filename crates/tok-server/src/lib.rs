@@ -10,6 +10,7 @@ mod body_schema;
 mod dashboard;
 mod error;
 mod intake;
+mod key_watch;
 mod nul;
 pub mod openapi;
 mod quotas;
@@ -67,6 +68,9 @@ pub struct AppState {
     pub(crate) quotas: Arc<quotas::Quotas>,
     /// When this process last noted each key's use ([`auth::KeyUses`]).
     pub(crate) key_uses: Arc<auth::KeyUses>,
+    /// The keys of open live streams, checked until they stop working
+    /// ([`key_watch`]).
+    pub(crate) key_watch: Arc<key_watch::KeyWatch>,
     /// `/readyz` also asks whether the engine claims work: a worker
     /// node's readiness ([`AppState::ready_when_claiming`]).
     pub(crate) ready_when_claiming: bool,
@@ -94,6 +98,7 @@ impl AppState {
             metrics_token: None,
             quotas: Arc::default(),
             key_uses: Arc::default(),
+            key_watch: Arc::default(),
             ready_when_claiming: false,
             require_signed_webhooks: false,
         }

@@ -1,7 +1,8 @@
-//! The tenant quotas the API holds in its process's memory (DESIGN §15,
+//! The tenant quotas the API holds in its process's memory (docs/security.md,
 //! "Tenant quotas"): each tenant's signal rate (`signalsPerSecond`, a token
 //! bucket per tenant, the same mechanism as a webhook source's
-//! `rate_limit`) and the live streams each API key holds open (`streams`).
+//! `rate_limit`), the live streams each API key holds open (`streams`), and
+//! each widget's refreshes ([`WIDGET_REFRESHES`]).
 //!
 //! Both hold per API process: with several API processes behind a
 //! balancer, a tenant may send up to that many times its rate and hold that
@@ -81,12 +82,21 @@ impl<K: Hash + Eq + Clone> Buckets<K> {
     }
 }
 
-/// Each tenant's limits, its signal bucket, and the streams open per key.
+/// How often a widget may be refreshed (`?refresh=true`), per API
+/// process: a refresh every 10 seconds after a burst of 3. Anyone with a
+/// `read` key may refresh a widget, and each refresh is a call through its
+/// connection: the limit keeps a read key from turning a tile into a flood
+/// of credentialed calls (the cache still answers every read).
+pub(crate) const WIDGET_REFRESHES: (f64, f64) = (0.1, 3.0);
+
+/// Each tenant's limits, its signal bucket, the streams open per key, and
+/// each widget's refreshes.
 #[derive(Default)]
 pub(crate) struct Quotas {
     limits: Mutex<HashMap<TenantId, (TenantLimits, Instant)>>,
     signals: Buckets<TenantId>,
     streams: Arc<Mutex<HashMap<String, u32>>>,
+    refreshes: Buckets<(TenantId, String)>,
 }
 
 /// One open stream's place in its key's count, given back when dropped
@@ -156,6 +166,20 @@ impl Quotas {
         let rate = limits.signal_rate();
         self.signals
             .take(tenant, rate.rate, f64::from(rate.burst), now)
+    }
+
+    /// Takes one refresh of the tenant's widget `id` (a widget that exists:
+    /// the buckets are per widget, never per name a caller makes up), or
+    /// says how long until the next is allowed.
+    pub(crate) fn take_refresh(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        let (rate, burst) = WIDGET_REFRESHES;
+        self.refreshes
+            .take(&(tenant.clone(), id.to_owned()), rate, burst, now)
     }
 
     /// Takes a place for one more stream of the key (its hash), or refuses

@@ -78,6 +78,21 @@ pub struct ConnectionPatch {
     pub max_concurrency: Option<Option<i32>>,
     pub breaker_threshold: Option<i32>,
     pub breaker_cooldown_ms: Option<i64>,
+    /// What the connection must still be for the change to apply, as the
+    /// caller read it when it judged the change: a change of the base URL
+    /// is judged by where the credentials held then would go, and must not
+    /// apply to credentials given meanwhile. Otherwise the change is a
+    /// [`StoreError::Conflict`](crate::StoreError::Conflict) and nothing
+    /// is written.
+    pub expect: Option<ExpectedConnection>,
+}
+
+/// A connection's base URL and whether it holds credentials, as a change
+/// was judged against ([`ConnectionPatch::expect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpectedConnection {
+    pub base_url: Option<String>,
+    pub has_credentials: bool,
 }
 
 /// Everything but the credentials.
@@ -89,6 +104,7 @@ impl fmt::Debug for ConnectionPatch {
             .field("rate", &self.rate)
             .field("burst", &self.burst)
             .field("max_concurrency", &self.max_concurrency)
+            .field("expect", &self.expect)
             .finish_non_exhaustive()
     }
 }

@@ -175,6 +175,37 @@ macro_rules! impl_connections {
                         )
                     })
                     .transpose()?;
+                let writer = self.writer().await;
+                let mut tx = writer.begin().await?;
+                if let Some(expected) = &patch.expect {
+                    let held = sqlx::query(concat!(
+                        "SELECT base_url, credentials FROM connections
+                         WHERE tenant_id = $1 AND id = $2 ",
+                        lock_rows!()
+                    ))
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    let Some(held) = held else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    let now = $crate::connections::ExpectedConnection {
+                        base_url: held.get("base_url"),
+                        has_credentials: $crate::secrets::holds_credentials(
+                            &held.get::<Json<Value>, _>("credentials").0,
+                        ),
+                    };
+                    if now != *expected {
+                        tx.rollback().await?;
+                        return Err(StoreError::Conflict(
+                            "the connection's base_url or credentials changed while this change \
+                             was judged; read it again and send the change again"
+                                .into(),
+                        ));
+                    }
+                }
                 // A new burst caps the tokens at once; a new rate refills
                 // from what is left at the old one.
                 let row = sqlx::query(
@@ -203,8 +234,9 @@ macro_rules! impl_connections {
                 .bind(patch.max_concurrency.flatten())
                 .bind(patch.breaker_threshold)
                 .bind(patch.breaker_cooldown_ms)
-                .fetch_optional(&*self.writer().await)
+                .fetch_optional(&mut *tx)
                 .await?;
+                tx.commit().await?;
                 row.as_ref().map(|row| connection_from_row(row, None)).transpose()
             }
 

@@ -6,8 +6,13 @@ macro_rules! impl_definitions {
         store = $store:ty,
         db = $db:ty,
     ) => {
-        fn source_from_row(row: &<$db as sqlx::Database>::Row) -> Source {
-            Source {
+        /// A source's row, its signing secrets opened with `keys` (see
+        /// [`Source::secret_error`] for one that does not open).
+        fn source_from_row(
+            row: &<$db as sqlx::Database>::Row,
+            keys: &$crate::secrets::Keyring,
+        ) -> Source {
+            let mut source = Source {
                 id: SourceId::from(row.get::<String, _>("id")),
                 tenant_id: TenantId::from(row.get::<String, _>("tenant_id")),
                 name: row.get("name"),
@@ -25,7 +30,50 @@ macro_rules! impl_definitions {
                 previous_secret: row.get("previous_secret"),
                 previous_secret_until: row.get("previous_secret_until"),
                 created_at: row.get("created_at"),
+                secret_error: None,
+            };
+            let owner = $crate::secrets::SourceOwner {
+                tenant: &source.tenant_id,
+                source_id: source.id.as_str(),
+                source_name: &source.name,
+            };
+            let opened = source
+                .secret
+                .as_deref()
+                .map(|stored| keys.open_text(owner, stored))
+                .transpose()
+                .and_then(|secret| {
+                    let previous = source
+                        .previous_secret
+                        .as_deref()
+                        .map(|stored| keys.open_text(owner, stored))
+                        .transpose()?;
+                    Ok((secret, previous))
+                });
+            match opened {
+                Ok((secret, previous)) => {
+                    source.secret = secret;
+                    source.previous_secret = previous;
+                }
+                Err(error) => source.secret_error = Some(error),
             }
+            source
+        }
+
+        /// What a source's secret column holds for `secret`: sealed for
+        /// the tenant's source `id`.
+        fn sealed_secret(
+            keys: &$crate::secrets::Keyring,
+            tenant: &TenantId,
+            id: &SourceId,
+            secret: Option<&str>,
+        ) -> Result<Option<String>> {
+            let owner = $crate::secrets::SourceOwner {
+                tenant,
+                source_id: id.as_str(),
+                source_name: id.as_str(),
+            };
+            Ok(secret.map(|s| keys.seal_text(owner, s)).transpose()?)
         }
 
         fn automation_from_row(row: &<$db as sqlx::Database>::Row) -> AutomationRow {
@@ -68,7 +116,9 @@ macro_rules! impl_definitions {
                     previous_secret: None,
                     previous_secret_until: None,
                     created_at: now_ms(),
+                    secret_error: None,
                 };
+                let sealed = sealed_secret(&self.keys, tenant, &source.id, source.secret.as_deref())?;
                 sqlx::query(
                     "INSERT INTO sources (id, tenant_id, name, token, params, critical, rate_limit,
                         secret, created_at, verify_preset, body_schema)
@@ -81,7 +131,7 @@ macro_rules! impl_definitions {
                 .bind(Json(&source.params))
                 .bind(source.critical)
                 .bind(source.rate_limit)
-                .bind(source.secret.as_deref())
+                .bind(sealed.as_deref())
                 .bind(source.created_at)
                 .bind(source.verify_preset.as_deref())
                 .bind(source.schema.as_ref().map(Json))
@@ -96,7 +146,7 @@ macro_rules! impl_definitions {
                     .bind(id.as_str())
                     .fetch_optional(self.reader())
                     .await?;
-                Ok(row.as_ref().map(source_from_row))
+                Ok(row.as_ref().map(|row| source_from_row(row, &self.keys)))
             }
 
             async fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>> {
@@ -104,7 +154,7 @@ macro_rules! impl_definitions {
                     .bind(tenant.as_str())
                     .fetch_all(self.reader())
                     .await?;
-                Ok(rows.iter().map(source_from_row).collect())
+                Ok(rows.iter().map(|row| source_from_row(row, &self.keys)).collect())
             }
 
             async fn sources_page(
@@ -123,7 +173,7 @@ macro_rules! impl_definitions {
                 .bind(i64::from(limit) + 1)
                 .fetch_all(self.reader())
                 .await?;
-                let items = rows.iter().map(source_from_row).collect();
+                let items = rows.iter().map(|row| source_from_row(row, &self.keys)).collect();
                 Ok(Page::of(items, limit, |s: &Source| s.id.to_string()))
             }
 
@@ -136,7 +186,7 @@ macro_rules! impl_definitions {
                 .bind(now_ms())
                 .fetch_optional(self.reader())
                 .await?;
-                Ok(row.as_ref().map(source_from_row))
+                Ok(row.as_ref().map(|row| source_from_row(row, &self.keys)))
             }
 
             async fn update_source(
@@ -145,6 +195,12 @@ macro_rules! impl_definitions {
                 id: &SourceId,
                 patch: SourcePatch,
             ) -> Result<Option<Source>> {
+                let sealed = sealed_secret(
+                    &self.keys,
+                    tenant,
+                    id,
+                    patch.verify.as_ref().map(|(_, secret)| secret.as_str()),
+                )?;
                 let row = sqlx::query(
                     "UPDATE sources SET name = COALESCE($3, name), params = COALESCE($4, params),
                         critical = COALESCE($5, critical),
@@ -165,10 +221,10 @@ macro_rules! impl_definitions {
                 .bind(patch.schema.is_some())
                 .bind(patch.schema.as_ref().and_then(|s| s.as_ref()).map(Json))
                 .bind(patch.verify.as_ref().map(|(preset, _)| preset.as_str()))
-                .bind(patch.verify.as_ref().map(|(_, secret)| secret.as_str()))
+                .bind(sealed.as_deref())
                 .fetch_optional(&*self.writer().await)
                 .await?;
-                Ok(row.as_ref().map(source_from_row))
+                Ok(row.as_ref().map(|row| source_from_row(row, &self.keys)))
             }
 
             async fn rotate_source(
@@ -179,7 +235,10 @@ macro_rules! impl_definitions {
             ) -> Result<Option<Source>> {
                 // The right-hand sides read the row as it was: what is
                 // replaced becomes the previous value, kept while the
-                // overlap lasts (none when it has no length).
+                // overlap lasts (none when it has no length). A sealed
+                // secret moves to `previous_secret` as it is: both columns
+                // of a source are sealed for the same source.
+                let sealed = sealed_secret(&self.keys, tenant, id, rotation.secret.as_deref())?;
                 let row = sqlx::query(
                     "UPDATE sources SET
                         previous_token = CASE WHEN CAST($3 AS TEXT) IS NULL THEN previous_token
@@ -199,12 +258,12 @@ macro_rules! impl_definitions {
                 .bind(tenant.as_str())
                 .bind(id.as_str())
                 .bind(rotation.token.as_deref())
-                .bind(rotation.secret.as_deref())
+                .bind(sealed.as_deref())
                 .bind(rotation.until)
                 .bind(now_ms())
                 .fetch_optional(&*self.writer().await)
                 .await?;
-                Ok(row.as_ref().map(source_from_row))
+                Ok(row.as_ref().map(|row| source_from_row(row, &self.keys)))
             }
 
             async fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool> {

@@ -167,9 +167,31 @@ pub trait KeyStore: Send + Sync {
     /// Adds a platform admin key (the one generated at first start); a
     /// hash already there is left as it is.
     async fn add_admin_key(&self, hash: &str) -> Result<()>;
+    /// What the key with this hash is to the platform: its admin key, an
+    /// admin key rotated out, a tenant's key, or none of these.
+    async fn admin_key_state(&self, hash: &str) -> Result<AdminKeyState>;
     /// Makes the key with this hash the only platform admin key: adds it
-    /// (or revives it) and revokes every other. Returns how many it
-    /// revoked. A start with `TOK_ADMIN_KEY` calls it, so changing the
-    /// variable rotates the admin key.
-    async fn set_admin_key(&self, hash: &str) -> Result<u64>;
+    /// and revokes every other, in one transaction, serialized with any
+    /// other rotation (on PostgreSQL, across processes). Returns how many
+    /// it revoked: none when it is the only admin key already. A key that
+    /// was an admin key and was rotated out is never taken back, and a
+    /// tenant's key is not taken over: both are a
+    /// [`StoreError::Conflict`](crate::StoreError::Conflict). Only an
+    /// explicit rotation calls it (`tok admin-key rotate`, or the first
+    /// start), never a start with an old `TOK_ADMIN_KEY`.
+    async fn rotate_admin_key(&self, hash: &str) -> Result<u64>;
+}
+
+/// What a key's hash is to the platform ([`KeyStore::admin_key_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminKeyState {
+    /// A platform admin key that is not revoked.
+    Current,
+    /// A platform admin key revoked at `at` (ms since the epoch) by a
+    /// rotation.
+    RotatedOut { at: i64 },
+    /// One of a tenant's keys.
+    Tenant,
+    /// No key has this hash.
+    Unknown,
 }

@@ -5,6 +5,7 @@ macro_rules! impl_keys {
     (
         store = $store:ty,
         db = $db:ty,
+        lock = $lock:expr,
     ) => {
         const KEY_COLUMNS: &str =
             "id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at";
@@ -262,32 +263,67 @@ macro_rules! impl_keys {
                 Ok(())
             }
 
-            async fn set_admin_key(&self, hash: &str) -> Result<u64> {
+            async fn admin_key_state(&self, hash: &str) -> Result<AdminKeyState> {
+                let row = sqlx::query("SELECT tenant_id, revoked_at FROM api_keys WHERE hash = $1")
+                    .bind(hash)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(match row {
+                    None => AdminKeyState::Unknown,
+                    Some(row) if row.get::<Option<String>, _>("tenant_id").is_some() => {
+                        AdminKeyState::Tenant
+                    }
+                    Some(row) => match row.get::<Option<i64>, _>("revoked_at") {
+                        None => AdminKeyState::Current,
+                        Some(at) => AdminKeyState::RotatedOut { at },
+                    },
+                })
+            }
+
+            async fn rotate_admin_key(&self, hash: &str) -> Result<u64> {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
+                // Two rotations at once would each revoke the keys before
+                // them and keep their own: one after the other, the second
+                // revokes the first's.
+                if let Some((sql, key)) = $lock {
+                    sqlx::query(sql).bind(key).execute(&mut *tx).await?;
+                }
                 let now = now_ms();
-                // A tenant's key of that secret stays the tenant's: the
-                // admin key must be a secret of its own.
-                let taken = sqlx::query("SELECT tenant_id FROM api_keys WHERE hash = $1")
+                let held = sqlx::query("SELECT tenant_id, revoked_at FROM api_keys WHERE hash = $1")
                     .bind(hash)
                     .fetch_optional(&mut *tx)
                     .await?;
-                if taken.is_some_and(|r| r.get::<Option<String>, _>("tenant_id").is_some()) {
-                    tx.rollback().await?;
-                    return Err(StoreError::Conflict(
-                        "TOK_ADMIN_KEY is the secret of a tenant's key; choose another".into(),
-                    ));
+                if let Some(held) = held {
+                    // A tenant's key of that secret stays the tenant's: the
+                    // admin key must be a secret of its own.
+                    if held.get::<Option<String>, _>("tenant_id").is_some() {
+                        tx.rollback().await?;
+                        return Err(StoreError::Conflict(
+                            "this secret is a tenant's key; the platform admin key must be a \
+                             secret of its own: choose another"
+                                .into(),
+                        ));
+                    }
+                    if let Some(at) = held.get::<Option<i64>, _>("revoked_at") {
+                        tx.rollback().await?;
+                        return Err(StoreError::Conflict(format!(
+                            "this key was the platform admin key and was rotated out at {}; a \
+                             key rotated out is never taken back: rotate to a new one",
+                            crate::rfc3339::format(at)
+                        )));
+                    }
+                } else {
+                    sqlx::query(
+                        "INSERT INTO api_keys (id, tenant_id, hash, created_at, name, scopes)
+                         VALUES ($1, NULL, $2, $3, 'platform admin', 'admin')",
+                    )
+                    .bind(new_id("key"))
+                    .bind(hash)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
                 }
-                sqlx::query(
-                    "INSERT INTO api_keys (id, tenant_id, hash, created_at, name, scopes)
-                     VALUES ($1, NULL, $2, $3, 'platform admin', 'admin')
-                     ON CONFLICT (hash) DO UPDATE SET revoked_at = NULL",
-                )
-                .bind(new_id("key"))
-                .bind(hash)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
                 let revoked = sqlx::query(
                     "UPDATE api_keys SET revoked_at = $2
                      WHERE tenant_id IS NULL AND hash <> $1 AND revoked_at IS NULL",

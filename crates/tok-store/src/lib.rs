@@ -99,13 +99,16 @@ pub use audit::{
     AuditStore, NewAudit, PLATFORM_AUDIT_DAYS, Target,
 };
 pub use connections::{
-    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, NewConnection,
+    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, ExpectedConnection,
+    NewConnection,
 };
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
 pub use effects::EffectStore;
 pub use gate::Lane;
-pub use keys::{ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope};
+pub use keys::{
+    AdminKeyState, ApiKey, KeyChange, KeyPatch, KeyStore, MAX_KEYS_PER_TENANT, NewKey, Scope,
+};
 pub use model::*;
 pub use offboarding::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft};
 pub use operations::{

@@ -139,7 +139,9 @@ pub struct NewSource {
     pub schema: Option<Value>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A source as the store reads it, its signing secrets opened. Its `Debug`
+/// shows neither its tokens nor its secrets.
+#[derive(Clone, Serialize)]
 pub struct Source {
     pub id: SourceId,
     pub tenant_id: TenantId,
@@ -149,6 +151,9 @@ pub struct Source {
     pub params: Value,
     pub critical: bool,
     pub rate_limit: Option<i32>,
+    /// The signing secret, opened (it is sealed at rest). When it does not
+    /// open ([`Source::secret_error`]) this holds what is stored, so the
+    /// source still reads as signed; [`Source::secrets`] then refuses.
     #[serde(skip)]
     pub secret: Option<String>,
     /// Whose signature `secret` checks, as the server names the senders;
@@ -169,17 +174,42 @@ pub struct Source {
     pub previous_secret_until: Option<i64>,
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: i64,
+    /// Why the signing secrets do not open (their key is not in
+    /// `TOK_SECRET_KEY`, or they were altered); `None` when they opened.
+    #[serde(skip)]
+    pub secret_error: Option<crate::SecretError>,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |v: &Option<String>| v.as_ref().map(|_| "***");
+        f.debug_struct("Source")
+            .field("id", &self.id)
+            .field("tenant_id", &self.tenant_id)
+            .field("name", &self.name)
+            .field("token", &"***")
+            .field("secret", &hidden(&self.secret))
+            .field("verify_preset", &self.verify_preset)
+            .field("previous_token", &hidden(&self.previous_token))
+            .field("previous_secret", &hidden(&self.previous_secret))
+            .field("secret_error", &self.secret_error)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Source {
     /// The signing secrets a webhook may be signed with at `now`: the
-    /// current one and, within a rotation's overlap, the one before.
-    pub fn secrets(&self, now: i64) -> Vec<&str> {
+    /// current one and, within a rotation's overlap, the one before; or why
+    /// they do not open (nothing is verified with what is stored).
+    pub fn secrets(&self, now: i64) -> Result<Vec<&str>, crate::SecretError> {
+        if let Some(error) = &self.secret_error {
+            return Err(error.clone());
+        }
         let previous = self
             .previous_secret
             .as_deref()
             .filter(|_| self.previous_secret_until.is_some_and(|until| until > now));
-        self.secret.as_deref().into_iter().chain(previous).collect()
+        Ok(self.secret.as_deref().into_iter().chain(previous).collect())
     }
 
     /// Until when `token` opens this source: `None` for its current token

@@ -53,6 +53,9 @@ use crate::*;
 /// Advisory lock key: each migration's transaction and the partition upkeep
 /// take it until they end (any process, any machine).
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
+/// The advisory lock a rotation of the platform admin key takes, so that
+/// two rotations at once leave one admin key.
+const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
 
 /// Group-commit transactions of one kind in flight at once: one is written
 /// while the one before waits for its commit.
@@ -322,6 +325,7 @@ impl_effects! {
 impl_keys! {
     store = PgStore,
     db = sqlx::Postgres,
+    lock = Some(("SELECT pg_advisory_xact_lock($1)", ADMIN_KEY_LOCK)),
 }
 
 impl_audit! {
@@ -422,9 +426,9 @@ impl Store for PgStore {
         if sealed.left_plain > 0 {
             tracing::warn!(
                 database = %sealed.database,
-                credentials = sealed.left_plain,
-                "connection credentials are stored in plain text: set TOK_SECRET_KEY and start \
-                 again to encrypt them (docs/operations.md)"
+                rows = sealed.left_plain,
+                "connection credentials or webhook signing secrets are stored in plain text: set \
+                 TOK_SECRET_KEY and start again to encrypt them (docs/security.md)"
             );
         }
         Ok(())

@@ -1,8 +1,10 @@
-//! Connection credentials encrypted at rest (DESIGN §15): the store seals a
-//! connection's credentials when it writes them and opens them when
-//! [`ConnectionStore::connection`](crate::ConnectionStore::connection)
-//! reads them, so every caller sees the plain JSON and the database holds
-//! none of it.
+//! Connection credentials and webhook signing secrets encrypted at rest
+//! (docs/security.md, "Credentials at rest"): the store seals a
+//! connection's credentials and a source's signing secrets when it writes
+//! them, and opens them when it reads them for use
+//! ([`ConnectionStore::connection`](crate::ConnectionStore::connection), a
+//! source's row), so every caller sees the plain value and the database
+//! holds none of it.
 //!
 //! The cipher is XChaCha20-Poly1305 (RustCrypto's `chacha20poly1305`): an
 //! AEAD whose 24-byte nonces may be drawn at random for every seal without
@@ -17,6 +19,12 @@
 //! the `credentials` column. Its associated data is the tenant's and the
 //! connection's ids: a ciphertext copied to another row, or another
 //! tenant's, does not open. Credentials `{}` (none) are stored as they are.
+//!
+//! A source's signing secret (`sources.secret`, and `previous_secret`
+//! during a rotation's overlap) is sealed the same way, the envelope's JSON
+//! text in its `TEXT` column, with the tenant's and the source's ids as
+//! associated data (a rotation moves the current secret to
+//! `previous_secret` as it is: both columns of one source open alike).
 
 use std::fmt;
 use std::sync::Arc;
@@ -35,41 +43,39 @@ const ENVELOPE: &str = "v1";
 /// The bytes of a key.
 const KEY_BYTES: usize = 32;
 
-/// Why a credential could not be sealed or opened. The messages name the
-/// connection and the key's id, never a key or a credential.
+/// Why a credential or a signing secret could not be sealed or opened. The
+/// messages name whose it is and the key's id, never a key or a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretError {
     /// No key is configured (PostgreSQL without `TOK_SECRET_KEY`).
     #[error(
-        "connection credentials are encrypted at rest under TOK_SECRET_KEY, which is not set: \
-         set it on every tok process to 32 random bytes in base64 (`openssl rand -base64 32`), \
-         or create the connection without credentials"
+        "connection credentials and webhook signing secrets are encrypted at rest under \
+         TOK_SECRET_KEY, which is not set: set it on every tok process to 32 random bytes in \
+         base64 (`openssl rand -base64 32`), or save the connection without credentials (the \
+         source without a signing secret)"
     )]
     NoKey,
-    /// The credential was sealed under a key the configuration lacks.
+    /// The value was sealed under a key the configuration lacks. `owner`
+    /// says whose it is: "the credentials of connection `shop`".
     #[error(
-        "the credentials of connection `{connection}` are sealed under key `{key}`, which \
-         TOK_SECRET_KEY does not hold (it holds {held}): add that key to TOK_SECRET_KEY, after \
-         the newest"
+        "{owner} are sealed under key `{key}`, which TOK_SECRET_KEY does not hold (it holds \
+         {held}): add that key to TOK_SECRET_KEY, after the newest"
     )]
     UnknownKey {
-        connection: String,
+        owner: String,
         key: String,
         held: String,
     },
     /// The key is there but the ciphertext does not open with it: it was
-    /// sealed for another connection or tenant, or it was altered.
+    /// sealed for another connection, source or tenant, or it was altered.
     #[error(
-        "the credentials of connection `{connection}` do not open under key `{key}`: they were \
-         sealed for another connection or tenant, or altered"
+        "{owner} do not open under key `{key}`: they were sealed for another row or tenant, or \
+         altered"
     )]
-    Broken { connection: String, key: String },
+    Broken { owner: String, key: String },
     /// An envelope this version of tok cannot read.
-    #[error(
-        "the credentials of connection `{connection}` are in an envelope this tok does not know \
-         ({what})"
-    )]
-    Envelope { connection: String, what: String },
+    #[error("{owner} are in an envelope this tok does not know ({what})")]
+    Envelope { owner: String, what: String },
 }
 
 /// One key of `TOK_SECRET_KEY`. Never prints: its `Debug` shows its id.
@@ -132,6 +138,36 @@ impl Owner<'_> {
             self.connection_id
         )
         .into_bytes()
+    }
+
+    fn named(&self) -> String {
+        format!("the credentials of connection `{}`", self.connection_name)
+    }
+}
+
+/// Whose signing secret: a source's, the associated data of its seal and
+/// the name errors speak of. The current secret and the one before a
+/// rotation are sealed alike, so a rotation moves one column to the other
+/// as it is.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceOwner<'a> {
+    pub tenant: &'a TenantId,
+    pub source_id: &'a str,
+    pub source_name: &'a str,
+}
+
+impl SourceOwner<'_> {
+    fn associated_data(&self) -> Vec<u8> {
+        format!(
+            "tok source signing secret {ENVELOPE}\0{}\0{}",
+            self.tenant.as_str(),
+            self.source_id
+        )
+        .into_bytes()
+    }
+
+    fn named(&self) -> String {
+        format!("the signing secrets of source `{}`", self.source_name)
     }
 }
 
@@ -215,26 +251,8 @@ impl Keyring {
         if is_empty(credentials) {
             return Ok(json!({}));
         }
-        let key = self.newest().ok_or(SecretError::NoKey)?;
-        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
         let plain = serde_json::to_vec(credentials).expect("JSON values serialize");
-        let aad = owner.associated_data();
-        let data = key
-            .cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: &plain,
-                    aad: &aad,
-                },
-            )
-            .expect("XChaCha20-Poly1305 seals any message of a connection's size");
-        Ok(json!({
-            "sealed": ENVELOPE,
-            "key": key.id,
-            "nonce": BASE64.encode(nonce),
-            "data": BASE64.encode(data),
-        }))
+        self.seal_bytes(&owner.associated_data(), &plain)
     }
 
     /// The plain credentials of what the `credentials` column holds: a
@@ -244,8 +262,64 @@ impl Keyring {
         let Some(envelope) = Envelope::of(&stored) else {
             return Ok(stored);
         };
+        let named = owner.named();
+        let plain = self.open_bytes(&envelope, &owner.associated_data(), &named)?;
+        serde_json::from_slice(&plain).map_err(|_| SecretError::Broken {
+            owner: named,
+            key: envelope.key.to_owned(),
+        })
+    }
+
+    /// What a source's `secret` (or `previous_secret`) column holds for
+    /// the signing secret `secret`: the envelope's JSON text, sealed under
+    /// the newest key.
+    pub fn seal_text(&self, owner: SourceOwner<'_>, secret: &str) -> Result<String, SecretError> {
+        self.seal_bytes(&owner.associated_data(), secret.as_bytes())
+            .map(|envelope| envelope.to_string())
+    }
+
+    /// The plain signing secret of what a source's secret column holds: an
+    /// envelope opened, anything else (a secret written before they were
+    /// sealed) as it is.
+    pub fn open_text(&self, owner: SourceOwner<'_>, stored: &str) -> Result<String, SecretError> {
+        let Some(parsed) = envelope_text(stored) else {
+            return Ok(stored.to_owned());
+        };
+        let envelope = Envelope::of(&parsed).expect("envelope_text returns envelopes");
+        let named = owner.named();
+        let plain = self.open_bytes(&envelope, &owner.associated_data(), &named)?;
+        String::from_utf8(plain).map_err(|_| SecretError::Broken {
+            owner: named,
+            key: envelope.key.to_owned(),
+        })
+    }
+
+    /// `plain` sealed under the newest key, bound to `aad`, as an envelope.
+    fn seal_bytes(&self, aad: &[u8], plain: &[u8]) -> Result<Value, SecretError> {
+        let key = self.newest().ok_or(SecretError::NoKey)?;
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let data = key
+            .cipher
+            .encrypt(&nonce, Payload { msg: plain, aad })
+            .expect("XChaCha20-Poly1305 seals any message of a secret's size");
+        Ok(json!({
+            "sealed": ENVELOPE,
+            "key": key.id,
+            "nonce": BASE64.encode(nonce),
+            "data": BASE64.encode(data),
+        }))
+    }
+
+    /// The plain bytes of `envelope`, sealed bound to `aad`; `owner` names
+    /// whose they are in errors.
+    fn open_bytes(
+        &self,
+        envelope: &Envelope<'_>,
+        aad: &[u8],
+        owner: &str,
+    ) -> Result<Vec<u8>, SecretError> {
         let broken = |what: &str| SecretError::Envelope {
-            connection: owner.connection_name.to_owned(),
+            owner: owner.to_owned(),
             what: what.to_owned(),
         };
         if envelope.version != ENVELOPE {
@@ -259,7 +333,7 @@ impl Keyring {
             .iter()
             .find(|k| k.id == envelope.key)
             .ok_or_else(|| SecretError::UnknownKey {
-                connection: owner.connection_name.to_owned(),
+                owner: owner.to_owned(),
                 key: envelope.key.to_owned(),
                 held: self.held(),
             })?;
@@ -271,24 +345,12 @@ impl Keyring {
         let data = BASE64
             .decode(envelope.data)
             .map_err(|_| broken("its data is not base64"))?;
-        let aad = owner.associated_data();
-        let plain = key
-            .cipher
-            .decrypt(
-                XNonce::from_slice(&nonce),
-                Payload {
-                    msg: &data,
-                    aad: &aad,
-                },
-            )
+        key.cipher
+            .decrypt(XNonce::from_slice(&nonce), Payload { msg: &data, aad })
             .map_err(|_| SecretError::Broken {
-                connection: owner.connection_name.to_owned(),
+                owner: owner.to_owned(),
                 key: key.id.clone(),
-            })?;
-        serde_json::from_slice(&plain).map_err(|_| SecretError::Broken {
-            connection: owner.connection_name.to_owned(),
-            key: key.id.clone(),
-        })
+            })
     }
 
     /// The ids held, for an error: "`a`, `b`" or "none".
@@ -304,12 +366,13 @@ impl Keyring {
     }
 }
 
-/// Which credentials [`Store::seal_credentials`](crate::Store::seal_credentials)
-/// seals under the newest key.
+/// Which credentials and signing secrets
+/// [`Store::seal_credentials`](crate::Store::seal_credentials) seals under
+/// the newest key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reseal {
-    /// Those stored plain (written before credentials were sealed): at
-    /// every start, after the SQL migrations.
+    /// Those stored plain (written before they were sealed): at every
+    /// start, after the SQL migrations.
     Plain,
     /// Every one not sealed under the newest key (`tok secrets rotate`),
     /// so that an older key can then be dropped.
@@ -324,9 +387,13 @@ pub struct Resealed {
     pub database: String,
     /// The id of the key it sealed under; `None` without a key.
     pub key: Option<String>,
-    /// Credentials sealed under that key.
+    /// Connections whose credentials were sealed under that key.
     pub resealed: u64,
-    /// Plain credentials left as they were: no key is configured.
+    /// Sources whose signing secrets (the current one, and the one before
+    /// a rotation while it is kept) were sealed under that key.
+    pub signing_secrets: u64,
+    /// Plain credentials and signing secrets left as they were: no key is
+    /// configured.
     pub left_plain: u64,
 }
 
@@ -334,6 +401,23 @@ pub struct Resealed {
 /// credentials (or none).
 pub fn sealed_under(stored: &Value) -> Option<&str> {
     Envelope::of(stored).map(|e| e.key)
+}
+
+/// Which key sealed what a source's secret column holds; `None` for a
+/// plain secret.
+pub fn text_sealed_under(stored: &str) -> Option<String> {
+    envelope_text(stored).and_then(|v| Envelope::of(&v).map(|e| e.key.to_owned()))
+}
+
+/// The envelope a secret column's text holds, if it holds one: a plain
+/// secret (never JSON of an envelope's shape) is not taken for one.
+fn envelope_text(stored: &str) -> Option<Value> {
+    if !stored.starts_with('{') {
+        return None;
+    }
+    serde_json::from_str::<Value>(stored)
+        .ok()
+        .filter(|v| Envelope::of(v).is_some())
 }
 
 /// Whether a connection holds credentials, read from its column without
@@ -428,7 +512,7 @@ mod tests {
         let sealed = keys.seal(owner(&a, "con_1"), &credentials()).unwrap();
         let id = keys.ids()[0].to_owned();
         let broken = SecretError::Broken {
-            connection: "shop".into(),
+            owner: "the credentials of connection `shop`".into(),
             key: id,
         };
         assert_eq!(
@@ -530,6 +614,52 @@ mod tests {
         assert!(error.contains("key 2 is empty"), "{error}");
         let error = Keyring::parse(&format!("{key},{key}"), "TOK_SECRET_KEY").unwrap_err();
         assert!(error.contains("named twice"), "{error}");
+    }
+
+    fn source<'a>(tenant: &'a TenantId, id: &'a str) -> SourceOwner<'a> {
+        SourceOwner {
+            tenant,
+            source_id: id,
+            source_name: "eshop",
+        }
+    }
+
+    #[test]
+    fn a_sealed_signing_secret_opens_for_its_source_only() {
+        let (keys, _) = Keyring::generate();
+        let (a, b) = (
+            TenantId::from("ten_a".to_owned()),
+            TenantId::from("ten_b".to_owned()),
+        );
+        let secret = "whsec_c2VjcmV0IG9mIHRoZSBzZW5kZXI=";
+        let sealed = keys.seal_text(source(&a, "src_1"), secret).unwrap();
+        assert!(!sealed.contains(secret), "{sealed}");
+        assert_eq!(text_sealed_under(&sealed).as_deref(), Some(keys.ids()[0]));
+        assert_eq!(
+            keys.open_text(source(&a, "src_1"), &sealed).unwrap(),
+            secret
+        );
+        for (tenant, id) in [(&a, "src_2"), (&b, "src_1")] {
+            let error = keys.open_text(source(tenant, id), &sealed).unwrap_err();
+            assert!(matches!(error, SecretError::Broken { .. }), "{error}");
+            assert!(error.to_string().contains("source `eshop`"), "{error}");
+        }
+        // A connection's seal of the same ids is not a source's.
+        let as_credentials = keys
+            .seal(owner(&a, "src_1"), &json!({ "bearer": secret }))
+            .unwrap();
+        assert!(
+            keys.open_text(source(&a, "src_1"), &as_credentials.to_string())
+                .is_err()
+        );
+        // A secret stored before sealing opens as it is, and is known as plain.
+        assert_eq!(keys.open_text(source(&a, "src_1"), secret).unwrap(), secret);
+        assert_eq!(text_sealed_under(secret), None);
+        assert_eq!(text_sealed_under("{\"a\": 1}"), None);
+        assert_eq!(
+            Keyring::default().seal_text(source(&a, "src_1"), secret),
+            Err(SecretError::NoKey)
+        );
     }
 
     #[test]

@@ -420,6 +420,7 @@ impl_effects! {
 impl_keys! {
     store = SqliteStore,
     db = sqlx::Sqlite,
+    lock = None::<(&str, i64)>,
 }
 
 impl_audit! {

@@ -367,6 +367,7 @@ mod tests {
             previous_secret: None,
             previous_secret_until: None,
             created_at: 0,
+            secret_error: None,
         }
     }
 

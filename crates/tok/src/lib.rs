@@ -1,7 +1,8 @@
 //! The `tok` binary's library half: configuration and the `serve`,
-//! `migrate`, `secrets`, `bench`, `capacity` and `test` commands, and the API client behind `apply`,
+//! `migrate`, `secrets`, `admin-key`, `bench`, `capacity` and `test` commands, and the API client behind `apply`,
 //! `runs` and `signal`, callable from tests.
 
+pub mod admin_key;
 pub mod bench;
 pub mod capacity;
 pub mod cli;
@@ -19,7 +20,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tok_engine::{Engine, EngineConfig, Registry};
 use tok_server::AppState;
-use tok_store::{Actor, ActorKind, NewAudit, Store, Target, hash_secret, random_token};
+use tok_store::{
+    Actor, ActorKind, AdminKeyState, NewAudit, Store, Target, hash_secret, random_token,
+};
 
 use crate::config::Config;
 
@@ -175,45 +178,64 @@ fn redact(url: &str) -> String {
 }
 
 /// Makes sure a platform admin key exists; prints a generated one once.
-/// With `TOK_ADMIN_KEY`, that key is the only one: a start with a new
-/// value revokes the one before it and the generated one. Each change is
-/// a row of the platform's own audit log (actor `platform`), written
-/// after it committed.
+/// A start never rotates the admin key (`tok admin-key rotate` does, see
+/// [`admin_key`]): with `TOK_ADMIN_KEY`, the first start makes it the
+/// admin key, and a later start with another value (one rotated out, as a
+/// node of a fleet restarted with an old configuration has) changes
+/// nothing and says so at error level, so that no node brings an old key
+/// back or revokes a newer one. Each change is a row of the platform's own
+/// audit log (actor `platform`), written after it committed.
 async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<()> {
-    if let Some(key) = &config.admin_key {
-        let hash = hash_secret(&key.0);
-        let known = store.key_by_hash(&hash).await?.is_some();
-        let revoked = store.set_admin_key(&hash).await?;
-        if revoked > 0 {
-            tracing::info!(
-                revoked,
-                "TOK_ADMIN_KEY is new: the admin keys before it are revoked"
-            );
-            let summary = format!(
-                "TOK_ADMIN_KEY changed at start: {revoked} platform admin key(s) before it revoked"
-            );
-            audit_admin_key(store, &hash, "key.rotated", summary).await?;
-        } else if !known {
-            let summary = "TOK_ADMIN_KEY set at start".to_owned();
-            audit_admin_key(store, &hash, "key.created", summary).await?;
+    let Some(key) = &config.admin_key else {
+        if !store.has_admin_key().await? {
+            let key = format!("tok_admin_{}", random_token());
+            let hash = hash_secret(&key);
+            store.add_admin_key(&hash).await?;
+            println!("Generated the platform admin key (shown once, store it now): {key}");
+            let summary = "generated at the first start without TOK_ADMIN_KEY".to_owned();
+            audit_admin_key(store, &hash, "key.created", "tok serve", summary).await?;
         }
-    } else if !store.has_admin_key().await? {
-        let key = format!("tok_admin_{}", random_token());
-        let hash = hash_secret(&key);
-        store.add_admin_key(&hash).await?;
-        println!("Generated the platform admin key (shown once, store it now): {key}");
-        let summary = "generated at the first start without TOK_ADMIN_KEY".to_owned();
-        audit_admin_key(store, &hash, "key.created", summary).await?;
+        return Ok(());
+    };
+    let hash = hash_secret(&key.0);
+    let state = store.admin_key_state(&hash).await?;
+    if state == AdminKeyState::Current {
+        return Ok(());
     }
+    if !store.has_admin_key().await? {
+        store
+            .rotate_admin_key(&hash)
+            .await
+            .context("TOK_ADMIN_KEY cannot be the platform admin key; set it to a new secret")?;
+        let summary = "TOK_ADMIN_KEY set at the first start".to_owned();
+        audit_admin_key(store, &hash, "key.created", "tok serve", summary).await?;
+        return Ok(());
+    }
+    let why = match state {
+        AdminKeyState::RotatedOut { at } => format!(
+            "it is an admin key rotated out at {}",
+            tok_store::rfc3339::format(at)
+        ),
+        AdminKeyState::Tenant => "it is a tenant's key".to_owned(),
+        _ => "it is not the platform admin key".to_owned(),
+    };
+    tracing::error!(
+        "TOK_ADMIN_KEY is not the platform admin key ({why}): this node started without \
+         changing the admin key, which stays the one in use. A start never rotates it, so that \
+         a node with an old TOK_ADMIN_KEY cannot bring that key back; set TOK_ADMIN_KEY to the \
+         current admin key on this node, or make this value the admin key with \
+         `tok admin-key rotate --from-env` (docs/security.md, \"The admin key\")"
+    );
     Ok(())
 }
 
 /// The platform's audit row of a change to its admin key (the key by its
 /// id, never its secret).
-async fn audit_admin_key(
+pub(crate) async fn audit_admin_key(
     store: &dyn Store,
     hash: &str,
     action: &str,
+    by: &str,
     summary: String,
 ) -> anyhow::Result<()> {
     let id = store.key_by_hash(hash).await?.map(|k| k.id);
@@ -223,7 +245,7 @@ async fn audit_admin_key(
             actor: Actor {
                 kind: ActorKind::Platform,
                 id: None,
-                name: Some("tok serve".into()),
+                name: Some(by.into()),
             },
             action: action.into(),
             target: Target {

@@ -50,6 +50,11 @@ enum Command {
         #[command(subcommand)]
         action: SecretsAction,
     },
+    /// The platform admin key (docs/security.md, "The admin key").
+    AdminKey {
+        #[command(subcommand)]
+        action: AdminKeyAction,
+    },
     /// Run an automation once on the real engine with a virtual clock (a
     /// `wait` of days passes at once) and connector calls answered from a
     /// recording; prints each step; exits 0 when the run completed, 1
@@ -94,6 +99,19 @@ enum SecretsAction {
     /// (its first) under it, in every database; prints how many per
     /// database. Then the older keys can be dropped. Idempotent.
     Rotate,
+}
+
+#[derive(Subcommand)]
+enum AdminKeyAction {
+    /// Make a new key the platform's only admin key, revoking the one
+    /// before on every process at once; prints the new key once. A start
+    /// of `tok serve` never rotates the admin key.
+    Rotate {
+        /// Make TOK_ADMIN_KEY (as this command sees it) the admin key
+        /// instead of generating one.
+        #[arg(long)]
+        from_env: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -223,6 +241,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             action: SecretsAction::Rotate,
         } => {
             print!("{}", tok::secrets::rotate(&config).await?);
+            Ok(())
+        }
+        Command::AdminKey {
+            action: AdminKeyAction::Rotate { from_env },
+        } => {
+            print!("{}", tok::admin_key::rotate(&config, from_env).await?);
             Ok(())
         }
         Command::Bench(options) => tok::bench::run(options).await,

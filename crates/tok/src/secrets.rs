@@ -1,5 +1,6 @@
-//! `tok secrets rotate`: seals every connection credential not yet under
-//! the newest key of `TOK_SECRET_KEY` under it, in every database the
+//! `tok secrets rotate`: seals every connection credential and webhook
+//! signing secret not yet under the newest key of `TOK_SECRET_KEY` under
+//! it, in every database the
 //! configuration names, so that the older keys can then be dropped from
 //! `TOK_SECRET_KEY`. Safe beside running processes (each batch is a short
 //! transaction, serialized with the others' on PostgreSQL) and idempotent:
@@ -40,17 +41,20 @@ pub async fn rotate(config: &Config) -> anyhow::Result<String> {
     let mut out = String::new();
     for database in &done {
         out.push_str(&format!(
-            "{}: re-sealed {} connection credentials under key {newest}\n",
-            database.database, database.resealed
+            "{}: re-sealed {} connection credentials and the signing secrets of {} sources under \
+             key {newest}\n",
+            database.database, database.resealed, database.signing_secrets
         ));
     }
     let older: Vec<&str> = config.secret_keys.ids().into_iter().skip(1).collect();
     if older.is_empty() {
-        out.push_str(&format!("every credential is sealed under key {newest}\n"));
+        out.push_str(&format!(
+            "every credential and signing secret is sealed under key {newest}\n"
+        ));
     } else {
         out.push_str(&format!(
-            "every credential is sealed under key {newest}: the older keys ({}) may now be removed \
-             from TOK_SECRET_KEY on every process\n",
+            "every credential and signing secret is sealed under key {newest}: the older keys ({}) \
+             may now be removed from TOK_SECRET_KEY on every process\n",
             older.join(", ")
         ));
     }

@@ -2,8 +2,9 @@
 //! an automation, leaves an identical one alone and saves a changed one as
 //! version 2 saying what changed; applies a directory of every kind of
 //! object (secrets from the environment, references by name), changing
-//! nothing the second time, only the field that changed the third, and
-//! deleting with `--prune` what the directory no longer holds; `tok runs` prints the runs' table and
+//! nothing the second time, only the field that changed the third,
+//! moving a connection to another origin with its credentials given again,
+//! and deleting with `--prune` what the directory no longer holds; `tok runs` prints the runs' table and
 //! filters it; `tok signal` resumes a waiting run; and with no server, or a
 //! key the server refuses, the client says so and exits non-zero.
 
@@ -337,6 +338,40 @@ async fn apply_a_directory_creates_then_changes_only_what_changed_and_prunes(db:
     assert_eq!(members, ["Eva", "Ota"], "{groups:#}");
     let connections = api.get("/api/connections", &key).await;
     assert_eq!(connections["items"][0]["rate"], 2.0);
+
+    // The connection moved to another origin by a key without `admin`:
+    // apply gives the file's credentials again in the same change.
+    let writer = api
+        .post(
+            "/api/keys",
+            &key,
+            json!({ "name": "deploy", "scopes": ["write"] }),
+        )
+        .await["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    write(
+        &dir,
+        "desk/connection.json",
+        &json!({ "kind": "connection", "name": "invoicing", "service": "http",
+                 "base_url": "http://127.0.0.2:9", "rate": 2,
+                 "credentials": { "bearer": { "env": "INVOICING_TOKEN" } } }),
+    );
+    let moved = ok(tok_with(
+        &api.base,
+        &writer,
+        &["apply", "-f", &path],
+        &secrets,
+    ));
+    assert!(
+        moved.contains("changed connection invoicing (")
+            && moved.contains("0 created, 1 changed, 6 unchanged"),
+        "{moved}"
+    );
+    let connections = api.get("/api/connections", &key).await;
+    assert_eq!(connections["items"][0]["base_url"], "http://127.0.0.2:9");
+    assert_eq!(connections["items"][0]["has_credentials"], true);
 
     // Files removed: --prune deletes what they held, after a dry run that
     // only says so.

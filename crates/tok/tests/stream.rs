@@ -3,8 +3,10 @@
 //! `Last-Event-ID` is given what it missed, a tenant never sees another
 //! tenant's events, an incident that happens again is `incident.updated`
 //! (`incident.opened` only for a new one), and on PostgreSQL an `api`
-//! process streams the steps a separate `worker` process recorded and a
-//! client reconnecting to another `api` process is given what it missed.
+//! process streams the steps a separate `worker` process recorded, a
+//! client reconnecting to another `api` process is given what it missed,
+//! and a stream open on one process ends once its key is revoked through
+//! another (a `closed` event its last).
 
 mod support;
 
@@ -589,4 +591,67 @@ async fn a_run_its_start_control_holds_says_so_in_the_stream(db: &TestDb) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(status, "completed");
+}
+
+/// A key revoked through one process ends the stream it holds open on
+/// another: the `closed` event is its last, and the stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_on_every_process_once_its_key_is_revoked() {
+    if tok_store::testing::skip_postgres() {
+        eprintln!("TOK_TEST_SKIP_POSTGRES=1: the two-process revocation stream test is NOT run");
+        return;
+    }
+    run_on_fresh_db(tok_store::Backend::Postgres, async |db: &TestDb| {
+        let (port_a, port_b) = (free_port(), free_port());
+        let (api_a, api_b) = (Api::new(port_a), Api::new(port_b));
+        let _a = Server::start(&db.url, port_a, &[], &[("TOK_NODE_ID", "node-a")]);
+        let _b = Server::start(
+            &db.url,
+            port_b,
+            &[],
+            &[("TOK_ROLE", "api"), ("TOK_NODE_ID", "node-b")],
+        );
+        api_a.wait_ready().await;
+        api_b.wait_ready().await;
+        let (admin, _, url) = tenant(&api_a, "Revoked").await;
+        let made = api_a
+            .post(
+                "/api/keys",
+                &admin,
+                json!({ "name": "wall screen", "scopes": ["read"] }),
+            )
+            .await;
+        let (id, key) = (made["id"].as_str().unwrap(), made["key"].as_str().unwrap());
+
+        let mut on_b = Stream::open(&api_b, key, None, None).await;
+        let run = run_of(&api_a, &admin, &order(&api_a, &url, "R-1").await).await;
+        on_b.until_completed(&run).await;
+        let (status, body) = api_a
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/api/keys/{id}"),
+                &admin,
+                None,
+                None,
+            )
+            .await;
+        assert_eq!(status, 204, "{body}");
+        let last = loop {
+            let event = on_b.next().await;
+            if event.kind == "closed" {
+                break event;
+            }
+        };
+        assert_eq!(last.data["reason"], "key_revoked", "{last:?}");
+        let rest = tokio::time::timeout(Duration::from_secs(30), on_b.response.chunk())
+            .await
+            .expect("the stream ends after its `closed` event")
+            .unwrap();
+        assert!(rest.is_none(), "nothing follows `closed`: {rest:?}");
+        let (status, _) = api_b
+            .call(reqwest::Method::GET, "/api/stream", key, None, None)
+            .await;
+        assert_eq!(status, 401);
+    })
+    .await;
 }

@@ -26,6 +26,7 @@
 mod address;
 mod allow;
 pub(crate) mod body;
+pub mod headers;
 pub mod origin;
 
 use std::net::{IpAddr, SocketAddr};

@@ -1,4 +1,4 @@
-//! Credentials keep to their origin (DESIGN §15): a step or widget naming
+//! Credentials keep to their origin (docs/security.md): a step or widget naming
 //! a connection calls only URLs of the origin (scheme, host, port) of the
 //! connection's `base_url`, so the connection's credentials reach no other
 //! host, whatever the tenant writes or a webhook body renders.
@@ -10,6 +10,10 @@
 //! [`for_call`] refuses a URL that rendered to another origin when it is
 //! called (a terminal error beginning with `origin_mismatch:`); and the
 //! guard refuses a redirect off the origin while credentials are attached.
+//!
+//! A change of a connection's base URL to another origin ([`moved`]) would
+//! send the credentials it holds to that origin: the API asks for them
+//! again (or the `admin` scope) before it saves one.
 //!
 //! A connection with credentials but no `base_url` has no origin to keep
 //! them to: a call through it is refused, and so is saving a step or
@@ -57,6 +61,22 @@ fn mismatch(connection: &Connection, url: &Url, origin: &Origin) -> String {
         connection.name,
         origin.ascii_serialization()
     )
+}
+
+/// Whether a base URL going from `from` to `to` changes its origin (scheme,
+/// host, port): the two origins as they are shown, when it does. A base
+/// URL that does not parse has an origin of its own, unlike any other.
+pub fn moved(from: Option<&str>, to: Option<&str>) -> Option<(String, String)> {
+    let origin = |base: Option<&str>| base.and_then(|b| Url::parse(b).ok()).map(|u| u.origin());
+    let shown = |base: Option<&str>, origin: &Option<Origin>| match (base, origin) {
+        (_, Some(o)) if o.is_tuple() => o.ascii_serialization(),
+        (Some(base), _) => format!("`{base}`"),
+        (None, _) => "no base_url".to_owned(),
+    };
+    let (a, b) = (origin(from), origin(to));
+    let same = matches!((&a, &b), (Some(a), Some(b)) if a.is_tuple() && a == b)
+        || (from.is_none() && to.is_none());
+    (!same).then(|| (shown(from, &a), shown(to, &b)))
 }
 
 /// At the call: the origin the call's credentials are bound to (for the
@@ -287,6 +307,35 @@ mod tests {
             ["steps.1.then.0.config.url"],
             "named by id; the relative, the templated and another connection's URLs are not stranded"
         );
+    }
+
+    #[test]
+    fn a_move_is_a_change_of_scheme_host_or_port() {
+        let from = Some("https://api.shop.example/v1");
+        for same in [
+            "https://api.shop.example/v2",
+            "https://API.shop.example:443/",
+            "https://api.shop.example",
+        ] {
+            assert_eq!(moved(from, Some(same)), None, "{same}");
+        }
+        for other in [
+            "http://api.shop.example/v1",
+            "https://api.shop.example:8443/v1",
+            "https://evil.example/v1",
+            "https://api.shop.example.evil.example/",
+            "https://api.shop.example@evil.example/",
+        ] {
+            let (a, b) = moved(from, Some(other)).expect(other);
+            assert_eq!(a, "https://api.shop.example");
+            assert_ne!(b, a, "{other}");
+        }
+        assert_eq!(
+            moved(None, Some("https://x.example/")),
+            Some(("no base_url".into(), "https://x.example".into()))
+        );
+        assert!(moved(Some("not a url"), Some("not a url")).is_some());
+        assert_eq!(moved(None, None), None);
     }
 
     #[test]

@@ -8,8 +8,16 @@
 //! budget (64 KiB, `MAX_OUTPUT_BYTES`), and a call through a connection
 //! stays on its base URL's origin (`origin_mismatch` otherwise).
 //!
+//! A request goes where its URL says, and nowhere else: headers that name
+//! another destination or change the framing (`Host`, `Forwarded`,
+//! `X-Forwarded-Host`, hop-by-hop headers, …: [`headers::UNSENT`]) are
+//! refused, at save when written and at the call when rendered, whether or
+//! not the request carries a connection's credentials. Methods are the
+//! usual seven ([`METHODS`]): `TRACE` would echo a connection's credentials
+//! back into the run's outputs, `CONNECT` opens a tunnel.
+//!
 //! Every attempt sends `Idempotency-Key: <run id>:<path>`, the same on every
-//! retry. What is retried (DESIGN §5): a connection error, 5xx, 408, 425,
+//! retry. What is retried (docs/connectors.md): a connection error, 5xx, 408, 425,
 //! 429 (after `Retry-After` when given). 400, 401, 403, 404 and other 4xx are
 //! terminal. A timeout before the request went out is retried; a timeout
 //! after it went out is retried only for idempotent methods (GET, HEAD, PUT,
@@ -28,7 +36,7 @@ use tok_core::ids::{JobId, TenantId};
 use tok_core::limits::MAX_OUTPUT_BYTES;
 use tok_store::{Admission, CallOutcome, Connection, ConnectionStore};
 
-use crate::outbound::{Exchange, Outbound, OutboundAllow, SendError, body, origin};
+use crate::outbound::{Exchange, Outbound, OutboundAllow, SendError, body, headers, origin};
 use crate::recorded::Answers;
 use crate::registry::{StepCall, StepHandler};
 
@@ -88,11 +96,35 @@ struct Request {
     timeout: Duration,
 }
 
+/// The methods an `http` step (and a widget, GET alone) sends.
+pub(crate) const METHODS: [Method; 7] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::PATCH,
+    Method::DELETE,
+    Method::OPTIONS,
+];
+
+/// A method as written, if tok sends it.
+fn method(written: &str) -> Result<Method, String> {
+    let method = Method::from_bytes(written.trim().to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("http `method` `{written}` is not an HTTP method"))?;
+    if !METHODS.contains(&method) {
+        return Err(format!(
+            "http `method` `{written}` is not one tok sends: expected one of {} (`TRACE` would \
+             echo a connection's credentials into the run, `CONNECT` opens a tunnel)",
+            METHODS.map(|m| m.to_string()).join(", ")
+        ));
+    }
+    Ok(method)
+}
+
 fn parse(config: &Value, base_url: Option<&str>) -> Result<Request, String> {
     let method = match config.get("method").and_then(Value::as_str) {
         None => Method::GET,
-        Some(m) => Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-            .map_err(|_| format!("http `method` `{m}` is not an HTTP method"))?,
+        Some(m) => method(m)?,
     };
     let url = config
         .get("url")
@@ -128,6 +160,9 @@ fn parse(config: &Value, base_url: Option<&str>) -> Result<Request, String> {
             .collect(),
         Some(_) => return Err("http `headers` must be an object of header names to values".into()),
     };
+    if let Some(why) = headers.iter().find_map(|(name, _)| headers::unsent(name)) {
+        return Err(why);
+    }
     let timeout = super::timeout_ms(config, "http", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS)?;
     Ok(Request {
         method,
@@ -173,6 +208,9 @@ fn credential_headers(connection: &Connection) -> Result<HeaderMap, StepError> {
     }
     if let Some(Value::Object(extra)) = c.get("headers") {
         for (name, value) in extra {
+            if let Some(why) = headers::unsent(name) {
+                return Err(bad(&why));
+            }
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| bad(&format!("`{name}` is not a header name")))?;
             let value =
@@ -545,8 +583,27 @@ impl Http {
 }
 
 /// Checks an `http` config as far as it can be before it is rendered (a
-/// templated URL is checked when it is).
+/// templated URL or method is checked when it is; header names are never
+/// rendered).
 pub(crate) fn check(config: &Value) -> Result<(), String> {
+    check_config(config).map_err(|e| e.message)
+}
+
+/// [`check`], naming the key of the config a problem concerns.
+fn check_config(config: &Value) -> Result<(), crate::registry::ConfigError> {
+    let at = |key: String| move |message: String| crate::registry::ConfigError { key, message };
+    if let Some(Value::Object(headers)) = config.get("headers")
+        && let Some((name, why)) = headers
+            .keys()
+            .find_map(|name| headers::unsent(name).map(|why| (name, why)))
+    {
+        return Err(at(format!("headers.{name}"))(why));
+    }
+    if let Some(written) = config.get("method").and_then(Value::as_str)
+        && !written.contains("{{")
+    {
+        method(written).map_err(at("method".into()))?;
+    }
     let base = config
         .get("connection")
         .map(|_| "https://connection.invalid");
@@ -557,7 +614,7 @@ pub(crate) fn check(config: &Value) -> Result<(), String> {
     if url.contains("{{") {
         return Ok(());
     }
-    parse(config, base).map(|_| ())
+    parse(config, base).map(|_| ()).map_err(at(String::new()))
 }
 
 #[async_trait]
@@ -592,6 +649,10 @@ impl StepHandler for Http {
     fn validate(&self, config: &Value) -> Result<(), String> {
         check(config)
     }
+
+    fn check_config(&self, config: &Value) -> Result<(), crate::registry::ConfigError> {
+        check_config(config)
+    }
 }
 
 #[cfg(test)]
@@ -603,6 +664,48 @@ mod tests {
         assert_eq!(base64(b"user:pass"), "dXNlcjpwYXNz");
         assert_eq!(base64(b"a"), "YQ==");
         assert_eq!(base64(b"ab"), "YWI=");
+    }
+
+    #[test]
+    fn no_header_sends_a_request_elsewhere_and_no_method_echoes_it() {
+        for name in [
+            "Host",
+            "host",
+            "X-Forwarded-Host",
+            "Forwarded",
+            "Transfer-Encoding",
+        ] {
+            let config =
+                json!({ "url": "https://a.example/", "headers": { name: "evil.example" } });
+            let error = parse(&config, None).err().expect(name);
+            assert!(error.contains(&format!("`{name}` is not sent")), "{error}");
+            let error = check_config(&config).unwrap_err();
+            assert_eq!(error.key, format!("headers.{name}"));
+            // Also under a templated URL, which is judged at the call.
+            let templated = json!({ "url": "https://{{h}}/", "headers": { name: "x" } });
+            assert!(check(&templated).is_err(), "{name}");
+        }
+        assert!(
+            parse(
+                &json!({ "url": "https://a.example/", "headers": { "X-Api": "1" } }),
+                None
+            )
+            .is_ok()
+        );
+        for m in ["TRACE", "trace", "CONNECT", "PROPFIND"] {
+            let config = json!({ "url": "https://a.example/", "method": m });
+            let error = parse(&config, None).err().expect(m);
+            assert!(error.contains("not one tok sends"), "{error}");
+            assert_eq!(check_config(&config).unwrap_err().key, "method");
+        }
+        for m in ["get", "HEAD", "POST", "put", "PATCH", "DELETE", "OPTIONS"] {
+            assert!(
+                parse(&json!({ "url": "https://a.example/", "method": m }), None).is_ok(),
+                "{m}"
+            );
+        }
+        // A templated method is judged at the call (with a templated URL).
+        assert!(check(&json!({ "url": "https://{{h}}/", "method": "{{m}}" })).is_ok());
     }
 
     #[test]

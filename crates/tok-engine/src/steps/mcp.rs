@@ -164,6 +164,9 @@ fn transport_config(
     let mut headers = HashMap::new();
     if let Some(Value::Object(extra)) = c.get("headers") {
         for (name, value) in extra {
+            if let Some(why) = crate::outbound::headers::unsent(name) {
+                return Err(bad(&why));
+            }
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| bad(&format!("`{name}` is not a header name")))?;
             let value =

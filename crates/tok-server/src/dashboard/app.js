@@ -223,6 +223,8 @@ function signOut() {
 const live = {
   controller: null,
   lastId: null,
+  /** Why the server ended the stream for good (its `closed` event). */
+  closed: null,
   listeners: new Set(),
 
   start() {
@@ -270,6 +272,17 @@ const live = {
       if (controller.signal.aborted) return;
     }
     if (this.controller !== controller) return;
+    if (this.closed) {
+      // The key was revoked or expired: the server ended the stream for
+      // good, and every other request with the key is refused too.
+      const reason = this.closed;
+      this.closed = null;
+      signOut();
+      const error = $("#signin-error");
+      error.textContent = reason;
+      error.hidden = false;
+      return;
+    }
     this.show(false, "reconnecting…");
     setTimeout(() => this.controller === controller && this.connect(), 1500);
   },
@@ -295,6 +308,7 @@ const live = {
     } catch {
       return;
     }
+    if (type === "closed") this.closed = payload.message || "The stream was closed: sign in again.";
     for (const listener of this.listeners) listener(type, payload);
   },
 };

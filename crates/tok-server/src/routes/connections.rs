@@ -7,6 +7,14 @@
 //! automation or widget names it. None of these routes opens the
 //! credentials, so a connection whose key was lost is still shown, given
 //! new credentials or deleted.
+//!
+//! Credentials keep to their origin (docs/security.md): a change that moves
+//! a connection holding credentials to another origin (scheme, host, port)
+//! must give the credentials again in the same request (or remove them),
+//! unless the key has the `admin` scope; otherwise it is 409
+//! `credentials_required` and nothing changes. A `write` key could
+//! otherwise point a connection's base URL at a host it controls and
+//! receive the credentials it may never read with the next call.
 
 use axum::Json;
 use axum::extract::State;
@@ -15,10 +23,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tok_core::uses::Kind;
 use tok_engine::outbound::origin;
-use tok_store::{Connection, ConnectionPatch, NewConnection};
+use tok_store::{Connection, ConnectionPatch, ExpectedConnection, NewConnection, Scope};
 
 use crate::AppState;
-use crate::auth::Tenant;
+use crate::auth::{Caller, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::in_use::{
     automations_using, automations_where, refuse_if_any, refuse_if_used, widgets_using,
@@ -106,7 +114,7 @@ fn checked(s: &Settings<'_>) -> ApiResult<()> {
             "an mcp connection needs `base_url`: the server's MCP endpoint",
         ));
     }
-    // Credentials are sent only to the origin of the base URL (DESIGN §15):
+    // Credentials are sent only to the origin of the base URL (docs/security.md):
     // without one, nothing would bind them to a host.
     if s.base_url.is_none() && s.has_credentials {
         return Err(invalid(
@@ -131,8 +139,16 @@ fn checked(s: &Settings<'_>) -> ApiResult<()> {
     Ok(())
 }
 
-/// Credentials as given: an object (`{}` or `null` for none).
+/// Credentials as given: an object (`{}` or `null` for none), whose
+/// `headers` send no request elsewhere than the base URL's origin.
 fn checked_credentials(credentials: Value) -> ApiResult<Value> {
+    if let Some(Value::Object(headers)) = credentials.get("headers")
+        && let Some((name, why)) = headers
+            .keys()
+            .find_map(|name| tok_engine::outbound::headers::unsent(name).map(|why| (name, why)))
+    {
+        return Err(invalid(why).with("field", format!("credentials.headers.{name}")));
+    }
     match credentials {
         Value::Null => Ok(json!({})),
         Value::Object(_) => Ok(credentials),
@@ -267,11 +283,15 @@ struct ConnectionPatchBody {
 /// of every step and widget through it uses them (the engine reads the
 /// connection at each call). A new base URL of another origin is refused
 /// (409 `in_use`) while automations or widgets call literal URLs of the
-/// old one through it: those calls would fail with `origin_mismatch`.
-#[utoipa::path(patch, path = "/api/connections/{id}", tag = "connections", responses((status = 200, body = crate::openapi::schemas::Connection), (status = 409, description = "a new base URL of another origin than literal URLs that automations or widgets call through the connection (`in_use`, with `used_by`)", body = crate::openapi::ErrorBody)))]
+/// old one through it: those calls would fail with `origin_mismatch`. It
+/// is refused too (409 `credentials_required`) when the connection holds
+/// credentials that the change does not give again (or remove), unless
+/// the key has the `admin` scope.
+#[utoipa::path(patch, path = "/api/connections/{id}", tag = "connections", responses((status = 200, body = crate::openapi::schemas::Connection), (status = 409, description = "a new base URL of another origin than literal URLs that automations or widgets call through the connection (`in_use`, with `used_by`), or than the credentials it holds are bound to, without giving them again or the `admin` scope (`credentials_required`)", body = crate::openapi::ErrorBody)))]
 async fn update(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
+    Caller(key): Caller,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ConnectionPatchBody>,
 ) -> ApiResult<Json<Value>> {
@@ -302,6 +322,12 @@ async fn update(
     }
     let credentials = body.credentials.map(checked_credentials).transpose()?;
     let breaker = body.breaker.unwrap_or_default();
+    // A change of the base URL is judged against the connection as read
+    // here; the store writes it only if that still holds.
+    let expect = body.base_url.as_ref().map(|_| ExpectedConnection {
+        base_url: current.base_url.clone(),
+        has_credentials: current.has_credentials,
+    });
     let patch = ConnectionPatch {
         base_url: body.base_url,
         credentials,
@@ -310,6 +336,7 @@ async fn update(
         max_concurrency: body.max_concurrency,
         breaker_threshold: breaker.threshold,
         breaker_cooldown_ms: breaker.cooldown_ms,
+        expect,
     };
     let base_url = match &patch.base_url {
         Some(url) => url.clone(),
@@ -331,6 +358,26 @@ async fn update(
             .breaker_cooldown_ms
             .unwrap_or(current.breaker_cooldown_ms),
     })?;
+    if current.has_credentials
+        && patch.credentials.is_none()
+        && !key.grants(Scope::Admin)
+        && let Some((from, to)) = origin::moved(current.base_url.as_deref(), base_url.as_deref())
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "credentials_required",
+            format!(
+                "connection `{}` holds credentials, which tok sends only to {from}, the origin of \
+                 its base_url; moving it to {to} needs them again: send `credentials` in the same \
+                 request (or `null` to remove them), or make the change with a key that has the \
+                 `admin` scope",
+                current.name
+            ),
+        )
+        .with("field", "credentials")
+        .with("from", from)
+        .with("to", to));
+    }
     if base_url != current.base_url {
         let changed = Connection {
             base_url: base_url.clone(),

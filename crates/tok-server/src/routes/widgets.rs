@@ -1,10 +1,17 @@
-//! Dashboard widgets (DESIGN §14): `POST /api/widgets {name, connection,
+//! Dashboard widgets (docs/dashboard.md): `POST /api/widgets {name, connection,
 //! request, ttlSec}` saves a tile's request (an `http` step's config, sent
 //! through the connection); `GET /api/widgets/{id}/data` answers its data
 //! from the cache while it is fresh, else from one call
 //! (`?refresh=true` calls at once), as `{data, fetched_at, age_s, cached}`.
 //! A widget's connection, request and time to live change (`PATCH`; a new
 //! request or connection drops the cache), its name does not.
+//!
+//! A widget reads: its request is a `GET` (`400 invalid_body` at
+//! `request.method` otherwise, see [`tok_engine::widgets::check_read`]),
+//! since a `read` key may refresh it. A refresh is a call through the
+//! widget's connection, so it is rate-limited per widget
+//! ([`crate::quotas::WIDGET_REFRESHES`]): one more is 429 `rate_limited`
+//! with `Retry-After`, and reads of the cache are never limited.
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -113,6 +120,7 @@ async fn checked(
             Some(name.to_owned())
         }
     };
+    tok_engine::widgets::check_read(request).map_err(|(field, m)| invalid(&field, m))?;
     check_request(request, connection.as_deref()).map_err(|m| invalid("request", m))?;
     tok_engine::outbound::origin::check_widget(
         tenant,
@@ -276,7 +284,10 @@ struct DataQuery {
     refresh: bool,
 }
 
-#[utoipa::path(get, path = "/api/widgets/{id}/data", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::WidgetData)))]
+/// A widget's data: its cached answer while it is fresh, else one call's.
+/// `?refresh=true` calls at once, at most once every 10 seconds per widget
+/// after a burst of 3 (429 `rate_limited` with `Retry-After` past it).
+#[utoipa::path(get, path = "/api/widgets/{id}/data", tag = "widgets", responses((status = 200, body = crate::openapi::schemas::WidgetData), (status = 429, description = "refreshed too often (`rate_limited`; `Retry-After` says when it may be refreshed again)", body = crate::openapi::ErrorBody)))]
 async fn data(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -286,6 +297,28 @@ async fn data(
     let Query(query) = query.map_err(|e| {
         ApiError::bad_request("bad_query", e.body_text()).with("expected", "refresh=true|false")
     })?;
+    if query.refresh {
+        if state.engine.store().widget(&tenant, &id).await?.is_none() {
+            return Err(ApiError::not_found("widget"));
+        }
+        if let Err(wait) = state
+            .quotas
+            .take_refresh(&tenant, &id, std::time::Instant::now())
+        {
+            let (rate, burst) = crate::quotas::WIDGET_REFRESHES;
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "widget `{id}` was refreshed {burst} times in a row, the most allowed: it \
+                     may be refreshed once every {} seconds (its cached answer is served \
+                     without `refresh`)",
+                    (1.0 / rate).round()
+                ),
+            )
+            .with("retry_after_ms", (wait.as_millis() as u64).max(1)));
+        }
+    }
     let data = state
         .widgets
         .data(&tenant, &id, query.refresh)

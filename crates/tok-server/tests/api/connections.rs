@@ -6,6 +6,10 @@
 //! call of a step uses it: the new bearer, the new base URL; a base URL of
 //! another origin is refused while a step calls a literal URL of the old
 //! one; a connection that an automation or a widget names is not deleted.
+//! A key without `admin` moves a connection holding credentials to another
+//! origin only by giving the credentials again (relative URLs follow the
+//! base URL, so they would take the old ones there), and a connection's
+//! credentials never carry a header that sends them elsewhere.
 
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +35,7 @@ backend_tests!(
     run_two_origins;
     changed_credentials_and_base_url_go_on_the_next_call,
     a_base_url_of_another_origin_is_refused_while_literal_urls_call_the_old_one,
+    a_write_key_moves_credentials_to_another_origin_only_by_giving_them_again,
 );
 
 const SECRET: &str = "sk_live_very_secret_value";
@@ -580,4 +585,151 @@ async fn a_base_url_of_another_origin_is_refused_while_literal_urls_call_the_old
         .await
         .expect(StatusCode::OK);
     assert_eq!(moved["base_url"], format!("http://localhost:{port}/v2"));
+}
+
+async fn a_write_key_moves_credentials_to_another_origin_only_by_giving_them_again(app: &TestApp) {
+    let (port, calls) = serve(app);
+    let (home, away) = (
+        format!("http://127.0.0.1:{port}"),
+        format!("http://localhost:{port}"),
+    );
+    let tenant = app.create_tenant("Acme").await;
+    let writer = app
+        .post(
+            &tenant.key,
+            "/api/keys",
+            &json!({ "name": "deploy", "scopes": ["write"] }),
+        )
+        .await
+        .expect(StatusCode::CREATED)["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let created = app
+        .post(
+            &tenant.key,
+            "/api/connections",
+            &json!({ "name": "shop", "service": "http", "base_url": home,
+                     "credentials": { "bearer": "sk_shop_secret" } }),
+        )
+        .await
+        .expect(StatusCode::CREATED);
+    // A relative URL: it follows the base URL wherever it goes.
+    let automation = app
+        .create_automation(
+            &tenant,
+            &manual(
+                "Ping",
+                &json!([{ "id": "st_ping", "type": "http",
+                          "config": { "connection": "shop", "url": "/hit" } }]),
+            ),
+        )
+        .await;
+
+    // The write key points the base URL at another origin: refused.
+    let refused = app
+        .patch(&writer, &uri(&created), &json!({ "base_url": away }))
+        .await
+        .expect_error(StatusCode::CONFLICT, "credentials_required");
+    assert_eq!(refused["field"], "credentials");
+    assert_eq!(refused["from"], home.as_str());
+    assert_eq!(refused["to"], away.as_str());
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("connection `shop` holds credentials")
+            && message.contains("`admin` scope"),
+        "{message}"
+    );
+    assert!(!message.contains("sk_shop_secret"), "{message}");
+    let shown = app
+        .get(&writer, &uri(&created))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(shown["base_url"], home.as_str(), "nothing changed");
+    run_once(app, &tenant, &automation).await;
+    // So is another scheme or port of the same host, with another change beside it.
+    for other in [
+        format!("https://127.0.0.1:{port}"),
+        "http://127.0.0.1:1".into(),
+    ] {
+        app.patch(
+            &writer,
+            &uri(&created),
+            &json!({ "base_url": other, "rate": 5 }),
+        )
+        .await
+        .expect_error(StatusCode::CONFLICT, "credentials_required");
+    }
+    // Another path of the same origin is no move.
+    app.patch(
+        &writer,
+        &uri(&created),
+        &json!({ "base_url": format!("{home}/v2") }),
+    )
+    .await
+    .expect(StatusCode::OK);
+
+    // Given again in the same request, the credentials may go.
+    let moved = app
+        .patch(
+            &writer,
+            &uri(&created),
+            &json!({ "base_url": away, "credentials": { "bearer": "sk_given_again" } }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(moved["base_url"], away.as_str());
+    assert_eq!(moved["has_credentials"], true);
+    run_once(app, &tenant, &automation).await;
+    // Removed in the same request, nothing of them goes either; and the
+    // tenant's admin key may move them as they are.
+    app.patch(
+        &writer,
+        &uri(&created),
+        &json!({ "base_url": home, "credentials": null }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.patch(
+        &tenant.key,
+        &uri(&created),
+        &json!({ "credentials": { "bearer": "sk_admins" } }),
+    )
+    .await
+    .expect(StatusCode::OK);
+    app.patch(&tenant.key, &uri(&created), &json!({ "base_url": away }))
+        .await
+        .expect(StatusCode::OK);
+
+    let seen = calls.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            (
+                format!("127.0.0.1:{port}"),
+                "Bearer sk_shop_secret".to_owned()
+            ),
+            (
+                format!("localhost:{port}"),
+                "Bearer sk_given_again".to_owned()
+            ),
+        ],
+        "the first credentials never reached the other origin"
+    );
+
+    // Credentials whose headers would send a call elsewhere are refused.
+    for (name, at) in [
+        ("Host", "credentials.headers.Host"),
+        ("X-Forwarded-Host", "credentials.headers.X-Forwarded-Host"),
+    ] {
+        let refused = app
+            .patch(
+                &writer,
+                &uri(&created),
+                &json!({ "credentials": { "headers": { name: "evil.example", "X-Key": "k" } } }),
+            )
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        assert_eq!(refused["field"], at, "{refused:#}");
+    }
 }

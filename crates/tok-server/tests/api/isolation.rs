@@ -1,7 +1,8 @@
 //! Tenant isolation and authentication: another tenant's ids answer 404
 //! exactly like ids that do not exist, listings show only the caller's
-//! records, keys are required (401), tenants are the admin's (403), and the
-//! admin acts for a tenant only with `X-Tok-Tenant`.
+//! records, keys are required (401), tenants are the admin's (403), the
+//! admin acts for a tenant only with `X-Tok-Tenant`, and a live stream
+//! lasts no longer than the key it was opened with.
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
@@ -21,6 +22,7 @@ backend_tests!(
     tenant_key_cannot_create_tenants,
     admin_acts_for_a_tenant_with_x_tok_tenant,
     every_route_keeps_tenants_apart,
+    a_stream_ends_when_its_key_is_revoked_or_expires,
 );
 
 /// Tenant A with a source, a webhook automation and one finished run.
@@ -966,4 +968,104 @@ async fn stream_until_own_run(app: &TestApp, b: &Estate, headers: &[(&str, &str)
         "B's stream never showed B's run {run}: {text}"
     );
     text
+}
+
+/// An open `GET /api/stream` with `key`.
+async fn open_stream(app: &TestApp, key: &str) -> Body {
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri("/api/stream")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = app.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.into_body()
+}
+
+/// What `body` streams until `done` holds for the text so far (`true`), or
+/// until it ends (`false`); a stream that does neither within 30 seconds
+/// fails the test.
+async fn read_stream(body: &mut Body, done: impl Fn(&str) -> bool) -> (String, bool) {
+    let mut text = String::new();
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                text.push_str(&String::from_utf8_lossy(&data));
+            }
+            if done(&text) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    match outcome {
+        Ok(done) => (text, done),
+        Err(_) => panic!("the stream neither showed what was awaited nor ended: {text}"),
+    }
+}
+
+/// A key of the tenant's (its id and secret) made by its admin key.
+async fn new_key(app: &TestApp, tenant: &Tenant, body: Value) -> (String, String) {
+    let made = app
+        .post(&tenant.key, "/api/keys", &body)
+        .await
+        .expect(StatusCode::CREATED);
+    (
+        made["id"].as_str().unwrap().to_owned(),
+        made["key"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A stream keeps no key alive: revoked (by another request, on any
+/// process) or past its `expires_at`, the key's open streams end with a
+/// `closed` event saying why, and the key opens no new one.
+async fn a_stream_ends_when_its_key_is_revoked_or_expires(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let automation = app
+        .create_automation(&tenant, &manual("Tick", &json!([log_step("st_a", "tick")])))
+        .await;
+    let (id, key) = new_key(app, &tenant, json!({ "name": "wall", "scopes": ["read"] })).await;
+    let mut first = open_stream(app, &key).await;
+    let mut second = open_stream(app, &key).await;
+    let run = app
+        .start_run(&tenant, &automation, &json!({ "input": {} }))
+        .await;
+    for stream in [&mut first, &mut second] {
+        let (_, seen) = read_stream(stream, |t| t.contains(&run)).await;
+        assert!(seen, "the stream follows the tenant's runs");
+    }
+
+    app.delete(&tenant.key, &format!("/api/keys/{id}"))
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    for stream in [&mut first, &mut second] {
+        let (text, _) = read_stream(stream, |_| false).await;
+        assert!(
+            text.contains("event: closed") && text.contains("\"reason\":\"key_revoked\""),
+            "{text}"
+        );
+    }
+    app.get(&key, "/api/stream")
+        .await
+        .expect_error(StatusCode::UNAUTHORIZED, "unauthorized");
+
+    // A key that expires in two seconds: its stream ends then.
+    let soon = tok_store::rfc3339::format(tok_store::now_ms() + 2_000);
+    let (_, brief) = new_key(
+        app,
+        &tenant,
+        json!({ "name": "brief", "scopes": ["read"], "expires_at": soon }),
+    )
+    .await;
+    let mut stream = open_stream(app, &brief).await;
+    let (text, _) = read_stream(&mut stream, |_| false).await;
+    assert!(
+        text.contains("event: closed") && text.contains("\"reason\":\"key_expired\""),
+        "{text}"
+    );
+    app.get(&brief, "/api/stream")
+        .await
+        .expect_error(StatusCode::UNAUTHORIZED, "key_expired");
 }

@@ -1,12 +1,14 @@
 //! The outbound guard, the byte budget and credentials keeping to their
-//! origin (DESIGN §15), tried as a hostile tenant would: a widget or an
+//! origin (docs/security.md), tried as a hostile tenant would: a widget or an
 //! `http` step aimed at the server's own `/metrics` or at the cloud
 //! metadata address is refused with an error naming the address and
 //! `TOK_OUTBOUND_ALLOW`, and nothing reaches the target; a redirect from an
 //! allowed service to a denied address is refused on its hop; a secret of
 //! a connection never reaches another origin, whether the URL is written,
-//! rendered from a webhook body, or reached by a redirect; a 50 MB answer
-//! fails its step with the byte budget's error.
+//! rendered from a webhook body, or reached by a redirect, or sent with a
+//! `Host` header naming another virtual host of the same address (nor is a
+//! `TRACE` sent, which would echo it back); a 50 MB answer fails its step
+//! with the byte budget's error.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -35,6 +37,7 @@ backend_tests!(
     a_rendered_url_of_another_origin_is_an_origin_mismatch,
     a_redirect_off_the_origin_with_credentials_is_refused,
     a_50_mb_answer_fails_its_step_with_the_byte_budget,
+    no_header_or_method_takes_credentials_elsewhere,
 );
 
 const SECRET: &str = "sk_live_never_leaves";
@@ -480,4 +483,70 @@ async fn a_50_mb_answer_fails_its_step_with_the_byte_budget(app: &TestApp) {
         assert!(error.contains("at most 65536 bytes"), "{error}");
     }
     assert_eq!(service.seen.paths(), ["/big", "/big-announced"]);
+}
+
+async fn no_header_or_method_takes_credentials_elsewhere(app: &TestApp) {
+    let (service, addr, _) = allowed_service(app).await;
+    let tenant = app.create_tenant("Mallory").await;
+    connection(app, &tenant, addr, json!({ "bearer": SECRET })).await;
+    let other_host = format!("localhost:{}", addr.port());
+    // Written: refused at save, naming the header or the method.
+    for (config, at) in [
+        (
+            json!({ "connection": "shop", "url": "/orders", "headers": { "Host": other_host } }),
+            "steps.0.config.headers.Host",
+        ),
+        (
+            json!({ "connection": "shop", "url": "{{_body.path}}",
+                    "headers": { "x-forwarded-host": other_host } }),
+            "steps.0.config.headers.x-forwarded-host",
+        ),
+        (
+            json!({ "connection": "shop", "url": "/orders", "method": "TRACE" }),
+            "steps.0.config.method",
+        ),
+    ] {
+        let error = app
+            .post(
+                &tenant.key,
+                "/api/automations",
+                &manual("vhost", &json!([http_step("st_vhost", config)])),
+            )
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_definition");
+        assert_eq!(error["errors"][0]["path"], at, "{error:#}");
+    }
+    // Rendered from a webhook body: refused at the call, terminally.
+    let source = app.create_source(&tenant, &plain_source("orders")).await;
+    app.create_automation(
+        &tenant,
+        &on_webhook(
+            "rendered",
+            source["id"].as_str().unwrap(),
+            &json!([http_step(
+                "st_headers",
+                json!({ "connection": "shop", "url": "{{_body.path}}",
+                                                "headers": "{{_body.headers}}" })
+            ),]),
+        ),
+    )
+    .await;
+    app.webhook(
+        source["token"].as_str().unwrap(),
+        &json!({ "path": "/orders", "headers": { "HOST": other_host } }),
+    )
+    .await
+    .expect(StatusCode::ACCEPTED);
+    let runs = app.wait_for_runs(&tenant, "", 1).await;
+    let run = app
+        .wait_for_final(&tenant, runs[0]["id"].as_str().unwrap())
+        .await;
+    let error = failed_once(&run, "st_headers");
+    assert!(error.contains("`HOST` is not sent"), "{error}");
+    assert!(!error.contains(SECRET), "{error}");
+    assert_eq!(
+        service.seen.paths(),
+        Vec::<String>::new(),
+        "nothing was sent, to either virtual host"
+    );
 }

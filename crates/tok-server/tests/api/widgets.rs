@@ -6,7 +6,8 @@
 //! are refused with what was expected; and another tenant sees none of
 //! them. A widget changes (checked as a create is; a new request or
 //! connection drops its cache, a new time to live keeps it) and is
-//! deleted.
+//! deleted. A widget reads: a `GET`, never another method (a `read` key
+//! refreshes it), and its refreshes are limited per widget.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,6 +32,8 @@ backend_tests!(
     a_new_request_drops_the_cache_and_a_new_ttl_keeps_it,
     an_answer_to_the_request_before_a_change_is_not_kept,
     bad_widget_changes_are_refused_and_a_deleted_widget_is_gone,
+    a_widget_only_reads_even_one_saved_before_widgets_were_reads,
+    refreshes_are_limited_per_widget_and_the_cache_still_answers,
 );
 
 const SECRET: &str = "sk_widget_secret";
@@ -83,7 +86,7 @@ async fn serve(app: &TestApp, service: Arc<Service>) -> SocketAddr {
     let listener = app.service_listener();
     let addr = listener.local_addr().unwrap();
     let app = Router::new()
-        .route("/orders/open", get(answer))
+        .route("/orders/open", get(answer).delete(answer).post(answer))
         .route("/orders/slow", get(slow))
         .with_state(service);
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -295,7 +298,7 @@ async fn bad_widgets_are_refused_with_what_was_expected(app: &TestApp) {
         ),
         (
             with("request", json!({ "method": "NOT A METHOD", "url": "/x" })),
-            "not an HTTP method",
+            "its `method` is GET (or left out), not `NOT A METHOD`",
         ),
         (
             with("request", json!({ "url": "/x", "connection": "stats" })),
@@ -546,4 +549,155 @@ async fn an_answer_to_the_request_before_a_change_is_not_kept(app: &TestApp) {
         (json!(false), json!({ "open_orders": 2 })),
         "the old request's answer was not kept as the new one's"
     );
+}
+
+/// A key of the tenant's with the `read` scope only.
+async fn read_key(app: &TestApp, tenant: &Tenant) -> String {
+    app.post(
+        &tenant.key,
+        "/api/keys",
+        &json!({ "name": "wall screen", "scopes": ["read"] }),
+    )
+    .await
+    .expect(StatusCode::CREATED)["key"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn a_widget_only_reads_even_one_saved_before_widgets_were_reads(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(app, service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    for (request, field) in [
+        (
+            json!({ "url": "/orders/open", "method": "DELETE" }),
+            "request.method",
+        ),
+        (
+            json!({ "url": "/orders/open", "method": "post" }),
+            "request.method",
+        ),
+        (
+            json!({ "url": "/orders/open", "method": "TRACE" }),
+            "request.method",
+        ),
+        (
+            json!({ "url": "/orders/open", "headers": { "X-HTTP-Method-Override": "DELETE" } }),
+            "request.headers.X-HTTP-Method-Override",
+        ),
+        (
+            json!({ "url": "/orders/open", "headers": { "Host": "other.example" } }),
+            "request",
+        ),
+    ] {
+        let refused = app
+            .post(
+                &tenant.key,
+                "/api/widgets",
+                &json!({ "name": "Wipe", "connection": "stats", "request": request, "ttlSec": 60 }),
+            )
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+        assert_eq!(refused["field"], field, "{refused:#}");
+    }
+    let id = widget(app, &tenant, "Open orders", 3600).await;
+    let refused = app
+        .patch(
+            &tenant.key,
+            &format!("/api/widgets/{id}"),
+            &json!({ "request": { "url": "/orders/open", "method": "DELETE" } }),
+        )
+        .await
+        .expect_error(StatusCode::BAD_REQUEST, "invalid_body");
+    assert_eq!(refused["field"], "request.method");
+    let get = app
+        .post(
+            &tenant.key,
+            "/api/widgets",
+            &json!({ "name": "Explicit", "connection": "stats",
+                     "request": { "url": "/orders/open", "method": "get" }, "ttlSec": 60 }),
+        )
+        .await
+        .expect(StatusCode::CREATED);
+    assert_eq!(get["request"]["method"], "get");
+
+    // A widget saved by an older tok with `DELETE`: a read key's refresh
+    // sends nothing.
+    let tenant_id = tok_core::ids::TenantId::from(tenant.id.clone());
+    app.state
+        .engine
+        .store()
+        .update_widget(
+            &tenant_id,
+            &id,
+            tok_store::WidgetPatch {
+                request: Some(json!({ "url": "/orders/open", "method": "DELETE" })),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let reader = read_key(app, &tenant).await;
+    let before = service.calls();
+    for query in ["", "?refresh=true"] {
+        let error = app
+            .get(&reader, &format!("/api/widgets/{id}/data{query}"))
+            .await
+            .expect_error(StatusCode::BAD_REQUEST, "widget_not_a_read");
+        assert!(
+            error["message"].as_str().unwrap().contains("`DELETE`"),
+            "{error}"
+        );
+    }
+    assert_eq!(service.calls(), before, "no DELETE went out");
+}
+
+async fn refreshes_are_limited_per_widget_and_the_cache_still_answers(app: &TestApp) {
+    let service = Arc::new(Service::default());
+    let addr = serve(app, service.clone()).await;
+    let tenant = tenant_with_connection(app, addr).await;
+    let reader = read_key(app, &tenant).await;
+    let id = widget(app, &tenant, "Open orders", 3600).await;
+    let other = widget(app, &tenant, "Open orders again", 3600).await;
+    for n in 1..=3 {
+        let fresh = app
+            .get(&reader, &format!("/api/widgets/{id}/data?refresh=true"))
+            .await
+            .expect(StatusCode::OK);
+        assert_eq!(fresh["cached"], false, "refresh {n}");
+    }
+    assert_eq!(service.calls(), 3);
+    let limited = app
+        .get(&reader, &format!("/api/widgets/{id}/data?refresh=true"))
+        .await;
+    let retry_after = limited.headers.get("retry-after").cloned();
+    let error = limited.expect_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    assert!(
+        retry_after.is_some_and(|s| s.to_str().unwrap().parse::<u64>().unwrap() >= 1),
+        "{error}"
+    );
+    assert!(
+        error["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "{error}"
+    );
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("once every 10 seconds"), "{message}");
+    // The tenant's own admin key is held back the same: the limit is the
+    // widget's.
+    app.get(&tenant.key, &format!("/api/widgets/{id}/data?refresh=true"))
+        .await
+        .expect_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    assert_eq!(service.calls(), 3, "no call past the limit");
+    // The cache still answers, and another widget has its own refreshes.
+    let cached = data(app, &tenant, &id, "").await;
+    assert_eq!(cached["cached"], true);
+    assert_eq!(cached["data"], json!({ "open_orders": 3 }));
+    let fresh = data(app, &tenant, &other, "?refresh=true").await;
+    assert_eq!(fresh["cached"], false);
+    // A widget that does not exist is 404, not limited.
+    app.get(&reader, "/api/widgets/wid_nope/data?refresh=true")
+        .await
+        .expect_error(StatusCode::NOT_FOUND, "not_found");
 }

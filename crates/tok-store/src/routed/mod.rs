@@ -544,8 +544,11 @@ impl KeyStore for RoutedStore {
     async fn add_admin_key(&self, hash: &str) -> Result<()> {
         self.shared().add_admin_key(hash).await
     }
-    async fn set_admin_key(&self, hash: &str) -> Result<u64> {
-        self.shared().set_admin_key(hash).await
+    async fn admin_key_state(&self, hash: &str) -> Result<AdminKeyState> {
+        self.shared().admin_key_state(hash).await
+    }
+    async fn rotate_admin_key(&self, hash: &str) -> Result<u64> {
+        self.shared().rotate_admin_key(hash).await
     }
 }
 

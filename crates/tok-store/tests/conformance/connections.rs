@@ -7,9 +7,13 @@
 //! file while PostgreSQL refuses credentials (and takes connections without).
 //! A change replaces what it names and keeps the rest, seals new
 //! credentials under the newest key, and reaches no other tenant; a
-//! deleted connection is gone with its slots.
+//! deleted connection is gone with its slots. A change judged against the
+//! base URL and credentials it read (a move of the base URL) writes
+//! nothing once they changed meanwhile.
 
-use tok_store::{Admission, ConnectionPatch, Keyring, NewConnection, Reseal, SecretError};
+use tok_store::{
+    Admission, ConnectionPatch, ExpectedConnection, Keyring, NewConnection, Reseal, SecretError,
+};
 
 use super::*;
 
@@ -23,6 +27,7 @@ backend_tests!(
     a_change_replaces_what_it_names_and_seals_new_credentials_under_the_newest_key,
     a_deleted_connection_is_gone_with_its_slots,
     credentials_whose_key_was_lost_are_replaced_by_a_change,
+    a_change_judged_against_what_was_read_is_refused_once_that_changed,
 );
 
 const SECRET: &str = "sk_live_conformance_secret";
@@ -147,7 +152,8 @@ async fn a_sealed_credential_moved_to_another_row_does_not_open(db: &TestDb) {
     for (tenant, name) in [(&a, "other"), (&b, "shop")] {
         let error = store.connection(tenant, name).await.unwrap_err();
         assert!(
-            matches!(&error, StoreError::Secret(SecretError::Broken { connection, .. }) if connection == name),
+            matches!(&error, StoreError::Secret(SecretError::Broken { owner, .. })
+                if *owner == format!("the credentials of connection `{name}`")),
             "{error}"
         );
         assert!(!error.to_string().contains(SECRET), "{error}");
@@ -511,4 +517,89 @@ async fn credentials_whose_key_was_lost_are_replaced_by_a_change(db: &TestDb) {
     store.update_connection(&t, &shop.id, patch).await.unwrap();
     let read = store.connection(&t, "shop").await.unwrap().unwrap();
     assert_eq!(read.credentials, fresh, "{backend:?}");
+}
+
+async fn a_change_judged_against_what_was_read_is_refused_once_that_changed(db: &TestDb) {
+    let store = db.store().await;
+    let t = tenant(&*store, "acme").await;
+    let shop = store
+        .create_connection(&t, connection("shop", json!({})))
+        .await
+        .unwrap();
+    // Judged while the connection held no credentials...
+    let judged = ExpectedConnection {
+        base_url: Some("https://api.shop.test".into()),
+        has_credentials: false,
+    };
+    // ...which were given meanwhile.
+    store
+        .update_connection(
+            &t,
+            &shop.id,
+            ConnectionPatch {
+                credentials: Some(credentials()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let moved = store
+        .update_connection(
+            &t,
+            &shop.id,
+            ConnectionPatch {
+                base_url: Some(Some("https://elsewhere.test".into())),
+                expect: Some(judged),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(
+        matches!(&moved, Err(StoreError::Conflict(m)) if m.contains("changed")),
+        "{moved:?}"
+    );
+    let held = store.connection(&t, "shop").await.unwrap().unwrap();
+    assert_eq!(held.base_url.as_deref(), Some("https://api.shop.test"));
+    assert_eq!(held.credentials, credentials());
+
+    // Judged against what it holds now, the change applies.
+    let now = ExpectedConnection {
+        base_url: Some("https://api.shop.test".into()),
+        has_credentials: true,
+    };
+    let moved = store
+        .update_connection(
+            &t,
+            &shop.id,
+            ConnectionPatch {
+                base_url: Some(Some("https://elsewhere.test".into())),
+                credentials: Some(json!({})),
+                expect: Some(now),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(moved.base_url.as_deref(), Some("https://elsewhere.test"));
+    assert!(!moved.has_credentials);
+    // Another tenant's connection of that id is not found, expected or not.
+    let other = tenant(&*store, "globex").await;
+    let theirs = store
+        .update_connection(
+            &other,
+            &shop.id,
+            ConnectionPatch {
+                base_url: Some(Some("https://x.test".into())),
+                expect: Some(ExpectedConnection {
+                    base_url: Some("https://elsewhere.test".into()),
+                    has_credentials: false,
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(theirs.is_none());
 }

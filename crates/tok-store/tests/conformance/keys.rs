@@ -1,15 +1,17 @@
 //! API keys on every backend alike: a key is found by its hash until it is
 //! revoked, listed by its tenant only, never revoked as its tenant's last
-//! admin key, and a new admin key set at start revokes every other.
+//! admin key; a rotation of the platform admin key revokes every other,
+//! never takes a key rotated out back, and two rotations at once leave one.
 
-use tok_store::{KeyChange, KeyPatch, NewKey, Scope, hash_secret};
+use tok_store::{AdminKeyState, KeyChange, KeyPatch, NewKey, Scope, hash_secret};
 
 use super::*;
 
 backend_tests!(
     run_on_fresh_db;
     keys_are_found_listed_and_revoked_per_tenant,
-    setting_the_admin_key_revokes_the_others,
+    rotating_the_admin_key_revokes_the_others_and_takes_none_back,
+    rotations_at_once_leave_one_admin_key,
     a_keys_scopes_change_but_the_last_admin_keeps_admin,
 );
 
@@ -141,17 +143,31 @@ async fn keys_are_found_listed_and_revoked_per_tenant(db: &TestDb) {
     assert_eq!(first.last_used_at, Some(1_000), "{backend:?}");
 }
 
-async fn setting_the_admin_key_revokes_the_others(db: &TestDb) {
+async fn rotating_the_admin_key_revokes_the_others_and_takes_none_back(db: &TestDb) {
     let backend = db.backend;
     let store = db.store().await;
     let store = &*store;
+    assert_eq!(
+        store
+            .admin_key_state(&hash_secret("generated"))
+            .await
+            .unwrap(),
+        AdminKeyState::Unknown
+    );
     store
         .add_admin_key(&hash_secret("generated"))
         .await
         .unwrap();
     assert!(store.has_admin_key().await.unwrap());
     assert_eq!(
-        store.set_admin_key(&hash_secret("one")).await.unwrap(),
+        store
+            .admin_key_state(&hash_secret("generated"))
+            .await
+            .unwrap(),
+        AdminKeyState::Current
+    );
+    assert_eq!(
+        store.rotate_admin_key(&hash_secret("one")).await.unwrap(),
         1,
         "{backend:?}"
     );
@@ -162,6 +178,13 @@ async fn setting_the_admin_key_revokes_the_others(db: &TestDb) {
             .unwrap()
             .is_none()
     );
+    assert!(matches!(
+        store
+            .admin_key_state(&hash_secret("generated"))
+            .await
+            .unwrap(),
+        AdminKeyState::RotatedOut { .. }
+    ));
     let one = store
         .key_by_hash(&hash_secret("one"))
         .await
@@ -169,11 +192,14 @@ async fn setting_the_admin_key_revokes_the_others(db: &TestDb) {
         .unwrap();
     assert_eq!(one.tenant_id, None);
     assert_eq!(
-        store.set_admin_key(&hash_secret("one")).await.unwrap(),
+        store.rotate_admin_key(&hash_secret("one")).await.unwrap(),
         0,
-        "the same key again revokes nothing"
+        "the admin key again revokes nothing"
     );
-    assert_eq!(store.set_admin_key(&hash_secret("two")).await.unwrap(), 1);
+    assert_eq!(
+        store.rotate_admin_key(&hash_secret("two")).await.unwrap(),
+        1
+    );
     assert!(
         store
             .key_by_hash(&hash_secret("one"))
@@ -182,14 +208,42 @@ async fn setting_the_admin_key_revokes_the_others(db: &TestDb) {
             .is_none()
     );
 
+    // A key rotated out is never taken back: the current one stays.
+    for old in ["one", "generated"] {
+        let error = store
+            .rotate_admin_key(&hash_secret(old))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("rotated out"), "{backend:?}: {error}");
+        assert!(
+            store
+                .key_by_hash(&hash_secret(old))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert_eq!(
+        store.admin_key_state(&hash_secret("two")).await.unwrap(),
+        AdminKeyState::Current
+    );
+
     // A tenant's key is not taken over as the admin key.
     let a = tenant(store, "a").await;
     store
         .create_key(&a, new_key("ci", &[Scope::Read], "shared"))
         .await
         .unwrap();
+    assert_eq!(
+        store.admin_key_state(&hash_secret("shared")).await.unwrap(),
+        AdminKeyState::Tenant
+    );
     assert!(
-        store.set_admin_key(&hash_secret("shared")).await.is_err(),
+        store
+            .rotate_admin_key(&hash_secret("shared"))
+            .await
+            .is_err(),
         "{backend:?}"
     );
     assert!(
@@ -199,4 +253,30 @@ async fn setting_the_admin_key_revokes_the_others(db: &TestDb) {
             .unwrap()
             .is_some()
     );
+}
+
+/// Two processes rotating at once (two stores on one PostgreSQL database;
+/// on SQLite, which one process serves, two callers of its store): one
+/// admin key is left, whichever rotated last.
+async fn rotations_at_once_leave_one_admin_key(db: &TestDb) {
+    let a = db.store().await;
+    let b = match db.backend {
+        Backend::Postgres => db.store().await,
+        Backend::Sqlite => a.clone(),
+    };
+    a.add_admin_key(&hash_secret("first")).await.unwrap();
+    for round in 0..5 {
+        let (ka, kb) = (format!("a{round}"), format!("b{round}"));
+        let (ha, hb) = (hash_secret(&ka), hash_secret(&kb));
+        let (ra, rb) = tokio::join!(a.rotate_admin_key(&ha), b.rotate_admin_key(&hb));
+        ra.unwrap();
+        rb.unwrap();
+        let mut current = Vec::new();
+        for key in [&ka, &kb] {
+            if a.key_by_hash(&hash_secret(key)).await.unwrap().is_some() {
+                current.push(key.clone());
+            }
+        }
+        assert_eq!(current.len(), 1, "round {round}: {current:?}");
+    }
 }

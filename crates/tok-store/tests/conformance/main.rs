@@ -9,7 +9,8 @@
 //! `schedule` (the scheduler's lease and schedule rows), `watch` (stuck runs),
 //! `tenancy` (scoping across all of them), `tenant_caps` (a tenant's
 //! concurrency cap across claims and dispatches), `widgets`, `connections`
-//! (credentials sealed at rest, changed, deleted), `desk` (ticket types,
+//! (credentials sealed at rest, changed, deleted), `signing_secrets`
+//! (webhook signing secrets sealed at rest), `desk` (ticket types,
 //! groups and members changed and deleted), `queue_samples` (the queue's
 //! health over time), `audit` (the audit log), `offboarding` (a tenant
 //! deleted with every row of it), `outcomes` (a run's end in its ticket's
@@ -79,6 +80,7 @@ mod record;
 mod routing;
 mod runs;
 mod schedule;
+mod signing_secrets;
 mod tenancy;
 mod tenant_caps;
 mod watch;

@@ -335,7 +335,20 @@ async fn check_signature(
         return Ok(Signature::NotChecked(preset));
     }
     let now = jiff::Timestamp::now().as_second();
-    let secrets = source.secrets(tok_store::now_ms());
+    let secrets = source.secrets(tok_store::now_ms()).map_err(|e| {
+        // The sender is told to come back; the operator reads why (the
+        // key's id, never a key) in the log.
+        tracing::error!(source = %source.id, tenant = %source.tenant_id, error = %e,
+            "a webhook's signature cannot be checked: the source's signing secret does not open");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "signature_unavailable",
+            "tok cannot check this webhook's signature now (its signing secret does not open \
+             under the platform's TOK_SECRET_KEY; the operator is told); nothing was stored: \
+             send it again later",
+        )
+        .with("retry_after_ms", 60_000u64)
+    })?;
     let signed = preset.verify(&secrets, headers, body, now)?;
     Ok(Signature::Verified(preset, signed))
 }

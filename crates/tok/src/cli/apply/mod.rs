@@ -1,4 +1,4 @@
-//! `tok apply -f PATH`: a tenant's setup kept in files (DESIGN §15,
+//! `tok apply -f PATH`: a tenant's setup kept in files (docs/security.md,
 //! "Declarative"). PATH is one file or a directory (read whole, files
 //! ending `.json` in path order); each file holds one object or a list of
 //! them. An object without `kind` is an automation; the others say `"kind":
@@ -21,7 +21,10 @@
 //! apply cannot compare one: a secret is sent when its object is created,
 //! or, with `--secrets`, again to every object that has one (a connection's
 //! credentials by `PATCH`, a source's signing secret by a rotation that
-//! keeps its URL and accepts the secret before for an hour).
+//! keeps its URL and accepts the secret before for an hour). A connection
+//! whose `base_url` changes gets the file's credentials in the same
+//! `PATCH`, since a connection moved to another origin keeps its
+//! credentials only when they are given again (or by a key with `admin`).
 //!
 //! `--dry-run` prints the plan and sends nothing but reads; `--prune` also
 //! deletes what the server holds of these kinds that no file names
@@ -244,7 +247,16 @@ pub(crate) async fn apply(
                             .map_or(Value::Null, |c| c["version"].clone())
                     )?;
                 } else {
-                    let patch = changed_fields(object.kind, &body, current.as_ref());
+                    let mut patch = changed_fields(object.kind, &body, current.as_ref());
+                    // A connection moved to another base URL takes its
+                    // credentials along only when they are given again in
+                    // the same change: the file's, when it holds them.
+                    if object.kind == Kind::Connection
+                        && patch.get("base_url").is_some()
+                        && has_secret(object)
+                    {
+                        patch["credentials"] = object.body["credentials"].clone();
+                    }
                     client.patch(&path, &patch).await.with_context(|| {
                         format!("changing {} ({})", object.label(), show(&object.file))
                     })?;
