@@ -120,7 +120,9 @@ impl SuspendedTenants {
             return Ok(verdict);
         }
         let verdict = match self.store.tenant(tenant).await {
-            Ok(Some(row)) if row.deleting() => Verdict::Deny(format!("tenant {tenant} is being deleted")),
+            Ok(Some(row)) if row.deleting() => {
+                Verdict::Deny(format!("tenant {tenant} is being deleted"))
+            }
             Ok(Some(row)) if row.suspended => {
                 Verdict::Deny(format!("tenant {tenant} is suspended"))
             }

@@ -189,10 +189,10 @@ impl Drop for TestDb {
 /// build and nothing else, made on first use by whichever test process
 /// comes first: its name carries a hash of the migrations' SQL, so a
 /// build with other migrations (a later commit, another branch on the
-/// same server) makes and uses its own. It is migrated under a name of
-/// its own and renamed once complete, under an advisory lock, so that a
-/// process killed half-way leaves no half-migrated template behind and
-/// concurrent test processes make it once. Tests that need a database
+/// same server) makes and uses its own. It is made under an advisory lock,
+/// so that concurrent test processes make it once, and marked complete by
+/// a comment once migrated, so that one a killed process left half-made is
+/// made again. Tests that need a database
 /// with nothing migrated use [`TestDb::create_empty`].
 async fn migrated_template(conn: &mut sqlx::PgConnection, admin: &str) -> String {
     static TEMPLATE: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
@@ -211,29 +211,35 @@ async fn migrated_template(conn: &mut sqlx::PgConnection, admin: &str) -> String
     // One lock for every test process on the server; released when this
     // connection's session ends or below.
     const LOCK: i64 = 0x746f_6b5f_7465_6d70;
+    const COMPLETE: &str = "tok test template: every migration applied";
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(LOCK)
         .execute(&mut *conn)
         .await
         .expect("lock the test template");
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(&name)
-            .fetch_one(&mut *conn)
-            .await
-            .expect("look for the test template");
-    if !exists {
-        let making = format!("{name}_{}", crate::random_token()[..8].to_lowercase());
-        execute(conn, &format!("CREATE DATABASE {making}")).await;
+    // A template whose making was cut short (its process killed) has no
+    // comment saying it is complete: it is made again.
+    let state: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
+    )
+    .bind(&name)
+    .fetch_optional(&mut *conn)
+    .await
+    .expect("look for the test template");
+    if state.as_ref().and_then(|s| s.as_deref()) != Some(COMPLETE) {
+        if state.is_some() {
+            execute(conn, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
+        }
+        execute(conn, &format!("CREATE DATABASE {name}")).await;
         let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(admin);
-        let store = crate::PgStore::connect(&format!("{base}/{making}"), 2)
+        let store = crate::PgStore::connect(&format!("{base}/{name}"), 2)
             .await
             .expect("connect to the test template");
         Store::migrate(&store)
             .await
             .expect("migrate the test template");
         store.pool().close().await;
-        execute(conn, &format!("ALTER DATABASE {making} RENAME TO {name}")).await;
+        execute(conn, &format!("COMMENT ON DATABASE {name} IS '{COMPLETE}'")).await;
     }
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(LOCK)

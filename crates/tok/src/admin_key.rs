@@ -30,22 +30,21 @@ pub async fn rotate(config: &Config, from_env: bool) -> anyhow::Result<String> {
     if store.admin_key_state(&hash).await? == AdminKeyState::Current {
         return Ok("TOK_ADMIN_KEY is the platform admin key already: nothing changed\n".into());
     }
-    let revoked = store
-        .rotate_admin_key(&hash)
-        .await
-        .context("the admin key was not rotated")?;
-    let summary = format!(
-        "admin key rotated by `tok admin-key rotate`: {revoked} platform admin key(s) before it \
-         revoked"
-    );
-    crate::audit_admin_key(
+    let revoked = crate::audited_admin_key(
         &*store,
         &hash,
         "key.rotated",
         "tok admin-key rotate",
-        summary,
+        store.rotate_admin_key(&hash),
+        |revoked| {
+            format!(
+                "admin key rotated by `tok admin-key rotate`: {revoked} platform admin key(s) \
+                 before it revoked"
+            )
+        },
     )
-    .await?;
+    .await
+    .context("the admin key was not rotated")?;
     let mut out = format!(
         "the platform admin key is rotated: {revoked} admin key(s) before it are refused from now \
          on, on every process\n"

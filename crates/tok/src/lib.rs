@@ -20,9 +20,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tok_engine::{Engine, EngineConfig, Registry};
 use tok_server::AppState;
-use tok_store::{
-    Actor, ActorKind, AdminKeyState, NewAudit, Store, Target, hash_secret, random_token,
-};
+use tok_store::{AdminKeyState, AuditEnd, AuditOutcome, Store, Target, hash_secret, random_token};
 
 use crate::config::Config;
 
@@ -184,16 +182,22 @@ fn redact(url: &str) -> String {
 /// node of a fleet restarted with an old configuration has) changes
 /// nothing and says so at error level, so that no node brings an old key
 /// back or revokes a newer one. Each change is a row of the platform's own
-/// audit log (actor `platform`), written after it committed.
+/// audit log (actor `platform`), written ahead of it.
 async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<()> {
     let Some(key) = &config.admin_key else {
         if !store.has_admin_key().await? {
             let key = format!("tok_admin_{}", random_token());
             let hash = hash_secret(&key);
-            store.add_admin_key(&hash).await?;
+            audited_admin_key(
+                store,
+                &hash,
+                "key.created",
+                "tok serve",
+                store.add_admin_key(&hash),
+                |_| "generated at the first start without TOK_ADMIN_KEY".to_owned(),
+            )
+            .await?;
             println!("Generated the platform admin key (shown once, store it now): {key}");
-            let summary = "generated at the first start without TOK_ADMIN_KEY".to_owned();
-            audit_admin_key(store, &hash, "key.created", "tok serve", summary).await?;
         }
         return Ok(());
     };
@@ -203,12 +207,16 @@ async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<
         return Ok(());
     }
     if !store.has_admin_key().await? {
-        store
-            .rotate_admin_key(&hash)
-            .await
-            .context("TOK_ADMIN_KEY cannot be the platform admin key; set it to a new secret")?;
-        let summary = "TOK_ADMIN_KEY set at the first start".to_owned();
-        audit_admin_key(store, &hash, "key.created", "tok serve", summary).await?;
+        audited_admin_key(
+            store,
+            &hash,
+            "key.created",
+            "tok serve",
+            store.rotate_admin_key(&hash),
+            |_| "TOK_ADMIN_KEY set at the first start".to_owned(),
+        )
+        .await
+        .context("TOK_ADMIN_KEY cannot be the platform admin key; set it to a new secret")?;
         return Ok(());
     }
     let why = match state {
@@ -229,33 +237,45 @@ async fn ensure_admin_key(store: &dyn Store, config: &Config) -> anyhow::Result<
     Ok(())
 }
 
-/// The platform's audit row of a change to its admin key (the key by its
-/// id, never its secret).
-pub(crate) async fn audit_admin_key(
+/// Makes a change to the platform admin key with its audit row written
+/// ahead ([`platform_audit::ahead`]'s way): nothing is changed when the row
+/// cannot be written; it ends `done`, naming the key by its id (never its
+/// secret), or `unknown` when the change failed.
+pub(crate) async fn audited_admin_key<T>(
     store: &dyn Store,
     hash: &str,
     action: &str,
-    by: &str,
-    summary: String,
-) -> anyhow::Result<()> {
-    let id = store.key_by_hash(hash).await?.map(|k| k.id);
-    store
-        .write_audit(NewAudit {
-            tenant_id: None,
-            actor: Actor {
-                kind: ActorKind::Platform,
-                id: None,
-                name: Some(by.into()),
-            },
-            action: action.into(),
-            target: Target {
-                kind: "key".into(),
-                id,
-            },
-            summary: Some(summary),
-        })
-        .await?;
-    Ok(())
+    command: &str,
+    change: impl std::future::Future<Output = tok_store::Result<T>>,
+    summary: impl FnOnce(&T) -> String,
+) -> anyhow::Result<T> {
+    let target = Target {
+        kind: "key".into(),
+        id: store.key_by_hash(hash).await?.map(|k| k.id),
+    };
+    let row = platform_audit::row(command, action, target, String::new());
+    let pending = store.begin_audit(row).await.map_err(|e| {
+        anyhow::anyhow!(
+            "the admin key was not changed: its audit row could not be written first: {e}"
+        )
+    })?;
+    let done = change.await;
+    let end = AuditEnd {
+        outcome: match done {
+            Ok(_) => AuditOutcome::Done,
+            Err(_) => AuditOutcome::Unknown,
+        },
+        tenant_id: None,
+        target_id: match store.key_by_hash(hash).await {
+            Ok(Some(key)) => Some(key.id),
+            _ => pending.target.id.clone(),
+        },
+        summary: done.as_ref().ok().map(summary),
+    };
+    if let Err(e) = store.end_audit(&pending, end).await {
+        tracing::error!(action = %pending.action, error = %e, "the admin key's audit row stays pending: the scheduler will say its outcome is unknown");
+    }
+    Ok(done?)
 }
 
 /// What `tok serve` was asked for beyond the configuration.

@@ -186,7 +186,13 @@ async fn a_start_never_rotates_the_admin_key_and_the_rotate_command_does(db: &Te
             (
                 r["action"].as_str().unwrap(),
                 r["actor"]["kind"].as_str().unwrap(),
-                r["actor"]["name"].as_str().unwrap_or_default(),
+                // The command, as in "`tok serve` run by … on …".
+                r["actor"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .split('`')
+                    .nth(1)
+                    .unwrap_or_default(),
             )
         })
         .collect();
