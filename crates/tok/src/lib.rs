@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod file_lock;
+pub mod logs;
 pub mod secrets;
 pub mod statements;
 pub mod test_run;

@@ -133,7 +133,10 @@ fn init_logs(format: LogFormat, default: &str) -> anyhow::Result<tok::traces::Tr
             .with_current_span(true)
             .with_span_list(true)
             .boxed(),
+        // Every field escaped: no tenant's string forges a line or steers
+        // a terminal (`tok::logs`).
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .fmt_fields(tok::logs::EscapedFields)
             .with_ansi(std::io::stdout().is_terminal())
             .boxed(),
     };
