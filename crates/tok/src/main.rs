@@ -29,7 +29,7 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
-    /// Measure ingest, steps, io, fairness, memory, workers and db-cost on a server
+    /// Measure ingest, steps, io, fairness, memory, workers, db-cost and wal on a server
     /// of its own (or `--url`); prints a table and writes a JSON file.
     Bench(tok::bench::BenchOptions),
     /// The capacity model (docs/capacity.md): scenario B on one PostgreSQL
