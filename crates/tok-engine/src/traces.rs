@@ -15,8 +15,11 @@
 //! is its step's span, so a call in flight is seen as it happens.
 //!
 //! The ids are chosen through [`ChosenIds`], the SDK's id generator with
-//! a way to name the next span's id: the SDK takes a span's id only from
-//! its generator. Nothing is exported unless the binary installed a
+//! a way to name the next span's ids: the SDK takes a span's id, and a
+//! root span's trace id, only from its generator. A run without a sender's
+//! trace is the root of a trace whose id is derived from the run id, so
+//! its exported spans, the live spans of its claims and the `traceparent`
+//! of its calls are one trace, whichever node made each. Nothing is exported unless the binary installed a
 //! tracer provider (`OTEL_EXPORTER_OTLP_ENDPOINT`) and called
 //! [`enable`]; without it the ids still go out in `traceparent`.
 
@@ -237,16 +240,19 @@ fn parse_traceparent(text: &str) -> Option<(TraceId, SpanId, bool)> {
 
 thread_local! {
     static NEXT_SPAN_ID: Cell<Option<SpanId>> = const { Cell::new(None) };
+    static NEXT_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
 }
 
-/// The SDK's id generator, random unless a span's id was chosen for the
-/// next span built on this thread ([`with_span_id`]).
+/// The SDK's id generator, random unless ids were chosen for the next
+/// span built on this thread ([`with_ids`]).
 #[derive(Debug, Default)]
 pub struct ChosenIds(RandomIdGenerator);
 
 impl IdGenerator for ChosenIds {
     fn new_trace_id(&self) -> TraceId {
-        self.0.new_trace_id()
+        NEXT_TRACE_ID
+            .with(Cell::take)
+            .unwrap_or_else(|| self.0.new_trace_id())
     }
 
     fn new_span_id(&self) -> SpanId {
@@ -256,12 +262,15 @@ impl IdGenerator for ChosenIds {
     }
 }
 
-/// Builds a span with the id `id` (the build is synchronous, on this
-/// thread, so the id cannot go to another span).
-fn with_span_id<T>(id: SpanId, build: impl FnOnce() -> T) -> T {
+/// Builds a span with the id `id` and, if it is a root, the trace id
+/// `trace` (the SDK asks for a trace id only for a root). The build is
+/// synchronous, on this thread, so the ids cannot go to another span.
+fn with_ids<T>(id: SpanId, trace: Option<TraceId>, build: impl FnOnce() -> T) -> T {
     NEXT_SPAN_ID.with(|next| next.set(Some(id)));
+    NEXT_TRACE_ID.with(|next| next.set(trace));
     let built = build();
     NEXT_SPAN_ID.with(|next| next.set(None));
+    NEXT_TRACE_ID.with(|next| next.set(None));
     built
 }
 
@@ -297,7 +306,10 @@ pub fn export(tenant: &TenantId, detail: &RunDetail) {
         KeyValue::new("tok.run_id", run.to_owned()),
     ];
     let ended = detail.run.finished_at.unwrap_or_else(tok_store::now_ms);
-    let run_span = with_span_id(trace.span_id, || {
+    // A run without a sender's trace is a root: its trace id is the one
+    // its claims and calls already carry.
+    let root_trace = trace.parent.is_none().then_some(trace.trace_id);
+    let run_span = with_ids(trace.span_id, root_trace, || {
         let mut attributes = common.to_vec();
         attributes.push(KeyValue::new("tok.run.status", detail.run.status.clone()));
         attributes.push(KeyValue::new(
@@ -314,7 +326,7 @@ pub fn export(tenant: &TenantId, detail: &RunDetail) {
     let run_cx = Context::new().with_span(run_span);
     for step in &detail.steps {
         let id = RunTrace::step_span_id(run, &step.path, step.attempt);
-        let span = with_span_id(id, || {
+        let span = with_ids(id, None, || {
             let mut attributes = common.to_vec();
             attributes.extend([
                 KeyValue::new("tok.step_id", step.step_id.clone()),

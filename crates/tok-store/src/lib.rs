@@ -123,7 +123,7 @@ pub use rows::{IDEMPOTENCY_WINDOW, advance_clock, now, now_ms};
 pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
 pub use secrets::{Keyring, Reseal, Resealed, SecretError};
 pub use signals::{NewSignal, SignalSent, SignalStore};
-pub use sqlite::{SqliteStore, WorkLeft};
+pub use sqlite::{DEFAULT_WAL_LIMIT, SqliteSettings, SqliteStore, WorkLeft};
 pub use watch::{
     ExpiringJob, NewPlatformIncident, OverdueWait, PlatformIncident, RunFailure, SingletonKey,
     UnfinishedRun, UnstartedRun, WatchStore,
@@ -534,6 +534,13 @@ pub trait Store:
     /// Answers when the database does (with tenants on databases of their
     /// own, the shared one: see [`RoutedStore`]).
     async fn ping(&self) -> Result<()>;
+    /// Ends the store's use at a clean shutdown, once nothing else will use
+    /// it. SQLite checkpoints its write-ahead log whole, truncates it and
+    /// closes its connections, so a stopped node leaves one database file;
+    /// PostgreSQL has nothing to do.
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
     /// The databases this process could not reach to migrate, or that do
     /// not answer now, as the logs name them: tenant databases of a
     /// [`RoutedStore`], which migrates each once it answers. None on one
@@ -571,8 +578,18 @@ pub type Wake = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;
 /// SQLite uses the key file beside its database (made on first use,
 /// [`key_file`]) and PostgreSQL refuses credentials.
 pub async fn connect(url: &str, max_connections: u32, keys: &Keyring) -> Result<Arc<dyn Store>> {
+    connect_with(url, max_connections, keys, SqliteSettings::default()).await
+}
+
+/// [`connect`], a SQLite store opened with `sqlite`.
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    keys: &Keyring,
+    sqlite: SqliteSettings,
+) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open_with_keys(url, keys).await?))
+        Ok(Arc::new(SqliteStore::open_with(url, keys, sqlite).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         Ok(Arc::new(
             PgStore::connect(url, max_connections)
@@ -584,16 +601,18 @@ pub async fn connect(url: &str, max_connections: u32, keys: &Keyring) -> Result<
     }
 }
 
-/// [`connect`], or with tenants on databases of their own ([`RoutedStore`])
-/// when `tenants` names any: then every URL must be PostgreSQL.
+/// [`connect_with`], or with tenants on databases of their own
+/// ([`RoutedStore`]) when `tenants` names any: then every URL must be
+/// PostgreSQL.
 pub async fn connect_routed(
     url: &str,
     tenants: &TenantDatabases,
     max_connections: u32,
     keys: &Keyring,
+    sqlite: SqliteSettings,
 ) -> Result<Arc<dyn Store>> {
     if tenants.is_empty() {
-        return connect(url, max_connections, keys).await;
+        return connect_with(url, max_connections, keys, sqlite).await;
     }
     if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
         return Err(StoreError::UnsupportedUrl(format!(

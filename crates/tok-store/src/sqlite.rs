@@ -3,6 +3,15 @@
 //! `synchronous=FULL`: a committed row survives a power cut) and reads go
 //! through a small pool of readers. With one writer there is never a
 //! `database is locked` storm, and the claim needs no lock beyond it.
+//!
+//! The write-ahead log is kept in bounds (docs/operations.md, "The SQLite
+//! write-ahead log"): a background checkpoint copies it into the database
+//! every 100 ms without blocking anyone, but SQLite starts the log over
+//! only when no reader still reads a part of it, which under steady load
+//! is never, so on its own the file grows without end. Past
+//! [`SqliteSettings::wal_limit`] the writer, in its turn at the gate,
+//! checkpoints it whole and truncates it; [`Store::close`] does so at a
+//! clean shutdown, so a stopped node leaves one file.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -65,7 +74,32 @@ pub struct SqliteStore {
     keys: Keyring,
     /// The database file, for what the store reports.
     name: String,
-    _checkpointer: Checkpointer,
+    checkpointer: Checkpointer,
+}
+
+/// What a SQLite store is opened with beyond its URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteSettings {
+    /// The size of the write-ahead log file, in bytes, past which the
+    /// writer checkpoints it whole and truncates it to nothing; also its
+    /// `journal_size_limit`. [`DEFAULT_WAL_LIMIT`] unless
+    /// `TOK_SQLITE_WAL_LIMIT` says otherwise.
+    pub wal_limit: u64,
+}
+
+/// 64 MiB: a second or more of the heaviest ingest between truncations, so
+/// the writer stops for one rarely (each stop waits for the reads in
+/// progress and copies what the background checkpoint has not copied
+/// yet), while the log stays a small part of any disk (docs/performance.md,
+/// "The SQLite write-ahead log").
+pub const DEFAULT_WAL_LIMIT: u64 = 64 * 1024 * 1024;
+
+impl Default for SqliteSettings {
+    fn default() -> Self {
+        Self {
+            wal_limit: DEFAULT_WAL_LIMIT,
+        }
+    }
 }
 
 /// How often the background checkpoint copies the WAL into the database.
@@ -75,31 +109,165 @@ pub struct SqliteStore {
 /// (docs/performance.md).
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
-/// Checkpoints the WAL from a connection of its own, so no commit waits for
-/// it. PASSIVE: it never blocks the writer or a reader; what it cannot copy
-/// yet (pages a reader still sees) it copies next time. Stops with the store.
-struct Checkpointer(tokio::task::JoinHandle<()>);
+/// How long the writer's checkpoint that truncates the WAL waits for the
+/// reads in progress before it gives up (the writer is held meanwhile;
+/// reads take milliseconds).
+const TRUNCATE_WAIT: Duration = Duration::from_millis(250);
+
+/// How long after a truncation a read held up the writer tries again: a
+/// long read must not stall the writes every tick.
+const TRUNCATE_RETRY: Duration = Duration::from_secs(2);
+
+/// The writer's busy timeout: how long a write waits for a lock another
+/// connection holds (a checkpoint's, another process's).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Keeps the WAL in bounds. Every [`CHECKPOINT_EVERY`], from a connection of
+/// its own so that no commit waits for it, a PASSIVE checkpoint copies the
+/// WAL into the database: it never blocks the writer or a reader, and what
+/// it cannot copy yet (pages a reader still sees) it copies next time. The
+/// file itself shrinks only when SQLite starts the log over, which it does
+/// only when no reader still reads from it; so when the file is past the
+/// limit, the writer truncates it in its turn ([`truncate_wal`]). Stops
+/// with the store.
+struct Checkpointer {
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+/// What the checkpointer needs of the store.
+struct Keeper {
+    conn: sqlx::SqliteConnection,
+    writer: SqlitePool,
+    gate: WriteGate,
+    /// The WAL file (none in memory).
+    wal: Option<std::path::PathBuf>,
+    limit: u64,
+    /// No truncation before this (after one a read held up).
+    not_before: Option<tokio::time::Instant>,
+}
 
 impl Checkpointer {
-    async fn start(options: &SqliteConnectOptions) -> crate::Result<Self> {
-        let mut conn = sqlx::ConnectOptions::connect(options).await?;
-        Ok(Self(tokio::spawn(async move {
+    async fn start(
+        options: &SqliteConnectOptions,
+        writer: &SqlitePool,
+        gate: &WriteGate,
+        limit: u64,
+    ) -> crate::Result<Self> {
+        let conn = sqlx::ConnectOptions::connect(options).await?;
+        let file = options.get_filename();
+        let in_memory = file.as_os_str().is_empty() || file.as_os_str() == ":memory:";
+        let mut keeper = Keeper {
+            conn,
+            writer: writer.clone(),
+            gate: gate.clone(),
+            wal: (!in_memory).then(|| {
+                let mut wal = file.as_os_str().to_owned();
+                wal.push("-wal");
+                std::path::PathBuf::from(wal)
+            }),
+            limit,
+            not_before: None,
+        };
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopping = stop.clone();
+        let task = tokio::spawn(async move {
             loop {
-                tokio::time::sleep(CHECKPOINT_EVERY).await;
-                if let Err(e) =
-                    sqlx::Executor::execute(&mut conn, "PRAGMA wal_checkpoint(PASSIVE)").await
-                {
-                    tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+                tokio::select! {
+                    _ = stopping.notified() => break,
+                    _ = tokio::time::sleep(CHECKPOINT_EVERY) => {}
                 }
+                keeper.tick().await;
             }
-        })))
+            let _ = sqlx::Connection::close(keeper.conn).await;
+        });
+        Ok(Self {
+            task: std::sync::Mutex::new(Some(task)),
+            stop,
+        })
+    }
+
+    /// Stops the background checkpoints and closes their connection.
+    async fn stop(&self) {
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            self.stop.notify_one();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Keeper {
+    async fn tick(&mut self) {
+        if let Err(e) =
+            sqlx::Executor::execute(&mut self.conn, "PRAGMA wal_checkpoint(PASSIVE)").await
+        {
+            tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+            return;
+        }
+        let size = self
+            .wal
+            .as_ref()
+            .and_then(|wal| std::fs::metadata(wal).ok())
+            .map_or(0, |m| m.len());
+        let now = tokio::time::Instant::now();
+        if size <= self.limit || self.not_before.is_some_and(|t| now < t) {
+            return;
+        }
+        let writer = Writer::gated(&self.writer, &self.gate, Lane::Bulk).await;
+        let started = std::time::Instant::now();
+        let truncated = truncate_wal(&writer, TRUNCATE_WAIT).await;
+        drop(writer);
+        let ms = started.elapsed().as_millis() as u64;
+        self.not_before = None;
+        match truncated {
+            Ok(true) => tracing::debug!(bytes = size, ms, "WAL past its limit: truncated"),
+            Ok(false) => {
+                self.not_before = Some(now + TRUNCATE_RETRY);
+                tracing::info!(
+                    bytes = size,
+                    ms,
+                    "WAL past its limit, but a read held it up; trying again in 2 s"
+                );
+            }
+            Err(e) => {
+                self.not_before = Some(now + TRUNCATE_RETRY);
+                tracing::warn!(error = %e, bytes = size, "WAL truncation failed; trying again in 2 s");
+            }
+        }
     }
 }
 
 impl Drop for Checkpointer {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
     }
+}
+
+/// Copies the whole WAL into the database and truncates it to nothing, on
+/// the writer (whose turn the caller holds, so no write is in progress),
+/// waiting up to `wait` for the reads in progress; `false` when a read
+/// still held it then. The database file is synced before the log is cut,
+/// so this loses nothing a commit acknowledged.
+async fn truncate_wal(writer: &SqlitePool, wait: Duration) -> crate::Result<bool> {
+    let mut conn = writer.acquire().await?;
+    sqlx::query(&format!("PRAGMA busy_timeout = {}", wait.as_millis()))
+        .execute(&mut *conn)
+        .await?;
+    let done: crate::Result<(i64, i64, i64)> = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(Into::into);
+    sqlx::query(&format!(
+        "PRAGMA busy_timeout = {}",
+        BUSY_TIMEOUT.as_millis()
+    ))
+    .execute(&mut *conn)
+    .await?;
+    // (busy, frames in the log, frames copied): busy 1 = not finished.
+    Ok(done?.0 == 0)
 }
 
 impl SqliteStore {
@@ -115,11 +283,20 @@ impl SqliteStore {
     /// without them, still opens what it sealed (until `tok secrets rotate`
     /// seals it under the newest key). Empty `keys`: the key file's.
     pub async fn open_with_keys(url: &str, keys: &Keyring) -> crate::Result<Self> {
+        Self::open_with(url, keys, SqliteSettings::default()).await
+    }
+
+    /// [`SqliteStore::open_with_keys`] with `settings`.
+    pub async fn open_with(
+        url: &str,
+        keys: &Keyring,
+        settings: SqliteSettings,
+    ) -> crate::Result<Self> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10))
+            .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         if let Some(dir) = options.get_filename().parent()
             && !dir.as_os_str().is_empty()
@@ -131,7 +308,10 @@ impl SqliteStore {
         // A file connection does not go stale: no ping before each use. The
         // writer never checkpoints inside a commit (copying the WAL back
         // into the database there would stall every write waiting behind
-        // it); a connection of its own does, in the background.
+        // it); a connection of its own does, in the background, and the
+        // writer truncates the log in a turn of its own when it is past
+        // the limit (`Checkpointer`). Whenever SQLite starts the log over,
+        // `journal_size_limit` cuts the file back to the limit.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
@@ -141,6 +321,7 @@ impl SqliteStore {
                 options
                     .clone()
                     .pragma("wal_autocheckpoint", "0")
+                    .pragma("journal_size_limit", settings.wal_limit.to_string())
                     // A new file gives the pages freed by expiry back to
                     // the file system (`reclaim_space`). A file made before
                     // keeps `NONE` until a `VACUUM` (docs/operations.md):
@@ -149,14 +330,15 @@ impl SqliteStore {
                     .auto_vacuum(SqliteAutoVacuum::Incremental),
             )
             .await?;
-        let checkpointer = Checkpointer::start(&options).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.read_only(true))
+            .connect_with(options.clone().read_only(true))
             .await?;
         let gate = WriteGate::default();
+        let checkpointer =
+            Checkpointer::start(&options, &writer, &gate, settings.wal_limit).await?;
         // The batchers take the writer's turn at the gate before they take
         // their batch (`batch.rs`), and write holding it.
         let events_pool = writer.clone();
@@ -197,7 +379,7 @@ impl SqliteStore {
             records,
             keys,
             name,
-            _checkpointer: checkpointer,
+            checkpointer,
         })
     }
 
@@ -484,6 +666,22 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.checkpointer.stop().await;
+        let writer = self.writer().await;
+        // The readers first: a read in progress would keep the log.
+        self.reader.close().await;
+        let truncated = truncate_wal(&writer, BUSY_TIMEOUT).await;
+        writer.close().await;
+        match truncated? {
+            true => Ok(()),
+            false => Err(StoreError::Unavailable(
+                "the WAL could not be checkpointed at shutdown: a connection still read from it"
+                    .into(),
+            )),
+        }
     }
 }
 

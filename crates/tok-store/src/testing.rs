@@ -155,7 +155,7 @@ impl TestDb {
             Some(shared) => {
                 let tenants = crate::TenantDatabases::parse(&format!("*={}", self.url), "test")
                     .expect("routing of the test");
-                crate::connect_routed(&shared.url, &tenants, 10, keys).await
+                crate::connect_routed(&shared.url, &tenants, 10, keys, Default::default()).await
             }
         }
         .expect("connect to test database");

@@ -164,6 +164,14 @@ pub struct Config {
     /// laptop's `curl` reaches a webhook as it always did; a hosted
     /// platform whose tenants connect Stripe or GitHub turns it on.
     pub require_signed_webhooks: bool,
+    /// `TOK_SQLITE_WAL_LIMIT`: on SQLite, the size the write-ahead log
+    /// file may reach before the writer checkpoints it whole and truncates
+    /// it (bytes, or with a unit: `64MiB`, `512KiB`, `1GiB`; at least
+    /// 1 MiB). 64 MiB by default ([`tok_store::DEFAULT_WAL_LIMIT`]): a
+    /// second or more of the heaviest ingest between two truncations,
+    /// each of which holds the writer a moment, and a small part of any
+    /// disk (docs/operations.md, "The SQLite write-ahead log").
+    pub sqlite: tok_store::SqliteSettings,
 }
 
 /// How log lines are written (`TOK_LOG_FORMAT`).
@@ -192,6 +200,29 @@ impl LogFormat {
             Some(other) => bail!("TOK_LOG_FORMAT is `{other}`; expected text or json"),
         }
     }
+}
+
+/// The smallest `TOK_SQLITE_WAL_LIMIT`: below it the writer would stop to
+/// truncate the log many times a second under load.
+const MIN_WAL_LIMIT: u64 = 1024 * 1024;
+
+/// A size in bytes: a whole number, with an optional unit (`B`, `KiB`,
+/// `MiB`, `GiB`; `K`, `M`, `G` and `KB`, `MB`, `GB` mean the same).
+fn parse_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return None,
+    };
+    number.checked_mul(scale)
 }
 
 fn var(name: &str) -> Option<String> {
@@ -315,6 +346,14 @@ impl Config {
                     "TOK_REQUIRE_SIGNED_WEBHOOKS must be true or false; it is `{other}`"
                 ),
             },
+            sqlite: tok_store::SqliteSettings {
+                wal_limit: match var("TOK_SQLITE_WAL_LIMIT") {
+                    Some(v) => parse_bytes(&v).with_context(|| {
+                        format!("TOK_SQLITE_WAL_LIMIT must be a size like 64MiB or 512KiB; it is `{v}`")
+                    })?,
+                    None => tok_store::DEFAULT_WAL_LIMIT,
+                },
+            },
         };
         config.validate()?;
         Ok(config)
@@ -339,6 +378,12 @@ impl Config {
         }
         if self.queue_sample_every < Duration::from_millis(100) {
             bail!("TOK_QUEUE_SAMPLE_EVERY must be at least 100ms");
+        }
+        if self.sqlite.wal_limit < MIN_WAL_LIMIT {
+            bail!(
+                "TOK_SQLITE_WAL_LIMIT must be at least 1MiB; it is {} bytes",
+                self.sqlite.wal_limit
+            );
         }
         if self.lease < Duration::from_secs(3) {
             bail!("TOK_LEASE_SECS must be at least 3");
@@ -382,4 +427,28 @@ fn tenant_databases() -> anyhow::Result<tok_store::TenantDatabases> {
         bail!("TOK_TENANT_DATABASE_TIMEOUT must be at least 100ms");
     }
     Ok(databases.with_timeout(timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn a_size_is_read_with_or_without_its_unit() {
+        assert_eq!(parse_bytes("1048576"), Some(1 << 20));
+        assert_eq!(parse_bytes("64MiB"), Some(64 << 20));
+        assert_eq!(parse_bytes(" 512 KiB "), Some(512 << 10));
+        assert_eq!(parse_bytes("1G"), Some(1 << 30));
+        assert_eq!(parse_bytes("64 mb"), Some(64 << 20));
+        for bad in [
+            "",
+            "MiB",
+            "64 MB extra",
+            "-1",
+            "1.5GiB",
+            "99999999999999999999",
+        ] {
+            assert_eq!(parse_bytes(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod file_lock;
+pub mod logs;
 mod platform_audit;
 pub mod secrets;
 pub mod statements;
@@ -31,6 +32,7 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         &config.tenant_databases,
         config.db_max_connections,
         &config.secret_keys,
+        config.sqlite,
     )
     .await
     .with_context(|| {
@@ -428,6 +430,12 @@ pub async fn serve(
     stream.close();
     let _ = http_stop.send(());
     server.await??;
+    // Nothing uses the store any more: SQLite leaves one file, its
+    // write-ahead log checkpointed and gone.
+    drop((_queue_watch, _relay));
+    if let Err(e) = engine.store().close().await {
+        tracing::warn!(error = %e, "the database was not closed cleanly; it recovers at the next start");
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -29,7 +29,7 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
-    /// Measure ingest, steps, io, fairness, memory, workers and db-cost on a server
+    /// Measure ingest, steps, io, fairness, memory, workers, db-cost and wal on a server
     /// of its own (or `--url`); prints a table and writes a JSON file.
     Bench(tok::bench::BenchOptions),
     /// The capacity model (docs/capacity.md): scenario B on one PostgreSQL
@@ -151,7 +151,10 @@ fn init_logs(format: LogFormat, default: &str) -> anyhow::Result<tok::traces::Tr
             .with_current_span(true)
             .with_span_list(true)
             .boxed(),
+        // Every field escaped: no tenant's string forges a line or steers
+        // a terminal (`tok::logs`).
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .fmt_fields(tok::logs::EscapedFields)
             .with_ansi(std::io::stdout().is_terminal())
             .boxed(),
     };

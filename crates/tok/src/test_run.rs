@@ -1,5 +1,6 @@
-//! `tok test FILE --event EVENT.json [--responses R.json] [--record]`: one
-//! run of an automation on the real engine, start to end, in seconds.
+//! `tok test FILE --event EVENT.json [--responses R.json] [--record]
+//! [--arrivals A.json]`: one run of an automation on the real engine,
+//! start to end, in seconds.
 //!
 //! What runs is what `tok serve` runs: the same engine, decider, step
 //! handlers and HTTP API, on a SQLite store of its own in a temporary
@@ -19,6 +20,9 @@
 //!   step. With `--record` too, the services are called (through the
 //!   outbound guard, `TOK_OUTBOUND_ALLOW` applies) and what they answered
 //!   is written to that file.
+//! - **What arrives while it waits can be said.** With `--arrivals`, signals
+//!   and approval decisions come at times of the run's clock, or as soon
+//!   as the run waits for them ([`arrivals`]), through the test's own API.
 //!
 //! The run starts as its trigger would start it: a webhook automation
 //! from an event accepted for its source (the source's params extracted
@@ -44,6 +48,11 @@ use tok_store::{
 
 use crate::AbortOnDrop;
 use crate::cli::{ApplyOptions, Client, Target};
+use crate::logs::escape_controls;
+
+mod arrivals;
+
+use arrivals::Arrivals;
 
 /// What `tok test` was asked for.
 #[derive(Debug, Clone, clap::Args)]
@@ -63,6 +72,11 @@ pub struct TestOptions {
     /// `--responses` file.
     #[arg(long, requires = "responses")]
     pub record: bool,
+    /// Signals and approval decisions that arrive while the run waits, at
+    /// times of the run's clock or as soon as it waits for them
+    /// (docs/workflows.md, "Testing an automation").
+    #[arg(long, value_name = "A.json")]
+    pub arrivals: Option<PathBuf>,
     /// Which automation to run, when FILE holds more than one.
     #[arg(long)]
     pub automation: Option<String>,
@@ -86,6 +100,10 @@ pub async fn run(
     out: &mut impl Write,
 ) -> anyhow::Result<bool> {
     let event = read_event(&options.event)?;
+    let mut arrivals = match &options.arrivals {
+        Some(path) => Arrivals::load(path)?,
+        None => Arrivals::default(),
+    };
     let answers = match (&options.responses, options.record) {
         (Some(_), true) => Answers::Record(Arc::new(Recording::new())),
         (Some(path), false) => {
@@ -154,10 +172,29 @@ pub async fn run(
     engine.refresh_tenants().await?;
 
     let automation = pick(&*store, &tenant, options.automation.as_deref()).await?;
+    let definitions: Vec<Value> = store
+        .automations(&tenant)
+        .await?
+        .into_iter()
+        .map(|a| a.definition)
+        .collect();
+    arrivals.check_steps(&definitions)?;
     let started_wall = Instant::now();
     let started_clock = tok_store::now_ms();
     let run_id = start(&engine, &sqlite, &tenant, &automation, event).await?;
-    let outcome = follow(&sqlite, &*store, &tenant, &run_id, options.timeout).await;
+    let outcome = follow(
+        &sqlite,
+        &*store,
+        &Followed {
+            tenant: &tenant,
+            run_id: &run_id,
+            started_ms: started_clock,
+            client: &client,
+        },
+        &mut arrivals,
+        options.timeout,
+    )
+    .await;
     running.shutdown().await;
     let detail = store
         .run(&tenant, &run_id)
@@ -173,7 +210,7 @@ pub async fn run(
         print_step(out, step)?;
     }
     if let Some(error) = &detail.run.error {
-        writeln!(out, "error: {error}")?;
+        writeln!(out, "error: {}", escape_controls(error))?;
     }
     writeln!(
         out,
@@ -181,8 +218,12 @@ pub async fn run(
         shown(started_wall.elapsed().as_millis() as i64),
         shown(virtual_ms)
     )?;
+    let (arrived, all_taken) = arrivals.report(&detail);
+    for line in arrived {
+        writeln!(out, "{}", escape_controls(&line))?;
+    }
     if let Some(note) = outcome? {
-        writeln!(out, "{note}")?;
+        writeln!(out, "{}", escape_controls(&note))?;
     }
     if let (Answers::Record(recording), Some(path)) = (&answers, &options.responses) {
         recording.save(path).map_err(|e| anyhow!(e))?;
@@ -193,7 +234,7 @@ pub async fn run(
             path.display()
         )?;
     }
-    Ok(detail.run.status == "completed")
+    Ok(detail.run.status == "completed" && all_taken)
 }
 
 fn read_event(path: &Path) -> anyhow::Result<Value> {
@@ -320,17 +361,37 @@ async fn start(
     }
 }
 
+/// The run a test follows, and how it reaches the test's API.
+struct Followed<'a> {
+    tenant: &'a TenantId,
+    run_id: &'a RunId,
+    /// The run's start on its clock: what an arrival's `at` counts from.
+    started_ms: i64,
+    client: &'a Client,
+}
+
 /// Waits for the run to end, moving the clock whenever waiting is all that
-/// is left. `Ok(Some(note))`: it did not end, and why.
+/// is left, and sending the arrivals as they come. `Ok(Some(note))`: it
+/// did not end, and why.
 async fn follow(
     sqlite: &SqliteStore,
     store: &dyn Store,
-    tenant: &TenantId,
-    run_id: &RunId,
+    followed: &Followed<'_>,
+    arrivals: &mut Arrivals,
     timeout: Duration,
 ) -> anyhow::Result<Option<String>> {
+    let Followed {
+        tenant,
+        run_id,
+        started_ms,
+        client,
+    } = *followed;
     let deadline = Instant::now() + timeout;
     loop {
+        // What is left is read before the run: a run found waiting when
+        // nothing was left to do is still waiting (nothing moves it), so
+        // what it waits for is what arrives next.
+        let left = sqlite.work_left(tenant).await?;
         let run = store
             .run(tenant, run_id)
             .await?
@@ -347,23 +408,50 @@ async fn follow(
                 shown(timeout.as_millis() as i64)
             )));
         }
-        let left = sqlite.work_left(tenant).await?;
-        match left.next_due_ms {
-            _ if left.busy => {}
-            Some(due) if due > left.now_ms => {
-                sqlite.advance_clock(due - left.now_ms).await?;
-                continue;
+        // Settled: nothing in flight, nothing due now. Only then may
+        // something arrive, or the clock move.
+        let settled = !left.busy && left.next_due_ms.is_none_or(|due| due > left.now_ms);
+        if !settled {
+            tokio::time::sleep(BUSY_PAUSE).await;
+            continue;
+        }
+        let now = left.now_ms - started_ms;
+        let sent = arrivals.deliver(client, &run, now).await?;
+        if arrivals.refused() {
+            return Ok(Some(
+                "an arrival was refused (said above); the test stops there".to_owned(),
+            ));
+        }
+        if sent > 0 {
+            // The engine takes what came before anything else happens.
+            tokio::time::sleep(BUSY_PAUSE).await;
+            continue;
+        }
+        let next_arrival = arrivals.next_at().map(|at| at + started_ms);
+        match [left.next_due_ms, next_arrival].into_iter().flatten().min() {
+            Some(next) => {
+                sqlite.advance_clock(next - left.now_ms).await?;
             }
-            Some(_) => {}
             None => {
                 let waits: Vec<String> = run
                     .waits
                     .iter()
                     .map(|w| format!("{} `{}` at step {}", w.kind, w.key, w.path))
                     .collect();
+                let pending = arrivals.pending();
+                let nothing_comes = if arrivals.is_empty() {
+                    "a signal or an approval would move it (--arrivals says what arrives)"
+                        .to_owned()
+                } else if pending.is_empty() {
+                    "every arrival of --arrivals came".to_owned()
+                } else {
+                    format!(
+                        "what is still to arrive does not match what it waits for: {}",
+                        pending.join("; ")
+                    )
+                };
                 return Ok(Some(format!(
-                    "the run is {} and nothing it waits for has a deadline ({}): a signal or an \
-                     approval would move it, and a test sends neither",
+                    "the run is {} and nothing it waits for has a deadline ({}): {nothing_comes}",
                     run.run.status,
                     if waits.is_empty() {
                         "no wait recorded".to_owned()
@@ -373,7 +461,6 @@ async fn follow(
                 )));
             }
         }
-        tokio::time::sleep(BUSY_PAUSE).await;
     }
 }
 
@@ -389,7 +476,7 @@ fn print_step(out: &mut impl Write, step: &StepRow) -> anyhow::Result<()> {
         step.status, step.path, step.step_id, step.kind
     )?;
     if let Some(error) = &step.error {
-        writeln!(out, "      error: {error}")?;
+        writeln!(out, "      error: {}", escape_controls(error))?;
     }
     if let Some(output) = step.output.as_ref().filter(|o| !o.is_null()) {
         writeln!(out, "      output: {}", clipped(&output.to_string(), 400))?;
@@ -403,7 +490,7 @@ fn print_step(out: &mut impl Write, step: &StepRow) -> anyhow::Result<()> {
         other => vec![other.to_string()],
     };
     for line in lines {
-        writeln!(out, "      log: {}", clipped(&line, 400))?;
+        writeln!(out, "      log: {}", escape_controls(&clipped(&line, 400)))?;
     }
     Ok(())
 }

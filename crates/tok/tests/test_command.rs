@@ -5,7 +5,11 @@
 //! with the step's error; a call with no recorded answer says which; and
 //! `--record` calls a real local service once and writes what it answered,
 //! which a later test replays without it; an `mcp` tool's recorded result
-//! is its step's output, or its error when the tool marked it one.
+//! is its step's output, or its error when the tool marked it one. With
+//! `--arrivals`, a run that waits for a signal and an approval (and
+//! escalates while it waits) gets them at their times and completes; an
+//! arrival that never matches what the run waits for, or a decision with
+//! no approval pending at its time, is said and fails the test.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -325,5 +329,136 @@ fn an_mcp_tool_is_answered_from_its_recorded_result() {
     assert!(
         out.contains("error: tool `classify_document` reported an error: unreadable scan"),
         "{out}"
+    );
+}
+
+/// A group of approvers and a run that waits for a payment's signal, then
+/// for Finance's approval (escalating after 4 hours), then notes who
+/// approved and what was paid.
+fn refund() -> Value {
+    json!([
+        { "kind": "group", "name": "Finance",
+          "members": [{ "name": "Alice" }, { "name": "Bob" }] },
+        { "kind": "automation", "name": "Refund",
+          "trigger": { "kind": "manual" },
+          "steps": [
+            { "id": "st_paid", "type": "wait_for_event",
+              "config": { "key": "paid-{{order.id}}" } },
+            { "id": "st_ok", "type": "approval",
+              "config": { "approvers": { "group": "Finance" },
+                          "prompt": "Refund {{order.id}}?", "timeout": "2d" },
+              "escalations": [{ "after": "4h", "steps": [
+                { "id": "st_late", "type": "flow/log",
+                  "config": { "message": "refund {{order.id}} still waits" } } ] }] },
+            { "id": "st_done", "type": "set",
+              "config": { "values": { "by": "{{st_ok.by.name}}", "paid": "{{st_paid.payload.amount}}" } } }
+          ] }
+    ])
+}
+
+#[test]
+fn a_run_that_waits_for_a_signal_and_an_approval_gets_them_and_completes() {
+    let files = Files::new("arrivals");
+    files.write("automation.json", &refund());
+    let arrivals = files.write(
+        "arrivals.json",
+        &json!({ "arrivals": [
+            { "signal": { "key": "paid-A-17", "payload": { "amount": 80 } } },
+            { "at": "7h", "decision": { "step": "st_ok", "decision": "approve",
+                                         "member": "Bob", "comment": "fine" } }
+        ] }),
+    );
+    let output = tok_test(&files, &["--arrivals", &arrivals], &[]);
+    assert!(output.status.success(), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(out.contains("\"Refund\" (version 1): completed"), "{out}");
+    assert!(
+        out.contains("completed  0 st_paid (wait_for_event)"),
+        "{out}"
+    );
+    assert!(out.contains(r#""amount":80"#), "{out}");
+    // The escalation fired at 4 hours into the wait, before the decision.
+    assert!(out.contains("log: info: refund A-17 still waits"), "{out}");
+    assert!(out.contains("completed  1 st_ok (approval)"), "{out}");
+    assert!(out.contains(r#""comment":"fine""#), "{out}");
+    assert!(out.contains(r#"output: {"by":"Bob","paid":80}"#), "{out}");
+    assert!(
+        out.contains("arrival 0 (signal `paid-A-17` when the run waits for it): came at"),
+        "{out}"
+    );
+    assert!(
+        out.contains("arrival 1 (approve on `st_ok` at 7h 0m): came at 7h 0m: apr_"),
+        "{out}"
+    );
+    assert!(out.contains("approved by Bob"), "{out}");
+    assert!(out.contains("7h 0m on the run's clock"), "{out}");
+}
+
+#[test]
+fn an_arrival_that_never_matches_is_said_and_fails_the_test() {
+    let files = Files::new("unmatched");
+    files.write("automation.json", &refund());
+    // A signal on another order's key: the run waits on, with no deadline.
+    let arrivals = files.write(
+        "arrivals.json",
+        &json!({ "arrivals": [{ "signal": { "key": "paid-B-99" } }] }),
+    );
+    let output = tok_test(&files, &["--arrivals", &arrivals], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(out.contains("(version 1): waiting"), "{out}");
+    assert!(
+        out.contains(
+            "arrival 0 (signal `paid-B-99` when the run waits for it): never came: the run \
+             never waited on `paid-B-99`"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("what is still to arrive does not match what it waits for"),
+        "{out}"
+    );
+    assert!(out.contains("event `paid-A-17` at step 0"), "{out}");
+
+    // A decision at a time when no approval is pending.
+    let arrivals = files.write(
+        "arrivals.json",
+        &json!({ "arrivals": [
+            { "at": "1h", "decision": { "step": "st_ok", "decision": "reject" } },
+            { "at": "2h", "signal": { "key": "paid-A-17" } }
+        ] }),
+    );
+    let output = tok_test(&files, &["--arrivals", &arrivals], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", explain(&output));
+    let out = stdout(&output);
+    assert!(
+        out.contains(
+            "arrival 0 (reject on `st_ok` at 1h 0m): refused at 1h 0m: no approval of step \
+             `st_ok` is pending then (the run is waiting, waiting for event `paid-A-17` at step 0)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "arrival 1 (signal `paid-A-17` at 2h 0m): never came: the test stopped before it"
+        ),
+        "{out}"
+    );
+
+    // A decision on a step that is not an approval of the file: refused
+    // before anything runs.
+    let arrivals = files.write(
+        "arrivals.json",
+        &json!({ "arrivals": [{ "decision": { "step": "st_paid", "decision": "approve" } }] }),
+    );
+    let output = tok_test(&files, &["--arrivals", &arrivals], &[]);
+    assert!(!output.status.success(), "{}", explain(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "arrivals.0.decision.step: `st_paid` is not an approval step of the file (its \
+             approval steps: st_ok)"
+        ),
+        "{stderr}"
     );
 }

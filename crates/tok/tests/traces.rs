@@ -6,7 +6,9 @@
 //! and one span per step as children of the run's, each with the tenant,
 //! automation, run and step ids; the service is called with a
 //! `traceparent` of that trace whose parent is a span the receiver got.
-//! A webhook without one gets a trace of its own. On each backend.
+//! A webhook without one gets a trace of its own, and the same holds in
+//! it: the run's and steps' spans, the worker's claim and execute spans
+//! and the call's `traceparent` are one trace. On each backend.
 
 mod support;
 
@@ -150,6 +152,23 @@ async fn spans_of(spans: &Spans, run: &str) -> Vec<Got> {
     panic!("no span of run {run} reached the OTLP receiver within 30 s");
 }
 
+/// The spans of trace `trace` once `complete` holds for them (30 s at
+/// most): the live spans of a claim are batched apart from the run's.
+async fn spans_until(spans: &Spans, trace: &str, complete: impl Fn(&[Got]) -> bool) -> Vec<Got> {
+    for _ in 0..300 {
+        let got: Vec<Got> = {
+            let got = spans.lock().unwrap();
+            got.iter().filter(|s| s.trace == trace).cloned().collect()
+        };
+        if complete(&got) {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = spans.lock().unwrap().clone();
+    panic!("the spans of trace {trace} did not all arrive within 30 s; the receiver got: {got:#?}");
+}
+
 async fn webhook(api: &Api, url: &str, traceparent: Option<&str>, order: &str) -> String {
     let mut request = api
         .http
@@ -291,23 +310,59 @@ async fn a_webhooks_trace_becomes_its_runs_with_a_span_per_step_and_traceparent_
             call_span.id == http_step.id || call_span.parent == http_step.id,
             "the call's span is the http step's or its child: {call_span:?}"
         );
+        // The worker's claims are children of the run's span.
+        let run_span_id = run_span.id.clone();
+        spans_until(&spans, TRACE, |got| {
+            got.iter()
+                .any(|s| s.name == "claim" && s.parent == run_span_id)
+        })
+        .await;
 
-        // Without a traceparent: a trace of the run's own, the run its root.
+        // Without a traceparent: a trace of the run's own, the run its
+        // root, and everything of the run in it.
         let event = webhook(&api, url, None, "o-2").await;
         let run = run_of(&api, &key, automation["id"].as_str().unwrap(), &event).await;
         let run_id = run["id"].as_str().unwrap();
         let got = spans_of(&spans, run_id).await;
-        let run_span = got.iter().find(|s| s.name == "run").unwrap();
+        let run_span = got.iter().find(|s| s.name == "run").unwrap().clone();
         assert_ne!(run_span.trace, TRACE);
         assert_eq!(
             run_span.parent, "",
             "a run without a sender's trace is a root span"
         );
+        let steps: Vec<Got> = got
+            .iter()
+            .filter(|s| s.name == "step" && s.parent == run_span.id)
+            .cloned()
+            .collect();
+        assert_eq!(steps.len(), 3, "{got:#?}");
+        let http_step = steps
+            .iter()
+            .find(|s| s.attribute("tok.step_id") == Some("st_call"))
+            .unwrap();
+        let calls = seen.lock().unwrap().clone();
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        let parts: Vec<&str> = calls[1].split('-').collect();
+        assert_eq!(parts.len(), 4, "a traceparent: {:?}", calls[1]);
         assert_eq!(
-            got.iter()
-                .filter(|s| s.name == "step" && s.parent == run_span.id)
-                .count(),
-            3
+            parts[1], run_span.trace,
+            "the call carries the trace of the run's exported spans"
+        );
+        let call_parent = parts[2].to_owned();
+        let got = spans_until(&spans, &run_span.trace, |got| {
+            got.iter().any(|s| s.id == call_parent)
+                && got
+                    .iter()
+                    .any(|s| s.name == "claim" && s.parent == run_span.id)
+                && got
+                    .iter()
+                    .any(|s| s.name == "execute" && s.parent == http_step.id)
+        })
+        .await;
+        let call_span = got.iter().find(|s| s.id == call_parent).unwrap();
+        assert!(
+            call_span.id == http_step.id || call_span.parent == http_step.id,
+            "the call's span is the http step's or its child: {call_span:?}"
         );
 
         // A run of control steps only ends in the dispatch that starts it,

@@ -59,6 +59,7 @@ mod approvals;
 mod audit;
 mod branches;
 mod children;
+mod close;
 mod compensation;
 mod connections;
 mod contexts;

@@ -152,9 +152,10 @@ async fn on_two_databases(test: impl AsyncFnOnce(&dyn Store, &TestDb, &TestDb)) 
     let shared = TestDb::create(Backend::Postgres).await;
     let far = TestDb::create(Backend::Postgres).await;
     let routes = TenantDatabases::parse(&format!("Far={}", far.url), "test").unwrap();
-    let store = tok_store::connect_routed(&shared.url, &routes, 10, &shared.keys)
-        .await
-        .unwrap();
+    let store =
+        tok_store::connect_routed(&shared.url, &routes, 10, &shared.keys, Default::default())
+            .await
+            .unwrap();
     store.migrate().await.unwrap();
     let outcome = catch_unwind(test(&*store, &shared, &far)).await;
     drop(store);

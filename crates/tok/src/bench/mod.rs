@@ -25,6 +25,7 @@ mod report;
 mod server;
 mod steps;
 mod sys;
+mod wal;
 mod workers;
 
 use std::path::PathBuf;
@@ -74,6 +75,10 @@ pub struct BenchOptions {
     /// Concurrent senders of the loads that send as fast as they can.
     #[arg(long, default_value_t = 64)]
     pub senders: usize,
+    /// The `tok` binary whose `bench-serve` the bench starts (default: this
+    /// one): another build of tok, to measure it against this one.
+    #[arg(long, conflicts_with = "url")]
+    pub server_exe: Option<PathBuf>,
 }
 
 /// The figures, in the order they run.
@@ -89,10 +94,13 @@ pub enum FigureKind {
     /// PostgreSQL only: CPU, WAL and rows per event and per step, the
     /// inputs of `tok capacity`.
     DbCost,
+    /// SQLite only: the write-ahead log's peak and idle size under
+    /// sustained ingest and steps, and what a clean shutdown leaves.
+    Wal,
 }
 
 impl FigureKind {
-    const LOADS: [FigureKind; 7] = [
+    const LOADS: [FigureKind; 8] = [
         FigureKind::Ingest,
         FigureKind::Steps,
         FigureKind::StepsQueued,
@@ -100,6 +108,7 @@ impl FigureKind {
         FigureKind::Fairness,
         FigureKind::Workers,
         FigureKind::DbCost,
+        FigureKind::Wal,
     ];
 
     fn name(self) -> &'static str {
@@ -112,6 +121,7 @@ impl FigureKind {
             FigureKind::Memory => "memory",
             FigureKind::Workers => "workers",
             FigureKind::DbCost => "db-cost",
+            FigureKind::Wal => "wal",
         }
     }
 }
@@ -391,7 +401,10 @@ pub async fn run(options: BenchOptions) -> anyhow::Result<()> {
                 ),
                 None => Backend::Sqlite { dir: tmp.clone() },
             };
-            let exe = std::env::current_exe().context("where is this tok binary?")?;
+            let exe = match &options.server_exe {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe().context("where is this tok binary?")?,
+            };
             let key = format!("tok_bench_admin_{}", tok_store::random_token());
             (Mode::Own { backend, exe, tmp }, key)
         }
@@ -462,6 +475,7 @@ async fn run_figures(bench: &Bench) -> anyhow::Result<()> {
             FigureKind::Fairness => fairness::run(bench).await,
             FigureKind::Workers => workers::run(bench).await,
             FigureKind::DbCost => db_cost::run(bench).await,
+            FigureKind::Wal => wal::run(bench).await,
             FigureKind::Memory => unreachable!("memory is not a load"),
         };
         match measured {

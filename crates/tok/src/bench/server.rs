@@ -330,10 +330,42 @@ impl Child {
 
     /// Stops the child and says what it used.
     pub(crate) fn stop(mut self) -> ChildReport {
-        let sampled = self.peak_rss_kb.load(Ordering::Relaxed);
-        let peak_kb = sys::peak_rss_kb(self.pid).unwrap_or(0).max(sampled);
         let _ = self.process.kill();
         let _ = self.process.wait();
+        self.report()
+    }
+
+    /// Stops the child as a process manager does, with SIGTERM, and waits
+    /// up to `limit` for it to exit (then kills it): its exit status (`None`:
+    /// killed) and what it used.
+    pub(crate) fn terminate(
+        mut self,
+        limit: Duration,
+    ) -> (Option<std::process::ExitStatus>, ChildReport) {
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        let deadline = Instant::now() + limit;
+        let mut exit = None;
+        while sent && Instant::now() < deadline {
+            if let Ok(Some(status)) = self.process.try_wait() {
+                exit = Some(status);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if exit.is_none() {
+            let _ = self.process.kill();
+            let _ = self.process.wait();
+        }
+        (exit, self.report())
+    }
+
+    fn report(&mut self) -> ChildReport {
+        let sampled = self.peak_rss_kb.load(Ordering::Relaxed);
+        let peak_kb = sys::peak_rss_kb(self.pid).unwrap_or(0).max(sampled);
         self.sampler.abort();
         ChildReport {
             role: self.spec.role,
