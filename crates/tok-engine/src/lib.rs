@@ -57,6 +57,10 @@ pub fn describe_metrics() {
         "tok_loop_panics_total",
         "Panics of an engine loop (by loop), each started again after a second"
     );
+    metrics::describe_counter!(
+        "tok_tenant_rows_erased_total",
+        "Rows of deleted tenants erased by the scheduler, in bounded batches"
+    );
 }
 
 pub use authorize::{StepAuthorizer, StepToAuthorize, SuspendedTenants, Verdict};

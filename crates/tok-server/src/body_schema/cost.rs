@@ -717,7 +717,7 @@ pub(crate) mod tests {
         Shape::of(schema, super::super::Whole)
     }
 
-    /// The schema: each of `levels` definitions refers twice to the
+    /// A hostile schema: each of `levels` definitions refers twice to the
     /// one before, so the root expands to about `2^levels` subschemas.
     pub(crate) fn doubling(levels: usize) -> Value {
         let mut defs = serde_json::Map::new();

@@ -396,7 +396,7 @@ mod tests {
             .unwrap_or(0)
     }
 
-    /// What the costliest schema of the kind that is kept (11
+    /// What the costliest schema of doubling `$defs` that is kept (11
     /// levels of doubling `$defs`, 8,190 units) costs at its first check,
     /// and how fast the 20-level one is refused. A measurement: run with
     /// `cargo test -p tok-server --lib -- --ignored --nocapture

@@ -184,7 +184,7 @@ async fn nul_in_any_query_parameter_of_any_get_route_is_a_400_naming_it(app: &Te
         failures.len(),
         failures.join("\n")
     );
-    // The issue's own requests.
+    // Requests that once answered 503 from PostgreSQL.
     for uri in [
         "/api/audit?action=%00",
         "/api/tickets?external_id=%00",
@@ -256,7 +256,7 @@ async fn nul_in_any_json_body_is_a_400_naming_where(app: &TestApp) {
         failures.len(),
         failures.join("\n")
     );
-    // The request, and nothing of it was kept.
+    // A source named with U+0000, and nothing of it was kept.
     let error = app
         .post(
             &setup.tenant.key,

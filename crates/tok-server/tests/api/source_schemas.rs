@@ -2,8 +2,8 @@
 //! accepted, one that does not is a 400 `schema_violation` listing each
 //! failing place (a JSON pointer) and rule, and nothing of it is stored; a
 //! schema that does not compile is refused when it is saved, naming where;
-//! `PATCH` changes or removes it. A schema that would cost too much (the
-//! issue's 1.5 KB of doubling `$defs`, which expands to a million
+//! `PATCH` changes or removes it. A schema that would cost too much (a
+//! 1.5 KB of doubling `$defs`, which expands to a million
 //! subschemas) is refused when it is saved, naming where and the limit,
 //! while a tree that refers to itself is kept and checks bodies; a body
 //! whose check would cost too much is refused unchecked.
@@ -23,7 +23,7 @@ backend_tests!(
     a_costly_schema_kept_before_it_was_weighed_accepts_nothing,
 );
 
-/// The schema: each of `levels` definitions refers twice to the
+/// A hostile schema: each of `levels` definitions refers twice to the
 /// one before (`d_i = {"allOf": [{"$ref": d_(i-1)}, {"$ref": d_(i-1)}]}`).
 pub(crate) fn doubling_schema(levels: usize) -> Value {
     let mut defs = serde_json::Map::new();
@@ -217,7 +217,7 @@ async fn a_schema_that_expands_past_the_limit_is_refused_at_save(app: &TestApp) 
     let tenant = app.create_tenant("Mallory").await;
     let schema = doubling_schema(20);
     let size = schema.to_string().len();
-    assert!(size < 1600, "the issue's 1.5 KB: {size} bytes");
+    assert!(size < 1600, "a schema of 1.5 KB: {size} bytes");
     let error = app
         .post(
             &tenant.key,
