@@ -70,6 +70,7 @@ pub use outbound::OutboundAllow;
 pub use registry::{
     ConfigError, Effects, Lease, Registry, Resumed, StepCall, StepHandler, StepOutcome, WaitFor,
 };
+pub use steps::run_workflow::child_refused;
 pub use steps::script::ScriptStep;
 pub use stream::Stream;
 pub use widgets::{WidgetData, WidgetError, Widgets};
@@ -506,6 +507,7 @@ impl Engine {
         };
         let context = context.into_value();
         let priority = dispatch::plan::run_priority(&automation, &context, automation_id);
+        let cancels = dispatch::plan::cancel_keys(&automation, &context);
         let run = NewRun {
             id: run_id,
             automation_id: automation_id.clone(),
@@ -523,10 +525,26 @@ impl Engine {
             refused: None,
             skipped: None,
             hold: None,
-            start_by: None,
-            cancels: Vec::new(),
+            start_by: dispatch::plan::start_by(&automation),
+            cancels,
             cancelled: None,
         };
+        if automation.flow.control().is_some() {
+            // Its start control decides, as for an event of a source (a
+            // start over the start limit is then written `refused`).
+            let gated =
+                dispatch::start::through_controls(&**store, tenant, event, run, &automation)
+                    .await?;
+            let Some(id) = gated.run().cloned() else {
+                return Err(EngineError::AutomationPaused(automation_id.clone()));
+            };
+            let data = stream::run_update(&id, automation_id, tok_store::RunStatus::Queued);
+            self.inner
+                .stream
+                .publish(tenant, stream::Kind::RunUpdated, data);
+            self.inner.work.notify_one();
+            return Ok(id);
+        }
         // An automation without a start limit of its own has its tenant's.
         let per_minute = match automation.settings.limits.starts_per_minute {
             Some(own) => Some(own),

@@ -49,6 +49,14 @@ pub trait DispatchTx: Send {
         id: &EventId,
     ) -> Result<Option<PendingEvent>>;
 
+    /// Writes `event` of `tenant` (one of the transaction's tenants) into
+    /// the inbox, pending, in this transaction: a start that passes its
+    /// automation's start controls as an event would (a manual or a
+    /// scheduled start) dispatches it at once with
+    /// [`DispatchTx::pending_event`]. Nothing of it is seen outside until
+    /// the transaction commits, so no other dispatch takes it.
+    async fn accept(&mut self, tenant: &TenantId, event: &crate::NewEvent) -> Result<EventId>;
+
     /// The active automations `event` triggers, with their current
     /// definitions: its target automation when it has one, else those whose
     /// trigger is its kind and [`PendingEvent::trigger_key`], by id.

@@ -321,6 +321,16 @@ macro_rules! impl_dispatch {
 
         #[async_trait::async_trait]
         impl DispatchTx for OpenDispatch {
+            async fn accept(&mut self, tenant: &TenantId, event: &NewEvent) -> Result<EventId> {
+                if !self.tenants.contains(tenant) {
+                    return Err(StoreError::NotFound("tenant of this dispatch"));
+                }
+                $crate::storable::check_event(event)?;
+                insert_event(&mut self.tx, tenant, event, "pending")
+                    .await?
+                    .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))
+            }
+
             async fn tenant_limits(&mut self, tenant: &TenantId) -> Result<tok_core::quotas::TenantLimits> {
                 tenant_limits_in(&mut self.tx, tenant).await
             }

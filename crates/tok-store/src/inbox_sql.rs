@@ -513,6 +513,15 @@ macro_rules! impl_inbox {
                 }
             }
 
+            async fn run_by_idempotency_key(
+                &self,
+                tenant: &TenantId,
+                automation: &AutomationId,
+                key: &str,
+            ) -> Result<Option<RunId>> {
+                run_by_key(self.reader(), tenant, automation, key).await
+            }
+
             async fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>> {
                 let row = sqlx::query(
                     "SELECT id, source_id, source_kind, event_type, status, replay_of, received_at, error

@@ -331,6 +331,15 @@ pub trait InboxStore: Send + Sync {
         starts_per_minute: Option<u32>,
     ) -> Result<Started>;
 
+    /// The run of `automation` its start's idempotency key `key` started,
+    /// if there is one.
+    async fn run_by_idempotency_key(
+        &self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        key: &str,
+    ) -> Result<Option<RunId>>;
+
     /// One event of the tenant, if the inbox still keeps it.
     async fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>>;
 

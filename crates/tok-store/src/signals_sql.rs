@@ -119,6 +119,25 @@ macro_rules! escalating_wait_about {
 }
 pub(crate) use escalating_wait_about;
 
+/// The waits on a signal's key (`$2`) about its subject whose job a worker
+/// holds at the wait's own path, for the time they were due at: for an
+/// escalation level or for the timeout, as the run's context tells.
+macro_rules! claimed_wait_about {
+    ($subject:literal) => {
+        concat!(
+            "SELECT w.run_id, w.path, w.due_at FROM waits w
+             JOIN jobs j ON j.tenant_id = w.tenant_id AND j.run_id = w.run_id
+                AND j.path = w.path
+             WHERE w.tenant_id = $1 AND w.kind = 'event' AND w.key = $2
+               AND w.subject ",
+            $subject,
+            "
+               AND w.due_at IS NOT NULL AND j.claim_token IS NOT NULL"
+        )
+    };
+}
+pub(crate) use claimed_wait_about;
+
 /// A page of the signals buffered on a wait's key (`$2`) about its subject
 /// (`subject = $7` or `subject IS NULL`), unexpired (`$3`), after
 /// (`$4`, `$5`), oldest first.
@@ -426,7 +445,9 @@ macro_rules! impl_signals {
         /// Whether a wait on the signal's key about its subject is kept
         /// while its step's escalation runs: its row is there, its run's
         /// job is elsewhere (where its run's row says, for a job that went
-        /// on under its lease: at the escalation's steps). The signal then
+        /// on under its lease: at the escalation's steps), or a worker holds
+        /// it where the wait is for a level's time, not the timeout's, and
+        /// is about to run the level's first step. The signal then
         /// waits in the buffer for the wait to park again
         /// ([`ESCALATION_HOLD_MS`] at least).
         async fn escalating_wait(
@@ -445,7 +466,40 @@ macro_rules! impl_signals {
             }
             .fetch_optional(&mut **tx)
             .await?;
-            Ok(found.is_some())
+            if found.is_some() {
+                return Ok(true);
+            }
+            // Its job claimed at the wait's path for the time it was due:
+            // an escalation level about to run its steps when that time
+            // was before the wait's timeout (the timeout ends the wait).
+            let claimed = match &signal.subject {
+                Some(subject) => sqlx::query($crate::signals_sql::claimed_wait_about!("= $3"))
+                    .bind(tenant.as_str())
+                    .bind(&signal.key)
+                    .bind(subject),
+                None => sqlx::query($crate::signals_sql::claimed_wait_about!("IS NULL"))
+                    .bind(tenant.as_str())
+                    .bind(&signal.key),
+            }
+            .fetch_all(&mut **tx)
+            .await?;
+            for row in claimed {
+                let run = RunId::from(row.get::<String, _>("run_id"));
+                let due_at: i64 = row.get("due_at");
+                let Ok(path) = row.get::<String, _>("path").parse::<tok_core::path::FlowPath>() else {
+                    continue;
+                };
+                let Some(context) = context_in(tx, tenant, &run).await? else {
+                    continue;
+                };
+                let context = tok_core::context::Context::from_shared(std::sync::Arc::new(context));
+                if let Some((_, timeout_at)) = tok_core::escalation::began(&path, &context)
+                    && timeout_at.is_none_or(|timeout_at| due_at < timeout_at)
+                {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
         }
 
         /// Takes the oldest signal buffered on `key` (one of the wait's)
@@ -688,10 +742,16 @@ macro_rules! impl_signals {
                 // wait began and resumed nothing was for it. A wait for
                 // every one of several keys parked again on the keys still
                 // missing says since when itself.
+                // (The level's steps ran on a job of their own, or on the
+                // wait's job claimed for the level's time, which parks it
+                // again where it was.)
                 let since = wait.since.or_else(|| job
                     .path
                     .strip_prefix(path)
-                    .filter(|rest| rest.starts_with(".escalations."))
+                    .filter(|rest| {
+                        rest.starts_with(".escalations.")
+                            || (rest.is_empty() && job.resume.is_some())
+                    })
                     .and_then(|_| {
                         let record = items.iter().find(|(j, _, _)| j.id == job.id)?;
                         let at: tok_core::path::FlowPath = path.parse().ok()?;

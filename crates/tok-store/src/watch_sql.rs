@@ -223,8 +223,17 @@ macro_rules! impl_watch {
                 .await?;
                 let released = match &next {
                     Some(job) => {
+                        // Released, the job leaves the key's queue for its
+                        // run's ticket's (if it has one): from its first step
+                        // on it is serialized with the ticket's other runs.
                         sqlx::query(concat!(
-                            "UPDATE jobs SET run_after = ", db_now!(), ", resume = NULL
+                            "UPDATE jobs SET run_after = ", db_now!(), ", resume = NULL,
+                                queue_key = (SELECT CASE WHEN r.subject_ticket_id IS NULL
+                                                         THEN NULL
+                                                         ELSE 'ticket:' || r.subject_ticket_id END
+                                             FROM runs r
+                                             WHERE r.tenant_id = jobs.tenant_id
+                                               AND r.id = jobs.run_id)
                              WHERE tenant_id = $1 AND id = $2"
                         ))
                         .bind(tenant.as_str())

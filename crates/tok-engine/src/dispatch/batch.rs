@@ -64,6 +64,9 @@ pub struct Dispatched {
     /// start limit refused them), for their traces (empty unless traces
     /// are exported).
     pub ended: Vec<(TenantId, tok_core::ids::RunId)>,
+    /// The open runs events joined (a start control's debounce or batch),
+    /// by event.
+    pub joined: Vec<(EventId, tok_core::ids::RunId)>,
 }
 
 impl Dispatched {
@@ -224,6 +227,7 @@ async fn dispatch_in(
     // The start controls' keys this batch decided on.
     let mut keys = Keys::default();
     let mut cancel_paths = CancelPaths::default();
+    let mut joined = Vec::new();
     let mut dispatched: Vec<EventId> = Vec::with_capacity(events.len());
     let mut received_at = Vec::with_capacity(events.len());
     for event in &events {
@@ -291,7 +295,10 @@ async fn dispatch_in(
                     .gate(&mut *tx, &mut runs, &event.tenant_id, &start, run, now)
                     .await?
                 {
-                    Gated::Joined => continue,
+                    Gated::Joined(open) => {
+                        joined.push((event.id.clone(), open));
+                        continue;
+                    }
                     Gated::Run(gated, _) if gated.skipped.is_some() => {
                         runs.push((event.tenant_id.clone(), event.id.clone(), *gated));
                         continue;
@@ -371,6 +378,7 @@ async fn dispatch_in(
         claimed,
         backlog,
         ended,
+        joined,
     })
 }
 
@@ -476,6 +484,12 @@ mod tests {
                 .iter()
                 .find(|e| &e.tenant_id == tenant && &e.id == id);
             Ok(found.cloned())
+        }
+
+        async fn accept(&mut self, _: &TenantId, _: &tok_store::NewEvent) -> Result<EventId> {
+            Err(tok_store::StoreError::Conflict(
+                "these answers take no event of a start".into(),
+            ))
         }
 
         async fn candidates(&mut self, event: &PendingEvent) -> Result<Vec<Candidate>> {

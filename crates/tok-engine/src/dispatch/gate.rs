@@ -44,8 +44,8 @@ pub(crate) enum Gated {
     /// A run to write (held, or skipped), and the key whose row names it
     /// once it is written ([`Keys::planned`]).
     Run(Box<NewRun>, Option<KeyId>),
-    /// The event joined its key's open run: no run of its own.
-    Joined,
+    /// The event joined its key's open run (this one): no run of its own.
+    Joined(RunId),
 }
 
 impl Keys {
@@ -151,7 +151,7 @@ impl Keys {
                         tracing::debug!(run = %run_id, control = control.name(), "event joined an open run");
                         state.count = count;
                         entry.changed = true;
-                        return Ok(Gated::Joined);
+                        return Ok(Gated::Joined(RunId::from(run_id.as_str())));
                     }
                     // A worker claimed the open run meanwhile (it began), or
                     // the batch is full: the event starts a run of its own.

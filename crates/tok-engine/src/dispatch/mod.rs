@@ -8,12 +8,15 @@
 //! makes one dispatch transaction of the store's mechanisms; [`plan`]
 //! decides the runs, purely. A dispatch that fails for a reason of one of
 //! its events does not fail again and again for all of them: [`isolate`]
-//! takes its events one by one and sets the one at fault aside.
+//! takes its events one by one and sets the one at fault aside. A manual
+//! or scheduled start of an automation with a start control is dispatched
+//! by [`start`], through the same gate, at once.
 
 mod batch;
 mod gate;
 mod isolate;
 pub mod plan;
+pub mod start;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -263,10 +263,7 @@ pub fn plan(
             refused: None,
             skipped: None,
             hold: None,
-            start_by: automation
-                .flow
-                .start_timeout
-                .map(|d| tok_store::now_ms() + d.as_millis() as i64),
+            start_by: start_by(&automation),
             cancels: cancel_keys(&automation, &context),
             cancelled: None,
             steps,
@@ -275,10 +272,22 @@ pub fn plan(
     plan
 }
 
+/// When a run of `automation` written now expires unless it began
+/// (`flow.startTimeout`).
+pub(crate) fn start_by(automation: &Automation) -> Option<i64> {
+    automation
+        .flow
+        .start_timeout
+        .map(|d| tok_store::now_ms() + d.as_millis() as i64)
+}
+
 /// The rows of a run of `automation` starting with `context` that its
 /// `flow.cancelOn` entries cancel it by: one per entry the context has a
 /// value at the entry's `match` path for.
-fn cancel_keys(automation: &Automation, context: &Value) -> Vec<tok_core::run::CancelKey> {
+pub(crate) fn cancel_keys(
+    automation: &Automation,
+    context: &Value,
+) -> Vec<tok_core::run::CancelKey> {
     automation
         .flow
         .cancel_on

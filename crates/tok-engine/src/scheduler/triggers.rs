@@ -25,6 +25,7 @@ use tok_store::{
 
 use super::{Scheduler, WakeReport};
 use crate::Result;
+use crate::dispatch::{plan, start};
 
 /// Due rows one tick fires, earliest first whatever their tenant; the rest
 /// wait for the next tick.
@@ -226,15 +227,18 @@ async fn start(
         target_automation_id: Some(due.automation_id.clone()),
         ..NewEvent::default()
     };
+    let context = context.into_value();
     let run = NewRun {
         id: run_id,
         automation_id: due.automation_id.clone(),
         version: due.version,
         trigger_type: kind.into(),
-        context: context.into_value(),
+        priority: plan::run_priority(&automation, &context, &due.automation_id),
+        cancels: plan::cancel_keys(&automation, &context),
+        start_by: plan::start_by(&automation),
+        context,
         depth: 0,
         queue_key: None,
-        priority: 0,
         first_path: flow::first_path(&automation.steps).map(|path| path.to_string()),
         idempotency_key: Some(key),
         subject_ticket_id: None,
@@ -243,9 +247,14 @@ async fn start(
         refused: None,
         skipped: None,
         hold: None,
-        start_by: None,
-        cancels: Vec::new(),
         cancelled: None,
     };
+    if automation.flow.control().is_some() {
+        // Its start control decides, as for an event of a source: a tick
+        // while a singleton's run is unfinished is skipped, queued or
+        // replaces it; a debounced or batched one joins the open run.
+        let gated = start::through_controls(store, tenant, new_event, run, &automation).await?;
+        return Ok(gated.run().cloned());
+    }
     Ok(Some(store.start_run(tenant, new_event, run).await?))
 }

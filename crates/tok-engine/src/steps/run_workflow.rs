@@ -51,6 +51,19 @@ pub(crate) fn validate(config: &Value) -> Result<(), String> {
     }
 }
 
+/// Why a child run of an automation with a start control is not started:
+/// the child is its parent's step, which waits for that very run, so it is
+/// never held, queued, skipped or joined to another run. Said at save for
+/// a child named as it is, and by the step for one named by a template.
+pub fn child_refused(step: &str, automation: &str, control: &str) -> String {
+    format!(
+        "step `{step}`: automation \u{201c}{automation}\u{201d} has a start control \
+         (flow.{control}), which decides on events and manual and scheduled starts; a child \
+         run is its parent's step and is never held, skipped or joined, so it cannot be one: \
+         start it with an emit step (an event it triggers on), or remove flow.{control}"
+    )
+}
+
 pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     let name = string(config, "automation").ok_or_else(|| {
         terminal(format!(
@@ -85,6 +98,13 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
             cx.step_id, row.id, row.version
         ))
     })?;
+    if let Some(control) = automation.flow.control() {
+        return Err(terminal(child_refused(
+            &cx.step_id,
+            &row.name,
+            control.name(),
+        )));
+    }
     let input = match config.get("input") {
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(Value::Object(map)) => Value::Object(map.clone()),
@@ -133,6 +153,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     };
     let context = context.into_value();
     let priority = crate::dispatch::plan::run_priority(&automation, &context, &row.id);
+    let context_of_run = context.clone();
     let run = NewRun {
         id: run_id,
         automation_id: row.id.clone(),
@@ -150,8 +171,8 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
         refused: None,
         skipped: None,
         hold: None,
-        start_by: None,
-        cancels: Vec::new(),
+        start_by: crate::dispatch::plan::start_by(&automation),
+        cancels: crate::dispatch::plan::cancel_keys(&automation, &context_of_run),
         cancelled: None,
     };
     let mut run = run;

@@ -71,9 +71,18 @@ fn invalid(errors: &[ValidationError]) -> ApiError {
 /// Parses, validates, and checks what needs the tenant's data (the source of
 /// a webhook trigger must be one of the tenant's; a step naming a connection
 /// calls only its base URL's origin).
-async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<NewVersion> {
+async fn checked(
+    state: &AppState,
+    tenant: &TenantId,
+    raw: &[u8],
+    id: Option<&AutomationId>,
+) -> ApiResult<NewVersion> {
     let (automation, version): (Automation, NewVersion) =
         prepare(raw, state.engine.registry()).map_err(|e| invalid(&e))?;
+    let gated_children = gated_children(state, tenant, &automation, id).await?;
+    if !gated_children.is_empty() {
+        return Err(invalid(&gated_children));
+    }
     let off_origin = origin::check_definition(tenant, &automation, &**state.engine.store()).await?;
     if !off_origin.is_empty() {
         return Err(invalid(&off_origin));
@@ -94,6 +103,71 @@ async fn checked(state: &AppState, tenant: &TenantId, raw: &[u8]) -> ApiResult<N
         }]));
     }
     Ok(version)
+}
+
+/// A child run is never gated by a start control (its parent's step waits
+/// for that very run): a `run_workflow` step may not name an automation
+/// with one, and an automation started that way may not get one. (A child
+/// named by a template is refused by its step.)
+async fn gated_children(
+    state: &AppState,
+    tenant: &TenantId,
+    automation: &Automation,
+    id: Option<&AutomationId>,
+) -> ApiResult<Vec<ValidationError>> {
+    let mut errors = Vec::new();
+    let children: Vec<_> = tok_core::uses::references(automation)
+        .into_iter()
+        .filter(|r| r.kind == tok_core::uses::Kind::Automation)
+        .collect();
+    if !children.is_empty() {
+        let rows = state.engine.store().automations(tenant).await?;
+        for child in children {
+            let row = rows.iter().find(|row| {
+                row.status != tok_store::AutomationStatus::Archived
+                    && (row.id.as_str() == child.name || row.name == child.name)
+                    && Some(&row.id) != id
+            });
+            let Some(row) = row else { continue };
+            let Ok(definition) = serde_json::from_value::<Automation>(row.definition.clone())
+            else {
+                continue;
+            };
+            if let Some(control) = definition.flow.control() {
+                let step = child.path.trim_end_matches(".config.automation");
+                errors.push(ValidationError {
+                    path: child.path.clone(),
+                    message: tok_engine::child_refused(step, &row.name, control.name()),
+                });
+            }
+        }
+    }
+    if let Some(control) = automation.flow.control() {
+        let id = id.map(|id| id.to_string()).unwrap_or_default();
+        let parents = automations_using(
+            state,
+            tenant,
+            tok_core::uses::Kind::Automation,
+            &id,
+            &automation.name,
+        )
+        .await?;
+        for parent in parents {
+            errors.push(ValidationError {
+                path: format!("flow.{}", control.name()),
+                message: format!(
+                    "automation \u{201c}{}\u{201d} starts this one as a child run ({}), and a \
+                     child run is its parent's step, never held, skipped or joined by a start \
+                     control: change that step to emit an event this automation triggers on, \
+                     or leave flow.{} out",
+                    parent.name,
+                    parent.path.as_deref().unwrap_or_default(),
+                    control.name()
+                ),
+            });
+        }
+    }
+    Ok(errors)
 }
 
 /// Tells the scheduler when a just-saved poll or schedule automation is
@@ -127,7 +201,7 @@ async fn create(
     Tenant(tenant, _): Tenant,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, AuditNote, Json<Value>)> {
-    let version = checked(&state, &tenant, &body).await?;
+    let version = checked(&state, &tenant, &body, None).await?;
     let row = state
         .engine
         .store()
@@ -158,7 +232,7 @@ async fn update(
 ) -> ApiResult<(AuditNote, Json<Value>)> {
     let id = AutomationId::from(id);
     live(&state, &tenant, &id).await?;
-    let version = checked(&state, &tenant, &body).await?;
+    let version = checked(&state, &tenant, &body, Some(&id)).await?;
     let row = state
         .engine
         .store()

@@ -2,10 +2,18 @@
 //! to an incident after its level's `after`, while the run keeps waiting
 //! for the decision (the wait is not resumed); a level fires once; the
 //! decision that comes later resumes the run and leaves the later levels
-//! unfired. Short durations drive the time: no sleeps.
+//! unfired. A decision made while a level's steps run (even its first,
+//! on the wait's own job) waits for the step to wait again, which takes
+//! it. Short durations drive the time: no sleeps.
 
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
 use axum::http::StatusCode;
+use axum::routing::any;
 use serde_json::{Value, json};
+use tokio::sync::{Notify, Semaphore};
 
 use crate::helpers::{TestApp, backend_tests, log_step, manual};
 
@@ -14,6 +22,10 @@ backend_tests!(crate::helpers::run;
     a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends,
     an_approval_stays_decidable_and_a_signal_kept_while_an_escalation_runs,
     an_escalation_that_fails_its_run_closes_the_approval,
+);
+
+backend_tests!(crate::helpers::run_with_service;
+    a_decision_made_while_the_escalations_first_step_runs_is_kept,
 );
 
 async fn an_approval_nobody_decides_escalates_to_an_incident_and_keeps_waiting(app: &TestApp) {
@@ -302,4 +314,77 @@ async fn a_wait_for_a_slow_child_escalates_and_still_resumes_when_the_child_ends
         done["context"].get("_escalations").is_none(),
         "the wait's escalations are over: {done:#}"
     );
+}
+
+/// A service whose every call is held until the test lets it through;
+/// `arrived` tells that a call came.
+struct Held {
+    arrived: Notify,
+    gate: Semaphore,
+}
+
+async fn held(State(service): State<Arc<Held>>) -> axum::Json<Value> {
+    service.arrived.notify_one();
+    let _permit = service.gate.acquire().await.unwrap();
+    axum::Json(json!({ "paged": true }))
+}
+
+async fn a_decision_made_while_the_escalations_first_step_runs_is_kept(app: &TestApp) {
+    let service = Arc::new(Held {
+        arrived: Notify::new(),
+        gate: Semaphore::new(0),
+    });
+    let listener = app.service_listener();
+    let addr = listener.local_addr().unwrap();
+    let router = Router::new()
+        .route("/{*path}", any(held))
+        .with_state(service.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let tenant = app.create_tenant("Acme").await;
+    let group = app.create_group(&tenant, "Finance", &["Alice"]).await;
+    let alice = group["members"][0]["id"].as_str().unwrap().to_owned();
+    // The escalation's only step pages someone: the call is held, so the
+    // worker is inside the level's first step when the decision comes.
+    let refund = manual(
+        "Refund",
+        &json!([
+            { "id": "st_ok", "type": "approval",
+              "config": { "approvers": { "group": "Finance" }, "prompt": "Refund?", "timeout": "1h" },
+              "escalations": [{ "after": "100ms", "steps": [
+                  { "id": "st_page", "type": "http",
+                    "config": { "method": "POST", "url": format!("http://{addr}/page"),
+                                "timeoutMs": 30000 } } ] }] },
+            log_step("st_after", "{{st_ok.decision}}")
+        ]),
+    );
+    let refund = app.create_automation(&tenant, &refund).await;
+    let run = app
+        .start_run(&tenant, &refund, &json!({ "input": {} }))
+        .await;
+    service.arrived.notified().await;
+    let pending = app
+        .get(&tenant.key, "/api/approvals")
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(pending["items"][0]["status"], "pending", "{pending:#}");
+    let id = pending["items"][0]["id"].as_str().unwrap();
+    let decided = app
+        .post(
+            &tenant.key,
+            &format!("/api/approvals/{id}"),
+            &json!({ "decision": "approve", "member": alice }),
+        )
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(decided["status"], "approved", "{decided:#}");
+    service.gate.add_permits(1);
+    let done = app.wait_for_final(&tenant, &run).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let after = done["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step_id"] == "st_after")
+        .unwrap_or_else(|| panic!("no st_after: {done:#}"));
+    assert_eq!(after["log"], json!(["info: approve"]), "{done:#}");
 }

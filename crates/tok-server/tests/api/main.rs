@@ -23,6 +23,7 @@ mod dry_run;
 mod errors;
 mod escalations;
 mod flow;
+mod flow_every_start;
 mod for_each;
 mod fuzz;
 mod fuzz_definitions;

@@ -598,6 +598,7 @@ by_tenant! {
         fn accept_event(&self, tenant: &TenantId, event: NewEvent) -> Result<(EventId, Accepted)>;
         fn start_run(&self, tenant: &TenantId, event: NewEvent, run: NewRun) -> Result<RunId>;
         fn start_run_limited(&self, tenant: &TenantId, event: NewEvent, run: NewRun, starts_per_minute: Option<u32>) -> Result<Started>;
+        fn run_by_idempotency_key(&self, tenant: &TenantId, automation: &AutomationId, key: &str) -> Result<Option<RunId>>;
         fn event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<StoredEvent>>;
         fn set_aside(&self, tenant: &TenantId, id: &EventId, error: &str) -> Result<bool>;
         fn replay_event(&self, tenant: &TenantId, id: &EventId, mode: ReplayMode) -> Result<Option<Replayed>>;

@@ -15,7 +15,7 @@ use tok_core::start::KeyState;
 
 use super::database::Database;
 use crate::dispatch::{Claims, DispatchTx};
-use crate::{Candidate, Cause, ClaimedJob, NewRun, PendingEvent, Result, StoreError};
+use crate::{Candidate, Cause, ClaimedJob, NewEvent, NewRun, PendingEvent, Result, StoreError};
 
 /// One database's transaction of the dispatch.
 pub(super) struct Part {
@@ -128,6 +128,11 @@ impl DispatchTx for SplitDispatch {
             self.by_event.insert(event.id.clone(), i);
         }
         Ok(event)
+    }
+
+    async fn accept(&mut self, tenant: &TenantId, event: &NewEvent) -> Result<EventId> {
+        let part = self.part(tenant)?;
+        part.db.call(part.tx.accept(tenant, event)).await
     }
 
     async fn candidates(&mut self, event: &PendingEvent) -> Result<Vec<Candidate>> {

@@ -21,6 +21,7 @@ backend_tests!(
     a_run_not_begun_by_its_start_timeout_expires_and_a_begun_one_does_not,
     cancel_rows_are_found_by_value_and_go_with_their_run,
     a_queued_singleton_run_goes_when_the_keys_run_has_ended,
+    a_released_singleton_run_on_a_ticket_waits_for_the_tickets_other_runs,
 );
 
 fn key(run: &RunId) -> KeyState {
@@ -389,5 +390,75 @@ async fn a_queued_singleton_run_goes_when_the_keys_run_has_ended(db: &TestDb) {
     assert_eq!(
         store.release_singleton(&keys[0]).await.unwrap().as_ref(),
         Some(&queued[1])
+    );
+}
+
+async fn a_released_singleton_run_on_a_ticket_waits_for_the_tickets_other_runs(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let src = source(store, &t, "eshop").await;
+    let aut = webhook_automation(store, &t, "orders", &src).await;
+    let tenants = [t.clone()];
+    let on_ticket = |queue: &str| {
+        let mut run = new_run(&aut, "ticket", Some(queue));
+        run.subject_ticket_id = Some("tk_1".into());
+        run
+    };
+    // The key's run, and a run of another automation on the same ticket.
+    let first = held_run(store, &t, &src, &aut, "e1", on_ticket("ticket:tk_1")).await;
+    let job = store.claim(&tenants, "n", 10, LONG_LEASE_MS).await.unwrap();
+    assert_eq!(run_ids(&job), HashSet::from([first.clone()]), "{backend:?}");
+    store
+        .record(&job[0], finish(&job[0], RunStatus::Completed))
+        .await
+        .unwrap();
+    let other = held_run(store, &t, &src, &aut, "e2", on_ticket("ticket:tk_1")).await;
+    let mut run = on_ticket(&tok_core::start::singleton_queue_key(aut.as_str(), "o-1"));
+    run.hold = Some(Hold {
+        delay_ms: tok_core::start::QUEUED_FOR_MS,
+        resume: Resume::Deferred {
+            limit: "singleton".into(),
+            reason: "queued".into(),
+        },
+    });
+    let queued = held_run(store, &t, &src, &aut, "e3", run).await;
+    let mut tx = store.begin_dispatch(&tenants, Lane::Bulk).await.unwrap();
+    tx.put_flow_key(&t, &aut, "singleton", "o-1", &key(&first))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let busy = store.claim(&tenants, "n", 10, LONG_LEASE_MS).await.unwrap();
+    assert_eq!(
+        run_ids(&busy),
+        HashSet::from([other.clone()]),
+        "{backend:?}"
+    );
+
+    let keys = store.singletons_to_release(&tenants, 10).await.unwrap();
+    assert_eq!(keys.len(), 1, "{backend:?}");
+    assert_eq!(
+        store.release_singleton(&keys[0]).await.unwrap().as_ref(),
+        Some(&queued),
+        "{backend:?}"
+    );
+    assert!(
+        store
+            .claim(&tenants, "n", 10, LONG_LEASE_MS)
+            .await
+            .unwrap()
+            .is_empty(),
+        "{backend:?}: the released run waits while another run holds its ticket"
+    );
+    store
+        .record(&busy[0], finish(&busy[0], RunStatus::Completed))
+        .await
+        .unwrap();
+    let job = store.claim(&tenants, "n", 10, LONG_LEASE_MS).await.unwrap();
+    assert_eq!(
+        run_ids(&job),
+        HashSet::from([queued.clone()]),
+        "{backend:?}: then it goes"
     );
 }
