@@ -33,6 +33,12 @@
 
 use std::collections::{HashMap, HashSet};
 
+/// How far below its run's priority a job a bulk operation queues ranks
+/// (a bulk retry's first job): under every live job of its tenant, as run
+/// priorities are -100..100, and in its run's order among the bulk's.
+/// Bulk work yields to live work; the runs' next jobs rank as theirs.
+pub const BULK_BELOW: i64 = 201;
+
 /// How many candidates a claim reads per job it may take: the surplus lets
 /// jobs whose queue key another candidate holds, or whose tenant's cap is
 /// full, be dropped without leaving slots idle.

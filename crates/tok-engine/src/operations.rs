@@ -15,6 +15,14 @@
 //! page a pass like a tenant with 20, and the runs it queues wait for the
 //! claim's fair share like every other job (`tok_core::fairness`).
 //!
+//! Bulk work yields to live work. A retry queues its next page only once
+//! fewer than a page of its tenant's jobs wait to be claimed, so it is
+//! paced by what the workers take rather than by the clock; and a retried
+//! run's first job ranks below every live job of its tenant
+//! (`tok_core::fairness::BULK_BELOW`), so a live run that comes later
+//! still goes first. The figure is `tok bench --only bulk`
+//! (docs/performance.md).
+//!
 //! A retry on the `current` version moves the run to its automation's
 //! current version when its failed step is at the same path there
 //! (`tok_core::flow::resumes_at`); a run it cannot move is counted failed
@@ -369,14 +377,46 @@ pub async fn count(
     }
 }
 
-/// Does one page of the operation; true when it has no page left.
-pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
+/// The longest a retry's next page waits for its tenant's queue to go
+/// under a page: past it the page goes anyway, so a queue that never
+/// drains (jobs held by a connection's limit, a tenant's cap) slows the
+/// operation and never stops it.
+const MOST_YIELD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What one pass did of an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Its last page is done.
+    Done,
+    /// A page is done and more are left.
+    More,
+    /// Nothing: its tenant's queue holds a page already.
+    Yielded,
+}
+
+/// Does one page of the operation, unless it is a retry whose tenant has
+/// a page of jobs waiting already and `may_yield`.
+pub(crate) async fn step(inner: &Inner, operation: &Operation, may_yield: bool) -> Result<Pass> {
     let store = &*inner.store;
     let tenant = &operation.tenant_id;
     let filter = BulkFilter::parse(&operation.filter).map_err(crate::EngineError::Definition)?;
     let selection = filter
         .selection(Some(operation.created_at))
         .map_err(crate::EngineError::Definition)?;
+    let action = OperationAction::parse(&operation.action).ok_or_else(|| {
+        crate::EngineError::Definition(format!(
+            "operation {} has the action `{}`, neither retry nor cancel",
+            operation.id, operation.action
+        ))
+    })?;
+    if action == OperationAction::Retry
+        && may_yield
+        && store.queue_stats(std::slice::from_ref(tenant)).await?.ready >= i64::from(PAGE)
+    {
+        // The last page (or live work) still waits for the workers: the
+        // next page waits for them too.
+        return Ok(Pass::Yielded);
+    }
     let Taken {
         runs,
         next,
@@ -390,12 +430,6 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
         &mut Budget::call(),
     )
     .await?;
-    let action = OperationAction::parse(&operation.action).ok_or_else(|| {
-        crate::EngineError::Definition(format!(
-            "operation {} has the action `{}`, neither retry nor cancel",
-            operation.id, operation.action
-        ))
-    })?;
     let mut queued = false;
     // A page's runs are mostly of a few automations: each is read once.
     let mut automations = HashMap::new();
@@ -427,7 +461,7 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
                     crate::traces::run_ended(inner.store.clone(), tenant.clone(), run.id.clone());
                 }
             }
-            Applied::Stopped => return Ok(true),
+            Applied::Stopped => return Ok(Pass::Done),
             Applied::Failed(_) | Applied::Already => {}
         }
     }
@@ -437,7 +471,10 @@ pub(crate) async fn step(inner: &Inner, operation: &Operation) -> Result<bool> {
     store
         .advance_operation(tenant, &operation.id, next.as_deref(), next.is_none())
         .await?;
-    Ok(next.is_none())
+    Ok(match next {
+        None => Pass::Done,
+        Some(_) => Pass::More,
+    })
 }
 
 /// A retry of `run` on its automation's current version (`row`), or why
@@ -489,6 +526,8 @@ pub(crate) async fn operations_loop(
 ) {
     let tick = inner.config.scheduler.tick;
     let mut wait = tick;
+    // Since when each operation has yielded, page after page.
+    let mut yielding: HashMap<String, std::time::Instant> = HashMap::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -509,11 +548,26 @@ pub(crate) async fn operations_loop(
                 continue;
             }
         };
+        yielding.retain(|id, _| running.iter().any(|o| &o.id == id));
         for operation in &running {
-            match step(&inner, operation).await {
+            let may_yield = yielding
+                .get(&operation.id)
+                .is_none_or(|since| since.elapsed() < MOST_YIELD);
+            match step(&inner, operation, may_yield).await {
                 // More pages: the next soon, with a pause for live traffic.
-                Ok(false) => wait = PAUSE,
-                Ok(true) => {}
+                Ok(Pass::More) => {
+                    yielding.remove(&operation.id);
+                    wait = PAUSE;
+                }
+                Ok(Pass::Yielded) => {
+                    yielding
+                        .entry(operation.id.clone())
+                        .or_insert_with(std::time::Instant::now);
+                    wait = PAUSE;
+                }
+                Ok(Pass::Done) => {
+                    yielding.remove(&operation.id);
+                }
                 Err(e) => tracing::warn!(
                     error = %e, operation = %operation.id, tenant = %operation.tenant_id,
                     "a page of a bulk operation failed; it is done again at the next pass"

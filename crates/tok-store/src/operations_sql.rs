@@ -194,7 +194,7 @@ macro_rules! impl_operations {
                     RunAction::Retry { version } => match retry_path_in(&mut tx, tenant, run).await
                     {
                         Ok(Ok(path)) => {
-                            retry_in(&mut tx, tenant, run, &path, version).await?;
+                            retry_in(&mut tx, tenant, run, &path, version, true).await?;
                             Ok(())
                         }
                         Ok(Err(why)) => Err(why),

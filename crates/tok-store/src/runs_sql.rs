@@ -224,13 +224,16 @@ macro_rules! impl_runs {
         }
 
         /// Queues the failed run again at `path` (from [`retry_path_in`]),
-        /// on its automation's `version` when given (else its own).
+        /// on its automation's `version` when given (else its own). A bulk
+        /// retry's job ranks below its tenant's live jobs
+        /// ([`tok_core::fairness::BULK_BELOW`]).
         async fn retry_in(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
             id: &RunId,
             path: &str,
             version: Option<i32>,
+            bulk: bool,
         ) -> Result<()> {
             // The run's ticket is its queue key, as the compensation job's
             // of `cancel_in`.
@@ -240,13 +243,14 @@ macro_rules! impl_runs {
                  SELECT $1, $2, $3, ",
                 db_now!(),
                 ", 0, CASE WHEN subject_ticket_id IS NULL THEN NULL
-                    ELSE 'ticket:' || subject_ticket_id END, priority, $4
+                    ELSE 'ticket:' || subject_ticket_id END, priority - $5, $4
                  FROM runs WHERE tenant_id = $2 AND id = $1"
             ))
             .bind(id.as_str())
             .bind(tenant.as_str())
             .bind(path)
             .bind(now_ms())
+            .bind(if bulk { tok_core::fairness::BULK_BELOW } else { 0 })
             .execute(&mut **tx)
             .await?;
             sqlx::query(
@@ -350,7 +354,7 @@ macro_rules! impl_runs {
                     Ok(path) => path,
                     Err(why) => return refused(tx, StoreError::Conflict(why)).await,
                 };
-                retry_in(&mut tx, tenant, id, &path, None).await?;
+                retry_in(&mut tx, tenant, id, &path, None, false).await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(run)

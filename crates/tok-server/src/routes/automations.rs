@@ -382,7 +382,7 @@ struct StartBody {
     idempotency_key: Option<String>,
 }
 
-#[utoipa::path(post, path = "/api/automations/{id}/runs", tag = "automations", responses((status = 201, body = crate::openapi::schemas::RunStarted), (status = 429, description = "over the automation's `settings.limits.startsPerMinute` (`start_rate_exceeded`; `Retry-After` says when a start frees up)", body = crate::openapi::ErrorBody)))]
+#[utoipa::path(post, path = "/api/automations/{id}/runs", tag = "automations", responses((status = 201, body = crate::openapi::schemas::RunStarted), (status = 413, description = "a body over 256 KiB, the bound of a webhook's body (`payload_too_large`)", body = crate::openapi::ErrorBody), (status = 429, description = "over the automation's `settings.limits.startsPerMinute` (`start_rate_exceeded`; `Retry-After` says when a start frees up)", body = crate::openapi::ErrorBody)))]
 async fn start_run(
     State(state): State<AppState>,
     Tenant(tenant, _): Tenant,
@@ -391,6 +391,20 @@ async fn start_run(
     headers: HeaderMap,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    // A start's input becomes its run's `_body`, as a webhook's body does,
+    // and is bounded the same.
+    if body.len() > crate::MAX_WEBHOOK_BYTES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the body is larger than {} bytes, the bound of a manual start's input as of \
+                 a webhook's body",
+                crate::MAX_WEBHOOK_BYTES
+            ),
+        )
+        .with("limit", crate::MAX_WEBHOOK_BYTES));
+    }
     let body: StartBody = if body.is_empty() {
         StartBody::default()
     } else {

@@ -19,6 +19,7 @@ backend_tests!(
     listing_pages_with_a_cursor,
     listing_rejects_bad_limits_and_filters,
     unknown_run_is_404,
+    a_manual_starts_input_is_bounded_like_a_webhooks_body,
 );
 
 /// Log, then a condition on the body's `kind` with a step in each branch.
@@ -397,4 +398,33 @@ async fn unknown_run_is_404(app: &TestApp) {
         .get(&tenant.key, "/api/runs/run_0000000000000000000000000000000")
         .await;
     reply.expect_error(StatusCode::NOT_FOUND, "not_found");
+}
+
+/// A manual start's input becomes its run's `_body`: past 256 KiB it is
+/// refused with 413, as a webhook's body is, and nothing starts.
+async fn a_manual_starts_input_is_bounded_like_a_webhooks_body(app: &TestApp) {
+    let tenant = app.create_tenant("Acme").await;
+    let automation = app
+        .create_automation(
+            &tenant,
+            &crate::helpers::manual("Big", &json!([crate::helpers::log_step("st_log", "x")])),
+        )
+        .await;
+    let uri = format!("/api/automations/{automation}/runs");
+    let big = json!({ "input": { "text": "A".repeat(300 * 1024) } });
+    let refused = app
+        .post(&tenant.key, &uri, &big)
+        .await
+        .expect_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    assert_eq!(refused["limit"], 256 * 1024, "{refused:#}");
+    let runs = app
+        .get(&tenant.key, &format!("/api/runs?automation={automation}"))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(runs["items"], json!([]), "nothing started: {runs:#}");
+    // Under the bound, it starts.
+    let fits = json!({ "input": { "text": "A".repeat(200 * 1024) } });
+    app.post(&tenant.key, &uri, &fits)
+        .await
+        .expect(StatusCode::CREATED);
 }

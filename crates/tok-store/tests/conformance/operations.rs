@@ -1,7 +1,9 @@
 //! Bulk operations (`OperationStore`): an operation acts on a run once
 //! however often it is asked to (a page done again after a restart), counts
 //! what it did and what it could not, stops acting once cancelled, and each
-//! tenant's oldest running operation is the one its pages come from.
+//! tenant's oldest running operation is the one its pages come from. A
+//! run a bulk retry queues goes after its tenant's live runs, even later
+//! ones; a run retried by hand does not.
 
 use super::*;
 use tok_store::{Applied, NewOperation, OperationAction, RunAction};
@@ -10,6 +12,7 @@ backend_tests!(
     run_on_fresh_db;
     an_operation_acts_on_each_run_once_and_stops_when_cancelled,
     an_operation_whose_count_was_partial_counts_the_runs_it_acts_on,
+    a_bulk_retry_goes_after_live_runs_and_a_retry_by_hand_does_not,
 );
 
 fn retry_all() -> NewOperation {
@@ -192,4 +195,63 @@ async fn an_operation_whose_count_was_partial_counts_the_runs_it_acts_on(db: &Te
     }
     let seen = store.operation(&t, &op.id).await.unwrap().unwrap();
     assert_eq!((seen.done, seen.total), (3, 3), "{backend:?}");
+}
+
+async fn a_bulk_retry_goes_after_live_runs_and_a_retry_by_hand_does_not(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let store = &*store;
+    let t = tenant(store, "acme").await;
+    let tenants = std::slice::from_ref(&t);
+    let x = manual_automation(store, &t, "x").await;
+    let failed = [
+        start(store, &t, &x, "manual", None).await,
+        start(store, &t, &x, "manual", None).await,
+    ];
+    for job in store
+        .claim(tenants, "node-1", 10, LONG_LEASE_MS)
+        .await
+        .unwrap()
+    {
+        let mut done = finish(&job, RunStatus::Failed);
+        done.steps = vec![step(&job.path, tok_store::StepStatus::Failed, json!({}))];
+        done.error = Some("the step failed".into());
+        store.record(&job, done).await.unwrap();
+    }
+    let op = store.create_operation(&t, retry_all()).await.unwrap();
+    let retry = RunAction::Retry { version: None };
+    store.apply(&t, &op.id, &failed[0], retry).await.unwrap();
+    // A live run that comes after the bulk retry queued its run.
+    let live = start(store, &t, &x, "manual", None).await;
+    let first = store
+        .claim(tenants, "node-1", 1, LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(
+        run_ids(&first),
+        HashSet::from([live.clone()]),
+        "{backend:?}: live first"
+    );
+    let next = store
+        .claim(tenants, "node-1", 1, LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(
+        run_ids(&next),
+        HashSet::from([failed[0].clone()]),
+        "{backend:?}: then the retried run"
+    );
+
+    // Retried by hand, a run ranks as a live one: in the order it came.
+    store.retry_run(&t, &failed[1]).await.unwrap();
+    let later = start(store, &t, &x, "manual", None).await;
+    let first = store
+        .claim(tenants, "node-1", 1, LONG_LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(
+        run_ids(&first),
+        HashSet::from([failed[1].clone()]),
+        "{backend:?}: the run retried by hand, before the later live run {later}"
+    );
 }

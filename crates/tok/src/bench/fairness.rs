@@ -42,8 +42,8 @@ use super::{Bench, NOOP_STEP, Server};
 const NAME: &str = "fairness";
 
 /// The small tenant's webhooks per phase, and their rate.
-const SMALL_EVENTS: usize = 50;
-const SMALL_RATE: f64 = 20.0;
+pub(super) const SMALL_EVENTS: usize = 50;
+pub(super) const SMALL_RATE: f64 = 20.0;
 
 /// Longest wait for the small tenant's runs under the flood.
 const TIME_LIMIT: Duration = Duration::from_secs(1800);
@@ -65,30 +65,34 @@ pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
 }
 
 /// Latencies of one phase of the small tenant, sorted; and what went wrong.
-struct Phase {
-    latencies: Vec<Duration>,
-    problems: Vec<String>,
+pub(super) struct Phase {
+    pub(super) latencies: Vec<Duration>,
+    pub(super) problems: Vec<String>,
     started_ms: i64,
 }
 
 impl Phase {
-    fn p(&self, p: f64) -> f64 {
+    pub(super) fn p(&self, p: f64) -> f64 {
         ms(percentile(&self.latencies, p))
     }
 }
 
-async fn small_phase(
+/// [`SMALL_EVENTS`] runs of the short automation `label` of `tenant`, at
+/// [`SMALL_RATE`]: their latencies, from the event's 202 to the run's end.
+/// (`figure` names the figure in the progress lines.)
+pub(super) async fn small_phase(
     bench: &Bench,
     api: &Api,
     tenant: &Tenant,
     label: &str,
     limit: Duration,
+    figure: &str,
 ) -> anyhow::Result<Phase> {
     let source = api.source(tenant, label).await?;
     let automation = api
         .automation(tenant, label, &source, short_steps())
         .await?;
-    let progress = (&bench.progress, NAME);
+    let progress = (&bench.progress, figure);
     let started_ms = api::epoch_ms();
     let sent = api::send_open_loop(
         &bench.http,
@@ -188,7 +192,15 @@ async fn flood_then_small(
             sent.elapsed.as_secs_f64()
         ),
     );
-    let under = small_phase(bench, api, small, &format!("under-{label}"), TIME_LIMIT).await?;
+    let under = small_phase(
+        bench,
+        api,
+        small,
+        &format!("under-{label}"),
+        TIME_LIMIT,
+        NAME,
+    )
+    .await?;
     server.check_alive()?;
     // How many of the large tenant's runs were still to finish when the
     // small tenant began: the backlog it had to get past.
@@ -231,7 +243,7 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
         NAME,
         &format!("small tenant alone: {SMALL_EVENTS} webhooks at {SMALL_RATE:.0}/s"),
     );
-    let alone = small_phase(bench, api, &small, "alone", Duration::from_secs(120)).await?;
+    let alone = small_phase(bench, api, &small, "alone", Duration::from_secs(120), NAME).await?;
     let one = flood_then_small(bench, server, &large, &small, "flood", None).await?;
     // The same flood split over the shards' keys: a key's throttle far
     // above what the flood sends, so every event goes through its key's

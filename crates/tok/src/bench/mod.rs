@@ -16,6 +16,7 @@
 //! asserts on speed.
 
 mod api;
+mod bulk;
 mod db_cost;
 mod fairness;
 mod ingest;
@@ -97,10 +98,13 @@ pub enum FigureKind {
     /// SQLite only: the write-ahead log's peak and idle size under
     /// sustained ingest and steps, and what a clean shutdown leaves.
     Wal,
+    /// A tenant's live run latency during a bulk retry of its failed runs
+    /// ÷ without one.
+    Bulk,
 }
 
 impl FigureKind {
-    const LOADS: [FigureKind; 8] = [
+    const LOADS: [FigureKind; 9] = [
         FigureKind::Ingest,
         FigureKind::Steps,
         FigureKind::StepsQueued,
@@ -109,6 +113,7 @@ impl FigureKind {
         FigureKind::Workers,
         FigureKind::DbCost,
         FigureKind::Wal,
+        FigureKind::Bulk,
     ];
 
     fn name(self) -> &'static str {
@@ -122,6 +127,7 @@ impl FigureKind {
             FigureKind::Workers => "workers",
             FigureKind::DbCost => "db-cost",
             FigureKind::Wal => "wal",
+            FigureKind::Bulk => "bulk",
         }
     }
 }
@@ -476,6 +482,7 @@ async fn run_figures(bench: &Bench) -> anyhow::Result<()> {
             FigureKind::Workers => workers::run(bench).await,
             FigureKind::DbCost => db_cost::run(bench).await,
             FigureKind::Wal => wal::run(bench).await,
+            FigureKind::Bulk => bulk::run(bench).await,
             FigureKind::Memory => unreachable!("memory is not a load"),
         };
         match measured {

@@ -36,12 +36,16 @@ pub(crate) fn not_registered() -> String {
 /// scenario-B shape), and with `config.outputKey` that answer under that
 /// one key (in a loop, `k{{index}}`: each iteration's answer stays in the
 /// run's context under a key of its own, so the context grows with the
-/// run, `db-cost`'s long runs).
+/// run, `db-cost`'s long runs). With `config.fail` it fails, terminally,
+/// with that message (`bulk`'s runs to retry).
 pub struct Noop;
 
 #[async_trait]
 impl StepHandler for Noop {
     async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        if let Some(message) = call.config.get("fail").and_then(Value::as_str) {
+            return Err(StepError::terminal(message));
+        }
         let Some(bytes) = call.config.get("outputBytes").and_then(Value::as_u64) else {
             return Ok(Map::new());
         };
