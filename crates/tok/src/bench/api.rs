@@ -65,7 +65,11 @@ pub(crate) fn epoch_ms() -> i64 {
 }
 
 impl Api {
-    async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> anyhow::Result<Value> {
+    pub(crate) async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> anyhow::Result<Value> {
         let response = request
             .send()
             .await

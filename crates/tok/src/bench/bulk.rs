@@ -2,29 +2,49 @@
 //! runs goes on, against the same tenant with no operation running.
 //!
 //! The tenant first has 1,500 runs (scaled) fail: one `bench/noop` step
-//! that fails. Then, alone, 50 live runs (`set`, `bench/noop`, `set`, the
-//! `fairness` figure's short runs) at about 20/s; a run's latency is from
-//! the 202 of its event to the run's `finished_at`. Then the bulk retry of
-//! every failed run (`POST /api/runs/bulk`) and, at once, 50 live runs
+//! that holds its worker 200 ms, like a call to a slow service, and fails.
+//! Then, alone, 50 live runs (`set`, three `bench/noop`, `set`) started by
+//! hand (`POST /api/automations/{id}/runs`) at about 20/s; a run's latency
+//! is from the start's 201 to the run's `finished_at`. Then the bulk retry
+//! of every failed run (`POST /api/runs/bulk`) and, at once, 50 live runs
 //! again. The figure is the ratio of the two p95s: how much a bulk
-//! operation slows its own tenant's live work. The retried runs fail again:
-//! each is one claim and one record, like the live runs' worker step.
+//! operation slows its own tenant's live work. The retried runs outlast
+//! the workers and queue up (they fail again). The live runs are manual
+//! starts because their first job waits in the queue like the retried
+//! runs' (a webhook's run may be handed to a free slot by the dispatch,
+//! past the queue).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde_json::json;
 
 use super::api::{self, Api, Tenant};
-use super::fairness::{self, Phase, SMALL_EVENTS, SMALL_RATE};
+use super::fairness::{Phase, SMALL_EVENTS, SMALL_RATE};
 use super::report::Figure;
 use super::report::Target;
 use super::{Bench, NOOP_STEP, Server};
 
 const NAME: &str = "bulk";
 
+/// How long a failing run's step holds its worker, as a call to a slow
+/// service would: the retried runs then queue up behind the workers.
+const SLOW_MS: u64 = 200;
+
 /// Longest wait for a phase's runs, and for the operation to end.
 const TIME_LIMIT: Duration = Duration::from_secs(900);
+
+/// A live run: a `set`, three steps for a worker, a `set`.
+fn live_steps() -> Vec<serde_json::Value> {
+    vec![
+        json!({ "id": "s1", "type": "set", "config": { "values": { "v1": "{{n}}" } } }),
+        json!({ "id": "s2", "type": NOOP_STEP, "config": {} }),
+        json!({ "id": "s3", "type": NOOP_STEP, "config": {} }),
+        json!({ "id": "s4", "type": NOOP_STEP, "config": {} }),
+        json!({ "id": "s5", "type": "set", "config": { "values": { "v5": "{{s1.v1}}" } } }),
+    ]
+}
 
 pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
     let mut server = bench.server(NAME, None).await?;
@@ -43,7 +63,7 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
             &tenant,
             "failing",
             &source,
-            vec![json!({ "id": "s1", "type": NOOP_STEP, "config": { "fail": "bench: a run to retry" } })],
+            vec![json!({ "id": "s1", "type": NOOP_STEP, "config": { "sleepMs": SLOW_MS, "fail": "bench: a run to retry" } })],
         )
         .await
         .with_context(super::noop::not_registered)?;
@@ -75,9 +95,9 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
 
     bench.progress.line(
         NAME,
-        &format!("live runs alone: {SMALL_EVENTS} webhooks at {SMALL_RATE:.0}/s"),
+        &format!("live runs alone: {SMALL_EVENTS} manual starts at {SMALL_RATE:.0}/s"),
     );
-    let alone = fairness::small_phase(bench, api, &tenant, "alone", TIME_LIMIT, NAME).await?;
+    let alone = manual_phase(bench, api, &tenant, "alone").await?;
 
     let operation = retry_all(api, &tenant, &flaky).await?;
     let retry_started = Instant::now();
@@ -85,11 +105,88 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
         NAME,
         &format!("bulk retry of {failed} failed runs ({operation}); live runs again"),
     );
-    let during = fairness::small_phase(bench, api, &tenant, "during", TIME_LIMIT, NAME).await?;
+    let during = manual_phase(bench, api, &tenant, "during").await?;
     server.check_alive()?;
     let retry_seconds = wait_operation(api, &tenant, &operation).await?;
     let retry_total = retry_started.elapsed().as_secs_f64().max(retry_seconds);
     Ok(vec![figure(&alone, &during, failed, retry_total)])
+}
+
+/// [`SMALL_EVENTS`] manual starts of a live automation `label`, at
+/// [`SMALL_RATE`]: their latencies, from the start's answer to the run's
+/// end.
+async fn manual_phase(
+    bench: &Bench,
+    api: &Api,
+    tenant: &Tenant,
+    label: &str,
+) -> anyhow::Result<Phase> {
+    let definition =
+        json!({ "name": label, "trigger": { "kind": "manual" }, "steps": live_steps() });
+    let created = api
+        .send(
+            api.http
+                .post(format!("{}/api/automations", api.base))
+                .bearer_auth(&tenant.key)
+                .json(&definition),
+            &format!("create the automation `{label}`"),
+        )
+        .await?;
+    let automation = created["id"]
+        .as_str()
+        .context("an automation without id")?
+        .to_owned();
+    let started_ms = api::epoch_ms();
+    let gap = Duration::from_secs_f64(1.0 / SMALL_RATE);
+    let mut started = HashMap::new();
+    let mut problems = Vec::new();
+    for n in 0..SMALL_EVENTS {
+        let at = Instant::now();
+        let answer = api
+            .send(
+                api.http
+                    .post(format!("{}/api/automations/{automation}/runs", api.base))
+                    .bearer_auth(&tenant.key)
+                    .json(&json!({ "input": { "n": n } })),
+                "start a live run",
+            )
+            .await;
+        match answer {
+            Ok(answer) => {
+                let run = answer["run_id"].as_str().unwrap_or_default().to_owned();
+                started.insert(run, api::epoch_ms());
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+        tokio::time::sleep(gap.saturating_sub(at.elapsed())).await;
+    }
+    let finished = api
+        .wait_runs(
+            tenant,
+            Some(&automation),
+            started.len(),
+            TIME_LIMIT,
+            (&bench.progress, NAME),
+        )
+        .await?;
+    let mut latencies: Vec<Duration> = finished
+        .completed()
+        .filter_map(|run| {
+            let accepted = started.get(run.id.as_str())?;
+            let done = run.finished_at?;
+            Some(Duration::from_millis((done - accepted).max(0) as u64))
+        })
+        .collect();
+    latencies.sort();
+    let issue = finished.problems();
+    if !issue.is_empty() {
+        problems.push(issue);
+    }
+    Ok(Phase {
+        latencies,
+        problems,
+        started_ms,
+    })
 }
 
 /// Starts the bulk retry of the automation's failed runs; its id.
@@ -151,7 +248,7 @@ fn figure(alone: &Phase, during: &Phase, retried: usize, seconds: f64) -> Figure
         .chain(during.problems.iter().map(|p| format!("during: {p}")))
         .collect();
     let notes = format!(
-        "{SMALL_EVENTS} live runs of `set`, `{NOOP_STEP}`, `set` at {SMALL_RATE:.0}/s, event accepted → run finished: \
+        "{SMALL_EVENTS} live runs of `set`, three `{NOOP_STEP}`, `set` started by hand at {SMALL_RATE:.0}/s, start answered → run finished: \
          alone p50 {} / p95 {} ms; during a bulk retry of {retried} runs of the same tenant \
          (done in {seconds:.1} s): p50 {} / p95 {} ms{}",
         alone.p(50.0),

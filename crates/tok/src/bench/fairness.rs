@@ -49,7 +49,7 @@ pub(super) const SMALL_RATE: f64 = 20.0;
 const TIME_LIMIT: Duration = Duration::from_secs(1800);
 
 /// A short automation: a `set`, a step for a worker, a `set`.
-fn short_steps() -> Vec<Value> {
+pub(super) fn short_steps() -> Vec<Value> {
     vec![
         json!({ "id": "s1", "type": "set", "config": { "values": { "v1": "{{n}}" } } }),
         json!({ "id": "s2", "type": NOOP_STEP, "config": {} }),
@@ -68,7 +68,7 @@ pub(crate) async fn run(bench: &Bench) -> anyhow::Result<Vec<Figure>> {
 pub(super) struct Phase {
     pub(super) latencies: Vec<Duration>,
     pub(super) problems: Vec<String>,
-    started_ms: i64,
+    pub(super) started_ms: i64,
 }
 
 impl Phase {
@@ -77,21 +77,19 @@ impl Phase {
     }
 }
 
-/// [`SMALL_EVENTS`] runs of the short automation `label` of `tenant`, at
-/// [`SMALL_RATE`]: their latencies, from the event's 202 to the run's end.
-/// (`figure` names the figure in the progress lines.)
+/// [`SMALL_EVENTS`] runs of an automation `label` of `tenant` with
+/// `steps`, at [`SMALL_RATE`]: their latencies, from the event's 202 to
+/// the run's end. (`figure` names the figure in the progress lines.)
 pub(super) async fn small_phase(
     bench: &Bench,
     api: &Api,
     tenant: &Tenant,
-    label: &str,
+    (label, steps): (&str, Vec<Value>),
     limit: Duration,
     figure: &str,
 ) -> anyhow::Result<Phase> {
     let source = api.source(tenant, label).await?;
-    let automation = api
-        .automation(tenant, label, &source, short_steps())
-        .await?;
+    let automation = api.automation(tenant, label, &source, steps).await?;
     let progress = (&bench.progress, figure);
     let started_ms = api::epoch_ms();
     let sent = api::send_open_loop(
@@ -196,7 +194,7 @@ async fn flood_then_small(
         bench,
         api,
         small,
-        &format!("under-{label}"),
+        (&format!("under-{label}"), short_steps()),
         TIME_LIMIT,
         NAME,
     )
@@ -243,7 +241,15 @@ async fn measure(bench: &Bench, server: &mut Server) -> anyhow::Result<Vec<Figur
         NAME,
         &format!("small tenant alone: {SMALL_EVENTS} webhooks at {SMALL_RATE:.0}/s"),
     );
-    let alone = small_phase(bench, api, &small, "alone", Duration::from_secs(120), NAME).await?;
+    let alone = small_phase(
+        bench,
+        api,
+        &small,
+        ("alone", short_steps()),
+        Duration::from_secs(120),
+        NAME,
+    )
+    .await?;
     let one = flood_then_small(bench, server, &large, &small, "flood", None).await?;
     // The same flood split over the shards' keys: a key's throttle far
     // above what the flood sends, so every event goes through its key's

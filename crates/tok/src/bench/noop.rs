@@ -36,13 +36,18 @@ pub(crate) fn not_registered() -> String {
 /// scenario-B shape), and with `config.outputKey` that answer under that
 /// one key (in a loop, `k{{index}}`: each iteration's answer stays in the
 /// run's context under a key of its own, so the context grows with the
-/// run, `db-cost`'s long runs). With `config.fail` it fails, terminally,
-/// with that message (`bulk`'s runs to retry).
+/// run, `db-cost`'s long runs). With `config.sleepMs` (at most 10 s) it
+/// holds its worker that long first, like a call to a slow service; with
+/// `config.fail` it then fails, terminally, with that message (`bulk`'s
+/// runs to retry).
 pub struct Noop;
 
 #[async_trait]
 impl StepHandler for Noop {
     async fn run(&self, call: StepCall) -> Result<Map<String, Value>, StepError> {
+        if let Some(ms) = call.config.get("sleepMs").and_then(Value::as_u64) {
+            tokio::time::sleep(std::time::Duration::from_millis(ms.min(10_000))).await;
+        }
         if let Some(message) = call.config.get("fail").and_then(Value::as_str) {
             return Err(StepError::terminal(message));
         }
