@@ -36,7 +36,9 @@ use std::collections::{HashMap, HashSet};
 /// How far below its run's priority a job a bulk operation queues ranks
 /// (a bulk retry's first job): under every live job of its tenant, as run
 /// priorities are -100..100, and in its run's order among the bulk's.
-/// Bulk work yields to live work; the runs' next jobs rank as theirs.
+/// Bulk work yields to live work: such jobs also hold at most half a
+/// process's slots ([`bulk_room`]), so a live job finds a free slot
+/// while a bulk retry of slow runs goes on.
 pub const BULK_BELOW: i64 = 201;
 
 /// How many candidates a claim reads per job it may take: the surplus lets
@@ -75,6 +77,31 @@ pub fn pick(
     running: &[i64],
     limit: usize,
 ) -> Vec<Picked> {
+    pick_within(candidates, room, running, limit, usize::MAX)
+}
+
+/// Whether a job of this priority was queued by a bulk operation
+/// ([`BULK_BELOW`] under a run's priority).
+pub fn is_bulk(priority: i64) -> bool {
+    priority < -100
+}
+
+/// How many bulk jobs a process with `slots` slots, `running_bulk` of
+/// them running bulk jobs, may take now: bulk work holds at most half its
+/// slots, so a live job always finds one soon.
+pub fn bulk_room(slots: usize, running_bulk: usize) -> usize {
+    slots.div_ceil(2).saturating_sub(running_bulk)
+}
+
+/// [`pick`], taking at most `bulk` jobs a bulk operation queued
+/// ([`is_bulk`]); the walk goes on past the others.
+pub fn pick_within(
+    candidates: &[Candidate],
+    room: &mut HashMap<String, i64>,
+    running: &[i64],
+    limit: usize,
+    mut bulk: usize,
+) -> Vec<Picked> {
     let mut picked = Vec::with_capacity(limit.min(candidates.len()));
     let mut keys = HashSet::new();
     for job in order(candidates) {
@@ -83,6 +110,12 @@ pub fn pick(
         }
         if running.contains(&job.id) {
             continue;
+        }
+        if is_bulk(job.priority) {
+            if bulk == 0 {
+                continue;
+            }
+            bulk -= 1;
         }
         let room = room.get_mut(&job.tenant);
         if room.as_deref().is_some_and(|left| *left <= 0) {
@@ -303,6 +336,38 @@ mod tests {
         for tenant in ["big", "a", "b", "c"] {
             assert_eq!(queue.taken[tenant], 1, "{tenant}");
         }
+    }
+
+    #[test]
+    fn bulk_jobs_take_at_most_their_room_and_the_walk_goes_on_to_live_ones() {
+        let job = |id: i64, priority: i64| Candidate {
+            id,
+            tenant: "acme".into(),
+            queue_key: None,
+            priority,
+            run_after: id,
+        };
+        // Three bulk-retried jobs queued before two live ones: the live
+        // ones rank first, and only one bulk job fits the room.
+        let candidates = [
+            job(1, -BULK_BELOW),
+            job(2, -BULK_BELOW),
+            job(3, 50 - BULK_BELOW),
+            job(4, 0),
+            job(5, -100),
+        ];
+        let picked = pick_within(&candidates, &mut HashMap::new(), &[], 4, 1);
+        assert_eq!(
+            picked.iter().map(|p| p.id).collect::<Vec<_>>(),
+            vec![4, 5, 3],
+            "the live jobs, then the highest of the bulk's, and no more"
+        );
+        assert!(is_bulk(-BULK_BELOW) && is_bulk(100 - BULK_BELOW) && !is_bulk(-100));
+        // Half the slots, less the bulk jobs running.
+        assert_eq!(bulk_room(8, 0), 4);
+        assert_eq!(bulk_room(8, 3), 1);
+        assert_eq!(bulk_room(8, 5), 0);
+        assert_eq!(bulk_room(1, 0), 1, "a process of one slot still does bulk work");
     }
 
     #[test]

@@ -20,7 +20,8 @@
 //! paced by what the workers take rather than by the clock; and a retried
 //! run's first job ranks below every live job of its tenant
 //! (`tok_core::fairness::BULK_BELOW`), so a live run that comes later
-//! still goes first. The figure is `tok bench --only bulk`
+//! still goes first, and such jobs hold at most half of a process's slots
+//! (`tok_core::fairness::bulk_room`), so it finds a slot free. The figure is `tok bench --only bulk`
 //! (docs/performance.md).
 //!
 //! A retry on the `current` version moves the run to its automation's

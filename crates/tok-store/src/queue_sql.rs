@@ -64,8 +64,31 @@ macro_rules! impl_queue {
                     })
                     .collect();
                 let running_ids: Vec<i64> = running.iter().map(|j| j.0).collect();
-                let mut picked =
-                    tok_core::fairness::pick(&candidates, &mut room, &running_ids, limit as usize);
+                // Bulk work holds at most half this process's slots.
+                let bulk = if candidates.iter().any(|c| tok_core::fairness::is_bulk(c.priority)) {
+                    let running_bulk: i64 = if running_ids.is_empty() {
+                        0
+                    } else {
+                        sqlx::query_scalar(concat!(
+                            "SELECT COUNT(*) FROM jobs WHERE id ", any_of!(1), " AND priority < $2"
+                        ))
+                        .bind(list(running_ids.iter().copied()))
+                        .bind(-100_i64)
+                        .fetch_one(&mut *tx)
+                        .await?
+                    };
+                    let slots = running_ids.len() + limit as usize;
+                    tok_core::fairness::bulk_room(slots, usize::try_from(running_bulk).unwrap_or(0))
+                } else {
+                    usize::MAX
+                };
+                let mut picked = tok_core::fairness::pick_within(
+                    &candidates,
+                    &mut room,
+                    &running_ids,
+                    limit as usize,
+                    bulk,
+                );
                 let keys: std::collections::HashSet<&str> =
                     picked.iter().filter_map(|p| p.key.as_deref()).collect();
                 // A job with a queue key is taken only under its key's lock,
