@@ -367,7 +367,11 @@ mod tests {
         assert_eq!(bulk_room(8, 0), 4);
         assert_eq!(bulk_room(8, 3), 1);
         assert_eq!(bulk_room(8, 5), 0);
-        assert_eq!(bulk_room(1, 0), 1, "a process of one slot still does bulk work");
+        assert_eq!(
+            bulk_room(1, 0),
+            1,
+            "a process of one slot still does bulk work"
+        );
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub(crate) async fn run(cx: &mut TxContext<'_>, config: &Value) -> TxResult {
     })?;
     if let Some(control) = automation.flow.control() {
         return Err(terminal(child_refused(
-            &cx.step_id,
+            cx.step_id,
             &row.name,
             control.name(),
         )));
