@@ -532,16 +532,22 @@ impl Engine {
         if automation.flow.control().is_some() {
             // Its start control decides, as for an event of a source (a
             // start over the start limit is then written `refused`).
-            let gated =
-                dispatch::start::through_controls(&**store, tenant, event, run, &automation)
-                    .await?;
+            let planned = stream::Planned::default();
+            let gated = dispatch::start::through_controls(
+                &**store,
+                tenant,
+                event,
+                run,
+                &automation,
+                Some(&planned),
+            )
+            .await?;
             let Some(id) = gated.run().cloned() else {
                 return Err(EngineError::AutomationPaused(automation_id.clone()));
             };
-            let data = stream::run_update(&id, automation_id, tok_store::RunStatus::Queued);
-            self.inner
-                .stream
-                .publish(tenant, stream::Kind::RunUpdated, data);
+            // The run as it was written (queued, held or skipped); a
+            // joined run was told when it was made.
+            planned.publish(&self.inner.stream);
             self.inner.work.notify_one();
             return Ok(id);
         }

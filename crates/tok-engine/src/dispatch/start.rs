@@ -46,13 +46,15 @@ impl Gated {
 
 /// Starts `run` of `automation` (which has a start control), for `event`,
 /// through the control: see the module doc. A repeated idempotency key
-/// answers the run its first start wrote.
-pub async fn through_controls(
+/// answers the run its first start wrote. `planned` is told the run as it
+/// is written (its status: queued, held, skipped), for the live stream.
+pub(crate) async fn through_controls(
     store: &dyn InboxStore,
     tenant: &TenantId,
     event: NewEvent,
     mut run: NewRun,
     automation: &Automation,
+    planned: Option<&crate::stream::Planned>,
 ) -> Result<Gated> {
     let Some(control) = automation.flow.control() else {
         return Err(StoreError::Conflict(
@@ -102,6 +104,9 @@ pub async fn through_controls(
     let noted = |runs: &[(TenantId, tok_core::ids::EventId, NewRun)]| {
         if runs.iter().any(|(_, _, run)| &run.id == own) {
             written.store(true, Ordering::Relaxed);
+        }
+        if let Some(planned) = planned {
+            planned.note(runs);
         }
     };
     let crowding = Mutex::new(Crowding::default());

@@ -253,7 +253,8 @@ async fn start(
         // Its start control decides, as for an event of a source: a tick
         // while a singleton's run is unfinished is skipped, queued or
         // replaces it; a debounced or batched one joins the open run.
-        let gated = start::through_controls(store, tenant, new_event, run, &automation).await?;
+        let gated =
+            start::through_controls(store, tenant, new_event, run, &automation, None).await?;
         return Ok(gated.run().cloned());
     }
     Ok(Some(store.start_run(tenant, new_event, run).await?))

@@ -53,8 +53,16 @@ async fn a_manual_start_passes_its_automations_start_control(app: &TestApp) {
     let first = app.start_run(&tenant, &sync, &input).await;
     app.wait_for_run(&tenant, &first, |r| r["status"] == "waiting")
         .await;
+    let mut stream = crate::isolation::open_stream(app, &tenant.key).await;
     let second = app.start_run(&tenant, &sync, &input).await;
     assert_ne!(second, first);
+    // The live stream says what the start became.
+    let (text, seen) = crate::isolation::read_stream(&mut stream, |text| {
+        text.lines()
+            .any(|line| line.contains(&second) && line.contains(r#""status":"skipped""#))
+    })
+    .await;
+    assert!(seen, "the stream shows the skipped run: {text}");
     let skipped = run(app, &tenant, &second).await;
     assert_eq!(skipped["status"], "skipped", "{skipped:#}");
     let error = skipped["error"].as_str().unwrap();

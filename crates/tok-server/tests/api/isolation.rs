@@ -971,7 +971,7 @@ async fn stream_until_own_run(app: &TestApp, b: &Estate, headers: &[(&str, &str)
 }
 
 /// An open `GET /api/stream` with `key`.
-async fn open_stream(app: &TestApp, key: &str) -> Body {
+pub(crate) async fn open_stream(app: &TestApp, key: &str) -> Body {
     let request = Request::builder()
         .method(Method::GET)
         .uri("/api/stream")
@@ -986,7 +986,7 @@ async fn open_stream(app: &TestApp, key: &str) -> Body {
 /// What `body` streams until `done` holds for the text so far (`true`), or
 /// until it ends (`false`); a stream that does neither within 30 seconds
 /// fails the test.
-async fn read_stream(body: &mut Body, done: impl Fn(&str) -> bool) -> (String, bool) {
+pub(crate) async fn read_stream(body: &mut Body, done: impl Fn(&str) -> bool) -> (String, bool) {
     let mut text = String::new();
     let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), async {
         while let Some(frame) = body.frame().await {
