@@ -76,10 +76,13 @@ async fn all_goes_on_only_after_a_signal_on_every_key_in_either_order(app: &Test
         )
         .await;
         assert_eq!(sent["resumed"], json!([run]), "{sent:#}");
-        // The run takes the signal and waits on for the other key.
+        // The run takes the signal (it runs until its step has taken it) and
+        // waits on for the other key.
         let missing = [format!("{second}-{order}")];
         let half = app
-            .wait_for_run(&tenant, &run, |r| waiting_keys(r) == missing)
+            .wait_for_run(&tenant, &run, |r| {
+                r["status"] == "waiting" && waiting_keys(r) == missing
+            })
             .await;
         assert_eq!(half["status"], "waiting", "after one signal: {half:#}");
         assert_eq!(
