@@ -1,5 +1,5 @@
-//! The `approval` step (DESIGN §5a, approvals): a run waits for a person's
-//! decision.
+//! The `approval` step (docs/workflows.md, "`approval`"): a run waits for a
+//! person's decision.
 //!
 //! The step runs in two parts, on the way every step that runs and then
 //! waits takes ([`crate::advance::custom`]). First the engine's executor

@@ -1,4 +1,4 @@
-//! Why a run waits (DESIGN §16, "Why is it waiting?"): what holds a run
+//! Why a run waits (docs/workflows.md, "Why a run waits"): what holds a run
 //! that is neither running nor finished, read from its rows — its jobs,
 //! its waits and its tenant's load — by one pure function, [`why`], so
 //! every reader (the run detail, its tests) says the same.

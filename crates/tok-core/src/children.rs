@@ -1,6 +1,7 @@
-//! Runs that start and wait for other runs (DESIGN §5a, child runs): what
-//! the decider reads of `run_workflow` and `wait_for_runs` steps, and what
-//! a step that waited on runs publishes when they end.
+//! Runs that start and wait for other runs (docs/workflows.md,
+//! "`run_workflow`" and "`wait_for_runs`"): what the decider reads of
+//! `run_workflow` and `wait_for_runs` steps, and what a step that waited on
+//! runs publishes when they end.
 //!
 //! A `run_workflow` step runs in the record transaction: the engine's step
 //! starts the child (a normal queued run, trigger `parent`) in the parent's

@@ -1,10 +1,11 @@
-//! Compensation (DESIGN §5a): `compensate: [steps…]` on any step says what
-//! undoes it. When a run is cancelled — and when it fails, if
-//! `settings.compensateOnFailure` is true — the `compensate` steps of its
-//! completed steps run, most recently completed first, as ordinary steps of
-//! the run (jobs, retries, records, log) at paths `<step>.compensate.<i>`;
-//! the run is `compensating` meanwhile and then ends `cancelled` or
-//! `failed` (a failed run keeps the error it failed with).
+//! Compensation (docs/workflows.md, "Compensation"): `compensate: [steps…]`
+//! on any step says what undoes it. When a run is cancelled — and when it
+//! fails, if `settings.compensateOnFailure` is true — the `compensate`
+//! steps of its completed steps run, most recently completed first, as
+//! ordinary steps of the run (jobs, retries, records, log) at paths
+//! `<step>.compensate.<i>`; the run is `compensating` meanwhile and then
+//! ends `cancelled` or `failed` (a failed run keeps the error it failed
+//! with).
 //!
 //! What counts as a completed step is each step *instance* whose record
 //! completed, in the order they completed: a step in a loop or a `repeat`
@@ -25,6 +26,11 @@
 //! naming it, the rest of that step's compensation is skipped, and the next
 //! completed step is compensated. A cancel while compensating is refused:
 //! compensation is not interrupted (as in Temporal's sagas).
+//!
+//! A `for_each` step undoes the completed steps of the items it cancelled
+//! before it completes, off this same list ([`UNDOING_KEY`], [`begin_undo`];
+//! [`crate::for_each`] re-exports them): a cancel starts where that undoing
+//! stopped too ([`cancel_at`]).
 
 use serde_json::{Value, json};
 
@@ -87,9 +93,9 @@ pub fn cancel_at(context: &Context) -> Option<String> {
     pending(context)
         .into_iter()
         .next()
-        .or_else(|| crate::for_each::undo_left(context).into_iter().next())
+        .or_else(|| undo_left(context).into_iter().next())
         .or_else(|| {
-            crate::advance::custom::live(context)
+            crate::custom_wait::live(context)
                 .into_iter()
                 .next()
                 .map(|(path, _)| path)
@@ -219,6 +225,109 @@ pub fn merge(run: &mut Context, branch: &Value) {
     if paths.len() != before {
         set_stack(run, paths);
     }
+}
+
+/// Where the context keeps a `for_each` step's undoing of its cancelled
+/// items: the step, how its items joined, and the completed steps still
+/// to undo.
+pub const UNDOING_KEY: &str = "_undoingItems";
+
+/// The `for_each` step at `path` joined with `cancelled` items: the
+/// completed steps of theirs that have `compensate` steps are undone
+/// before the step completes, the most recent first. Returns the first
+/// to undo (the rest are kept in [`UNDOING_KEY`], off the run's own list
+/// of steps to compensate), or `None` when there is nothing to undo.
+pub fn begin_undo(
+    context: &mut Context,
+    path: &FlowPath,
+    total: usize,
+    done: &[usize],
+    cancelled: &[usize],
+) -> Option<FlowPath> {
+    let inside: Vec<String> = cancelled
+        .iter()
+        .map(|n| format!("{path}.items.{n}."))
+        .collect();
+    let undo: Vec<String> = pending(context)
+        .into_iter()
+        .filter(|p| inside.iter().any(|i| p.starts_with(i.as_str())))
+        .collect();
+    let first = undo.first()?.parse().ok()?;
+    forget(context, &undo);
+    context.set_reserved(
+        UNDOING_KEY,
+        Some(json!({
+            "at": path.to_string(), "total": total, "done": done, "cancelled": cancelled,
+            "undo": undo[1..],
+        })),
+    );
+    Some(first)
+}
+
+/// Whether a `for_each` step undoes its cancelled items' steps now.
+pub fn undoing(context: &Context) -> bool {
+    context.reserved(UNDOING_KEY).is_some()
+}
+
+/// The next completed step of a cancelled item to undo, taken off the
+/// list; `None` when all are undone.
+pub fn next_undo(context: &mut Context) -> Option<FlowPath> {
+    let mut entry = context.reserved(UNDOING_KEY)?.clone();
+    let undo = entry.get_mut("undo")?.as_array_mut()?;
+    if undo.is_empty() {
+        return None;
+    }
+    let next = undo.remove(0);
+    context.set_reserved(UNDOING_KEY, Some(entry));
+    next.as_str()?.parse().ok()
+}
+
+/// How a `for_each` step whose cancelled items are undone joined: its
+/// path, its items, and the ones done and cancelled. The entry goes.
+pub fn end_undo(context: &mut Context) -> Option<(FlowPath, usize, Vec<usize>, Vec<usize>)> {
+    let entry = context.reserved(UNDOING_KEY)?.clone();
+    context.set_reserved(UNDOING_KEY, None);
+    let indices = |key: &str| -> Vec<usize> {
+        entry[key]
+            .as_array()
+            .map(|a| a.iter().filter_map(whole).collect())
+            .unwrap_or_default()
+    };
+    let at = entry["at"].as_str()?.parse().ok()?;
+    let total = whole(&entry["total"])?;
+    Some((at, total, indices("done"), indices("cancelled")))
+}
+
+/// What a `for_each` step undoing its cancelled items has left to undo,
+/// the next first.
+pub fn undo_left(context: &Context) -> Vec<String> {
+    context
+        .reserved(UNDOING_KEY)
+        .and_then(|entry| entry["undo"].as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The run is cancelled while a `for_each` step undoes its cancelled
+/// items: what is left to undo goes back on the run's list, undone first.
+pub fn abandon_undo(context: &mut Context) {
+    if context.reserved(UNDOING_KEY).is_none() {
+        return;
+    }
+    let left = undo_left(context);
+    context.set_reserved(UNDOING_KEY, None);
+    restore(context, &left);
+}
+
+/// A whole number as the entry keeps it (or a string of one).
+fn whole(v: &Value) -> Option<usize> {
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+        .and_then(|n| usize::try_from(n).ok())
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! `wait_for_condition` (DESIGN §5a, "More shapes"): the run waits until
-//! a ticket — its subject ticket unless the step names another — holds
-//! the step's rules, checked over the ticket as its `ticket.*` events show
-//! it (`status`, `closed`, `tags`, `fields.<name>`, `assigneeId`, …).
+//! `wait_for_condition` (docs/workflows.md, "Waiting for a ticket's
+//! condition: `wait_for_condition`"): the run waits until a ticket — its
+//! subject ticket unless the step names another — holds the step's rules,
+//! checked over the ticket as its `ticket.*` events show it (`status`,
+//! `closed`, `tags`, `fields.<name>`, `assigneeId`, …).
 //!
 //! The decider parks the run on a [`SignalWait`] on the reserved
 //! [`CONDITION_KEY`] about that ticket, whose filter is the rules. The
@@ -157,7 +158,7 @@ pub fn waiting_line(wait: &ConditionWait) -> String {
     line.push_str(" (checked on each change of the ticket");
     if let Some(every) = wait.every_ms {
         let every = std::time::Duration::from_millis(every.max(0) as u64);
-        line.push_str(&format!(" and every {}", crate::advance::humanize(every)));
+        line.push_str(&format!(" and every {}", crate::duration::humanize(every)));
     }
     line.push(')');
     if let Some(due) = wait

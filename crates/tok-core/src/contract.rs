@@ -1,4 +1,4 @@
-//! The params contract of a webhook source (DESIGN §4).
+//! The params contract of a webhook source.
 //!
 //! A source declares which params it expects and where in the body each one
 //! is (`errors.0.message`). Ingest calls [`extract`] on every body: a missing

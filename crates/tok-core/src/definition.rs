@@ -1,5 +1,5 @@
 //! The automation definition as authors write it: a trigger and a tree of
-//! steps, in the JSON shape of DESIGN §4.
+//! steps, as JSON: `{"name", "trigger", "flow"?, "steps", "settings"?}`.
 //!
 //! These types only describe; [`crate::validate`] decides whether a definition
 //! may be saved, [`crate::flow`] walks the tree and [`crate::condition`] turns
@@ -12,6 +12,12 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::retry::RetryPolicy;
+
+mod flow_control;
+
+pub use flow_control::{
+    Batch, CancelOn, Debounce, FlowControl, Singleton, SingletonMode, Throttle,
+};
 
 /// A definition that is not well-formed JSON or does not have the expected
 /// shape: serde's message, the path of the part it concerns
@@ -40,8 +46,8 @@ pub struct Automation {
     pub name: String,
     pub trigger: Trigger,
     /// `flow`: how its runs start (priority; see [`crate::start`]).
-    #[serde(default, skip_serializing_if = "crate::start::FlowControl::is_empty")]
-    pub flow: crate::start::FlowControl,
+    #[serde(default, skip_serializing_if = "FlowControl::is_empty")]
+    pub flow: FlowControl,
     pub steps: Vec<Step>,
     #[serde(default, skip_serializing_if = "Settings::is_empty")]
     pub settings: Settings,
@@ -76,11 +82,6 @@ impl Automation {
     /// The compact JSON form, as stored with each version.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a definition always serializes")
-    }
-
-    /// Number of steps in the whole tree, nested steps included.
-    pub fn step_count(&self) -> usize {
-        count_steps(&self.steps)
     }
 }
 
@@ -119,13 +120,6 @@ fn with_unknown_field(path: String, message: &str) -> String {
         }
         _ => path,
     }
-}
-
-/// Number of steps in `steps` and everything nested under them.
-pub fn count_steps(steps: &[Step]) -> usize {
-    let mut count = 0;
-    crate::walk::each_step(steps, "", &mut |_, _| count += 1);
-    count
 }
 
 /// What starts a run. A trigger's filter is evaluated by the dispatcher over
@@ -398,8 +392,8 @@ pub struct Settings {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub keep_step_data: bool,
-    /// `limits`: how often the automation may start (DESIGN §5a, "Start
-    /// limits").
+    /// `limits`: how often the automation may start (docs/workflows.md,
+    /// "Start limits").
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub limits: Limits,
     /// `compensateOnFailure: true`: a run that fails runs the `compensate`
@@ -598,7 +592,7 @@ mod tests {
     use serde_json::json;
     use std::time::Duration;
 
-    const DESIGN_EXAMPLE: &str = r#"{
+    const NEW_ORDER_EXAMPLE: &str = r#"{
       "name": "New order",
       "trigger": { "kind": "webhook", "source": "src_eshop",
                    "filter": { "match": "all", "rules": [{ "field": "kind", "operator": "eq", "value": "order.created" }] } },
@@ -613,8 +607,8 @@ mod tests {
     }"#;
 
     #[test]
-    fn reads_the_design_example() {
-        let a = Automation::from_json(DESIGN_EXAMPLE).unwrap();
+    fn reads_the_new_order_example() {
+        let a = Automation::from_json(NEW_ORDER_EXAMPLE).unwrap();
         assert_eq!(a.name, "New order");
         assert_eq!(a.trigger.kind_name(), "webhook");
         let filter = a.trigger.filter().unwrap();
@@ -632,7 +626,7 @@ mod tests {
 
     #[test]
     fn round_trips_to_compact_json() {
-        let a = Automation::from_json(DESIGN_EXAMPLE).unwrap();
+        let a = Automation::from_json(NEW_ORDER_EXAMPLE).unwrap();
         let json = a.to_json();
         assert!(
             !json.contains("\"else\""),
@@ -879,9 +873,9 @@ mod tests {
                     }],
                 }),
             },
-            flow: crate::start::FlowControl {
+            flow: FlowControl {
                 priority: Some(json!("{{_body.tier}}")),
-                debounce: Some(crate::start::Debounce {
+                debounce: Some(Debounce {
                     key: Some("{{_body.customer}}".into()),
                     period: std::time::Duration::from_secs(30),
                     max_wait: None,
@@ -940,18 +934,5 @@ mod tests {
         assert_eq!(step.value, Some(json!("done")));
         assert_eq!(step.config, Value::Null);
         assert!(step.rules.is_none());
-    }
-
-    #[test]
-    fn count_steps_counts_every_branch() {
-        let mut cond = Step::new("c", "condition", Value::Null);
-        cond.then = vec![Step::new("a", "set", Value::Null)];
-        let mut lp = Step::new("l", "loop", Value::Null);
-        lp.do_ = vec![
-            Step::new("b", "set", Value::Null),
-            Step::new("d", "end", Value::Null),
-        ];
-        cond.else_ = vec![lp];
-        assert_eq!(count_steps(&[cond, Step::new("e", "end", Value::Null)]), 6);
     }
 }

@@ -1,6 +1,6 @@
 //! Human-written durations (`"30s"`, `"1h30m"`, `"1.5s"`) as used in retry
 //! schedules and `wait` steps, and serde helpers that keep them in that form in
-//! stored definitions.
+//! stored definitions. [`humanize`] says a delay as a log line does.
 
 use std::time::Duration;
 
@@ -145,6 +145,20 @@ pub fn format_duration(d: Duration) -> String {
         }
     }
     out
+}
+
+/// A delay for a log line: "800 ms", "30 s", "2 min", "1.0 h".
+pub fn humanize(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs < 1.0 {
+        format!("{} ms", d.as_millis())
+    } else if secs < 120.0 {
+        format!("{secs:.0} s")
+    } else if secs < 7200.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else {
+        format!("{:.1} h", secs / 3600.0)
+    }
 }
 
 /// `#[serde(with = "serde_duration")]` for one [`Duration`] written as `"30s"`.

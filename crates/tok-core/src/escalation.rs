@@ -1,11 +1,11 @@
-//! Escalations of a waiting step (DESIGN §5a): `escalations: [{after, steps}]`
-//! on a `wait`, `wait_for_event`, `wait_for_runs` or `approval` step. A
-//! `wait` with escalations parks at its own path (a plain one parks at the
-//! next step, or at its own when nothing follows it: [`hold`]) until its
-//! end. While the step still waits
+//! Escalations of a waiting step (docs/workflows.md, "Escalations"):
+//! `escalations: [{after, steps}]` on a `wait`, `wait_for_event`,
+//! `wait_for_runs` or `approval` step. A `wait` with escalations parks at
+//! its own path (a plain one parks at the next step, or at its own when
+//! nothing follows it: [`hold`]) until its end. While the step still waits
 //! `after` its wait began, the level's steps run — on the waiting step's
-//! own job, as a side chain at paths `<step>.escalations.<level>.<i>` —
-//! and then the step waits again, for the same signal and until the same
+//! own job, as a side chain at paths `<step>.escalations.<level>.<i>` — and
+//! then the step waits again, for the same signal and until the same
 //! timeout: the wait is not resumed. Levels fire in order, each at most
 //! once; the wait's end (its signal, its timeout, a cancel of the run)
 //! leaves the levels not yet fired pending for ever.

@@ -5,9 +5,9 @@
 //!
 //! 1. Each tenant's jobs are ranked among themselves: higher `priority`
 //!    first, then the earlier due, then the older job. `priority` orders a
-//!    tenant's own jobs only (DESIGN §16: "higher claims first within its
-//!    tenant's share"): a tenant that sets 100 everywhere goes no sooner
-//!    than one that sets nothing.
+//!    tenant's own jobs only (docs/workflows.md, "Priority": it orders
+//!    work "within the tenant's share"): a tenant that sets 100 everywhere
+//!    goes no sooner than one that sets nothing.
 //! 2. The tenants go round robin by rank: every tenant's first job, then
 //!    every tenant's second, and so on; within one rank the earlier due job
 //!    goes first, whoever's it is.

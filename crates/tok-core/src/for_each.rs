@@ -1,4 +1,4 @@
-//! Fan-out over items found at run time (DESIGN §5a, "More shapes"): a
+//! Fan-out over items found at run time (docs/workflows.md, "`for_each`"): a
 //! `for_each` step runs its `do` list once per item of `config.items`, each
 //! item as a branch job of its own (like a branch of a `parallel` step),
 //! at most `config.concurrency` at once, and goes on when its completion
@@ -32,16 +32,22 @@
 //! completes ([`begin_undo`]): a fan-out that asks three suppliers to
 //! reserve stock and goes on with the first releases the other two. They
 //! are taken off the run's own list of steps to compensate; a cancel of
-//! the run meanwhile puts back what is left ([`abandon_undo`]).
+//! the run meanwhile puts back what is left ([`abandon_undo`]). That
+//! bookkeeping is the run's compensation's ([`crate::compensation`]), and
+//! the join the parked job keeps ([`ItemsJoin`]) a run's value
+//! ([`crate::run`]); both are re-exported here.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+pub use crate::compensation::{
+    UNDOING_KEY, abandon_undo, begin_undo, end_undo, next_undo, undo_left, undoing,
+};
 use crate::context::Context;
 use crate::definition::Step;
 use crate::error::StepError;
 use crate::limits::{MAX_FOR_EACH_CONCURRENCY, MAX_LOOP_ITEMS};
 use crate::path::{Branch, FlowPath};
+pub use crate::run::ItemsJoin;
 use crate::template;
 
 /// The step type that runs its `do` list for each item, several at once.
@@ -78,25 +84,6 @@ impl Spec {
             Complete::AtLeast(n) => n,
         }
     }
-}
-
-/// How a forked `for_each` step joins its items: kept on its parked job
-/// with the items done so far ([`crate::run::Resume::Branches`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ItemsJoin {
-    /// How many items there are.
-    pub total: usize,
-    /// How many items have had a job, in item order: the next item to
-    /// start is this one.
-    pub started: usize,
-    /// At most this many items run at once.
-    pub concurrency: usize,
-    /// The items done that complete the step.
-    pub need: usize,
-    /// The items whose jobs were cancelled when the step completed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cancelled: Vec<usize>,
 }
 
 /// The spec of the `for_each` `step`: its items (an array, or a template
@@ -334,102 +321,6 @@ pub fn joined(
             done.first().map_or(Value::Null, |n| json!(n)),
         ),
     ])
-}
-
-/// Where the context keeps a `for_each` step's undoing of its cancelled
-/// items: the step, how its items joined, and the completed steps still
-/// to undo.
-pub const UNDOING_KEY: &str = "_undoingItems";
-
-/// The `for_each` step at `path` joined with `cancelled` items: the
-/// completed steps of theirs that have `compensate` steps are undone
-/// before the step completes, the most recent first. Returns the first
-/// to undo (the rest are kept in [`UNDOING_KEY`], off the run's own list
-/// of steps to compensate), or `None` when there is nothing to undo.
-pub fn begin_undo(
-    context: &mut Context,
-    path: &FlowPath,
-    total: usize,
-    done: &[usize],
-    cancelled: &[usize],
-) -> Option<FlowPath> {
-    let inside: Vec<String> = cancelled
-        .iter()
-        .map(|n| format!("{path}.items.{n}."))
-        .collect();
-    let undo: Vec<String> = crate::compensation::pending(context)
-        .into_iter()
-        .filter(|p| inside.iter().any(|i| p.starts_with(i.as_str())))
-        .collect();
-    let first = undo.first()?.parse().ok()?;
-    crate::compensation::forget(context, &undo);
-    context.set_reserved(
-        UNDOING_KEY,
-        Some(json!({
-            "at": path.to_string(), "total": total, "done": done, "cancelled": cancelled,
-            "undo": undo[1..],
-        })),
-    );
-    Some(first)
-}
-
-/// Whether a `for_each` step undoes its cancelled items' steps now.
-pub fn undoing(context: &Context) -> bool {
-    context.reserved(UNDOING_KEY).is_some()
-}
-
-/// The next completed step of a cancelled item to undo, taken off the
-/// list; `None` when all are undone.
-pub fn next_undo(context: &mut Context) -> Option<FlowPath> {
-    let mut entry = context.reserved(UNDOING_KEY)?.clone();
-    let undo = entry.get_mut("undo")?.as_array_mut()?;
-    if undo.is_empty() {
-        return None;
-    }
-    let next = undo.remove(0);
-    context.set_reserved(UNDOING_KEY, Some(entry));
-    next.as_str()?.parse().ok()
-}
-
-/// How a `for_each` step whose cancelled items are undone joined: its
-/// path, its items, and the ones done and cancelled. The entry goes.
-pub fn end_undo(context: &mut Context) -> Option<(FlowPath, usize, Vec<usize>, Vec<usize>)> {
-    let entry = context.reserved(UNDOING_KEY)?.clone();
-    context.set_reserved(UNDOING_KEY, None);
-    let indices = |key: &str| -> Vec<usize> {
-        entry[key]
-            .as_array()
-            .map(|a| a.iter().filter_map(whole).collect())
-            .unwrap_or_default()
-    };
-    let at = entry["at"].as_str()?.parse().ok()?;
-    let total = whole(&entry["total"])?;
-    Some((at, total, indices("done"), indices("cancelled")))
-}
-
-/// What a `for_each` step undoing its cancelled items has left to undo,
-/// the next first.
-pub fn undo_left(context: &Context) -> Vec<String> {
-    context
-        .reserved(UNDOING_KEY)
-        .and_then(|entry| entry["undo"].as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The run is cancelled while a `for_each` step undoes its cancelled
-/// items: what is left to undo goes back on the run's list, undone first.
-pub fn abandon_undo(context: &mut Context) {
-    if context.reserved(UNDOING_KEY).is_none() {
-        return;
-    }
-    let left = undo_left(context);
-    context.set_reserved(UNDOING_KEY, None);
-    crate::compensation::restore(context, &left);
 }
 
 /// What a `for_each` step publishes while its items run: the items, for

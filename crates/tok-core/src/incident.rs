@@ -3,11 +3,23 @@
 //! from opening a second incident while the first is open. The engine adds
 //! the admin's detail (ids, steps, input). And the line any run that ends
 //! writes to its ticket's trace ([`run_ended_trace`]).
+//!
+//! A run that failed for good at a step is a [`Failure`]: the decider's
+//! effects carry it, and its incident is worded here.
 
-use crate::advance::Failure;
 use crate::ids::AutomationId;
 use crate::limits::MAX_DEPTH;
 use crate::run::RunStatus;
+
+/// A run that failed for good at a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub step_id: String,
+    pub path: String,
+    pub kind: String,
+    pub attempt: u32,
+    pub message: String,
+}
 
 /// What an incident says.
 #[derive(Debug, Clone, PartialEq, Eq)]

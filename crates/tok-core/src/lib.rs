@@ -8,6 +8,21 @@
 //! Nothing here does IO, awaits or reads the clock (except [`ids::new_id`],
 //! which stamps ids with the current time): the engine passes in the tree, the
 //! context and the time, and gets back what happens next as data.
+//!
+//! The modules are layered, and a module imports only modules below it:
+//! at the bottom the plain values ([`ids`], [`path`], [`context`],
+//! [`duration`], [`limits`], [`quotas`]), then templates, errors and
+//! retry policy, then the automation as written ([`definition`], which
+//! imports nothing above these), then the records of a run ([`run`]) and
+//! the step modules, each deciding one kind of step from its config, the
+//! scope and the context ([`waits`], [`children`], [`compensation`],
+//! [`for_each`], …; [`flow`] walks the tree through them, [`control`]
+//! names the steps tok-core runs itself). The decider,
+//! [`advance`](mod@advance), sits on top beside [`validate`](mod@validate):
+//! it imports the step modules, never the reverse. A value that both the
+//! decider and a step module need is defined in the step module (or in
+//! [`run`]) and re-exported by `advance`. Doc links may point up; `use`
+//! paths may not.
 
 pub mod advance;
 pub mod approval;
@@ -20,6 +35,8 @@ pub mod condition;
 pub mod condition_wait;
 pub mod context;
 pub mod contract;
+pub mod control;
+pub mod custom_wait;
 pub mod definition;
 pub mod duration;
 pub mod error;

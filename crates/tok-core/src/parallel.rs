@@ -1,7 +1,7 @@
-//! Parallel branches (DESIGN §5a): a `parallel` step runs each of its
-//! `branches` as a chain of jobs of its own, so that branches calling
-//! services call them at the same time, and goes on once every branch is
-//! done.
+//! Parallel branches (docs/workflows.md, "`parallel`"): a `parallel` step
+//! runs each of its `branches` as a chain of jobs of its own, so that
+//! branches calling services call them at the same time, and goes on once
+//! every branch is done.
 //!
 //! How the decider drives it: reaching a `parallel` step, it forks
 //! ([`crate::run::NextJob::Fork`]): the step's job parks at the step and a

@@ -1,7 +1,7 @@
-//! A tenant's quotas (DESIGN §15, "Tenant quotas"): what one tenant may take
-//! of the shared processes, set by the platform admin in
-//! `tenants.settings.limits` (`PATCH /api/tenants/{id}
-//! {"settings": {"limits": {…}}}`).
+//! A tenant's quotas (docs/security.md, "Tenant quotas"): what one tenant
+//! may take of the shared processes, set by the platform admin in
+//! `tenants.settings.limits` (`PATCH /api/tenants/{id} {"settings":
+//! {"limits": {…}}}`).
 //!
 //! The stored object holds only what the admin set; a quota left out is its
 //! default, so a default changed in a later release reaches every tenant

@@ -1,6 +1,6 @@
-//! `repeat` (DESIGN §5a): runs its `do` steps again and again, until
-//! `until` holds after an iteration (or while `while` holds before one), at
-//! most `maxIterations` times, `every` apart.
+//! `repeat` (docs/workflows.md, "`repeat`"): runs its `do` steps again and
+//! again, until `until` holds after an iteration (or while `while` holds
+//! before one), at most `maxIterations` times, `every` apart.
 //!
 //! Iterations are addressed like a loop's (`<path>.do.<iteration>.<i>`),
 //! and every step of every iteration counts toward the run's actions

@@ -1,12 +1,12 @@
 //! What a stored step keeps, and how long a tenant's data lives
-//! (DESIGN §10, "Retention by reader").
+//! (docs/operations.md, "Retention").
 //!
 //! A successful step's `input` and `output` over [`HEAD_BYTES`] are stored
 //! as `{"_truncated": true, "bytes", "sha256", "head"}`: nobody reads a
-//! successful step's data in full, and at the design's scenario B it is
-//! most of the database. A failed (or retrying) step keeps everything, so
-//! does a step of an automation with `settings.keepStepData` and a step in
-//! the sample. The run's context — what later steps read — is kept apart
+//! successful step's data in full, and at scenario B (docs/capacity.md) it
+//! is most of the database. A failed (or retrying) step keeps everything,
+//! so does a step of an automation with `settings.keepStepData` and a step
+//! in the sample. The run's context — what later steps read — is kept apart
 //! and never truncated: truncation is of the stored record only.
 
 use serde::{Deserialize, Serialize};

@@ -157,10 +157,14 @@ pub struct StepRecord {
     pub finished_at: i64,
 }
 
+/// The key a `wait_for_condition` parks on: its wait is resumed by a
+/// change of its ticket that makes the rules hold, never by a signal.
+pub const CONDITION_KEY: &str = "tok:condition";
+
 /// What a `wait_for_event` step parks its run on: the signal key (or
 /// keys), the `where` its payload must satisfy, and when the wait gives
 /// up. A `wait_for_condition` parks on one too, on the reserved
-/// [`crate::waits::CONDITION_KEY`]: its `subject` is the ticket and its
+/// [`CONDITION_KEY`]: its `subject` is the ticket and its
 /// `filter` the rules the ticket must hold (the store checks them when
 /// the ticket changes, not signals).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -200,7 +204,7 @@ impl SignalWait {
     /// Whether this is a `wait_for_condition`'s wait on a ticket rather
     /// than a wait for signals.
     pub fn is_condition(&self) -> bool {
-        self.key == crate::waits::CONDITION_KEY
+        self.key == CONDITION_KEY
     }
 }
 
@@ -305,7 +309,7 @@ pub enum Resume {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         failed: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        items: Option<crate::for_each::ItemsJoin>,
+        items: Option<ItemsJoin>,
     },
     /// The run was cancelled: the job undoes its completed steps
     /// ([`crate::compensation`]). `error` says why when another run's
@@ -315,6 +319,25 @@ pub enum Resume {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+}
+
+/// How a forked `for_each` step joins its items: kept on its parked job
+/// with the items done so far ([`crate::run::Resume::Branches`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemsJoin {
+    /// How many items there are.
+    pub total: usize,
+    /// How many items have had a job, in item order: the next item to
+    /// start is this one.
+    pub started: usize,
+    /// At most this many items run at once.
+    pub concurrency: usize,
+    /// The items done that complete the step.
+    pub need: usize,
+    /// The items whose jobs were cancelled when the step completed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancelled: Vec<usize>,
 }
 
 /// What happens to the claimed job when its result is recorded.
@@ -359,7 +382,7 @@ pub enum NextJob {
     Fork {
         path: String,
         branches: Vec<(usize, String)>,
-        items: Option<crate::for_each::ItemsJoin>,
+        items: Option<ItemsJoin>,
     },
     /// This job's branch `branch` of the `parallel` step at `parallel` is
     /// over: the job is deleted and the parallel step's parked job learns
@@ -448,7 +471,7 @@ pub struct Hold {
 #[derive(Debug, Clone)]
 pub struct FlowStart {
     pub run_id: RunId,
-    pub flow: crate::start::FlowControl,
+    pub flow: crate::definition::FlowControl,
     pub key: String,
 }
 

@@ -1,6 +1,7 @@
-//! When poll and schedule triggers are due (DESIGN §6), as pure functions
-//! of a time: the scheduler asks [`Timing`] when a trigger is first due
-//! after it is saved, and when it is due next after it fired.
+//! When poll and schedule triggers are due (docs/operations.md, "The
+//! scheduler"), as pure functions of a time: the scheduler asks [`Timing`]
+//! when a trigger is first due after it is saved, and when it is due next
+//! after it fired.
 //!
 //! Times are Unix milliseconds. A cron expression is read by the `croner`
 //! crate (5 fields, or 6 with seconds first) in the trigger's time zone

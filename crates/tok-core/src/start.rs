@@ -1,5 +1,6 @@
-//! How an automation's runs start (`"flow": {…}` beside `trigger`, DESIGN
-//! §16): the controls the dispatch applies to the runs an event starts.
+//! How an automation's runs start (`"flow": {…}` beside `trigger`;
+//! docs/workflows.md, "Priority" and the sections after it): the controls
+//! the dispatch applies to the runs an event starts.
 //!
 //! `priority`: an integer from [`MIN_PRIORITY`] to [`MAX_PRIORITY`], or a
 //! template over the run's first context rendering one (`"{{_body.tier}}"`).
@@ -40,15 +41,20 @@
 //! due at `max(now, next − (burst − 1)·T)` and moves `next` to
 //! `max(next, now) + T`. So `limit` starts per `period`, `burst` of them at
 //! once, and every event gets its run: queued, never dropped.
+//!
+//! The types of `flow` are the definition's ([`FlowControl`] and its parts,
+//! re-exported here from [`crate::definition`]); this module is what they do.
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::condition::Condition;
 use crate::definition::Filter;
-use crate::duration::{format_duration, serde_duration, serde_optional_duration};
+pub use crate::definition::{
+    Batch, CancelOn, Debounce, FlowControl, Singleton, SingletonMode, Throttle,
+};
+use crate::duration::format_duration;
 use crate::template;
 
 pub const MIN_PRIORITY: i64 = -100;
@@ -68,54 +74,8 @@ pub const MAX_THROTTLE: u32 = 10_000;
 /// Longest key a control keeps: a longer rendered key is cut to it.
 pub const MAX_KEY_LEN: usize = 200;
 
-/// `flow`: the start controls of an automation. Unknown keys are refused
-/// like everywhere in a definition.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct FlowControl {
-    /// `priority`: a number, or a template string (checked by
-    /// [`check_priority`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub debounce: Option<Debounce>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub throttle: Option<Throttle>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Option<Batch>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub singleton: Option<Singleton>,
-    /// `startTimeout`: a run no worker has begun this long after it was
-    /// made ends `expired` (held by a start control, a cap, a queue key).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "serde_optional_duration"
-    )]
-    pub start_timeout: Option<Duration>,
-    /// `cancelOn`: the events that cancel a run of the automation.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cancel_on: Vec<CancelOn>,
-}
-
 /// Most `cancelOn` entries an automation has.
 pub const MAX_CANCEL_ON: usize = 10;
-
-/// One `cancelOn` entry: an event of `source` whose `where` holds and
-/// whose value at `match` equals the run's (its first context's, where
-/// the same path is read) cancels the run, with its compensation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CancelOn {
-    /// A webhook or poll source's id (as `trigger.source` names it), or an
-    /// internal event's type (`ticket.closed`, as `trigger.event`).
-    pub source: String,
-    #[serde(rename = "where", default, skip_serializing_if = "Option::is_none")]
-    pub where_: Option<Filter>,
-    /// The path whose values must be equal (`_body.orderId`, `orderId`).
-    #[serde(rename = "match")]
-    pub match_: String,
-}
 
 impl CancelOn {
     /// The value a context has at the entry's `match` path, as the row
@@ -138,72 +98,6 @@ pub fn cancels(path: &str, value: &str, filter: Option<&Filter>, event: &Value) 
         _ => false,
     };
     matches && filter.is_none_or(|f| Condition::from_filter(f).evaluate(event).result)
-}
-
-/// `debounce: {key?, period, maxWait?}`: a key's events start one run
-/// `period` after the last of them (at the latest `maxWait` after the
-/// first), with the last one's body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Debounce {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    #[serde(with = "serde_duration")]
-    pub period: Duration,
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "serde_optional_duration"
-    )]
-    pub max_wait: Option<Duration>,
-}
-
-/// `throttle: {key?, limit, period, burst?}`: at most `limit` starts per
-/// `period` per key, `burst` (default 1) of them at once; the others wait.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Throttle {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    pub limit: u32,
-    #[serde(with = "serde_duration")]
-    pub period: Duration,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst: Option<u32>,
-}
-
-/// `batch: {key?, maxSize, timeout}`: up to `maxSize` events of a key, or
-/// what came within `timeout` of the first, start one run whose context
-/// has `_events` (their bodies, in order).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Batch {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    pub max_size: u32,
-    #[serde(with = "serde_duration")]
-    pub timeout: Duration,
-}
-
-/// `singleton: {key?, mode}`: one run per key at a time.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Singleton {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    pub mode: SingletonMode,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SingletonMode {
-    /// An event while a run of its key is unfinished makes a `skipped` run.
-    Skip,
-    /// It cancels that run (with its compensation) and starts its own.
-    Cancel,
-    /// It waits behind it, and behind the key's runs queued before it:
-    /// one run at a time, in the order the events came.
-    Queue,
 }
 
 /// The one start control of an automation, if it has one.
@@ -452,13 +346,6 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl FlowControl {
-    pub fn is_empty(&self) -> bool {
-        self.priority.is_none()
-            && self.control().is_none()
-            && self.start_timeout.is_none()
-            && self.cancel_on.is_empty()
-    }
-
     /// The automation's start control: the first it has of `debounce`,
     /// `throttle`, `batch`, `singleton` ([`check`] refuses more than one).
     pub fn control(&self) -> Option<Control<'_>> {

@@ -1,4 +1,5 @@
-//! What a `wait_for_event` step waits for (DESIGN §5a, signals): the
+//! What a `wait_for_event` step waits for (README.md, "Waiting for a
+//! signal"; docs/workflows.md, "Signals about a ticket: `subject`"): the
 //! decider parks a run on the [`SignalWait`] its config describes. A wait
 //! with a `subject` is resumed only by signals about that ticket, and a
 //! wait without one only by signals about none (the store matches them).
@@ -22,8 +23,12 @@ use crate::definition::{Filter, Step};
 use crate::duration::parse_duration;
 use crate::error::StepError;
 use crate::limits::MAX_WAIT_KEYS;
+pub use crate::run::CONDITION_KEY;
 use crate::run::SignalWait;
 use crate::template;
+
+/// The step type that parks a run until a signal or its timeout.
+pub const WAIT_FOR_EVENT: &str = "wait_for_event";
 
 /// The `subject` of a wait that means the run's own subject ticket.
 pub const RUN_SUBJECT: &str = "ticket";
@@ -34,10 +39,6 @@ pub const MAX_SUBJECT_BYTES: usize = 200;
 /// Signal keys that begin with this are tok's own: no signal (`POST
 /// /api/signals`, `emit`) and no `wait_for_event` may use them.
 pub const RESERVED_KEY_PREFIX: &str = "tok:";
-
-/// The key a `wait_for_condition` parks on: its wait is resumed by a
-/// change of its ticket that makes the rules hold, never by a signal.
-pub const CONDITION_KEY: &str = "tok:condition";
 
 /// Where the context keeps what the run's waits need while they wait
 /// (several signals: [`AllWait`]; a condition: its deadline), by path.

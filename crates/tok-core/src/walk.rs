@@ -1,7 +1,8 @@
 //! The one walk over a step tree: every check of a definition (templates,
 //! handler configs, the script guard, step counts, connection origins)
 //! visits the steps through [`each_step`], so a child list can never be
-//! skipped by one check and seen by another (DESIGN §15, "One walker").
+//! skipped by one check and seen by another (docs/architecture.md, "The
+//! tenant boundary").
 //!
 //! [`children`] is the only place that names a step's child lists. It
 //! destructures [`Step`] without `..`, so a field added to the type does not
@@ -14,7 +15,7 @@
 
 use serde_json::{Value, json};
 
-use crate::definition::{Escalation, Rule, Step};
+use crate::definition::{Automation, Escalation, Rule, Step};
 
 /// A kind of child list, as a step's JSON names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,7 +67,7 @@ impl ChildKind {
             ChildKind::Then | ChildKind::Else => ("condition", Value::Null),
             ChildKind::Do => ("loop", json!({"items": [1]})),
             ChildKind::Branch => (crate::parallel::PARALLEL, Value::Null),
-            ChildKind::Escalation => (crate::advance::WAIT_FOR_EVENT, json!({"key": "k"})),
+            ChildKind::Escalation => (crate::waits::WAIT_FOR_EVENT, json!({"key": "k"})),
             ChildKind::Compensate => ("flow/log", json!({"message": "done"})),
         };
         let mut step = Step::new(id, kind, config);
@@ -163,6 +164,20 @@ pub fn each_step<'a>(steps: &'a [Step], at: &str, visit: &mut impl FnMut(&str, &
         for list in children(step) {
             each_step(list.steps, &format!("{here}.{}", list.label), visit);
         }
+    }
+}
+
+/// Number of steps in `steps` and everything nested under them.
+pub fn count_steps(steps: &[Step]) -> usize {
+    let mut count = 0;
+    each_step(steps, "", &mut |_, _| count += 1);
+    count
+}
+
+impl Automation {
+    /// Number of steps in the whole tree, nested steps included.
+    pub fn step_count(&self) -> usize {
+        count_steps(&self.steps)
     }
 }
 

@@ -23,8 +23,6 @@ mod items;
 mod signals;
 mod waiting;
 
-use std::time::Duration;
-
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
@@ -48,26 +46,15 @@ use crate::repeat::{self, Again, REPEAT};
 use crate::retry::{Decision, RetryPolicy, decide};
 use crate::run::{NextJob, Resume, RunEnded, RunStatus, StepRecord, StepStatus};
 use crate::template;
-use crate::waits::{WaitMode, signal_wait};
+use crate::waits::signal_wait;
 
-/// The step type that parks a run until a signal or its timeout.
-pub const WAIT_FOR_EVENT: &str = "wait_for_event";
-
-/// Step types the decider runs itself: [`builtin::INTERNAL_TYPES`],
-/// [`WAIT_FOR_EVENT`], [`WAIT_FOR_CONDITION`], [`WAIT_FOR_RUNS`],
-/// [`PARALLEL`], [`FOR_EACH`] and [`REPEAT`].
-pub fn is_control(kind: &str) -> bool {
-    builtin::is_internal(kind)
-        || [
-            WAIT_FOR_EVENT,
-            WAIT_FOR_CONDITION,
-            WAIT_FOR_RUNS,
-            PARALLEL,
-            FOR_EACH,
-            REPEAT,
-        ]
-        .contains(&kind)
-}
+// Values of the decision that the step modules below use too: they are
+// defined there and re-exported here, so that `advance::X` still names them.
+pub use crate::control::is_control;
+pub use crate::custom_wait::CustomWait;
+pub use crate::duration::humanize;
+pub use crate::incident::Failure;
+pub use crate::waits::WAIT_FOR_EVENT;
 
 /// Whether the step at `path` waits for signals now: a `wait_for_event`,
 /// an `approval` (its decision is a signal), or a step that asked to wait
@@ -261,26 +248,6 @@ impl From<Option<Resume>> for Input {
     }
 }
 
-/// What a step that runs (a handler, or `approval` in the record
-/// transaction) asks to wait for, as a `wait_for_event` step may: a
-/// signal on any of `keys` (`mode` [`WaitMode::Any`]) or on each of them
-/// ([`WaitMode::All`]), about the ticket `subject` (or about none), whose
-/// payload satisfies `filter`, `timeout_ms` at most (`None`: for ever);
-/// with `only_new`, a signal buffered before the wait began does not
-/// count. `outputs` are published while it waits; `what` is how the run
-/// page says what it waits for ("a decision"; by default its keys).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct CustomWait {
-    pub keys: Vec<String>,
-    pub mode: WaitMode,
-    pub subject: Option<String>,
-    pub filter: Option<crate::definition::Filter>,
-    pub timeout_ms: Option<i64>,
-    pub only_new: bool,
-    pub outputs: Map<String, Value>,
-    pub what: Option<String>,
-}
-
 /// A step for an executor to run, with everything it needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Execute {
@@ -307,16 +274,6 @@ pub enum Then {
     /// The claim is over: write the records, the run's status and the job's
     /// next move.
     Record(NextJob),
-}
-
-/// A run that failed for good at a step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
-    pub step_id: String,
-    pub path: String,
-    pub kind: String,
-    pub attempt: u32,
-    pub message: String,
 }
 
 /// What the record transaction must do besides writing the records.
@@ -1266,20 +1223,6 @@ pub fn check_output_size(step_id: &str, outputs: &Map<String, Value>) -> Result<
         )));
     }
     Ok(())
-}
-
-/// A delay for a log line: "800 ms", "30 s", "2 min", "1.0 h".
-pub fn humanize(d: Duration) -> String {
-    let secs = d.as_secs_f64();
-    if secs < 1.0 {
-        format!("{} ms", d.as_millis())
-    } else if secs < 120.0 {
-        format!("{secs:.0} s")
-    } else if secs < 7200.0 {
-        format!("{:.0} min", secs / 60.0)
-    } else {
-        format!("{:.1} h", secs / 3600.0)
-    }
 }
 
 /// Who sent a signal, for its wait's log line (` from key key_…`).

@@ -24,7 +24,7 @@ const CONTROL_KEYS: &[(&str, &[&str])] = &[
     ("flow/log", &["message", "level"]),
     (crate::builtin::WAIT, &["duration", "until"]),
     (
-        crate::advance::WAIT_FOR_EVENT,
+        crate::waits::WAIT_FOR_EVENT,
         &[
             "key", "keys", "mode", "subject", "where", "timeout", "lookback",
         ],
@@ -137,14 +137,14 @@ mod tests {
     #[test]
     fn every_control_type_lists_its_keys() {
         for kind in crate::builtin::INTERNAL_TYPES.iter().chain(&[
-            crate::advance::WAIT_FOR_EVENT,
+            crate::waits::WAIT_FOR_EVENT,
             crate::condition_wait::WAIT_FOR_CONDITION,
             crate::children::WAIT_FOR_RUNS,
             crate::parallel::PARALLEL,
             crate::for_each::FOR_EACH,
             crate::repeat::REPEAT,
         ]) {
-            assert!(crate::advance::is_control(kind));
+            assert!(crate::control::is_control(kind));
             assert!(control_config_keys(kind).is_some(), "{kind} lists no keys");
         }
         assert_eq!(control_config_keys("http"), None);

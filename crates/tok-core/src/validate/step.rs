@@ -6,10 +6,11 @@
 use serde_json::Value;
 
 use super::{Checker, check_retry, check_rule, configs, join};
-use crate::advance::{WAIT_FOR_EVENT, is_control};
 use crate::condition::Condition;
+use crate::control::is_control;
 use crate::definition::{Operator, Rule, Step};
 use crate::template::check_value;
+use crate::waits::WAIT_FOR_EVENT;
 
 /// Every check of the step at `at` (`steps.2.then.0`) that needs only the
 /// step and its path; the ids seen so far are in `c`.
@@ -138,7 +139,7 @@ fn check_escalations(c: &mut Checker<'_>, at: &str, step: &Step) {
         crate::approval::APPROVAL,
     ]
     .contains(&kind);
-    if !waits && crate::advance::is_control(kind) {
+    if !waits && crate::control::is_control(kind) {
         c.error(
             format!("{at}.escalations"),
             crate::escalation::never_waits(step),

@@ -2,6 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::definition::Step;
+use crate::walk::ChildKind;
 
 fn known(kind: &str) -> bool {
     matches!(kind, "http" | "flow/pause" | "ticket/upsert")
@@ -412,6 +413,29 @@ fn a_waits_subject_is_a_ticket_id_or_ticket_at_save() {
                 .message
                 .contains("\"ticket\" for the run's subject ticket"),
             "{subject}: {errs:?}"
+        );
+    }
+}
+
+#[test]
+fn every_holder_is_valid_once_it_holds_a_step() {
+    for kind in ChildKind::ALL {
+        let mut holder = kind.holder("h");
+        kind.add(
+            &mut holder,
+            vec![Step::new("c", "flow/log", json!({"message": "x"}))],
+        );
+        let def = Automation {
+            name: "n".into(),
+            trigger: crate::definition::Trigger::Manual { filter: None },
+            flow: Default::default(),
+            steps: vec![holder],
+            settings: Default::default(),
+        };
+        assert_eq!(
+            crate::validate::validate(&def, 100, &|_| false),
+            Ok(()),
+            "{kind:?}"
         );
     }
 }

@@ -164,24 +164,14 @@ fn children_come_in_the_order_of_all_kinds() {
 }
 
 #[test]
-fn every_holder_is_valid_once_it_holds_a_step() {
-    for kind in ChildKind::ALL {
-        let mut holder = kind.holder("h");
-        kind.add(
-            &mut holder,
-            vec![Step::new("c", "flow/log", json!({"message": "x"}))],
-        );
-        let def = Automation {
-            name: "n".into(),
-            trigger: crate::definition::Trigger::Manual { filter: None },
-            flow: Default::default(),
-            steps: vec![holder],
-            settings: Default::default(),
-        };
-        assert_eq!(
-            crate::validate::validate(&def, 100, &|_| false),
-            Ok(()),
-            "{kind:?}"
-        );
-    }
+fn count_steps_counts_every_branch() {
+    let mut cond = Step::new("c", "condition", Value::Null);
+    cond.then = vec![Step::new("a", "set", Value::Null)];
+    let mut lp = Step::new("l", "loop", Value::Null);
+    lp.do_ = vec![
+        Step::new("b", "set", Value::Null),
+        Step::new("d", "end", Value::Null),
+    ];
+    cond.else_ = vec![lp];
+    assert_eq!(count_steps(&[cond, Step::new("e", "end", Value::Null)]), 6);
 }
