@@ -115,6 +115,44 @@ fn whole_seconds(ms: i64) -> u64 {
     (ms.max(1) as u64).div_ceil(1000)
 }
 
+// The defaults of [`EngineConfig`], written once: its `Default` and the
+// binary's configuration (`TOK_*`, crates/tok/src/config.rs) both take them
+// from here, and README.md and docs/operations.md document them.
+
+/// Worker slots per process ([`EngineConfig::concurrency`]) unless
+/// `TOK_CONCURRENCY` says otherwise. A slot is a task, not a thread, and
+/// holds no database connection while its step runs; most steps wait on a
+/// service, and each slot's records join the group commit, so more slots
+/// than cores keeps both the services and the database busy.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+
+/// How long a claim is valid without a heartbeat ([`EngineConfig::lease`])
+/// unless `TOK_LEASE_SECS` says otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// Heartbeats per lease: running steps extend their leases every third of
+/// it ([`EngineConfig::heartbeat`]), so two heartbeats may be missed before
+/// a lease expires.
+pub const HEARTBEATS_PER_LEASE: u32 = 3;
+
+/// How long a stopping worker waits for its steps in flight
+/// ([`EngineConfig::shutdown_grace`]) unless `TOK_SHUTDOWN_GRACE` says
+/// otherwise: within Kubernetes' default termination grace period.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// How long a signal that resumed no wait stays buffered
+/// ([`EngineConfig::signal_lookback`]) unless `TOK_SIGNAL_LOOKBACK` says
+/// otherwise.
+pub const DEFAULT_SIGNAL_LOOKBACK: Duration = Duration::from_secs(10 * 60);
+
+/// The share of successful steps stored whole ([`EngineConfig::step_sample`])
+/// unless `TOK_STEP_SAMPLE` says otherwise.
+pub const DEFAULT_STEP_SAMPLE: f64 = 0.01;
+
+/// The node id ([`EngineConfig::node_id`]) when nothing names the node (the
+/// binary uses the host name when `TOK_NODE_ID` is unset).
+pub const DEFAULT_NODE_ID: &str = "local";
+
 /// How a process runs its engine.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -123,11 +161,13 @@ pub struct EngineConfig {
     /// [`Engine::holder`]), so two processes given one node id never take
     /// or release each other's claims.
     pub node_id: String,
-    /// Worker slots: steps that may run at once in this process.
+    /// Worker slots: steps that may run at once in this process
+    /// ([`DEFAULT_CONCURRENCY`]).
     pub concurrency: usize,
-    /// How long a claim is valid without a heartbeat.
+    /// How long a claim is valid without a heartbeat ([`DEFAULT_LEASE`]).
     pub lease: Duration,
-    /// How often running steps extend their leases (well under `lease`).
+    /// How often running steps extend their leases (well under `lease`: by
+    /// default `lease / HEARTBEATS_PER_LEASE`, see [`HEARTBEATS_PER_LEASE`]).
     pub heartbeat: Duration,
     /// Longest sleep between looks at the queue when nothing wakes the worker
     /// (another process's work on a shared PostgreSQL).
@@ -139,7 +179,8 @@ pub struct EngineConfig {
     /// and then rides in the next one; 16 gives the same throughput as 64
     /// with a shorter wait (docs/performance.md).
     pub dispatch_batch: u32,
-    /// How long a stopping worker waits for the steps in flight.
+    /// How long a stopping worker waits for the steps in flight
+    /// ([`DEFAULT_SHUTDOWN_GRACE`]).
     pub shutdown_grace: Duration,
     /// How long runs may chain steps on one claim (see [`Fairness`]).
     pub fairness: Fairness,
@@ -167,19 +208,17 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            node_id: "local".into(),
-            concurrency: 4 * std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2),
-            lease: Duration::from_secs(30),
-            heartbeat: Duration::from_secs(10),
+            node_id: DEFAULT_NODE_ID.into(),
+            concurrency: DEFAULT_CONCURRENCY,
+            lease: DEFAULT_LEASE,
+            heartbeat: DEFAULT_LEASE / HEARTBEATS_PER_LEASE,
             poll_interval: Duration::from_millis(250),
             dispatch_batch: 16,
-            shutdown_grace: Duration::from_secs(10),
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             fairness: Fairness::default(),
-            signal_lookback: Duration::from_secs(10 * 60),
+            signal_lookback: DEFAULT_SIGNAL_LOOKBACK,
             scheduler: scheduler::SchedulerConfig::default(),
-            step_sample: 0.01,
+            step_sample: DEFAULT_STEP_SAMPLE,
             outbound: OutboundAllow::default(),
         }
     }

@@ -72,6 +72,7 @@ pub mod signals;
 mod signals_sql;
 mod sqlite;
 pub mod storable;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod ticket_deletion_sql;
 pub mod watch;

@@ -283,7 +283,8 @@ pub(crate) async fn audited_admin_key<T>(
 /// What `tok serve` was asked for beyond the configuration.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
-    /// `--demo`: seed the demo tenant of DESIGN §11 unless it exists.
+    /// `--demo`: seed the demo tenant (README.md, "A service desk in five
+    /// minutes") unless it exists.
     pub demo: bool,
 }
 
@@ -332,7 +333,7 @@ pub async fn serve(
             node_id: config.node_id.clone(),
             concurrency: config.concurrency,
             lease: config.lease,
-            heartbeat: config.lease / 3,
+            heartbeat: config.lease / tok_engine::HEARTBEATS_PER_LEASE,
             signal_lookback: config.signal_lookback,
             shutdown_grace: config.shutdown_grace,
             step_sample: config.step_sample,
