@@ -1,11 +1,11 @@
 //! Failing a run from outside the decider: the scheduler's `run_timeout`
-//! (DESIGN §10) and a claimed run whose definition no longer reads. Such a
-//! run ends the way a run the decider fails does — an incident for the
-//! tenant, a `run.failed` event, and the run waiting on it (its parent)
-//! told that it failed, so that a parent never waits for ever — in one
-//! transaction of the store ([`tok_store::WatchStore::fail_run`]). The
-//! words are `tok-core`'s ([`tok_core::incident`]); the step it failed at is
-//! the last one it recorded.
+//! (docs/operations.md, "Stuck runs") and a claimed run whose definition no
+//! longer reads. Such a run ends the way a run the decider fails does — an
+//! incident for the tenant, a `run.failed` event, and the run waiting on it
+//! (its parent) told that it failed, so that a parent never waits for ever
+//! — in one transaction of the store ([`tok_store::WatchStore::fail_run`]).
+//! The words are `tok-core`'s ([`tok_core::incident`]); the step it failed
+//! at is the last one it recorded.
 
 use serde_json::{Value, json};
 use tok_core::advance::Failure;

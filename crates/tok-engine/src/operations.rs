@@ -1,13 +1,14 @@
-//! Bulk operations on runs (DESIGN §16): which runs a filter takes, and the
-//! loop that retries or cancels them in pages.
+//! Bulk operations on runs (docs/operations.md, "Retrying and cancelling
+//! many runs"): which runs a filter takes, and the loop that retries or
+//! cancels them in pages.
 //!
 //! A filter is the runs listing's (status, automation, trigger, a time
-//! range of `created_at`) and `where`, the rules of a condition (§4) over
-//! each run's context. An operation takes the runs created before it was
-//! made, newest first, one page of [`PAGE`] runs at a time; the page's
-//! last run is kept in the operation's row, and each run is acted on in
-//! one transaction with the row that says so (`OperationStore::apply`), so
-//! a restart goes on from the page it was in and acts on no run twice.
+//! range of `created_at`) and `where`, the rules of a condition over each
+//! run's context. An operation takes the runs created before it was made,
+//! newest first, one page of [`PAGE`] runs at a time; the page's last run
+//! is kept in the operation's row, and each run is acted on in one
+//! transaction with the row that says so (`OperationStore::apply`), so a
+//! restart goes on from the page it was in and acts on no run twice.
 //!
 //! The loop runs on the node that holds the scheduler's lease, beside its
 //! wake. Each pass takes the oldest running operation of every tenant and

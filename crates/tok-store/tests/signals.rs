@@ -1,7 +1,8 @@
-//! Conformance of waits for signals (DESIGN §5a): a job recorded at a
-//! `wait_for_event` parks until a signal on its key whose payload satisfies
-//! its `where` resumes it, or its timeout passes; a signal that resumes no
-//! wait is buffered for a wait that starts within the lookback window.
+//! Conformance of waits for signals (README.md, "Waiting for a signal"): a
+//! job recorded at a `wait_for_event` parks until a signal on its key whose
+//! payload satisfies its `where` resumes it, or its timeout passes; a
+//! signal that resumes no wait is buffered for a wait that starts within
+//! the lookback window.
 //!
 //! Every test runs on SQLite and on PostgreSQL (`<test>::sqlite`,
 //! `<test>::postgres`), each on a fresh database, and drives the store only

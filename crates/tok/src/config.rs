@@ -8,20 +8,12 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-/// Worker slots per process unless `TOK_CONCURRENCY` says otherwise. A slot
-/// is a task, not a thread, and holds no database connection while its step
-/// runs; most steps wait on a service, and each slot's records join the
-/// group commit, so more slots than cores keeps both the services and the
-/// database busy.
-pub const DEFAULT_CONCURRENCY: usize = 64;
-
-/// How long an unmatched signal is buffered unless `TOK_SIGNAL_LOOKBACK`
-/// says otherwise (see [`Config::signal_lookback`]).
-pub const DEFAULT_SIGNAL_LOOKBACK: Duration = Duration::from_secs(10 * 60);
-
-/// How long a stopping node waits for its steps in flight unless
-/// `TOK_SHUTDOWN_GRACE` says otherwise (see [`Config::shutdown_grace`]).
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+// The engine's settings default to the engine's own defaults, written
+// once in tok-engine (its `EngineConfig::default()` takes them from there).
+pub use tok_engine::{
+    DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_NODE_ID, DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_SIGNAL_LOOKBACK, DEFAULT_STEP_SAMPLE, HEARTBEATS_PER_LEASE,
+};
 
 /// Which parts of tok this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,8 +98,9 @@ pub struct Config {
     /// `TOK_DB_MAX_CONNECTIONS`: PostgreSQL pool size. Small on purpose: no
     /// step holds a connection while it calls out.
     pub db_max_connections: u32,
-    /// `TOK_LEASE_SECS`: how long a claim lives without a heartbeat (30 s);
-    /// the heartbeat runs every third of it.
+    /// `TOK_LEASE_SECS`: how long a claim lives without a heartbeat (30 s,
+    /// [`DEFAULT_LEASE`]); the heartbeat runs every third of it
+    /// ([`HEARTBEATS_PER_LEASE`]).
     pub lease: Duration,
     /// `TOK_BACKPRESSURE_DEPTH`: events and due steps waiting past which
     /// webhooks of sources not marked critical get 429 (100,000: far above a
@@ -155,7 +148,8 @@ pub struct Config {
     /// (`10.20.0.0/16`), addresses, `host:port` (`localhost:8080`), or
     /// `any` to turn the guard off on a laptop. Empty by default: a tenant
     /// must not reach the platform's own network (loopback, private,
-    /// link-local and so cloud metadata, CGNAT), DESIGN §15.
+    /// link-local and so cloud metadata, CGNAT; docs/security.md, "Calls
+    /// tok makes for a tenant").
     pub outbound_allow: tok_engine::OutboundAllow,
     /// `TOK_REQUIRE_SIGNED_WEBHOOKS` (`true` or `false`): whether a tenant
     /// that did not choose (`settings.webhooks.requireSignature`) accepts
@@ -235,7 +229,7 @@ fn host_name() -> String {
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
         .or_else(|| var("HOSTNAME"))
-        .unwrap_or_else(|| "local".into())
+        .unwrap_or_else(|| DEFAULT_NODE_ID.into())
 }
 
 impl Config {
@@ -267,7 +261,7 @@ impl Config {
             Some(v) => v
                 .parse()
                 .context("TOK_LEASE_SECS must be a whole number of seconds")?,
-            None => 30,
+            None => DEFAULT_LEASE.as_secs(),
         };
         let backpressure_depth = match var("TOK_BACKPRESSURE_DEPTH") {
             Some(v) => v
@@ -330,7 +324,7 @@ impl Config {
                             "TOK_STEP_SAMPLE must be a share from 0 to 1, like 0.01; it is `{v}`"
                         )
                     })?,
-                None => 0.01,
+                None => DEFAULT_STEP_SAMPLE,
             },
             log_format: LogFormat::from_env()?,
             outbound_allow: match var("TOK_OUTBOUND_ALLOW") {

@@ -1,5 +1,6 @@
-//! `tok serve --demo`: one tenant set up as the service desk of DESIGN §11,
-//! so that a newcomer can replay the scenario with curl.
+//! `tok serve --demo`: one tenant set up as the service desk of README.md,
+//! "A service desk in five minutes", so that a newcomer can replay that
+//! scenario with curl.
 //!
 //! The tenant is named [`TENANT_NAME`]. Seeding goes piece by piece and by
 //! name — groups, ticket types, sources, automations — and leaves alone what
@@ -71,7 +72,8 @@ impl fmt::Display for DemoTenant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "Seeded the demo tenant \"{TENANT_NAME}\" (the service desk of DESIGN §11). \
+            "Seeded the demo tenant \"{TENANT_NAME}\" (the service desk of the \
+             README's \"A service desk in five minutes\"). \
              Its API key is shown once; paste these lines into your shell:"
         )?;
         writeln!(f, "  export DEMO_TENANT={}", self.tenant)?;

@@ -21,9 +21,9 @@ struct Cli {
 enum Command {
     /// Run the API and the workers (by TOK_ROLE); SQLite at ./tok-data/tok.db by default.
     Serve {
-        /// Seed a demo tenant with the service desk of DESIGN §11 (groups,
-        /// ticket types, two webhook sources, three automations) unless a
-        /// tenant named "Demo" exists; print its API key and webhook URLs.
+        /// Seed a demo tenant with a service desk (groups, ticket types,
+        /// two webhook sources, three automations) unless a tenant named
+        /// "Demo" exists; print its API key and webhook URLs.
         #[arg(long)]
         demo: bool,
     },

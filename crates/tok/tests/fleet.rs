@@ -1,10 +1,10 @@
-//! A fleet on PostgreSQL (DESIGN §17): one API process and two worker
-//! processes. Each worker serves `/healthz`, `/readyz` and `/metrics` on
-//! its own `TOK_LISTEN` (and nothing of the API), is ready once it claims
-//! work, and counts on its own `/metrics` the steps and the connector calls
-//! it made: over both workers the counts add up to what the runs did, each
-//! worker did some of it, and the API process, which runs no step, counts
-//! none.
+//! A fleet on PostgreSQL (docs/operations.md, "Probes and roles"): one API
+//! process and two worker processes. Each worker serves `/healthz`,
+//! `/readyz` and `/metrics` on its own `TOK_LISTEN` (and nothing of the
+//! API), is ready once it claims work, and counts on its own `/metrics` the
+//! steps and the connector calls it made: over both workers the counts add
+//! up to what the runs did, each worker did some of it, and the API
+//! process, which runs no step, counts none.
 
 mod support;
 

@@ -1,5 +1,6 @@
-//! DESIGN §11, the verified scenario, against a real `tok serve --demo`
-//! process over HTTP, on both backends.
+//! The service desk scenario (README.md, "A service desk in five minutes"),
+//! verified against a real `tok serve --demo` process over HTTP, on both
+//! backends.
 //!
 //! The demo tenant is used as a newcomer would use it: its API key and
 //! webhook URLs come from what `--demo` prints. An order becomes a ticket of

@@ -1,4 +1,4 @@
-//! A tenant's concurrency cap across processes (DESIGN §15, "Tenant
+//! A tenant's concurrency cap across processes (docs/security.md, "Tenant
 //! quotas"): on PostgreSQL, one API process and two worker processes of
 //! eight slots each; the tenant's `settings.limits.concurrency` is 2 and it
 //! starts 10 runs of one `http` step that takes 300 ms. The service the

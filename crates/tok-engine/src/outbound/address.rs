@@ -1,6 +1,6 @@
 //! Which addresses tok refuses to call for a tenant: every range that
 //! leads into the platform's own network rather than to a public service
-//! (DESIGN §15, "Outbound guard").
+//! (docs/security.md, "Calls tok makes for a tenant").
 //!
 //! The ranges are a table of CIDRs held in `ipnet` networks, so each
 //! refusal can name the range it fell in. The standard library's

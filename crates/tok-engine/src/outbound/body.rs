@@ -1,7 +1,7 @@
 //! The byte budget: an answer is read chunk by chunk and no further than
 //! its budget, so what a service sends (50 MB, or an endless stream) costs
-//! at most the budget and one chunk of memory per call (DESIGN §15, "Byte
-//! budget").
+//! at most the budget and one chunk of memory per call (docs/security.md,
+//! "Calls tok makes for a tenant").
 
 /// An answer's body as far as it was read.
 pub(crate) struct Bounded {

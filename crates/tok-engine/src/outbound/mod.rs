@@ -1,6 +1,7 @@
 //! The outbound guard: the one way tok calls a service for a tenant (the
 //! `http` step, widgets, `mcp` over HTTP, and polls, whose request is a
-//! run's first step). DESIGN §15.
+//! run's first step). See docs/architecture.md, "The outbound guard", and
+//! docs/security.md, "Calls tok makes for a tenant".
 //!
 //! A call flows through three checks, each on what is really connected:
 //!

@@ -1,5 +1,6 @@
-//! The scheduler ("wake", DESIGN §6): one loop per deployment that starts
-//! the runs of poll and schedule triggers when they come due.
+//! The scheduler ("wake", docs/operations.md, "The scheduler"): one loop
+//! per deployment that starts the runs of poll and schedule triggers when
+//! they come due.
 //!
 //! Each tick the wake first takes or renews the lease row
 //! (`scheduler_lease`): on PostgreSQL only the node holding it goes on, and

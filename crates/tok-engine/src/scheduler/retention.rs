@@ -1,4 +1,4 @@
-//! Retention (DESIGN §10, "Retention by reader"): the scheduler's holder
+//! Retention (docs/operations.md, "Retention"): the scheduler's holder
 //! expires each tenant's data past its retention
 //! (`tenants.settings.retention`, [`tok_core::retention::Retention`]).
 //!

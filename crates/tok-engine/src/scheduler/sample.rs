@@ -1,16 +1,17 @@
-//! The queue's gauges for `/metrics` (DESIGN §10, "Metrics"), sampled by
-//! every node that runs the engine — holder of the wake or not, API or
-//! worker-only — so each node's `/metrics` answers "is it keeping up" and
-//! "is it busy or stuck" without an API node in front of it. The counters
-//! and summaries (steps, runs, step and connector latency, inbox lag) are
-//! counted where the work happens: see `docs/operations.md` for each
-//! metric and the question it answers.
+//! The queue's gauges for `/metrics` (docs/operations.md, "Metrics"),
+//! sampled by every node that runs the engine — holder of the wake or not,
+//! API or worker-only — so each node's `/metrics` answers "is it keeping
+//! up" and "is it busy or stuck" without an API node in front of it. The
+//! counters and summaries (steps, runs, step and connector latency, inbox
+//! lag) are counted where the work happens: see `docs/operations.md` for
+//! each metric and the question it answers.
 //!
-//! The queue's history per tenant (DESIGN §14, "Queue health") is the
-//! holder's alone: every [`SchedulerConfig::queue_sample_every`] the node
-//! holding the wake writes one sample row per tenant, all tenants in one
-//! statement (`tok_store::QueueSampleStore`), for the dashboard's charts
-//! of the last hour; the expiry deletes them after a day.
+//! The queue's history per tenant (the dashboard's Queue health,
+//! docs/dashboard.md, "Pages") is the holder's alone: every
+//! [`SchedulerConfig::queue_sample_every`] the node holding the wake writes
+//! one sample row per tenant, all tenants in one statement
+//! (`tok_store::QueueSampleStore`), for the dashboard's charts of the last
+//! hour; the expiry deletes them after a day.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,6 +1,7 @@
-//! Stuck runs (DESIGN §10): the scheduler looks for what should have moved
-//! and did not, and opens a platform incident per cause (admin only; one
-//! while it is open, later sightings count as occurrences):
+//! Stuck runs (docs/operations.md, "Stuck runs"): the scheduler looks for
+//! what should have moved and did not, and opens a platform incident per
+//! cause (admin only; one while it is open, later sightings count as
+//! occurrences):
 //!
 //! - `wait_overdue`: a wait whose due time passed [`WAIT_OVERDUE`] ago and
 //!   whose job nobody has taken;

@@ -1,11 +1,11 @@
 //! `emit`: raises a custom internal event (`event` triggers react to it)
 //! and, with a `key`, signals the tenant's waits on that key with the same
-//! payload (DESIGN §5a) — with a `subject` (a ticket id of the tenant, or
-//! `"ticket"`: the run's subject ticket), only the waits about that
-//! ticket —, both written in the same transaction as the step's
-//! record: the event exists and the waits are resumed (or the signal is
-//! buffered) exactly when the step is recorded. An event deeper in a chain
-//! of automations than allowed is not written; the run goes on and an
+//! payload (README.md, "Waiting for a signal") — with a `subject` (a ticket
+//! id of the tenant, or `"ticket"`: the run's subject ticket), only the
+//! waits about that ticket —, both written in the same transaction as the
+//! step's record: the event exists and the waits are resumed (or the signal
+//! is buffered) exactly when the step is recorded. An event deeper in a
+//! chain of automations than allowed is not written; the run goes on and an
 //! alert is raised.
 
 use serde_json::{Map, Value, json};

@@ -562,8 +562,9 @@ impl Http {
         };
         metrics::counter!("tok_connector_calls_total", "connector" => "http", "outcome" => outcome_label)
             .increment(1);
-        // Per connection by its name (DESIGN §10: p95 per connection); a
-        // call without one counts under `connection=""`.
+        // Per connection by its name (docs/operations.md, "Metrics": the
+        // p95 of each tenant's connection); a call without one counts under
+        // `connection=""`.
         let connection_name = connection.as_ref().map_or("", |c| c.name.as_str());
         metrics::histogram!(
             "tok_connector_call_seconds",

@@ -13,13 +13,14 @@
 //! is never replaced). A result with `isError: true` fails the step
 //! terminally with the tool's text.
 //!
-//! What is retried (DESIGN §5): a connection error, HTTP 408, 425, 429
-//! (after `Retry-After` when given), 502, 503 and 504, and anything that
-//! goes wrong before `tools/call` was sent (the handshake failing or timing
-//! out). MCP has no idempotency key, so once `tools/call` has gone out, a
-//! timeout or a dropped connection is terminal: the server may have run the
-//! tool, and tok does not run it twice by its own decision. Protocol errors,
-//! an unknown tool, invalid arguments and other HTTP statuses are terminal.
+//! What is retried (docs/connectors.md, "`mcp`"): a connection error, HTTP
+//! 408, 425, 429 (after `Retry-After` when given), 502, 503 and 504, and
+//! anything that goes wrong before `tools/call` was sent (the handshake
+//! failing or timing out). MCP has no idempotency key, so once `tools/call`
+//! has gone out, a timeout or a dropped connection is terminal: the server
+//! may have run the tool, and tok does not run it twice by its own
+//! decision. Protocol errors, an unknown tool, invalid arguments and other
+//! HTTP statuses are terminal.
 
 use std::collections::HashMap;
 use std::error::Error as _;

@@ -1,9 +1,9 @@
 //! `run_workflow`: starts a run of another automation of the tenant, in the
-//! record transaction of the step (DESIGN §5a, child runs). The child is a
-//! normal queued run with trigger type `parent`, `parent_run_id` this run
-//! and the depth of this run plus one; its params and body are `input`.
-//! The child exists exactly when this step's record does, so a retried or
-//! crashed attempt never starts a second child.
+//! record transaction of the step (docs/workflows.md, "`run_workflow`").
+//! The child is a normal queued run with trigger type `parent`,
+//! `parent_run_id` this run and the depth of this run plus one; its params
+//! and body are `input`. The child exists exactly when this step's record
+//! does, so a retried or crashed attempt never starts a second child.
 //!
 //! The step's outputs are `{runId}`; with `wait` (the default) the decider
 //! then parks the run on the child (`tok_core::children`), and the child's

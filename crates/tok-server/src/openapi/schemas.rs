@@ -736,7 +736,7 @@ pub(crate) struct Approver {
     name: String,
 }
 
-/// An approval a run waits for (DESIGN §5a).
+/// An approval a run waits for (docs/workflows.md, "`approval`").
 #[derive(Serialize, ToSchema)]
 pub(crate) struct Approval {
     id: String,
@@ -868,7 +868,8 @@ pub(crate) struct AuditTarget {
     id: Option<String>,
 }
 
-/// One change a key or the platform made (DESIGN §15): never a secret.
+/// One change a key or the platform made (docs/security.md, "Audit"):
+/// never a secret.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct AuditEntry {
     id: String,

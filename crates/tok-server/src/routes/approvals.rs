@@ -1,10 +1,10 @@
-//! Approvals (DESIGN §5a): `GET /api/approvals` lists the tenant's
-//! approvals (`?status=pending`, the default, or `all`); `GET
+//! Approvals (docs/workflows.md, "`approval`"): `GET /api/approvals` lists
+//! the tenant's approvals (`?status=pending`, the default, or `all`); `GET
 //! /api/approvals/{id}` shows one; `POST /api/approvals/{id} {decision,
 //! member, comment}` decides one for a member who is one of its approvers
 //! (403 `not_an_approver` otherwise; 409 `already_decided` for a second
-//! decision, or once its run no longer waits for it), resuming its run.
-//! A decision's `comment` is at most 4 KiB (400 naming `comment` beyond).
+//! decision, or once its run no longer waits for it), resuming its run. A
+//! decision's `comment` is at most 4 KiB (400 naming `comment` beyond).
 
 use axum::Json;
 use axum::extract::{Query, State};

@@ -2,7 +2,8 @@
 //! one event, or of a source's events over a time range — through the
 //! normal dispatch (its filters, start controls and loop protection), so
 //! that an event that came before its automation existed, or while the
-//! automation was paused or wrong, can still start it (DESIGN §16).
+//! automation was paused or wrong, can still start it (docs/operations.md,
+//! "Replaying events").
 //!
 //! A replay is a new inbox row naming the first event (`replay_of`). With
 //! `mode: "if_no_runs"` it is written only when neither the event nor any

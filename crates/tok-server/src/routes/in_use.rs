@@ -1,9 +1,9 @@
 //! The one answer of a delete (or a change) that would break what uses a
 //! resource: 409 `in_use`, naming each user and where it refers to the
-//! resource, so the caller knows what to change first (DESIGN §15: "a
-//! resource in use says so instead of breaking them"). A user is an
-//! automation, a widget, or tickets (counted) that hold a part of the
-//! resource.
+//! resource, so the caller knows what to change first: a resource in use
+//! says so instead of breaking what uses it (README.md, "Changing and
+//! deleting, and setup kept in git"). A user is an automation, a widget, or
+//! tickets (counted) that hold a part of the resource.
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};

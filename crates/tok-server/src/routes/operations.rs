@@ -1,9 +1,10 @@
-//! Bulk operations on runs (DESIGN §16): `POST /api/runs/bulk` retries or
-//! cancels every run a filter takes — after a fix, on the automation's
-//! current version if asked — in the server, in pages, through the
-//! tenant's fair share (`tok_engine::operations`); `GET
-//! /api/operations/{id}` says how far it is and which runs it could not
-//! act on, `POST /api/operations/{id}/cancel` stops it.
+//! Bulk operations on runs (docs/operations.md, "Retrying and cancelling
+//! many runs"): `POST /api/runs/bulk` retries or cancels every run a filter
+//! takes — after a fix, on the automation's current version if asked — in
+//! the server, in pages, through the tenant's fair share
+//! (`tok_engine::operations`); `GET /api/operations/{id}` says how far it
+//! is and which runs it could not act on, `POST
+//! /api/operations/{id}/cancel` stops it.
 //!
 //! A dry run answers the count and the first page of the runs it would
 //! touch, and writes nothing. A filter with `where` reads the runs'

@@ -1,7 +1,8 @@
-//! `POST /api/runs/search`: the tenant's runs whose context holds what the
-//! rules of a condition (DESIGN §4) ask — an order id in the webhook's body
-//! (`_body.order.id`), a step's output — with the runs listing's filters,
-//! newest first, in cursor pages.
+//! `POST /api/runs/search` (docs/operations.md, "Finding runs by what they
+//! carried"): the tenant's runs whose context holds what the rules of a
+//! condition ask — an order id in the webhook's body (`_body.order.id`), a
+//! step's output — with the runs listing's filters, newest first, in cursor
+//! pages.
 //!
 //! The rules are evaluated by the same code as a `condition` step's
 //! (`tok_core::condition`), over each run's context read a page at a time:

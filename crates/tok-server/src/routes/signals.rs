@@ -1,15 +1,16 @@
-//! Signals (DESIGN §5a): `POST /api/signals {key, subject?, payload}`
-//! resumes, in one transaction, every waiting `wait_for_event` of the
-//! tenant on that key about the same subject (a ticket id of the tenant;
-//! a signal without one resumes only waits without one) whose `where`
-//! holds over the payload, or buffers the signal for the lookback window
-//! (`TOK_SIGNAL_LOOKBACK`) when none does. A subject that is not one of the
-//! tenant's tickets is a 400 `unknown_subject`, the same for another
-//! tenant's ticket as for one that does not exist. An `Idempotency-Key`
-//! header makes a repeat answer the first send's answer.
-//! A tenant sends at most its `settings.limits.signalsPerSecond` (100 a
-//! second, bursts of 200, per API process: [`crate::quotas`]); over it,
-//! 429 `rate_limited` with `Retry-After`.
+//! Signals (docs/workflows.md, "Signals about a ticket: `subject`"): `POST
+//! /api/signals {key, subject?, payload}` resumes, in one transaction,
+//! every waiting `wait_for_event` of the tenant on that key about the same
+//! subject (a ticket id of the tenant; a signal without one resumes only
+//! waits without one) whose `where` holds over the payload, or buffers the
+//! signal for the lookback window (`TOK_SIGNAL_LOOKBACK`) when none does. A
+//! subject that is not one of the tenant's tickets is a 400
+//! `unknown_subject`, the same for another tenant's ticket as for one that
+//! does not exist. An `Idempotency-Key` header makes a repeat answer the
+//! first send's answer. A tenant sends at most its
+//! `settings.limits.signalsPerSecond` (100 a second, bursts of 200, per API
+//! process: [`crate::quotas`]); over it, 429 `rate_limited` with
+//! `Retry-After`.
 
 use axum::Json;
 use axum::extract::State;

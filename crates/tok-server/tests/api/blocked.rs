@@ -1,7 +1,8 @@
-//! Why a run waits (DESIGN §16): `GET /api/runs/{id}` (and the runs
-//! listing) says what holds a run that is neither running nor finished — a timer, a signal, a
-//! decision, its connection's rate limit, its tenant's concurrency cap —
-//! with `until` where it is known, and `null` once it runs or ends.
+//! Why a run waits (docs/workflows.md, "Why a run waits"): `GET
+//! /api/runs/{id}` (and the runs listing) says what holds a run that is
+//! neither running nor finished — a timer, a signal, a decision, its
+//! connection's rate limit, its tenant's concurrency cap — with `until`
+//! where it is known, and `null` once it runs or ends.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! Every error a client can get is JSON `{"error": {"code", "message"}}`
-//! (DESIGN §9), including a path or a method that does not exist, and the
-//! key is read the way HTTP says to read it.
+//! (every operation's `default` answer, docs/api.md), including a path or a
+//! method that does not exist, and the key is read the way HTTP says to
+//! read it.
 
 use axum::body::Body;
 use axum::http::{Method, StatusCode};

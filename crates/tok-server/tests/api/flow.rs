@@ -1,4 +1,5 @@
-//! Start controls (`flow`, DESIGN §16) as a user sees them through the
+//! Start controls (`flow`, docs/workflows.md, "Shaping the starts:
+//! debounce, throttle, batch, singleton") as a user sees them through the
 //! API: events of one key debounced into one run with the last body,
 //! singleton runs `skipped` or replaced, throttled starts spread out and
 //! none dropped (a waiting one says `blocked_by: throttle` with `until`),

@@ -1,6 +1,6 @@
 //! Black-box tests of tok's HTTP API: one module per feature, every test on
 //! SQLite and on PostgreSQL (`<test>::sqlite`, `<test>::postgres`). Tests
-//! assert on what a client sees — status codes and JSON bodies (DESIGN §9) —
+//! assert on what a client sees — status codes and JSON bodies (docs/api.md) —
 //! and reach the engine only through the API.
 
 mod helpers;

@@ -1,8 +1,9 @@
-//! Listings as a client pages them (DESIGN §9): every listing takes `limit`
-//! (default 50, at most 500) and `cursor`, and answers `{items,
-//! next_cursor}`; following the cursors with `limit=1` reads every item
-//! once and ends with a null cursor. A cursor the API did not give out, one
-//! another listing gave out, and a bad limit are 400s that say which.
+//! Listings as a client pages them (docs/api.md, "Conventions every route
+//! follows"): every listing takes `limit` (default 50, at most 500) and
+//! `cursor`, and answers `{items, next_cursor}`; following the cursors with
+//! `limit=1` reads every item once and ends with a null cursor. A cursor
+//! the API did not give out, one another listing gave out, and a bad limit
+//! are 400s that say which.
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};

@@ -1,10 +1,10 @@
-//! Tenant quotas (DESIGN §15), as the admin sets them and a tenant meets
-//! them: `PATCH /api/tenants/{id} {"settings": {"limits": {…}}}` checks
-//! each limit and names the one that is wrong; over `signalsPerSecond`
-//! a signal is 429 `rate_limited` with `Retry-After` until the admin
-//! raises it; one key's stream past `streams` is 429 until one of its
-//! streams closes; the tenant's `startsPerMinute` limits its automations
-//! that set none.
+//! Tenant quotas (docs/security.md, "Tenant quotas"), as the admin sets
+//! them and a tenant meets them: `PATCH /api/tenants/{id} {"settings":
+//! {"limits": {…}}}` checks each limit and names the one that is wrong;
+//! over `signalsPerSecond` a signal is 429 `rate_limited` with
+//! `Retry-After` until the admin raises it; one key's stream past `streams`
+//! is 429 until one of its streams closes; the tenant's `startsPerMinute`
+//! limits its automations that set none.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -1,10 +1,12 @@
-//! Waits for several signals and for a ticket's condition (DESIGN §5a,
-//! "More shapes"): a `wait_for_event` on `keys` in `all` mode goes on only
-//! once a signal has come on every key, in either order, and its output
-//! names them; in `any` mode the first signal ends it and its output names
-//! its key. A `wait_for_condition` on the run's subject ticket goes on when
-//! a change of the ticket (`PATCH /api/tickets/{id}`) makes its rules hold,
-//! not on a change that does not, and at once when they hold as it begins.
+//! Waits for several signals and for a ticket's condition
+//! (docs/workflows.md, "Waiting for several signals: `keys` and `mode`" and
+//! "Waiting for a ticket's condition: `wait_for_condition`"): a
+//! `wait_for_event` on `keys` in `all` mode goes on only once a signal has
+//! come on every key, in either order, and its output names them; in `any`
+//! mode the first signal ends it and its output names its key. A
+//! `wait_for_condition` on the run's subject ticket goes on when a change
+//! of the ticket (`PATCH /api/tickets/{id}`) makes its rules hold, not on a
+//! change that does not, and at once when they hold as it begins.
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};

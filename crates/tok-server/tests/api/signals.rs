@@ -1,10 +1,11 @@
-//! Signals (DESIGN §5a): `POST /api/signals` answers 202 with the signal's
-//! id, the runs it resumed and whether it was buffered; bad bodies get a 400
-//! naming the field; an `Idempotency-Key` repeat answers the first signal;
-//! one tenant's signals never reach another's; an `emit` step with a `key`
-//! signals in its record transaction. A signal about a ticket (`subject`)
-//! resumes only the waits about that ticket, and its subject must be a
-//! ticket of the sender's tenant.
+//! Signals (README.md, "Waiting for a signal"): `POST /api/signals` answers
+//! 202 with the signal's id, the runs it resumed and whether it was
+//! buffered; bad bodies get a 400 naming the field; an `Idempotency-Key`
+//! repeat answers the first signal; one tenant's signals never reach
+//! another's; an `emit` step with a `key` signals in its record
+//! transaction. A signal about a ticket (`subject`) resumes only the waits
+//! about that ticket, and its subject must be a ticket of the sender's
+//! tenant (docs/workflows.md, "Signals about a ticket: `subject`").
 
 use axum::body::Body;
 use axum::http::{Method, StatusCode};

@@ -1,10 +1,11 @@
-//! The rows of the start controls (`flow`, DESIGN §16) through the
-//! dispatcher's transaction and the watch: a key's row decided on by one
-//! dispatch at a time, a held first job that says what holds it and that
-//! an event may join until a worker claims it, a run not begun by its
-//! `startTimeout` expired (and a begun one not), `cancelOn` rows found by
-//! value and gone with their run. (What the controls decide is
-//! `tok_core::start`'s and the engine's, tested there.)
+//! The rows of the start controls (`flow`, docs/workflows.md, "Shaping the
+//! starts: debounce, throttle, batch, singleton") through the dispatcher's
+//! transaction and the watch: a key's row decided on by one dispatch at a
+//! time, a held first job that says what holds it and that an event may
+//! join until a worker claims it, a run not begun by its `startTimeout`
+//! expired (and a begun one not), `cancelOn` rows found by value and gone
+//! with their run. (What the controls decide is `tok_core::start`'s and the
+//! engine's, tested there.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -26,9 +26,10 @@ backend_tests!(
     a_tenants_priority_orders_its_own_jobs_never_its_turn,
 );
 
-/// `priority` orders a tenant's own jobs (DESIGN §16, "within its tenant's
-/// share"): a tenant whose every run has priority 100 does not go before
-/// another tenant's older run of priority 0, and takes one job per round.
+/// `priority` orders a tenant's own jobs (docs/workflows.md, "Priority":
+/// "within the tenant's share"): a tenant whose every run has priority 100
+/// does not go before another tenant's older run of priority 0, and takes
+/// one job per round.
 async fn a_tenants_priority_orders_its_own_jobs_never_its_turn(db: &TestDb) {
     let backend = db.backend;
     let store = db.store().await;

@@ -1,4 +1,4 @@
-//! `tok bench`: the benchmark harness of DESIGN §13 and issue 5.
+//! `tok bench`: the benchmark harness of docs/performance.md.
 //!
 //! For each figure the bench starts its own server child from this binary
 //! (`tok bench-serve`: `tok serve` with the bench's step types registered)

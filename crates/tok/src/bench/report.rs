@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// The bound a figure should stay within (issue 5's targets).
+/// The bound a figure should stay within (its target in docs/performance.md,
+/// "Running it").
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Target {
     AtLeast(f64),

@@ -238,7 +238,8 @@ impl Child {
             command.env("TOK_COUNT_STATEMENTS", "1");
         }
         // The `io` figure's stub listens on loopback, which the outbound
-        // guard refuses unless told otherwise (DESIGN §15).
+        // guard refuses unless told otherwise (docs/security.md, "Calls tok
+        // makes for a tenant").
         if std::env::var_os("TOK_OUTBOUND_ALLOW").is_none() {
             command.env("TOK_OUTBOUND_ALLOW", "127.0.0.1/32");
         }

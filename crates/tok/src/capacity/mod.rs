@@ -1,12 +1,13 @@
 //! `tok capacity`: the capacity model of `docs/capacity.md`. From the
 //! database's measured cost per event and per step (`tok bench --only
 //! db-cost`; the figures measured on the project's machine are built in,
-//! from `costs.json`), it simulates scenario B of the seed (450 k events a
-//! day of 10 steps each, peaks of 200-400 steps/s) on one PostgreSQL node,
-//! and a multiple of it on a fleet of PostgreSQL databases with Zipf-sized
-//! tenants spread by `db_for`, and prints per node the CPU at the peak,
-//! WAL and rows a day, storage by month under DESIGN §10's retention, and
-//! what bounds a node. Arithmetic only: it starts nothing and connects to
+//! from `costs.json`), it simulates scenario B, the load tok is built to
+//! serve (450 k events a day of 10 steps each, peaks of 200-400 steps/s),
+//! on one PostgreSQL node, and a multiple of it on a fleet of PostgreSQL
+//! databases with Zipf-sized tenants spread by `db_for`, and prints per
+//! node the CPU at the peak, WAL and rows a day, storage by month under the
+//! default retention (docs/operations.md, "How long data lives"), and what
+//! bounds a node. Arithmetic only: it starts nothing and connects to
 //! nothing.
 
 pub mod model;
@@ -30,13 +31,13 @@ pub struct CapacityOptions {
     /// alone); without it, the costs measured on the project's machine.
     #[arg(long)]
     pub costs: Option<PathBuf>,
-    /// Scenario B's events a day (the seed: 450,000).
+    /// Scenario B's events a day (450,000).
     #[arg(long, default_value_t = 450_000.0)]
     pub events_per_day: f64,
-    /// Steps per event (the seed: 10).
+    /// Steps per event (scenario B: 10).
     #[arg(long, default_value_t = 10.0)]
     pub steps_per_event: f64,
-    /// Tenants of scenario B (the seed: 150 clients).
+    /// Tenants of scenario B (150 clients).
     #[arg(long, default_value_t = 150)]
     pub tenants: usize,
     /// The fleet's multiple of scenario B (load and tenants).
@@ -59,12 +60,14 @@ pub struct CapacityOptions {
     pub wal_mb_per_sec: f64,
     /// A node's ceiling in steps/s besides CPU and WAL, such as a claim
     /// that serializes processes (the claim of one advisory lock per
-    /// database that tok had before issue 19 did 4,000-8,000 `steps-queued`
-    /// steps/s on the project's 2 cores, docs/performance.md).
+    /// database that tok had before claims stopped sharing a lock did
+    /// 4,000-8,000 `steps-queued` steps/s on the project's 2 cores,
+    /// docs/performance.md).
     /// Default: none (claims share no lock, so they scale with the cores).
     #[arg(long)]
     pub claim_steps_per_sec: Option<f64>,
-    /// Days kept of step data, runs and inbox events (DESIGN §10).
+    /// Days kept of step data, runs and inbox events (docs/operations.md,
+    /// "How long data lives").
     #[arg(long, default_value_t = 30.0)]
     pub step_data_days: f64,
     #[arg(long, default_value_t = 365.0)]

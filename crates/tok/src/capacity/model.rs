@@ -1,6 +1,6 @@
 //! The capacity model's arithmetic, pure: measured costs in, a day of load
-//! minute by minute on each PostgreSQL node out, with the retention of
-//! DESIGN §10 for what is kept.
+//! minute by minute on each PostgreSQL node out, with the default retention
+//! (docs/operations.md, "How long data lives") for what is kept.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -162,7 +162,8 @@ pub struct Bounds {
     pub bound: &'static str,
 }
 
-/// DESIGN §10's retention, in days, and how PostgreSQL expires.
+/// The retention (docs/operations.md, "How long data lives"), in days,
+/// and how PostgreSQL expires.
 #[derive(Debug, Clone, Serialize)]
 pub struct Retention {
     pub step_data_days: f64,
@@ -210,9 +211,9 @@ pub struct Curve {
 
 impl Default for Curve {
     /// Most of the traffic in an 8-hour business window (08-16 h, 86 % of
-    /// the day) with a morning and an afternoon hump, quiet nights: the
-    /// seed's "8-hour window, uneven within". Scenario B's peak hour is
-    /// then 209 steps/s and its peak minute 397.
+    /// the day) with a morning and an afternoon hump, quiet nights: an
+    /// 8-hour window, uneven within. Scenario B's peak hour is then 209
+    /// steps/s and its peak minute 397.
     fn default() -> Self {
         Self {
             hourly: [

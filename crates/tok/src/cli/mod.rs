@@ -1,8 +1,8 @@
-//! The command-line client (DESIGN §12): `tok apply`, `tok runs` and `tok
-//! signal` talk to a running server over its REST API, as any client does,
-//! with the address in `TOK_URL` and the key in `TOK_API_KEY`. Each command
-//! prints what a person wants to read; the server's own errors are shown
-//! with their code and message.
+//! The command-line client: `tok apply`, `tok runs` and `tok signal` talk
+//! to a running server over its REST API, as any client does, with the
+//! address in `TOK_URL` and the key in `TOK_API_KEY`. Each command prints
+//! what a person wants to read; the server's own errors are shown with
+//! their code and message.
 
 mod apply;
 mod client;
