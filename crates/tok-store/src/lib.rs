@@ -38,7 +38,6 @@ mod desk_sql;
 pub mod dispatch;
 mod dispatch_sql;
 pub mod effects;
-mod effects_sql;
 mod fault;
 mod fragments;
 mod gate;
@@ -70,6 +69,7 @@ mod schedule_sql;
 pub mod secrets;
 pub mod signals;
 mod signals_sql;
+mod sql;
 mod sqlite;
 pub mod storable;
 pub mod testing;
@@ -77,7 +77,6 @@ mod ticket_deletion_sql;
 pub mod watch;
 mod watch_sql;
 pub mod widgets;
-mod widgets_sql;
 
 use std::sync::Arc;
 
@@ -150,6 +149,15 @@ pub enum StoreError {
     LeaseLost(JobId),
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// A column of a row the store read could not be decoded as what the
+    /// store expects there (a value written by hand, or by another
+    /// version): the read fails with where, never a panic.
+    #[error("column `{column}` of table `{table}` cannot be read: {cause}")]
+    Decode {
+        table: &'static str,
+        column: &'static str,
+        cause: String,
+    },
     #[error("{0}")]
     Conflict(String),
     /// The database could not take the write; nothing was written.

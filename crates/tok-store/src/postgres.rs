@@ -22,7 +22,6 @@ use crate::contexts_sql::impl_contexts;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
-use crate::effects_sql::impl_effects;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
@@ -38,7 +37,6 @@ use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
-use crate::widgets_sql::impl_widgets;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -317,11 +315,6 @@ impl_watch! {
     db = sqlx::Postgres,
 }
 
-impl_effects! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_keys! {
     store = PgStore,
     db = sqlx::Postgres,
@@ -334,11 +327,6 @@ impl_audit! {
 }
 
 impl_operations! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_widgets! {
     store = PgStore,
     db = sqlx::Postgres,
 }
@@ -456,5 +444,17 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+}
+
+impl crate::sql::SqlStore for PgStore {
+    type Driver = crate::sql::postgres::Postgres;
+
+    fn reader(&self) -> &PgPool {
+        PgStore::reader(self)
+    }
+
+    async fn writer(&self) -> Writer<'_, sqlx::Postgres> {
+        PgStore::writer(self).await
     }
 }

@@ -35,7 +35,6 @@ use crate::contexts_sql::impl_contexts;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
-use crate::effects_sql::impl_effects;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
@@ -51,7 +50,6 @@ use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
-use crate::widgets_sql::impl_widgets;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -594,11 +592,6 @@ impl_watch! {
     db = sqlx::Sqlite,
 }
 
-impl_effects! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_keys! {
     store = SqliteStore,
     db = sqlx::Sqlite,
@@ -611,11 +604,6 @@ impl_audit! {
 }
 
 impl_operations! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_widgets! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }
@@ -706,5 +694,17 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(journal, "wal");
         assert_eq!(synchronous, 2, "synchronous=FULL (2), not NORMAL (1)");
+    }
+}
+
+impl crate::sql::SqlStore for SqliteStore {
+    type Driver = crate::sql::sqlite::Sqlite;
+
+    fn reader(&self) -> &SqlitePool {
+        SqliteStore::reader(self)
+    }
+
+    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
+        SqliteStore::writer(self).await
     }
 }

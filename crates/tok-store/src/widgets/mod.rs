@@ -84,3 +84,5 @@ pub trait WidgetStore: Send + Sync {
         fetched_at: i64,
     ) -> Result<bool>;
 }
+
+mod sql;

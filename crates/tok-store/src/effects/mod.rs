@@ -35,3 +35,5 @@ pub trait EffectStore: Send + Sync {
         result: &Value,
     ) -> Result<Value>;
 }
+
+mod sql;

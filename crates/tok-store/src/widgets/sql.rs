@@ -1,0 +1,178 @@
+//! [`WidgetStore`] on either database: the same SQL on both, but for the
+//! row lock of an update.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tok_core::ids::{TenantId, new_id};
+
+use super::{NewWidget, Widget, WidgetPatch, WidgetStore};
+use crate::rows::now_ms;
+use crate::sql::{Driver, Row, SqlStore, on};
+use crate::{Page, Result, StoreError};
+
+fn widget<D: Driver>(row: &Row<D>) -> Result<Widget> {
+    Ok(Widget {
+        id: row.text("id")?,
+        name: row.text("name")?,
+        connection: row.opt_text("connection")?,
+        request: row.json("request")?,
+        ttl_ms: row.int("ttl_ms")?,
+        data: row.opt_json("data")?,
+        fetched_at: row.opt_int("fetched_at")?,
+        created_at: row.int("created_at")?,
+    })
+}
+
+#[async_trait]
+impl<S: SqlStore> WidgetStore for S {
+    async fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget> {
+        let id = new_id("wid");
+        let writer = self.writer().await;
+        let mut conn = writer.acquire().await?;
+        let inserted = on(
+            "widgets",
+            "INSERT INTO widgets (id, tenant_id, name, connection, request, ttl_ms, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
+        )
+        .text(&id)
+        .text(tenant.as_str())
+        .text(&new.name)
+        .opt_text(new.connection.as_deref())
+        .json(&new.request)
+        .int(new.ttl_ms)
+        .int(now_ms())
+        .fetch_optional::<S::Driver>(&mut conn)
+        .await?;
+        drop(conn);
+        drop(writer);
+        if inserted.is_none() {
+            return Err(StoreError::Conflict(format!(
+                "a widget named `{}` already exists",
+                new.name
+            )));
+        }
+        self.widget(tenant, &id)
+            .await?
+            .ok_or(StoreError::NotFound("widget"))
+    }
+
+    async fn widgets(
+        &self,
+        tenant: &TenantId,
+        limit: u32,
+        after: Option<&str>,
+    ) -> Result<Page<Widget>> {
+        let mut conn = self.reader().acquire().await?;
+        let rows = on(
+            "widgets",
+            "SELECT * FROM widgets
+             WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR name > $2)
+             ORDER BY name LIMIT $3",
+        )
+        .text(tenant.as_str())
+        .opt_text(after)
+        .int(i64::from(limit) + 1)
+        .fetch_all::<S::Driver>(&mut conn)
+        .await?;
+        let items = rows.iter().map(widget).collect::<Result<_>>()?;
+        Ok(Page::of(items, limit, |w: &Widget| w.name.clone()))
+    }
+
+    async fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>> {
+        let mut conn = self.reader().acquire().await?;
+        let row = on(
+            "widgets",
+            "SELECT * FROM widgets WHERE tenant_id = $1 AND id = $2",
+        )
+        .text(tenant.as_str())
+        .text(id)
+        .fetch_optional::<S::Driver>(&mut conn)
+        .await?;
+        row.as_ref().map(widget).transpose()
+    }
+
+    async fn update_widget(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        patch: WidgetPatch,
+    ) -> Result<Option<Widget>> {
+        let writer = self.writer().await;
+        let mut tx = writer.begin().await?;
+        let select = format!(
+            "SELECT connection, request FROM widgets WHERE tenant_id = $1 AND id = $2 {}",
+            S::Driver::LOCK_ROWS
+        );
+        let row = on("widgets", &select)
+            .text(tenant.as_str())
+            .text(id)
+            .fetch_optional::<S::Driver>(&mut tx)
+            .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let was_connection = row.opt_text("connection")?;
+        let was: Value = row.json("request")?;
+        let connection = patch.connection.unwrap_or_else(|| was_connection.clone());
+        let request = patch.request.unwrap_or_else(|| was.clone());
+        // An answer to another request is no cache of this one.
+        let changed = request != was || connection != was_connection;
+        let row = on(
+            "widgets",
+            "UPDATE widgets SET connection = $3, request = $4, ttl_ms = COALESCE($5, ttl_ms),
+                data = CASE WHEN $6 THEN NULL ELSE data END,
+                fetched_at = CASE WHEN $6 THEN NULL ELSE fetched_at END
+             WHERE tenant_id = $1 AND id = $2
+             RETURNING *",
+        )
+        .text(tenant.as_str())
+        .text(id)
+        .opt_text(connection.as_deref())
+        .json(&request)
+        .opt_int(patch.ttl_ms)
+        .bool(changed)
+        .fetch_one::<S::Driver>(&mut tx)
+        .await?;
+        tx.commit().await?;
+        widget(&row).map(Some)
+    }
+
+    async fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+        let writer = self.writer().await;
+        let mut conn = writer.acquire().await?;
+        let deleted = on(
+            "widgets",
+            "DELETE FROM widgets WHERE tenant_id = $1 AND id = $2",
+        )
+        .text(tenant.as_str())
+        .text(id)
+        .execute::<S::Driver>(&mut conn)
+        .await?;
+        Ok(deleted > 0)
+    }
+
+    async fn save_widget_data(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        data: &Value,
+        fetched_at: i64,
+    ) -> Result<bool> {
+        let writer = self.writer().await;
+        let mut conn = writer.acquire().await?;
+        let saved = on(
+            "widgets",
+            "UPDATE widgets SET data = $3, fetched_at = $4
+             WHERE tenant_id = $1 AND id = $2 AND (fetched_at IS NULL OR fetched_at <= $4)",
+        )
+        .text(tenant.as_str())
+        .text(id)
+        .json(data)
+        .int(fetched_at)
+        .execute::<S::Driver>(&mut conn)
+        .await?;
+        Ok(saved > 0)
+    }
+}
