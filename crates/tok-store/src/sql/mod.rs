@@ -42,6 +42,9 @@ pub(crate) enum Arg<'q> {
     Float(Option<f64>),
     /// A JSON document (`jsonb` on PostgreSQL, text on SQLite).
     Json(Option<&'q Value>),
+    /// A list of texts, for [`Driver::any_of`]: an array on PostgreSQL, a
+    /// JSON array on SQLite (which has no arrays).
+    Texts(Vec<&'q str>),
 }
 
 /// A statement to run: its SQL, the table it reads (for the errors of its
@@ -101,6 +104,12 @@ impl<'q> Statement<'q> {
 
     pub(crate) fn opt_json(mut self, value: Option<&'q Value>) -> Self {
         self.args.push(Arg::Json(value));
+        self
+    }
+
+    /// A list, read in the SQL with [`Driver::any_of`].
+    pub(crate) fn texts(mut self, values: impl IntoIterator<Item = &'q str>) -> Self {
+        self.args.push(Arg::Texts(values.into_iter().collect()));
         self
     }
 
@@ -170,6 +179,14 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// Locks the rows a `SELECT` reads until the transaction ends (empty
     /// where the one writer at a time needs no lock).
     const LOCK_ROWS: &'static str;
+
+    /// The database clock in Unix milliseconds: leases and due times use
+    /// it, so that processes on machines whose clocks differ agree (on
+    /// SQLite it adds the offset `tok test` moves, table `clock_offset`).
+    const DB_NOW: &'static str;
+
+    /// "Is one of the list bound at `$n`" ([`Statement::texts`]).
+    fn any_of(n: usize) -> String;
 
     fn fetch_all<'c>(
         conn: &'c mut Conn<Self>,

@@ -23,6 +23,7 @@ fn bound<'q>(statement: Statement<'q>) -> Query<'q, sqlx::Postgres, PgArguments>
             Arg::Bool(v) => query.bind(v),
             Arg::Float(v) => query.bind(v),
             Arg::Json(v) => query.bind(v.map(Json)),
+            Arg::Texts(v) => query.bind(v),
         };
     }
     query
@@ -32,6 +33,12 @@ impl Driver for Postgres {
     type Db = sqlx::Postgres;
 
     const LOCK_ROWS: &'static str = "FOR UPDATE";
+
+    const DB_NOW: &'static str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
+
+    fn any_of(n: usize) -> String {
+        format!("= ANY(${n})")
+    }
 
     fn fetch_all<'c>(
         conn: &'c mut PgConnection,

@@ -24,6 +24,7 @@ fn bound<'q>(statement: Statement<'q>) -> Query<'q, sqlx::Sqlite, SqliteArgument
             Arg::Bool(v) => query.bind(v),
             Arg::Float(v) => query.bind(v),
             Arg::Json(v) => query.bind(v.map(Json)),
+            Arg::Texts(v) => query.bind(serde_json::to_string(&v).unwrap_or_else(|_| "[]".into())),
         };
     }
     query
@@ -33,6 +34,13 @@ impl Driver for Sqlite {
     type Db = sqlx::Sqlite;
 
     const LOCK_ROWS: &'static str = "";
+
+    const DB_NOW: &'static str = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) \
+         + (SELECT offset_ms FROM clock_offset))";
+
+    fn any_of(n: usize) -> String {
+        format!("IN (SELECT value FROM json_each(${n}))")
+    }
 
     fn fetch_all<'c>(
         conn: &'c mut SqliteConnection,
