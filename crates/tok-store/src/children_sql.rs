@@ -1,4 +1,4 @@
-//! Runs that start and wait for other runs (DESIGN §5a), for both backends
+//! Runs that start and wait for other runs (`docs/workflows.md`), for both backends
 //! (see `rows.rs` for why a macro): a child run written in its parent's
 //! record transaction, a job parked on runs, a run's end resuming the
 //! waits on it, and the runs a cancel cascades to.

@@ -2,7 +2,7 @@
 //! both backends (see `rows.rs` for why a macro).
 
 /// Most events one chain of automations may cause: an event deeper than
-/// this is not written (DESIGN §6, loop protection).
+/// this is not written (loop protection, `docs/architecture.md`).
 pub(crate) const MAX_EVENT_DEPTH: i32 = 5;
 
 macro_rules! impl_desk {

@@ -1,6 +1,6 @@
 //! `db_for(tenant)`: named tenants on their own PostgreSQL database beside
-//! the shared one (DESIGN §2 rule 5, seed 004 "a door to a separate
-//! database").
+//! the shared one (`docs/operations.md`, "Tenants on databases of their
+//! own").
 //!
 //! [`RoutedStore`] implements [`Store`] over a shared database and any
 //! number of tenant databases, all PostgreSQL, all migrated alike. Which

@@ -1,4 +1,4 @@
-//! Dashboard widgets (DESIGN §14): a tile that shows what one HTTP request
+//! Dashboard widgets (`docs/dashboard.md`): a tile that shows what one HTTP request
 //! to an outside service answers, and the answer kept as its cache. The
 //! store keeps the widget's definition and its last answer with the time it
 //! was fetched; whether the cache is fresh, and the call itself, are the
