@@ -458,3 +458,11 @@ impl crate::sql::SqlStore for PgStore {
         PgStore::writer(self).await
     }
 }
+
+impl crate::sql::Route for PgStore {
+    type Store = PgStore;
+
+    async fn db_for(&self, _tenant: &TenantId) -> crate::Result<crate::sql::Reach<'_, PgStore>> {
+        Ok(crate::sql::Reach::direct(self))
+    }
+}

@@ -708,3 +708,14 @@ impl crate::sql::SqlStore for SqliteStore {
         SqliteStore::writer(self).await
     }
 }
+
+impl crate::sql::Route for SqliteStore {
+    type Store = SqliteStore;
+
+    async fn db_for(
+        &self,
+        _tenant: &TenantId,
+    ) -> crate::Result<crate::sql::Reach<'_, SqliteStore>> {
+        Ok(crate::sql::Reach::direct(self))
+    }
+}

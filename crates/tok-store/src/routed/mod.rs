@@ -70,7 +70,7 @@
 //! `docs/operations.md` has the procedure.
 
 mod config;
-mod database;
+pub(crate) mod database;
 mod moving;
 mod offboarding;
 mod split_dispatch;
@@ -953,17 +953,6 @@ by_tenant! {
 }
 
 by_tenant! {
-    impl WidgetStore {
-        fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget>;
-        fn widgets(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Widget>>;
-        fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
-        fn update_widget(&self, tenant: &TenantId, id: &str, patch: WidgetPatch) -> Result<Option<Widget>>;
-        fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool>;
-        fn save_widget_data(&self, tenant: &TenantId, id: &str, data: &Value, fetched_at: i64) -> Result<bool>;
-    }
-}
-
-by_tenant! {
     impl OperationStore {
         fn create_operation(&self, tenant: &TenantId, new: NewOperation) -> Result<Operation>;
         fn operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
@@ -1136,10 +1125,13 @@ by_tenant! {
     }
 }
 
-by_tenant! {
-    impl EffectStore {
-        fn effect_result(&self, tenant: &TenantId, idempotency_key: &str, name: &str) -> Result<Option<Value>>;
-        fn store_effect_result(&self, tenant: &TenantId, run: &RunId, idempotency_key: &str, name: &str, result: &Value) -> Result<Value>;
+/// Every trait written once for all stores (`crate::sql::Route`) reaches a
+/// tenant's database through the router's one step.
+impl crate::sql::Route for RoutedStore {
+    type Store = PgStore;
+
+    async fn db_for(&self, tenant: &TenantId) -> Result<crate::sql::Reach<'_, PgStore>> {
+        Ok(crate::sql::Reach::routed(RoutedStore::db_for(self, tenant).await?))
     }
 }
 

@@ -30,6 +30,9 @@ use std::future::Future;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use tok_core::ids::TenantId;
+
+use crate::routed::database::Database;
 use crate::{Result, StoreError};
 
 /// One value bound to a statement's parameter. A `None` keeps its type, so
@@ -302,4 +305,66 @@ pub(crate) trait SqlStore: Send + Sync + 'static {
     fn writer(
         &self,
     ) -> impl Future<Output = crate::gate::Writer<'_, <Self::Driver as Driver>::Db>> + Send;
+}
+
+/// How a store reaches the database of one tenant: the one step every
+/// method about one tenant takes first (`let db = self.db_for(tenant)`),
+/// then runs its statements on `db` within [`Reach::call`]. `PgStore` and
+/// `SqliteStore` are their own tenants' database; the routed store
+/// (`routed/`) finds the tenant's, and bounds the call by that database's
+/// timeout, so a trait whose methods each name one tenant is written once
+/// for all three stores and the routed store repeats none of it.
+pub(crate) trait Route: Send + Sync + 'static {
+    type Store: SqlStore;
+
+    fn db_for(&self, tenant: &TenantId) -> impl Future<Output = Result<Reach<'_, Self::Store>>> + Send;
+}
+
+/// The driver of the stores a [`Route`] reaches.
+pub(crate) type DriverOf<R> = <<R as Route>::Store as SqlStore>::Driver;
+
+/// The database of one tenant, as [`Route::db_for`] found it.
+pub(crate) struct Reach<'a, S> {
+    store: &'a S,
+    /// The routed store's database, whose calls are bounded and which a
+    /// call that gets no answer marks away; none on a store of one database.
+    database: Option<&'a Database>,
+}
+
+impl<'a, S: SqlStore> Reach<'a, S> {
+    /// A store that is its tenants' one database.
+    pub(crate) fn direct(store: &'a S) -> Self {
+        Self {
+            store,
+            database: None,
+        }
+    }
+
+    /// The statements of one call on this database: on a routed tenant's
+    /// database, they fail at once while it is away and are bounded by its
+    /// timeout (see `routed/database.rs`).
+    pub(crate) async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        match self.database {
+            None => call.await,
+            Some(database) => database.call(call).await,
+        }
+    }
+}
+
+impl<'a> Reach<'a, crate::PgStore> {
+    /// A tenant's database of the routed store.
+    pub(crate) fn routed(database: &'a Database) -> Self {
+        Self {
+            store: &database.store,
+            database: Some(database),
+        }
+    }
+}
+
+impl<S> std::ops::Deref for Reach<'_, S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        self.store
+    }
 }
