@@ -229,7 +229,14 @@ macro_rules! impl_children {
                 .bind(id_or_name)
                 .fetch_optional(&mut **tx)
                 .await?;
-            Ok(row.as_ref().map(automation_from_row))
+            row.map(|row| {
+                let row = $crate::sql::Row::<<$db as $crate::sql::Native>::Driver>::new(
+                    row,
+                    "automations",
+                );
+                $crate::definitions::automation(&row)
+            })
+            .transpose()
         }
 
         /// Writes a child run (its event, the run, its first job) in the

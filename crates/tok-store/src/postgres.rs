@@ -19,12 +19,12 @@ use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
-use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
+use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
 use crate::operations_sql::impl_operations;
 use crate::queue_samples_sql::impl_queue_samples;
@@ -216,11 +216,6 @@ fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
 }
 
 impl_admin! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_definitions! {
     store = PgStore,
     db = sqlx::Postgres,
 }
@@ -456,6 +451,10 @@ impl crate::sql::SqlStore for PgStore {
 
     async fn writer(&self) -> Writer<'_, sqlx::Postgres> {
         PgStore::writer(self).await
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
     }
 }
 

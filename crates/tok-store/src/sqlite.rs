@@ -32,12 +32,12 @@ use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
-use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
+use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
 use crate::operations_sql::impl_operations;
 use crate::queue_samples_sql::impl_queue_samples;
@@ -497,11 +497,6 @@ impl_admin! {
     db = sqlx::Sqlite,
 }
 
-impl_definitions! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_inbox! {
     store = SqliteStore,
     db = sqlx::Sqlite,
@@ -706,6 +701,10 @@ impl crate::sql::SqlStore for SqliteStore {
 
     async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
         SqliteStore::writer(self).await
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
     }
 }
 

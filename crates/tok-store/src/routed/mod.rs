@@ -552,24 +552,10 @@ impl KeyStore for RoutedStore {
     }
 }
 
-by_tenant! {
-    impl DefinitionStore {
-        fn create_source(&self, tenant: &TenantId, source: NewSource) -> Result<Source>;
-        fn source(&self, tenant: &TenantId, id: &SourceId) -> Result<Option<Source>>;
-        fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>>;
-        fn sources_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Source>>;
-        fn create_automation(&self, tenant: &TenantId, def: NewVersion) -> Result<AutomationRow>;
-        fn save_version(&self, tenant: &TenantId, id: &AutomationId, def: NewVersion) -> Result<AutomationRow>;
-        fn set_automation_status(&self, tenant: &TenantId, id: &AutomationId, status: AutomationStatus) -> Result<bool>;
-        fn automation(&self, tenant: &TenantId, id: &AutomationId) -> Result<Option<AutomationRow>>;
-        fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
-        fn automations_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<AutomationRow>>;
-        fn automation_version(&self, tenant: &TenantId, id: &AutomationId, version: i32) -> Result<Option<SavedVersion>>;
-        fn update_source(&self, tenant: &TenantId, id: &SourceId, patch: SourcePatch) -> Result<Option<Source>>;
-        fn rotate_source(&self, tenant: &TenantId, id: &SourceId, rotation: SourceRotation) -> Result<Option<Source>>;
-        fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool>;
-    }
-    also {
+/// A webhook token is looked up in every database at once (see the
+/// module doc).
+#[async_trait]
+impl SourceLookup for RoutedStore {
         async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
             let found = self
                 .each(self.every_database(), None, |db, ()| db.source_by_token(token))
@@ -590,7 +576,6 @@ by_tenant! {
             // Found nowhere, but a database did not answer: it may be its.
             failed.map_or(Ok(None), Err)
         }
-    }
 }
 
 by_tenant! {

@@ -41,6 +41,8 @@ use crate::{Result, StoreError};
 pub(crate) enum Arg<'q> {
     Text(Option<&'q str>),
     Int(Option<i64>),
+    /// A whole number of an `INTEGER` column on PostgreSQL (`int4`).
+    Int32(Option<i32>),
     Bool(Option<bool>),
     Float(Option<f64>),
     /// A JSON document (`jsonb` on PostgreSQL, text on SQLite).
@@ -87,6 +89,21 @@ impl<'q> Statement<'q> {
 
     pub(crate) fn opt_int(mut self, value: Option<i64>) -> Self {
         self.args.push(Arg::Int(value));
+        self
+    }
+
+    pub(crate) fn int32(mut self, value: i32) -> Self {
+        self.args.push(Arg::Int32(Some(value)));
+        self
+    }
+
+    pub(crate) fn opt_int32(mut self, value: Option<i32>) -> Self {
+        self.args.push(Arg::Int32(value));
+        self
+    }
+
+    pub(crate) fn opt_bool(mut self, value: Option<bool>) -> Self {
+        self.args.push(Arg::Bool(value));
         self
     }
 
@@ -158,6 +175,7 @@ pub(crate) enum Cell {
     Null,
     Text(String),
     Int(i64),
+    Int32(i32),
     Bool(bool),
     Float(f64),
     Json(Value),
@@ -168,6 +186,7 @@ pub(crate) enum Cell {
 pub(crate) enum Kind {
     Text,
     Int,
+    Int32,
     Bool,
     Float,
     Json,
@@ -221,6 +240,12 @@ pub(crate) struct Row<D: Driver> {
 }
 
 impl<D: Driver> Row<D> {
+    /// A row sqlx returned for a statement on `table`, read by name from
+    /// then on (for the queries still written with sqlx directly).
+    pub(crate) fn new(row: <D::Db as sqlx::Database>::Row, table: &'static str) -> Self {
+        Self { row, table }
+    }
+
     fn cell(&self, column: &'static str, kind: Kind) -> Result<Cell> {
         D::read(&self.row, column, kind).map_err(|e| self.undecodable(column, e.to_string()))
     }
@@ -261,6 +286,18 @@ impl<D: Driver> Row<D> {
         self.required(column, value)
     }
 
+    pub(crate) fn opt_int32(&self, column: &'static str) -> Result<Option<i32>> {
+        match self.cell(column, Kind::Int32)? {
+            Cell::Int32(int) => Ok(Some(int)),
+            _ => Ok(None),
+        }
+    }
+
+    pub(crate) fn int32(&self, column: &'static str) -> Result<i32> {
+        let value = self.opt_int32(column)?;
+        self.required(column, value)
+    }
+
     pub(crate) fn bool(&self, column: &'static str) -> Result<bool> {
         let value = match self.cell(column, Kind::Bool)? {
             Cell::Bool(b) => Some(b),
@@ -292,6 +329,20 @@ impl<D: Driver> Row<D> {
     }
 }
 
+/// The [`Driver`] of a sqlx database: for the queries still written with
+/// sqlx directly, to read their rows as [`Row`]s.
+pub(crate) trait Native: sqlx::Database {
+    type Driver: Driver<Db = Self>;
+}
+
+impl Native for sqlx::Postgres {
+    type Driver = postgres::Postgres;
+}
+
+impl Native for sqlx::Sqlite {
+    type Driver = sqlite::Sqlite;
+}
+
 /// A store on one database of driver [`SqlStore::Driver`]: what the shared
 /// trait implementations need of `PgStore` and `SqliteStore`.
 pub(crate) trait SqlStore: Send + Sync + 'static {
@@ -305,6 +356,10 @@ pub(crate) trait SqlStore: Send + Sync + 'static {
     fn writer(
         &self,
     ) -> impl Future<Output = crate::gate::Writer<'_, <Self::Driver as Driver>::Db>> + Send;
+
+    /// The keys that seal and open the credentials and signing secrets it
+    /// stores (`secrets.rs`).
+    fn keys(&self) -> &crate::secrets::Keyring;
 }
 
 /// How a store reaches the database of one tenant: the one step every
