@@ -81,7 +81,7 @@ pub mod widgets;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
+use tok_core::ids::{AutomationId, EventId, JobId, RunId, TenantId};
 
 /// Describes the metrics the store records, so that each has its `# HELP`
 /// line in `/metrics`.

@@ -61,6 +61,11 @@ pub trait WidgetStore: Send + Sync {
         after: Option<&str>,
     ) -> Result<crate::Page<Widget>>;
     async fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
+    /// The tenant's widgets that call through the connection whose id is
+    /// `id` or whose name is `name` (a widget names it by either), by name:
+    /// what must change before that connection is deleted or moved.
+    async fn widgets_through(&self, tenant: &TenantId, id: &str, name: &str)
+    -> Result<Vec<Widget>>;
     /// Changes the widget `id` as `patch` says; when its request or its
     /// connection is another than before, its cached answer is dropped (the
     /// next read fetches), while a new time to live keeps it. `None` when

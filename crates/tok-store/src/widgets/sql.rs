@@ -104,6 +104,31 @@ impl<R: Route> WidgetStore for R {
         .await
     }
 
+    async fn widgets_through(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        name: &str,
+    ) -> Result<Vec<Widget>> {
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let mut conn = db.reader().acquire().await?;
+            let rows = on(
+                "widgets",
+                "SELECT * FROM widgets
+                 WHERE tenant_id = $1 AND (connection = $2 OR connection = $3)
+                 ORDER BY name",
+            )
+            .text(tenant.as_str())
+            .text(id)
+            .text(name)
+            .fetch_all::<DriverOf<R>>(&mut conn)
+            .await?;
+            rows.iter().map(widget).collect()
+        })
+        .await
+    }
+
     async fn update_widget(
         &self,
         tenant: &TenantId,
