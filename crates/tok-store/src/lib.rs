@@ -65,7 +65,6 @@ pub mod routed;
 mod rows;
 mod runs_sql;
 pub mod schedule;
-mod schedule_sql;
 pub mod secrets;
 pub mod signals;
 mod signals_sql;

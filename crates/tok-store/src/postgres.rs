@@ -33,7 +33,6 @@ use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
-use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
@@ -301,11 +300,6 @@ impl_approvals! {
 }
 
 impl_branches! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_schedule! {
     store = PgStore,
     db = sqlx::Postgres,
 }

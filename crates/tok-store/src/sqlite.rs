@@ -46,7 +46,6 @@ use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
-use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
@@ -578,11 +577,6 @@ impl_approvals! {
 }
 
 impl_branches! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_schedule! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

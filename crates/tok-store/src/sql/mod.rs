@@ -38,6 +38,8 @@ use crate::{Result, StoreError};
 pub(crate) enum Arg<'q> {
     Text(Option<&'q str>),
     Int(Option<i64>),
+    /// A 32-bit integer, for an `INTEGER` column (PostgreSQL's `int4`).
+    Int32(Option<i32>),
     Bool(Option<bool>),
     Float(Option<f64>),
     /// A JSON document (`jsonb` on PostgreSQL, text on SQLite).
@@ -84,6 +86,12 @@ impl<'q> Statement<'q> {
 
     pub(crate) fn opt_int(mut self, value: Option<i64>) -> Self {
         self.args.push(Arg::Int(value));
+        self
+    }
+
+    /// A 32-bit integer, for an `INTEGER` column (PostgreSQL's `int4`).
+    pub(crate) fn int32(mut self, value: i32) -> Self {
+        self.args.push(Arg::Int32(Some(value)));
         self
     }
 
@@ -155,6 +163,7 @@ pub(crate) enum Cell {
     Null,
     Text(String),
     Int(i64),
+    Int32(i32),
     Bool(bool),
     Float(f64),
     Json(Value),
@@ -165,6 +174,9 @@ pub(crate) enum Cell {
 pub(crate) enum Kind {
     Text,
     Int,
+    /// A 32-bit integer (PostgreSQL's `int4`, which does not decode as
+    /// [`Kind::Int`]).
+    Int32,
     Bool,
     Float,
     Json,
@@ -255,6 +267,19 @@ impl<D: Driver> Row<D> {
 
     pub(crate) fn int(&self, column: &'static str) -> Result<i64> {
         let value = self.opt_int(column)?;
+        self.required(column, value)
+    }
+
+    pub(crate) fn opt_int32(&self, column: &'static str) -> Result<Option<i32>> {
+        match self.cell(column, Kind::Int32)? {
+            Cell::Int32(int) => Ok(Some(int)),
+            _ => Ok(None),
+        }
+    }
+
+    /// An `INTEGER` column (PostgreSQL's `int4`).
+    pub(crate) fn int32(&self, column: &'static str) -> Result<i32> {
+        let value = self.opt_int32(column)?;
         self.required(column, value)
     }
 

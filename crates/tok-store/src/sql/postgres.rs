@@ -20,6 +20,7 @@ fn bound<'q>(statement: Statement<'q>) -> Query<'q, sqlx::Postgres, PgArguments>
         query = match arg {
             Arg::Text(v) => query.bind(v),
             Arg::Int(v) => query.bind(v),
+            Arg::Int32(v) => query.bind(v),
             Arg::Bool(v) => query.bind(v),
             Arg::Float(v) => query.bind(v),
             Arg::Json(v) => query.bind(v.map(Json)),
@@ -69,6 +70,7 @@ impl Driver for Postgres {
         Ok(match kind {
             Kind::Text => Cell::Text(row.try_get(column)?),
             Kind::Int => Cell::Int(row.try_get(column)?),
+            Kind::Int32 => Cell::Int32(row.try_get(column)?),
             Kind::Bool => Cell::Bool(row.try_get(column)?),
             Kind::Float => Cell::Float(row.try_get(column)?),
             Kind::Json => Cell::Json(row.try_get::<Json<Value>, _>(column)?.0),
