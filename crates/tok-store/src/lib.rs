@@ -49,7 +49,6 @@ mod migrate;
 pub mod model;
 pub mod offboarding;
 pub mod operations;
-mod operations_sql;
 mod partitions;
 mod postgres;
 pub mod queue_samples;

@@ -26,7 +26,6 @@ use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
 use crate::migrate;
-use crate::operations_sql::impl_operations;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
@@ -316,11 +315,6 @@ impl_keys! {
 }
 
 impl_audit! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_operations! {
     store = PgStore,
     db = sqlx::Postgres,
 }

@@ -39,7 +39,6 @@ use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
 use crate::migrate;
-use crate::operations_sql::impl_operations;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
@@ -593,11 +592,6 @@ impl_keys! {
 }
 
 impl_audit! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_operations! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }
