@@ -22,7 +22,6 @@
 
 mod admin_sql;
 pub mod approvals;
-mod approvals_sql;
 pub mod audit;
 mod audit_sql;
 mod batch;

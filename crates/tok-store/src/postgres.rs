@@ -11,7 +11,6 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::admin_sql::impl_admin;
-use crate::approvals_sql::impl_approvals;
 use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
@@ -289,11 +288,6 @@ impl_signals! {
 }
 
 impl_children! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_approvals! {
     store = PgStore,
     db = sqlx::Postgres,
 }

@@ -24,7 +24,6 @@ use sqlx::sqlite::{
 };
 
 use crate::admin_sql::impl_admin;
-use crate::approvals_sql::impl_approvals;
 use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
@@ -566,11 +565,6 @@ impl_signals! {
 }
 
 impl_children! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_approvals! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

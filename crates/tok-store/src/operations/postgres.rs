@@ -6,9 +6,10 @@ use std::future::Future;
 use tok_core::ids::{RunId, TenantId};
 use tok_core::run::RunStatus;
 
-use super::sql::{RunActions, Tx};
+use super::sql::RunActions;
 use crate::postgres::{self, PgStore};
 use crate::Result;
+use crate::sql::Tx;
 
 impl RunActions for PgStore {
     fn retry_path_in(

@@ -11,11 +11,8 @@ use tok_core::run::RunStatus;
 
 use super::{Applied, NewOperation, Operation, OperationStore, RunAction};
 use crate::rows::now_ms;
-use crate::sql::{Driver, Row, SqlStore, on};
+use crate::sql::{Driver, Row, SqlStore, Tx, on};
 use crate::{Page, Result, StoreError};
-
-/// A write transaction of store `S`'s database.
-pub(crate) type Tx<S> = sqlx::Transaction<'static, <<S as SqlStore>::Driver as Driver>::Db>;
 
 /// What [`OperationStore::apply`] needs of the runs' queries, which are
 /// still written once per backend (`runs_sql.rs`): each store forwards to

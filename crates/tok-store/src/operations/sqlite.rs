@@ -6,9 +6,10 @@ use std::future::Future;
 use tok_core::ids::{RunId, TenantId};
 use tok_core::run::RunStatus;
 
-use super::sql::{RunActions, Tx};
+use super::sql::RunActions;
 use crate::sqlite::{self, SqliteStore};
 use crate::Result;
+use crate::sql::Tx;
 
 impl RunActions for SqliteStore {
     fn retry_path_in(

@@ -157,6 +157,10 @@ impl<'q> Statement<'q> {
 /// transaction both dereference to one).
 pub(crate) type Conn<D> = <<D as Driver>::Db as sqlx::Database>::Connection;
 
+/// A write transaction of store `S`'s database (what `S::writer().begin()`
+/// gives), for the queries still written once per backend that take one.
+pub(crate) type Tx<S> = sqlx::Transaction<'static, <<S as SqlStore>::Driver as Driver>::Db>;
+
 /// What one column of a row held, as the store reads it.
 #[derive(Debug)]
 pub(crate) enum Cell {
