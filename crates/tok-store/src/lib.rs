@@ -29,7 +29,6 @@ mod branches_sql;
 mod caps_sql;
 mod children_sql;
 pub mod connections;
-mod connections_sql;
 mod contexts_sql;
 mod definitions_sql;
 pub mod desk;

@@ -16,7 +16,6 @@ use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
-use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
@@ -271,11 +270,6 @@ impl_desk! {
     conn = sqlx::PgConnection,
 }
 
-impl_connections! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_reseal! {
     store = PgStore,
     db = sqlx::Postgres,
@@ -434,6 +428,10 @@ impl crate::sql::SqlStore for PgStore {
 
     fn reader(&self) -> &PgPool {
         PgStore::reader(self)
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
     }
 
     async fn writer(&self) -> Writer<'_, sqlx::Postgres> {

@@ -29,7 +29,6 @@ use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
-use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
 use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
@@ -548,11 +547,6 @@ impl_desk! {
     conn = sqlx::SqliteConnection,
 }
 
-impl_connections! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_reseal! {
     store = SqliteStore,
     db = sqlx::Sqlite,
@@ -684,6 +678,10 @@ impl crate::sql::SqlStore for SqliteStore {
 
     fn reader(&self) -> &SqlitePool {
         SqliteStore::reader(self)
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
     }
 
     async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
