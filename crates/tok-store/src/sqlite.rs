@@ -649,6 +649,22 @@ impl Store for SqliteStore {
     }
 }
 
+impl crate::sql::SqlStore for SqliteStore {
+    type Driver = crate::sql::sqlite::Sqlite;
+
+    fn reader(&self) -> &SqlitePool {
+        SqliteStore::reader(self)
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
+    }
+
+    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
+        SqliteStore::writer(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// A commit answered is on disk: the writer syncs every commit
@@ -670,21 +686,5 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(journal, "wal");
         assert_eq!(synchronous, 2, "synchronous=FULL (2), not NORMAL (1)");
-    }
-}
-
-impl crate::sql::SqlStore for SqliteStore {
-    type Driver = crate::sql::sqlite::Sqlite;
-
-    fn reader(&self) -> &SqlitePool {
-        SqliteStore::reader(self)
-    }
-
-    fn keys(&self) -> &Keyring {
-        &self.keys
-    }
-
-    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
-        SqliteStore::writer(self).await
     }
 }

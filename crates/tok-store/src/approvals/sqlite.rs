@@ -6,8 +6,8 @@ use std::future::Future;
 use tok_core::ids::TenantId;
 
 use super::sql::DecisionIn;
-use crate::sqlite::{self, SqliteStore};
 use crate::sql::Tx;
+use crate::sqlite::{self, SqliteStore};
 use crate::{Cause, NewSignal, Result, SignalSent};
 
 impl DecisionIn for SqliteStore {

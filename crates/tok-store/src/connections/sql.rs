@@ -7,8 +7,8 @@ use serde_json::Value;
 use tok_core::ids::{JobId, TenantId, new_id};
 
 use super::{
-    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, ExpectedConnection,
-    Gate, NewConnection,
+    Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, ExpectedConnection, Gate,
+    NewConnection,
 };
 use crate::rows::now_ms;
 use crate::secrets::{Keyring, Owner, holds_credentials};

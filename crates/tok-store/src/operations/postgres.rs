@@ -7,8 +7,8 @@ use tok_core::ids::{RunId, TenantId};
 use tok_core::run::RunStatus;
 
 use super::sql::RunActions;
-use crate::postgres::{self, PgStore};
 use crate::Result;
+use crate::postgres::{self, PgStore};
 use crate::sql::Tx;
 
 impl RunActions for PgStore {

@@ -7,9 +7,9 @@ use tok_core::ids::{RunId, TenantId};
 use tok_core::run::RunStatus;
 
 use super::sql::RunActions;
-use crate::sqlite::{self, SqliteStore};
 use crate::Result;
 use crate::sql::Tx;
+use crate::sqlite::{self, SqliteStore};
 
 impl RunActions for SqliteStore {
     fn retry_path_in(
