@@ -11,13 +11,11 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::admin_sql::impl_admin;
-use crate::approvals_sql::impl_approvals;
 use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
-use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
@@ -26,14 +24,12 @@ use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
-use crate::operations_sql::impl_operations;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
-use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
@@ -269,11 +265,6 @@ impl_desk! {
     conn = sqlx::PgConnection,
 }
 
-impl_connections! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_reseal! {
     store = PgStore,
     db = sqlx::Postgres,
@@ -290,17 +281,7 @@ impl_children! {
     db = sqlx::Postgres,
 }
 
-impl_approvals! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_branches! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_schedule! {
     store = PgStore,
     db = sqlx::Postgres,
 }
@@ -317,11 +298,6 @@ impl_keys! {
 }
 
 impl_audit! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_operations! {
     store = PgStore,
     db = sqlx::Postgres,
 }

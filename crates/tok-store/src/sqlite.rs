@@ -24,13 +24,11 @@ use sqlx::sqlite::{
 };
 
 use crate::admin_sql::impl_admin;
-use crate::approvals_sql::impl_approvals;
 use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
-use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
@@ -39,14 +37,12 @@ use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
-use crate::operations_sql::impl_operations;
 use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
-use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
@@ -546,11 +542,6 @@ impl_desk! {
     conn = sqlx::SqliteConnection,
 }
 
-impl_connections! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_reseal! {
     store = SqliteStore,
     db = sqlx::Sqlite,
@@ -567,17 +558,7 @@ impl_children! {
     db = sqlx::Sqlite,
 }
 
-impl_approvals! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_branches! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_schedule! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }
@@ -594,11 +575,6 @@ impl_keys! {
 }
 
 impl_audit! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_operations! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }
@@ -668,6 +644,33 @@ impl Store for SqliteStore {
     }
 }
 
+impl crate::sql::SqlStore for SqliteStore {
+    type Driver = crate::sql::sqlite::Sqlite;
+
+    fn reader(&self) -> &SqlitePool {
+        SqliteStore::reader(self)
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
+    }
+
+    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
+        SqliteStore::writer(self).await
+    }
+}
+
+impl crate::sql::Route for SqliteStore {
+    type Store = SqliteStore;
+
+    async fn db_for(
+        &self,
+        _tenant: &TenantId,
+    ) -> crate::Result<crate::sql::Reach<'_, SqliteStore>> {
+        Ok(crate::sql::Reach::direct(self))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// A commit answered is on disk: the writer syncs every commit
@@ -689,32 +692,5 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(journal, "wal");
         assert_eq!(synchronous, 2, "synchronous=FULL (2), not NORMAL (1)");
-    }
-}
-
-impl crate::sql::SqlStore for SqliteStore {
-    type Driver = crate::sql::sqlite::Sqlite;
-
-    fn reader(&self) -> &SqlitePool {
-        SqliteStore::reader(self)
-    }
-
-    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
-        SqliteStore::writer(self).await
-    }
-
-    fn keys(&self) -> &Keyring {
-        &self.keys
-    }
-}
-
-impl crate::sql::Route for SqliteStore {
-    type Store = SqliteStore;
-
-    async fn db_for(
-        &self,
-        _tenant: &TenantId,
-    ) -> crate::Result<crate::sql::Reach<'_, SqliteStore>> {
-        Ok(crate::sql::Reach::direct(self))
     }
 }

@@ -41,7 +41,7 @@ use crate::{Result, StoreError};
 pub(crate) enum Arg<'q> {
     Text(Option<&'q str>),
     Int(Option<i64>),
-    /// A whole number of an `INTEGER` column on PostgreSQL (`int4`).
+    /// A 32-bit integer, for an `INTEGER` column (PostgreSQL's `int4`).
     Int32(Option<i32>),
     Bool(Option<bool>),
     Float(Option<f64>),
@@ -92,6 +92,7 @@ impl<'q> Statement<'q> {
         self
     }
 
+    /// A 32-bit integer, for an `INTEGER` column (PostgreSQL's `int4`).
     pub(crate) fn int32(mut self, value: i32) -> Self {
         self.args.push(Arg::Int32(Some(value)));
         self
@@ -114,6 +115,11 @@ impl<'q> Statement<'q> {
 
     pub(crate) fn float(mut self, value: f64) -> Self {
         self.args.push(Arg::Float(Some(value)));
+        self
+    }
+
+    pub(crate) fn opt_float(mut self, value: Option<f64>) -> Self {
+        self.args.push(Arg::Float(value));
         self
     }
 
@@ -169,6 +175,10 @@ impl<'q> Statement<'q> {
 /// transaction both dereference to one).
 pub(crate) type Conn<D> = <<D as Driver>::Db as sqlx::Database>::Connection;
 
+/// A write transaction of store `S`'s database (what `S::writer().begin()`
+/// gives), for the queries still written once per backend that take one.
+pub(crate) type Tx<S> = sqlx::Transaction<'static, <<S as SqlStore>::Driver as Driver>::Db>;
+
 /// What one column of a row held, as the store reads it.
 #[derive(Debug)]
 pub(crate) enum Cell {
@@ -186,6 +196,8 @@ pub(crate) enum Cell {
 pub(crate) enum Kind {
     Text,
     Int,
+    /// A 32-bit integer (PostgreSQL's `int4`, which does not decode as
+    /// [`Kind::Int`]).
     Int32,
     Bool,
     Float,
@@ -293,6 +305,7 @@ impl<D: Driver> Row<D> {
         }
     }
 
+    /// An `INTEGER` column (PostgreSQL's `int4`).
     pub(crate) fn int32(&self, column: &'static str) -> Result<i32> {
         let value = self.opt_int32(column)?;
         self.required(column, value)
@@ -311,6 +324,11 @@ impl<D: Driver> Row<D> {
             Cell::Float(float) => Ok(Some(float)),
             _ => Ok(None),
         }
+    }
+
+    pub(crate) fn float(&self, column: &'static str) -> Result<f64> {
+        let value = self.opt_float(column)?;
+        self.required(column, value)
     }
 
     /// A JSON column as `T`; `None` when NULL.
