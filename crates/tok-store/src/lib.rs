@@ -53,7 +53,6 @@ mod operations_sql;
 mod partitions;
 mod postgres;
 pub mod queue_samples;
-mod queue_samples_sql;
 mod queue_sql;
 mod record_sql;
 pub mod relay;

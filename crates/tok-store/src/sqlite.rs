@@ -40,7 +40,6 @@ use crate::inbox_sql::impl_inbox;
 use crate::keys_sql::impl_keys;
 use crate::migrate;
 use crate::operations_sql::impl_operations;
-use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
@@ -532,11 +531,6 @@ impl_contexts! {
 }
 
 impl_queue! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_queue_samples! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }
