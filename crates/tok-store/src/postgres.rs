@@ -10,7 +10,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use crate::admin_sql::impl_admin;
 use crate::approvals_sql::impl_approvals;
 use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
@@ -214,9 +213,13 @@ fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
     items.into_iter().collect()
 }
 
-impl_admin! {
-    store = PgStore,
-    db = sqlx::Postgres,
+/// The tenant's quotas, read in the caller's transaction: for the
+/// dispatch's and the record's queries ([`crate::admin::tenant_limits_in`]).
+async fn tenant_limits_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tenant: &TenantId,
+) -> Result<tok_core::quotas::TenantLimits> {
+    crate::admin::tenant_limits_in::<crate::sql::postgres::Postgres>(tx, tenant).await
 }
 
 impl_definitions! {

@@ -23,7 +23,6 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use crate::admin_sql::impl_admin;
 use crate::approvals_sql::impl_approvals;
 use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
@@ -491,9 +490,13 @@ fn list<T: serde::Serialize, I: IntoIterator<Item = T>>(items: I) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<T>>()).unwrap_or_else(|_| "[]".into())
 }
 
-impl_admin! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
+/// The tenant's quotas, read in the caller's transaction: for the
+/// dispatch's and the record's queries ([`crate::admin::tenant_limits_in`]).
+async fn tenant_limits_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tenant: &TenantId,
+) -> Result<tok_core::quotas::TenantLimits> {
+    crate::admin::tenant_limits_in::<crate::sql::sqlite::Sqlite>(tx, tenant).await
 }
 
 impl_definitions! {

@@ -9,7 +9,10 @@ use tok_core::ids::TenantId;
 
 use super::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft, erased_table};
 use crate::audit::AuditOutcome;
-use crate::postgres::{TENANT_COLUMNS, insert_audit_in, tenant_from_row};
+use crate::postgres::insert_audit_in;
+use crate::admin::{TENANT_COLUMNS, tenant as tenant_row};
+use crate::sql::on;
+use crate::sql::postgres::Postgres;
 use crate::{NewAudit, PgStore, Result, Tenant};
 
 impl PgStore {
@@ -156,14 +159,13 @@ impl OffboardingStore for PgStore {
         .bind(now)
         .execute(&mut *tx)
         .await?;
-        let row = sqlx::query(&format!(
-            "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
-        ))
-        .bind(tenant.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
+        let sql = format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1");
+        let row = on("tenants", &sql)
+            .text(tenant.as_str())
+            .fetch_one::<Postgres>(&mut tx)
+            .await?;
         tx.commit().await?;
-        Ok(Some(tenant_from_row(&row)))
+        tenant_row(&row).map(Some)
     }
 
     async fn deleting_tenants(&self) -> Result<Vec<TenantId>> {

@@ -9,7 +9,10 @@ use tok_core::ids::TenantId;
 
 use super::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft, erased_table};
 use crate::audit::AuditOutcome;
-use crate::sqlite::{TENANT_COLUMNS, insert_audit_in, tenant_from_row};
+use crate::sqlite::insert_audit_in;
+use crate::admin::{TENANT_COLUMNS, tenant as tenant_row};
+use crate::sql::on;
+use crate::sql::sqlite::Sqlite;
 use crate::{Lane, NewAudit, Result, SqliteStore, Tenant};
 
 /// The first table of [`ERASED`] that holds a row of `tenant`, read in `tx`.
@@ -80,14 +83,13 @@ impl OffboardingStore for SqliteStore {
         .bind(now)
         .execute(&mut *tx)
         .await?;
-        let row = sqlx::query(&format!(
-            "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
-        ))
-        .bind(tenant.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
+        let sql = format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1");
+        let row = on("tenants", &sql)
+            .text(tenant.as_str())
+            .fetch_one::<Sqlite>(&mut tx)
+            .await?;
         tx.commit().await?;
-        Ok(Some(tenant_from_row(&row)))
+        tenant_row(&row).map(Some)
     }
 
     async fn deleting_tenants(&self) -> Result<Vec<TenantId>> {
