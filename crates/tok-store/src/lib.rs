@@ -24,7 +24,6 @@ pub mod admin;
 pub mod approvals;
 mod approvals_sql;
 pub mod audit;
-mod audit_sql;
 mod batch;
 mod branches_sql;
 mod caps_sql;

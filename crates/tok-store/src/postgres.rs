@@ -11,7 +11,6 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::approvals_sql::impl_approvals;
-use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
@@ -316,11 +315,6 @@ impl_keys! {
     store = PgStore,
     db = sqlx::Postgres,
     lock = Some(("SELECT pg_advisory_xact_lock($1)", ADMIN_KEY_LOCK)),
-}
-
-impl_audit! {
-    store = PgStore,
-    db = sqlx::Postgres,
 }
 
 impl_operations! {

@@ -24,7 +24,6 @@ use sqlx::sqlite::{
 };
 
 use crate::approvals_sql::impl_approvals;
-use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
@@ -593,11 +592,6 @@ impl_keys! {
     store = SqliteStore,
     db = sqlx::Sqlite,
     lock = None::<(&str, i64)>,
-}
-
-impl_audit! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
 }
 
 impl_operations! {

@@ -9,8 +9,8 @@ use tok_core::ids::TenantId;
 
 use super::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft, erased_table};
 use crate::audit::AuditOutcome;
-use crate::sqlite::insert_audit_in;
 use crate::admin::{TENANT_COLUMNS, tenant as tenant_row};
+use crate::audit::insert_audit_in;
 use crate::sql::on;
 use crate::sql::sqlite::Sqlite;
 use crate::{Lane, NewAudit, Result, SqliteStore, Tenant};
@@ -157,7 +157,7 @@ impl OffboardingStore for SqliteStore {
             .bind(tenant.as_str())
             .execute(&mut *tx)
             .await?;
-        insert_audit_in(&mut tx, audit, AuditOutcome::Done).await?;
+        insert_audit_in::<Sqlite>(&mut tx, audit, AuditOutcome::Done).await?;
         tx.commit().await?;
         Ok(Finished::Done)
     }
