@@ -43,7 +43,6 @@ mod gate;
 mod inbox_sql;
 pub mod key_file;
 pub mod keys;
-mod keys_sql;
 mod migrate;
 pub mod model;
 pub mod offboarding;

@@ -22,7 +22,6 @@ use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
-use crate::keys_sql::impl_keys;
 use crate::migrate;
 use crate::operations_sql::impl_operations;
 use crate::queue_sql::impl_queue;
@@ -50,7 +49,7 @@ use crate::*;
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
 /// The advisory lock a rotation of the platform admin key takes, so that
 /// two rotations at once leave one admin key.
-const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
+pub(crate) const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
 
 /// Group-commit transactions of one kind in flight at once: one is written
 /// while the one before waits for its commit.
@@ -309,12 +308,6 @@ impl_schedule! {
 impl_watch! {
     store = PgStore,
     db = sqlx::Postgres,
-}
-
-impl_keys! {
-    store = PgStore,
-    db = sqlx::Postgres,
-    lock = Some(("SELECT pg_advisory_xact_lock($1)", ADMIN_KEY_LOCK)),
 }
 
 impl_operations! {

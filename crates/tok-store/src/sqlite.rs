@@ -35,7 +35,6 @@ use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
-use crate::keys_sql::impl_keys;
 use crate::migrate;
 use crate::operations_sql::impl_operations;
 use crate::queue_sql::impl_queue;
@@ -586,12 +585,6 @@ impl_schedule! {
 impl_watch! {
     store = SqliteStore,
     db = sqlx::Sqlite,
-}
-
-impl_keys! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-    lock = None::<(&str, i64)>,
 }
 
 impl_operations! {

@@ -8,9 +8,8 @@ use sqlx::Row as _;
 use tok_core::ids::TenantId;
 
 use super::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft, erased_table};
-use crate::audit::AuditOutcome;
 use crate::admin::{TENANT_COLUMNS, tenant as tenant_row};
-use crate::audit::insert_audit_in;
+use crate::audit::{AuditOutcome, insert_audit_in};
 use crate::sql::on;
 use crate::sql::sqlite::Sqlite;
 use crate::{Lane, NewAudit, Result, SqliteStore, Tenant};

@@ -185,6 +185,11 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// SQLite it adds the offset `tok test` moves, table `clock_offset`).
     const DB_NOW: &'static str;
 
+    /// The statement that serializes rotations of the platform admin key
+    /// until the transaction ends, and the lock key it binds at `$1`
+    /// (`None` where the one writer serializes them).
+    const ADMIN_KEY_LOCK: Option<(&'static str, i64)>;
+
     /// "Is one of the list bound at `$n`" ([`Statement::texts`]).
     fn any_of(n: usize) -> String;
 
