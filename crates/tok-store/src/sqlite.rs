@@ -657,6 +657,18 @@ impl Store for SqliteStore {
     }
 }
 
+impl crate::sql::SqlStore for SqliteStore {
+    type Driver = crate::sql::sqlite::Sqlite;
+
+    fn reader(&self) -> &SqlitePool {
+        SqliteStore::reader(self)
+    }
+
+    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
+        SqliteStore::writer(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// A commit answered is on disk: the writer syncs every commit
@@ -678,17 +690,5 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(journal, "wal");
         assert_eq!(synchronous, 2, "synchronous=FULL (2), not NORMAL (1)");
-    }
-}
-
-impl crate::sql::SqlStore for SqliteStore {
-    type Driver = crate::sql::sqlite::Sqlite;
-
-    fn reader(&self) -> &SqlitePool {
-        SqliteStore::reader(self)
-    }
-
-    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
-        SqliteStore::writer(self).await
     }
 }
