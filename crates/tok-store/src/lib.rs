@@ -20,10 +20,9 @@
 //! dispatch takes before it counts a capped tenant's leases (`caps_sql.rs`)
 //! are try-locks: nobody waits for them.
 
-mod admin_sql;
+pub mod admin;
 pub mod approvals;
 pub mod audit;
-mod audit_sql;
 mod batch;
 mod branches_sql;
 mod caps_sql;
@@ -42,7 +41,6 @@ mod gate;
 mod inbox_sql;
 pub mod key_file;
 pub mod keys;
-mod keys_sql;
 mod migrate;
 pub mod model;
 pub mod offboarding;
@@ -50,7 +48,6 @@ pub mod operations;
 mod partitions;
 mod postgres;
 pub mod queue_samples;
-mod queue_samples_sql;
 mod queue_sql;
 mod record_sql;
 pub mod relay;
@@ -88,6 +85,7 @@ pub fn describe_metrics() {
     );
 }
 
+pub use admin::AdminStore;
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
 pub use audit::{
     AUDIT_PENDING_GRACE_MS, Actor, ActorKind, AuditEnd, AuditFilter, AuditOutcome, AuditRow,
@@ -205,27 +203,6 @@ impl StoreError {
             StoreError::Refused(_) | StoreError::Database(sqlx::Error::Encode(_))
         ) || storable::refused_row(self)
     }
-}
-
-/// Tenants: the platform-level part (their keys are [`KeyStore`]'s).
-#[async_trait]
-pub trait AdminStore: Send + Sync {
-    /// Creates a tenant together with its first API key (stored as a hash),
-    /// named `first key`, with the `admin` scope.
-    async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant>;
-    /// The tenant, in service or being deleted ([`Tenant::deleting`]).
-    async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
-    /// Applies the admin's change to a tenant's name and settings; `None`:
-    /// no such tenant. A tenant being deleted cannot be changed
-    /// ([`StoreError::Conflict`]); on a [`RoutedStore`], neither can a
-    /// tenant's name where `TOK_TENANT_DATABASES` routes it by name.
-    async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>>;
-    /// A page of tenants (those being deleted too), oldest first, after the
-    /// tenant id `after`.
-    async fn tenants(&self, limit: u32, after: Option<&str>) -> Result<Page<Tenant>>;
-    /// The tenants in service: the ones the engine dispatches, claims and
-    /// schedules for (not those being deleted).
-    async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
 }
 
 /// The event inbox and the dispatcher's transaction.

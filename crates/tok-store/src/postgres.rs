@@ -10,8 +10,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use crate::admin_sql::impl_admin;
-use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
@@ -21,10 +19,8 @@ use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
-use crate::keys_sql::impl_keys;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
-use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
@@ -49,7 +45,7 @@ use crate::*;
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
 /// The advisory lock a rotation of the platform admin key takes, so that
 /// two rotations at once leave one admin key.
-const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
+pub(crate) const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
 
 /// Group-commit transactions of one kind in flight at once: one is written
 /// while the one before waits for its commit.
@@ -211,9 +207,13 @@ fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
     items.into_iter().collect()
 }
 
-impl_admin! {
-    store = PgStore,
-    db = sqlx::Postgres,
+/// The tenant's quotas, read in the caller's transaction: for the
+/// dispatch's and the record's queries ([`crate::admin::tenant_limits_in`]).
+async fn tenant_limits_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tenant: &TenantId,
+) -> Result<tok_core::quotas::TenantLimits> {
+    crate::admin::tenant_limits_in::<crate::sql::postgres::Postgres>(tx, tenant).await
 }
 
 impl_inbox! {
@@ -250,11 +250,6 @@ impl_queue! {
     db = sqlx::Postgres,
 }
 
-impl_queue_samples! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_ticket_deletion! {
     db = sqlx::Postgres,
 }
@@ -287,17 +282,6 @@ impl_branches! {
 }
 
 impl_watch! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_keys! {
-    store = PgStore,
-    db = sqlx::Postgres,
-    lock = Some(("SELECT pg_advisory_xact_lock($1)", ADMIN_KEY_LOCK)),
-}
-
-impl_audit! {
     store = PgStore,
     db = sqlx::Postgres,
 }

@@ -23,8 +23,6 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use crate::admin_sql::impl_admin;
-use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
@@ -34,10 +32,8 @@ use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
-use crate::keys_sql::impl_keys;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
-use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
@@ -488,9 +484,13 @@ fn list<T: serde::Serialize, I: IntoIterator<Item = T>>(items: I) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<T>>()).unwrap_or_else(|_| "[]".into())
 }
 
-impl_admin! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
+/// The tenant's quotas, read in the caller's transaction: for the
+/// dispatch's and the record's queries ([`crate::admin::tenant_limits_in`]).
+async fn tenant_limits_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tenant: &TenantId,
+) -> Result<tok_core::quotas::TenantLimits> {
+    crate::admin::tenant_limits_in::<crate::sql::sqlite::Sqlite>(tx, tenant).await
 }
 
 impl_inbox! {
@@ -527,11 +527,6 @@ impl_queue! {
     db = sqlx::Sqlite,
 }
 
-impl_queue_samples! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_ticket_deletion! {
     db = sqlx::Sqlite,
 }
@@ -564,17 +559,6 @@ impl_branches! {
 }
 
 impl_watch! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_keys! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-    lock = None::<(&str, i64)>,
-}
-
-impl_audit! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

@@ -37,6 +37,11 @@ impl Driver for Postgres {
 
     const DB_NOW: &'static str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
+    const ADMIN_KEY_LOCK: Option<(&'static str, i64)> = Some((
+        "SELECT pg_advisory_xact_lock($1)",
+        crate::postgres::ADMIN_KEY_LOCK,
+    ));
+
     fn any_of(n: usize) -> String {
         format!("= ANY(${n})")
     }

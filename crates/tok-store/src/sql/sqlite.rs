@@ -39,6 +39,8 @@ impl Driver for Sqlite {
     const DB_NOW: &'static str = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) \
          + (SELECT offset_ms FROM clock_offset))";
 
+    const ADMIN_KEY_LOCK: Option<(&'static str, i64)> = None;
+
     fn any_of(n: usize) -> String {
         format!("IN (SELECT value FROM json_each(${n}))")
     }
