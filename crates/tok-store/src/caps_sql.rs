@@ -1,4 +1,4 @@
-//! Tenants' concurrency caps (`settings.limits.concurrency`, DESIGN §15)
+//! Tenants' concurrency caps (`settings.limits.concurrency`, `docs/security.md`, "Tenant quotas")
 //! for both backends (see `rows.rs` for why a macro): how many more jobs a
 //! claim or a dispatch may lease to a capped tenant.
 //!

@@ -1,4 +1,4 @@
-//! Runs that start and wait for other runs (DESIGN §5a), for both backends
+//! Runs that start and wait for other runs (`docs/workflows.md`), for both backends
 //! (see `rows.rs` for why a macro): a child run written in its parent's
 //! record transaction, a job parked on runs, a run's end resuming the
 //! waits on it, and the runs a cancel cascades to.
@@ -229,7 +229,14 @@ macro_rules! impl_children {
                 .bind(id_or_name)
                 .fetch_optional(&mut **tx)
                 .await?;
-            Ok(row.as_ref().map(automation_from_row))
+            row.map(|row| {
+                let row = $crate::sql::Row::<<$db as $crate::sql::Native>::Driver>::new(
+                    row,
+                    "automations",
+                );
+                $crate::definitions::automation(&row)
+            })
+            .transpose()
         }
 
         /// Writes a child run (its event, the run, its first job) in the

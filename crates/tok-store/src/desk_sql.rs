@@ -2,7 +2,7 @@
 //! both backends (see `rows.rs` for why a macro).
 
 /// Most events one chain of automations may cause: an event deeper than
-/// this is not written (DESIGN §6, loop protection).
+/// this is not written (loop protection, `docs/architecture.md`).
 pub(crate) const MAX_EVENT_DEPTH: i32 = 5;
 
 macro_rules! impl_desk {
@@ -126,7 +126,7 @@ macro_rules! impl_desk {
             Ok(out)
         }
 
-        async fn trace_in(
+        pub(crate) async fn trace_in(
             conn: &mut $conn,
             tenant: &TenantId,
             ticket_id: &str,
@@ -1170,11 +1170,22 @@ macro_rules! impl_desk {
             }
 
             async fn members(&mut self, ids: &[String]) -> Result<Vec<Member>> {
-                members_in(&mut self.tx, &self.job.tenant_id, ids).await
+                $crate::approvals::sql::members_in::<<$store as $crate::sql::SqlStore>::Driver>(
+                    &mut self.tx,
+                    &self.job.tenant_id,
+                    ids,
+                )
+                .await
             }
 
             async fn open_approval(&mut self, approval: NewApproval) -> Result<String> {
-                open_approval_in(&mut self.tx, &self.job.tenant_id, &self.job.run_id, &approval).await
+                $crate::approvals::sql::open_approval_in::<<$store as $crate::sql::SqlStore>::Driver>(
+                    &mut self.tx,
+                    &self.job.tenant_id,
+                    &self.job.run_id,
+                    &approval,
+                )
+                .await
             }
 
             async fn commit(mut self: Box<Self>, mut record: Record) -> Result<()> {

@@ -20,41 +20,34 @@
 //! dispatch takes before it counts a capped tenant's leases (`caps_sql.rs`)
 //! are try-locks: nobody waits for them.
 
-mod admin_sql;
+pub mod admin;
 pub mod approvals;
-mod approvals_sql;
 pub mod audit;
-mod audit_sql;
 mod batch;
 mod branches_sql;
 mod caps_sql;
 mod children_sql;
 pub mod connections;
-mod connections_sql;
 mod contexts_sql;
-mod definitions_sql;
+pub mod definitions;
 pub mod desk;
 mod desk_sql;
 pub mod dispatch;
 mod dispatch_sql;
 pub mod effects;
-mod effects_sql;
 mod fault;
 mod fragments;
 mod gate;
 mod inbox_sql;
 pub mod key_file;
 pub mod keys;
-mod keys_sql;
 mod migrate;
 pub mod model;
 pub mod offboarding;
 pub mod operations;
-mod operations_sql;
 mod partitions;
 mod postgres;
 pub mod queue_samples;
-mod queue_samples_sql;
 mod queue_sql;
 mod record_sql;
 pub mod relay;
@@ -66,10 +59,10 @@ pub mod routed;
 mod rows;
 mod runs_sql;
 pub mod schedule;
-mod schedule_sql;
 pub mod secrets;
 pub mod signals;
 mod signals_sql;
+mod sql;
 mod sqlite;
 pub mod storable;
 #[cfg(any(test, feature = "testing"))]
@@ -78,12 +71,11 @@ mod ticket_deletion_sql;
 pub mod watch;
 mod watch_sql;
 pub mod widgets;
-mod widgets_sql;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId};
+use tok_core::ids::{AutomationId, EventId, JobId, RunId, TenantId};
 
 /// Describes the metrics the store records, so that each has its `# HELP`
 /// line in `/metrics`.
@@ -94,6 +86,7 @@ pub fn describe_metrics() {
     );
 }
 
+pub use admin::AdminStore;
 pub use approvals::{Approval, ApprovalStore, Approver, Decided, Decision, NewApproval};
 pub use audit::{
     AUDIT_PENDING_GRACE_MS, Actor, ActorKind, AuditEnd, AuditFilter, AuditOutcome, AuditRow,
@@ -103,6 +96,7 @@ pub use connections::{
     Admission, CallOutcome, Connection, ConnectionPatch, ConnectionStore, ExpectedConnection,
     NewConnection,
 };
+pub use definitions::{DefinitionStore, SourceLookup};
 pub use desk::*;
 pub use dispatch::{Claims, DispatchTx};
 pub use effects::EffectStore;
@@ -151,6 +145,15 @@ pub enum StoreError {
     LeaseLost(JobId),
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// A column of a row the store read could not be decoded as what the
+    /// store expects there (a value written by hand, or by another
+    /// version): the read fails with where, never a panic.
+    #[error("column `{column}` of table `{table}` cannot be read: {cause}")]
+    Decode {
+        table: &'static str,
+        column: &'static str,
+        cause: String,
+    },
     #[error("{0}")]
     Conflict(String),
     /// The database could not take the write; nothing was written.
@@ -201,102 +204,6 @@ impl StoreError {
             StoreError::Refused(_) | StoreError::Database(sqlx::Error::Encode(_))
         ) || storable::refused_row(self)
     }
-}
-
-/// Tenants: the platform-level part (their keys are [`KeyStore`]'s).
-#[async_trait]
-pub trait AdminStore: Send + Sync {
-    /// Creates a tenant together with its first API key (stored as a hash),
-    /// named `first key`, with the `admin` scope.
-    async fn create_tenant(&self, name: &str, key_hash: &str) -> Result<Tenant>;
-    /// The tenant, in service or being deleted ([`Tenant::deleting`]).
-    async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
-    /// Applies the admin's change to a tenant's name and settings; `None`:
-    /// no such tenant. A tenant being deleted cannot be changed
-    /// ([`StoreError::Conflict`]); on a [`RoutedStore`], neither can a
-    /// tenant's name where `TOK_TENANT_DATABASES` routes it by name.
-    async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>>;
-    /// A page of tenants (those being deleted too), oldest first, after the
-    /// tenant id `after`.
-    async fn tenants(&self, limit: u32, after: Option<&str>) -> Result<Page<Tenant>>;
-    /// The tenants in service: the ones the engine dispatches, claims and
-    /// schedules for (not those being deleted).
-    async fn tenant_ids(&self) -> Result<Vec<TenantId>>;
-}
-
-/// Sources and versioned automations.
-#[async_trait]
-pub trait DefinitionStore: Send + Sync {
-    async fn create_source(&self, tenant: &TenantId, source: NewSource) -> Result<Source>;
-    async fn source(&self, tenant: &TenantId, id: &SourceId) -> Result<Option<Source>>;
-    async fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>>;
-    /// A page of sources, oldest first, after the source id `after`.
-    async fn sources_page(
-        &self,
-        tenant: &TenantId,
-        limit: u32,
-        after: Option<&str>,
-    ) -> Result<Page<Source>>;
-    /// The source a webhook token belongs to; the token is what names the
-    /// tenant. The token before a rotation opens it until the overlap ends.
-    async fn source_by_token(&self, token: &str) -> Result<Option<Source>>;
-    /// Changes what `patch` sets; `None`: no such source.
-    async fn update_source(
-        &self,
-        tenant: &TenantId,
-        id: &SourceId,
-        patch: SourcePatch,
-    ) -> Result<Option<Source>>;
-    /// Replaces the token, the signing secret or both, keeping what they
-    /// replace valid until `rotation.until`; `None`: no such source.
-    async fn rotate_source(
-        &self,
-        tenant: &TenantId,
-        id: &SourceId,
-        rotation: SourceRotation,
-    ) -> Result<Option<Source>>;
-    /// Removes the source: its URLs answer 404 from then on. The events it
-    /// brought are kept. `false`: no such source.
-    async fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool>;
-
-    async fn create_automation(&self, tenant: &TenantId, def: NewVersion) -> Result<AutomationRow>;
-    /// Saves a new version; runs already started keep theirs.
-    async fn save_version(
-        &self,
-        tenant: &TenantId,
-        id: &AutomationId,
-        def: NewVersion,
-    ) -> Result<AutomationRow>;
-    /// Pauses, resumes or archives; an archived automation stays archived
-    /// (`false`, as for no such automation).
-    async fn set_automation_status(
-        &self,
-        tenant: &TenantId,
-        id: &AutomationId,
-        status: AutomationStatus,
-    ) -> Result<bool>;
-    async fn automation(
-        &self,
-        tenant: &TenantId,
-        id: &AutomationId,
-    ) -> Result<Option<AutomationRow>>;
-    /// Every automation of the tenant, archived ones included (their runs
-    /// still time out).
-    async fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
-    /// A page of automations, oldest first, after the automation id `after`;
-    /// archived automations are not listed.
-    async fn automations_page(
-        &self,
-        tenant: &TenantId,
-        limit: u32,
-        after: Option<&str>,
-    ) -> Result<Page<AutomationRow>>;
-    async fn automation_version(
-        &self,
-        tenant: &TenantId,
-        id: &AutomationId,
-        version: i32,
-    ) -> Result<Option<SavedVersion>>;
 }
 
 /// The event inbox and the dispatcher's transaction.
@@ -510,6 +417,7 @@ pub trait Store:
     AdminStore
     + KeyStore
     + DefinitionStore
+    + SourceLookup
     + InboxStore
     + RunStore
     + QueueStore

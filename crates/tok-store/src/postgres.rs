@@ -10,35 +10,25 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use crate::admin_sql::impl_admin;
-use crate::approvals_sql::impl_approvals;
-use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
-use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
-use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
-use crate::effects_sql::impl_effects;
 use crate::gate::Writer;
 use crate::inbox_sql::impl_inbox;
-use crate::keys_sql::impl_keys;
+use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
-use crate::operations_sql::impl_operations;
-use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
-use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
-use crate::widgets_sql::impl_widgets;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -55,7 +45,7 @@ use crate::*;
 const MIGRATION_LOCK: i64 = 0x746f_6b01;
 /// The advisory lock a rotation of the platform admin key takes, so that
 /// two rotations at once leave one admin key.
-const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
+pub(crate) const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
 
 /// Group-commit transactions of one kind in flight at once: one is written
 /// while the one before waits for its commit.
@@ -217,14 +207,13 @@ fn list<T, I: IntoIterator<Item = T>>(items: I) -> Vec<T> {
     items.into_iter().collect()
 }
 
-impl_admin! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_definitions! {
-    store = PgStore,
-    db = sqlx::Postgres,
+/// The tenant's quotas, read in the caller's transaction: for the
+/// dispatch's and the record's queries ([`crate::admin::tenant_limits_in`]).
+async fn tenant_limits_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tenant: &TenantId,
+) -> Result<tok_core::quotas::TenantLimits> {
+    crate::admin::tenant_limits_in::<crate::sql::postgres::Postgres>(tx, tenant).await
 }
 
 impl_inbox! {
@@ -261,11 +250,6 @@ impl_queue! {
     db = sqlx::Postgres,
 }
 
-impl_queue_samples! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_ticket_deletion! {
     db = sqlx::Postgres,
 }
@@ -274,11 +258,6 @@ impl_desk! {
     store = PgStore,
     db = sqlx::Postgres,
     conn = sqlx::PgConnection,
-}
-
-impl_connections! {
-    store = PgStore,
-    db = sqlx::Postgres,
 }
 
 impl_reseal! {
@@ -297,48 +276,12 @@ impl_children! {
     db = sqlx::Postgres,
 }
 
-impl_approvals! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_branches! {
     store = PgStore,
     db = sqlx::Postgres,
 }
 
-impl_schedule! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
 impl_watch! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_effects! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_keys! {
-    store = PgStore,
-    db = sqlx::Postgres,
-    lock = Some(("SELECT pg_advisory_xact_lock($1)", ADMIN_KEY_LOCK)),
-}
-
-impl_audit! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_operations! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_widgets! {
     store = PgStore,
     db = sqlx::Postgres,
 }
@@ -456,5 +399,29 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+}
+
+impl crate::sql::SqlStore for PgStore {
+    type Driver = crate::sql::postgres::Postgres;
+
+    fn reader(&self) -> &PgPool {
+        PgStore::reader(self)
+    }
+
+    async fn writer(&self) -> Writer<'_, sqlx::Postgres> {
+        PgStore::writer(self).await
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
+    }
+}
+
+impl crate::sql::Route for PgStore {
+    type Store = PgStore;
+
+    async fn db_for(&self, _tenant: &TenantId) -> crate::Result<crate::sql::Reach<'_, PgStore>> {
+        Ok(crate::sql::Reach::direct(self))
     }
 }

@@ -1,5 +1,5 @@
-//! Expiry of old data ([`RetentionStore`], DESIGN §10 "Retention by
-//! reader"): each tenant's retention setting, the batched deletes that
+//! Expiry of old data ([`RetentionStore`], `docs/operations.md`,
+//! "Retention"): each tenant's retention setting, the batched deletes that
 //! expire a tenant's rows, and what only one backend has — PostgreSQL's
 //! monthly partitions (created ahead, dropped whole once expired) and
 //! SQLite's `incremental_vacuum` that gives freed pages back.

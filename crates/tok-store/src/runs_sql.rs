@@ -152,7 +152,7 @@ macro_rules! impl_runs {
 
         /// Cancels the run unless its state does not allow it (then the
         /// reason, and nothing changed).
-        async fn cancel_checked_in(
+        pub(crate) async fn cancel_checked_in(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
             id: &RunId,
@@ -178,7 +178,7 @@ macro_rules! impl_runs {
 
         /// The path of the step a retry of the run starts again at (its
         /// last failed step), or why the run cannot be retried.
-        async fn retry_path_in(
+        pub(crate) async fn retry_path_in(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
             id: &RunId,
@@ -227,7 +227,7 @@ macro_rules! impl_runs {
         /// on its automation's `version` when given (else its own). A bulk
         /// retry's job ranks below its tenant's live jobs
         /// ([`tok_core::fairness::BULK_BELOW`]).
-        async fn retry_in(
+        pub(crate) async fn retry_in(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
             id: &RunId,
@@ -636,7 +636,7 @@ macro_rules! impl_runs {
             ))
         }
 
-        async fn run_status(
+        pub(crate) async fn run_status(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
             id: &RunId,

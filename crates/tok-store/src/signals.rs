@@ -1,4 +1,4 @@
-//! Signals and the waits they resume (DESIGN §5a).
+//! Signals and the waits they resume (`docs/workflows.md`).
 //!
 //! A `wait_for_event` step parks its run's one job at the step, with a
 //! `waits` row holding the key, the ticket it is about (its subject, if

@@ -313,7 +313,7 @@ macro_rules! impl_signals {
 
         /// Sends a signal in the caller's transaction: resumes the matching
         /// waits on its key whose jobs no worker holds, or buffers it.
-        async fn send_signal_in(
+        pub(crate) async fn send_signal_in(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
             signal: &NewSignal,
@@ -450,7 +450,7 @@ macro_rules! impl_signals {
         /// is about to run the level's first step. The signal then
         /// waits in the buffer for the wait to park again
         /// ([`ESCALATION_HOLD_MS`] at least).
-        async fn escalating_wait(
+        pub(crate) async fn escalating_wait(
             tx: &mut sqlx::Transaction<'_, $db>,
             tenant: &TenantId,
             signal: &NewSignal,

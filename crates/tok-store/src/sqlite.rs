@@ -23,35 +23,25 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use crate::admin_sql::impl_admin;
-use crate::approvals_sql::impl_approvals;
-use crate::audit_sql::impl_audit;
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
-use crate::connections_sql::impl_connections;
 use crate::contexts_sql::impl_contexts;
-use crate::definitions_sql::impl_definitions;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
-use crate::effects_sql::impl_effects;
 use crate::gate::{Lane, WriteGate, Writer};
 use crate::inbox_sql::impl_inbox;
-use crate::keys_sql::impl_keys;
+use crate::definitions::AUTOMATION_SELECT;
 use crate::migrate;
-use crate::operations_sql::impl_operations;
-use crate::queue_samples_sql::impl_queue_samples;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
-use crate::schedule_sql::impl_schedule;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
-use crate::widgets_sql::impl_widgets;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
 use serde_json::Value;
@@ -494,14 +484,13 @@ fn list<T: serde::Serialize, I: IntoIterator<Item = T>>(items: I) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<T>>()).unwrap_or_else(|_| "[]".into())
 }
 
-impl_admin! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_definitions! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
+/// The tenant's quotas, read in the caller's transaction: for the
+/// dispatch's and the record's queries ([`crate::admin::tenant_limits_in`]).
+async fn tenant_limits_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tenant: &TenantId,
+) -> Result<tok_core::quotas::TenantLimits> {
+    crate::admin::tenant_limits_in::<crate::sql::sqlite::Sqlite>(tx, tenant).await
 }
 
 impl_inbox! {
@@ -538,11 +527,6 @@ impl_queue! {
     db = sqlx::Sqlite,
 }
 
-impl_queue_samples! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_ticket_deletion! {
     db = sqlx::Sqlite,
 }
@@ -551,11 +535,6 @@ impl_desk! {
     store = SqliteStore,
     db = sqlx::Sqlite,
     conn = sqlx::SqliteConnection,
-}
-
-impl_connections! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
 }
 
 impl_reseal! {
@@ -574,48 +553,12 @@ impl_children! {
     db = sqlx::Sqlite,
 }
 
-impl_approvals! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_branches! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }
 
-impl_schedule! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
 impl_watch! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_effects! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_keys! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-    lock = None::<(&str, i64)>,
-}
-
-impl_audit! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_operations! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_widgets! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }
@@ -682,6 +625,33 @@ impl Store for SqliteStore {
                     .into(),
             )),
         }
+    }
+}
+
+impl crate::sql::SqlStore for SqliteStore {
+    type Driver = crate::sql::sqlite::Sqlite;
+
+    fn reader(&self) -> &SqlitePool {
+        SqliteStore::reader(self)
+    }
+
+    fn keys(&self) -> &Keyring {
+        &self.keys
+    }
+
+    async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
+        SqliteStore::writer(self).await
+    }
+}
+
+impl crate::sql::Route for SqliteStore {
+    type Store = SqliteStore;
+
+    async fn db_for(
+        &self,
+        _tenant: &TenantId,
+    ) -> crate::Result<crate::sql::Reach<'_, SqliteStore>> {
+        Ok(crate::sql::Reach::direct(self))
     }
 }
 

@@ -30,7 +30,6 @@ use crate::auth::{Caller, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::in_use::{
     automations_using, automations_where, refuse_if_any, refuse_if_used, widgets_using,
-    widgets_where,
 };
 use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
 
@@ -405,15 +404,19 @@ async fn refuse_if_left_behind(
         origin::mismatches(definition, changed).into_iter().next()
     })
     .await?;
+    let through = state
+        .engine
+        .store()
+        .widgets_through(tenant, changed.id.as_str(), &changed.name)
+        .await?;
     users.extend(
-        widgets_where(state, tenant, |widget| {
-            let through = widget.connection.as_deref()?;
-            let url = widget.request.get("url").and_then(Value::as_str);
-            ((through == changed.id || through == changed.name)
-                && origin::check_literal(changed, url.unwrap_or_default()).is_err())
-            .then(|| "request.url".to_owned())
-        })
-        .await?,
+        through
+            .iter()
+            .filter(|widget| {
+                let url = widget.request.get("url").and_then(Value::as_str);
+                origin::check_literal(changed, url.unwrap_or_default()).is_err()
+            })
+            .map(|widget| User::widget(widget, "request.url")),
     );
     let base_url = changed.base_url.as_deref().unwrap_or_default();
     refuse_if_any(

@@ -158,37 +158,15 @@ pub(crate) async fn widgets_using(
     id: &str,
     name: &str,
 ) -> ApiResult<Vec<User>> {
-    widgets_where(state, tenant, |widget| {
-        let connection = widget.connection.as_deref()?;
-        (connection == id || connection == name).then(|| "connection".to_owned())
-    })
-    .await
-}
-
-/// The tenant's widgets for which `found` answers a path: the field where
-/// each uses what is looked for.
-pub(crate) async fn widgets_where(
-    state: &AppState,
-    tenant: &TenantId,
-    found: impl Fn(&Widget) -> Option<String>,
-) -> ApiResult<Vec<User>> {
-    let store = state.engine.store();
-    let mut users = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = store
-            .widgets(tenant, super::MAX_LIMIT, after.as_deref())
-            .await?;
-        for widget in &page.items {
-            if let Some(path) = found(widget) {
-                users.push(User::widget(widget, &path));
-            }
-        }
-        match page.next_cursor {
-            Some(next) => after = Some(next),
-            None => return Ok(users),
-        }
-    }
+    let widgets = state
+        .engine
+        .store()
+        .widgets_through(tenant, id, name)
+        .await?;
+    Ok(widgets
+        .iter()
+        .map(|widget| User::widget(widget, "connection"))
+        .collect())
 }
 
 /// `Ok` when nothing uses the resource; else the 409 that names every user.

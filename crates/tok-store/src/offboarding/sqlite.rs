@@ -8,8 +8,10 @@ use sqlx::Row as _;
 use tok_core::ids::TenantId;
 
 use super::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft, erased_table};
-use crate::audit::AuditOutcome;
-use crate::sqlite::{TENANT_COLUMNS, insert_audit_in, tenant_from_row};
+use crate::admin::{TENANT_COLUMNS, tenant as tenant_row};
+use crate::audit::{AuditOutcome, insert_audit_in};
+use crate::sql::on;
+use crate::sql::sqlite::Sqlite;
 use crate::{Lane, NewAudit, Result, SqliteStore, Tenant};
 
 /// The first table of [`ERASED`] that holds a row of `tenant`, read in `tx`.
@@ -80,14 +82,13 @@ impl OffboardingStore for SqliteStore {
         .bind(now)
         .execute(&mut *tx)
         .await?;
-        let row = sqlx::query(&format!(
-            "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
-        ))
-        .bind(tenant.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
+        let sql = format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1");
+        let row = on("tenants", &sql)
+            .text(tenant.as_str())
+            .fetch_one::<Sqlite>(&mut tx)
+            .await?;
         tx.commit().await?;
-        Ok(Some(tenant_from_row(&row)))
+        tenant_row(&row).map(Some)
     }
 
     async fn deleting_tenants(&self) -> Result<Vec<TenantId>> {
@@ -155,7 +156,7 @@ impl OffboardingStore for SqliteStore {
             .bind(tenant.as_str())
             .execute(&mut *tx)
             .await?;
-        insert_audit_in(&mut tx, audit, AuditOutcome::Done).await?;
+        insert_audit_in::<Sqlite>(&mut tx, audit, AuditOutcome::Done).await?;
         tx.commit().await?;
         Ok(Finished::Done)
     }

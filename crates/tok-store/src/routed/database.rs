@@ -36,8 +36,8 @@ const MIGRATION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Job ids of a tenant database start in a range of their own this wide.
 const JOB_ID_RANGE: i64 = 1 << 40;
 
-pub(super) struct Database {
-    pub(super) store: PgStore,
+pub(crate) struct Database {
+    pub(crate) store: PgStore,
     /// How logs and the metric name it: `shared`, or the entries routed to
     /// it (`acme`, `ten_01a2,*`). Never a password.
     pub(super) name: String,
@@ -88,7 +88,7 @@ impl Database {
     /// A call of one tenant routed here: it fails at once while this
     /// tenant database is away, and marks it away when it does not answer
     /// within its timeout. The shared database's calls are not bounded.
-    pub(super) async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
         let bound = (!self.shared).then_some(self.timeout);
         self.within(bound, call).await
     }

@@ -1,6 +1,6 @@
 //! `db_for(tenant)`: named tenants on their own PostgreSQL database beside
-//! the shared one (DESIGN §2 rule 5, seed 004 "a door to a separate
-//! database").
+//! the shared one (`docs/operations.md`, "Tenants on databases of their
+//! own").
 //!
 //! [`RoutedStore`] implements [`Store`] over a shared database and any
 //! number of tenant databases, all PostgreSQL, all migrated alike. Which
@@ -70,7 +70,7 @@
 //! `docs/operations.md` has the procedure.
 
 mod config;
-mod database;
+pub(crate) mod database;
 mod moving;
 mod offboarding;
 mod split_dispatch;
@@ -552,24 +552,10 @@ impl KeyStore for RoutedStore {
     }
 }
 
-by_tenant! {
-    impl DefinitionStore {
-        fn create_source(&self, tenant: &TenantId, source: NewSource) -> Result<Source>;
-        fn source(&self, tenant: &TenantId, id: &SourceId) -> Result<Option<Source>>;
-        fn sources(&self, tenant: &TenantId) -> Result<Vec<Source>>;
-        fn sources_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Source>>;
-        fn create_automation(&self, tenant: &TenantId, def: NewVersion) -> Result<AutomationRow>;
-        fn save_version(&self, tenant: &TenantId, id: &AutomationId, def: NewVersion) -> Result<AutomationRow>;
-        fn set_automation_status(&self, tenant: &TenantId, id: &AutomationId, status: AutomationStatus) -> Result<bool>;
-        fn automation(&self, tenant: &TenantId, id: &AutomationId) -> Result<Option<AutomationRow>>;
-        fn automations(&self, tenant: &TenantId) -> Result<Vec<AutomationRow>>;
-        fn automations_page(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<AutomationRow>>;
-        fn automation_version(&self, tenant: &TenantId, id: &AutomationId, version: i32) -> Result<Option<SavedVersion>>;
-        fn update_source(&self, tenant: &TenantId, id: &SourceId, patch: SourcePatch) -> Result<Option<Source>>;
-        fn rotate_source(&self, tenant: &TenantId, id: &SourceId, rotation: SourceRotation) -> Result<Option<Source>>;
-        fn delete_source(&self, tenant: &TenantId, id: &SourceId) -> Result<bool>;
-    }
-    also {
+/// A webhook token is looked up in every database at once (see the
+/// module doc).
+#[async_trait]
+impl SourceLookup for RoutedStore {
         async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
             let found = self
                 .each(self.every_database(), None, |db, ()| db.source_by_token(token))
@@ -590,7 +576,6 @@ by_tenant! {
             // Found nowhere, but a database did not answer: it may be its.
             failed.map_or(Ok(None), Err)
         }
-    }
 }
 
 by_tenant! {
@@ -953,17 +938,6 @@ by_tenant! {
 }
 
 by_tenant! {
-    impl WidgetStore {
-        fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget>;
-        fn widgets(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Widget>>;
-        fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
-        fn update_widget(&self, tenant: &TenantId, id: &str, patch: WidgetPatch) -> Result<Option<Widget>>;
-        fn delete_widget(&self, tenant: &TenantId, id: &str) -> Result<bool>;
-        fn save_widget_data(&self, tenant: &TenantId, id: &str, data: &Value, fetched_at: i64) -> Result<bool>;
-    }
-}
-
-by_tenant! {
     impl OperationStore {
         fn create_operation(&self, tenant: &TenantId, new: NewOperation) -> Result<Operation>;
         fn operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
@@ -1136,10 +1110,13 @@ by_tenant! {
     }
 }
 
-by_tenant! {
-    impl EffectStore {
-        fn effect_result(&self, tenant: &TenantId, idempotency_key: &str, name: &str) -> Result<Option<Value>>;
-        fn store_effect_result(&self, tenant: &TenantId, run: &RunId, idempotency_key: &str, name: &str, result: &Value) -> Result<Value>;
+/// Every trait written once for all stores (`crate::sql::Route`) reaches a
+/// tenant's database through the router's one step.
+impl crate::sql::Route for RoutedStore {
+    type Store = PgStore;
+
+    async fn db_for(&self, tenant: &TenantId) -> Result<crate::sql::Reach<'_, PgStore>> {
+        Ok(crate::sql::Reach::routed(RoutedStore::db_for(self, tenant).await?))
     }
 }
 

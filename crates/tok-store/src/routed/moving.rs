@@ -209,7 +209,8 @@ async fn insert_audit(
         Some(summary) => format!("{summary} ({rows} rows)"),
         None => format!("{rows} rows"),
     });
-    crate::postgres::insert_audit_in(tx, row, AuditOutcome::Done).await?;
+    crate::audit::insert_audit_in::<crate::sql::postgres::Postgres>(tx, row, AuditOutcome::Done)
+        .await?;
     Ok(())
 }
 

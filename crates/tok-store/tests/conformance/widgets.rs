@@ -2,7 +2,8 @@
 //! answer replaces the one before only when it was fetched later, a name is
 //! one widget per tenant, a change of its request or connection drops its
 //! cache (one of its time to live keeps it), a deleted widget is gone, and
-//! a tenant never reads, changes nor deletes another tenant's widgets.
+//! a tenant never reads, changes nor deletes another tenant's widgets; the
+//! widgets that call through a connection are found by its id or its name.
 
 use tok_store::{NewWidget, WidgetPatch};
 
@@ -13,6 +14,7 @@ backend_tests!(
     a_widget_keeps_its_request_and_its_latest_answer,
     a_name_is_one_widget_per_tenant_and_tenants_never_share_widgets,
     a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gone,
+    the_widgets_through_a_connection_are_found_by_its_id_or_its_name,
 );
 
 fn new_widget(name: &str) -> NewWidget {
@@ -245,4 +247,49 @@ async fn a_new_request_or_connection_drops_the_cache_and_a_deleted_widget_is_gon
         .create_widget(&acme, new_widget("Open orders"))
         .await
         .unwrap();
+}
+
+async fn the_widgets_through_a_connection_are_found_by_its_id_or_its_name(db: &TestDb) {
+    let backend = db.backend;
+    let store = db.store().await;
+    let acme = tenant(&*store, "acme").await;
+    let globex = tenant(&*store, "globex").await;
+    let by_name = |name: &str, connection: Option<&str>| NewWidget {
+        connection: connection.map(str::to_owned),
+        ..new_widget(name)
+    };
+    for (name, connection) in [
+        ("Refunds", Some("con_stats")),
+        ("Open orders", Some("stats")),
+        ("Weather", None),
+        ("Invoices", Some("billing")),
+    ] {
+        store
+            .create_widget(&acme, by_name(name, connection))
+            .await
+            .unwrap();
+    }
+    store
+        .create_widget(&globex, by_name("Theirs", Some("stats")))
+        .await
+        .unwrap();
+
+    let through = store
+        .widgets_through(&acme, "con_stats", "stats")
+        .await
+        .unwrap();
+    let names: Vec<&str> = through.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["Open orders", "Refunds"],
+        "{backend:?}: by id and by name, by name, only the tenant's own"
+    );
+    assert!(
+        store
+            .widgets_through(&acme, "con_none", "none")
+            .await
+            .unwrap()
+            .is_empty(),
+        "{backend:?}"
+    );
 }

@@ -237,3 +237,7 @@ pub trait AuditStore: Send + Sync {
     /// (`Expiring::Audit`).
     async fn expire_platform_audit(&self, before_ms: i64, limit: u32) -> Result<u64>;
 }
+
+mod sql;
+
+pub(crate) use sql::insert_audit_in;

@@ -304,6 +304,8 @@ impl Gate {
     }
 }
 
+mod sql;
+
 #[cfg(test)]
 mod tests {
     use super::*;

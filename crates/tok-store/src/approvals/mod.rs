@@ -1,10 +1,10 @@
-//! Approvals (DESIGN §5a): an `approval` step opens one in its record
-//! transaction and parks its run on the decision's signal key; a person
-//! decides it through the API, which — in one transaction — records the
-//! decision and who made it, resumes the wait with it, and writes a line in
-//! the trace of the run's ticket. An approval is pending while its run
-//! waits for it: one whose wait timed out or was cancelled is closed and
-//! takes no decision.
+//! Approvals (`docs/workflows.md`, "`approval`"): an `approval` step opens
+//! one in its record transaction and parks its run on the decision's signal
+//! key; a person decides it through the API, which — in one transaction —
+//! records the decision and who made it, resumes the wait with it, and
+//! writes a line in the trace of the run's ticket. An approval is pending
+//! while its run waits for it: one whose wait timed out or was cancelled is
+//! closed and takes no decision.
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -96,3 +96,7 @@ pub trait ApprovalStore: Send + Sync {
         decision: Decision,
     ) -> Result<Decided>;
 }
+
+mod postgres;
+pub(crate) mod sql;
+mod sqlite;

@@ -1,4 +1,4 @@
-//! Dashboard widgets (DESIGN §14): a tile that shows what one HTTP request
+//! Dashboard widgets (`docs/dashboard.md`): a tile that shows what one HTTP request
 //! to an outside service answers, and the answer kept as its cache. The
 //! store keeps the widget's definition and its last answer with the time it
 //! was fetched; whether the cache is fresh, and the call itself, are the
@@ -61,6 +61,11 @@ pub trait WidgetStore: Send + Sync {
         after: Option<&str>,
     ) -> Result<crate::Page<Widget>>;
     async fn widget(&self, tenant: &TenantId, id: &str) -> Result<Option<Widget>>;
+    /// The tenant's widgets that call through the connection whose id is
+    /// `id` or whose name is `name` (a widget names it by either), by name:
+    /// what must change before that connection is deleted or moved.
+    async fn widgets_through(&self, tenant: &TenantId, id: &str, name: &str)
+    -> Result<Vec<Widget>>;
     /// Changes the widget `id` as `patch` says; when its request or its
     /// connection is another than before, its cached answer is dropped (the
     /// next read fetches), while a new time to live keeps it. `None` when
@@ -84,3 +89,5 @@ pub trait WidgetStore: Send + Sync {
         fetched_at: i64,
     ) -> Result<bool>;
 }
+
+mod sql;

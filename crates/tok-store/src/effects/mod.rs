@@ -1,4 +1,4 @@
-//! Effects once (DESIGN §5a): what a custom step's `call.once(name, …)`
+//! Effects once (`docs/workflows.md`, "Effects once"): what a custom step's `call.once(name, …)`
 //! stores. The step reads the stored result first (no connection is then
 //! held while the effect runs), runs the effect only when there is none,
 //! and stores what it returned; a retried attempt of the step, which has the
@@ -35,3 +35,5 @@ pub trait EffectStore: Send + Sync {
         result: &Value,
     ) -> Result<Value>;
 }
+
+mod sql;

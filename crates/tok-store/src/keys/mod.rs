@@ -195,3 +195,5 @@ pub enum AdminKeyState {
     /// No key has this hash.
     Unknown,
 }
+
+mod sql;

@@ -1,6 +1,6 @@
-//! The queue's health over time, per tenant (DESIGN §14, "Queue health"):
-//! what the dashboard charts over the last hour. The node holding the
-//! scheduler's wake writes one sample per tenant every
+//! The queue's health over time, per tenant: what the dashboard charts
+//! over the last hour ("Queue health" in `docs/dashboard.md`). The node
+//! holding the scheduler's wake writes one sample per tenant every
 //! `TOK_QUEUE_SAMPLE_EVERY`, all tenants in one statement
 //! ([`QueueSampleStore::sample_queue`]); the expiry deletes samples older
 //! than [`QUEUE_SAMPLES_KEPT`].
@@ -68,3 +68,5 @@ pub trait QueueSampleStore: Send + Sync {
     async fn expire_queue_samples(&self, tenant: &TenantId, before: i64, limit: u32)
     -> Result<u64>;
 }
+
+mod sql;

@@ -1,5 +1,5 @@
-//! What the scheduler keeps (DESIGN §6): the wake's lease and when each
-//! poll or schedule automation is due next.
+//! What the scheduler keeps (`docs/operations.md`, "The scheduler"): the
+//! wake's lease and when each poll or schedule automation is due next.
 //!
 //! The wake runs on one node at a time: the node that holds the one row of
 //! `scheduler_lease` and renews it each tick. A node that finds the row
@@ -114,3 +114,5 @@ pub trait ScheduleStore: Send + Sync {
         automation: &AutomationId,
     ) -> Result<Option<i64>>;
 }
+
+mod sql;

@@ -1,11 +1,12 @@
-//! Bulk operations on runs (DESIGN §16, "Operating many runs"): a retry or
-//! a cancel of every run a filter takes, done by the server in pages. The
-//! store keeps an operation's state in rows (its progress and the last run
-//! of its pages done), and acts on each run in one transaction with the
-//! row that says it did ([`OperationStore::apply`]): an operation done
-//! again from a page it had begun acts on each run once. Which runs a page
-//! takes, and whether a retry can move a run to another version, are the
-//! engine's (`tok_engine::operations`).
+//! Bulk operations on runs (`docs/operations.md`, "Retrying and cancelling
+//! many runs"): a retry or a cancel of every run a filter takes, done by
+//! the server in pages. The store keeps an operation's state in rows (its
+//! progress and the last run of its pages done), and acts on each run in
+//! one transaction with the row that says it did
+//! ([`OperationStore::apply`]): an operation done again from a page it had
+//! begun acts on each run once. Which runs a page takes, and whether a
+//! retry can move a run to another version, are the engine's
+//! (`tok_engine::operations`).
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -150,3 +151,7 @@ pub trait OperationStore: Send + Sync {
         finished: bool,
     ) -> Result<()>;
 }
+
+mod postgres;
+mod sql;
+mod sqlite;
