@@ -29,7 +29,7 @@ use crate::AppState;
 use crate::auth::{Caller, Tenant};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::in_use::{
-    automations_using, automations_where, refuse_if_any, refuse_if_used, widgets_using,
+    User, automations_using, automations_where, refuse_if_any, refuse_if_used, widgets_using,
 };
 use crate::routes::{JsonBody, Path, READ, Routes, WRITE};
 

@@ -95,7 +95,8 @@ pub(crate) fn automation<D: Driver>(row: &Row<D>) -> Result<AutomationRow> {
 }
 
 /// The current version of automations, with their next scheduled start.
-pub(crate) const AUTOMATION_SELECT: &str = "SELECT a.id, a.tenant_id, a.name, a.status, a.current_version,
+pub(crate) const AUTOMATION_SELECT: &str =
+    "SELECT a.id, a.tenant_id, a.name, a.status, a.current_version,
         a.created_at, a.updated_at, v.definition, v.hash, s.next_run_at
     FROM automations a
     JOIN automation_versions v ON v.automation_id = a.id AND v.version = a.current_version

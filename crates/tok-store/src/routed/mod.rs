@@ -556,26 +556,28 @@ impl KeyStore for RoutedStore {
 /// module doc).
 #[async_trait]
 impl SourceLookup for RoutedStore {
-        async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
-            let found = self
-                .each(self.every_database(), None, |db, ()| db.source_by_token(token))
-                .await;
-            let mut failed = None;
-            for (index, answer) in found {
-                match answer {
-                    Ok(Some(source)) if self.db_index(&source.tenant_id).await? == index => {
-                        return Ok(Some(source));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        self.dbs[index].skipped("webhook token", &e);
-                        failed.get_or_insert(e);
-                    }
+    async fn source_by_token(&self, token: &str) -> Result<Option<Source>> {
+        let found = self
+            .each(self.every_database(), None, |db, ()| {
+                db.source_by_token(token)
+            })
+            .await;
+        let mut failed = None;
+        for (index, answer) in found {
+            match answer {
+                Ok(Some(source)) if self.db_index(&source.tenant_id).await? == index => {
+                    return Ok(Some(source));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.dbs[index].skipped("webhook token", &e);
+                    failed.get_or_insert(e);
                 }
             }
-            // Found nowhere, but a database did not answer: it may be its.
-            failed.map_or(Ok(None), Err)
         }
+        // Found nowhere, but a database did not answer: it may be its.
+        failed.map_or(Ok(None), Err)
+    }
 }
 
 by_tenant! {
@@ -1116,7 +1118,9 @@ impl crate::sql::Route for RoutedStore {
     type Store = PgStore;
 
     async fn db_for(&self, tenant: &TenantId) -> Result<crate::sql::Reach<'_, PgStore>> {
-        Ok(crate::sql::Reach::routed(RoutedStore::db_for(self, tenant).await?))
+        Ok(crate::sql::Reach::routed(
+            RoutedStore::db_for(self, tenant).await?,
+        ))
     }
 }
 

@@ -409,7 +409,10 @@ pub(crate) trait SqlStore: Send + Sync + 'static {
 pub(crate) trait Route: Send + Sync + 'static {
     type Store: SqlStore;
 
-    fn db_for(&self, tenant: &TenantId) -> impl Future<Output = Result<Reach<'_, Self::Store>>> + Send;
+    fn db_for(
+        &self,
+        tenant: &TenantId,
+    ) -> impl Future<Output = Result<Reach<'_, Self::Store>>> + Send;
 }
 
 /// The driver of the stores a [`Route`] reaches.
