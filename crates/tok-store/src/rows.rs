@@ -6,20 +6,22 @@
 //! defines them per backend, named for what they mean) and in two whole
 //! queries, the fair selections of jobs to claim and of events to
 //! dispatch (a file per backend each, in `queries/`); everything else is
-//! the same text. Each
-//! part of the store is one file with one macro (`admin_sql.rs` has
-//! `impl_admin!`, `inbox_sql.rs` `impl_inbox!`, …) that expands that part's
+//! the same text. The parts of the store that have a folder of their own
+//! are written once as generic Rust over the driver of `sql/` (see
+//! `docs/architecture.md`, "The store's traits"); each part not moved yet
+//! is one file with one macro (`inbox_sql.rs` has
+//! `impl_inbox!`, `queue_sql.rs` `impl_queue!`, …) that expands that part's
 //! trait implementation for one backend with its fragments spliced in at
 //! compile time, so a query exists once and both backends run it.
 //! `postgres.rs` and `sqlite.rs` each import their backend's fragments and
 //! expand every macro once, in one module, so the helpers of one file
 //! (`insert_steps`, `steps_of`, …) serve the others.
 //!
-//! Why macros rather than functions generic over `sqlx::Database`: the
-//! fragments go into the SQL with `concat!`, so every statement is one
-//! `&'static str` built at compile time, and the queries need none of the
-//! trait bounds a generic sqlx function carries for each bound type.
-//! Backend-specific code (connecting, partitions) stays in `postgres.rs`
+//! The macros are what is left of the first layout, in which every
+//! statement was one `&'static str` built at compile time with `concat!`;
+//! the parts move out of them one by one, and `sql/mod.rs` says why the
+//! shared code is generic over a driver of our own rather than over
+//! `sqlx::Database`. Backend-specific code (connecting, partitions) stays in `postgres.rs`
 //! and `sqlite.rs`.
 
 /// Unix milliseconds of the process clock, for `created_at`-style columns.
