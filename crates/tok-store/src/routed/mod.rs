@@ -799,19 +799,6 @@ impl RecordStore for RoutedStore {
 }
 
 by_tenant! {
-    impl ConnectionStore {
-        fn create_connection(&self, tenant: &TenantId, new: NewConnection) -> Result<Connection>;
-        fn connections(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Connection>>;
-        fn connection(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
-        fn connection_unopened(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Connection>>;
-        fn update_connection(&self, tenant: &TenantId, id: &str, patch: ConnectionPatch) -> Result<Option<Connection>>;
-        fn delete_connection(&self, tenant: &TenantId, id: &str) -> Result<bool>;
-        fn admit(&self, tenant: &TenantId, connection_id: &str, job: JobId, lease_ms: i64) -> Result<Admission>;
-        fn release(&self, tenant: &TenantId, connection_id: &str, job: JobId, outcome: CallOutcome) -> Result<()>;
-    }
-}
-
-by_tenant! {
     impl SignalStore {
         fn send_signal(&self, tenant: &TenantId, signal: NewSignal) -> Result<SignalSent>;
     }
