@@ -12,7 +12,7 @@ use tok_core::ids::{AutomationId, RunId, TenantId, new_id};
 
 use super::{Approval, ApprovalStore, Decided, Decision, NewApproval};
 use crate::rows::now_ms;
-use crate::sql::{Conn, Driver, Row, SqlStore, Tx, on};
+use crate::sql::{Conn, Driver, DriverOf, Route, Row, SqlStore, Tx, on};
 use crate::{Cause, Member, NewSignal, Page, Result, SignalSent, StoreError};
 
 /// What a decision needs of the signals' and the desk's queries, which are
@@ -138,7 +138,10 @@ pub(crate) async fn members_in<D: Driver>(
 }
 
 #[async_trait]
-impl<S: DecisionIn> ApprovalStore for S {
+impl<R: Route> ApprovalStore for R
+where
+    R::Store: DecisionIn,
+{
     async fn approvals(
         &self,
         tenant: &TenantId,
@@ -146,33 +149,41 @@ impl<S: DecisionIn> ApprovalStore for S {
         limit: u32,
         before: Option<&str>,
     ) -> Result<Page<Approval>> {
-        let sql = format!(
-            "SELECT * FROM ({APPROVAL_SELECT} WHERE a.tenant_id = $1) x
-             WHERE (CAST($2 AS INTEGER) = 0 OR x.shown_status = 'pending')
-               AND (CAST($3 AS TEXT) IS NULL OR x.id < $3)
-             ORDER BY x.id DESC LIMIT $4"
-        );
-        let mut conn = self.reader().acquire().await?;
-        let rows = on("approvals", &sql)
-            .text(tenant.as_str())
-            .int32(i32::from(pending_only))
-            .opt_text(before)
-            .int(i64::from(limit) + 1)
-            .fetch_all::<S::Driver>(&mut conn)
-            .await?;
-        let items = rows.iter().map(approval).collect::<Result<Vec<_>>>()?;
-        Ok(Page::of(items, limit, |a: &Approval| a.id.clone()))
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let sql = format!(
+                "SELECT * FROM ({APPROVAL_SELECT} WHERE a.tenant_id = $1) x
+                 WHERE (CAST($2 AS INTEGER) = 0 OR x.shown_status = 'pending')
+                   AND (CAST($3 AS TEXT) IS NULL OR x.id < $3)
+                 ORDER BY x.id DESC LIMIT $4"
+            );
+            let mut conn = db.reader().acquire().await?;
+            let rows = on("approvals", &sql)
+                .text(tenant.as_str())
+                .int32(i32::from(pending_only))
+                .opt_text(before)
+                .int(i64::from(limit) + 1)
+                .fetch_all::<DriverOf<R>>(&mut conn)
+                .await?;
+            let items = rows.iter().map(approval).collect::<Result<Vec<_>>>()?;
+            Ok(Page::of(items, limit, |a: &Approval| a.id.clone()))
+        })
+        .await
     }
 
     async fn approval(&self, tenant: &TenantId, id: &str) -> Result<Option<Approval>> {
-        let sql = format!("{APPROVAL_SELECT} WHERE a.tenant_id = $1 AND a.id = $2");
-        let mut conn = self.reader().acquire().await?;
-        let row = on("approvals", &sql)
-            .text(tenant.as_str())
-            .text(id)
-            .fetch_optional::<S::Driver>(&mut conn)
-            .await?;
-        row.as_ref().map(approval).transpose()
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let sql = format!("{APPROVAL_SELECT} WHERE a.tenant_id = $1 AND a.id = $2");
+            let mut conn = db.reader().acquire().await?;
+            let row = on("approvals", &sql)
+                .text(tenant.as_str())
+                .text(id)
+                .fetch_optional::<DriverOf<R>>(&mut conn)
+                .await?;
+            row.as_ref().map(approval).transpose()
+        })
+        .await
     }
 
     async fn decide_approval(
@@ -181,119 +192,123 @@ impl<S: DecisionIn> ApprovalStore for S {
         id: &str,
         decision: Decision,
     ) -> Result<Decided> {
-        let writer = self.writer().await;
-        let mut tx = writer.begin().await?;
-        // The approval's row is held until the decision commits: a second
-        // decision waits for it, then finds it decided.
-        let lock = format!(
-            "SELECT id FROM approvals WHERE tenant_id = $1 AND id = $2 {}",
-            S::Driver::LOCK_ROWS
-        );
-        let locked = on("approvals", &lock)
-            .text(tenant.as_str())
-            .text(id)
-            .fetch_optional::<S::Driver>(&mut tx)
-            .await?;
-        if locked.is_none() {
-            return Ok(Decided::NotFound);
-        }
-        let sql = format!("{APPROVAL_SELECT} WHERE a.tenant_id = $1 AND a.id = $2");
-        let row = on("approvals", &sql)
-            .text(tenant.as_str())
-            .text(id)
-            .fetch_one::<S::Driver>(&mut tx)
-            .await?;
-        let mut approval = approval(&row)?;
-        if approval.status != "pending" {
-            return Ok(Decided::AlreadyDecided(approval));
-        }
-        let Some(by) = approval
-            .approvers
-            .iter()
-            .find(|a| a.id == decision.member)
-            .cloned()
-        else {
-            return Ok(Decided::NotAnApprover(approval));
-        };
-        let status = match decision.decision.as_str() {
-            "approve" => "approved",
-            _ => "rejected",
-        };
-        let now = now_ms();
-        let decided_by = document(&by)?;
-        on(
-            "approvals",
-            "UPDATE approvals SET status = $3, decided_by = $4, comment = $5, actor = $6,
-                decided_at = $7
-             WHERE tenant_id = $1 AND id = $2",
-        )
-        .text(tenant.as_str())
-        .text(id)
-        .text(status)
-        .json(&decided_by)
-        .opt_text(decision.comment.as_deref())
-        .json(&decision.actor)
-        .int(now)
-        .execute::<S::Driver>(&mut tx)
-        .await?;
-        let payload = serde_json::json!({
-            "decision": decision.decision,
-            "by": by,
-            "comment": decision.comment,
-            "approvalId": id,
-        });
-        let signal = NewSignal {
-            key: tok_core::approval::decision_key(id),
-            subject: None,
-            payload,
-            idempotency_key: None,
-            lookback_ms: 0,
-            actor: Some(decision.actor.clone()),
-        };
-        // While the step's escalation runs, the decision waits in the
-        // buffer for the step to park again, which takes it.
-        let escalating = S::escalating_wait(&mut tx, tenant, &signal).await?;
-        let sent = S::send_signal_in(&mut tx, tenant, &signal).await?;
-        if sent.resumed.is_empty() && !escalating {
-            // Its job was claimed for the timeout meanwhile: the timeout
-            // won. Nothing of the decision is kept.
-            approval.status = "closed".into();
-            return Ok(Decided::AlreadyDecided(approval));
-        }
-        let ticket = on(
-            "runs",
-            "SELECT subject_ticket_id FROM runs WHERE tenant_id = $1 AND id = $2",
-        )
-        .text(tenant.as_str())
-        .text(approval.run_id.as_str())
-        .fetch_optional::<S::Driver>(&mut tx)
-        .await?
-        .map(|r| r.opt_text("subject_ticket_id"))
-        .transpose()?
-        .flatten();
-        if let Some(ticket) = ticket {
-            let verb = if status == "approved" {
-                "Approved"
-            } else {
-                "Rejected"
-            };
-            let mut message = format!("{verb} by {} (step {})", by.name, approval.step_id);
-            if let Some(comment) = decision.comment.as_deref().filter(|c| !c.is_empty()) {
-                message.push_str(&format!(": {comment}"));
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut tx = writer.begin().await?;
+            // The approval's row is held until the decision commits: a second
+            // decision waits for it, then finds it decided.
+            let lock = format!(
+                "SELECT id FROM approvals WHERE tenant_id = $1 AND id = $2 {}",
+                DriverOf::<R>::LOCK_ROWS
+            );
+            let locked = on("approvals", &lock)
+                .text(tenant.as_str())
+                .text(id)
+                .fetch_optional::<DriverOf<R>>(&mut tx)
+                .await?;
+            if locked.is_none() {
+                return Ok(Decided::NotFound);
             }
-            let cause = Cause {
-                run_id: Some(approval.run_id.clone()),
-                automation_id: Some(AutomationId::from(approval.automation_id.clone())),
-                depth: 0,
-                actor: by.name.clone(),
+            let sql = format!("{APPROVAL_SELECT} WHERE a.tenant_id = $1 AND a.id = $2");
+            let row = on("approvals", &sql)
+                .text(tenant.as_str())
+                .text(id)
+                .fetch_one::<DriverOf<R>>(&mut tx)
+                .await?;
+            let mut approval = approval(&row)?;
+            if approval.status != "pending" {
+                return Ok(Decided::AlreadyDecided(approval));
+            }
+            let Some(by) = approval
+                .approvers
+                .iter()
+                .find(|a| a.id == decision.member)
+                .cloned()
+            else {
+                return Ok(Decided::NotAnApprover(approval));
             };
-            S::trace_in(&mut tx, tenant, &ticket, "approval", &message, &cause).await?;
-        }
-        tx.commit().await?;
-        approval.status = status.into();
-        approval.decided_by = Some(by);
-        approval.comment = decision.comment;
-        approval.decided_at = Some(now);
-        Ok(Decided::Done(approval))
+            let status = match decision.decision.as_str() {
+                "approve" => "approved",
+                _ => "rejected",
+            };
+            let now = now_ms();
+            let decided_by = document(&by)?;
+            on(
+                "approvals",
+                "UPDATE approvals SET status = $3, decided_by = $4, comment = $5, actor = $6,
+                    decided_at = $7
+                 WHERE tenant_id = $1 AND id = $2",
+            )
+            .text(tenant.as_str())
+            .text(id)
+            .text(status)
+            .json(&decided_by)
+            .opt_text(decision.comment.as_deref())
+            .json(&decision.actor)
+            .int(now)
+            .execute::<DriverOf<R>>(&mut tx)
+            .await?;
+            let payload = serde_json::json!({
+                "decision": decision.decision,
+                "by": by,
+                "comment": decision.comment,
+                "approvalId": id,
+            });
+            let signal = NewSignal {
+                key: tok_core::approval::decision_key(id),
+                subject: None,
+                payload,
+                idempotency_key: None,
+                lookback_ms: 0,
+                actor: Some(decision.actor.clone()),
+            };
+            // While the step's escalation runs, the decision waits in the
+            // buffer for the step to park again, which takes it.
+            let escalating = R::Store::escalating_wait(&mut tx, tenant, &signal).await?;
+            let sent = R::Store::send_signal_in(&mut tx, tenant, &signal).await?;
+            if sent.resumed.is_empty() && !escalating {
+                // Its job was claimed for the timeout meanwhile: the timeout
+                // won. Nothing of the decision is kept.
+                approval.status = "closed".into();
+                return Ok(Decided::AlreadyDecided(approval));
+            }
+            let ticket = on(
+                "runs",
+                "SELECT subject_ticket_id FROM runs WHERE tenant_id = $1 AND id = $2",
+            )
+            .text(tenant.as_str())
+            .text(approval.run_id.as_str())
+            .fetch_optional::<DriverOf<R>>(&mut tx)
+            .await?
+            .map(|r| r.opt_text("subject_ticket_id"))
+            .transpose()?
+            .flatten();
+            if let Some(ticket) = ticket {
+                let verb = if status == "approved" {
+                    "Approved"
+                } else {
+                    "Rejected"
+                };
+                let mut message = format!("{verb} by {} (step {})", by.name, approval.step_id);
+                if let Some(comment) = decision.comment.as_deref().filter(|c| !c.is_empty()) {
+                    message.push_str(&format!(": {comment}"));
+                }
+                let cause = Cause {
+                    run_id: Some(approval.run_id.clone()),
+                    automation_id: Some(AutomationId::from(approval.automation_id.clone())),
+                    depth: 0,
+                    actor: by.name.clone(),
+                };
+                R::Store::trace_in(&mut tx, tenant, &ticket, "approval", &message, &cause).await?;
+            }
+            tx.commit().await?;
+            approval.status = status.into();
+            approval.decided_by = Some(by);
+            approval.comment = decision.comment;
+            approval.decided_at = Some(now);
+            Ok(Decided::Done(approval))
+        })
+        .await
     }
 }

@@ -1074,14 +1074,6 @@ by_tenant! {
 }
 
 by_tenant! {
-    impl ApprovalStore {
-        fn approvals(&self, tenant: &TenantId, pending_only: bool, limit: u32, before: Option<&str>) -> Result<Page<Approval>>;
-        fn approval(&self, tenant: &TenantId, id: &str) -> Result<Option<Approval>>;
-        fn decide_approval(&self, tenant: &TenantId, id: &str, decision: Decision) -> Result<Decided>;
-    }
-}
-
-by_tenant! {
     impl QueueSampleStore {
         fn queue_samples(&self, tenant: &TenantId, since: i64, limit: u32) -> Result<Vec<QueueSample>>;
         fn expire_queue_samples(&self, tenant: &TenantId, before: i64, limit: u32) -> Result<u64>;
