@@ -47,11 +47,22 @@ async fn a_ticket_is_deleted_with_its_trace_once_no_run_in_flight_is_about_it(ap
             .is_empty()
     );
 
-    // In use by the waiting run: refused, nothing deleted.
+    // In use by the waiting run: refused, nothing deleted. The event the
+    // ticket's creation wrote may not be dispatched yet when the run parks
+    // (the refusal then names it too, for a moment): asked again until
+    // only the run holds the ticket.
     let refused = app
-        .delete(&tenant.key, &uri)
-        .await
-        .expect_error(StatusCode::CONFLICT, "in_use");
+        .poll("the events about the ticket to be dispatched", async || {
+            let refused = app
+                .delete(&tenant.key, &uri)
+                .await
+                .expect_error(StatusCode::CONFLICT, "in_use");
+            let undispatched = refused["used_by"]
+                .as_array()
+                .is_some_and(|users| users.iter().any(|u| u["kind"] == "events"));
+            (!undispatched).then_some(refused).ok_or(())
+        })
+        .await;
     assert_eq!(
         refused["used_by"],
         json!([{ "kind": "run", "id": run, "name": run, "path": null }]),
