@@ -48,6 +48,10 @@ async fn an_operation_acts_on_each_run_once_and_stops_when_cancelled(db: &TestDb
     }
 
     let op = store.create_operation(&t, retry_all()).await.unwrap();
+    // Operations run oldest first by `created_at` (milliseconds), then by
+    // id, and two ids made in one millisecond are in no order: `later` is
+    // made in a later millisecond.
+    tokio::time::sleep(Duration::from_millis(2)).await;
     let later = store.create_operation(&t, retry_all()).await.unwrap();
     let theirs = store.create_operation(&other, retry_all()).await.unwrap();
     let mut running: Vec<_> = store
