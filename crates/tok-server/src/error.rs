@@ -83,7 +83,11 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(what) => Self::not_found(what),
-            StoreError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            StoreError::Taken(message)
+            | StoreError::Changed(message)
+            | StoreError::InvalidState(message) => {
+                Self::new(StatusCode::CONFLICT, "conflict", message)
+            }
             // Deterministic for this input: a retry fails the same way.
             StoreError::Refused(message) => Self::bad_request("unstorable", message),
             // The operator's to fix (TOK_SECRET_KEY); the messages name a

@@ -272,7 +272,7 @@ macro_rules! impl_children {
             let event_id = insert_event(tx, tenant, event, "dispatched")
                 .await?
                 .ok_or_else(|| {
-                    StoreError::Conflict("the child run's event exists already".into())
+                    StoreError::Taken("the child run's event exists already".into())
                 })?;
             insert_runs(tx, &[(tenant.clone(), event_id, run.clone())], None).await?;
             sqlx::query("UPDATE runs SET parent_run_id = $3 WHERE tenant_id = $1 AND id = $2")

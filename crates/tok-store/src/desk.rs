@@ -268,7 +268,7 @@ pub trait DeskStore: Send + Sync {
     /// A group by id or name, with its members.
     async fn group(&self, tenant: &TenantId, name_or_id: &str) -> Result<Option<Group>>;
     /// Adds a member after the group's others; `None` when the tenant has
-    /// no group `group_id`, a [`Conflict`](crate::StoreError::Conflict)
+    /// no group `group_id`, [`Taken`](crate::StoreError::Taken)
     /// when the group has a member of that name.
     async fn add_member(
         &self,
@@ -337,7 +337,9 @@ pub trait DeskStore: Send + Sync {
     async fn delete_ticket(&self, tenant: &TenantId, id: &str) -> Result<TicketDeletion>;
     /// Writes a ticket change made outside a run (by a person, through the
     /// API), with its trace and event. An update applies only if the ticket
-    /// is still at `expected_updated_at`; otherwise `Conflict`.
+    /// is still at `expected_updated_at`, otherwise it is
+    /// [`Changed`](crate::StoreError::Changed); a new ticket whose external id
+    /// another has is [`Taken`](crate::StoreError::Taken).
     async fn write_ticket(
         &self,
         tenant: &TenantId,

@@ -222,7 +222,7 @@ macro_rules! impl_desk {
                 .fetch_optional(&mut *conn)
                 .await?;
                 if inserted.is_none() {
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::Taken(format!(
                         "a ticket with external id `{}` already exists",
                         t.external_id
                     )));
@@ -248,7 +248,7 @@ macro_rules! impl_desk {
                 .execute(&mut *conn)
                 .await?;
                 if updated.rows_affected() == 0 {
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::Changed(format!(
                         "ticket {} changed meanwhile; read it again and retry",
                         t.id
                     )));
@@ -458,7 +458,7 @@ macro_rules! impl_desk {
                 .await?;
                 match inserted {
                     Some(_) => Ok(t),
-                    None => Err(StoreError::Conflict(format!(
+                    None => Err(StoreError::Taken(format!(
                         "a ticket type named `{}` already exists",
                         t.name
                     ))),
@@ -520,7 +520,7 @@ macro_rules! impl_desk {
                 .fetch_optional(&mut *tx)
                 .await?;
                 if inserted.is_none() {
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::Taken(format!(
                         "a group named `{}` already exists",
                         group.name
                     )));
@@ -693,7 +693,7 @@ macro_rules! impl_desk {
                 let members = member_loads_in(&mut tx, tenant, &group_id).await?;
                 if members.iter().any(|m| m.member.name == name) {
                     tx.rollback().await?;
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::Taken(format!(
                         "group `{group_name}` already has a member named `{name}`"
                     )));
                 }

@@ -328,7 +328,7 @@ macro_rules! impl_dispatch {
                 $crate::storable::check_event(event)?;
                 insert_event(&mut self.tx, tenant, event, "pending")
                     .await?
-                    .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))
+                    .ok_or_else(|| StoreError::Taken("event idempotency key taken".into()))
             }
 
             async fn tenant_limits(&mut self, tenant: &TenantId) -> Result<tok_core::quotas::TenantLimits> {

@@ -153,7 +153,7 @@ macro_rules! impl_inbox {
                 .into_iter()
                 .map(|check| match check {
                     Ok(()) => accepted.next().unwrap_or_else(|| {
-                        Err(StoreError::Conflict("an event of the batch was not answered".into()))
+                        Err(StoreError::Invariant("an event of the batch was not answered".into()))
                     }),
                     Err(refused) => Err(refused),
                 })
@@ -421,7 +421,7 @@ macro_rules! impl_inbox {
             };
             let replay = insert_event(tx, tenant, &event, "pending")
                 .await?
-                .ok_or_else(|| StoreError::Conflict("a replay's own key was taken".into()))?;
+                .ok_or_else(|| StoreError::Taken("a replay's own key was taken".into()))?;
             sqlx::query("UPDATE event_inbox SET replay_of = $3 WHERE tenant_id = $1 AND id = $2")
                 .bind(tenant.as_str())
                 .bind(replay.as_str())
@@ -457,7 +457,7 @@ macro_rules! impl_inbox {
             ) -> Result<RunId> {
                 match self.start_run_limited(tenant, event, run, None).await? {
                     Started::Run(id) => Ok(id),
-                    Started::Limited { .. } => Err(StoreError::Conflict("a start without a limit was limited".into())),
+                    Started::Limited { .. } => Err(StoreError::Invariant("a start without a limit was limited".into())),
                 }
             }
 
@@ -490,7 +490,7 @@ macro_rules! impl_inbox {
                 }
                 let event_id = insert_event(&mut tx, tenant, &event, "dispatched")
                     .await?
-                    .ok_or_else(|| StoreError::Conflict("event idempotency key taken".into()))?;
+                    .ok_or_else(|| StoreError::Taken("event idempotency key taken".into()))?;
                 match insert_runs(&mut tx, &[(tenant.clone(), event_id, run.clone())], None).await {
                     Ok(_) => {
                         if !notify_work!().is_empty() {

@@ -154,8 +154,27 @@ pub enum StoreError {
         column: &'static str,
         cause: String,
     },
+    /// A name or key that is unique where it lives (a connection's or a
+    /// widget's name, a ticket's external id, an idempotency key) is held
+    /// by another row: nothing was written. The message names it.
     #[error("{0}")]
-    Conflict(String),
+    Taken(String),
+    /// The row changed since the caller read it (another writer came
+    /// first): nothing was written; reading it again and sending the
+    /// change again may pass.
+    #[error("{0}")]
+    Changed(String),
+    /// What the change is about is not in a state that allows it (a run
+    /// that is not paused, a tenant being deleted, a limit reached):
+    /// nothing was written. The message says what it is in and what would
+    /// allow it.
+    #[error("{0}")]
+    InvalidState(String),
+    /// A rule the store keeps between its own rows, or between the store
+    /// and its callers, was found broken (a bug, or rows written by hand):
+    /// nothing of the call was kept.
+    #[error("the store found a broken rule: {0}")]
+    Invariant(String),
     /// The database could not take the write; nothing was written.
     #[error("database unavailable: {0}")]
     Unavailable(String),
@@ -192,6 +211,16 @@ impl StoreError {
     /// again later may pass.
     pub fn is_outage(&self) -> bool {
         storable::outage(self)
+    }
+
+    /// Whether the call clashed with what is stored ([`StoreError::Taken`],
+    /// [`StoreError::Changed`], [`StoreError::InvalidState`]): the caller's
+    /// to resolve, answered as a conflict.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Taken(_) | StoreError::Changed(_) | StoreError::InvalidState(_)
+        )
     }
 
     /// Whether the data written was refused: by tok before writing it

@@ -580,7 +580,7 @@ macro_rules! impl_record {
             if moved != expected {
                 // The caller's fence said every job was held: a job that
                 // changed under it is a broken invariant, and nothing is kept.
-                return Err(StoreError::Conflict(format!(
+                return Err(StoreError::Invariant(format!(
                     "{moved} of {expected} fenced jobs could be moved on"
                 )));
             }

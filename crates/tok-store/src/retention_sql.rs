@@ -86,7 +86,7 @@ macro_rules! impl_retention {
                 retention: &tok_core::retention::Retention,
             ) -> Result<bool> {
                 let value = serde_json::to_value(retention)
-                    .map_err(|e| StoreError::Conflict(e.to_string()))?;
+                    .map_err(|e| StoreError::Refused(format!("the retention setting does not serialize: {e}")))?;
                 let done = sqlx::query($set_retention)
                     .bind(tenant.as_str())
                     .bind(Json(value))

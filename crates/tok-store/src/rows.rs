@@ -211,7 +211,7 @@ pub(crate) fn raw_json<T: serde::Serialize + ?Sized>(
     value: &T,
 ) -> crate::Result<Box<serde_json::value::RawValue>> {
     let unserializable = |e: serde_json::Error| {
-        crate::StoreError::Conflict(format!("a run's context does not serialize: {e}"))
+        crate::StoreError::Refused(format!("a run's context does not serialize: {e}"))
     };
     let raw = serde_json::value::to_raw_value(value).map_err(unserializable)?;
     if !raw.get().contains("\\u0000") {

@@ -272,7 +272,7 @@ macro_rules! impl_runs {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
                 if let Err(why) = cancel_checked_in(&mut tx, tenant, id).await? {
-                    return refused(tx, StoreError::Conflict(why)).await;
+                    return refused(tx, StoreError::InvalidState(why)).await;
                 }
                 let run = summary_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
@@ -287,7 +287,7 @@ macro_rules! impl_runs {
                     status,
                     RunStatus::Queued | RunStatus::Running | RunStatus::Waiting
                 ) {
-                    return refused(tx, StoreError::Conflict(format!(
+                    return refused(tx, StoreError::InvalidState(format!(
                         "the run is {}; only a queued, running or waiting run can be paused",
                         status.as_str()
                     ))).await;
@@ -316,7 +316,7 @@ macro_rules! impl_runs {
                 let mut tx = writer.begin().await?;
                 let status = run_status(&mut tx, tenant, id).await?;
                 if status != RunStatus::Paused {
-                    return refused(tx, StoreError::Conflict(format!(
+                    return refused(tx, StoreError::InvalidState(format!(
                         "the run is {}; only a paused run can be resumed",
                         status.as_str()
                     ))).await;
@@ -352,7 +352,7 @@ macro_rules! impl_runs {
                 let mut tx = writer.begin().await?;
                 let path = match retry_path_in(&mut tx, tenant, id).await? {
                     Ok(path) => path,
-                    Err(why) => return refused(tx, StoreError::Conflict(why)).await,
+                    Err(why) => return refused(tx, StoreError::InvalidState(why)).await,
                 };
                 retry_in(&mut tx, tenant, id, &path, None, false).await?;
                 let run = summary_in(&mut tx, tenant, id).await?;
@@ -650,9 +650,12 @@ macro_rules! impl_runs {
             .fetch_optional(&mut **tx)
             .await?
             .ok_or(StoreError::NotFound("run"))?;
-            let status: &str = row.get("status");
-            RunStatus::parse(status).ok_or_else(|| {
-                StoreError::Conflict(format!("the run has an unknown status `{status}`"))
+            let status = crate::sql::Row::<<$db as crate::sql::Native>::Driver>::new(row, "runs")
+                .text("status")?;
+            RunStatus::parse(&status).ok_or_else(|| StoreError::Decode {
+                table: "runs",
+                column: "status",
+                cause: format!("`{status}` is not a run status"),
             })
         }
 

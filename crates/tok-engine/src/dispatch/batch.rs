@@ -487,7 +487,7 @@ mod tests {
         }
 
         async fn accept(&mut self, _: &TenantId, _: &tok_store::NewEvent) -> Result<EventId> {
-            Err(tok_store::StoreError::Conflict(
+            Err(tok_store::StoreError::Invariant(
                 "these answers take no event of a start".into(),
             ))
         }

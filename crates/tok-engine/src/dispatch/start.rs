@@ -57,7 +57,7 @@ pub(crate) async fn through_controls(
     planned: Option<&crate::stream::Planned>,
 ) -> Result<Gated> {
     let Some(control) = automation.flow.control() else {
-        return Err(StoreError::Conflict(
+        return Err(StoreError::Invariant(
             "a start through its automation's start control needs one (flow)".into(),
         ));
     };
@@ -132,7 +132,7 @@ pub(crate) async fn through_controls(
         Err(failed) => {
             let error = match failed.failure {
                 Failure::Store(e) => e,
-                Failure::Planning { message, .. } => StoreError::Conflict(message),
+                Failure::Planning { message, .. } => StoreError::InvalidState(message),
             };
             // Two starts with one idempotency key at once: the second's
             // run collides with the first's, which it answers.

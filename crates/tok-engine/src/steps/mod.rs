@@ -131,7 +131,12 @@ pub(crate) enum TxError {
 impl From<StoreError> for TxError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Conflict(message) => TxError::Step(StepError::terminal(message)),
+            // What a step asked of the store clashes with what is stored, or
+            // breaks a rule of the store: trying it again fails the same way.
+            StoreError::Taken(message)
+            | StoreError::Changed(message)
+            | StoreError::InvalidState(message)
+            | StoreError::Invariant(message) => TxError::Step(StepError::terminal(message)),
             other => TxError::Store(other),
         }
     }

@@ -215,7 +215,7 @@ async fn create(
         .await
     {
         Ok(_) => {}
-        Err(StoreError::Conflict(message)) => {
+        Err(StoreError::Taken(message)) => {
             return Err(
                 ApiError::new(StatusCode::CONFLICT, "duplicate_external_id", message)
                     .with("external_id", ticket.external_id),
@@ -333,7 +333,7 @@ async fn update(
         .await
     {
         Ok(_) => {}
-        Err(StoreError::Conflict(_)) => {
+        Err(e) if e.is_conflict() => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "conflict",

@@ -115,7 +115,7 @@ pub trait AdminStore: Send + Sync {
     async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
     /// Applies the admin's change to a tenant's name and settings; `None`:
     /// no such tenant. A tenant being deleted cannot be changed
-    /// ([`StoreError::Conflict`](crate::StoreError::Conflict)); on a
+    /// ([`StoreError::InvalidState`](crate::StoreError::InvalidState)); on a
     /// [`RoutedStore`](crate::RoutedStore), neither can a tenant's name
     /// where `TOK_TENANT_DATABASES` routes it by name.
     async fn update_tenant(&self, id: &TenantId, patch: TenantPatch) -> Result<Option<Tenant>>;

@@ -124,7 +124,7 @@ impl<S: SqlStore> AdminStore for S {
             return Ok(None);
         };
         if tenant(&row)?.deleting() {
-            return Err(StoreError::Conflict(format!(
+            return Err(StoreError::InvalidState(format!(
                 "tenant {id} is being deleted: it cannot be changed"
             )));
         }

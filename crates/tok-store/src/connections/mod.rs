@@ -82,7 +82,7 @@ pub struct ConnectionPatch {
     /// caller read it when it judged the change: a change of the base URL
     /// is judged by where the credentials held then would go, and must not
     /// apply to credentials given meanwhile. Otherwise the change is a
-    /// [`StoreError::Conflict`](crate::StoreError::Conflict) and nothing
+    /// [`StoreError::Changed`](crate::StoreError::Changed) and nothing
     /// is written.
     pub expect: Option<ExpectedConnection>,
 }

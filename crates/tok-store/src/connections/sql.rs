@@ -115,7 +115,7 @@ impl<R: Route> ConnectionStore for R {
             drop(conn);
             drop(writer);
             if inserted.is_none() {
-                return Err(StoreError::Conflict(format!(
+                return Err(StoreError::Taken(format!(
                     "a connection named `{}` already exists",
                     new.name
                 )));
@@ -219,7 +219,7 @@ impl<R: Route> ConnectionStore for R {
                 };
                 if now != *expected {
                     tx.rollback().await?;
-                    return Err(StoreError::Conflict(
+                    return Err(StoreError::Changed(
                         "the connection's base_url or credentials changed while this change \
                          was judged; read it again and send the change again"
                             .into(),

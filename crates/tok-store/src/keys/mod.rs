@@ -145,7 +145,8 @@ pub trait KeyStore: Send + Sync {
     /// returned, for the caller to say so).
     async fn key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>>;
     /// Makes a key of the tenant's; a tenant holding
-    /// [`MAX_KEYS_PER_TENANT`] keys is a [`StoreError::Conflict`](crate::StoreError::Conflict).
+    /// [`MAX_KEYS_PER_TENANT`] keys is a
+    /// [`StoreError::InvalidState`](crate::StoreError::InvalidState).
     async fn create_key(&self, tenant: &TenantId, key: NewKey) -> Result<ApiKey>;
     /// A page of the tenant's keys that are not revoked, oldest first,
     /// after the key id `after`.
@@ -175,8 +176,9 @@ pub trait KeyStore: Send + Sync {
     /// other rotation (on PostgreSQL, across processes). Returns how many
     /// it revoked: none when it is the only admin key already. A key that
     /// was an admin key and was rotated out is never taken back, and a
-    /// tenant's key is not taken over: both are a
-    /// [`StoreError::Conflict`](crate::StoreError::Conflict). Only an
+    /// tenant's key is not taken over
+    /// ([`StoreError::InvalidState`](crate::StoreError::InvalidState) and
+    /// [`StoreError::Taken`](crate::StoreError::Taken)). Only an
     /// explicit rotation calls it (`tok admin-key rotate`, or the first
     /// start), never a start with an old `TOK_ADMIN_KEY`.
     async fn rotate_admin_key(&self, hash: &str) -> Result<u64>;

@@ -120,7 +120,7 @@ impl<S: SqlStore> KeyStore for S {
         .int("n")?;
         if held >= MAX_KEYS_PER_TENANT {
             tx.rollback().await?;
-            return Err(StoreError::Conflict(format!(
+            return Err(StoreError::InvalidState(format!(
                 "the tenant holds {held} keys, the most it may; revoke one it no longer uses first"
             )));
         }
@@ -337,7 +337,7 @@ impl<S: SqlStore> KeyStore for S {
             // key must be a secret of its own.
             if held.opt_text("tenant_id")?.is_some() {
                 tx.rollback().await?;
-                return Err(StoreError::Conflict(
+                return Err(StoreError::Taken(
                     "this secret is a tenant's key; the platform admin key must be a \
                      secret of its own: choose another"
                         .into(),
@@ -345,7 +345,7 @@ impl<S: SqlStore> KeyStore for S {
             }
             if let Some(at) = held.opt_int("revoked_at")? {
                 tx.rollback().await?;
-                return Err(StoreError::Conflict(format!(
+                return Err(StoreError::InvalidState(format!(
                     "this key was the platform admin key and was rotated out at {}; a \
                      key rotated out is never taken back: rotate to a new one",
                     crate::rfc3339::format(at)

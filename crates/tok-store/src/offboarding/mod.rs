@@ -224,9 +224,10 @@ pub trait OffboardingStore: Send + Sync {
 
     /// Deletes at most `limit` rows of `tenant` from `table` (one of
     /// [`ERASED`]) in one short statement; returns how many (none: the
-    /// table holds no more of them). Refused
-    /// ([`StoreError::Conflict`](crate::StoreError::Conflict)) for a tenant
-    /// that is not being deleted, and for a table not in [`ERASED`].
+    /// table holds no more of them). Refused for a tenant that is not being
+    /// deleted ([`StoreError::InvalidState`](crate::StoreError::InvalidState))
+    /// and for a table not in [`ERASED`]
+    /// ([`StoreError::Invariant`](crate::StoreError::Invariant)).
     async fn erase_tenant_rows(&self, tenant: &TenantId, table: &str, limit: u32) -> Result<u64>;
 
     /// The rows of `tenant` each table of [`ERASED`] still holds, each
@@ -243,7 +244,7 @@ pub trait OffboardingStore: Send + Sync {
 /// The refusal of [`OffboardingStore::erase_tenant_rows`] for a table not
 /// in [`ERASED`].
 pub(crate) fn not_erased(table: &str) -> crate::StoreError {
-    crate::StoreError::Conflict(format!(
+    crate::StoreError::Invariant(format!(
         "`{table}` is not a table a tenant's deletion erases"
     ))
 }
@@ -251,7 +252,7 @@ pub(crate) fn not_erased(table: &str) -> crate::StoreError {
 /// The refusal of [`OffboardingStore::erase_tenant_rows`] for a tenant in
 /// service (or none).
 pub(crate) fn not_deleting(tenant: &TenantId) -> crate::StoreError {
-    crate::StoreError::Conflict(format!(
+    crate::StoreError::InvalidState(format!(
         "tenant {tenant} is not being deleted: its rows are not erased"
     ))
 }

@@ -127,7 +127,7 @@ pub trait OperationStore: Send + Sync {
     ) -> Result<Vec<(RunId, String)>>;
     /// Stops a running operation: the runs it acted on stay as they are.
     /// `None` when the tenant has no such operation; a
-    /// [`crate::StoreError::Conflict`] when it is not running.
+    /// [`crate::StoreError::InvalidState`] when it is not running.
     async fn cancel_operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
     /// The oldest running operation of each of these tenants.
     async fn running_operations(&self, tenants: &[TenantId]) -> Result<Vec<Operation>>;

@@ -177,7 +177,7 @@ impl<S: RunActions> OperationStore for S {
         drop(writer);
         let operation = self.operation(tenant, id).await?;
         match operation {
-            Some(op) if stopped == 0 => Err(StoreError::Conflict(format!(
+            Some(op) if stopped == 0 => Err(StoreError::InvalidState(format!(
                 "the operation is {}; only a running operation can be cancelled",
                 op.status
             ))),

@@ -336,7 +336,7 @@ mod tests {
         assert!(!unreachable(&StoreError::Database(
             sqlx::Error::RowNotFound
         )));
-        assert!(!unreachable(&StoreError::Conflict("taken".into())));
+        assert!(!unreachable(&StoreError::Taken("taken".into())));
         // A group write's failure, as each of its callers gets it.
         assert!(unreachable(&StoreError::Unavailable("the batch".into())));
         assert!(!unreachable(&StoreError::Refused("U+0000".into())));

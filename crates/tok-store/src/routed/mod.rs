@@ -490,7 +490,7 @@ impl AdminStore for RoutedStore {
         {
             let (now, then) = (self.db_index(id).await?, self.index_of(id.as_str(), name));
             if now != then {
-                return Err(StoreError::Conflict(format!(
+                return Err(StoreError::InvalidState(format!(
                     "TOK_TENANT_DATABASES routes tenant {id} by name: renamed `{name}`, it would \
                      be looked for on another database than the one its rows are on; route it \
                      by its id first (`{id}=<url>`), then rename it"

@@ -59,7 +59,7 @@ pub async fn copy_tenant(
     .fetch_one(from)
     .await?;
     if leased > 0 {
-        return Err(StoreError::Conflict(format!(
+        return Err(StoreError::InvalidState(format!(
             "{leased} job(s) of tenant {tenant} are leased (steps in flight); stop the tenant's \
              processes and wait for their leases to end before copying"
         )));
@@ -77,7 +77,7 @@ pub async fn copy_tenant(
             .fetch_one(&mut *target)
             .await?;
         if held {
-            return Err(StoreError::Conflict(format!(
+            return Err(StoreError::InvalidState(format!(
                 "the target database already holds rows of tenant {tenant} in {table}; \
                  nothing was copied"
             )));
@@ -251,7 +251,7 @@ async fn tenant_tables(db: &PgPool) -> Result<Vec<String>> {
             .cloned()
             .collect();
         if ready.is_empty() {
-            return Err(StoreError::Conflict(
+            return Err(StoreError::Invariant(
                 "the tenant tables reference each other in a cycle".into(),
             ));
         }

@@ -49,7 +49,7 @@ pub struct WidgetPatch {
 
 #[async_trait]
 pub trait WidgetStore: Send + Sync {
-    /// Fails with [`crate::StoreError::Conflict`] when the tenant has a
+    /// Fails with [`crate::StoreError::Taken`] when the tenant has a
     /// widget of that name.
     async fn create_widget(&self, tenant: &TenantId, new: NewWidget) -> Result<Widget>;
     /// A page of the tenant's widgets by name, after the name `after`,

@@ -51,7 +51,7 @@ impl<R: Route> WidgetStore for R {
             })
             .await?;
         if inserted.is_none() {
-            return Err(StoreError::Conflict(format!(
+            return Err(StoreError::Taken(format!(
                 "a widget named `{}` already exists",
                 new.name
             )));

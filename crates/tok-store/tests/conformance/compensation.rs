@@ -79,7 +79,7 @@ async fn a_cancelled_run_with_steps_to_undo_compensates_on_one_job(db: &TestDb) 
     assert!(detail.waits.is_empty(), "{backend:?}: the wait is gone");
     let again = store.cancel_run(&t, &undoing).await;
     assert!(
-        matches!(&again, Err(StoreError::Conflict(m)) if m.contains("compensating")),
+        matches!(&again, Err(StoreError::InvalidState(m)) if m.contains("compensating")),
         "{backend:?}: a second cancel is refused: {again:?}"
     );
 
@@ -205,7 +205,7 @@ async fn a_run_that_undid_its_steps_on_failure_is_not_retried(db: &TestDb) {
     store.record(&jobs[0], record).await.expect("record");
     let retried = store.retry_run(&t, &run).await;
     assert!(
-        matches!(&retried, Err(StoreError::Conflict(m)) if m.contains("undid")),
+        matches!(&retried, Err(StoreError::InvalidState(m)) if m.contains("undid")),
         "{backend:?}: {retried:?}"
     );
 }

@@ -556,7 +556,7 @@ async fn a_change_judged_against_what_was_read_is_refused_once_that_changed(db: 
         )
         .await;
     assert!(
-        matches!(&moved, Err(StoreError::Conflict(m)) if m.contains("changed")),
+        matches!(&moved, Err(StoreError::Changed(m)) if m.contains("changed")),
         "{moved:?}"
     );
     let held = store.connection(&t, "shop").await.unwrap().unwrap();

@@ -224,7 +224,7 @@ async fn members_are_added_changed_and_removed_but_not_while_they_hold_open_tick
         .await
         .unwrap_err();
     assert!(
-        matches!(&error, StoreError::Conflict(m) if m.contains("`Bo`")),
+        matches!(&error, StoreError::Taken(m) if m.contains("`Bo`")),
         "{backend:?}: {error}"
     );
     assert!(

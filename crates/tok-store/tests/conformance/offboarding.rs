@@ -524,14 +524,14 @@ async fn a_tenant_in_service_is_never_erased(db: &TestDb) {
     for table in ERASED {
         let refused = store.erase_tenant_rows(&kept, table.name, 100).await;
         assert!(
-            matches!(refused, Err(StoreError::Conflict(ref m)) if m.contains("not being deleted")),
+            matches!(refused, Err(StoreError::InvalidState(ref m)) if m.contains("not being deleted")),
             "{}: {refused:?}",
             table.name
         );
     }
     let unknown = store.erase_tenant_rows(&kept, "tenants", 100).await;
     assert!(
-        matches!(unknown, Err(StoreError::Conflict(_))),
+        matches!(unknown, Err(StoreError::Invariant(_))),
         "{unknown:?}"
     );
     let nobody = TenantId::from("ten_nobody".to_owned());

@@ -142,7 +142,7 @@ async fn an_operation_acts_on_each_run_once_and_stops_when_cancelled(db: &TestDb
     );
     assert!(matches!(
         store.cancel_operation(&t, &later.id).await,
-        Err(StoreError::Conflict(_))
+        Err(StoreError::InvalidState(_))
     ));
     store
         .advance_operation(&t, &op.id, None, true)

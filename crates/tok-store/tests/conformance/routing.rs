@@ -126,14 +126,14 @@ async fn a_tenant_routed_by_its_name_is_not_renamed_off_its_database() {
         };
         let refused = store.update_tenant(&far, renamed("Farther")).await;
         assert!(
-            matches!(refused, Err(StoreError::Conflict(ref m)) if m.contains("routes tenant")),
+            matches!(refused, Err(StoreError::InvalidState(ref m)) if m.contains("routes tenant")),
             "{refused:?}"
         );
         assert_eq!(store.tenant(&far).await.unwrap().unwrap().name, "Far");
         // Nor may another tenant take the name that would move it there.
         let refused = store.update_tenant(&near, renamed("Far")).await;
         assert!(
-            matches!(refused, Err(StoreError::Conflict(_))),
+            matches!(refused, Err(StoreError::InvalidState(_))),
             "{refused:?}"
         );
         // A name that keeps it where it is is fine.

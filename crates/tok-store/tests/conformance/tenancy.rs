@@ -43,7 +43,7 @@ async fn a_tenant_is_renamed_unless_it_is_being_deleted(db: &TestDb) {
         )
         .await;
     assert!(
-        matches!(refused, Err(StoreError::Conflict(ref m)) if m.contains("being deleted")),
+        matches!(refused, Err(StoreError::InvalidState(ref m)) if m.contains("being deleted")),
         "{backend:?}: {refused:?}"
     );
     assert_eq!(store.tenant(&b).await.unwrap().unwrap().name, "b");

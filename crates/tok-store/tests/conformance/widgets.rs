@@ -102,7 +102,7 @@ async fn a_name_is_one_widget_per_tenant_and_tenants_never_share_widgets(db: &Te
         .unwrap();
     let again = store.create_widget(&acme, new_widget("Open orders")).await;
     assert!(
-        matches!(again, Err(StoreError::Conflict(_))),
+        matches!(again, Err(StoreError::Taken(_))),
         "{backend:?}: {again:?}"
     );
     // Another tenant's widget may have the same name.
