@@ -6,12 +6,12 @@
 use async_trait::async_trait;
 use tok_core::ids::{AutomationId, SourceId, TenantId};
 
-use crate::{
-    AutomationRow, AutomationStatus, NewSource, NewVersion, Page, Result, SavedVersion, Source,
-    SourcePatch, SourceRotation,
-};
+use crate::{Page, Result};
 
 mod sql;
+mod types;
+
+pub use types::*;
 
 pub(crate) use sql::{AUTOMATION_SELECT, automation};
 
