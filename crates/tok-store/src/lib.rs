@@ -107,15 +107,15 @@ pub use keys::{
 pub use model::*;
 pub use offboarding::{ERASED, ErasedTable, Finished, OffboardingStore, RowsLeft};
 pub use operations::{
-    Applied, NewOperation, Operation, OperationAction, OperationStore, RunAction,
+    Applied, NewOperation, Operation, OperationAction, OperationLoop, OperationStore, RunAction,
 };
 pub use postgres::PgStore;
-pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore};
+pub use queue_samples::{QUEUE_SAMPLES_KEPT, QueueSample, QueueSampleStore, QueueSampling};
 pub use relay::{Heard, StreamRelay};
 pub use retention::{Expiring, MovedRows, PartitionProblem, RetentionStore};
 pub use routed::{RoutedStore, TENANT_DATABASE_RETRY, TenantDatabases};
 pub use rows::{IDEMPOTENCY_WINDOW, advance_clock, now, now_ms};
-pub use schedule::{DueTrigger, ScheduleStore, StaleSchedule};
+pub use schedule::{DueTrigger, ScheduleStore, SchedulerWake, StaleSchedule};
 pub use secrets::{Keyring, Reseal, Resealed, SecretError};
 pub use signals::{NewSignal, SignalSent, SignalStore};
 pub use sqlite::{DEFAULT_WAL_LIMIT, SqliteSettings, SqliteStore, WorkLeft};
@@ -451,11 +451,13 @@ pub trait Store:
     + RunStore
     + QueueStore
     + QueueSampleStore
+    + QueueSampling
     + DeskStore
     + RecordStore
     + ConnectionStore
     + SignalStore
     + ScheduleStore
+    + SchedulerWake
     + WatchStore
     + WidgetStore
     + RetentionStore
@@ -463,6 +465,7 @@ pub trait Store:
     + EffectStore
     + AuditStore
     + OperationStore
+    + OperationLoop
     + OffboardingStore
 {
     fn backend(&self) -> Backend;

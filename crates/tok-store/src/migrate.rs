@@ -11,6 +11,9 @@ pub(crate) struct Migration {
     pub(crate) sql: &'static str,
 }
 
+/// The migrations of one folder of `migrations/`, each file's SQL built
+/// into the binary. A macro because `include_str!` takes a literal path
+/// only; it generates no SQL of its own.
 macro_rules! migrations {
     ($dir:literal: $($version:literal $name:literal),* $(,)?) => {
         &[$(Migration {

@@ -10,7 +10,7 @@
 //! docs/dashboard.md, "Pages") is the holder's alone: every
 //! [`SchedulerConfig::queue_sample_every`] the node holding the wake writes
 //! one sample row per tenant, all tenants in one statement
-//! (`tok_store::QueueSampleStore`), for the dashboard's charts of the last
+//! (`tok_store::QueueSampling`), for the dashboard's charts of the last
 //! hour; the expiry deletes them after a day.
 
 use std::sync::Arc;

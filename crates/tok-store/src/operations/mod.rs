@@ -7,6 +7,13 @@
 //! begun acts on each run once. Which runs a page takes, and whether a
 //! retry can move a run to another version, are the engine's
 //! (`tok_engine::operations`).
+//!
+//! Two traits: [`OperationStore`], whose every call is about one tenant and
+//! runs on its database (written once for every store over
+//! `crate::sql::Route`: the routed store needs no code for it), and
+//! [`OperationLoop`], what the engine's loop of operations reads over many
+//! tenants at once, which spans the databases of the routed store (each
+//! asked for its own tenants, in `routed/wake.rs`).
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -107,6 +114,7 @@ pub enum Applied {
     Stopped,
 }
 
+/// A tenant's bulk operations, on its database.
 #[async_trait]
 pub trait OperationStore: Send + Sync {
     async fn create_operation(&self, tenant: &TenantId, new: NewOperation) -> Result<Operation>;
@@ -129,8 +137,6 @@ pub trait OperationStore: Send + Sync {
     /// `None` when the tenant has no such operation; a
     /// [`crate::StoreError::InvalidState`] when it is not running.
     async fn cancel_operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
-    /// The oldest running operation of each of these tenants.
-    async fn running_operations(&self, tenants: &[TenantId]) -> Result<Vec<Operation>>;
     /// Acts on one run for the operation, in one transaction with the
     /// operation's row for the run and its counts; [`Applied::Already`] when
     /// that row exists. Nothing is done once the operation is not running.
@@ -150,6 +156,15 @@ pub trait OperationStore: Send + Sync {
         after: Option<&str>,
         finished: bool,
     ) -> Result<()>;
+}
+
+/// What the engine's loop of bulk operations reads over all the tenants it
+/// serves at once: on the routed store, each database is asked for its own
+/// tenants.
+#[async_trait]
+pub trait OperationLoop: Send + Sync {
+    /// The oldest running operation of each of these tenants.
+    async fn running_operations(&self, tenants: &[TenantId]) -> Result<Vec<Operation>>;
 }
 
 mod postgres;

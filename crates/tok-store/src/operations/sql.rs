@@ -1,7 +1,8 @@
-//! [`OperationStore`] on either database: the same SQL on both, but for how
-//! a list of tenants is bound. [`OperationStore::apply`] acts on a run with
-//! the retry and cancel of `runs_sql.rs`, in its transaction, through
-//! [`RunActions`].
+//! [`OperationStore`] on every store, on the tenant's database, and
+//! [`OperationLoop`] on a store of one database: the same SQL on both
+//! databases, but for how a list of tenants is bound.
+//! [`OperationStore::apply`] acts on a run with the retry and cancel of
+//! `runs_sql.rs`, in its transaction, through [`RunActions`].
 
 use std::future::Future;
 
@@ -9,9 +10,9 @@ use async_trait::async_trait;
 use tok_core::ids::{RunId, TenantId, new_id};
 use tok_core::run::RunStatus;
 
-use super::{Applied, NewOperation, Operation, OperationStore, RunAction};
+use super::{Applied, NewOperation, Operation, OperationLoop, OperationStore, RunAction};
 use crate::rows::now_ms;
-use crate::sql::{Driver, Row, SqlStore, Tx, on};
+use crate::sql::{Driver, DriverOf, Route, Row, SqlStore, Tx, on};
 use crate::{Page, Result, StoreError};
 
 /// What [`OperationStore::apply`] needs of the runs' queries, which are
@@ -68,46 +69,63 @@ fn operation<D: Driver>(row: &Row<D>) -> Result<Operation> {
     })
 }
 
+/// The tenant's operation `id`, read on `store` (its database).
+async fn operation_on<S: SqlStore>(
+    store: &S,
+    tenant: &TenantId,
+    id: &str,
+) -> Result<Option<Operation>> {
+    let mut conn = store.reader().acquire().await?;
+    let row = on(
+        "operations",
+        "SELECT * FROM operations WHERE tenant_id = $1 AND id = $2",
+    )
+    .text(tenant.as_str())
+    .text(id)
+    .fetch_optional::<S::Driver>(&mut conn)
+    .await?;
+    row.as_ref().map(operation).transpose()
+}
+
 #[async_trait]
-impl<S: RunActions> OperationStore for S {
+impl<R: Route> OperationStore for R
+where
+    R::Store: RunActions,
+{
     async fn create_operation(&self, tenant: &TenantId, new: NewOperation) -> Result<Operation> {
-        let id = new_id("op");
-        let writer = self.writer().await;
-        let mut conn = writer.acquire().await?;
-        on(
-            "operations",
-            "INSERT INTO operations (id, tenant_id, action, version, filter, status,
-                total, actor, created_at)
-             VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $8)",
-        )
-        .text(&id)
-        .text(tenant.as_str())
-        .text(new.action.as_str())
-        .text(&new.version)
-        .json(&new.filter)
-        .int(new.total)
-        .opt_json(new.actor.as_ref())
-        .int(now_ms())
-        .execute::<S::Driver>(&mut conn)
-        .await?;
-        drop(conn);
-        drop(writer);
-        self.operation(tenant, &id)
-            .await?
-            .ok_or(StoreError::NotFound("operation"))
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let id = new_id("op");
+            let writer = db.writer().await;
+            let mut conn = writer.acquire().await?;
+            on(
+                "operations",
+                "INSERT INTO operations (id, tenant_id, action, version, filter, status,
+                    total, actor, created_at)
+                 VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $8)",
+            )
+            .text(&id)
+            .text(tenant.as_str())
+            .text(new.action.as_str())
+            .text(&new.version)
+            .json(&new.filter)
+            .int(new.total)
+            .opt_json(new.actor.as_ref())
+            .int(now_ms())
+            .execute::<DriverOf<R>>(&mut conn)
+            .await?;
+            drop(conn);
+            drop(writer);
+            operation_on(&*db, tenant, &id)
+                .await?
+                .ok_or(StoreError::NotFound("operation"))
+        })
+        .await
     }
 
     async fn operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>> {
-        let mut conn = self.reader().acquire().await?;
-        let row = on(
-            "operations",
-            "SELECT * FROM operations WHERE tenant_id = $1 AND id = $2",
-        )
-        .text(tenant.as_str())
-        .text(id)
-        .fetch_optional::<S::Driver>(&mut conn)
-        .await?;
-        row.as_ref().map(operation).transpose()
+        let db = self.db_for(tenant).await?;
+        db.call(operation_on(&*db, tenant, id)).await
     }
 
     async fn operations(
@@ -116,20 +134,24 @@ impl<S: RunActions> OperationStore for S {
         limit: u32,
         after: Option<&str>,
     ) -> Result<Page<Operation>> {
-        let mut conn = self.reader().acquire().await?;
-        let rows = on(
-            "operations",
-            "SELECT * FROM operations
-             WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR id < $2)
-             ORDER BY id DESC LIMIT $3",
-        )
-        .text(tenant.as_str())
-        .opt_text(after)
-        .int(i64::from(limit) + 1)
-        .fetch_all::<S::Driver>(&mut conn)
-        .await?;
-        let items = rows.iter().map(operation).collect::<Result<_>>()?;
-        Ok(Page::of(items, limit, |o: &Operation| o.id.clone()))
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let mut conn = db.reader().acquire().await?;
+            let rows = on(
+                "operations",
+                "SELECT * FROM operations
+                 WHERE tenant_id = $1 AND (CAST($2 AS TEXT) IS NULL OR id < $2)
+                 ORDER BY id DESC LIMIT $3",
+            )
+            .text(tenant.as_str())
+            .opt_text(after)
+            .int(i64::from(limit) + 1)
+            .fetch_all::<DriverOf<R>>(&mut conn)
+            .await?;
+            let items = rows.iter().map(operation).collect::<Result<_>>()?;
+            Ok(Page::of(items, limit, |o: &Operation| o.id.clone()))
+        })
+        .await
     }
 
     async fn operation_failures(
@@ -138,53 +160,199 @@ impl<S: RunActions> OperationStore for S {
         id: &str,
         limit: u32,
     ) -> Result<Vec<(RunId, String)>> {
-        let mut conn = self.reader().acquire().await?;
-        let rows = on(
-            "operation_runs",
-            "SELECT run_id, reason FROM operation_runs
-             WHERE tenant_id = $1 AND operation_id = $2 AND NOT ok
-             ORDER BY run_id LIMIT $3",
-        )
-        .text(tenant.as_str())
-        .text(id)
-        .int(i64::from(limit))
-        .fetch_all::<S::Driver>(&mut conn)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    RunId::from(r.text("run_id")?),
-                    r.opt_text("reason")?.unwrap_or_default(),
-                ))
-            })
-            .collect()
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let mut conn = db.reader().acquire().await?;
+            let rows = on(
+                "operation_runs",
+                "SELECT run_id, reason FROM operation_runs
+                 WHERE tenant_id = $1 AND operation_id = $2 AND NOT ok
+                 ORDER BY run_id LIMIT $3",
+            )
+            .text(tenant.as_str())
+            .text(id)
+            .int(i64::from(limit))
+            .fetch_all::<DriverOf<R>>(&mut conn)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok((
+                        RunId::from(r.text("run_id")?),
+                        r.opt_text("reason")?.unwrap_or_default(),
+                    ))
+                })
+                .collect()
+        })
+        .await
     }
 
     async fn cancel_operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>> {
-        let writer = self.writer().await;
-        let mut conn = writer.acquire().await?;
-        let stopped = on(
-            "operations",
-            "UPDATE operations SET status = 'cancelled', finished_at = $3
-             WHERE tenant_id = $1 AND id = $2 AND status = 'running'",
-        )
-        .text(tenant.as_str())
-        .text(id)
-        .int(now_ms())
-        .execute::<S::Driver>(&mut conn)
-        .await?;
-        drop(conn);
-        drop(writer);
-        let operation = self.operation(tenant, id).await?;
-        match operation {
-            Some(op) if stopped == 0 => Err(StoreError::InvalidState(format!(
-                "the operation is {}; only a running operation can be cancelled",
-                op.status
-            ))),
-            found => Ok(found),
-        }
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut conn = writer.acquire().await?;
+            let stopped = on(
+                "operations",
+                "UPDATE operations SET status = 'cancelled', finished_at = $3
+                 WHERE tenant_id = $1 AND id = $2 AND status = 'running'",
+            )
+            .text(tenant.as_str())
+            .text(id)
+            .int(now_ms())
+            .execute::<DriverOf<R>>(&mut conn)
+            .await?;
+            drop(conn);
+            drop(writer);
+            let operation = operation_on(&*db, tenant, id).await?;
+            match operation {
+                Some(op) if stopped == 0 => Err(StoreError::InvalidState(format!(
+                    "the operation is {}; only a running operation can be cancelled",
+                    op.status
+                ))),
+                found => Ok(found),
+            }
+        })
+        .await
     }
 
+    async fn apply(
+        &self,
+        tenant: &TenantId,
+        operation: &str,
+        run: &RunId,
+        action: RunAction,
+    ) -> Result<Applied> {
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut tx = writer.begin().await?;
+            let status = on(
+                "operations",
+                "SELECT status FROM operations WHERE tenant_id = $1 AND id = $2",
+            )
+            .text(tenant.as_str())
+            .text(operation)
+            .fetch_optional::<DriverOf<R>>(&mut tx)
+            .await?
+            .map(|r| r.text("status"))
+            .transpose()?;
+            if status.as_deref() != Some("running") {
+                tx.rollback().await?;
+                return Ok(Applied::Stopped);
+            }
+            let now = now_ms();
+            let first = on(
+                "operation_runs",
+                "INSERT INTO operation_runs (tenant_id, operation_id, run_id, ok, at)
+                 VALUES ($1, $2, $3, TRUE, $4)
+                 ON CONFLICT (operation_id, run_id) DO NOTHING",
+            )
+            .text(tenant.as_str())
+            .text(operation)
+            .text(run.as_str())
+            .int(now)
+            .execute::<DriverOf<R>>(&mut tx)
+            .await?;
+            if first == 0 {
+                tx.rollback().await?;
+                return Ok(Applied::Already);
+            }
+            let outcome = match action {
+                RunAction::Refuse(why) => Err(why),
+                RunAction::Retry { version } => {
+                    match R::Store::retry_path_in(&mut tx, tenant, run).await {
+                        Ok(Ok(path)) => {
+                            R::Store::retry_in(&mut tx, tenant, run, &path, version, true).await?;
+                            Ok(())
+                        }
+                        Ok(Err(why)) => Err(why),
+                        Err(StoreError::NotFound(_)) => Err("the run is gone".to_owned()),
+                        Err(e) => return Err(e),
+                    }
+                }
+                RunAction::Cancel => match R::Store::cancel_checked_in(&mut tx, tenant, run).await
+                {
+                    Ok(outcome) => outcome,
+                    Err(StoreError::NotFound(_)) => Err("the run is gone".to_owned()),
+                    Err(e) => return Err(e),
+                },
+            };
+            // `total` is at least the runs acted on: an operation whose count
+            // stopped at its call's budget counted fewer.
+            let counted = match &outcome {
+                Ok(()) => {
+                    "UPDATE operations SET done = done + 1,
+                        total = CASE WHEN done + failed + 1 > total THEN done + failed + 1 ELSE total END
+                     WHERE tenant_id = $1 AND id = $2"
+                }
+                Err(_) => {
+                    "UPDATE operations SET failed = failed + 1,
+                        total = CASE WHEN done + failed + 1 > total THEN done + failed + 1 ELSE total END
+                     WHERE tenant_id = $1 AND id = $2"
+                }
+            };
+            on("operations", counted)
+                .text(tenant.as_str())
+                .text(operation)
+                .execute::<DriverOf<R>>(&mut tx)
+                .await?;
+            if let Err(why) = &outcome {
+                on(
+                    "operation_runs",
+                    "UPDATE operation_runs SET ok = FALSE, reason = $3
+                     WHERE operation_id = $1 AND run_id = $2",
+                )
+                .text(operation)
+                .text(run.as_str())
+                .text(why)
+                .execute::<DriverOf<R>>(&mut tx)
+                .await?;
+            }
+            let applied = match outcome {
+                Ok(()) => Applied::Done(R::Store::run_status(&mut tx, tenant, run).await?),
+                Err(why) => Applied::Failed(why),
+            };
+            tx.commit().await?;
+            Ok(applied)
+        })
+        .await
+    }
+
+    async fn advance_operation(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        after: Option<&str>,
+        finished: bool,
+    ) -> Result<()> {
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut conn = writer.acquire().await?;
+            on(
+                "operations",
+                "UPDATE operations SET after = COALESCE($3, after),
+                    status = CASE WHEN $4 THEN 'done' ELSE status END,
+                    finished_at = CASE WHEN $4 THEN $5 ELSE finished_at END
+                 WHERE tenant_id = $1 AND id = $2 AND status = 'running'",
+            )
+            .text(tenant.as_str())
+            .text(id)
+            .opt_text(after)
+            .bool(finished)
+            .int(now_ms())
+            .execute::<DriverOf<R>>(&mut conn)
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// On a store of one database, every tenant's operations are in it: one
+/// statement for all the tenants asked.
+#[async_trait]
+impl<S: SqlStore> OperationLoop for S {
     async fn running_operations(&self, tenants: &[TenantId]) -> Result<Vec<Operation>> {
         if tenants.is_empty() {
             return Ok(Vec::new());
@@ -204,127 +372,5 @@ impl<S: RunActions> OperationStore for S {
             .fetch_all::<S::Driver>(&mut conn)
             .await?;
         rows.iter().map(operation).collect()
-    }
-
-    async fn apply(
-        &self,
-        tenant: &TenantId,
-        operation: &str,
-        run: &RunId,
-        action: RunAction,
-    ) -> Result<Applied> {
-        let writer = self.writer().await;
-        let mut tx = writer.begin().await?;
-        let status = on(
-            "operations",
-            "SELECT status FROM operations WHERE tenant_id = $1 AND id = $2",
-        )
-        .text(tenant.as_str())
-        .text(operation)
-        .fetch_optional::<S::Driver>(&mut tx)
-        .await?
-        .map(|r| r.text("status"))
-        .transpose()?;
-        if status.as_deref() != Some("running") {
-            tx.rollback().await?;
-            return Ok(Applied::Stopped);
-        }
-        let now = now_ms();
-        let first = on(
-            "operation_runs",
-            "INSERT INTO operation_runs (tenant_id, operation_id, run_id, ok, at)
-             VALUES ($1, $2, $3, TRUE, $4)
-             ON CONFLICT (operation_id, run_id) DO NOTHING",
-        )
-        .text(tenant.as_str())
-        .text(operation)
-        .text(run.as_str())
-        .int(now)
-        .execute::<S::Driver>(&mut tx)
-        .await?;
-        if first == 0 {
-            tx.rollback().await?;
-            return Ok(Applied::Already);
-        }
-        let outcome = match action {
-            RunAction::Refuse(why) => Err(why),
-            RunAction::Retry { version } => match S::retry_path_in(&mut tx, tenant, run).await {
-                Ok(Ok(path)) => {
-                    S::retry_in(&mut tx, tenant, run, &path, version, true).await?;
-                    Ok(())
-                }
-                Ok(Err(why)) => Err(why),
-                Err(StoreError::NotFound(_)) => Err("the run is gone".to_owned()),
-                Err(e) => return Err(e),
-            },
-            RunAction::Cancel => match S::cancel_checked_in(&mut tx, tenant, run).await {
-                Ok(outcome) => outcome,
-                Err(StoreError::NotFound(_)) => Err("the run is gone".to_owned()),
-                Err(e) => return Err(e),
-            },
-        };
-        // `total` is at least the runs acted on: an operation whose count
-        // stopped at its call's budget counted fewer.
-        let counted = match &outcome {
-            Ok(()) => {
-                "UPDATE operations SET done = done + 1,
-                    total = CASE WHEN done + failed + 1 > total THEN done + failed + 1 ELSE total END
-                 WHERE tenant_id = $1 AND id = $2"
-            }
-            Err(_) => {
-                "UPDATE operations SET failed = failed + 1,
-                    total = CASE WHEN done + failed + 1 > total THEN done + failed + 1 ELSE total END
-                 WHERE tenant_id = $1 AND id = $2"
-            }
-        };
-        on("operations", counted)
-            .text(tenant.as_str())
-            .text(operation)
-            .execute::<S::Driver>(&mut tx)
-            .await?;
-        if let Err(why) = &outcome {
-            on(
-                "operation_runs",
-                "UPDATE operation_runs SET ok = FALSE, reason = $3
-                 WHERE operation_id = $1 AND run_id = $2",
-            )
-            .text(operation)
-            .text(run.as_str())
-            .text(why)
-            .execute::<S::Driver>(&mut tx)
-            .await?;
-        }
-        let applied = match outcome {
-            Ok(()) => Applied::Done(S::run_status(&mut tx, tenant, run).await?),
-            Err(why) => Applied::Failed(why),
-        };
-        tx.commit().await?;
-        Ok(applied)
-    }
-
-    async fn advance_operation(
-        &self,
-        tenant: &TenantId,
-        id: &str,
-        after: Option<&str>,
-        finished: bool,
-    ) -> Result<()> {
-        let writer = self.writer().await;
-        let mut conn = writer.acquire().await?;
-        on(
-            "operations",
-            "UPDATE operations SET after = COALESCE($3, after),
-                status = CASE WHEN $4 THEN 'done' ELSE status END,
-                finished_at = CASE WHEN $4 THEN $5 ELSE finished_at END
-             WHERE tenant_id = $1 AND id = $2 AND status = 'running'",
-        )
-        .text(tenant.as_str())
-        .text(id)
-        .opt_text(after)
-        .bool(finished)
-        .int(now_ms())
-        .execute::<S::Driver>(&mut conn)
-        .await?;
-        Ok(())
     }
 }

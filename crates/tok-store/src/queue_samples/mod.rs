@@ -2,8 +2,15 @@
 //! over the last hour ("Queue health" in `docs/dashboard.md`). The node
 //! holding the scheduler's wake writes one sample per tenant every
 //! `TOK_QUEUE_SAMPLE_EVERY`, all tenants in one statement
-//! ([`QueueSampleStore::sample_queue`]); the expiry deletes samples older
+//! ([`QueueSampling::sample_queue`]); the expiry deletes samples older
 //! than [`QUEUE_SAMPLES_KEPT`].
+//!
+//! Two traits: [`QueueSampleStore`], whose every call is about one tenant
+//! and runs on its database (written once for every store over
+//! `crate::sql::Route`: the routed store needs no code for it), and
+//! [`QueueSampling`], the writing of many tenants' samples at once, which
+//! spans the databases of the routed store (each samples its own tenants,
+//! in `routed/wake.rs`).
 //!
 //! Times are Unix milliseconds of the caller's clock (see `schedule.rs`),
 //! except the jobs' states and ages, which are the database clock's, as in
@@ -44,15 +51,22 @@ pub struct QueueSample {
     pub window_ms: i64,
 }
 
+/// The writing of the queue's samples, by the node holding the scheduler's
+/// wake, for all the tenants it serves at once.
+#[async_trait]
+pub trait QueueSampling: Send + Sync {
+    /// Writes one sample at `at` for each of `tenants`, in one statement
+    /// whatever their number (one per database): the queue now, and the
+    /// step attempts recorded since the tenant's sample before (at most
+    /// `window_ms` back; `window_ms` back when there is none). Returns how
+    /// many rows it wrote (a tenant that has a sample at `at` already
+    /// keeps it).
+    async fn sample_queue(&self, tenants: &[TenantId], at: i64, window_ms: i64) -> Result<u64>;
+}
+
+/// A tenant's queue samples, on its database.
 #[async_trait]
 pub trait QueueSampleStore: Send + Sync {
-    /// Writes one sample at `at` for each of `tenants`, in one statement
-    /// whatever their number: the queue now, and the step attempts
-    /// recorded since the tenant's sample before (at most `window_ms`
-    /// back; `window_ms` back when there is none). Returns how many rows
-    /// it wrote (a tenant that has a sample at `at` already keeps it).
-    async fn sample_queue(&self, tenants: &[TenantId], at: i64, window_ms: i64) -> Result<u64>;
-
     /// The tenant's samples taken at or after `since`, oldest first; the
     /// newest `limit` of them when there are more.
     async fn queue_samples(

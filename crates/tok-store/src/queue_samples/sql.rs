@@ -1,12 +1,13 @@
-//! [`QueueSampleStore`] on either database: the same SQL on both, but for
-//! the database clock and the bound list of tenants.
+//! [`QueueSampleStore`] on every store, on the tenant's database, and
+//! [`QueueSampling`] on a store of one database: the same SQL on both
+//! databases, but for the database clock and the bound list of tenants.
 
 use async_trait::async_trait;
 use tok_core::ids::TenantId;
 
-use super::{QueueSample, QueueSampleStore};
+use super::{QueueSample, QueueSampleStore, QueueSampling};
 use crate::Result;
-use crate::sql::{Driver, Row, SqlStore, on};
+use crate::sql::{Driver, DriverOf, Route, Row, SqlStore, on};
 
 fn sample<D: Driver>(row: &Row<D>) -> Result<QueueSample> {
     Ok(QueueSample {
@@ -75,8 +76,10 @@ fn sample_queue_sql<D: Driver>() -> String {
     )
 }
 
+/// On a store of one database, every tenant's queue is in it: one
+/// statement for all the tenants asked.
 #[async_trait]
-impl<S: SqlStore> QueueSampleStore for S {
+impl<S: SqlStore> QueueSampling for S {
     async fn sample_queue(&self, tenants: &[TenantId], at: i64, window_ms: i64) -> Result<u64> {
         if tenants.is_empty() {
             return Ok(0);
@@ -92,31 +95,38 @@ impl<S: SqlStore> QueueSampleStore for S {
             .execute::<S::Driver>(&mut conn)
             .await
     }
+}
 
+#[async_trait]
+impl<R: Route> QueueSampleStore for R {
     async fn queue_samples(
         &self,
         tenant: &TenantId,
         since: i64,
         limit: u32,
     ) -> Result<Vec<QueueSample>> {
-        let mut conn = self.reader().acquire().await?;
-        let rows = on(
-            "queue_samples",
-            "SELECT at, ready, scheduled, running, pending_events, oldest_ready_ms,
-                        steps_completed, steps_failed, window_ms
-                     FROM queue_samples
-                     WHERE tenant_id = $1 AND at >= $2
-                     ORDER BY at DESC
-                     LIMIT $3",
-        )
-        .text(tenant.as_str())
-        .int(since)
-        .int(i64::from(limit))
-        .fetch_all::<S::Driver>(&mut conn)
-        .await?;
-        let mut samples = rows.iter().map(sample).collect::<Result<Vec<_>>>()?;
-        samples.reverse();
-        Ok(samples)
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let mut conn = db.reader().acquire().await?;
+            let rows = on(
+                "queue_samples",
+                "SELECT at, ready, scheduled, running, pending_events, oldest_ready_ms,
+                    steps_completed, steps_failed, window_ms
+                 FROM queue_samples
+                 WHERE tenant_id = $1 AND at >= $2
+                 ORDER BY at DESC
+                 LIMIT $3",
+            )
+            .text(tenant.as_str())
+            .int(since)
+            .int(i64::from(limit))
+            .fetch_all::<DriverOf<R>>(&mut conn)
+            .await?;
+            let mut samples = rows.iter().map(sample).collect::<Result<Vec<_>>>()?;
+            samples.reverse();
+            Ok(samples)
+        })
+        .await
     }
 
     async fn expire_queue_samples(
@@ -125,18 +135,22 @@ impl<S: SqlStore> QueueSampleStore for S {
         before: i64,
         limit: u32,
     ) -> Result<u64> {
-        let writer = self.writer().await;
-        let mut conn = writer.acquire().await?;
-        on(
-            "queue_samples",
-            "DELETE FROM queue_samples WHERE tenant_id = $1
-                       AND at IN (SELECT at FROM queue_samples
-                                  WHERE tenant_id = $1 AND at < $2 ORDER BY at LIMIT $3)",
-        )
-        .text(tenant.as_str())
-        .int(before)
-        .int(i64::from(limit))
-        .execute::<S::Driver>(&mut conn)
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut conn = writer.acquire().await?;
+            on(
+                "queue_samples",
+                "DELETE FROM queue_samples WHERE tenant_id = $1
+                   AND at IN (SELECT at FROM queue_samples
+                              WHERE tenant_id = $1 AND at < $2 ORDER BY at LIMIT $3)",
+            )
+            .text(tenant.as_str())
+            .int(before)
+            .int(i64::from(limit))
+            .execute::<DriverOf<R>>(&mut conn)
+            .await
+        })
         .await
     }
 }

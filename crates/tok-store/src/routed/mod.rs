@@ -74,6 +74,7 @@ pub(crate) mod database;
 mod moving;
 mod offboarding;
 mod split_dispatch;
+mod wake;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -805,59 +806,6 @@ by_tenant! {
 }
 
 by_tenant! {
-    impl ScheduleStore {
-        fn set_schedule(&self, tenant: &TenantId, automation: &AutomationId, version: i32, spec: &str, next_run_at: Option<i64>, keep_due: bool) -> Result<()>;
-        fn remove_schedule(&self, tenant: &TenantId, automation: &AutomationId) -> Result<()>;
-        fn advance(&self, tenant: &TenantId, automation: &AutomationId, from: i64, next: Option<i64>, run: Option<&RunId>, now: i64) -> Result<bool>;
-        fn next_run_at(&self, tenant: &TenantId, automation: &AutomationId) -> Result<Option<i64>>;
-    }
-    also {
-        async fn hold_wake(
-            &self,
-            holder: &str,
-            incarnation: &str,
-            now: i64,
-            lease_ms: i64,
-        ) -> Result<bool> {
-            self.shared().hold_wake(holder, incarnation, now, lease_ms).await
-        }
-
-        async fn release_wake(&self, incarnation: &str) -> Result<()> {
-            self.shared().release_wake(incarnation).await
-        }
-
-        async fn stale_schedules(
-            &self,
-            tenants: &[TenantId],
-        ) -> Result<(Vec<StaleSchedule>, Vec<(TenantId, AutomationId)>)> {
-            let (mut stale, mut gone) = (Vec::new(), Vec::new());
-            let parts = self
-                .by_database("schedules", tenants, |db, tenants| async move {
-                    db.stale_schedules(&tenants).await
-                })
-                .await?;
-            for (s, g) in parts {
-                stale.extend(s);
-                gone.extend(g);
-            }
-            Ok((stale, gone))
-        }
-
-        async fn due(&self, tenants: &[TenantId], now: i64, limit: u32) -> Result<Vec<DueTrigger>> {
-            let parts = self
-                .by_database("due schedules", tenants, |db, tenants| async move {
-                    db.due(&tenants, now, limit).await
-                })
-                .await?;
-            let mut due: Vec<DueTrigger> = parts.into_iter().flatten().collect();
-            due.sort_by_key(|d| d.due_at);
-            due.truncate(limit as usize);
-            Ok(due)
-        }
-    }
-}
-
-by_tenant! {
     impl WatchStore {
         fn overdue_waits(&self, tenant: &TenantId, due_before: i64, now: i64, limit: u32) -> Result<Vec<OverdueWait>>;
         fn leases_expired_repeatedly(&self, tenant: &TenantId, limit: u32) -> Result<Vec<ExpiringJob>>;
@@ -922,28 +870,6 @@ by_tenant! {
 
         async fn resolve_platform_incident(&self, id: &str, now: i64) -> Result<bool> {
             self.shared().resolve_platform_incident(id, now).await
-        }
-    }
-}
-
-by_tenant! {
-    impl OperationStore {
-        fn create_operation(&self, tenant: &TenantId, new: NewOperation) -> Result<Operation>;
-        fn operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
-        fn operations(&self, tenant: &TenantId, limit: u32, after: Option<&str>) -> Result<Page<Operation>>;
-        fn operation_failures(&self, tenant: &TenantId, id: &str, limit: u32) -> Result<Vec<(RunId, String)>>;
-        fn cancel_operation(&self, tenant: &TenantId, id: &str) -> Result<Option<Operation>>;
-        fn apply(&self, tenant: &TenantId, operation: &str, run: &RunId, action: RunAction) -> Result<Applied>;
-        fn advance_operation(&self, tenant: &TenantId, id: &str, after: Option<&str>, finished: bool) -> Result<()>;
-    }
-    also {
-        async fn running_operations(&self, tenants: &[TenantId]) -> Result<Vec<Operation>> {
-            let parts = self
-                .by_database("running operations", tenants, |db, tenants| async move {
-                    db.running_operations(&tenants).await
-                })
-                .await?;
-            Ok(parts.into_iter().flatten().collect())
         }
     }
 }
@@ -1069,24 +995,6 @@ by_tenant! {
                 problems.extend(p);
             }
             Ok((moved, problems))
-        }
-    }
-}
-
-by_tenant! {
-    impl QueueSampleStore {
-        fn queue_samples(&self, tenant: &TenantId, since: i64, limit: u32) -> Result<Vec<QueueSample>>;
-        fn expire_queue_samples(&self, tenant: &TenantId, before: i64, limit: u32) -> Result<u64>;
-    }
-    also {
-        // Each database samples its own tenants, in one statement each.
-        async fn sample_queue(&self, tenants: &[TenantId], at: i64, window_ms: i64) -> Result<u64> {
-            let written = self
-                .by_database("queue samples", tenants, |db, tenants| async move {
-                    db.sample_queue(&tenants, at, window_ms).await
-                })
-                .await?;
-            Ok(written.into_iter().sum())
         }
     }
 }

@@ -9,10 +9,18 @@
 //!
 //! A tick's run is started once however many schedulers race for it: the
 //! run's idempotency key is the automation's due time
-//! ([`ScheduleStore::due`] hands it out), unique per automation in `runs`,
+//! ([`SchedulerWake::due`] hands it out), unique per automation in `runs`,
 //! and [`ScheduleStore::advance`] moves the due time on only from the
 //! value it was read at. Every time here is Unix milliseconds of the
 //! caller's clock, so tests drive the scheduler without sleeping.
+//!
+//! Two traits: [`ScheduleStore`], whose every call is about one tenant's
+//! schedule row and runs on its database (written once for every store
+//! over `crate::sql::Route`: the routed store needs no code for it), and
+//! [`SchedulerWake`], what the wake does over all tenants at once — its
+//! lease, on the shared database, and the schedules it reads, which span
+//! the databases of the routed store (each asked for its own tenants, in
+//! `routed/wake.rs`).
 
 use async_trait::async_trait;
 use tok_core::ids::{AutomationId, RunId, TenantId};
@@ -47,9 +55,12 @@ pub struct DueTrigger {
     pub last_run_status: Option<RunStatus>,
 }
 
-/// The scheduler's rows.
+/// What the scheduler's wake does over all the tenants it serves: holds
+/// its lease (one per cluster: on the shared database), and reads the
+/// schedule rows to make and the rows due, however many tenants and
+/// databases they are on.
 #[async_trait]
-pub trait ScheduleStore: Send + Sync {
+pub trait SchedulerWake: Send + Sync {
     /// Takes or renews the wake's lease for `holder` (this process:
     /// `incarnation`) until `now + lease_ms`. True when the caller holds
     /// it now: it held it, the row was free or expired, or `holder`'s
@@ -68,12 +79,22 @@ pub trait ScheduleStore: Send + Sync {
     /// The poll and schedule automations of `tenants` whose schedule row
     /// is missing or older than their current version, and the automations
     /// whose rows no longer have such a trigger (to be removed), each with
-    /// its tenant: two statements however many tenants are asked for.
+    /// its tenant: two statements however many tenants are asked for (on
+    /// each database).
     async fn stale_schedules(
         &self,
         tenants: &[TenantId],
     ) -> Result<(Vec<StaleSchedule>, Vec<(TenantId, AutomationId)>)>;
 
+    /// Up to `limit` rows of `tenants` due at `now`, earliest first whoever
+    /// their tenant: one statement however many tenants are asked for (on
+    /// each database).
+    async fn due(&self, tenants: &[TenantId], now: i64, limit: u32) -> Result<Vec<DueTrigger>>;
+}
+
+/// A tenant's schedule rows, on its database.
+#[async_trait]
+pub trait ScheduleStore: Send + Sync {
     /// Writes an automation's schedule row: `spec` and `version` as read,
     /// and `next_run_at`, or keeps the row's due time when `keep_due` (an
     /// edit that left the trigger as it was).
@@ -88,10 +109,6 @@ pub trait ScheduleStore: Send + Sync {
     ) -> Result<()>;
 
     async fn remove_schedule(&self, tenant: &TenantId, automation: &AutomationId) -> Result<()>;
-
-    /// Up to `limit` rows of `tenants` due at `now`, earliest first whoever
-    /// their tenant: one statement however many tenants are asked for.
-    async fn due(&self, tenants: &[TenantId], now: i64, limit: u32) -> Result<Vec<DueTrigger>>;
 
     /// Moves a row's due time from `from` to `next`, recording `run` (when
     /// one was started) as its last; false when the row was not at `from`

@@ -1,16 +1,19 @@
-//! [`ScheduleStore`] on either database: the same SQL on both, but for how
-//! a list of tenants is bound. The wake's lease row and the schedule rows
-//! of poll and schedule automations.
+//! [`ScheduleStore`] on every store, on the tenant's database, and
+//! [`SchedulerWake`] on a store of one database: the same SQL on both
+//! databases, but for how a list of tenants is bound. The wake's lease row
+//! and the schedule rows of poll and schedule automations.
 
 use async_trait::async_trait;
 use tok_core::ids::{AutomationId, RunId, TenantId};
 
-use super::{DueTrigger, ScheduleStore, StaleSchedule};
-use crate::sql::{Driver, SqlStore, on};
+use super::{DueTrigger, ScheduleStore, SchedulerWake, StaleSchedule};
+use crate::sql::{Driver, DriverOf, Route, SqlStore, on};
 use crate::{AutomationStatus, Result, RunStatus};
 
+/// On a store of one database, the lease and every tenant's schedules are
+/// in it: one statement for all the tenants asked.
 #[async_trait]
-impl<S: SqlStore> ScheduleStore for S {
+impl<S: SqlStore> SchedulerWake for S {
     async fn hold_wake(
         &self,
         holder: &str,
@@ -117,54 +120,6 @@ impl<S: SqlStore> ScheduleStore for S {
         Ok((stale, gone))
     }
 
-    async fn set_schedule(
-        &self,
-        tenant: &TenantId,
-        automation: &AutomationId,
-        version: i32,
-        spec: &str,
-        next_run_at: Option<i64>,
-        keep_due: bool,
-    ) -> Result<()> {
-        let writer = self.writer().await;
-        let mut tx = writer.begin().await?;
-        on(
-            "trigger_schedules",
-            "INSERT INTO trigger_schedules (tenant_id, automation_id, version, spec, next_run_at)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (tenant_id, automation_id) DO UPDATE SET
-                version = excluded.version,
-                spec = excluded.spec,
-                next_run_at = CASE WHEN $6 THEN trigger_schedules.next_run_at
-                    ELSE excluded.next_run_at END",
-        )
-        .text(tenant.as_str())
-        .text(automation.as_str())
-        .int32(version)
-        .text(spec)
-        .opt_int(next_run_at)
-        .bool(keep_due)
-        .execute::<S::Driver>(&mut tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn remove_schedule(&self, tenant: &TenantId, automation: &AutomationId) -> Result<()> {
-        let writer = self.writer().await;
-        let mut tx = writer.begin().await?;
-        on(
-            "trigger_schedules",
-            "DELETE FROM trigger_schedules WHERE tenant_id = $1 AND automation_id = $2",
-        )
-        .text(tenant.as_str())
-        .text(automation.as_str())
-        .execute::<S::Driver>(&mut tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     async fn due(&self, tenants: &[TenantId], now: i64, limit: u32) -> Result<Vec<DueTrigger>> {
         if tenants.is_empty() {
             return Ok(Vec::new());
@@ -204,6 +159,65 @@ impl<S: SqlStore> ScheduleStore for S {
             })
             .collect()
     }
+}
+
+#[async_trait]
+impl<R: Route> ScheduleStore for R {
+    async fn set_schedule(
+        &self,
+        tenant: &TenantId,
+        automation: &AutomationId,
+        version: i32,
+        spec: &str,
+        next_run_at: Option<i64>,
+        keep_due: bool,
+    ) -> Result<()> {
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut tx = writer.begin().await?;
+            on(
+                "trigger_schedules",
+                "INSERT INTO trigger_schedules (tenant_id, automation_id, version, spec, next_run_at)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (tenant_id, automation_id) DO UPDATE SET
+                    version = excluded.version,
+                    spec = excluded.spec,
+                    next_run_at = CASE WHEN $6 THEN trigger_schedules.next_run_at
+                        ELSE excluded.next_run_at END",
+            )
+            .text(tenant.as_str())
+            .text(automation.as_str())
+            .int32(version)
+            .text(spec)
+            .opt_int(next_run_at)
+            .bool(keep_due)
+            .execute::<DriverOf<R>>(&mut tx)
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn remove_schedule(&self, tenant: &TenantId, automation: &AutomationId) -> Result<()> {
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut tx = writer.begin().await?;
+            on(
+                "trigger_schedules",
+                "DELETE FROM trigger_schedules WHERE tenant_id = $1 AND automation_id = $2",
+            )
+            .text(tenant.as_str())
+            .text(automation.as_str())
+            .execute::<DriverOf<R>>(&mut tx)
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
 
     async fn advance(
         &self,
@@ -214,26 +228,30 @@ impl<S: SqlStore> ScheduleStore for S {
         run: Option<&RunId>,
         now: i64,
     ) -> Result<bool> {
-        let writer = self.writer().await;
-        let mut tx = writer.begin().await?;
-        let moved = on(
-            "trigger_schedules",
-            "UPDATE trigger_schedules SET next_run_at = $4,
-                last_run_id = COALESCE($5, last_run_id),
-                last_run_at = CASE WHEN $5 IS NULL THEN last_run_at ELSE $6 END
-             WHERE tenant_id = $1 AND automation_id = $2 AND next_run_at = $3",
-        )
-        .text(tenant.as_str())
-        .text(automation.as_str())
-        .int(from)
-        .opt_int(next)
-        .opt_text(run.map(|r| r.as_str()))
-        .int(now)
-        .execute::<S::Driver>(&mut tx)
-        .await?
-            > 0;
-        tx.commit().await?;
-        Ok(moved)
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let writer = db.writer().await;
+            let mut tx = writer.begin().await?;
+            let moved = on(
+                "trigger_schedules",
+                "UPDATE trigger_schedules SET next_run_at = $4,
+                    last_run_id = COALESCE($5, last_run_id),
+                    last_run_at = CASE WHEN $5 IS NULL THEN last_run_at ELSE $6 END
+                 WHERE tenant_id = $1 AND automation_id = $2 AND next_run_at = $3",
+            )
+            .text(tenant.as_str())
+            .text(automation.as_str())
+            .int(from)
+            .opt_int(next)
+            .opt_text(run.map(|r| r.as_str()))
+            .int(now)
+            .execute::<DriverOf<R>>(&mut tx)
+            .await?
+                > 0;
+            tx.commit().await?;
+            Ok(moved)
+        })
+        .await
     }
 
     async fn next_run_at(
@@ -241,16 +259,20 @@ impl<S: SqlStore> ScheduleStore for S {
         tenant: &TenantId,
         automation: &AutomationId,
     ) -> Result<Option<i64>> {
-        let mut conn = self.reader().acquire().await?;
-        let row = on(
-            "trigger_schedules",
-            "SELECT next_run_at FROM trigger_schedules
-             WHERE tenant_id = $1 AND automation_id = $2",
-        )
-        .text(tenant.as_str())
-        .text(automation.as_str())
-        .fetch_optional::<S::Driver>(&mut conn)
-        .await?;
-        Ok(row.map(|r| r.opt_int("next_run_at")).transpose()?.flatten())
+        let db = self.db_for(tenant).await?;
+        db.call(async {
+            let mut conn = db.reader().acquire().await?;
+            let row = on(
+                "trigger_schedules",
+                "SELECT next_run_at FROM trigger_schedules
+                 WHERE tenant_id = $1 AND automation_id = $2",
+            )
+            .text(tenant.as_str())
+            .text(automation.as_str())
+            .fetch_optional::<DriverOf<R>>(&mut conn)
+            .await?;
+            Ok(row.map(|r| r.opt_int("next_run_at")).transpose()?.flatten())
+        })
+        .await
     }
 }
