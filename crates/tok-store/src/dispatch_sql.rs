@@ -257,7 +257,7 @@ macro_rules! impl_dispatch {
 
 
         /// Of the runs `handed` names, those the dispatching node may take
-        /// within their tenants' concurrency caps (`caps_sql.rs`), in the
+        /// within their tenants' concurrency caps (`caps/`), in the
         /// order of `runs`: a capped tenant's runs past what its cap leaves
         /// are written ready for any claim instead.
         async fn handed_within_caps(
@@ -272,11 +272,11 @@ macro_rules! impl_dispatch {
                 .collect();
             tenants.sort_unstable();
             tenants.dedup();
-            let caps = caps_of(tx, &tenants).await?;
+            let caps = $crate::caps::caps_of(tx, &tenants).await?;
             if caps.is_empty() {
                 return Ok(handed.clone());
             }
-            let mut room = room_under_caps(tx, &caps, &[]).await?;
+            let mut room = $crate::caps::room_under_caps(tx, &caps, &[]).await?;
             Ok(runs
                 .iter()
                 .filter(|(_, _, run)| handed.contains(&run.id))

@@ -17,7 +17,7 @@
 //! locks its batch's runs in id order before its fence locks the jobs; a
 //! claim's take skips a job whose run another transaction holds, so it
 //! never waits for a run while holding a job. The locks a claim or a
-//! dispatch takes before it counts a capped tenant's leases (`caps_sql.rs`)
+//! dispatch takes before it counts a capped tenant's leases (`caps/`)
 //! are try-locks: nobody waits for them.
 
 pub mod admin;
@@ -25,7 +25,7 @@ pub mod approvals;
 pub mod audit;
 mod batch;
 mod branches_sql;
-mod caps_sql;
+mod caps;
 mod children_sql;
 pub mod connections;
 mod contexts_sql;

@@ -12,7 +12,6 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
-use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::contexts_sql::impl_contexts;
 use crate::definitions::AUTOMATION_SELECT;
@@ -232,11 +231,6 @@ impl_record! {
 }
 
 impl_runs! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_caps! {
     store = PgStore,
     db = sqlx::Postgres,
 }

@@ -45,14 +45,14 @@ macro_rules! impl_queue {
                     .fetch_all(&mut *tx)
                     .await?;
                 // A tenant with a concurrency cap gets what its cap leaves
-                // of its leases (`caps_sql.rs`); the others are not counted.
+                // of its leases (`caps/`); the others are not counted.
                 let caps: std::collections::HashMap<String, i64> = rows
                     .iter()
                     .filter_map(|row| {
                         Some((row.get::<String, _>("tenant_id"), row.get::<Option<i64>, _>("cap")?))
                     })
                     .collect();
-                let mut room = room_under_caps(&mut tx, &caps, running).await?;
+                let mut room = $crate::caps::room_under_caps(&mut tx, &caps, running).await?;
                 let candidates: Vec<tok_core::fairness::Candidate> = rows
                     .iter()
                     .map(|row| tok_core::fairness::Candidate {

@@ -25,7 +25,6 @@ use sqlx::sqlite::{
 
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
-use crate::caps_sql::impl_caps;
 use crate::children_sql::impl_children;
 use crate::contexts_sql::impl_contexts;
 use crate::definitions::AUTOMATION_SELECT;
@@ -509,11 +508,6 @@ impl_record! {
 }
 
 impl_runs! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_caps! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

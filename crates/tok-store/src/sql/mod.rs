@@ -53,6 +53,8 @@ pub(crate) enum Arg<'q> {
     /// A list of texts, for [`Driver::any_of`]: an array on PostgreSQL, a
     /// JSON array on SQLite (which has no arrays).
     Texts(Vec<&'q str>),
+    /// A list of integers, for [`Driver::any_of`] (as [`Arg::Texts`]).
+    Ints(Vec<i64>),
 }
 
 /// A statement to run: its SQL, the table it reads (for the errors of its
@@ -145,6 +147,12 @@ impl<'q> Statement<'q> {
     /// A list, read in the SQL with [`Driver::any_of`].
     pub(crate) fn texts(mut self, values: impl IntoIterator<Item = &'q str>) -> Self {
         self.args.push(Arg::Texts(values.into_iter().collect()));
+        self
+    }
+
+    /// A list of integers, read in the SQL with [`Driver::any_of`].
+    pub(crate) fn ints(mut self, values: impl IntoIterator<Item = i64>) -> Self {
+        self.args.push(Arg::Ints(values.into_iter().collect()));
         self
     }
 

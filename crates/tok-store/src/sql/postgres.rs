@@ -25,6 +25,7 @@ fn bound<'q>(statement: Statement<'q>) -> Query<'q, sqlx::Postgres, PgArguments>
             Arg::Float(v) => query.bind(v),
             Arg::Json(v) => query.bind(v.map(Json)),
             Arg::Texts(v) => query.bind(v),
+            Arg::Ints(v) => query.bind(v),
         };
     }
     query

@@ -26,6 +26,7 @@ fn bound<'q>(statement: Statement<'q>) -> Query<'q, sqlx::Sqlite, SqliteArgument
             Arg::Float(v) => query.bind(v),
             Arg::Json(v) => query.bind(v.map(Json)),
             Arg::Texts(v) => query.bind(serde_json::to_string(&v).unwrap_or_else(|_| "[]".into())),
+            Arg::Ints(v) => query.bind(serde_json::to_string(&v).unwrap_or_else(|_| "[]".into())),
         };
     }
     query
