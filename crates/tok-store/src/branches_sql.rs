@@ -60,7 +60,7 @@ macro_rules! impl_branches {
                     .fetch_one(&mut **tx)
                     .await?;
                     let mut context = row.get::<Json<Value>, _>("context").0;
-                    let stored = stored_of(&row);
+                    let stored = stored_of(&row)?;
                     fold_changes(
                         &mut **tx,
                         &job.tenant_id,

@@ -39,7 +39,7 @@
 //! - `notify_work!()`: a statement telling other processes that jobs are
 //!   ready (empty: nobody to tell).
 //! - `step_change!()`: a step row's change of its run's context in the
-//!   step rows' insert (`contexts_sql.rs`): from the text array bound at
+//!   step rows' insert (`record/contexts.rs`): from the text array bound at
 //!   `$3`, or from the row's batch JSON.
 //!
 //! Two queries differ as a whole, and each backend's is a file of its own

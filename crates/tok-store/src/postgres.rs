@@ -13,7 +13,6 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
-use crate::contexts_sql::impl_contexts;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
@@ -36,6 +35,9 @@ use sqlx::types::Json;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
 
 use crate::fragments::postgres::*;
+use crate::record::contexts::native::{
+    context_in, fold_changes, jobs_gone_outside_a_record, stored_of, write_whole_in,
+};
 use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
 use crate::*;
 
@@ -198,7 +200,7 @@ const UPDATE_STAYING_RUNS_APART: bool = false;
 /// text of its own (a `TEXT[]` beside the batch, cast to `json`), never
 /// through `jsonb`: it is written once and read back as it was, and a
 /// claim that reads a run's changes would otherwise convert each of them
-/// from `jsonb` to text again (`contexts_sql.rs`).
+/// from `jsonb` to text again (`record/contexts.rs`).
 const CHANGES_APART: bool = true;
 
 /// How a list is bound: as an array (`any_of!`).
@@ -232,10 +234,6 @@ impl_record! {
 
 impl_runs! {
     store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_contexts! {
     db = sqlx::Postgres,
 }
 

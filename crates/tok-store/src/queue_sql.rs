@@ -167,19 +167,19 @@ macro_rules! impl_queue {
                 // Each run's context as it is now: what its step rows
                 // changed since it was written whole, folded over it, read
                 // while this claim holds the runs' rows.
-                let mut contexts: Vec<(String, String, Value, $crate::contexts_sql::Stored)> = runs
+                let mut contexts: Vec<(String, String, Value, $crate::record::contexts::Stored)> = runs
                     .iter()
                     .map(|r| {
-                        (
+                        Ok((
                             r.get::<String, _>("tenant_id"),
                             r.get::<String, _>("id"),
                             r.get::<Json<Value>, _>("context").0,
-                            stored_of(r),
-                        )
+                            stored_of(r)?,
+                        ))
                     })
-                    .collect();
+                    .collect::<Result<_>>()?;
                 for tenant in tenants {
-                    let mut of_tenant: Vec<(&str, &mut Value, $crate::contexts_sql::Stored)> = contexts
+                    let mut of_tenant: Vec<(&str, &mut Value, $crate::record::contexts::Stored)> = contexts
                         .iter_mut()
                         .filter(|(t, _, _, _)| t == tenant.as_str())
                         .map(|(_, run, context, stored)| (run.as_str(), context, *stored))

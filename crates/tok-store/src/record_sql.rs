@@ -4,7 +4,7 @@
 
 /// The `SET` list every update of a record's run begins with (the run's
 /// row of a batch as `x`, the record's time at `$3`; see [`RunUpdate`]
-/// for the row and `contexts_sql.rs` for the context's columns): the
+/// for the row and `record/contexts.rs` for the context's columns): the
 /// context written whole (the row's `whole`, tested on its own: reading
 /// the context element as text would render it whole), where its changes
 /// now begin (after the run's last step row) and its size; or the size of
@@ -345,7 +345,7 @@ macro_rules! impl_record {
         /// claimed: the run's row carries where the job is now (`cursor_*`).
         /// And a record keeps what it changed of its run's context in its
         /// last step row rather than writing the context whole again
-        /// (`contexts_sql.rs` says when it is written whole). So a step that
+        /// (`record/contexts.rs` says when it is written whole). So a step that
         /// goes on writes two rows, its step row and its run's row, and
         /// neither grows with the run.
         ///
@@ -395,7 +395,7 @@ macro_rules! impl_record {
                             keys,
                         ))?;
                         let size = change.get().len() as i64;
-                        match $crate::contexts_sql::outgrown(
+                        match $crate::record::contexts::outgrown(
                             fenced.tail_bytes,
                             fenced.context_bytes,
                             size,

@@ -148,7 +148,7 @@ pub trait RetentionStore: Send + Sync {
     /// caller repeats while a batch comes back full, before it expires step
     /// rows from before `before_ms`: a run that waits longer than its
     /// tenant keeps step data must not lose what its steps changed of its
-    /// context with them (`contexts_sql.rs`). A run whose record is being
+    /// context with them (`record/contexts.rs`). A run whose record is being
     /// written is left for the next pass.
     async fn keep_contexts_whole(
         &self,

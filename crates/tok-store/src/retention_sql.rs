@@ -129,7 +129,7 @@ macro_rules! impl_retention {
                      ORDER BY id LIMIT $3 ", lock_rows_skip_locked!()
                 ))
                 .bind(tenant.as_str())
-                .bind(before_ms.saturating_add($crate::contexts_sql::CLOCK_SKEW_MS))
+                .bind(before_ms.saturating_add($crate::record::contexts::CLOCK_SKEW_MS))
                 .bind(i64::from(limit))
                 .fetch_all(&mut *tx)
                 .await?;

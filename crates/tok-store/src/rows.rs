@@ -163,7 +163,7 @@ pub(crate) struct StepRow<'a> {
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
     pub(crate) step: &'a crate::StepRecord,
     /// What the record changed of the run's context, on its last step row
-    /// (`contexts_sql.rs`).
+    /// (`record/contexts.rs`).
     pub(crate) change: Option<&'a serde_json::value::RawValue>,
 }
 
@@ -173,7 +173,7 @@ pub(crate) struct StepRow<'a> {
 pub(crate) struct Fenced {
     pub(crate) status: String,
     /// The size of the changes the run's step rows hold since its context
-    /// was last written whole, and of that context (`contexts_sql.rs`).
+    /// was last written whole, and of that context (`record/contexts.rs`).
     pub(crate) tail_bytes: i64,
     pub(crate) context_bytes: i64,
 }

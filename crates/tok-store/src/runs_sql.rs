@@ -376,15 +376,15 @@ macro_rules! impl_runs {
                 .bind(list(ids.iter().map(|id| id.as_str())))
                 .fetch_all(self.reader())
                 .await?;
-                let mut contexts: Vec<(String, Value, $crate::contexts_sql::Stored)> = rows
+                let mut contexts: Vec<(String, Value, $crate::record::contexts::Stored)> = rows
                     .iter()
-                    .map(|r| (r.get::<String, _>("id"), r.get::<Json<Value>, _>("context").0, stored_of(r)))
-                    .collect();
-                let mut folding: Vec<(&str, &mut Value, $crate::contexts_sql::Stored)> = contexts
+                    .map(|r| Ok((r.get::<String, _>("id"), r.get::<Json<Value>, _>("context").0, stored_of(r)?)))
+                    .collect::<Result<_>>()?;
+                let mut folding: Vec<(&str, &mut Value, $crate::record::contexts::Stored)> = contexts
                     .iter_mut()
                     .map(|(id, context, stored)| (id.as_str(), context, *stored))
                     .collect();
-                fold_changes(self.reader(), tenant, &mut folding).await?;
+                fold_changes(&mut *self.reader().acquire().await?, tenant, &mut folding).await?;
                 Ok(contexts
                     .into_iter()
                     .map(|(id, context, _)| (RunId::from(id), context))
@@ -490,7 +490,7 @@ macro_rules! impl_runs {
                 let steps = steps_of(self.reader(), tenant, id).await?;
                 let waits = waits_of(self.reader(), tenant, id).await?;
                 let mut context = row.get::<Json<Value>, _>("context").0;
-                fold_changes(self.reader(), tenant, &mut [(id.as_str(), &mut context, stored_of(&row))])
+                fold_changes(&mut *self.reader().acquire().await?, tenant, &mut [(id.as_str(), &mut context, stored_of(&row)?)])
                     .await?;
                 let mut run = [run_from_row(&row)];
                 // Its waits are read above: not again.

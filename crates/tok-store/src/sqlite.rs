@@ -26,7 +26,6 @@ use sqlx::sqlite::{
 use crate::batch::Batcher;
 use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
-use crate::contexts_sql::impl_contexts;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::desk_sql::impl_desk;
 use crate::dispatch_sql::impl_dispatch;
@@ -49,6 +48,9 @@ use sqlx::types::Json;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
 
 use crate::fragments::sqlite::*;
+use crate::record::contexts::native::{
+    context_in, fold_changes, jobs_gone_outside_a_record, stored_of, write_whole_in,
+};
 use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
 use crate::*;
 
@@ -509,10 +511,6 @@ impl_record! {
 
 impl_runs! {
     store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_contexts! {
     db = sqlx::Sqlite,
 }
 

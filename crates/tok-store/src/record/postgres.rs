@@ -1,0 +1,13 @@
+//! [`RecordSql`] of PostgreSQL.
+
+use std::sync::LazyLock;
+
+use super::{RecordSql, Statements};
+use crate::sql::postgres::Postgres;
+
+impl RecordSql for Postgres {
+    fn statements() -> &'static Statements {
+        static STATEMENTS: LazyLock<Statements> = LazyLock::new(Statements::of::<Postgres>);
+        &STATEMENTS
+    }
+}

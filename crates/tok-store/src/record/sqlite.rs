@@ -1,0 +1,13 @@
+//! [`RecordSql`] of SQLite.
+
+use std::sync::LazyLock;
+
+use super::{RecordSql, Statements};
+use crate::sql::sqlite::Sqlite;
+
+impl RecordSql for Sqlite {
+    fn statements() -> &'static Statements {
+        static STATEMENTS: LazyLock<Statements> = LazyLock::new(Statements::of::<Sqlite>);
+        &STATEMENTS
+    }
+}
