@@ -24,7 +24,6 @@ pub mod admin;
 pub mod approvals;
 pub mod audit;
 mod batch;
-mod branches_sql;
 mod caps;
 mod children_sql;
 pub mod connections;

@@ -11,7 +11,6 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::batch::Batcher;
-use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::desk_sql::impl_desk;
@@ -35,6 +34,7 @@ use sqlx::types::Json;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
 
 use crate::fragments::postgres::*;
+use crate::record::branches::native::{fork_and_join, merged_contexts};
 use crate::record::contexts::native::{
     context_in, fold_changes, jobs_gone_outside_a_record, stored_of, write_whole_in,
 };
@@ -264,11 +264,6 @@ impl_signals! {
 }
 
 impl_children! {
-    store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_branches! {
     store = PgStore,
     db = sqlx::Postgres,
 }

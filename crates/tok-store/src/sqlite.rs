@@ -24,7 +24,6 @@ use sqlx::sqlite::{
 };
 
 use crate::batch::Batcher;
-use crate::branches_sql::impl_branches;
 use crate::children_sql::impl_children;
 use crate::definitions::AUTOMATION_SELECT;
 use crate::desk_sql::impl_desk;
@@ -48,6 +47,7 @@ use sqlx::types::Json;
 use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new_id};
 
 use crate::fragments::sqlite::*;
+use crate::record::branches::native::{fork_and_join, merged_contexts};
 use crate::record::contexts::native::{
     context_in, fold_changes, jobs_gone_outside_a_record, stored_of, write_whole_in,
 };
@@ -541,11 +541,6 @@ impl_signals! {
 }
 
 impl_children! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_branches! {
     store = SqliteStore,
     db = sqlx::Sqlite,
 }

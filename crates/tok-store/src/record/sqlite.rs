@@ -6,6 +6,8 @@ use super::{RecordSql, Statements};
 use crate::sql::sqlite::Sqlite;
 
 impl RecordSql for Sqlite {
+    const NOTIFY_WORK: &'static str = crate::fragments::sqlite::notify_work!();
+
     fn statements() -> &'static Statements {
         static STATEMENTS: LazyLock<Statements> = LazyLock::new(Statements::of::<Sqlite>);
         &STATEMENTS
