@@ -89,9 +89,7 @@ macro_rules! impl_dispatch {
                         Some(_) => (RunStatus::Queued, None, None),
                         None => (RunStatus::Completed, started.then_some(now), Some(now)),
                     };
-                    $crate::rows::RunRow {
-                        tenant_id,
-                        event_id,
+                    let start = $crate::rows::RunStart {
                         status: status.as_str(),
                         error: run
                             .refused
@@ -100,22 +98,24 @@ macro_rules! impl_dispatch {
                             .or(run.cancelled.as_deref()),
                         started_at,
                         finished_at,
-                        run,
-                    }
+                    };
+                    $crate::rows::RunRow::new(tenant_id, event_id, run, start)
                 })
                 .collect();
             let written: std::collections::HashSet<String> = sqlx::query(concat!(
                 "INSERT INTO runs (id, tenant_id, automation_id, version, event_id, trigger_type,
                     status, depth, queue_key, context, actions, created_at, started_at,
                     finished_at, idempotency_key, subject_ticket_id, error, priority, start_by, body)
-                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
-                    CAST(x.value ->> 3 AS INTEGER), x.value ->> 4,
-                    x.value ->> 5, x.value ->> 6,
-                    CAST(x.value ->> 7 AS INTEGER), x.value ->> 8,
-                    x.value -> 9, CAST(x.value ->> 14 AS INTEGER), $2, CAST(x.value ->> 10 AS BIGINT),
-                    CAST(x.value ->> 11 AS BIGINT),
-                    x.value ->> 12, x.value ->> 13, x.value ->> 15, CAST(x.value ->> 16 AS INTEGER),
-                    CAST(x.value ->> 17 AS BIGINT), x.value -> 9 -> '_body'
+                 SELECT x.value ->> 'id', x.value ->> 'tenant_id', x.value ->> 'automation_id',
+                    CAST(x.value ->> 'version' AS INTEGER), x.value ->> 'event_id',
+                    x.value ->> 'trigger_type', x.value ->> 'status',
+                    CAST(x.value ->> 'depth' AS INTEGER), x.value ->> 'queue_key',
+                    x.value -> 'context', CAST(x.value ->> 'actions' AS INTEGER), $2,
+                    CAST(x.value ->> 'started_at' AS BIGINT),
+                    CAST(x.value ->> 'finished_at' AS BIGINT),
+                    x.value ->> 'idempotency_key', x.value ->> 'subject_ticket_id',
+                    x.value ->> 'error', CAST(x.value ->> 'priority' AS INTEGER),
+                    CAST(x.value ->> 'start_by' AS BIGINT), x.value -> 'context' -> '_body'
                  FROM ", batch_rows!(1), "
                  WHERE true
                  ORDER BY x.key
@@ -133,13 +133,10 @@ macro_rules! impl_dispatch {
                 .iter()
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))
                 .flat_map(|(tenant_id, _, run)| {
-                    run.steps.iter().map(move |step| $crate::rows::StepRow {
-                        run_id: &run.id,
-                        tenant_id,
-                        step,
-                        // Written with its run, whose context is whole.
-                        change: None,
-                    })
+                    // Written with its run, whose context is whole: no change.
+                    run.steps
+                        .iter()
+                        .map(move |step| $crate::rows::StepRow::new(&run.id, tenant_id, step, None))
                 })
                 .collect();
             insert_steps(tx, &steps, now).await?;
@@ -148,19 +145,18 @@ macro_rules! impl_dispatch {
                 .filter(|(_, _, run)| written.contains(run.id.as_str()))
                 .filter(|(_, _, run)| run.first_path.is_some() && run.refused.is_none())
                 .flat_map(|(tenant_id, _, run)| {
-                    run.cancels.iter().map(move |key| $crate::rows::CancelRow {
-                        tenant_id,
-                        run_id: &run.id,
-                        key,
-                    })
+                    run.cancels
+                        .iter()
+                        .map(move |key| $crate::rows::CancelRow::new(tenant_id, &run.id, key))
                 })
                 .collect();
             if !cancels.is_empty() {
                 sqlx::query(concat!(
                     "INSERT INTO run_cancels (tenant_id, source, path, value, run_id, filter,
                         created_at)
-                     SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2, x.value ->> 3,
-                        x.value ->> 4, NULLIF(x.value -> 5, 'null'), $2
+                     SELECT x.value ->> 'tenant_id', x.value ->> 'source', x.value ->> 'path',
+                        x.value ->> 'value',
+                        x.value ->> 'run_id', NULLIF(x.value -> 'filter', 'null'), $2
                      FROM ", batch_rows!(1), "
                      WHERE true
                      ORDER BY x.key
@@ -176,8 +172,8 @@ macro_rules! impl_dispatch {
             let ends: Vec<(&TenantId, &RunId, RunStatus, Option<&str>)> = rows
                 .iter()
                 .filter(|r| r.status == RunStatus::Completed.as_str())
-                .filter(|r| r.run.subject_ticket_id.is_some() && written.contains(r.run.id.as_str()))
-                .map(|r| (r.tenant_id, &r.run.id, RunStatus::Completed, None))
+                .filter(|r| r.subject_ticket_id.is_some() && written.contains(r.id.as_str()))
+                .map(|r| (r.tenant_id, r.id, RunStatus::Completed, None))
                 .collect();
             trace_run_ends(tx, &ends).await?;
             let jobs: Vec<$crate::rows::JobRow> = runs
@@ -209,11 +205,13 @@ macro_rules! impl_dispatch {
             let ids = sqlx::query(concat!(
                 "INSERT INTO jobs (run_id, tenant_id, path, run_after, attempts, queue_key,
                     priority, created_at, locked_by, locked_until, claim_token, resume)
-                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2, ",
-                    db_now!(), " + CAST(x.value ->> 8 AS BIGINT), CAST(x.value ->> 3 AS INTEGER),
-                    x.value ->> 4, CAST(x.value ->> 5 AS INTEGER), $2, x.value ->> 6,
-                    CASE WHEN x.value ->> 6 IS NULL THEN NULL ELSE ", db_now!(), " + $3 END,
-                    x.value ->> 7, NULLIF(x.value -> 9, 'null')
+                 SELECT x.value ->> 'run_id', x.value ->> 'tenant_id', x.value ->> 'path', ",
+                    db_now!(), " + CAST(x.value ->> 'delay_ms' AS BIGINT),
+                    CAST(x.value ->> 'attempts' AS INTEGER), x.value ->> 'queue_key',
+                    CAST(x.value ->> 'priority' AS INTEGER), $2, x.value ->> 'locked_by',
+                    CASE WHEN x.value ->> 'locked_by' IS NULL THEN NULL
+                        ELSE ", db_now!(), " + $3 END,
+                    x.value ->> 'claim_token', NULLIF(x.value -> 'resume', 'null')
                  FROM ", batch_rows!(1), "
                  ORDER BY x.key
                  RETURNING id, run_id"

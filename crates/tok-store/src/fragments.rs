@@ -15,8 +15,14 @@
 //! - `seek_keys!(table, n)`: a condition naming the keys of `table`'s rows
 //!   an update matches (bound at `$n`), where the backend plans better with it.
 //! - `batch_rows!(n)`: the rows of a batch statement bound at `$n` as one
-//!   JSON array (`rows.rs`), as `x` with the row in `x.value` and its
-//!   position in `x.key`.
+//!   JSON array of objects (`rows.rs`), as `x` with the row in `x.value`
+//!   and its position in `x.key`. The statement reads a row's fields by
+//!   name, in the same words on both backends: `x.value ->> 'run_id'` (a
+//!   value as text or number), `x.value -> 'context'` (as JSON).
+//!   `batch_keys!(n)`: the same for a batch of keys (a few fields a row)
+//!   that a statement joins to tables by key, read as they come, so that
+//!   the planner drives the join from them (a fence, a heartbeat, waits
+//!   to take).
 //! - `lock_rows!()`: locks the rows a `SELECT` reads until the transaction
 //!   ends; `lock_rows_of!(a, b)` only those of the tables aliased `a`, `b`;
 //!   `lock_rows_skip_locked!()` locks them but skips rows another
@@ -135,6 +141,12 @@ pub(crate) mod postgres {
         };
     }
 
+    macro_rules! batch_keys {
+        ($n:literal) => {
+            batch_rows!($n)
+        };
+    }
+
     macro_rules! lock_rows {
         () => {
             "FOR UPDATE"
@@ -237,9 +249,9 @@ pub(crate) mod postgres {
     }
 
     pub(crate) use {
-        any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
-        lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        step_change, tenant_cap, text_bytes, unindexed, unindexed_any_of,
+        any_of, batch_keys, batch_rows, claim_prelude, db_now, leases_of_node, lock_group,
+        lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude,
+        seek_keys, step_change, tenant_cap, text_bytes, unindexed, unindexed_any_of,
     };
 }
 
@@ -340,7 +352,27 @@ pub(crate) mod sqlite {
         };
     }
 
+    // Each row is turned into SQLite's binary JSON (`jsonb`) once, in a
+    // subquery that `OFFSET 0` keeps from being flattened into the
+    // statement: read straight from `json_each`, a row is rendered as text
+    // and parsed again for each field the statement reads, which made a
+    // batch insert of step rows by name half again as slow as by position
+    // (docs/performance.md, "Batched rows read by name").
     macro_rules! batch_rows {
+        ($n:literal) => {
+            concat!(
+                "(SELECT key, jsonb(value) AS value FROM json_each($",
+                $n,
+                ") LIMIT -1 OFFSET 0) AS x"
+            )
+        };
+    }
+
+    // Keys read straight from `json_each`: behind the subquery of
+    // `batch_rows!` the planner no longer sees `json_each`'s few rows, and
+    // a fence joined to `jobs` and `runs` would read the runs of each
+    // row's tenant before finding its job.
+    macro_rules! batch_keys {
         ($n:literal) => {
             concat!("json_each($", $n, ") AS x")
         };
@@ -412,7 +444,7 @@ pub(crate) mod sqlite {
     // A step row's change of its run's context, in the row's batch JSON.
     macro_rules! step_change {
         () => {
-            "NULLIF(x.value -> 13, 'null')"
+            "NULLIF(x.value -> 'change', 'null')"
         };
     }
 
@@ -425,8 +457,8 @@ pub(crate) mod sqlite {
     }
 
     pub(crate) use {
-        any_of, batch_rows, claim_prelude, db_now, leases_of_node, lock_group, lock_names,
-        lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude, seek_keys,
-        step_change, tenant_cap, text_bytes, unindexed, unindexed_any_of,
+        any_of, batch_keys, batch_rows, claim_prelude, db_now, leases_of_node, lock_group,
+        lock_names, lock_rows, lock_rows_of, lock_rows_skip_locked, notify_work, plan_prelude,
+        seek_keys, step_change, tenant_cap, text_bytes, unindexed, unindexed_any_of,
     };
 }

@@ -175,11 +175,13 @@ macro_rules! impl_inbox {
             let claimed: std::collections::HashSet<String> = sqlx::query(concat!(
                 "INSERT INTO event_keys (tenant_id, source_kind, source_id, idempotency_key,
                     event_id, received_at)
-                 SELECT x.value ->> 1, x.value ->> 3, x.value ->> 2, x.value ->> 4,
-                    x.value ->> 0, $2
+                 SELECT x.value ->> 'tenant_id', x.value ->> 'source_kind',
+                    x.value ->> 'source_id', x.value ->> 'idempotency_key',
+                    x.value ->> 'id', $2
                  FROM ", batch_rows!(1), "
-                 WHERE x.value ->> 2 IS NOT NULL
-                 ORDER BY x.value ->> 1, x.value ->> 3, x.value ->> 2, x.value ->> 4
+                 WHERE x.value ->> 'source_id' IS NOT NULL
+                 ORDER BY x.value ->> 'tenant_id', x.value ->> 'source_kind',
+                    x.value ->> 'source_id', x.value ->> 'idempotency_key'
                  ON CONFLICT (tenant_id, source_kind, source_id, idempotency_key) DO NOTHING
                  RETURNING event_id"
             ))
@@ -201,14 +203,15 @@ macro_rules! impl_inbox {
                     payload, params, received_at, status, cause_run_id, depth,
                     origin_automation_id, target_automation_id, event_type, subject_ticket_id,
                     traceparent)
-                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
-                    x.value ->> 3, x.value ->> 4,
-                    x.value -> 5, x.value -> 6, $2, 'pending',
-                    x.value ->> 7, CAST(x.value ->> 8 AS INTEGER),
-                    x.value ->> 9, x.value ->> 10,
-                    x.value ->> 11, x.value ->> 12, x.value ->> 13
+                 SELECT x.value ->> 'id', x.value ->> 'tenant_id', x.value ->> 'source_id',
+                    x.value ->> 'source_kind', x.value ->> 'idempotency_key',
+                    x.value -> 'payload', x.value -> 'params', $2, 'pending',
+                    x.value ->> 'cause_run_id', CAST(x.value ->> 'depth' AS INTEGER),
+                    x.value ->> 'origin_automation_id', x.value ->> 'target_automation_id',
+                    x.value ->> 'event_type', x.value ->> 'subject_ticket_id',
+                    x.value ->> 'traceparent'
                  FROM ", batch_rows!(1), "
-                 WHERE x.value ->> 0 ", any_of!(3), "
+                 WHERE x.value ->> 'id' ", any_of!(3), "
                  ORDER BY x.key"
             ))
             .bind(Json(&rows))
@@ -261,7 +264,7 @@ macro_rules! impl_inbox {
             let rows: Vec<$crate::rows::EventRow> = items
                 .iter()
                 .zip(&ids)
-                .map(|(&(tenant_id, event), id)| $crate::rows::EventRow { id, tenant_id, event })
+                .map(|(&(tenant_id, event), id)| $crate::rows::EventRow::new(id, tenant_id, event))
                 .collect();
             // Two batches in flight at once (see `batch.rs`) may wait for
             // each other's keys: a key the one wrote is a duplicate the

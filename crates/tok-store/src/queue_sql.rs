@@ -260,9 +260,9 @@ macro_rules! impl_queue {
                 let writer = self.writer().await;
                 let extended: Vec<i64> = sqlx::query(concat!(
                     "UPDATE jobs SET locked_until = ", db_now!(), " + $4
-                     WHERE id IN (SELECT j.id FROM ", batch_rows!(2), "
-                                  JOIN jobs j ON j.id = CAST(x.value ->> 0 AS BIGINT)
-                                     AND j.claim_token = x.value ->> 1
+                     WHERE id IN (SELECT j.id FROM ", batch_keys!(2), "
+                                  JOIN jobs j ON j.id = CAST(x.value ->> 'id' AS BIGINT)
+                                     AND j.claim_token = x.value ->> 'token'
                                   WHERE j.id ", any_of!(3), " AND j.locked_by = $1
                                   ORDER BY j.id ", lock_rows_skip_locked!(j), ")
                      RETURNING id"

@@ -16,24 +16,24 @@
 /// [`RunUpdate`]: crate::rows::RunUpdate
 macro_rules! run_record_set {
     () => {
-        "context = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1 THEN x.value -> 2
+        "context = CASE WHEN CAST(x.value ->> 'whole' AS INTEGER) = 1 THEN x.value -> 'context'
             ELSE runs.context END,
-        context_bytes = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1
-            THEN CAST(x.value ->> 8 AS BIGINT) ELSE runs.context_bytes END,
-        context_upto = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1
+        context_bytes = CASE WHEN CAST(x.value ->> 'whole' AS INTEGER) = 1
+            THEN CAST(x.value ->> 'bytes' AS BIGINT) ELSE runs.context_bytes END,
+        context_upto = CASE WHEN CAST(x.value ->> 'whole' AS INTEGER) = 1
             THEN COALESCE((SELECT MAX(s.id) FROM run_steps s
                            WHERE s.tenant_id = runs.tenant_id AND s.run_id = runs.id), 0)
             ELSE runs.context_upto END,
-        tail_since = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1 THEN NULL
-            WHEN CAST(x.value ->> 8 AS BIGINT) > 0 THEN COALESCE(runs.tail_since, $3)
+        tail_since = CASE WHEN CAST(x.value ->> 'whole' AS INTEGER) = 1 THEN NULL
+            WHEN CAST(x.value ->> 'bytes' AS BIGINT) > 0 THEN COALESCE(runs.tail_since, $3)
             ELSE runs.tail_since END,
-        tail_bytes = CASE WHEN CAST(x.value ->> 12 AS INTEGER) = 1 THEN 0
-            ELSE runs.tail_bytes + CAST(x.value ->> 8 AS BIGINT) END,
-        cursor_job = CAST(x.value ->> 9 AS BIGINT),
-        cursor_path = x.value ->> 10,
-        cursor_base = CAST(x.value ->> 11 AS INTEGER),
-        actions = CAST(x.value ->> 3 AS INTEGER),
-        error = x.value ->> 5"
+        tail_bytes = CASE WHEN CAST(x.value ->> 'whole' AS INTEGER) = 1 THEN 0
+            ELSE runs.tail_bytes + CAST(x.value ->> 'bytes' AS BIGINT) END,
+        cursor_job = CAST(x.value ->> 'cursor_job' AS BIGINT),
+        cursor_path = x.value ->> 'cursor_path',
+        cursor_base = CAST(x.value ->> 'cursor_base' AS INTEGER),
+        actions = CAST(x.value ->> 'actions' AS INTEGER),
+        error = x.value ->> 'error'"
     };
 }
 
@@ -246,13 +246,13 @@ macro_rules! impl_record {
                 "INSERT INTO run_steps (run_id, tenant_id, path, step_id, type, attempt,
                     status, input, output, error, log, started_at, finished_at, created_at,
                     context_delta)
-                 SELECT x.value ->> 0, x.value ->> 1, x.value ->> 2,
-                    x.value ->> 3, x.value ->> 4,
-                    CAST(x.value ->> 5 AS INTEGER), x.value ->> 6,
-                    NULLIF(x.value -> 7, 'null'), NULLIF(x.value -> 8, 'null'),
-                    x.value ->> 9, x.value -> 10,
-                    CAST(x.value ->> 11 AS BIGINT),
-                    CAST(x.value ->> 12 AS BIGINT), $2, ", step_change!(), "
+                 SELECT x.value ->> 'run_id', x.value ->> 'tenant_id', x.value ->> 'path',
+                    x.value ->> 'step_id', x.value ->> 'kind',
+                    CAST(x.value ->> 'attempt' AS INTEGER), x.value ->> 'status',
+                    NULLIF(x.value -> 'input', 'null'), NULLIF(x.value -> 'output', 'null'),
+                    x.value ->> 'error', x.value -> 'log',
+                    CAST(x.value ->> 'started_at' AS BIGINT),
+                    CAST(x.value ->> 'finished_at' AS BIGINT), $2, ", step_change!(), "
                  FROM ", batch_rows!(1), "
                  ORDER BY x.key"
             ))
@@ -309,10 +309,10 @@ macro_rules! impl_record {
             // seeks by tenant reads all of the tenant's runs).
             Ok(sqlx::query(concat!(
                 "SELECT j.id, j.claim_token, r.status, r.actions, r.tail_bytes, r.context_bytes
-                 FROM ", batch_rows!(1), "
-                 JOIN jobs j ON j.id = CAST(x.value ->> 0 AS BIGINT)
-                    AND j.tenant_id = x.value ->> 1
-                    AND j.claim_token = x.value ->> 2
+                 FROM ", batch_keys!(1), "
+                 JOIN jobs j ON j.id = CAST(x.value ->> 'id' AS BIGINT)
+                    AND j.tenant_id = x.value ->> 'tenant_id'
+                    AND j.claim_token = x.value ->> 'token'
                  JOIN runs r ON r.tenant_id ", unindexed!(), " = j.tenant_id AND r.id = j.run_id
                  WHERE j.id ", any_of!(2), "
                  ORDER BY j.id"
@@ -495,12 +495,12 @@ macro_rules! impl_record {
                 };
                 let last = record.steps.len().saturating_sub(1);
                 for (n, step) in record.steps.iter().enumerate() {
-                    steps.push($crate::rows::StepRow {
-                        run_id: &job.run_id,
-                        tenant_id: &job.tenant_id,
+                    steps.push($crate::rows::StepRow::new(
+                        &job.run_id,
+                        &job.tenant_id,
                         step,
-                        change: change.filter(|_| n == last),
-                    });
+                        change.filter(|_| n == last),
+                    ));
                 }
                 // A run whose status and ticket stay is updated without
                 // naming them where the backend asks for it: SQLite rewrites
@@ -543,22 +543,24 @@ macro_rules! impl_record {
             let mut moved = 0;
             if !moves.is_empty() {
                 moved += sqlx::query(concat!(
-                    "UPDATE jobs SET path = x.value ->> 2,
-                        run_after = CASE WHEN x.value ->> 9 IS NOT NULL THEN CAST(x.value ->> 9 AS BIGINT)
-                            WHEN x.value ->> 5 IS NULL
-                            THEN ", db_now!(), " + CAST(x.value ->> 3 AS BIGINT)
+                    "UPDATE jobs SET path = x.value ->> 'path',
+                        run_after = CASE WHEN x.value ->> 'run_at' IS NOT NULL
+                            THEN CAST(x.value ->> 'run_at' AS BIGINT)
+                            WHEN x.value ->> 'token' IS NULL
+                            THEN ", db_now!(), " + CAST(x.value ->> 'delay_ms' AS BIGINT)
                             ELSE jobs.run_after END,
-                        resume = NULLIF(x.value -> 10, 'null'),
-                        attempts = CAST(x.value ->> 4 AS INTEGER),
-                        claim_token = x.value ->> 5,
-                        locked_by = CASE WHEN x.value ->> 5 IS NULL THEN NULL ELSE jobs.locked_by END,
-                        locked_until = CASE WHEN x.value ->> 5 IS NULL THEN NULL
-                            ELSE ", db_now!(), " + CAST(x.value ->> 6 AS BIGINT) END,
-                        held = CAST(x.value ->> 7 AS BOOLEAN),
-                        queue_key = COALESCE(x.value ->> 8, jobs.queue_key)
+                        resume = NULLIF(x.value -> 'resume', 'null'),
+                        attempts = CAST(x.value ->> 'attempts' AS INTEGER),
+                        claim_token = x.value ->> 'token',
+                        locked_by = CASE WHEN x.value ->> 'token' IS NULL THEN NULL
+                            ELSE jobs.locked_by END,
+                        locked_until = CASE WHEN x.value ->> 'token' IS NULL THEN NULL
+                            ELSE ", db_now!(), " + CAST(x.value ->> 'lease_ms' AS BIGINT) END,
+                        held = CAST(x.value ->> 'held' AS BOOLEAN),
+                        queue_key = COALESCE(x.value ->> 'queue_key', jobs.queue_key)
                      FROM ", batch_rows!(1), "
-                     WHERE jobs.id = CAST(x.value ->> 0 AS BIGINT)
-                       AND jobs.tenant_id = x.value ->> 1 ", seek_keys!(jobs, 2)
+                     WHERE jobs.id = CAST(x.value ->> 'id' AS BIGINT)
+                       AND jobs.tenant_id = x.value ->> 'tenant_id' ", seek_keys!(jobs, 2)
                 ))
                 .bind(Json(&moves))
                 .bind(list(moved_ids.iter().copied()))
@@ -594,7 +596,8 @@ macro_rules! impl_record {
                 sqlx::query(concat!(
                     "UPDATE runs SET ", $crate::record_sql::run_record_set!(), "
                      FROM ", batch_rows!(1), "
-                     WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
+                     WHERE runs.id = x.value ->> 'id'
+                       AND runs.tenant_id = x.value ->> 'tenant_id' ",
                        seek_keys!(runs, 2)
                 ))
                 .bind(Json(&staying))
@@ -606,11 +609,14 @@ macro_rules! impl_record {
             if !runs.is_empty() {
                 sqlx::query(concat!(
                     "UPDATE runs SET ", $crate::record_sql::run_record_set!(), ",
-                        status = x.value ->> 4,
-                        finished_at = COALESCE(CAST(x.value ->> 6 AS BIGINT), runs.finished_at),
-                        subject_ticket_id = COALESCE(x.value ->> 7, runs.subject_ticket_id)
+                        status = x.value ->> 'status',
+                        finished_at = COALESCE(CAST(x.value ->> 'finished_at' AS BIGINT),
+                            runs.finished_at),
+                        subject_ticket_id = COALESCE(x.value ->> 'subject_ticket_id',
+                            runs.subject_ticket_id)
                      FROM ", batch_rows!(1), "
-                     WHERE runs.id = x.value ->> 0 AND runs.tenant_id = x.value ->> 1 ",
+                     WHERE runs.id = x.value ->> 'id'
+                       AND runs.tenant_id = x.value ->> 'tenant_id' ",
                        seek_keys!(runs, 2)
                 ))
                 .bind(Json(&runs))

@@ -67,26 +67,119 @@ pub const IDEMPOTENCY_WINDOW: std::time::Duration =
 /// They borrow what they write: a payload or a context is serialized once
 /// into the statement's parameter, never copied first.
 ///
-/// Each row is a JSON array of its fields in the order [`array_row!`]
-/// lists them, and the statement reads them by position (`x.value ->> 0`):
-/// SQLite finds an array element by its index but an object's member by
-/// comparing keys, and with objects a batch insert of step rows took twice
-/// as long on the one writer.
+/// Each row is a JSON object of its struct's fields, serialized with their
+/// names, and the statement reads them by name (`x.value ->> 'run_id'`;
+/// SQLite reads the label as the path `'$.run_id'`), so the order of the
+/// fields means nothing. SQLite finds an object's member by comparing keys,
+/// and it renders a row of `json_each` again as text each time the
+/// statement reads `x.value`: `batch_rows!` turns each row into SQLite's
+/// binary JSON once, and a batch insert of step rows by name costs less
+/// than it did by position (docs/performance.md, "Batched rows read by
+/// name").
+#[derive(serde::Serialize)]
 pub(crate) struct EventRow<'a> {
     pub(crate) id: &'a str,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
-    pub(crate) event: &'a crate::NewEvent,
+    pub(crate) source_id: Option<&'a tok_core::ids::SourceId>,
+    pub(crate) source_kind: &'a str,
+    pub(crate) idempotency_key: &'a str,
+    pub(crate) payload: &'a serde_json::Value,
+    pub(crate) params: &'a serde_json::Value,
+    pub(crate) cause_run_id: Option<&'a tok_core::ids::RunId>,
+    pub(crate) depth: i32,
+    pub(crate) origin_automation_id: Option<&'a tok_core::ids::AutomationId>,
+    pub(crate) target_automation_id: Option<&'a tok_core::ids::AutomationId>,
+    pub(crate) event_type: Option<&'a str>,
+    pub(crate) subject_ticket_id: Option<&'a str>,
+    pub(crate) traceparent: Option<&'a str>,
 }
 
+impl<'a> EventRow<'a> {
+    pub(crate) fn new(
+        id: &'a str,
+        tenant_id: &'a tok_core::ids::TenantId,
+        event: &'a crate::NewEvent,
+    ) -> Self {
+        EventRow {
+            id,
+            tenant_id,
+            source_id: event.source_id.as_ref(),
+            source_kind: &event.source_kind,
+            idempotency_key: &event.idempotency_key,
+            payload: &event.payload,
+            params: &event.params,
+            cause_run_id: event.cause_run_id.as_ref(),
+            depth: event.depth,
+            origin_automation_id: event.origin_automation_id.as_ref(),
+            target_automation_id: event.target_automation_id.as_ref(),
+            event_type: event.event_type.as_deref(),
+            subject_ticket_id: event.subject_ticket_id.as_deref(),
+            traceparent: event.traceparent.as_deref(),
+        }
+    }
+}
+
+/// A new run's row.
+#[derive(serde::Serialize)]
 pub(crate) struct RunRow<'a> {
+    pub(crate) id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
+    pub(crate) automation_id: &'a tok_core::ids::AutomationId,
+    pub(crate) version: i32,
     pub(crate) event_id: &'a tok_core::ids::EventId,
+    pub(crate) trigger_type: &'a str,
     pub(crate) status: &'static str,
+    pub(crate) depth: i32,
+    pub(crate) queue_key: Option<&'a str>,
+    pub(crate) context: &'a serde_json::Value,
+    pub(crate) actions: i32,
+    pub(crate) started_at: Option<i64>,
+    pub(crate) finished_at: Option<i64>,
+    pub(crate) idempotency_key: Option<&'a str>,
+    pub(crate) subject_ticket_id: Option<&'a str>,
     /// Why a refused or skipped run did not start.
+    pub(crate) error: Option<&'a str>,
+    pub(crate) priority: i32,
+    pub(crate) start_by: Option<i64>,
+}
+
+/// How a new run is written: its status, why it did not start (a refused
+/// or skipped run) and when it started and finished.
+pub(crate) struct RunStart<'a> {
+    pub(crate) status: &'static str,
     pub(crate) error: Option<&'a str>,
     pub(crate) started_at: Option<i64>,
     pub(crate) finished_at: Option<i64>,
-    pub(crate) run: &'a crate::NewRun,
+}
+
+impl<'a> RunRow<'a> {
+    pub(crate) fn new(
+        tenant_id: &'a tok_core::ids::TenantId,
+        event_id: &'a tok_core::ids::EventId,
+        run: &'a crate::NewRun,
+        start: RunStart<'a>,
+    ) -> Self {
+        RunRow {
+            id: &run.id,
+            tenant_id,
+            automation_id: &run.automation_id,
+            version: run.version,
+            event_id,
+            trigger_type: &run.trigger_type,
+            status: start.status,
+            depth: run.depth,
+            queue_key: run.queue_key.as_deref(),
+            context: &run.context,
+            actions: run.actions,
+            started_at: start.started_at,
+            finished_at: start.finished_at,
+            idempotency_key: run.idempotency_key.as_deref(),
+            subject_ticket_id: run.subject_ticket_id.as_deref(),
+            error: start.error,
+            priority: run.priority,
+            start_by: run.start_by,
+        }
+    }
 }
 
 /// New runs whose first jobs are written claimed by a dispatching node.
@@ -99,12 +192,34 @@ pub(crate) struct HandedOff<'a> {
 }
 
 /// A run's `flow.cancelOn` row.
+#[derive(serde::Serialize)]
 pub(crate) struct CancelRow<'a> {
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
     pub(crate) run_id: &'a tok_core::ids::RunId,
-    pub(crate) key: &'a tok_core::run::CancelKey,
+    pub(crate) source: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) value: &'a str,
+    pub(crate) filter: Option<&'a tok_core::definition::Filter>,
 }
 
+impl<'a> CancelRow<'a> {
+    pub(crate) fn new(
+        tenant_id: &'a tok_core::ids::TenantId,
+        run_id: &'a tok_core::ids::RunId,
+        key: &'a tok_core::run::CancelKey,
+    ) -> Self {
+        CancelRow {
+            tenant_id,
+            run_id,
+            source: &key.source,
+            path: &key.path,
+            value: &key.value,
+            filter: key.filter.as_ref(),
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
 pub(crate) struct JobRow<'a> {
     pub(crate) run_id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
@@ -120,6 +235,7 @@ pub(crate) struct JobRow<'a> {
 }
 
 /// A claim to fence: the job, its tenant and the token it holds.
+#[derive(serde::Serialize)]
 pub(crate) struct FenceRow<'a> {
     pub(crate) id: i64,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
@@ -127,6 +243,7 @@ pub(crate) struct FenceRow<'a> {
 }
 
 /// A lease to extend: the job and the token it was claimed under.
+#[derive(serde::Serialize)]
 pub(crate) struct LeaseRow<'a> {
     pub(crate) id: i64,
     pub(crate) token: &'a str,
@@ -134,6 +251,7 @@ pub(crate) struct LeaseRow<'a> {
 
 /// A recorded job that stays: where it goes next, and whether it keeps its
 /// lease (`token`) or is released.
+#[derive(serde::Serialize)]
 pub(crate) struct JobMove<'a> {
     pub(crate) id: i64,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
@@ -157,14 +275,67 @@ pub(crate) struct Parked {
     pub(crate) resume: crate::Resume,
 }
 
-#[derive(Clone, Copy)]
+/// A step row: one executed step attempt of a run.
+#[derive(Clone, Copy, serde::Serialize)]
 pub(crate) struct StepRow<'a> {
     pub(crate) run_id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
-    pub(crate) step: &'a crate::StepRecord,
+    pub(crate) path: &'a str,
+    pub(crate) step_id: &'a str,
+    /// The step's type.
+    pub(crate) kind: &'a str,
+    pub(crate) attempt: i32,
+    pub(crate) status: tok_core::run::StepStatus,
+    pub(crate) input: Option<&'a serde_json::Value>,
+    pub(crate) output: Option<&'a serde_json::Value>,
+    pub(crate) error: Option<&'a str>,
+    pub(crate) log: &'a [String],
+    pub(crate) started_at: i64,
+    pub(crate) finished_at: i64,
     /// What the record changed of the run's context, on its last step row
     /// (`record/contexts.rs`).
     pub(crate) change: Option<&'a serde_json::value::RawValue>,
+}
+
+impl<'a> StepRow<'a> {
+    pub(crate) fn new(
+        run_id: &'a tok_core::ids::RunId,
+        tenant_id: &'a tok_core::ids::TenantId,
+        step: &'a crate::StepRecord,
+        change: Option<&'a serde_json::value::RawValue>,
+    ) -> Self {
+        StepRow {
+            run_id,
+            tenant_id,
+            path: &step.path,
+            step_id: &step.step_id,
+            kind: &step.kind,
+            attempt: step.attempt,
+            status: step.status,
+            input: step.input.as_ref(),
+            output: step.output.as_ref(),
+            error: step.error.as_deref(),
+            log: &step.log,
+            started_at: step.started_at,
+            finished_at: step.finished_at,
+            change,
+        }
+    }
+}
+
+/// A wait row to take: the waits of a run at one path.
+#[derive(serde::Serialize)]
+pub(crate) struct WaitAt<'a> {
+    pub(crate) tenant_id: &'a str,
+    pub(crate) run_id: &'a str,
+    pub(crate) path: &'a str,
+}
+
+/// A run, by its tenant and id: all of its wait rows.
+#[derive(serde::Serialize)]
+pub(crate) struct RunKey<'a> {
+    pub(crate) tenant_id: &'a str,
+    pub(crate) run_id: &'a str,
 }
 
 /// A claim whose token still holds, with what its record needs of its run
@@ -178,6 +349,7 @@ pub(crate) struct Fenced {
     pub(crate) context_bytes: i64,
 }
 
+#[derive(serde::Serialize)]
 pub(crate) struct RunUpdate<'a> {
     pub(crate) id: &'a tok_core::ids::RunId,
     pub(crate) tenant_id: &'a tok_core::ids::TenantId,
@@ -221,130 +393,3 @@ pub(crate) fn raw_json<T: serde::Serialize + ?Sized>(
     crate::storable::mend_value(&mut mended);
     serde_json::value::to_raw_value(&mended).map_err(unserializable)
 }
-
-/// Serializes a batch row as a JSON array: `row` names the row inside the
-/// brackets, whose expressions are its elements, position 0 first.
-macro_rules! array_row {
-    ($ty:ident, |$row:ident| [$($field:expr),+ $(,)?]) => {
-        impl serde::Serialize for $ty<'_> {
-            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                use serde::ser::SerializeTuple;
-                let $row = self;
-                let len = [$(stringify!($field)),+].len();
-                let mut tuple = serializer.serialize_tuple(len)?;
-                $(tuple.serialize_element(&$field)?;)+
-                tuple.end()
-            }
-        }
-    };
-}
-
-array_row!(EventRow, |r| [
-    r.id,                         // 0
-    r.tenant_id,                  // 1
-    r.event.source_id,            // 2
-    r.event.source_kind,          // 3
-    r.event.idempotency_key,      // 4
-    r.event.payload,              // 5
-    r.event.params,               // 6
-    r.event.cause_run_id,         // 7
-    r.event.depth,                // 8
-    r.event.origin_automation_id, // 9
-    r.event.target_automation_id, // 10
-    r.event.event_type,           // 11
-    r.event.subject_ticket_id,    // 12
-    r.event.traceparent,          // 13
-]);
-
-array_row!(RunRow, |r| [
-    r.run.id,                // 0
-    r.tenant_id,             // 1
-    r.run.automation_id,     // 2
-    r.run.version,           // 3
-    r.event_id,              // 4
-    r.run.trigger_type,      // 5
-    r.status,                // 6
-    r.run.depth,             // 7
-    r.run.queue_key,         // 8
-    r.run.context,           // 9
-    r.started_at,            // 10
-    r.finished_at,           // 11
-    r.run.idempotency_key,   // 12
-    r.run.subject_ticket_id, // 13
-    r.run.actions,           // 14
-    r.error,                 // 15
-    r.run.priority,          // 16
-    r.run.start_by,          // 17
-]);
-
-array_row!(JobRow, |r| [
-    r.run_id,      // 0
-    r.tenant_id,   // 1
-    r.path,        // 2
-    r.attempts,    // 3
-    r.queue_key,   // 4
-    r.priority,    // 5
-    r.locked_by,   // 6
-    r.claim_token, // 7
-    r.delay_ms,    // 8
-    r.resume,      // 9
-]);
-
-array_row!(CancelRow, |r| [
-    r.tenant_id,  // 0
-    r.key.source, // 1
-    r.key.path,   // 2
-    r.key.value,  // 3
-    r.run_id,     // 4
-    r.key.filter, // 5
-]);
-
-array_row!(FenceRow, |r| [r.id, r.tenant_id, r.token]);
-array_row!(LeaseRow, |r| [r.id, r.token]);
-
-array_row!(JobMove, |r| [
-    r.id,        // 0
-    r.tenant_id, // 1
-    r.path,      // 2
-    r.delay_ms,  // 3
-    r.attempts,  // 4
-    r.token,     // 5
-    r.lease_ms,  // 6
-    r.held,      // 7
-    r.queue_key, // 8
-    r.run_at,    // 9
-    r.resume,    // 10
-]);
-
-array_row!(StepRow, |r| [
-    r.run_id,           // 0
-    r.tenant_id,        // 1
-    r.step.path,        // 2
-    r.step.step_id,     // 3
-    r.step.kind,        // 4
-    r.step.attempt,     // 5
-    r.step.status,      // 6
-    r.step.input,       // 7
-    r.step.output,      // 8
-    r.step.error,       // 9
-    r.step.log,         // 10
-    r.step.started_at,  // 11
-    r.step.finished_at, // 12
-    r.change,           // 13
-]);
-
-array_row!(RunUpdate, |r| [
-    r.id,                // 0
-    r.tenant_id,         // 1
-    r.context,           // 2
-    r.actions,           // 3
-    r.status,            // 4
-    r.error,             // 5
-    r.finished_at,       // 6
-    r.subject_ticket_id, // 7
-    r.bytes,             // 8
-    r.cursor_job,        // 9
-    r.cursor_path,       // 10
-    r.cursor_base,       // 11
-    r.whole,             // 12
-]);

@@ -209,14 +209,19 @@ macro_rules! impl_signals {
             if matched.is_empty() {
                 return Ok(matched);
             }
-            let at: Vec<[&str; 3]> = matched
+            let at: Vec<$crate::rows::WaitAt> = matched
                 .iter()
-                .map(|(_, run, path)| [tenant.as_str(), run.as_str(), path.as_str()])
+                .map(|(_, run, path)| $crate::rows::WaitAt {
+                    tenant_id: tenant.as_str(),
+                    run_id: run,
+                    path,
+                })
                 .collect();
             let gone: std::collections::HashSet<String> = sqlx::query(concat!(
-                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
-                 JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1
-                    AND w.path = x.value ->> 2)
+                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_keys!(1), "
+                 JOIN waits w ON w.tenant_id = x.value ->> 'tenant_id'
+                    AND w.run_id = x.value ->> 'run_id'
+                    AND w.path = x.value ->> 'path')
                  RETURNING id"
             ))
             .bind(Json(&at))
@@ -651,17 +656,21 @@ macro_rules! impl_signals {
             // A run that ends (or undoes its steps) waits for nothing any
             // more: a wait kept through an escalation whose step failed the
             // run goes with it.
-            let ended: Vec<[&str; 2]> = items
+            let ended: Vec<$crate::rows::RunKey> = items
                 .iter()
                 .filter(|(_, record, _)| {
                     record.status.is_final() || record.status == RunStatus::Compensating
                 })
-                .map(|(job, _, _)| [job.tenant_id.as_str(), job.run_id.as_str()])
+                .map(|(job, _, _)| $crate::rows::RunKey {
+                    tenant_id: job.tenant_id.as_str(),
+                    run_id: job.run_id.as_str(),
+                })
                 .collect();
             if !ended.is_empty() {
                 sqlx::query(concat!(
-                    "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
-                     JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1)"
+                    "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_keys!(1), "
+                     JOIN waits w ON w.tenant_id = x.value ->> 'tenant_id'
+                        AND w.run_id = x.value ->> 'run_id')"
                 ))
                 .bind(Json(&ended))
                 .execute(&mut **tx)
@@ -690,18 +699,22 @@ macro_rules! impl_signals {
                 .await?;
             }
             // A run's jobs (its parallel branches) each wait at their own path.
-            let keys: Vec<[&str; 3]> = settled
+            let keys: Vec<$crate::rows::WaitAt> = settled
                 .iter()
                 .filter(|job| !escalating.iter().any(|e| e.id == job.id))
-                .map(|job| [job.tenant_id.as_str(), job.run_id.as_str(), job.path.as_str()])
-                .chain(parking.iter().map(|(job, path, _)| {
-                    [job.tenant_id.as_str(), job.run_id.as_str(), *path]
-                }))
+                .map(|job| (*job, job.path.as_str()))
+                .chain(parking.iter().map(|(job, path, _)| (*job, *path)))
+                .map(|(job, path)| $crate::rows::WaitAt {
+                    tenant_id: job.tenant_id.as_str(),
+                    run_id: job.run_id.as_str(),
+                    path,
+                })
                 .collect();
             sqlx::query(concat!(
-                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_rows!(1), "
-                 JOIN waits w ON w.tenant_id = x.value ->> 0 AND w.run_id = x.value ->> 1
-                    AND w.path = x.value ->> 2)"
+                "DELETE FROM waits WHERE id IN (SELECT w.id FROM ", batch_keys!(1), "
+                 JOIN waits w ON w.tenant_id = x.value ->> 'tenant_id'
+                    AND w.run_id = x.value ->> 'run_id'
+                    AND w.path = x.value ->> 'path')"
             ))
             .bind(Json(&keys))
             .execute(&mut **tx)
