@@ -1297,7 +1297,11 @@ async fn a_custom_step_waits_for_each_of_two_signals_and_escalates_meanwhile() {
             .unwrap();
         let escalated = h
             .until(&run, "escalate and wait again", |d| {
-                d.context["st_nudge"]["nudged"] == true && d.waits.len() == 2
+                // The run is `running` for a moment after its escalation
+                // wrote the context and before the step parks again.
+                d.context["st_nudge"]["nudged"] == true
+                    && d.waits.len() == 2
+                    && d.run.status == "waiting"
             })
             .await;
         assert_eq!(escalated.run.status, "waiting", "{backend:?}");
