@@ -52,7 +52,6 @@ mod record_sql;
 pub mod relay;
 mod reseal_sql;
 pub mod retention;
-mod retention_sql;
 pub mod rfc3339;
 pub mod routed;
 mod rows;

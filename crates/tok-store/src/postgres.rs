@@ -21,7 +21,6 @@ use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
-use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
@@ -36,14 +35,14 @@ use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new
 use crate::fragments::postgres::*;
 use crate::record::branches::native::{fork_and_join, merged_contexts};
 use crate::record::contexts::native::{
-    context_in, fold_changes, jobs_gone_outside_a_record, stored_of, write_whole_in,
+    context_in, fold_changes, jobs_gone_outside_a_record, stored_of,
 };
 use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
 use crate::*;
 
 /// Advisory lock key: each migration's transaction and the partition upkeep
 /// take it until they end (any process, any machine).
-const MIGRATION_LOCK: i64 = 0x746f_6b01;
+pub(crate) const MIGRATION_LOCK: i64 = 0x746f_6b01;
 /// The advisory lock a rotation of the platform admin key takes, so that
 /// two rotations at once leave one admin key.
 pub(crate) const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
@@ -271,38 +270,6 @@ impl_children! {
 impl_watch! {
     store = PgStore,
     db = sqlx::Postgres,
-}
-
-impl_retention! {
-    store = PgStore,
-    db = sqlx::Postgres,
-    set_retention = "UPDATE tenants SET settings = jsonb_set(settings, '{retention}', $2) WHERE id = $1",
-    backend = {
-        async fn drop_expired_partitions(
-            &self,
-            what: Expiring,
-            cutoffs: &[(TenantId, i64)],
-        ) -> Result<Vec<String>> {
-            crate::partitions::drop_expired(&self.pool, what, cutoffs).await
-        }
-
-        async fn create_partitions(
-            &self,
-            now_ms: i64,
-            ahead: u32,
-            skip: &[String],
-        ) -> Result<Vec<PartitionProblem>> {
-            crate::partitions::create(&self.pool, MIGRATION_LOCK, now_ms, ahead, skip).await
-        }
-
-        async fn move_default_rows(
-            &self,
-            max_rows: u64,
-            skip: &[String],
-        ) -> Result<(Vec<crate::MovedRows>, Vec<PartitionProblem>)> {
-            crate::partitions::move_default_rows(&self.pool, MIGRATION_LOCK, max_rows, skip).await
-        }
-    },
 }
 
 #[async_trait]

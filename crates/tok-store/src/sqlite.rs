@@ -34,7 +34,6 @@ use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
 use crate::reseal_sql::impl_reseal;
-use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::ticket_deletion_sql::impl_ticket_deletion;
@@ -49,7 +48,7 @@ use tok_core::ids::{AutomationId, EventId, JobId, RunId, SourceId, TenantId, new
 use crate::fragments::sqlite::*;
 use crate::record::branches::native::{fork_and_join, merged_contexts};
 use crate::record::contexts::native::{
-    context_in, fold_changes, jobs_gone_outside_a_record, stored_of, write_whole_in,
+    context_in, fold_changes, jobs_gone_outside_a_record, stored_of,
 };
 use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
 use crate::*;
@@ -548,27 +547,6 @@ impl_children! {
 impl_watch! {
     store = SqliteStore,
     db = sqlx::Sqlite,
-}
-
-impl_retention! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-    set_retention = "UPDATE tenants SET settings = json_set(settings, '$.retention', json($2)) WHERE id = $1",
-    backend = {
-        async fn reclaim_space(&self, pages: u32) -> Result<Option<i64>> {
-            let writer = self.writer().await;
-            let mode: i64 = sqlx::query_scalar("PRAGMA auto_vacuum").fetch_one(&*writer).await?;
-            // 2 = INCREMENTAL; 0 (NONE) or 1 (FULL) have nothing to do here.
-            if mode != 2 {
-                return Ok(None);
-            }
-            sqlx::query(&format!("PRAGMA incremental_vacuum({pages})"))
-                .execute(&*writer)
-                .await?;
-            let count: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&*writer).await?;
-            Ok(Some(count))
-        }
-    },
 }
 
 #[async_trait]

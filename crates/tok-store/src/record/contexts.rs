@@ -15,7 +15,7 @@
 //! [`MAX_CHANGES`]: what a reader folds stays within a few times the
 //! context itself. Retention writes whole the context
 //! of a run whose changes are older than the step rows it is about to
-//! delete (`retention_sql.rs`).
+//! delete (`retention/sql.rs`).
 //!
 //! Every reader of a run's context reads it through [`fold_changes`]: the
 //! claim, the run's detail, search, a cancel's compensation, a branch's
@@ -306,18 +306,6 @@ pub(crate) mod native {
         DB::Driver: RecordSql,
     {
         super::context_in::<DB::Driver>(&mut **tx, tenant, run).await
-    }
-
-    pub(crate) async fn write_whole_in<DB>(
-        tx: &mut sqlx::Transaction<'_, DB>,
-        tenant: &TenantId,
-        run: &RunId,
-    ) -> Result<bool>
-    where
-        DB: Native,
-        DB::Driver: RecordSql,
-    {
-        super::write_whole_in::<DB::Driver>(&mut **tx, tenant, run).await
     }
 
     pub(crate) async fn jobs_gone_outside_a_record<DB>(

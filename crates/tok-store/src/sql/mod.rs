@@ -267,6 +267,11 @@ pub(crate) trait Driver: Send + Sync + 'static {
         column: &str,
         kind: Kind,
     ) -> sqlx::Result<Cell>;
+
+    /// Locks the rows a `SELECT` reads until the transaction ends, but
+    /// skips those another transaction holds (empty where the one writer
+    /// at a time needs no lock).
+    const LOCK_ROWS_SKIP_LOCKED: &'static str;
 }
 
 /// A row a [`Statement`] returned, read by column name.

@@ -82,4 +82,6 @@ impl Driver for Postgres {
             Kind::Json => Cell::Json(row.try_get::<Json<Value>, _>(column)?.0),
         })
     }
+
+    const LOCK_ROWS_SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
 }

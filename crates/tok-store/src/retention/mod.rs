@@ -9,6 +9,16 @@
 //! `DROP TABLE`, then bounded batches of deletes for what is left — the
 //! rows of tenants with a shorter retention in a partition that still
 //! holds a tenant with a longer one, and every expired row on SQLite.
+//!
+//! The trait is implemented once for both databases' stores (`sql.rs`);
+//! what only one of them does is in `postgres.rs` and `sqlite.rs`. The
+//! routed store implements it itself (`routed/mod.rs`): its tenants'
+//! settings and audit log are on the shared database, and every database
+//! has its own partitions.
+
+mod postgres;
+pub(crate) mod sql;
+mod sqlite;
 
 use async_trait::async_trait;
 use tok_core::ids::TenantId;
