@@ -67,7 +67,6 @@ mod sqlite;
 pub mod storable;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-mod ticket_deletion_sql;
 pub mod watch;
 mod watch_sql;
 pub mod widgets;

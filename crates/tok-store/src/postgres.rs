@@ -26,7 +26,6 @@ use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
-use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
@@ -241,10 +240,6 @@ impl_contexts! {
 
 impl_queue! {
     store = PgStore,
-    db = sqlx::Postgres,
-}
-
-impl_ticket_deletion! {
     db = sqlx::Postgres,
 }
 

@@ -39,7 +39,6 @@ use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
-use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
@@ -518,10 +517,6 @@ impl_contexts! {
 
 impl_queue! {
     store = SqliteStore,
-    db = sqlx::Sqlite,
-}
-
-impl_ticket_deletion! {
     db = sqlx::Sqlite,
 }
 
