@@ -51,7 +51,6 @@ pub mod queue_samples;
 mod queue_sql;
 mod record_sql;
 pub mod relay;
-mod reseal_sql;
 pub mod retention;
 mod retention_sql;
 pub mod rfc3339;

@@ -22,9 +22,9 @@ use crate::inbox_sql::impl_inbox;
 use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
-use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
+use crate::secrets::Resealing as _;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::watch_sql::impl_watch;
 
@@ -39,8 +39,9 @@ use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
 use crate::*;
 
 /// Advisory lock key: each migration's transaction and the partition upkeep
-/// take it until they end (any process, any machine).
-const MIGRATION_LOCK: i64 = 0x746f_6b01;
+/// take it until they end (any process, any machine), and so does the
+/// resealing of stored secrets (`secrets/reseal.rs`).
+pub(crate) const MIGRATION_LOCK: i64 = 0x746f_6b01;
 /// The advisory lock a rotation of the platform admin key takes, so that
 /// two rotations at once leave one admin key.
 pub(crate) const ADMIN_KEY_LOCK: i64 = 0x746f_6b02;
@@ -57,7 +58,7 @@ pub struct PgStore {
     pool: PgPool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
-    /// Seal and open connection credentials (`secrets.rs`); none unless
+    /// Seal and open connection credentials (`secrets/`); none unless
     /// [`PgStore::with_keys`] gave them.
     keys: Keyring,
     /// The database's URL without its password, for what the store reports.
@@ -249,12 +250,6 @@ impl_desk! {
     conn = sqlx::PgConnection,
 }
 
-impl_reseal! {
-    store = PgStore,
-    db = sqlx::Postgres,
-    lock = Some(("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)),
-}
-
 impl_signals! {
     store = PgStore,
     db = sqlx::Postgres,
@@ -404,6 +399,10 @@ impl crate::sql::SqlStore for PgStore {
 
     fn keys(&self) -> &Keyring {
         &self.keys
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 

@@ -35,9 +35,9 @@ use crate::inbox_sql::impl_inbox;
 use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
-use crate::reseal_sql::impl_reseal;
 use crate::retention_sql::impl_retention;
 use crate::runs_sql::impl_runs;
+use crate::secrets::Resealing as _;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
 use crate::watch_sql::impl_watch;
 
@@ -58,7 +58,7 @@ pub struct SqliteStore {
     reader: SqlitePool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
-    /// Seal and open connection credentials (`secrets.rs`).
+    /// Seal and open connection credentials (`secrets/`).
     keys: Keyring,
     /// The database file, for what the store reports.
     name: String,
@@ -526,12 +526,6 @@ impl_desk! {
     conn = sqlx::SqliteConnection,
 }
 
-impl_reseal! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-    lock = None::<(&str, i64)>,
-}
-
 impl_signals! {
     store = SqliteStore,
     db = sqlx::Sqlite,
@@ -630,6 +624,10 @@ impl crate::sql::SqlStore for SqliteStore {
 
     async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
         SqliteStore::writer(self).await
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 

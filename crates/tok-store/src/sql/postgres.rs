@@ -82,4 +82,9 @@ impl Driver for Postgres {
             Kind::Json => Cell::Json(row.try_get::<Json<Value>, _>(column)?.0),
         })
     }
+
+    const MIGRATION_LOCK: Option<(&'static str, i64)> = Some((
+        "SELECT pg_advisory_xact_lock($1)",
+        crate::postgres::MIGRATION_LOCK,
+    ));
 }

@@ -81,4 +81,6 @@ impl Driver for Sqlite {
             Kind::Json => Cell::Json(row.try_get::<Json<Value>, _>(column)?.0),
         })
     }
+
+    const MIGRATION_LOCK: Option<(&'static str, i64)> = None;
 }
