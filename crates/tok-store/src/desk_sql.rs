@@ -979,7 +979,7 @@ macro_rules! impl_desk {
             ) -> Result<$crate::desk::TicketDeletion> {
                 let writer = self.writer().await;
                 let mut tx = writer.begin().await?;
-                let done = delete_ticket_in(&mut tx, tenant, id).await?;
+                let done = $crate::desk::delete_ticket_in(&mut tx, tenant, id).await?;
                 tx.commit().await?;
                 Ok(done)
             }

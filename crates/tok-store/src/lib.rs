@@ -50,7 +50,6 @@ mod queue_sql;
 mod record;
 mod record_sql;
 pub mod relay;
-mod reseal_sql;
 pub mod retention;
 pub mod rfc3339;
 pub mod routed;
@@ -65,7 +64,6 @@ mod sqlite;
 pub mod storable;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-mod ticket_deletion_sql;
 pub mod watch;
 mod watch_sql;
 pub mod widgets;

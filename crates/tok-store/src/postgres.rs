@@ -20,10 +20,9 @@ use crate::inbox_sql::impl_inbox;
 use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
-use crate::reseal_sql::impl_reseal;
 use crate::runs_sql::impl_runs;
+use crate::secrets::Resealing as _;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
-use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
@@ -41,7 +40,8 @@ use crate::rows::{IDEMPOTENCY_WINDOW_MS, now_ms};
 use crate::*;
 
 /// Advisory lock key: each migration's transaction and the partition upkeep
-/// take it until they end (any process, any machine).
+/// take it until they end (any process, any machine), and so does the
+/// resealing of stored secrets (`secrets/reseal.rs`).
 pub(crate) const MIGRATION_LOCK: i64 = 0x746f_6b01;
 /// The advisory lock a rotation of the platform admin key takes, so that
 /// two rotations at once leave one admin key.
@@ -59,7 +59,7 @@ pub struct PgStore {
     pool: PgPool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
-    /// Seal and open connection credentials (`secrets.rs`); none unless
+    /// Seal and open connection credentials (`secrets/`); none unless
     /// [`PgStore::with_keys`] gave them.
     keys: Keyring,
     /// The database's URL without its password, for what the store reports.
@@ -241,20 +241,10 @@ impl_queue! {
     db = sqlx::Postgres,
 }
 
-impl_ticket_deletion! {
-    db = sqlx::Postgres,
-}
-
 impl_desk! {
     store = PgStore,
     db = sqlx::Postgres,
     conn = sqlx::PgConnection,
-}
-
-impl_reseal! {
-    store = PgStore,
-    db = sqlx::Postgres,
-    lock = Some(("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)),
 }
 
 impl_signals! {
@@ -369,6 +359,10 @@ impl crate::sql::SqlStore for PgStore {
 
     fn keys(&self) -> &Keyring {
         &self.keys
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 

@@ -33,10 +33,9 @@ use crate::inbox_sql::impl_inbox;
 use crate::migrate;
 use crate::queue_sql::impl_queue;
 use crate::record_sql::impl_record;
-use crate::reseal_sql::impl_reseal;
 use crate::runs_sql::impl_runs;
+use crate::secrets::Resealing as _;
 use crate::signals_sql::{ESCALATION_HOLD_MS, flow_lock, impl_signals, into_escalation};
-use crate::ticket_deletion_sql::impl_ticket_deletion;
 use crate::watch_sql::impl_watch;
 
 // The names the queries of every `*_sql.rs` file use, once for all of them.
@@ -60,7 +59,7 @@ pub struct SqliteStore {
     reader: SqlitePool,
     events: Batcher<(TenantId, NewEvent), (EventId, Accepted)>,
     records: Batcher<(ClaimedJob, Record), bool>,
-    /// Seal and open connection credentials (`secrets.rs`).
+    /// Seal and open connection credentials (`secrets/`).
     keys: Keyring,
     /// The database file, for what the store reports.
     name: String,
@@ -518,20 +517,10 @@ impl_queue! {
     db = sqlx::Sqlite,
 }
 
-impl_ticket_deletion! {
-    db = sqlx::Sqlite,
-}
-
 impl_desk! {
     store = SqliteStore,
     db = sqlx::Sqlite,
     conn = sqlx::SqliteConnection,
-}
-
-impl_reseal! {
-    store = SqliteStore,
-    db = sqlx::Sqlite,
-    lock = None::<(&str, i64)>,
 }
 
 impl_signals! {
@@ -606,6 +595,10 @@ impl crate::sql::SqlStore for SqliteStore {
 
     async fn writer(&self) -> Writer<'_, sqlx::Sqlite> {
         SqliteStore::writer(self).await
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 

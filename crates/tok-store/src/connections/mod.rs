@@ -7,7 +7,7 @@
 //! afresh for every call, so a change ([`ConnectionStore::update_connection`])
 //! applies from the next call on, in every process.
 //!
-//! Credentials are sealed at rest (`secrets.rs`): the store seals them as
+//! Credentials are sealed at rest (`secrets/`): the store seals them as
 //! it writes them and opens them in [`ConnectionStore::connection`], so a
 //! caller only ever sees them plain. Neither type below prints them.
 

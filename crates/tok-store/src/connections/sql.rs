@@ -1,7 +1,7 @@
 //! [`ConnectionStore`] on every store, on the tenant's database: the same
 //! SQL on both databases, but for the row lock and the database clock. A
 //! connection's credentials are sealed as they are written and opened as
-//! they are read (`secrets.rs`).
+//! they are read (`secrets/`).
 
 use async_trait::async_trait;
 use serde_json::Value;

@@ -272,6 +272,12 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// skips those another transaction holds (empty where the one writer
     /// at a time needs no lock).
     const LOCK_ROWS_SKIP_LOCKED: &'static str;
+
+    /// The statement that takes the lock the migrations take, until the
+    /// transaction ends, and the lock key it binds at `$1`: for what must
+    /// not run twice at once beside them, the resealing of stored secrets
+    /// (`None` where the one writer serializes it).
+    const MIGRATION_LOCK: Option<(&'static str, i64)>;
 }
 
 /// A row a [`Statement`] returned, read by column name.
@@ -408,8 +414,12 @@ pub(crate) trait SqlStore: Send + Sync + 'static {
     ) -> impl Future<Output = crate::gate::Writer<'_, <Self::Driver as Driver>::Db>> + Send;
 
     /// The keys that seal and open the credentials and signing secrets it
-    /// stores (`secrets.rs`).
+    /// stores (`secrets/`).
     fn keys(&self) -> &crate::secrets::Keyring;
+
+    /// The database, as what the store reports names it: its file, or its
+    /// URL without the password.
+    fn name(&self) -> &str;
 }
 
 /// How a store reaches the database of one tenant: the one step every

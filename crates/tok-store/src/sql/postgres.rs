@@ -84,4 +84,9 @@ impl Driver for Postgres {
     }
 
     const LOCK_ROWS_SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
+
+    const MIGRATION_LOCK: Option<(&'static str, i64)> = Some((
+        "SELECT pg_advisory_xact_lock($1)",
+        crate::postgres::MIGRATION_LOCK,
+    ));
 }

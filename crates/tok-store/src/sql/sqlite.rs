@@ -83,4 +83,6 @@ impl Driver for Sqlite {
     }
 
     const LOCK_ROWS_SKIP_LOCKED: &'static str = "";
+
+    const MIGRATION_LOCK: Option<(&'static str, i64)> = None;
 }

@@ -8,6 +8,10 @@
 //! the cause (run, automation, depth): the dispatcher's loop protection reads
 //! them. An event deeper than the depth limit is not written; the write
 //! reports it so the caller can raise an alert.
+//!
+//! Deleting a ticket is written once for both databases
+//! (`ticket_deletion.rs`); the desk's other queries are still written
+//! once per backend (`desk_sql.rs`).
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -443,3 +447,7 @@ pub trait RecordStore: Send + Sync {
     /// worker took the job over.
     async fn begin_record(&self, job: &ClaimedJob) -> Result<Box<dyn RecordTx>>;
 }
+
+mod ticket_deletion;
+
+pub(crate) use ticket_deletion::delete_ticket_in;
