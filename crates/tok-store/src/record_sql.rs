@@ -361,7 +361,7 @@ macro_rules! impl_record {
             let now = now_ms();
             let mut parked = settle_waits(tx, &items).await?;
             // A branch's job writes its publications over the run's
-            // current context (`branches_sql.rs`), not its own copy.
+            // current context (`record/branches.rs`), not its own copy.
             let merged = merged_contexts(tx, items).await?;
             // What each record writes of its run's context: the context
             // whole, or its change in its last step row (serialized once,

@@ -626,7 +626,7 @@ macro_rules! impl_signals {
                 })
                 .collect();
             // A job that forks parallel branches parks until they join
-            // (`branches_sql.rs` counts them).
+            // (`record/branches.rs` counts them).
             for (job, record, _) in items {
                 if let NextJob::Fork { branches, items, .. } = &record.next {
                     let total = items.as_ref().map_or(branches.len(), |items| items.total);
